@@ -1,0 +1,481 @@
+// Package mq is an embedded, transactional message queue for Go application
+// servers. It runs inside the host process: no broker to deploy.
+//
+// # Basics
+//
+// Open a node on a directory, create a topic with a number of partitions,
+// send with a Producer and receive with a Consumer:
+//
+//	m, _ := mq.Open(dir)
+//	defer m.Close()
+//	m.CreateMQ(ctx, "orders", 8, mq.Options{})
+//	p, _ := m.NewProducer("orders")
+//	res, _ := p.SendMessage(ctx, &mq.Message{Key: "user-42", Body: b})
+//	c, _ := m.NewConsumer("orders", "billing", listener)
+//
+// Each partition is an ordered log in its own bbolt file. Messages with the
+// same Key go to the same partition and are delivered one after another, in
+// send order. The partitions of a topic are divided among the consumers of
+// a group; a group's position in each partition (its offset) is stored with
+// the partition and survives restarts.
+//
+// # Guarantees
+//
+//   - SendMessage returns only after the message is on disk (fsync), unless
+//     WithSyncInterval was chosen.
+//   - Order: within a partition, delivery is in offset order; a message is
+//     delivered only after the one before it was handled (or dead-lettered).
+//   - At least once: the offset is committed after OnMessage returns nil; a
+//     crash may deliver the last handled messages again, never skip one.
+//   - A repeated send of the same message ID within the dedup window stores
+//     nothing new and returns the first result.
+//
+// # Caveats
+//
+// Growing a topic with AlterMQ changes which partition a key hashes to;
+// per-key order across the change is kept only for keys whose partition did
+// not change. Grow a topic while its queue is drained, as the draft advises.
+package mq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+		"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/zeze-go/mq/store"
+)
+
+// Errors returned by this package; compare with errors.Is.
+var (
+	// ErrClosed is returned by every method of a node, producer or consumer
+	// after its Close.
+	ErrClosed = errors.New("mq: closed")
+	// ErrTopicExists is returned by CreateMQ for a topic that exists.
+	ErrTopicExists = errors.New("mq: topic exists")
+	// ErrNoTopic is returned for a topic that does not exist.
+	ErrNoTopic = errors.New("mq: no such topic")
+	// ErrInvalidTopic is returned for a topic name that is empty, longer
+	// than 255 bytes, has characters other than letters, digits, '.', '_'
+	// and '-', or starts with '%' (reserved for system topics).
+	ErrInvalidTopic = errors.New("mq: invalid topic name")
+	// ErrInvalidPartition is returned for a partition count below 1 or above
+	// MaxPartitions, or a partition index out of range.
+	ErrInvalidPartition = errors.New("mq: invalid partition")
+	// ErrPartitionDecrease is returned by AlterMQ when asked to shrink a topic.
+	ErrPartitionDecrease = errors.New("mq: partitions can only grow")
+	// ErrMessageTooLarge is returned by SendMessage, before anything is
+	// written, for a message over the node's MaxMessageBytes.
+	ErrMessageTooLarge = errors.New("mq: message too large")
+	// ErrUnsupportedType is returned by CreateMQ for a replication type this
+	// node cannot provide (DoubleWrite and Raft3 need a cluster).
+	ErrUnsupportedType = errors.New("mq: replication type not supported here")
+	// ErrInvalidOption is returned by Open, NewProducer and NewConsumer for a
+	// bad option.
+	ErrInvalidOption = errors.New("mq: invalid option")
+	// ErrInvalidGroup is returned by NewConsumer for a bad group name (the
+	// same rules as topic names).
+	ErrInvalidGroup = errors.New("mq: invalid group name")
+	// ErrNilMessage is returned by SendMessage for a nil *Message.
+	ErrNilMessage = errors.New("mq: nil message")
+	// ErrCorrupt is returned when stored data fails its checksum.
+	ErrCorrupt = errors.New("mq: corrupt data")
+	// ErrNotInTransaction is returned by PrepareMessage and CommitMessage
+	// when ctx carries no host transaction.
+	ErrNotInTransaction = errors.New("mq: not in a transaction")
+	// ErrNoQuorum is returned when a replicated partition cannot reach a
+	// quorum before ctx ends.
+	ErrNoQuorum = errors.New("mq: no quorum")
+)
+
+// MaxPartitions is the largest partition count of a topic.
+const MaxPartitions = 1024
+
+// MQ is a node: the topics stored in one directory. It is safe for
+// concurrent use.
+type MQ struct {
+	dir    string
+	cfg    config
+	meta   *bolt.DB
+	router router
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // background goroutines
+
+	mu     sync.Mutex // guards closed, topics, groups; order: MQ.mu before group.mu
+	closed bool
+	topics map[string]*topic
+	groups map[string]*group // topic + "\x00" + group
+}
+
+type topic struct {
+	name  string
+	opts  Options
+	parts []partitionLog // replaced, never modified, on AlterMQ; guarded by MQ.mu
+}
+
+// topicMeta is the stored description of a topic.
+type topicMeta struct {
+	Partitions int       `msgpack:"p"`
+	Type       Type      `msgpack:"t"`
+	Created    time.Time `msgpack:"c"`
+}
+
+var (
+	bucketTopics   = []byte("topics")
+	bucketNodeMeta = []byte("meta")
+	keyVersion     = []byte("version")
+	keyRunID       = []byte("run")
+)
+
+// nodeFormat is the version of the node's metadata file, meta.db.
+const nodeFormat = 1
+
+// Open opens the node stored in dir, creating dir if needed, and reopens
+// every topic, partition and group offset found there. Without cluster
+// options the node is standalone: it opens no port. Each partition runs one
+// writer goroutine; Close stops them all.
+func Open(dir string, opts ...Option) (*MQ, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: nil option", ErrInvalidOption)
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "topics"), 0o755); err != nil {
+		return nil, fmt.Errorf("mq: open %s: %w", dir, err)
+	}
+	meta, err := bolt.Open(filepath.Join(dir, "meta.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("mq: open %s: %w", dir, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &MQ{
+		dir:    dir,
+		cfg:    cfg,
+		meta:   meta,
+		ctx:    ctx,
+		cancel: cancel,
+		topics: map[string]*topic{},
+		groups: map[string]*group{},
+	}
+	m.router = localRouter{m}
+	if err := m.load(); err != nil {
+		m.closeTopics()
+		meta.Close()
+		cancel()
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *MQ) load() error {
+	metas := map[string]topicMeta{}
+	err := m.meta.Update(func(tx *bolt.Tx) error {
+		nm, err := tx.CreateBucketIfNotExists(bucketNodeMeta)
+		if err != nil {
+			return err
+		}
+		if v := nm.Get(keyVersion); v == nil {
+			if err := nm.Put(keyVersion, []byte(strconv.Itoa(nodeFormat))); err != nil {
+				return err
+			}
+		} else if string(v) != strconv.Itoa(nodeFormat) {
+			return fmt.Errorf("%w: node format %q", ErrCorrupt, v)
+		}
+		b, err := tx.CreateBucketIfNotExists(bucketTopics)
+		if err != nil {
+			return err
+		}
+		return b.ForEach(func(k, v []byte) error {
+			var tm topicMeta
+			if err := msgpack.Unmarshal(v, &tm); err != nil {
+				return fmt.Errorf("%w: topic %q: %v", ErrCorrupt, k, err)
+			}
+			metas[string(k)] = tm
+			return nil
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("mq: load %s: %w", m.dir, err)
+	}
+	for name, tm := range metas {
+		t := &topic{name: name, opts: Options{Type: tm.Type}}
+		m.topics[name] = t
+		for i := 0; i < tm.Partitions; i++ {
+			p, err := m.openPartition(name, i)
+			if err != nil {
+				return err
+			}
+			t.parts = append(t.parts, p)
+		}
+	}
+	return nil
+}
+
+func (m *MQ) partitionPath(topic string, i int) string {
+	return filepath.Join(m.dir, "topics", topic, strconv.Itoa(i)+".db")
+}
+
+func (m *MQ) openPartition(topic string, i int) (partitionLog, error) {
+	path := m.partitionPath(topic, i)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("mq: %s/%d: %w", topic, i, err)
+	}
+	p, err := store.Open(path, store.Options{SyncInterval: m.cfg.syncInterval})
+	if err != nil {
+		return nil, fmt.Errorf("mq: %s/%d: %w", topic, i, translate(err))
+	}
+	return p, nil
+}
+
+// Close stops every consumer, producer and background goroutine of the node,
+// waits for them, flushes and closes every partition file. It is idempotent
+// and returns the first error met.
+func (m *MQ) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	var consumers []*Consumer
+	for _, g := range m.groups {
+		consumers = append(consumers, g.members()...)
+	}
+	m.mu.Unlock()
+
+	for _, c := range consumers {
+		c.Close()
+	}
+	m.cancel()
+	m.wg.Wait()
+	err := m.closeTopics()
+	if cerr := m.meta.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (m *MQ) closeTopics() error {
+	var first error
+	for _, t := range m.topics {
+		for _, p := range t.parts {
+			if err := p.Close(); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
+
+// Dir returns the node's data directory.
+func (m *MQ) Dir() string { return m.dir }
+
+// CreateMQ creates topic with the given number of partitions. It returns
+// ErrInvalidTopic, ErrInvalidPartition, ErrTopicExists, ErrUnsupportedType
+// (DoubleWrite and Raft3 on a standalone node) or ErrClosed.
+func (m *MQ) CreateMQ(ctx context.Context, topic string, partitions int, opts Options) error {
+	if err := checkName(topic, ErrInvalidTopic); err != nil {
+		return err
+	}
+	return m.createTopic(ctx, topic, partitions, opts)
+}
+
+// createTopic creates a topic without the name check, for system topics.
+func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts Options) error {
+	if partitions < 1 || partitions > MaxPartitions {
+		return fmt.Errorf("%w: %d partitions (1..%d)", ErrInvalidPartition, partitions, MaxPartitions)
+	}
+	opts = opts.withDefaults()
+	switch opts.Type {
+	case Single:
+	case DoubleWrite, Raft3:
+		return fmt.Errorf("%w: %v on a standalone node", ErrUnsupportedType, opts.Type)
+	default:
+		return fmt.Errorf("%w: %v", ErrUnsupportedType, opts.Type)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
+	if _, ok := m.topics[name]; ok {
+		return fmt.Errorf("%w: %s", ErrTopicExists, name)
+	}
+	t := &topic{name: name, opts: opts}
+	for i := 0; i < partitions; i++ {
+		p, err := m.openPartition(name, i)
+		if err != nil {
+			for _, p := range t.parts {
+				p.Close()
+			}
+			return err
+		}
+		t.parts = append(t.parts, p)
+	}
+	if err := m.putTopicMeta(name, topicMeta{Partitions: partitions, Type: opts.Type, Created: time.Now()}); err != nil {
+		for _, p := range t.parts {
+			p.Close()
+		}
+		return err
+	}
+	m.topics[name] = t
+	m.cfg.logger.Info("topic created", "topic", name, "partitions", partitions, "type", opts.Type)
+	return nil
+}
+
+func (m *MQ) putTopicMeta(name string, tm topicMeta) error {
+	v, err := msgpack.Marshal(tm)
+	if err != nil {
+		return err
+	}
+	return m.meta.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketTopics).Put([]byte(name), v)
+	})
+}
+
+// AlterMQ grows topic to partitions partitions; the new ones start empty.
+// Asking for fewer partitions than the topic has returns ErrPartitionDecrease;
+// the same number is a no-op. Consumers of the topic are rebalanced.
+func (m *MQ) AlterMQ(ctx context.Context, topic string, partitions int) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if partitions < 1 || partitions > MaxPartitions {
+		return fmt.Errorf("%w: %d partitions (1..%d)", ErrInvalidPartition, partitions, MaxPartitions)
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return ErrClosed
+	}
+	t, ok := m.topics[topic]
+	if !ok {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %s", ErrNoTopic, topic)
+	}
+	have := len(t.parts)
+	if partitions < have {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %s has %d, asked %d", ErrPartitionDecrease, topic, have, partitions)
+	}
+	if partitions == have {
+		m.mu.Unlock()
+		return nil
+	}
+	parts := append([]partitionLog(nil), t.parts...)
+	for i := have; i < partitions; i++ {
+		p, err := m.openPartition(topic, i)
+		if err != nil {
+			for _, p := range parts[have:] {
+				p.Close()
+			}
+			m.mu.Unlock()
+			return err
+		}
+		parts = append(parts, p)
+	}
+	if err := m.putTopicMeta(topic, topicMeta{Partitions: partitions, Type: t.opts.Type, Created: time.Now()}); err != nil {
+		for _, p := range parts[have:] {
+			p.Close()
+		}
+		m.mu.Unlock()
+		return err
+	}
+	t.parts = parts
+	var groups []*group
+	for _, g := range m.groups {
+		if g.topic == topic {
+			groups = append(groups, g)
+		}
+	}
+	m.mu.Unlock()
+	for _, g := range groups {
+		g.rebalance()
+	}
+	m.cfg.logger.Info("topic altered", "topic", topic, "partitions", partitions)
+	return nil
+}
+
+// Topics returns the names of the node's topics and their partition counts.
+func (m *MQ) Topics() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]int, len(m.topics))
+	for n, t := range m.topics {
+		out[n] = len(t.parts)
+	}
+	return out
+}
+
+// topic returns the named topic and its current partitions.
+func (m *MQ) topic(name string) (*topic, []partitionLog, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, nil, ErrClosed
+	}
+	t, ok := m.topics[name]
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: %s", ErrNoTopic, name)
+	}
+	return t, t.parts, nil
+}
+
+// checkName applies the topic name rules; bad is the error to wrap.
+func checkName(name string, bad error) error {
+	if name == "" || len(name) > 255 {
+		return fmt.Errorf("%w: %q: length %d (1..255)", bad, name, len(name))
+	}
+	if name[0] == '%' {
+		return fmt.Errorf("%w: %q: names starting with %% are reserved", bad, name)
+	}
+	if name == "." || name == ".." {
+		return fmt.Errorf("%w: %q", bad, name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%w: %q: character %q", bad, name, c)
+		}
+	}
+	return nil
+}
+
+// translate maps store errors to mq ones.
+func translate(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, store.ErrClosed):
+		return fmt.Errorf("%w: %v", ErrClosed, err)
+	case errors.Is(err, store.ErrCorrupt):
+		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	return err
+}
+
+// goFunc runs fn in a goroutine owned by the node: Close waits for it.
+func (m *MQ) goFunc(fn func(ctx context.Context)) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		fn(m.ctx)
+	}()
+}
+

@@ -1,0 +1,152 @@
+package mq
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Type says how a topic's partitions are replicated. Values follow the draft.
+type Type int
+
+// Replication types.
+const (
+	// Single keeps one copy of each partition on one node (the default).
+	Single Type = 1
+	// DoubleWrite keeps a leader and a synchronous follower. It needs a cluster.
+	DoubleWrite Type = 2
+	// Raft3 replicates each partition in a 3-voter raft group. It needs a cluster.
+	Raft3 Type = 4
+)
+
+func (t Type) String() string {
+	switch t {
+	case Single:
+		return "Single"
+	case DoubleWrite:
+		return "DoubleWrite"
+	case Raft3:
+		return "Raft3"
+	}
+	return fmt.Sprintf("Type(%d)", int(t))
+}
+
+// Options are the settings of one topic, fixed by CreateMQ. The zero value
+// is a Single topic.
+type Options struct {
+	// Type is the replication type; zero means Single.
+	Type Type
+}
+
+func (o Options) withDefaults() Options {
+	if o.Type == 0 {
+		o.Type = Single
+	}
+	return o
+}
+
+// Durability says when an append is acknowledged relative to fsync.
+type Durability int
+
+const (
+	// SyncEveryBatch acknowledges a message only after the batch holding it
+	// is fsynced (the default).
+	SyncEveryBatch Durability = iota
+	// SyncPeriodically acknowledges at once and fsyncs on an interval; see
+	// WithSyncInterval.
+	SyncPeriodically
+)
+
+// Option configures Open.
+type Option func(*config) error
+
+type config struct {
+	logger          *slog.Logger
+	syncInterval    time.Duration
+	dedupWindow     time.Duration
+	maxMessageBytes int
+	clock           Clock
+}
+
+func defaultConfig() config {
+	return config{
+		logger:          slog.New(slog.DiscardHandler),
+		dedupWindow:     2 * time.Minute,
+		maxMessageBytes: 4 << 20,
+		clock:           systemClock{},
+	}
+}
+
+// WithLogger sends the node's logs to l. By default nothing is logged.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithSyncInterval acknowledges appends before fsync and fsyncs every d
+// instead (RocketMQ's ASYNC_FLUSH). A process crash loses nothing; a power
+// loss may lose up to d of acknowledged messages. The default acknowledges
+// only after fsync.
+func WithSyncInterval(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: sync interval %v", ErrInvalidOption, d)
+		}
+		c.syncInterval = d
+		return nil
+	}
+}
+
+// WithDedupWindow sets how long a message ID is remembered: a send that
+// repeats an ID within the window returns the first result and stores no
+// second copy. Default 2 minutes.
+func WithDedupWindow(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: dedup window %v", ErrInvalidOption, d)
+		}
+		c.dedupWindow = d
+		return nil
+	}
+}
+
+// WithMaxMessageBytes sets the largest message accepted (body, key, tags and
+// properties together). Default 4 MiB.
+func WithMaxMessageBytes(n int) Option {
+	return func(c *config) error {
+		if n <= 0 || n > 256<<20 {
+			return fmt.Errorf("%w: max message bytes %d", ErrInvalidOption, n)
+		}
+		c.maxMessageBytes = n
+		return nil
+	}
+}
+
+// Clock is the node's source of time. Tests inject a fake one to run retry
+// ladders and delays without sleeping.
+type Clock interface {
+	Now() time.Time
+	// After returns a channel that receives once d has passed.
+	After(d time.Duration) <-chan time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time                         { return time.Now() }
+func (systemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// WithClock replaces the system clock.
+func WithClock(clk Clock) Option {
+	return func(c *config) error {
+		if clk == nil {
+			return fmt.Errorf("%w: nil clock", ErrInvalidOption)
+		}
+		c.clock = clk
+		return nil
+	}
+}

@@ -1,0 +1,314 @@
+package mq
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/zeze-go/mq/store"
+)
+
+// Message is one message. Set Key, Tags, Properties, Body and optionally ID,
+// Timestamp and DeliverAt before sending; the fields marked "filled" are set
+// by SendMessage and on delivery.
+type Message struct {
+	Topic          string            // filled
+	PartitionIndex int               // filled: the partition it was stored in; see ToPartition
+	Offset         int64             // filled: its position in the partition (-1 while delayed)
+	ID             string            // unique id; a time-ordered UUID is filled in when empty
+	Key            string            // ordering key: same key, same partition, one by one
+	Tags           []string          // matched by tag filters
+	Properties     map[string]string // matched by expression filters
+	Body           []byte
+	Timestamp      time.Time // filled with the send time when zero
+	// DeliverAt holds the message back: it is delivered no earlier than this.
+	DeliverAt time.Time
+	// ReconsumeTimes counts earlier failed deliveries (filled on delivery).
+	ReconsumeTimes int
+
+	// pinned means PartitionIndex was chosen (by ToPartition, or by round
+	// robin on an earlier send of this struct) and must be kept on a resend,
+	// so a retried send finds its first copy.
+	pinned bool
+}
+
+// ToPartition pins m to partition i instead of routing it by key or round
+// robin, and returns m. A partition out of range fails the send with
+// ErrInvalidPartition.
+func (m *Message) ToPartition(i int) *Message {
+	m.PartitionIndex = i
+	m.pinned = true
+	return m
+}
+
+func (m *Message) size() int {
+	n := len(m.ID) + len(m.Key) + len(m.Body)
+	for _, t := range m.Tags {
+		n += len(t)
+	}
+	for k, v := range m.Properties {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// SendResult says where a sent message was stored.
+type SendResult struct {
+	Partition int
+	Offset    int64 // -1 for a delayed message (its offset is given at release)
+	Delayed   bool
+	Duplicate bool // an earlier send of the same ID within the dedup window stored it
+}
+
+// Producer sends messages to one topic. It is safe for concurrent use.
+type Producer struct {
+	m      *MQ
+	topic  string
+	rr     atomic.Uint64
+	closed atomic.Bool
+}
+
+// ProducerOption configures NewProducer. There are none yet; the type keeps
+// the signature stable.
+type ProducerOption func(*Producer) error
+
+// NewProducer returns a producer for topic, or ErrNoTopic.
+func (m *MQ) NewProducer(topic string, opts ...ProducerOption) (*Producer, error) {
+	if _, _, err := m.router.partitions(topic); err != nil {
+		return nil, err
+	}
+	p := &Producer{m: m, topic: topic}
+	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: nil producer option", ErrInvalidOption)
+		}
+		if err := o(p); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// Name returns the producer's topic.
+func (p *Producer) Name() string { return p.topic }
+
+// Options returns the topic's options.
+func (p *Producer) Options() Options {
+	o, _, _ := p.m.router.partitions(p.topic)
+	return o
+}
+
+// Partition returns the topic's current partition count (0 after Close).
+func (p *Producer) Partition() int {
+	_, parts, _ := p.m.router.partitions(p.topic)
+	return len(parts)
+}
+
+// Close marks the producer closed; later sends return ErrClosed. Sends in
+// progress finish.
+func (p *Producer) Close() error {
+	p.closed.Store(true)
+	return nil
+}
+
+// SendMessage stores msgs and returns, per message, its partition and offset.
+// It returns when every message is durable (see WithSyncInterval) or ctx
+// ends. The messages of one call that go to one partition are appended in one
+// step, in order. The messages are checked before anything is written:
+// ErrNilMessage, ErrMessageTooLarge and ErrInvalidPartition refuse the whole
+// call. After a partial failure (ctx ended, disk error) some partitions may
+// hold their messages: resend the same messages, and their IDs make the
+// resend store each one once.
+//
+// SendMessage fills ID (when empty), Topic, PartitionIndex, Offset and
+// Timestamp (when zero) in msgs.
+func (p *Producer) SendMessage(ctx context.Context, msgs ...*Message) ([]SendResult, error) {
+	results := make([]SendResult, len(msgs))
+	err := p.send(ctx, msgs, results)
+	return results, err
+}
+
+func (p *Producer) send(ctx context.Context, msgs []*Message, results []SendResult) error {
+	if p.closed.Load() {
+		return ErrClosed
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	_, parts, err := p.m.router.partitions(p.topic)
+	if err != nil {
+		return err
+	}
+	if err := p.route(msgs, len(parts)); err != nil {
+		return err
+	}
+	now := p.m.cfg.clock.Now()
+	first := msgs[0].PartitionIndex
+	single := true
+	for _, m := range msgs[1:] {
+		if m.PartitionIndex != first {
+			single = false
+			break
+		}
+	}
+	if single {
+		return p.sendTo(ctx, parts[first], first, msgs, results, now)
+	}
+	// Several partitions: one command each, applied in parallel.
+	byPart := map[int][]int{}
+	for i, m := range msgs {
+		byPart[m.PartitionIndex] = append(byPart[m.PartitionIndex], i)
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	for part, idx := range byPart {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub := make([]*Message, len(idx))
+			subRes := make([]SendResult, len(idx))
+			for j, i := range idx {
+				sub[j] = msgs[i]
+			}
+			err := p.sendTo(ctx, parts[part], part, sub, subRes, now)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			for j, i := range idx {
+				results[i] = subRes[j]
+			}
+		}()
+	}
+	wg.Wait()
+	return firstErr
+}
+
+// route checks msgs and sets each one's ID, Topic and PartitionIndex.
+func (p *Producer) route(msgs []*Message, n int) error {
+	limit := p.m.cfg.maxMessageBytes
+	for i, m := range msgs {
+		if m == nil {
+			return fmt.Errorf("%w: message %d", ErrNilMessage, i)
+		}
+		if s := m.size(); s > limit {
+			return fmt.Errorf("%w: message %d is %d bytes, limit %d", ErrMessageTooLarge, i, s, limit)
+		}
+		if m.pinned && (m.PartitionIndex < 0 || m.PartitionIndex >= n) {
+			return fmt.Errorf("%w: partition %d of %s (0..%d)", ErrInvalidPartition, m.PartitionIndex, p.topic, n-1)
+		}
+	}
+	for _, m := range msgs {
+		idGiven := m.ID != ""
+		if !idGiven {
+			m.ID = newID()
+		}
+		m.Topic = p.topic
+		switch {
+		case m.pinned:
+		case m.Key != "":
+			m.PartitionIndex = int(hashKey(m.Key) % uint32(n))
+		case idGiven:
+			// A caller's own ID routes like a key, so a resend in a new
+			// struct reaches the partition that holds the first copy.
+			m.PartitionIndex = int(hashKey(m.ID) % uint32(n))
+		default:
+			m.PartitionIndex = int((p.rr.Add(1) - 1) % uint64(n))
+			m.pinned = true
+		}
+	}
+	return nil
+}
+
+var cmdPool = sync.Pool{New: func() any { return &store.Command{} }}
+
+func (p *Producer) sendTo(ctx context.Context, part partitionLog, idx int, msgs []*Message, results []SendResult, now time.Time) error {
+	cmd := cmdPool.Get().(*store.Command)
+	defer func() {
+		clear(cmd.Msgs)
+		*cmd = store.Command{Msgs: cmd.Msgs[:0], Acks: cmd.Acks[:0]}
+		cmdPool.Put(cmd)
+	}()
+	cmd.Op = store.OpAppend
+	cmd.Now = now.UnixNano()
+	for _, m := range msgs {
+		if m.Timestamp.IsZero() {
+			m.Timestamp = now
+		}
+		cmd.Msgs = append(cmd.Msgs, toStore(m))
+	}
+	if err := part.Apply(ctx, cmd); err != nil {
+		return fmt.Errorf("send to %s/%d: %w", p.topic, idx, translate(err))
+	}
+	for i, m := range msgs {
+		a := cmd.Acks[i]
+		r := SendResult{Partition: idx, Offset: int64(a.Offset), Delayed: a.Delayed, Duplicate: a.Duplicate}
+		if a.Delayed {
+			r.Offset = -1
+		}
+		m.Offset = r.Offset
+		results[i] = r
+	}
+	return nil
+}
+
+func toStore(m *Message) store.Message {
+	s := store.Message{
+		ID:             m.ID,
+		Key:            m.Key,
+		Tags:           m.Tags,
+		Properties:     m.Properties,
+		Body:           m.Body,
+		Timestamp:      m.Timestamp.UnixNano(),
+		ReconsumeTimes: int32(m.ReconsumeTimes),
+	}
+	if !m.DeliverAt.IsZero() {
+		s.DeliverAt = m.DeliverAt.UnixNano()
+	}
+	return s
+}
+
+func fromStore(topic string, partition int, s *store.Message) *Message {
+	m := &Message{
+		Topic:          topic,
+		PartitionIndex: partition,
+		Offset:         int64(s.Offset),
+		ID:             s.ID,
+		Key:            s.Key,
+		Tags:           s.Tags,
+		Properties:     s.Properties,
+		Body:           s.Body,
+		Timestamp:      time.Unix(0, s.Timestamp),
+		ReconsumeTimes: int(s.ReconsumeTimes),
+	}
+	if s.DeliverAt != 0 {
+		m.DeliverAt = time.Unix(0, s.DeliverAt)
+	}
+	return m
+}
+
+// hashKey is 32-bit FNV-1a, inlined to avoid allocating a hash.Hash per send.
+func hashKey(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h
+}
+
+func newID() string {
+	id, err := uuid.NewV7()
+	if err != nil { // the system's random source failed; v4 uses the same one
+		id = uuid.New()
+	}
+	return id.String()
+}
