@@ -177,6 +177,7 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 		cancel()
 		return nil, err
 	}
+	m.startBackground()
 	return m, nil
 }
 

@@ -1,0 +1,4 @@
+package mq
+
+// startTxChecker starts the check-back of half messages left undecided.
+func (m *MQ) startTxChecker() {}
