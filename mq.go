@@ -41,7 +41,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-		"os"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -479,4 +479,3 @@ func (m *MQ) goFunc(fn func(ctx context.Context)) {
 		fn(m.ctx)
 	}()
 }
-
