@@ -1,6 +1,8 @@
 package store
 
 import (
+	"errors"
+	"fmt"
 	"sort"
 
 	bolt "go.etcd.io/bbolt"
@@ -10,6 +12,10 @@ import (
 // and, past the first, at most maxBytes in all, and returns dst. Offsets below
 // the low watermark are gone (trimmed): reading starts at the first message
 // still stored, and the caller compares offsets to notice the gap.
+//
+// Read stops before a record that fails its checksum, so the messages before
+// it are returned without error; a Read that starts at such a record returns
+// an error wrapping ErrCorrupt (and naming the offset) and dst unchanged.
 func (p *Partition) Read(from uint64, max int, maxBytes int, dst []Message) ([]Message, error) {
 	if max <= 0 {
 		return dst, nil
@@ -27,7 +33,10 @@ func (p *Partition) Read(from uint64, max int, maxBytes int, dst []Message) ([]M
 			m := &dst[len(dst)-1]
 			if err := decodeRecord(k, v, m); err != nil {
 				dst = dst[:len(dst)-1]
-				return err
+				if n > 0 {
+					return nil // the next Read starts here and reports it
+				}
+				return fmt.Errorf("offset %d: %w", be.Uint64(k), err)
 			}
 			m.Offset = be.Uint64(k)
 			bytes += len(v)
@@ -48,7 +57,10 @@ func (p *Partition) Get(offset uint64) (m Message, ok bool, err error) {
 		}
 		ok = true
 		m.Offset = offset
-		return decodeRecord(key, v, &m)
+		if err := decodeRecord(key, v, &m); err != nil {
+			return fmt.Errorf("offset %d: %w", offset, err)
+		}
+		return nil
 	})
 	return m, ok, err
 }
@@ -82,22 +94,32 @@ func (p *Partition) Groups() (map[string]uint64, error) {
 
 // SeekTime returns the offset of the first message stored at or after t
 // (unix ns), or Next when there is none. StoredAt never decreases along the
-// log, so this is a binary search.
+// log, so this is a binary search over the offsets of one read transaction's
+// snapshot (the committed Stats may already be ahead of it).
 func (p *Partition) SeekTime(t int64) (uint64, error) {
 	var out uint64
 	err := p.view(func(tx *bolt.Tx) error {
-		st := p.Stats()
+		var st state
+		if s := tx.Bucket(bucketMeta).Get(metaState); s != nil {
+			if err := decodeState(s, &st); err != nil {
+				return err
+			}
+		}
 		b := tx.Bucket(bucketLog)
 		var ferr error
 		i := sort.Search(int(st.Next-st.Low), func(i int) bool {
+			if ferr != nil {
+				return true
+			}
 			key := u64(st.Low + uint64(i))
 			v := b.Get(key)
-			if v == nil { // trimmed under us: treat as before t
-				return false
+			if v == nil { // the log is dense in [Low, Next): cannot happen
+				ferr = fmt.Errorf("%w: offset %d missing from the log", ErrCorrupt, st.Low+uint64(i))
+				return true
 			}
 			var m Message
 			if err := decodeRecord(key, v, &m); err != nil {
-				ferr = err
+				ferr = fmt.Errorf("offset %d: %w", st.Low+uint64(i), err)
 				return true
 			}
 			return m.StoredAt >= t
@@ -170,7 +192,7 @@ func (p *Partition) view(fn func(*bolt.Tx) error) error {
 	default:
 	}
 	err := p.db.View(fn)
-	if err == bolt.ErrDatabaseNotOpen {
+	if errors.Is(err, bolt.ErrDatabaseNotOpen) {
 		return ErrClosed
 	}
 	return err
