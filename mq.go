@@ -336,6 +336,7 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 		return err
 	}
 	m.topics[name] = t
+	m.maintainPartitions(name, 0, t.parts)
 	m.cfg.logger.Info("topic created", "topic", name, "partitions", partitions, "type", opts.Type)
 	return nil
 }
@@ -399,6 +400,7 @@ func (m *MQ) AlterMQ(ctx context.Context, topic string, partitions int) error {
 		return err
 	}
 	t.parts = parts
+	m.maintainPartitions(topic, have, parts[have:])
 	var groups []*group
 	for _, g := range m.groups {
 		if g.topic == topic {

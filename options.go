@@ -66,6 +66,12 @@ type config struct {
 	dedupWindow     time.Duration
 	maxMessageBytes int
 	clock           Clock
+
+	// Upkeep (maintenance.go).
+	retention           time.Duration // 0: no age limit
+	retentionBytes      int64         // per partition; 0: no size limit
+	decisionTTL         time.Duration
+	maintenanceInterval time.Duration
 }
 
 func defaultConfig() config {
@@ -74,6 +80,10 @@ func defaultConfig() config {
 		dedupWindow:     2 * time.Minute,
 		maxMessageBytes: 4 << 20,
 		clock:           systemClock{},
+
+		retention:           48 * time.Hour,
+		decisionTTL:         24 * time.Hour,
+		maintenanceInterval: 10 * time.Second,
 	}
 }
 

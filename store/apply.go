@@ -26,7 +26,7 @@ type writeTx struct {
 	grew bool
 
 	log, half, txs, groups, delay, dedup, meta *bolt.Bucket
-	scratch                                     Message
+	scratch                                    Message
 }
 
 func (w *writeTx) open() {
@@ -197,9 +197,11 @@ func (w *writeTx) trim(c *Command) error {
 		w.st.DedupLow = w.st.Low
 	}
 	if c.DedupTTL > 0 {
-		if err := w.pruneDedup(c.Now-c.DedupTTL, limit); err != nil {
+		more, err := w.pruneDedup(c.Now-c.DedupTTL, limit)
+		if err != nil {
 			return err
 		}
+		c.More = c.More || more
 	}
 	if c.DecideTTL > 0 {
 		return w.pruneDecisions(c.Now - c.DecideTTL)
@@ -221,29 +223,33 @@ func (w *writeTx) deleteDedupOf(k, v []byte) error {
 }
 
 // pruneDedup walks the log from DedupLow and drops the dedup entries of
-// records stored before cutoff. Delayed messages' entries are dropped when the
-// message is released and later pruned the same way.
-func (w *writeTx) pruneDedup(cutoff int64, limit int) error {
+// records stored before cutoff, at most limit of them; more reports that it
+// stopped at limit. Delayed messages' entries are dropped when the message is
+// released and later pruned the same way.
+func (w *writeTx) pruneDedup(cutoff int64, limit int) (more bool, err error) {
 	cur := w.log.Cursor()
 	var start [8]byte
 	be.PutUint64(start[:], w.st.DedupLow)
 	n := 0
-	for k, v := cur.Seek(start[:]); k != nil && n < limit; k, v = cur.Next() {
+	for k, v := cur.Seek(start[:]); k != nil; k, v = cur.Next() {
 		if err := decodeRecord(k, v, &w.scratch); err != nil {
-			return err
+			return false, err
 		}
 		if w.scratch.StoredAt >= cutoff {
 			break
 		}
+		if n == limit {
+			return true, nil
+		}
 		if w.scratch.ID != "" {
 			if err := w.dedup.Delete([]byte(w.scratch.ID)); err != nil {
-				return err
+				return false, err
 			}
 		}
 		w.st.DedupLow = be.Uint64(k) + 1
 		n++
 	}
-	return nil
+	return false, nil
 }
 
 func (w *writeTx) pruneDecisions(cutoff int64) error {
