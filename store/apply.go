@@ -1,8 +1,10 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
 	bolt "go.etcd.io/bbolt"
@@ -53,8 +55,14 @@ func (w *writeTx) apply(c *Command) error {
 		}
 		return nil
 	case OpCommitOffset:
+		if c.Group == "" {
+			return fmt.Errorf("%w: commit offset without group", ErrBadCommand)
+		}
 		return w.groups.Put(w.enc.bytes([]byte(c.Group)), w.enc.bytes(u64(c.Offset)))
 	case OpDeleteGroup:
+		if c.Group == "" {
+			return fmt.Errorf("%w: delete group without group", ErrBadCommand)
+		}
 		return w.groups.Delete([]byte(c.Group))
 	case OpTrim:
 		return w.trim(c)
@@ -155,6 +163,11 @@ func (w *writeTx) putDedup(id string, off uint64, at int64) error {
 
 // trim deletes the head of the log by age and size, then prunes dedup entries
 // and transaction decisions past their time to live.
+//
+// A damaged record does not fail the command (which would fail every command
+// batched with it, sends included): it is deleted by size like any other, and
+// by age when a later intact record is old enough (StoredAt never decreases
+// along the log). Its dedup entry is found by offset.
 func (w *writeTx) trim(c *Command) error {
 	limit := c.Limit
 	if limit <= 0 {
@@ -162,19 +175,17 @@ func (w *writeTx) trim(c *Command) error {
 	}
 	cur := w.log.Cursor()
 	for k, v := cur.First(); k != nil; k, v = cur.First() {
-		if c.Count >= limit {
-			c.More = true
-			break
-		}
 		byBytes := c.MaxBytes > 0 && w.st.Bytes > c.MaxBytes
 		byAge := false
-		if c.MaxAge > 0 {
-			if err := decodeRecord(k, v, &w.scratch); err != nil {
-				return err
-			}
-			byAge = w.scratch.StoredAt < c.Now-c.MaxAge
+		if !byBytes && c.MaxAge > 0 {
+			stored, _, _ := w.recordInfo(k, v)
+			byAge = stored < c.Now-c.MaxAge
 		}
 		if !byBytes && !byAge {
+			break
+		}
+		if c.Count >= limit {
+			c.More = true
 			break
 		}
 		if err := w.deleteDedupOf(k, v); err != nil {
@@ -187,9 +198,6 @@ func (w *writeTx) trim(c *Command) error {
 		w.st.Low = be.Uint64(k) + 1
 		c.Count++
 	}
-	if w.st.Low > w.st.Next { // empty log
-		w.st.Low = w.st.Next
-	}
 	if k, _ := w.log.Cursor().First(); k == nil {
 		w.st.Low = w.st.Next
 	}
@@ -197,11 +205,9 @@ func (w *writeTx) trim(c *Command) error {
 		w.st.DedupLow = w.st.Low
 	}
 	if c.DedupTTL > 0 {
-		more, err := w.pruneDedup(c.Now-c.DedupTTL, limit)
-		if err != nil {
+		if err := w.pruneDedup(c, c.Now-c.DedupTTL, limit); err != nil {
 			return err
 		}
-		c.More = c.More || more
 	}
 	if c.DecideTTL > 0 {
 		return w.pruneDecisions(c.Now - c.DecideTTL)
@@ -209,47 +215,93 @@ func (w *writeTx) trim(c *Command) error {
 	return nil
 }
 
+// recordInfo returns when the log record k, v was stored and its ID. For a
+// record that fails its check, ok is false, the ID is unknown and stored is
+// the StoredAt of the next intact record (the damaged one is no newer), or
+// MaxInt64 when there is none.
+func (w *writeTx) recordInfo(k, v []byte) (stored int64, id string, ok bool) {
+	if err := decodeRecord(k, v, &w.scratch); err == nil {
+		return w.scratch.StoredAt, w.scratch.ID, true
+	}
+	cur := w.log.Cursor()
+	cur.Seek(k)
+	for k2, v2 := cur.Next(); k2 != nil; k2, v2 = cur.Next() {
+		if decodeRecord(k2, v2, &w.scratch) == nil {
+			return w.scratch.StoredAt, "", false
+		}
+	}
+	return math.MaxInt64, "", false
+}
+
+// deleteDedupOf deletes the dedup entry of the log record k, v.
 func (w *writeTx) deleteDedupOf(k, v []byte) error {
-	if be.Uint64(k) < w.st.DedupLow {
+	off := be.Uint64(k)
+	if off < w.st.DedupLow {
 		return nil
 	}
-	if err := decodeRecord(k, v, &w.scratch); err != nil {
+	_, id, ok := w.recordInfo(k, v)
+	if !ok {
+		return w.deleteDedupAt(off)
+	}
+	if id == "" {
+		return nil
+	}
+	return w.dedup.Delete([]byte(id))
+}
+
+// deleteDedupAt deletes the dedup entries pointing at offset off. It scans the
+// whole index: it is only for a damaged record, whose ID cannot be read.
+func (w *writeTx) deleteDedupAt(off uint64) error {
+	var ids [][]byte
+	err := w.dedup.ForEach(func(k, v []byte) error {
+		if len(v) == 16 && be.Uint64(v[:8]) == off {
+			ids = append(ids, bytes.Clone(k))
+		}
+		return nil
+	})
+	if err != nil {
 		return err
 	}
-	if w.scratch.ID == "" {
-		return nil
+	for _, id := range ids {
+		if err := w.dedup.Delete(id); err != nil {
+			return err
+		}
 	}
-	return w.dedup.Delete([]byte(w.scratch.ID))
+	return nil
 }
 
 // pruneDedup walks the log from DedupLow and drops the dedup entries of
-// records stored before cutoff, at most limit of them; more reports that it
-// stopped at limit. Delayed messages' entries are dropped when the message is
+// records stored before cutoff, at most limit of them (setting c.More when it
+// stops there). Delayed messages' entries are dropped when the message is
 // released and later pruned the same way.
-func (w *writeTx) pruneDedup(cutoff int64, limit int) (more bool, err error) {
+func (w *writeTx) pruneDedup(c *Command, cutoff int64, limit int) error {
 	cur := w.log.Cursor()
 	var start [8]byte
 	be.PutUint64(start[:], w.st.DedupLow)
 	n := 0
 	for k, v := cur.Seek(start[:]); k != nil; k, v = cur.Next() {
-		if err := decodeRecord(k, v, &w.scratch); err != nil {
-			return false, err
-		}
-		if w.scratch.StoredAt >= cutoff {
+		stored, id, ok := w.recordInfo(k, v)
+		if stored >= cutoff {
 			break
 		}
-		if n == limit {
-			return true, nil
+		if n >= limit {
+			c.More = true
+			break
 		}
-		if w.scratch.ID != "" {
-			if err := w.dedup.Delete([]byte(w.scratch.ID)); err != nil {
-				return false, err
-			}
+		var err error
+		switch {
+		case !ok:
+			err = w.deleteDedupAt(be.Uint64(k))
+		case id != "":
+			err = w.dedup.Delete([]byte(id))
+		}
+		if err != nil {
+			return err
 		}
 		w.st.DedupLow = be.Uint64(k) + 1
 		n++
 	}
-	return false, nil
+	return nil
 }
 
 func (w *writeTx) pruneDecisions(cutoff int64) error {
@@ -433,7 +485,19 @@ func (w *writeTx) release(c *Command) error {
 			break
 		}
 		if err := decodeRecord(k, v, &w.scratch); err != nil {
-			return err
+			// Failing would fail every command batched with this one, on
+			// every try; dropping the record would lose a message silently.
+			// It moves into the log as it is: its CRC covers its delay key,
+			// so readers get ErrCorrupt at its offset.
+			if err := w.moveDamaged(v); err != nil {
+				return err
+			}
+			if err := cur.Delete(); err != nil {
+				return err
+			}
+			w.st.Delayed--
+			c.Count++
+			continue
 		}
 		m := w.scratch
 		m.StoredAt = max(c.Now, w.st.LastStored)
@@ -453,6 +517,19 @@ func (w *writeTx) release(c *Command) error {
 		w.st.Delayed--
 		c.Count++
 	}
+	return nil
+}
+
+// moveDamaged appends the undecodable record v to the log unchanged.
+func (w *writeTx) moveDamaged(v []byte) error {
+	var k [8]byte
+	be.PutUint64(k[:], w.st.Next)
+	if err := w.log.Put(w.enc.bytes(k[:]), w.enc.bytes(v)); err != nil {
+		return err
+	}
+	w.st.Next++
+	w.st.Bytes += int64(len(v))
+	w.grew = true
 	return nil
 }
 

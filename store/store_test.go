@@ -1,0 +1,976 @@
+package store_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"go.uber.org/goleak"
+
+	"github.com/zeze-go/mq/store"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// t0 is the tests' clock origin; commands carry Now explicitly so that ages
+// and time to live are exact.
+const t0 = int64(1_700_000_000_000_000_000)
+
+const sec = int64(time.Second)
+
+// openAt opens the partition file at path and closes it when the test ends.
+func openAt(t testing.TB, path string) *store.Partition {
+	t.Helper()
+	p, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatalf("Open(%s): %v", path, err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("Close(%s): %v", path, err)
+		}
+	})
+	return p
+}
+
+// open opens a partition in a new temporary directory.
+func open(t testing.TB) (*store.Partition, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "0.db")
+	return openAt(t, path), path
+}
+
+// apply runs cmd and fails the test on an error.
+func apply(t testing.TB, p *store.Partition, cmd *store.Command) *store.Command {
+	t.Helper()
+	if err := p.Apply(context.Background(), cmd); err != nil {
+		t.Fatalf("Apply(op %d): %v", cmd.Op, err)
+	}
+	return cmd
+}
+
+// msg is a message with an ID and a body derived from name.
+func msg(name string) store.Message {
+	return store.Message{ID: "id-" + name, Key: "key", Body: []byte("body-" + name), Timestamp: t0}
+}
+
+func appendAt(t testing.TB, p *store.Partition, now int64, msgs ...store.Message) []store.Ack {
+	t.Helper()
+	return apply(t, p, &store.Command{Op: store.OpAppend, Now: now, Msgs: msgs}).Acks
+}
+
+// readAll returns the bodies of every message in the log, and their offsets.
+func readAll(t testing.TB, p *store.Partition) (bodies []string, offsets []uint64) {
+	t.Helper()
+	msgs, err := p.Read(0, 1<<20, 0, nil)
+	if err != nil {
+		t.Fatalf("Read: %v", err)
+	}
+	for _, m := range msgs {
+		bodies = append(bodies, string(m.Body))
+		offsets = append(offsets, m.Offset)
+	}
+	return bodies, offsets
+}
+
+func offsetsOf(acks []store.Ack) []uint64 {
+	out := make([]uint64, len(acks))
+	for i, a := range acks {
+		out[i] = a.Offset
+	}
+	return out
+}
+
+func equal(t testing.TB, what string, got, want any) {
+	t.Helper()
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("%s = %v, want %v", what, got, want)
+	}
+}
+
+func TestPartition_Append(t *testing.T) {
+	tests := []struct {
+		name string
+		run  func(t *testing.T, p *store.Partition)
+	}{
+		{"ReadBack", func(t *testing.T, p *store.Partition) {
+			in := []store.Message{
+				{ID: "a", Key: "k1", Tags: []string{"x", "y"}, Properties: map[string]string{"p": "1"}, Body: []byte("one"), Timestamp: t0 - 5},
+				{ID: "b", Body: []byte("two"), ReconsumeTimes: 3},
+				{Body: []byte{}}, // no ID, empty body
+			}
+			acks := appendAt(t, p, t0, in...)
+			equal(t, "offsets", offsetsOf(acks), []uint64{0, 1, 2})
+			got, err := p.Read(0, 10, 0, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range in {
+				in[i].StoredAt = t0
+				in[i].Offset = uint64(i)
+			}
+			in[2].Body = nil // msgpack does not tell an empty body from none
+			got[2].Body = nil
+			equal(t, "read back", got, in)
+			m, ok, err := p.Get(1)
+			if err != nil || !ok || m.ID != "b" || m.Offset != 1 {
+				t.Fatalf("Get(1) = %+v, %v, %v", m, ok, err)
+			}
+			if _, ok, err := p.Get(3); ok || err != nil {
+				t.Fatalf("Get(3) past the end = %v, %v", ok, err)
+			}
+			st := p.Stats()
+			if st.Low != 0 || st.Next != 3 || st.Bytes <= 0 || st.LastStored != t0 {
+				t.Fatalf("Stats = %+v", st)
+			}
+		}},
+		{"ReadLimits", func(t *testing.T, p *store.Partition) {
+			for i := 0; i < 10; i++ {
+				appendAt(t, p, t0, msg(fmt.Sprint(i)))
+			}
+			got, err := p.Read(3, 4, 0, nil)
+			if err != nil || len(got) != 4 || got[0].Offset != 3 || got[3].Offset != 6 {
+				t.Fatalf("Read(3, max 4) = %d messages from %v, %v", len(got), got, err)
+			}
+			got, err = p.Read(0, 10, 1, nil) // maxBytes below one record: still one
+			if err != nil || len(got) != 1 {
+				t.Fatalf("Read(maxBytes 1) = %d messages, %v", len(got), err)
+			}
+			got, err = p.Read(10, 10, 0, nil)
+			if err != nil || len(got) != 0 {
+				t.Fatalf("Read at the end = %d messages, %v", len(got), err)
+			}
+			dst := []store.Message{{ID: "kept"}}
+			got, err = p.Read(9, 10, 0, dst)
+			if err != nil || len(got) != 2 || got[0].ID != "kept" || got[1].Offset != 9 {
+				t.Fatalf("Read appending to dst = %+v, %v", got, err)
+			}
+		}},
+		{"StoredAtNeverDecreases", func(t *testing.T, p *store.Partition) {
+			appendAt(t, p, t0+10)
+			appendAt(t, p, t0+10, msg("a"))
+			appendAt(t, p, t0, msg("b")) // a proposer's clock stepped back
+			got, _ := p.Read(0, 10, 0, nil)
+			if got[0].StoredAt != t0+10 || got[1].StoredAt != t0+10 {
+				t.Fatalf("StoredAt = %d, %d, want both %d", got[0].StoredAt, got[1].StoredAt, t0+10)
+			}
+		}},
+		{"GroupCommit", func(t *testing.T, p *store.Partition) {
+			const senders, each = 16, 50
+			var wg sync.WaitGroup
+			errs := make(chan error, senders)
+			offs := make([][]uint64, senders)
+			for g := 0; g < senders; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < each; i++ {
+						cmd := &store.Command{Op: store.OpAppend, Msgs: []store.Message{msg(fmt.Sprintf("%d-%d", g, i))}}
+						if err := p.Apply(context.Background(), cmd); err != nil {
+							errs <- err
+							return
+						}
+						offs[g] = append(offs[g], cmd.Acks[0].Offset)
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			seen := map[uint64]bool{}
+			for g, o := range offs {
+				for i, off := range o {
+					if seen[off] || off >= senders*each || (i > 0 && off <= o[i-1]) {
+						t.Fatalf("sender %d got offset %d (after %v)", g, off, o[:i])
+					}
+					seen[off] = true
+				}
+			}
+			if st := p.Stats(); st.Next != senders*each {
+				t.Fatalf("Next = %d, want %d", st.Next, senders*each)
+			}
+		}},
+		{"ErrBadCommand", func(t *testing.T, p *store.Partition) {
+			for _, cmd := range []*store.Command{
+				{Op: 0},
+				{Op: 200},
+				{Op: store.OpCommitOffset, Offset: 1},
+				{Op: store.OpDeleteGroup},
+				{Op: store.OpPrepare, Msgs: []store.Message{msg("a")}},
+				{Op: store.OpCommitTx},
+				{Op: store.OpRollbackTx},
+			} {
+				if err := p.Apply(context.Background(), cmd); !errors.Is(err, store.ErrBadCommand) {
+					t.Errorf("Apply(%+v) = %v, want ErrBadCommand", cmd, err)
+				}
+			}
+			// A bad command fails alone: the partition still works.
+			equal(t, "offsets after", offsetsOf(appendAt(t, p, t0, msg("a"))), []uint64{0})
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, _ := open(t)
+			tt.run(t, p)
+		})
+	}
+}
+
+func TestPartition_Dedup(t *testing.T) {
+	tests := []struct {
+		name      string
+		run       func(t *testing.T, p *store.Partition) []store.Ack // acks of the repeat
+		wantAcks  []store.Ack
+		wantCount int // messages in the log
+	}{
+		{"SecondCommand", func(t *testing.T, p *store.Partition) []store.Ack {
+			appendAt(t, p, t0, msg("x"), msg("a"))
+			return appendAt(t, p, t0+sec, msg("b"), msg("a"))
+		}, []store.Ack{{Offset: 2}, {Offset: 1, Duplicate: true}}, 3},
+		{"SameCommand", func(t *testing.T, p *store.Partition) []store.Ack {
+			return appendAt(t, p, t0, msg("a"), msg("a"))
+		}, []store.Ack{{Offset: 0}, {Offset: 0, Duplicate: true}}, 1},
+		{"NoIDNoDedup", func(t *testing.T, p *store.Partition) []store.Ack {
+			m := store.Message{Body: []byte("anonymous")}
+			appendAt(t, p, t0, m)
+			return appendAt(t, p, t0, m)
+		}, []store.Ack{{Offset: 1}}, 2},
+		{"Delayed", func(t *testing.T, p *store.Partition) []store.Ack {
+			m := msg("later")
+			m.DeliverAt = t0 + 10*sec
+			appendAt(t, p, t0, m)
+			return appendAt(t, p, t0, m)
+		}, []store.Ack{{Offset: ^uint64(0), Delayed: true, Duplicate: true}}, 0},
+		{"AfterRelease", func(t *testing.T, p *store.Partition) []store.Ack {
+			m := msg("later")
+			m.DeliverAt = t0 + 10*sec
+			appendAt(t, p, t0, msg("first"), m)
+			apply(t, p, &store.Command{Op: store.OpRelease, Now: t0 + 10*sec})
+			return appendAt(t, p, t0+11*sec, m)
+		}, []store.Ack{{Offset: 1, Duplicate: true}}, 2},
+		{"PrunedAfterTTL", func(t *testing.T, p *store.Partition) []store.Ack {
+			appendAt(t, p, t0, msg("a"))
+			appendAt(t, p, t0+100*sec, msg("b"))
+			apply(t, p, &store.Command{Op: store.OpTrim, Now: t0 + 150*sec, DedupTTL: 120 * sec})
+			// a is forgotten, b (50s old) is not
+			return appendAt(t, p, t0+150*sec, msg("a"), msg("b"))
+		}, []store.Ack{{Offset: 2}, {Offset: 1, Duplicate: true}}, 3},
+		{"ForgottenWhenTrimmed", func(t *testing.T, p *store.Partition) []store.Ack {
+			appendAt(t, p, t0, msg("a"), msg("b"))
+			c := apply(t, p, &store.Command{Op: store.OpTrim, Now: t0 + 10*sec, MaxAge: 5 * sec})
+			if c.Count != 2 {
+				t.Fatalf("trim deleted %d, want 2", c.Count)
+			}
+			return appendAt(t, p, t0+10*sec, msg("a"))
+		}, []store.Ack{{Offset: 2}}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, _ := open(t)
+			equal(t, "acks", tt.run(t, p), tt.wantAcks)
+			bodies, _ := readAll(t, p)
+			if len(bodies) != tt.wantCount {
+				t.Fatalf("log holds %v, want %d messages", bodies, tt.wantCount)
+			}
+		})
+	}
+}
+
+func TestPartition_GroupOffset(t *testing.T) {
+	p, _ := open(t)
+	if _, ok, err := p.GroupOffset("g1"); ok || err != nil {
+		t.Fatalf("GroupOffset of a new group = %v, %v", ok, err)
+	}
+	apply(t, p, &store.Command{Op: store.OpCommitOffset, Group: "g1", Offset: 7})
+	apply(t, p, &store.Command{Op: store.OpCommitOffset, Group: "g2", Offset: 0})
+	apply(t, p, &store.Command{Op: store.OpCommitOffset, Group: "g1", Offset: 9})
+	if off, ok, err := p.GroupOffset("g1"); off != 9 || !ok || err != nil {
+		t.Fatalf("GroupOffset(g1) = %d, %v, %v; want 9", off, ok, err)
+	}
+	if off, ok, err := p.GroupOffset("g2"); off != 0 || !ok || err != nil {
+		t.Fatalf("GroupOffset(g2) = %d, %v, %v; want 0 (committed)", off, ok, err)
+	}
+	groups, err := p.Groups()
+	equal(t, "Groups", groups, map[string]uint64{"g1": 9, "g2": 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply(t, p, &store.Command{Op: store.OpDeleteGroup, Group: "g1"})
+	if _, ok, _ := p.GroupOffset("g1"); ok {
+		t.Fatal("g1 still has an offset after OpDeleteGroup")
+	}
+	apply(t, p, &store.Command{Op: store.OpDeleteGroup, Group: "never"}) // no-op
+}
+
+func TestPartition_Trim(t *testing.T) {
+	// ten messages, one a second from t0; every record has the same size
+	setup := func(t *testing.T) *store.Partition {
+		p, _ := open(t)
+		for i := 0; i < 10; i++ {
+			appendAt(t, p, t0+int64(i)*sec, msg(fmt.Sprint(i)))
+		}
+		return p
+	}
+	tests := []struct {
+		name      string
+		cmd       func(st store.Stats) store.Command
+		wantCount int
+		wantMore  bool
+		wantLow   uint64
+	}{
+		{"KeepAll", func(store.Stats) store.Command {
+			return store.Command{Now: t0 + 100*sec}
+		}, 0, false, 0},
+		{"ByAge", func(store.Stats) store.Command {
+			// older than 5s at t0+9.5s: stored before t0+4.5s, offsets 0..4
+			return store.Command{Now: t0 + 9*sec + sec/2, MaxAge: 5 * sec}
+		}, 5, false, 5},
+		{"ByAgeAll", func(store.Stats) store.Command {
+			return store.Command{Now: t0 + 100*sec, MaxAge: sec}
+		}, 10, false, 10},
+		{"ByBytes", func(st store.Stats) store.Command {
+			per := st.Bytes / 10
+			return store.Command{Now: t0, MaxBytes: 3 * per} // keeps the newest 3
+		}, 7, false, 7},
+		{"ByBytesBetweenSizes", func(st store.Stats) store.Command {
+			per := st.Bytes / 10
+			return store.Command{Now: t0, MaxBytes: 3*per + per/2}
+		}, 7, false, 7},
+		{"Limit", func(store.Stats) store.Command {
+			return store.Command{Now: t0 + 100*sec, MaxAge: sec, Limit: 4}
+		}, 4, true, 4},
+		{"LimitExactlyReached", func(store.Stats) store.Command {
+			// 5 to delete, limit 5: done, nothing more to do
+			return store.Command{Now: t0 + 9*sec + sec/2, MaxAge: 5 * sec, Limit: 5}
+		}, 5, false, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := setup(t)
+			before := p.Stats()
+			cmd := tt.cmd(before)
+			cmd.Op = store.OpTrim
+			apply(t, p, &cmd)
+			if cmd.Count != tt.wantCount || cmd.More != tt.wantMore {
+				t.Fatalf("Count, More = %d, %v; want %d, %v", cmd.Count, cmd.More, tt.wantCount, tt.wantMore)
+			}
+			st := p.Stats()
+			if st.Low != tt.wantLow || st.Next != 10 {
+				t.Fatalf("Stats = %+v, want Low %d Next 10", st, tt.wantLow)
+			}
+			if want := before.Bytes / 10 * int64(10-tt.wantCount); st.Bytes != want {
+				t.Fatalf("Bytes = %d, want %d", st.Bytes, want)
+			}
+			_, offsets := readAll(t, p)
+			if len(offsets) != 10-tt.wantCount || (len(offsets) > 0 && offsets[0] != tt.wantLow) {
+				t.Fatalf("log holds offsets %v after trimming %d", offsets, tt.wantCount)
+			}
+			if _, ok, _ := p.Get(tt.wantLow - 1); tt.wantLow > 0 && ok {
+				t.Fatalf("Get(%d) still finds a trimmed message", tt.wantLow-1)
+			}
+			// Appends go on at Next, after trimming everything too.
+			equal(t, "next offset", offsetsOf(appendAt(t, p, t0+200*sec, msg("new"))), []uint64{10})
+		})
+	}
+}
+
+func TestPartition_Transactions(t *testing.T) {
+	ctx := context.Background()
+	prepare := func(t *testing.T, p *store.Partition, txid string, names ...string) {
+		t.Helper()
+		cmd := &store.Command{Op: store.OpPrepare, Now: t0, TxID: txid, Producer: "node-1"}
+		for _, n := range names {
+			cmd.Msgs = append(cmd.Msgs, msg(n))
+		}
+		apply(t, p, cmd)
+	}
+	decision := func(t *testing.T, p *store.Partition, txid string) store.Decision {
+		t.Helper()
+		d, err := p.Decision(txid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	halves := func(t *testing.T, p *store.Partition) []store.HalfTx {
+		t.Helper()
+		var out []store.HalfTx
+		if err := p.HalfTxs(func(h store.HalfTx) bool { out = append(out, h); return true }); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+
+	t.Run("PrepareCommit", func(t *testing.T) {
+		p, _ := open(t)
+		appendAt(t, p, t0, msg("before"))
+		prepare(t, p, "tx1", "h1", "h2")
+		prepare(t, p, "tx1", "h3") // prepare again in the same transaction
+		if bodies, _ := readAll(t, p); len(bodies) != 1 {
+			t.Fatalf("half messages visible before commit: %v", bodies)
+		}
+		equal(t, "HalfTxs", halves(t, p), []store.HalfTx{{TxID: "tx1", Producer: "node-1", FirstSeen: t0, Messages: 3}})
+		equal(t, "decision before commit", decision(t, p, "tx1"), store.Undecided)
+
+		c := apply(t, p, &store.Command{Op: store.OpCommitTx, Now: t0 + sec, TxID: "tx1", Msgs: []store.Message{msg("outbox")}})
+		equal(t, "commit acks", offsetsOf(c.Acks), []uint64{1, 2, 3, 4})
+		if c.Count != 4 || c.Previous != store.Undecided {
+			t.Fatalf("commit Count, Previous = %d, %v", c.Count, c.Previous)
+		}
+		bodies, _ := readAll(t, p)
+		equal(t, "log", bodies, []string{"body-before", "body-h1", "body-h2", "body-h3", "body-outbox"})
+		equal(t, "HalfTxs after commit", halves(t, p), []store.HalfTx(nil))
+		equal(t, "decision", decision(t, p, "tx1"), store.Committed)
+
+		// The first decision wins; later ones change nothing.
+		c = apply(t, p, &store.Command{Op: store.OpCommitTx, TxID: "tx1", Msgs: []store.Message{msg("again")}})
+		if c.Previous != store.Committed || len(c.Acks) != 0 || c.Count != 0 {
+			t.Fatalf("second commit: Previous %v, Acks %v, Count %d", c.Previous, c.Acks, c.Count)
+		}
+		c = apply(t, p, &store.Command{Op: store.OpRollbackTx, TxID: "tx1"})
+		if c.Previous != store.Committed {
+			t.Fatalf("rollback after commit: Previous %v, want committed", c.Previous)
+		}
+		err := p.Apply(ctx, &store.Command{Op: store.OpPrepare, TxID: "tx1", Msgs: []store.Message{msg("late")}})
+		if !errors.Is(err, store.ErrDecided) {
+			t.Fatalf("prepare after commit = %v, want ErrDecided", err)
+		}
+		if bodies2, _ := readAll(t, p); len(bodies2) != len(bodies) {
+			t.Fatalf("log changed after the decision: %v", bodies2)
+		}
+	})
+
+	t.Run("PrepareRollback", func(t *testing.T) {
+		p, _ := open(t)
+		prepare(t, p, "tx2", "h1", "h2")
+		c := apply(t, p, &store.Command{Op: store.OpRollbackTx, Now: t0, TxID: "tx2"})
+		if c.Count != 2 || c.Previous != store.Undecided {
+			t.Fatalf("rollback Count, Previous = %d, %v; want 2, undecided", c.Count, c.Previous)
+		}
+		equal(t, "decision", decision(t, p, "tx2"), store.RolledBack)
+		equal(t, "HalfTxs", halves(t, p), []store.HalfTx(nil))
+		c = apply(t, p, &store.Command{Op: store.OpCommitTx, TxID: "tx2", Msgs: []store.Message{msg("outbox")}})
+		if c.Previous != store.RolledBack || len(c.Acks) != 0 {
+			t.Fatalf("commit after rollback: Previous %v, Acks %v; want rolled back, none", c.Previous, c.Acks)
+		}
+		if bodies, _ := readAll(t, p); len(bodies) != 0 {
+			t.Fatalf("rolled-back messages visible: %v", bodies)
+		}
+		c = apply(t, p, &store.Command{Op: store.OpRollbackTx, TxID: "tx2"})
+		if c.Previous != store.RolledBack || c.Count != 0 {
+			t.Fatalf("second rollback: Previous %v, Count %d", c.Previous, c.Count)
+		}
+		err := p.Apply(ctx, &store.Command{Op: store.OpPrepare, TxID: "tx2", Msgs: []store.Message{msg("late")}})
+		if !errors.Is(err, store.ErrDecided) {
+			t.Fatalf("prepare after rollback = %v, want ErrDecided", err)
+		}
+		equal(t, "HalfTxs after a refused prepare", halves(t, p), []store.HalfTx(nil))
+	})
+
+	t.Run("RollbackUnknown", func(t *testing.T) {
+		// A rollback that arrives before the prepare (or instead of it)
+		// still decides: a late prepare is refused.
+		p, _ := open(t)
+		c := apply(t, p, &store.Command{Op: store.OpRollbackTx, TxID: "tx3"})
+		if c.Count != 0 || c.Previous != store.Undecided {
+			t.Fatalf("rollback of an unknown tx: Count %d, Previous %v", c.Count, c.Previous)
+		}
+		err := p.Apply(ctx, &store.Command{Op: store.OpPrepare, TxID: "tx3", Msgs: []store.Message{msg("late")}})
+		if !errors.Is(err, store.ErrDecided) {
+			t.Fatalf("prepare after rollback = %v, want ErrDecided", err)
+		}
+	})
+
+	t.Run("OutboxOnly", func(t *testing.T) {
+		p, _ := open(t)
+		c := apply(t, p, &store.Command{Op: store.OpCommitTx, TxID: "tx4", Msgs: []store.Message{msg("a"), msg("b")}})
+		equal(t, "acks", offsetsOf(c.Acks), []uint64{0, 1})
+		equal(t, "decision", decision(t, p, "tx4"), store.Committed)
+	})
+
+	t.Run("TxChecked", func(t *testing.T) {
+		p, _ := open(t)
+		prepare(t, p, "tx5", "h")
+		apply(t, p, &store.Command{Op: store.OpTxChecked, Now: t0 + 10*sec, TxID: "tx5"})
+		c := apply(t, p, &store.Command{Op: store.OpTxChecked, Now: t0 + 20*sec, TxID: "tx5"})
+		if c.Count != 2 {
+			t.Fatalf("Count = %d, want 2 checks", c.Count)
+		}
+		equal(t, "HalfTxs", halves(t, p), []store.HalfTx{{TxID: "tx5", Producer: "node-1", FirstSeen: t0, LastCheck: t0 + 20*sec, Checks: 2, Messages: 1}})
+		c = apply(t, p, &store.Command{Op: store.OpTxChecked, TxID: "unknown"})
+		if c.Count != 0 {
+			t.Fatalf("check of an unknown tx: Count %d", c.Count)
+		}
+	})
+
+	t.Run("DecisionTTL", func(t *testing.T) {
+		p, _ := open(t)
+		apply(t, p, &store.Command{Op: store.OpRollbackTx, Now: t0, TxID: "old"})
+		apply(t, p, &store.Command{Op: store.OpCommitTx, Now: t0 + 50*sec, TxID: "new"})
+		apply(t, p, &store.Command{Op: store.OpTrim, Now: t0 + 100*sec, DecideTTL: 60 * sec})
+		equal(t, "pruned decision", decision(t, p, "old"), store.Undecided)
+		equal(t, "kept decision", decision(t, p, "new"), store.Committed)
+	})
+
+	t.Run("CommitDelayedHalf", func(t *testing.T) {
+		p, _ := open(t)
+		m := msg("later")
+		m.DeliverAt = t0 + 10*sec
+		apply(t, p, &store.Command{Op: store.OpPrepare, Now: t0, TxID: "tx6", Msgs: []store.Message{m}})
+		c := apply(t, p, &store.Command{Op: store.OpCommitTx, Now: t0, TxID: "tx6"})
+		if len(c.Acks) != 1 || !c.Acks[0].Delayed {
+			t.Fatalf("acks = %+v, want one delayed", c.Acks)
+		}
+		if st := p.Stats(); st.Delayed != 1 || st.Next != 0 {
+			t.Fatalf("Stats = %+v, want one delayed message", st)
+		}
+	})
+}
+
+func TestPartition_Delay(t *testing.T) {
+	p, _ := open(t)
+	at := func(name string, due int64) store.Message {
+		m := msg(name)
+		m.DeliverAt = due
+		return m
+	}
+	acks := appendAt(t, p, t0,
+		at("c", t0+30*sec), at("a1", t0+10*sec), msg("now"), at("b", t0+20*sec), at("a2", t0+10*sec), at("past", t0-sec))
+	for i, want := range []bool{true, true, false, true, true, false} {
+		if acks[i].Delayed != want {
+			t.Fatalf("ack %d = %+v, Delayed want %v", i, acks[i], want)
+		}
+	}
+	equal(t, "immediate offsets", []uint64{acks[2].Offset, acks[5].Offset}, []uint64{0, 1})
+	if st := p.Stats(); st.Delayed != 4 || st.Next != 2 {
+		t.Fatalf("Stats = %+v, want 4 delayed, Next 2", st)
+	}
+	if due, ok, err := p.NextDue(); due != t0+10*sec || !ok || err != nil {
+		t.Fatalf("NextDue = %d, %v, %v", due, ok, err)
+	}
+
+	release := func(now int64, limit int) *store.Command {
+		return apply(t, p, &store.Command{Op: store.OpRelease, Now: now, Limit: limit})
+	}
+	if c := release(t0+10*sec-1, 0); c.Count != 0 || c.More {
+		t.Fatalf("release before due: Count %d More %v", c.Count, c.More)
+	}
+	if c := release(t0+20*sec, 2); c.Count != 2 || !c.More {
+		t.Fatalf("release with limit: Count %d More %v, want 2, true", c.Count, c.More)
+	}
+	if c := release(t0+20*sec, 0); c.Count != 1 || c.More {
+		t.Fatalf("release the rest due: Count %d More %v, want 1, false", c.Count, c.More)
+	}
+	bodies, _ := readAll(t, p)
+	// by due time, then arrival: a1 and a2 (same due) in send order
+	equal(t, "log", bodies, []string{"body-now", "body-past", "body-a1", "body-a2", "body-b"})
+	got, _ := p.Read(2, 10, 0, nil)
+	if got[0].StoredAt != t0+20*sec {
+		t.Fatalf("released StoredAt = %d, want the release time %d", got[0].StoredAt, t0+20*sec)
+	}
+	if st := p.Stats(); st.Delayed != 1 {
+		t.Fatalf("Delayed = %d, want 1", st.Delayed)
+	}
+	release(t0+time.Hour.Nanoseconds(), 0)
+	if _, ok, _ := p.NextDue(); ok {
+		t.Fatal("NextDue reports a message after all were released")
+	}
+	if st := p.Stats(); st.Delayed != 0 || st.Next != 6 {
+		t.Fatalf("Stats = %+v, want none delayed, Next 6", st)
+	}
+}
+
+func TestPartition_SeekTime(t *testing.T) {
+	p, _ := open(t)
+	for i := 0; i < 5; i++ {
+		appendAt(t, p, t0+int64(i)*10*sec, msg(fmt.Sprint(i)))
+	}
+	for _, tc := range []struct {
+		at   int64
+		want uint64
+	}{
+		{0, 0}, {t0, 0}, {t0 + 1, 1}, {t0 + 20*sec, 2}, {t0 + 40*sec, 4}, {t0 + 41*sec, 5},
+	} {
+		if got, err := p.SeekTime(tc.at); got != tc.want || err != nil {
+			t.Errorf("SeekTime(t0%+d) = %d, %v; want %d", tc.at-t0, got, err, tc.want)
+		}
+	}
+	apply(t, p, &store.Command{Op: store.OpTrim, Now: t0 + 25*sec, MaxAge: 10 * sec}) // drops 0, 1
+	if got, err := p.SeekTime(0); got != 2 || err != nil {
+		t.Errorf("SeekTime after trim = %d, %v; want 2", got, err)
+	}
+}
+
+func TestPartition_Reopen(t *testing.T) {
+	p, path := open(t)
+	delayed := msg("delayed")
+	delayed.DeliverAt = t0 + 60*sec
+	appendAt(t, p, t0, msg("a"), msg("b"), msg("c"), delayed)
+	apply(t, p, &store.Command{Op: store.OpTrim, Now: t0, MaxBytes: 1}) // drops a, b, c
+	appendAt(t, p, t0+sec, msg("d"))
+	apply(t, p, &store.Command{Op: store.OpCommitOffset, Group: "g", Offset: 4})
+	apply(t, p, &store.Command{Op: store.OpPrepare, Now: t0, TxID: "open-tx", Msgs: []store.Message{msg("half")}})
+	apply(t, p, &store.Command{Op: store.OpRollbackTx, TxID: "done-tx"})
+	apply(t, p, &store.Command{Op: store.OpAppend, Index: 7, Msgs: []store.Message{msg("replicated")}})
+	before := p.Stats()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	p = openAt(t, path)
+	equal(t, "Stats after reopen", p.Stats(), before)
+	bodies, offsets := readAll(t, p)
+	equal(t, "log", bodies, []string{"body-d", "body-replicated"})
+	equal(t, "offsets", offsets, []uint64{3, 4})
+	if off, ok, _ := p.GroupOffset("g"); off != 4 || !ok {
+		t.Fatalf("GroupOffset = %d, %v", off, ok)
+	}
+	if due, ok, _ := p.NextDue(); due != t0+60*sec || !ok {
+		t.Fatalf("NextDue = %d, %v", due, ok)
+	}
+	n := 0
+	p.HalfTxs(func(h store.HalfTx) bool { n += h.Messages; return true })
+	if n != 1 {
+		t.Fatalf("half messages after reopen: %d, want 1", n)
+	}
+	if d, _ := p.Decision("done-tx"); d != store.RolledBack {
+		t.Fatalf("decision after reopen: %v", d)
+	}
+	// Dedup, the applied index and the next offset survive.
+	equal(t, "dedup after reopen", appendAt(t, p, t0+2*sec, msg("d")), []store.Ack{{Offset: 3, Duplicate: true}})
+	apply(t, p, &store.Command{Op: store.OpAppend, Index: 7, Msgs: []store.Message{msg("replayed")}})
+	equal(t, "next offset", offsetsOf(appendAt(t, p, t0+2*sec, msg("e"))), []uint64{5})
+	// the delayed message still releases, and its ID is still known
+	apply(t, p, &store.Command{Op: store.OpRelease, Now: t0 + 60*sec})
+	bodies, _ = readAll(t, p)
+	equal(t, "log after release", bodies, []string{"body-d", "body-replicated", "body-e", "body-delayed"})
+	equal(t, "dedup of the released message", appendAt(t, p, t0+61*sec, delayed), []store.Ack{{Offset: 6, Duplicate: true}})
+}
+
+func TestPartition_ReplicatedIndex(t *testing.T) {
+	p, path := open(t)
+	cmdAt := func(index uint64, name string) *store.Command {
+		return &store.Command{Op: store.OpAppend, Index: index, Now: t0, Msgs: []store.Message{{Body: []byte(name)}}}
+	}
+	apply(t, p, cmdAt(5, "five"))
+	apply(t, p, cmdAt(5, "five again"))   // replay: skipped
+	apply(t, p, cmdAt(3, "three"))        // older: skipped
+	apply(t, p, cmdAt(0, "unreplicated")) // no index: always applied
+	apply(t, p, cmdAt(6, "six"))
+	// Replay after a crash: everything up to 6 is skipped, 7 is new.
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p = openAt(t, path)
+	for _, i := range []uint64{5, 6} {
+		apply(t, p, cmdAt(i, "replayed"))
+	}
+	apply(t, p, cmdAt(7, "seven"))
+	// A command error still consumes its index (every replica skips it the
+	// same way), and a replay of it is skipped without an error.
+	if err := p.Apply(context.Background(), &store.Command{Op: store.OpCommitOffset, Index: 8}); !errors.Is(err, store.ErrBadCommand) {
+		t.Fatalf("bad command at index 8 = %v", err)
+	}
+	apply(t, p, &store.Command{Op: store.OpCommitOffset, Index: 8})
+	var bodies []string
+	msgs, _ := p.Read(0, 100, 0, nil)
+	for _, m := range msgs {
+		bodies = append(bodies, string(m.Body))
+	}
+	equal(t, "log", bodies, []string{"five", "unreplicated", "six", "seven"})
+}
+
+func TestPartition_Close(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "0.db")
+	p, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendAt(t, p, t0, msg("a"))
+	if err := p.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	ctx := context.Background()
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"Apply", func() error { return p.Apply(ctx, &store.Command{Op: store.OpAppend, Msgs: []store.Message{msg("b")}}) }},
+		{"Read", func() error { _, err := p.Read(0, 10, 0, nil); return err }},
+		{"Get", func() error { _, _, err := p.Get(0); return err }},
+		{"GroupOffset", func() error { _, _, err := p.GroupOffset("g"); return err }},
+		{"Groups", func() error { _, err := p.Groups(); return err }},
+		{"SeekTime", func() error { _, err := p.SeekTime(0); return err }},
+		{"NextDue", func() error { _, _, err := p.NextDue(); return err }},
+		{"HalfTxs", func() error { return p.HalfTxs(func(store.HalfTx) bool { return true }) }},
+		{"Decision", func() error { _, err := p.Decision("tx"); return err }},
+	}
+	for _, c := range calls {
+		t.Run(c.name, func(t *testing.T) {
+			if err := c.call(); !errors.Is(err, store.ErrClosed) {
+				t.Fatalf("%s after Close = %v, want ErrClosed", c.name, err)
+			}
+		})
+	}
+
+	t.Run("Concurrent", func(t *testing.T) {
+		// Close while senders are queued: each send either lands or
+		// returns ErrClosed, and Close waits for the writer.
+		p, err := store.Open(filepath.Join(t.TempDir(), "1.db"), store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A send that Close strands would wait forever: bound it.
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for g := 0; g < 8; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					err := p.Apply(ctx, &store.Command{Op: store.OpAppend, Msgs: []store.Message{msg(fmt.Sprintf("%d-%d", g, i))}})
+					if err != nil {
+						errs <- err
+						return
+					}
+					if i == 20 && g == 0 {
+						go p.Close()
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if !errors.Is(err, store.ErrClosed) {
+				t.Errorf("send during Close = %v, want ErrClosed", err)
+			}
+		}
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestOpen_FormatVersion(t *testing.T) {
+	tests := []struct {
+		name    string
+		version []byte
+		want    error
+	}{
+		{"Current", be64(store.FormatVersion), nil},
+		{"Newer", be64(store.FormatVersion + 1), store.ErrFormat},
+		{"Zero", be64(0), store.ErrFormat},
+		{"Garbled", []byte("v1"), store.ErrFormat},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, path := open(t)
+			appendAt(t, p, t0, msg("a"))
+			if err := p.Close(); err != nil {
+				t.Fatal(err)
+			}
+			updateBolt(t, path, func(tx *bolt.Tx) error {
+				return tx.Bucket([]byte("meta")).Put([]byte("version"), tt.version)
+			})
+			p, err := store.Open(path, store.Options{})
+			if tt.want == nil {
+				if err != nil {
+					t.Fatalf("Open = %v", err)
+				}
+				if err := p.Close(); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, tt.want) {
+				if err == nil {
+					p.Close()
+				}
+				t.Fatalf("Open = %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+func be64(v uint64) []byte {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint64(b, v)
+	return b
+}
+
+// updateBolt runs fn in a write transaction on the closed partition file.
+func updateBolt(t testing.TB, path string, fn func(*bolt.Tx) error) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(fn); err != nil {
+		db.Close()
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// flipInBucket flips one byte of the value stored under key in bucket, inside
+// the part of the value that holds needle.
+func flipInBucket(t testing.TB, path, bucket string, key []byte, needle string) {
+	t.Helper()
+	updateBolt(t, path, func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte(bucket))
+		v := bytes.Clone(b.Get(key))
+		i := bytes.Index(v, []byte(needle))
+		if i < 0 {
+			return fmt.Errorf("%s[%x] = %q does not hold %q", bucket, key, v, needle)
+		}
+		v[i] ^= 0x20
+		return b.Put(key, v)
+	})
+}
+
+func TestPartition_Corrupt(t *testing.T) {
+	setup := func(t *testing.T) (*store.Partition, string) {
+		p, path := open(t)
+		for i := 0; i < 6; i++ {
+			appendAt(t, p, t0+int64(i)*sec, msg(fmt.Sprint(i)))
+		}
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return p, path
+	}
+
+	t.Run("Read", func(t *testing.T) {
+		_, path := setup(t)
+		flipInBucket(t, path, "log", be64(3), "body-3")
+		p := openAt(t, path)
+		if _, _, err := p.Get(3); !errors.Is(err, store.ErrCorrupt) {
+			t.Fatalf("Get(3) = %v, want ErrCorrupt", err)
+		}
+		for _, off := range []uint64{2, 4} {
+			if m, ok, err := p.Get(off); err != nil || !ok || string(m.Body) != fmt.Sprintf("body-%d", off) {
+				t.Fatalf("Get(%d) next to the damage = %q, %v, %v", off, m.Body, ok, err)
+			}
+		}
+		// Read returns what comes before the damaged record without an
+		// error, and the error when it starts there.
+		got, err := p.Read(0, 10, 0, nil)
+		if err != nil || len(got) != 3 {
+			t.Fatalf("Read(0) = %d messages, %v; want 3, nil", len(got), err)
+		}
+		got, err = p.Read(3, 10, 0, got[:0])
+		if !errors.Is(err, store.ErrCorrupt) || len(got) != 0 {
+			t.Fatalf("Read(3) = %d messages, %v; want 0, ErrCorrupt", len(got), err)
+		}
+		if got, err := p.Read(4, 10, 0, nil); err != nil || len(got) != 2 {
+			t.Fatalf("Read(4) = %d messages, %v; want 2", len(got), err)
+		}
+		if _, err := p.SeekTime(t0 + 3*sec); !errors.Is(err, store.ErrCorrupt) {
+			t.Fatalf("SeekTime onto the damaged record = %v, want ErrCorrupt", err)
+		}
+	})
+
+	t.Run("MovedRecord", func(t *testing.T) {
+		// A record copied under another key fails its check: the CRC covers
+		// the key, so a record is never read at the wrong offset.
+		_, path := setup(t)
+		updateBolt(t, path, func(tx *bolt.Tx) error {
+			b := tx.Bucket([]byte("log"))
+			return b.Put(be64(1), bytes.Clone(b.Get(be64(2))))
+		})
+		p := openAt(t, path)
+		if _, _, err := p.Get(1); !errors.Is(err, store.ErrCorrupt) {
+			t.Fatalf("Get of a moved record = %v, want ErrCorrupt", err)
+		}
+	})
+
+	t.Run("TrimOverDamage", func(t *testing.T) {
+		// Retention neither stops at nor fails on a damaged record: a
+		// failed trim would fail every send batched with it.
+		_, path := setup(t)
+		flipInBucket(t, path, "log", be64(0), "body-0")
+		flipInBucket(t, path, "log", be64(2), "body-2")
+		p := openAt(t, path)
+		// By age, a damaged record is as old as the intact one after it at
+		// most: 0 goes (1 is old enough), 2 stays while 3 is too young.
+		c := apply(t, p, &store.Command{Op: store.OpTrim, Now: t0 + 4*sec, MaxAge: sec + sec/2})
+		if c.Count != 2 || p.Stats().Low != 2 {
+			t.Fatalf("trim by age over damage deleted %d, Low %d; want 2, 2", c.Count, p.Stats().Low)
+		}
+		c = apply(t, p, &store.Command{Op: store.OpTrim, Now: t0 + 5*sec, MaxAge: sec + sec/2})
+		if c.Count != 2 || p.Stats().Low != 4 {
+			t.Fatalf("second trim deleted %d, Low %d; want 2, 4", c.Count, p.Stats().Low)
+		}
+		// the dedup entries of the damaged records went with them, and
+		// only theirs
+		acks := appendAt(t, p, t0+6*sec, msg("0"), msg("2"), msg("4"))
+		equal(t, "acks", acks, []store.Ack{{Offset: 6}, {Offset: 7}, {Offset: 4, Duplicate: true}})
+	})
+
+	t.Run("TrimDamagedTail", func(t *testing.T) {
+		// With no intact record after it, a damaged record's age is
+		// unknown: it is kept by age, and still deleted by size.
+		_, path := setup(t)
+		flipInBucket(t, path, "log", be64(5), "body-5")
+		p := openAt(t, path)
+		c := apply(t, p, &store.Command{Op: store.OpTrim, Now: t0 + 100*sec, MaxAge: sec})
+		if c.Count != 5 || p.Stats().Low != 5 {
+			t.Fatalf("trim by age deleted %d, Low %d; want 5, 5", c.Count, p.Stats().Low)
+		}
+		c = apply(t, p, &store.Command{Op: store.OpTrim, Now: t0 + 100*sec, MaxBytes: 1})
+		if c.Count != 1 || p.Stats().Low != 6 || p.Stats().Bytes != 0 {
+			t.Fatalf("trim by size deleted %d, Stats %+v; want 1, empty", c.Count, p.Stats())
+		}
+		equal(t, "acks", appendAt(t, p, t0+100*sec, msg("5")), []store.Ack{{Offset: 6}})
+	})
+
+	t.Run("ReleaseDamaged", func(t *testing.T) {
+		// A damaged delayed record is not dropped: it moves into the log,
+		// where reading it reports ErrCorrupt at its offset.
+		p, path := open(t)
+		a, b := msg("a"), msg("b")
+		a.DeliverAt, b.DeliverAt = t0+sec, t0+2*sec
+		appendAt(t, p, t0, a, b)
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+		var key []byte
+		updateBolt(t, path, func(tx *bolt.Tx) error {
+			key, _ = tx.Bucket([]byte("delay")).Cursor().First()
+			key = bytes.Clone(key)
+			return nil
+		})
+		flipInBucket(t, path, "delay", key, "body-a")
+		p = openAt(t, path)
+		c := apply(t, p, &store.Command{Op: store.OpRelease, Now: t0 + 2*sec})
+		if c.Count != 2 || p.Stats().Delayed != 0 || p.Stats().Next != 2 {
+			t.Fatalf("release over damage moved %d, Stats %+v; want 2, none delayed", c.Count, p.Stats())
+		}
+		if _, _, err := p.Get(0); !errors.Is(err, store.ErrCorrupt) {
+			t.Fatalf("Get(0) of the damaged released record = %v, want ErrCorrupt", err)
+		}
+		if m, _, err := p.Get(1); err != nil || string(m.Body) != "body-b" {
+			t.Fatalf("Get(1) = %q, %v", m.Body, err)
+		}
+	})
+}
