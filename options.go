@@ -72,6 +72,9 @@ type config struct {
 	retentionBytes      int64         // per partition; 0: no size limit
 	decisionTTL         time.Duration
 	maintenanceInterval time.Duration
+
+	// Transactions (transaction.go).
+	tx txConfig
 }
 
 func defaultConfig() config {
@@ -84,6 +87,8 @@ func defaultConfig() config {
 		retention:           48 * time.Hour,
 		decisionTTL:         24 * time.Hour,
 		maintenanceInterval: 10 * time.Second,
+
+		tx: defaultTxConfig(),
 	}
 }
 

@@ -1,4 +1,1046 @@
 package mq
 
-// startTxChecker starts the check-back of half messages left undecided.
-func (m *MQ) startTxChecker() {}
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/zeze-go/mq/localtx"
+	"github.com/zeze-go/mq/store"
+)
+
+// Transactional messages (DESIGN.md section 5).
+//
+// PrepareMessage stores half messages under the host transaction's id and
+// writes a marker into the host transaction; CommitMessage writes the
+// messages themselves into the host transaction (an outbox). Both register
+// hooks on the transaction: after its commit, the half messages and the
+// outbox messages of each partition become visible in one OpCommitTx; after
+// a rollback, the half messages are discarded. Once every partition's
+// decision is durable, the marker and outbox rows are forgotten (in batches,
+// in the background).
+//
+// A crash between the host's commit and the queue's is repaired from the
+// host store: at start and every sweep the node commits the transactions
+// whose marker is still present (the outbox rides along), and the check-back
+// asks the host store about half messages left undecided after TxCheckAfter.
+// Decisions are recorded per partition and the first one wins, so every
+// repair may run twice.
+//
+// Lock order: txNode.mu before openTx.mu (never both held at once in
+// practice).
+
+// LocalTx is the host's local transaction as the queue sees it; see
+// package localtx for the contract and the bbolt and database/sql adapters.
+type LocalTx = localtx.Tx
+
+// TxDecision is an operator's decision on a parked transaction, and what
+// ResolveTx reports as the decision that stands.
+type TxDecision int
+
+// Decisions.
+const (
+	// TxUndecided: the node knows no decision (nor half messages) of the
+	// transaction.
+	TxUndecided TxDecision = iota
+	// TxCommit delivers the transaction's messages.
+	TxCommit
+	// TxRollback discards them.
+	TxRollback
+)
+
+func (d TxDecision) String() string {
+	switch d {
+	case TxCommit:
+		return "commit"
+	case TxRollback:
+		return "rollback"
+	}
+	return "undecided"
+}
+
+// TopicPartition names one partition of one topic.
+type TopicPartition struct {
+	Topic     string
+	Partition int
+}
+
+// UnresolvedTx is a parked transaction: its half messages got no answer
+// from the check-back TxMaxChecks times. It stays until ResolveTx decides
+// it or its own commit or rollback finally arrives.
+type UnresolvedTx struct {
+	TxID       string
+	Partitions []TopicPartition // where its half messages are, sorted
+	Messages   int              // half messages in all
+	FirstSeen  time.Time        // when its first half message was stored
+	Age        time.Duration    // since FirstSeen
+	Checks     int              // check-backs without an answer (the most of its partitions)
+}
+
+// txConfig holds the transaction settings of a node and, once the node is
+// open, its transaction state.
+type txConfig struct {
+	checkAfter time.Duration
+	maxChecks  int
+	stores     []localtx.Store
+
+	node *txNode // set by startTxChecker
+}
+
+func defaultTxConfig() txConfig {
+	return txConfig{checkAfter: 6 * time.Second, maxChecks: 15}
+}
+
+// WithTxCheckAfter sets how long half messages may stay undecided before
+// the node asks the host store about their transaction (the check-back);
+// later checks back off from there (doubling, at most a minute apart unless
+// d is longer). Default 6s.
+func WithTxCheckAfter(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: tx check after %v", ErrInvalidOption, d)
+		}
+		c.tx.checkAfter = d
+		return nil
+	}
+}
+
+// WithTxMaxChecks sets how many check-backs may answer "still running"
+// before the transaction is parked: listed by UnresolvedTxs, checked no
+// more, and left for ResolveTx. Default 15.
+func WithTxMaxChecks(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("%w: tx max checks %d", ErrInvalidOption, n)
+		}
+		c.tx.maxChecks = n
+		return nil
+	}
+}
+
+// WithLocalTx gives the node the host store whose transactions send
+// messages (a *localtx.Bolt or *localtx.SQL), for the check-back and to
+// publish, at start, the messages of transactions that committed just
+// before a crash. Give every such store, once each; a store used by a
+// transaction is also learned for the rest of the run. Without it, half
+// messages left by a crash are parked for the operator.
+func WithLocalTx(s localtx.Store) Option {
+	return func(c *config) error {
+		if s == nil {
+			return fmt.Errorf("%w: nil local tx store", ErrInvalidOption)
+		}
+		c.tx.stores = append(c.tx.stores, s)
+		return nil
+	}
+}
+
+// txTestHook, when set by a test, is called at the named points of a
+// transaction's life: "sent" (PrepareMessage or CommitMessage returned),
+// "local-committed" (commit hook entered), "partition-committed" (one
+// partition's OpCommitTx is durable).
+var txTestHook func(point string)
+
+func txHook(point string) {
+	if h := txTestHook; h != nil {
+		h(point)
+	}
+}
+
+// txFormat is the version of the marker and outbox rows the node writes
+// through LocalTx.Put. Both are msgpack arrays:
+//
+//	marker:     [txFormat, [[topic, partition], ...]]   partitions holding half messages
+//	outbox row: [txFormat, topic, partition, id, key, tags, properties,
+//	             body, timestamp, deliverAt]
+const txFormat = 1
+
+type partRef struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Topic    string
+	Part     int
+}
+
+type txMarker struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	V        int
+	Halves   []partRef
+}
+
+type outboxRow struct {
+	_msgpack   struct{} `msgpack:",as_array"`
+	V          int
+	Topic      string
+	Part       int
+	ID         string
+	Key        string
+	Tags       []string
+	Properties map[string]string
+	Body       []byte
+	Timestamp  int64
+	DeliverAt  int64
+}
+
+// txNode is a node's transaction state.
+type txNode struct {
+	m *MQ
+
+	mu     sync.Mutex         // guards open and stores
+	open   map[string]*openTx // transactions of this process that sent, until their hooks end
+	stores []localtx.Store    // configured, then learned from transactions
+
+	forgets chan forgetReq // to the forgetter
+}
+
+// openTx is what the node knows of a transaction that sent messages.
+type openTx struct {
+	id    string
+	store localtx.Store // the transaction's own store; nil if it does not say
+
+	mu     sync.Mutex // guards the fields below
+	halves []partRef  // partitions holding half messages, in first-use order
+	outbox map[partRef][]store.Message
+	seq    uint64 // next outbox row
+	marked int    // len(halves) when the marker was last written; -1: never
+}
+
+type forgetReq struct {
+	store localtx.Store
+	txid  string
+}
+
+// txPlan is what committing a transaction does: per partition, the outbox
+// messages to publish with the half messages (nil when only halves).
+type txPlan map[partRef][]store.Message
+
+// startTxChecker starts the check-back of half messages left undecided and
+// the sweep of the host stores' markers (one goroutine), and the forgetter
+// that cleans markers once decisions are durable (another).
+func (m *MQ) startTxChecker() {
+	n := &txNode{
+		m:       m,
+		open:    map[string]*openTx{},
+		stores:  append([]localtx.Store(nil), m.cfg.tx.stores...),
+		forgets: make(chan forgetReq, 4096),
+	}
+	m.cfg.tx.node = n
+	m.goFunc(n.checkLoop)
+	m.goFunc(n.forgetter)
+}
+
+func (m *MQ) txn() *txNode { return m.cfg.tx.node }
+
+// PrepareMessage stores msgs as half messages of the host transaction
+// carried by ctx (see package localtx): durable, invisible to consumers.
+// They become visible when that transaction commits, together with its
+// CommitMessage messages and in commit order, and are discarded when it
+// rolls back or is redone. It may be called many times in one transaction,
+// for any partitions and topics. It returns when the half messages are
+// durable or ctx ends.
+//
+// It returns ErrNotInTransaction when ctx carries no transaction, and the
+// errors of SendMessage. After an error the transaction should roll back: if
+// it commits anyway, whatever half messages were stored are delivered.
+// PrepareMessage fills ID, Topic, PartitionIndex and Timestamp like
+// SendMessage; Offset is -1 (offsets are given at commit).
+func (p *Producer) PrepareMessage(ctx context.Context, msgs ...*Message) error {
+	tx, ok := localtx.FromContext(ctx)
+	if !ok {
+		return ErrNotInTransaction
+	}
+	ot, parts, err := p.beginTx(tx, msgs)
+	if err != nil || len(msgs) == 0 {
+		return err
+	}
+	now := p.m.cfg.clock.Now()
+	byPart := map[int][]store.Message{}
+	var order []int
+	for _, m := range msgs {
+		if m.Timestamp.IsZero() {
+			m.Timestamp = now
+		}
+		m.Offset = -1
+		if _, ok := byPart[m.PartitionIndex]; !ok {
+			order = append(order, m.PartitionIndex)
+		}
+		byPart[m.PartitionIndex] = append(byPart[m.PartitionIndex], toStore(m))
+	}
+	// The marker first: whatever partition may hold halves is in it when
+	// the transaction commits.
+	ot.mu.Lock()
+	for _, i := range order {
+		ot.addHalf(partRef{Topic: p.topic, Part: i})
+	}
+	ot.mu.Unlock()
+	if err := ot.writeMarker(tx); err != nil {
+		return err
+	}
+	err = forEachPart(order, func(i int) error {
+		cmd := &store.Command{Op: store.OpPrepare, Now: now.UnixNano(), TxID: ot.id, Producer: txProducer, Msgs: byPart[i]}
+		if err := parts[i].Apply(ctx, cmd); err != nil {
+			return fmt.Errorf("prepare to %s/%d: %w", p.topic, i, translate(err))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	txHook("sent")
+	return nil
+}
+
+// CommitMessage writes msgs into the host transaction carried by ctx (an
+// outbox, see package localtx) and publishes them when that transaction
+// commits, together with its half messages and in commit order; a rollback
+// or a redo discards them with the rest of the transaction. It costs no
+// round trip to the queue before the commit. It returns
+// ErrNotInTransaction when ctx carries no transaction, the errors of
+// SendMessage's checks, and the host store's write errors.
+// CommitMessage fills ID, Topic, PartitionIndex and Timestamp like
+// SendMessage; Offset is -1.
+func (p *Producer) CommitMessage(ctx context.Context, msgs ...*Message) error {
+	tx, ok := localtx.FromContext(ctx)
+	if !ok {
+		return ErrNotInTransaction
+	}
+	ot, _, err := p.beginTx(tx, msgs)
+	if err != nil || len(msgs) == 0 {
+		return err
+	}
+	now := p.m.cfg.clock.Now()
+	ot.mu.Lock()
+	first := ot.seq
+	ot.seq += uint64(len(msgs))
+	ot.mu.Unlock()
+	if err := ot.writeMarker(tx); err != nil {
+		return err
+	}
+	sms := make([]store.Message, len(msgs))
+	for i, m := range msgs {
+		if m.Timestamp.IsZero() {
+			m.Timestamp = now
+		}
+		m.Offset = -1
+		sms[i] = toStore(m)
+		row, err := msgpack.Marshal(&outboxRow{V: txFormat, Topic: p.topic, Part: m.PartitionIndex,
+			ID: m.ID, Key: m.Key, Tags: m.Tags, Properties: m.Properties, Body: m.Body,
+			Timestamp: sms[i].Timestamp, DeliverAt: sms[i].DeliverAt})
+		if err != nil {
+			return fmt.Errorf("mq: outbox row: %w", err)
+		}
+		if err := tx.Put(localtx.OutboxBucket, localtx.OutboxKey(ot.id, first+uint64(i)), row); err != nil {
+			return fmt.Errorf("mq: outbox of %s: %w", ot.id, err)
+		}
+	}
+	ot.mu.Lock()
+	for i, m := range msgs {
+		ref := partRef{Topic: p.topic, Part: m.PartitionIndex}
+		ot.outbox[ref] = append(ot.outbox[ref], sms[i])
+	}
+	ot.mu.Unlock()
+	txHook("sent")
+	return nil
+}
+
+// txProducer is recorded as the producer of half messages. A standalone
+// node checks back all of them; a cluster will name its nodes.
+const txProducer = "local"
+
+// beginTx checks and routes msgs and binds the producer's node to tx.
+func (p *Producer) beginTx(tx localtx.Tx, msgs []*Message) (*openTx, []partitionLog, error) {
+	if p.closed.Load() {
+		return nil, nil, ErrClosed
+	}
+	_, parts, err := p.m.router.partitions(p.topic)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := p.route(msgs, len(parts)); err != nil {
+		return nil, nil, err
+	}
+	ot, err := p.m.txn().bind(tx)
+	return ot, parts, err
+}
+
+// bind returns the node's state of tx, registering the commit and rollback
+// hooks on first use.
+func (n *txNode) bind(tx localtx.Tx) (*openTx, error) {
+	id := tx.ID()
+	if id == "" || len(id) > 128 {
+		return nil, fmt.Errorf("mq: bad transaction id %q", id)
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] == 0 {
+			return nil, fmt.Errorf("mq: bad transaction id %q", id)
+		}
+	}
+	n.mu.Lock()
+	ot := n.open[id]
+	if ot != nil {
+		n.mu.Unlock()
+		return ot, nil
+	}
+	ot = &openTx{id: id, outbox: map[partRef][]store.Message{}, marked: -1}
+	if s, ok := tx.(interface{ Store() localtx.Store }); ok {
+		ot.store = s.Store()
+		n.learn(ot.store)
+	}
+	n.open[id] = ot
+	n.mu.Unlock()
+	tx.WhileCommit(func() { n.committed(ot) })
+	tx.WhileRollback(func() { n.rolledBack(ot) })
+	return ot, nil
+}
+
+// learn adds s to the stores asked by the check-back. n.mu is held.
+func (n *txNode) learn(s localtx.Store) {
+	for _, x := range n.stores {
+		if x == s {
+			return
+		}
+	}
+	n.stores = append(n.stores, s)
+}
+
+func (n *txNode) isOpen(txid string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.open[txid] != nil
+}
+
+func (n *txNode) storeList() []localtx.Store {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]localtx.Store(nil), n.stores...)
+}
+
+// addHalf records that ref holds half messages. ot.mu is held.
+func (ot *openTx) addHalf(ref partRef) {
+	for _, h := range ot.halves {
+		if h == ref {
+			return
+		}
+	}
+	ot.halves = append(ot.halves, ref)
+}
+
+// writeMarker writes the transaction's marker when it is missing or its list
+// of half partitions grew.
+func (ot *openTx) writeMarker(tx localtx.Tx) error {
+	ot.mu.Lock()
+	if ot.marked == len(ot.halves) {
+		ot.mu.Unlock()
+		return nil
+	}
+	mk := txMarker{V: txFormat, Halves: append([]partRef(nil), ot.halves...)}
+	ot.mu.Unlock()
+	v, err := msgpack.Marshal(&mk)
+	if err != nil {
+		return fmt.Errorf("mq: marker: %w", err)
+	}
+	if err := tx.Put(localtx.MarkerBucket, []byte(ot.id), v); err != nil {
+		return fmt.Errorf("mq: marker of %s: %w", ot.id, err)
+	}
+	ot.mu.Lock()
+	if len(mk.Halves) > ot.marked {
+		ot.marked = len(mk.Halves)
+	}
+	ot.mu.Unlock()
+	return nil
+}
+
+// committed is the WhileCommit hook: it publishes the transaction.
+func (n *txNode) committed(ot *openTx) {
+	txHook("local-committed")
+	ot.mu.Lock()
+	plan := txPlan{}
+	for _, h := range ot.halves {
+		plan[h] = nil
+	}
+	for ref, msgs := range ot.outbox {
+		plan[ref] = msgs
+	}
+	ot.mu.Unlock()
+	_, err := n.commit(n.m.ctx, ot.id, plan)
+	n.mu.Lock()
+	delete(n.open, ot.id)
+	n.mu.Unlock()
+	if err != nil {
+		n.m.cfg.logger.Warn("transaction committed by the host but not yet by the queue; the check-back or the next sweep will",
+			"tx", ot.id, "err", err)
+		return
+	}
+	n.forgetLater(ot.store, ot.id)
+}
+
+// rolledBack is the WhileRollback hook: it discards the half messages.
+func (n *txNode) rolledBack(ot *openTx) {
+	ot.mu.Lock()
+	halves := append([]partRef(nil), ot.halves...)
+	ot.mu.Unlock()
+	_, err := n.rollback(n.m.ctx, ot.id, halves)
+	n.mu.Lock()
+	delete(n.open, ot.id)
+	n.mu.Unlock()
+	if err != nil {
+		n.m.cfg.logger.Warn("transaction rolled back by the host but not yet by the queue; the check-back will",
+			"tx", ot.id, "err", err)
+	}
+}
+
+// commit publishes txid in every partition of plan, in parallel, and
+// returns the decision that stands: TxCommit, or TxRollback when an earlier
+// rollback won in some partition (reported in the log).
+func (n *txNode) commit(ctx context.Context, txid string, plan txPlan) (TxDecision, error) {
+	refs := make([]partRef, 0, len(plan))
+	for ref := range plan {
+		refs = append(refs, ref)
+	}
+	var (
+		mu       sync.Mutex
+		standing = TxCommit
+	)
+	err := forEachPart(refs, func(ref partRef) error {
+		part, err := n.partition(ref)
+		if err != nil {
+			return err
+		}
+		cmd := &store.Command{Op: store.OpCommitTx, Now: n.m.cfg.clock.Now().UnixNano(), TxID: txid, Msgs: plan[ref]}
+		if err := part.Apply(ctx, cmd); err != nil {
+			return fmt.Errorf("commit %s in %s/%d: %w", txid, ref.Topic, ref.Part, translate(err))
+		}
+		if cmd.Previous == store.RolledBack {
+			n.m.cfg.logger.Error("commit arrived after a rollback and changed nothing",
+				"tx", txid, "topic", ref.Topic, "partition", ref.Part)
+			mu.Lock()
+			standing = TxRollback
+			mu.Unlock()
+		}
+		txHook("partition-committed")
+		return nil
+	})
+	return standing, err
+}
+
+// rollback discards the half messages of txid in refs and returns the
+// decision that stands: TxRollback, or TxCommit when an earlier commit won.
+func (n *txNode) rollback(ctx context.Context, txid string, refs []partRef) (TxDecision, error) {
+	var (
+		mu       sync.Mutex
+		standing = TxRollback
+	)
+	err := forEachPart(refs, func(ref partRef) error {
+		part, err := n.partition(ref)
+		if err != nil {
+			return err
+		}
+		cmd := &store.Command{Op: store.OpRollbackTx, Now: n.m.cfg.clock.Now().UnixNano(), TxID: txid}
+		if err := part.Apply(ctx, cmd); err != nil {
+			return fmt.Errorf("rollback %s in %s/%d: %w", txid, ref.Topic, ref.Part, translate(err))
+		}
+		if cmd.Previous == store.Committed {
+			n.m.cfg.logger.Error("rollback arrived after a commit and changed nothing",
+				"tx", txid, "topic", ref.Topic, "partition", ref.Part)
+			mu.Lock()
+			standing = TxCommit
+			mu.Unlock()
+		}
+		return nil
+	})
+	return standing, err
+}
+
+func (n *txNode) partition(ref partRef) (partitionLog, error) {
+	_, parts, err := n.m.router.partitions(ref.Topic)
+	if err != nil {
+		return nil, err
+	}
+	if ref.Part < 0 || ref.Part >= len(parts) {
+		return nil, fmt.Errorf("%w: %s/%d", ErrInvalidPartition, ref.Topic, ref.Part)
+	}
+	return parts[ref.Part], nil
+}
+
+// forEachPart runs fn for every item, in parallel when there are several,
+// and returns the first error.
+func forEachPart[T any](items []T, fn func(T) error) error {
+	if len(items) == 1 {
+		return fn(items[0])
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	for _, it := range items {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(it); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// planOf decodes a host store's record into what committing it does.
+func planOf(rec localtx.Record) (txPlan, error) {
+	plan := txPlan{}
+	var mk txMarker
+	if err := msgpack.Unmarshal(rec.Marker, &mk); err != nil {
+		return nil, fmt.Errorf("%w: marker of %s: %v", ErrCorrupt, rec.TxID, err)
+	}
+	if mk.V != txFormat {
+		return nil, fmt.Errorf("%w: marker of %s has format %d", ErrCorrupt, rec.TxID, mk.V)
+	}
+	for _, h := range mk.Halves {
+		plan[partRef{Topic: h.Topic, Part: h.Part}] = nil
+	}
+	for _, b := range rec.Outbox {
+		var r outboxRow
+		if err := msgpack.Unmarshal(b, &r); err != nil {
+			return nil, fmt.Errorf("%w: outbox of %s: %v", ErrCorrupt, rec.TxID, err)
+		}
+		if r.V != txFormat {
+			return nil, fmt.Errorf("%w: outbox of %s has format %d", ErrCorrupt, rec.TxID, r.V)
+		}
+		ref := partRef{Topic: r.Topic, Part: r.Part}
+		plan[ref] = append(plan[ref], store.Message{ID: r.ID, Key: r.Key, Tags: r.Tags,
+			Properties: r.Properties, Body: r.Body, Timestamp: r.Timestamp, DeliverAt: r.DeliverAt})
+	}
+	return plan, nil
+}
+
+// forgetLater queues the clean-up of txid's marker and outbox rows. When
+// the queue is full the marker stays: the next sweep finds the transaction
+// decided and forgets it then.
+func (n *txNode) forgetLater(s localtx.Store, txid string) {
+	select {
+	case n.forgets <- forgetReq{store: s, txid: txid}:
+	default:
+	}
+}
+
+// forgetter cleans markers in batches: one host transaction for everything
+// queued within forgetLinger, so the clean-up adds little to each
+// transaction's cost.
+func (n *txNode) forgetter(ctx context.Context) {
+	const (
+		forgetLinger = 50 * time.Millisecond
+		forgetBatch  = 1024
+	)
+	pending := map[localtx.Store][]string{}
+	count := 0
+	flush := func(ctx context.Context) {
+		for s, ids := range pending {
+			stores := []localtx.Store{s}
+			if s == nil { // a transaction that named no store: try them all
+				stores = n.storeList()
+			}
+			for _, st := range stores {
+				if err := st.Forget(ctx, ids); err != nil {
+					n.m.cfg.logger.Warn("cannot forget transaction markers; the sweep will", "err", err)
+				}
+			}
+		}
+		clear(pending)
+		count = 0
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case r := <-n.forgets:
+			if count == 0 {
+				timer.Reset(forgetLinger)
+			}
+			pending[r.store] = append(pending[r.store], r.txid)
+			count++
+			if count >= forgetBatch {
+				flush(ctx)
+			}
+		case <-timer.C:
+			flush(ctx)
+		case <-ctx.Done():
+			for {
+				select {
+				case r := <-n.forgets:
+					pending[r.store] = append(pending[r.store], r.txid)
+					continue
+				default:
+				}
+				break
+			}
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			flush(fctx)
+			cancel()
+			return
+		}
+	}
+}
+
+// checkLoop sweeps the host stores at start and every few check periods,
+// and checks back undecided half messages in between.
+func (n *txNode) checkLoop(ctx context.Context) {
+	clk := n.m.cfg.clock
+	every := min(max(n.m.cfg.tx.checkAfter/4, time.Millisecond), time.Second)
+	sweepEvery := 5 * n.m.cfg.tx.checkAfter
+	n.sweep(ctx)
+	lastSweep := clk.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-clk.After(every):
+		}
+		n.checkBack(ctx)
+		if now := clk.Now(); now.Sub(lastSweep) >= sweepEvery {
+			n.sweep(ctx)
+			lastSweep = now
+		}
+	}
+}
+
+// sweep commits the transactions whose marker is still in a host store (a
+// crash came between the host's commit and the queue's, or the clean-up
+// did not happen yet) and forgets them.
+func (n *txNode) sweep(ctx context.Context) {
+	const page = 256
+	for _, s := range n.storeList() {
+		after := ""
+		for ctx.Err() == nil {
+			recs, err := s.Committed(ctx, after, page)
+			if err != nil {
+				if ctx.Err() == nil {
+					n.m.cfg.logger.Warn("cannot list committed transactions", "err", err)
+				}
+				break
+			}
+			var done []string
+			for _, rec := range recs {
+				after = rec.TxID
+				if n.isOpen(rec.TxID) { // its commit hook is on it
+					continue
+				}
+				if n.publish(ctx, rec) {
+					done = append(done, rec.TxID)
+				}
+			}
+			if err := s.Forget(ctx, done); err != nil && ctx.Err() == nil {
+				n.m.cfg.logger.Warn("cannot forget transaction markers", "err", err)
+			}
+			if len(recs) < page {
+				break
+			}
+		}
+	}
+}
+
+// publish commits a committed transaction found in a host store and reports
+// whether its marker may be forgotten.
+func (n *txNode) publish(ctx context.Context, rec localtx.Record) bool {
+	plan, err := planOf(rec)
+	if err != nil {
+		n.m.cfg.logger.Error("cannot read a committed transaction's marker; left in place", "tx", rec.TxID, "err", err)
+		return false
+	}
+	if _, err := n.commit(ctx, rec.TxID, plan); err != nil {
+		if ctx.Err() == nil {
+			n.m.cfg.logger.Warn("cannot publish a committed transaction yet", "tx", rec.TxID, "err", err)
+		}
+		return false
+	}
+	return true
+}
+
+// halfInfo gathers the half messages of one transaction across partitions.
+type halfInfo struct {
+	parts     []partRef
+	messages  int
+	firstSeen int64
+	checks    int
+	due       bool
+}
+
+// halves scans every partition's undecided transactions.
+func (n *txNode) halves() (map[string]*halfInfo, error) {
+	out := map[string]*halfInfo{}
+	for name := range n.m.Topics() {
+		_, parts, err := n.m.router.partitions(name)
+		if err != nil {
+			continue // closed or gone
+		}
+		for i, part := range parts {
+			err := part.HalfTxs(func(h store.HalfTx) bool {
+				hi := out[h.TxID]
+				if hi == nil {
+					hi = &halfInfo{firstSeen: h.FirstSeen}
+					out[h.TxID] = hi
+				}
+				hi.parts = append(hi.parts, partRef{Topic: name, Part: i})
+				hi.messages += h.Messages
+				hi.firstSeen = min(hi.firstSeen, h.FirstSeen)
+				hi.checks = max(hi.checks, h.Checks)
+				if n.dueForCheck(h) {
+					hi.due = true
+				}
+				return true
+			})
+			if err != nil {
+				return nil, fmt.Errorf("half messages of %s/%d: %w", name, i, translate(err))
+			}
+		}
+	}
+	return out, nil
+}
+
+// dueForCheck says whether h, not yet parked, waited long enough for its
+// next check-back.
+func (n *txNode) dueForCheck(h store.HalfTx) bool {
+	cfg := n.m.cfg.tx
+	if h.Checks >= cfg.maxChecks {
+		return false
+	}
+	now := n.m.cfg.clock.Now().UnixNano()
+	if now-h.FirstSeen < int64(cfg.checkAfter) {
+		return false
+	}
+	if h.Checks == 0 {
+		return true
+	}
+	wait := max(cfg.checkAfter, time.Minute)
+	if h.Checks-1 < 32 {
+		wait = min(cfg.checkAfter<<(h.Checks-1), wait)
+	}
+	return now-h.LastCheck >= int64(wait)
+}
+
+// checkBack asks the host stores about the transactions whose half messages
+// are due, and commits, rolls back or counts an unanswered check.
+func (n *txNode) checkBack(ctx context.Context) {
+	all, err := n.halves()
+	if err != nil {
+		if ctx.Err() == nil {
+			n.m.cfg.logger.Warn("check-back cannot list half messages", "err", err)
+		}
+		return
+	}
+	for txid, hi := range all {
+		if ctx.Err() != nil {
+			return
+		}
+		if hi.due {
+			n.checkOne(ctx, txid, hi)
+		}
+	}
+}
+
+func (n *txNode) checkOne(ctx context.Context, txid string, hi *halfInfo) {
+	log := n.m.cfg.logger
+	st, rec, owner := n.ask(ctx, txid)
+	switch st {
+	case localtx.Committed:
+		plan, err := planOf(rec)
+		if err != nil {
+			log.Error("check-back cannot read the marker", "tx", txid, "err", err)
+			return
+		}
+		for _, p := range hi.parts {
+			if _, ok := plan[p]; !ok {
+				plan[p] = nil
+			}
+		}
+		if _, err := n.commit(ctx, txid, plan); err != nil {
+			log.Warn("check-back commit failed", "tx", txid, "err", err)
+			return
+		}
+		log.Info("check-back committed a transaction", "tx", txid)
+		if err := owner.Forget(ctx, []string{txid}); err != nil {
+			log.Warn("cannot forget a transaction marker; the sweep will", "tx", txid, "err", err)
+		}
+	case localtx.RolledBack:
+		if _, err := n.rollback(ctx, txid, hi.parts); err != nil {
+			log.Warn("check-back rollback failed", "tx", txid, "err", err)
+			return
+		}
+		log.Info("check-back rolled back a transaction", "tx", txid)
+	default:
+		checks := 0
+		for _, ref := range hi.parts {
+			part, err := n.partition(ref)
+			if err != nil {
+				continue
+			}
+			cmd := &store.Command{Op: store.OpTxChecked, Now: n.m.cfg.clock.Now().UnixNano(), TxID: txid}
+			if err := part.Apply(ctx, cmd); err != nil {
+				return
+			}
+			checks = max(checks, cmd.Count)
+		}
+		if checks >= n.m.cfg.tx.maxChecks {
+			log.Warn("transaction parked: no answer from the check-back; decide it with ResolveTx",
+				"tx", txid, "checks", checks)
+		}
+	}
+}
+
+// ask asks every host store about txid: committed if one has its marker,
+// unknown if one says it is running or cannot answer (or none is known),
+// rolled back otherwise. It returns the store that answered committed.
+func (n *txNode) ask(ctx context.Context, txid string) (localtx.State, localtx.Record, localtx.Store) {
+	stores := n.storeList()
+	if len(stores) == 0 {
+		return localtx.Unknown, localtx.Record{}, nil
+	}
+	answer := localtx.RolledBack
+	for _, s := range stores {
+		st, rec, err := s.Check(ctx, txid)
+		if err != nil {
+			n.m.cfg.logger.Warn("check-back failed", "tx", txid, "err", err)
+			st = localtx.Unknown
+		}
+		switch st {
+		case localtx.Committed:
+			return st, rec, s
+		case localtx.Unknown:
+			answer = localtx.Unknown
+		}
+	}
+	return answer, localtx.Record{}, nil
+}
+
+// UnresolvedTxs lists the parked transactions: those whose check-back found
+// no answer TxMaxChecks times (see WithTxMaxChecks), oldest first. It
+// returns ErrClosed after Close.
+func (m *MQ) UnresolvedTxs() ([]UnresolvedTx, error) {
+	if err := m.txClosed(); err != nil {
+		return nil, err
+	}
+	all, err := m.txn().halves()
+	if err != nil {
+		return nil, err
+	}
+	now := m.cfg.clock.Now()
+	var out []UnresolvedTx
+	for txid, hi := range all {
+		if hi.checks < m.cfg.tx.maxChecks {
+			continue
+		}
+		u := UnresolvedTx{TxID: txid, Messages: hi.messages, Checks: hi.checks, FirstSeen: time.Unix(0, hi.firstSeen)}
+		u.Age = now.Sub(u.FirstSeen)
+		for _, p := range hi.parts {
+			u.Partitions = append(u.Partitions, TopicPartition{Topic: p.Topic, Partition: p.Part})
+		}
+		sort.Slice(u.Partitions, func(i, j int) bool {
+			a, b := u.Partitions[i], u.Partitions[j]
+			return a.Topic < b.Topic || a.Topic == b.Topic && a.Partition < b.Partition
+		})
+		out = append(out, u)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].FirstSeen.Before(out[j].FirstSeen) || out[i].FirstSeen.Equal(out[j].FirstSeen) && out[i].TxID < out[j].TxID
+	})
+	return out, nil
+}
+
+// ResolveTx is the operator's decision on transaction txid, normally a
+// parked one (see UnresolvedTxs): TxCommit delivers its half messages (and
+// the outbox rows its host store still holds), TxRollback discards them. The
+// first decision wins: ResolveTx returns the decision that stands, which
+// differs from d when the transaction had been decided otherwise before, and
+// is TxUndecided when the node knows nothing of txid. It returns when the
+// decision is durable or ctx ends, and ErrClosed after Close.
+func (m *MQ) ResolveTx(ctx context.Context, txid string, d TxDecision) (TxDecision, error) {
+	if d != TxCommit && d != TxRollback {
+		return TxUndecided, fmt.Errorf("%w: decision %v", ErrInvalidOption, d)
+	}
+	if err := m.txClosed(); err != nil {
+		return TxUndecided, err
+	}
+	n := m.txn()
+	all, err := n.halves()
+	if err != nil {
+		return TxUndecided, err
+	}
+	var parts []partRef
+	if hi := all[txid]; hi != nil {
+		parts = hi.parts
+	}
+	if d == TxRollback {
+		if len(parts) == 0 {
+			return n.decided(txid), nil
+		}
+		standing, err := n.rollback(ctx, txid, parts)
+		if err == nil {
+			m.cfg.logger.Info("operator resolved a transaction", "tx", txid, "decision", standing)
+		}
+		return standing, err
+	}
+	plan := txPlan{}
+	for _, p := range parts {
+		plan[p] = nil
+	}
+	var owner localtx.Store
+	for _, s := range n.storeList() {
+		if st, rec, err := s.Check(ctx, txid); err == nil && st == localtx.Committed {
+			if p, err := planOf(rec); err == nil {
+				for ref, msgs := range p {
+					plan[ref] = msgs
+				}
+				owner = s
+				break
+			}
+		}
+	}
+	if len(plan) == 0 {
+		return n.decided(txid), nil
+	}
+	standing, err := n.commit(ctx, txid, plan)
+	if err != nil {
+		return standing, err
+	}
+	m.cfg.logger.Info("operator resolved a transaction", "tx", txid, "decision", standing)
+	if owner != nil {
+		n.forgetLater(owner, txid)
+	}
+	return standing, nil
+}
+
+// decided returns the decision recorded for txid in any partition.
+func (n *txNode) decided(txid string) TxDecision {
+	for name := range n.m.Topics() {
+		_, parts, err := n.m.router.partitions(name)
+		if err != nil {
+			continue
+		}
+		for _, p := range parts {
+			switch d, _ := p.Decision(txid); d {
+			case store.Committed:
+				return TxCommit
+			case store.RolledBack:
+				return TxRollback
+			}
+		}
+	}
+	return TxUndecided
+}
+
+// txClosed returns ErrClosed after Close.
+func (m *MQ) txClosed() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
+	return nil
+}

@@ -1,0 +1,213 @@
+package localtx
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// BoltOptions tune a Bolt adapter. The zero value is ready to use.
+type BoltOptions struct {
+	// MaxAttempts bounds the attempts of Run when its function asks for a
+	// redo; zero means DefaultMaxAttempts.
+	MaxAttempts int
+}
+
+// Bolt is the adapter over the host's own bbolt DB: the queue's marker and
+// outbox buckets live in that DB and are written in the same bbolt
+// transaction as the host's business data. It is safe for concurrent use;
+// like any bbolt DB it runs one write transaction at a time.
+type Bolt struct {
+	db   *bolt.DB
+	opts BoltOptions
+}
+
+var _ Store = (*Bolt)(nil)
+
+// NewBolt returns an adapter over db and creates its marker and outbox
+// buckets. The adapter does not own db: close it after the node.
+func NewBolt(db *bolt.DB, opts BoltOptions) (*Bolt, error) {
+	err := db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{MarkerBucket, OutboxBucket} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("localtx: bolt buckets: %w", err)
+	}
+	return &Bolt{db: db, opts: opts}, nil
+}
+
+// BoltTx is one attempt of Bolt.Run. It is bound to the context given to
+// Run's function; Bolt.Tx returns its bbolt transaction for business writes.
+type BoltTx struct {
+	*attempt
+	tx    *bolt.Tx
+	store *Bolt
+}
+
+var _ Tx = (*BoltTx)(nil)
+
+// Put writes value under key in bucket (created when missing) inside the
+// transaction. Key and value are copied.
+func (t *BoltTx) Put(bucket, key, value []byte) error {
+	if bytes.Equal(bucket, OutboxBucket) {
+		if _, _, ok := ParseOutboxKey(key); !ok {
+			return fmt.Errorf("%w: %q", ErrOutboxKey, key)
+		}
+	}
+	b, err := t.tx.CreateBucketIfNotExists(bucket)
+	if err != nil {
+		return err
+	}
+	return b.Put(bytes.Clone(key), bytes.Clone(value))
+}
+
+// Bolt returns the bbolt write transaction.
+func (t *BoltTx) Bolt() *bolt.Tx { return t.tx }
+
+// Store returns the adapter that began the transaction.
+func (t *BoltTx) Store() Store { return t.store }
+
+func (t *BoltTx) commitTx() error   { return t.tx.Commit() }
+func (t *BoltTx) rollbackTx() error { return t.tx.Rollback() }
+
+// Tx returns the bbolt transaction that Run bound to ctx, or nil outside Run.
+func (b *Bolt) Tx(ctx context.Context) *bolt.Tx {
+	if t, ok := ctx.Value(ctxKey{}).(*BoltTx); ok && t.store == b {
+		return t.tx
+	}
+	return nil
+}
+
+// Run runs fn in a bbolt write transaction bound to ctx (see FromContext and
+// Bolt.Tx). It commits when fn returns nil and rolls back when fn returns an
+// error or panics (the panic goes on after the rollback); then the hooks of
+// the outcome run, before Run returns. When fn returns an error wrapping
+// ErrRedo the attempt is rolled back and fn runs again in a new transaction.
+// Inside a transaction of this adapter, Run joins it and just calls fn.
+//
+// Run returns fn's error, or the commit's.
+func (b *Bolt) Run(ctx context.Context, fn func(ctx context.Context) error) error {
+	if b.Tx(ctx) != nil {
+		return fn(ctx)
+	}
+	return run(ctx, b.opts.MaxAttempts, func(a *attempt) (hostTx, error) {
+		tx, err := b.db.Begin(true)
+		if err != nil {
+			return nil, fmt.Errorf("localtx: begin: %w", err)
+		}
+		return &BoltTx{attempt: a, tx: tx, store: b}, nil
+	}, fn)
+}
+
+// Check answers the check-back of txid; see Store.
+func (b *Bolt) Check(_ context.Context, txid string) (State, Record, error) {
+	// Running first: a transaction leaves the running set only after its
+	// commit is durable, so a marker read afterwards is final.
+	if running(txid) {
+		return Unknown, Record{}, nil
+	}
+	var (
+		st  = RolledBack
+		rec Record
+	)
+	err := b.db.View(func(tx *bolt.Tx) error {
+		r, ok := boltRecord(tx, []byte(txid))
+		if ok {
+			st, rec = Committed, r
+		}
+		return nil
+	})
+	if err != nil {
+		return Unknown, Record{}, fmt.Errorf("localtx: check %s: %w", txid, err)
+	}
+	return st, rec, nil
+}
+
+// boltRecord reads the marker and outbox rows of txid.
+func boltRecord(tx *bolt.Tx, txid []byte) (Record, bool) {
+	mb := tx.Bucket(MarkerBucket)
+	if mb == nil {
+		return Record{}, false
+	}
+	v := mb.Get(txid)
+	if v == nil {
+		return Record{}, false
+	}
+	rec := Record{TxID: string(txid), Marker: bytes.Clone(v)}
+	if ob := tx.Bucket(OutboxBucket); ob != nil {
+		prefix := append(bytes.Clone(txid), 0)
+		c := ob.Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && len(k) == len(prefix)+8; k, v = c.Next() {
+			rec.Outbox = append(rec.Outbox, bytes.Clone(v))
+		}
+	}
+	return rec, true
+}
+
+// Committed returns the records of committed transactions not yet
+// forgotten; see Store.
+func (b *Bolt) Committed(_ context.Context, after string, max int) ([]Record, error) {
+	var out []Record
+	err := b.db.View(func(tx *bolt.Tx) error {
+		mb := tx.Bucket(MarkerBucket)
+		if mb == nil {
+			return nil
+		}
+		c := mb.Cursor()
+		k, _ := c.Seek([]byte(after))
+		if k != nil && string(k) == after {
+			k, _ = c.Next()
+		}
+		for ; k != nil && len(out) < max; k, _ = c.Next() {
+			r, _ := boltRecord(tx, k)
+			out = append(out, r)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("localtx: committed: %w", err)
+	}
+	return out, nil
+}
+
+// Forget deletes the markers and outbox rows of txids; see Store.
+func (b *Bolt) Forget(_ context.Context, txids []string) error {
+	if len(txids) == 0 {
+		return nil
+	}
+	err := b.db.Update(func(tx *bolt.Tx) error {
+		mb, ob := tx.Bucket(MarkerBucket), tx.Bucket(OutboxBucket)
+		for _, id := range txids {
+			if mb != nil {
+				if err := mb.Delete([]byte(id)); err != nil {
+					return err
+				}
+			}
+			if ob == nil {
+				continue
+			}
+			prefix := append([]byte(id), 0)
+			c := ob.Cursor()
+			for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Seek(prefix) {
+				if len(k) != len(prefix)+8 {
+					break
+				}
+				if err := c.Delete(); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("localtx: forget: %w", err)
+	}
+	return nil
+}

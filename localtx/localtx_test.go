@@ -1,0 +1,381 @@
+package localtx_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/zeze-go/mq/localtx"
+	"github.com/zeze-go/mq/localtx/txtest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// database/sql keeps one opener goroutine per *sql.DB until Close;
+		// the hosts are closed by t.Cleanup, after which it ends.
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"))
+}
+
+var errBoom = errors.New("boom")
+
+// TestAdapter is the conformance suite of the localtx adapters: every case
+// runs against each of them.
+func TestAdapter(t *testing.T) {
+	cases := []struct {
+		name string
+		fn   func(t *testing.T, h *txtest.Host)
+	}{
+		{"Commit", testCommit},
+		{"Error", testError},
+		{"Panic", testPanic},
+		{"Redo", testRedo},
+		{"RedoLimit", testRedoLimit},
+		{"Nested", testNested},
+		{"Check", testCheck},
+		{"CommittedAndForget", testCommittedAndForget},
+		{"BadOutboxKey", testBadOutboxKey},
+	}
+	for _, name := range txtest.Names {
+		t.Run(name, func(t *testing.T) {
+			for _, c := range cases {
+				t.Run(c.name, func(t *testing.T) {
+					h := txtest.Open(t, name, filepath.Join(t.TempDir(), "host"))
+					c.fn(t, h)
+				})
+			}
+		})
+	}
+}
+
+// events records hook calls in order.
+type events []string
+
+func (e *events) hook(s string) func() { return func() { *e = append(*e, s) } }
+
+func bind(t *testing.T, ctx context.Context) localtx.Tx {
+	t.Helper()
+	tx, ok := localtx.FromContext(ctx)
+	if !ok {
+		t.Fatal("no transaction in ctx")
+	}
+	return tx
+}
+
+func mustGet(t *testing.T, h *txtest.Host, key string) (string, bool) {
+	t.Helper()
+	v, ok, err := h.Get(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, ok
+}
+
+func testCommit(t *testing.T, h *txtest.Host) {
+	var ev events
+	var id string
+	err := h.Run(context.Background(), func(ctx context.Context) error {
+		tx := bind(t, ctx)
+		id = tx.ID()
+		tx.WhileCommit(ev.hook("commit1"))
+		tx.WhileRollback(ev.hook("rollback"))
+		tx.WhileCommit(ev.hook("commit2"))
+		if err := tx.Put(localtx.MarkerBucket, []byte(id), []byte("m")); err != nil {
+			return err
+		}
+		if err := tx.Put(localtx.MarkerBucket, []byte(id), []byte("m2")); err != nil { // overwrite
+			return err
+		}
+		for i := range 3 {
+			if err := tx.Put(localtx.OutboxBucket, localtx.OutboxKey(id, uint64(i)), []byte(fmt.Sprint("row", i))); err != nil {
+				return err
+			}
+		}
+		if len(ev) != 0 {
+			t.Errorf("hooks ran before the outcome: %v", ev)
+		}
+		return h.Put(ctx, "k", "v")
+	})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if want := (events{"commit1", "commit2"}); !reflect.DeepEqual(ev, want) {
+		t.Errorf("hooks %v, want %v", ev, want)
+	}
+	if v, ok := mustGet(t, h, "k"); !ok || v != "v" {
+		t.Errorf("business row: %q %v", v, ok)
+	}
+	st, rec, err := h.Store.Check(context.Background(), id)
+	if err != nil || st != localtx.Committed {
+		t.Fatalf("Check = %v, %v; want committed", st, err)
+	}
+	want := localtx.Record{TxID: id, Marker: []byte("m2"), Outbox: [][]byte{[]byte("row0"), []byte("row1"), []byte("row2")}}
+	if !reflect.DeepEqual(rec, want) {
+		t.Errorf("record %+v, want %+v", rec, want)
+	}
+	// A hook registered after the outcome never runs.
+	var late localtx.Tx
+	h.Run(context.Background(), func(ctx context.Context) error { late = bind(t, ctx); return nil })
+	late.WhileCommit(ev.hook("late"))
+	if len(ev) != 2 {
+		t.Errorf("late hook ran: %v", ev)
+	}
+}
+
+func testError(t *testing.T, h *txtest.Host) {
+	var ev events
+	var id string
+	err := h.Run(context.Background(), func(ctx context.Context) error {
+		tx := bind(t, ctx)
+		id = tx.ID()
+		tx.WhileCommit(ev.hook("commit"))
+		tx.WhileRollback(ev.hook("rollback"))
+		if err := tx.Put(localtx.MarkerBucket, []byte(id), []byte("m")); err != nil {
+			return err
+		}
+		if err := h.Put(ctx, "k", "v"); err != nil {
+			return err
+		}
+		return errBoom
+	})
+	if !errors.Is(err, errBoom) {
+		t.Fatalf("Run = %v, want %v", err, errBoom)
+	}
+	if want := (events{"rollback"}); !reflect.DeepEqual(ev, want) {
+		t.Errorf("hooks %v, want %v", ev, want)
+	}
+	if _, ok := mustGet(t, h, "k"); ok {
+		t.Error("business row of a rolled back transaction is there")
+	}
+	if st, _, err := h.Store.Check(context.Background(), id); err != nil || st != localtx.RolledBack {
+		t.Errorf("Check = %v, %v; want rolled back", st, err)
+	}
+}
+
+func testPanic(t *testing.T, h *txtest.Host) {
+	var ev events
+	var id string
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Errorf("recovered %v, want the panic to go on", r)
+			}
+		}()
+		h.Run(context.Background(), func(ctx context.Context) error {
+			tx := bind(t, ctx)
+			id = tx.ID()
+			tx.WhileCommit(ev.hook("commit"))
+			tx.WhileRollback(ev.hook("rollback"))
+			tx.Put(localtx.MarkerBucket, []byte(id), []byte("m"))
+			h.Put(ctx, "k", "v")
+			panic("boom")
+		})
+	}()
+	if want := (events{"rollback"}); !reflect.DeepEqual(ev, want) {
+		t.Errorf("hooks %v, want %v", ev, want)
+	}
+	if _, ok := mustGet(t, h, "k"); ok {
+		t.Error("business row of a panicked transaction is there")
+	}
+	if st, _, err := h.Store.Check(context.Background(), id); err != nil || st != localtx.RolledBack {
+		t.Errorf("Check = %v, %v; want rolled back", st, err)
+	}
+	// The adapter still works (the write lock was released).
+	if err := h.Run(context.Background(), func(ctx context.Context) error { return h.Put(ctx, "k2", "v") }); err != nil {
+		t.Fatalf("Run after a panic: %v", err)
+	}
+}
+
+func testRedo(t *testing.T, h *txtest.Host) {
+	var ev events
+	var ids []string
+	err := h.Run(context.Background(), func(ctx context.Context) error {
+		tx := bind(t, ctx)
+		n := len(ids)
+		ids = append(ids, tx.ID())
+		tx.WhileCommit(ev.hook(fmt.Sprint("commit", n)))
+		tx.WhileRollback(ev.hook(fmt.Sprint("rollback", n)))
+		if err := h.Put(ctx, fmt.Sprint("k", n), "v"); err != nil {
+			return err
+		}
+		if n < 2 {
+			return fmt.Errorf("conflict: %w", localtx.ErrRedo)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if want := (events{"rollback0", "rollback1", "commit2"}); !reflect.DeepEqual(ev, want) {
+		t.Errorf("hooks %v, want %v", ev, want)
+	}
+	if len(ids) != 3 || ids[0] == ids[1] || ids[1] == ids[2] {
+		t.Errorf("attempt ids %v: want 3 distinct", ids)
+	}
+	for i, want := range []bool{false, false, true} {
+		if _, ok := mustGet(t, h, fmt.Sprint("k", i)); ok != want {
+			t.Errorf("row of attempt %d present %v, want %v", i, ok, want)
+		}
+	}
+}
+
+func testRedoLimit(t *testing.T, h *txtest.Host) {
+	n := 0
+	err := h.Run(context.Background(), func(ctx context.Context) error {
+		n++
+		return localtx.ErrRedo
+	})
+	if !errors.Is(err, localtx.ErrRedo) || n != localtx.DefaultMaxAttempts {
+		t.Errorf("Run = %v after %d attempts; want ErrRedo after %d", err, n, localtx.DefaultMaxAttempts)
+	}
+}
+
+func testNested(t *testing.T, h *txtest.Host) {
+	err := h.Run(context.Background(), func(ctx context.Context) error {
+		outer := bind(t, ctx).ID()
+		return h.Run(ctx, func(ctx context.Context) error {
+			if inner := bind(t, ctx).ID(); inner != outer {
+				t.Errorf("nested Run began %s inside %s; want it joined", inner, outer)
+			}
+			return h.Put(ctx, "k", "v")
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := mustGet(t, h, "k"); !ok {
+		t.Error("row of the nested Run is missing")
+	}
+}
+
+func testCheck(t *testing.T, h *txtest.Host) {
+	ctx := context.Background()
+	err := h.Run(ctx, func(ctx context.Context) error {
+		id := bind(t, ctx).ID()
+		if st, _, err := h.Store.Check(ctx, id); err != nil || st != localtx.Unknown {
+			t.Errorf("Check of a running transaction = %v, %v; want unknown", st, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An id of an earlier run of the process is not running.
+	if st, _, err := h.Store.Check(ctx, "0123456789abcdef-1"); err != nil || st != localtx.RolledBack {
+		t.Errorf("Check of an old transaction = %v, %v; want rolled back", st, err)
+	}
+}
+
+func testCommittedAndForget(t *testing.T, h *txtest.Host) {
+	ctx := context.Background()
+	var ids []string
+	for i := range 5 {
+		err := h.Run(ctx, func(ctx context.Context) error {
+			tx := bind(t, ctx)
+			ids = append(ids, tx.ID())
+			if err := tx.Put(localtx.MarkerBucket, []byte(tx.ID()), []byte{byte(i)}); err != nil {
+				return err
+			}
+			return tx.Put(localtx.OutboxBucket, localtx.OutboxKey(tx.ID(), 0), []byte{byte(i)})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Pages of two, in id order.
+	var got []string
+	after := ""
+	for {
+		recs, err := h.Store.Committed(ctx, after, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			got = append(got, r.TxID)
+			if len(r.Outbox) != 1 || len(r.Marker) != 1 || r.Outbox[0][0] != r.Marker[0] {
+				t.Errorf("record %+v", r)
+			}
+			after = r.TxID
+		}
+		if len(recs) < 2 {
+			break
+		}
+	}
+	if len(got) != 5 {
+		t.Fatalf("Committed listed %v, want the 5 of %v", got, ids)
+	}
+	if err := h.Store.Forget(ctx, ids[:3]); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := h.Store.Committed(ctx, "", 10)
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("after Forget: %d records, %v; want 2", len(recs), err)
+	}
+	if st, _, _ := h.Store.Check(ctx, ids[0]); st != localtx.RolledBack {
+		t.Errorf("forgotten transaction checks %v", st)
+	}
+	if n, err := h.Markers(); err != nil || n != 2 {
+		t.Errorf("markers %d, %v; want 2", n, err)
+	}
+}
+
+func testBadOutboxKey(t *testing.T, h *txtest.Host) {
+	err := h.Run(context.Background(), func(ctx context.Context) error {
+		return bind(t, ctx).Put(localtx.OutboxBucket, []byte("nope"), []byte("x"))
+	})
+	if !errors.Is(err, localtx.ErrOutboxKey) {
+		t.Errorf("Put(bad outbox key) = %v, want ErrOutboxKey", err)
+	}
+}
+
+func TestSQL_Put(t *testing.T) {
+	h := txtest.SQLite(t, filepath.Join(t.TempDir(), "h.sqlite"))
+	err := h.Run(context.Background(), func(ctx context.Context) error {
+		return bind(t, ctx).Put([]byte("accounts"), []byte("k"), []byte("v"))
+	})
+	if !errors.Is(err, localtx.ErrBucket) {
+		t.Errorf("Put(other bucket) = %v, want ErrBucket", err)
+	}
+}
+
+func TestNewSQL(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts localtx.SQLOptions
+		ok   bool
+	}{
+		{"OK", localtx.SQLOptions{}, true},
+		{"Postgres", localtx.SQLOptions{Placeholder: localtx.Dollar, BlobType: "BYTEA"}, true},
+		{"BadTable", localtx.SQLOptions{MarkerTable: "x; DROP TABLE y"}, false},
+		{"BadPlaceholder", localtx.SQLOptions{Placeholder: 7}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := localtx.NewSQL(&sql.DB{}, c.opts)
+			if (err == nil) != c.ok {
+				t.Errorf("NewSQL = %v, want ok %v", err, c.ok)
+			}
+		})
+	}
+}
+
+func TestOutboxKey(t *testing.T) {
+	k := localtx.OutboxKey("tx-1", 258)
+	id, seq, ok := localtx.ParseOutboxKey(k)
+	if !ok || id != "tx-1" || seq != 258 {
+		t.Errorf("ParseOutboxKey = %q %d %v", id, seq, ok)
+	}
+	if _, _, ok := localtx.ParseOutboxKey([]byte("short")); ok {
+		t.Error("parsed a short key")
+	}
+}
+
+func TestFromContext(t *testing.T) {
+	if _, ok := localtx.FromContext(context.Background()); ok {
+		t.Error("a transaction in the background context")
+	}
+}
