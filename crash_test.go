@@ -253,6 +253,7 @@ func crashChild(dir string, cycle int) {
 type errorLog struct {
 	mu   sync.Mutex
 	recs []string
+	errs []error // the error-valued attributes of recs
 }
 
 func (l *errorLog) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelError }
@@ -261,6 +262,11 @@ func (l *errorLog) Handle(_ context.Context, r slog.Record) error {
 	b.WriteString(r.Message)
 	r.Attrs(func(a slog.Attr) bool {
 		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		if err, ok := a.Value.Any().(error); ok {
+			l.mu.Lock()
+			l.errs = append(l.errs, err)
+			l.mu.Unlock()
+		}
 		return true
 	})
 	l.mu.Lock()
@@ -270,6 +276,18 @@ func (l *errorLog) Handle(_ context.Context, r slog.Record) error {
 }
 func (l *errorLog) WithAttrs([]slog.Attr) slog.Handler { return l }
 func (l *errorLog) WithGroup(string) slog.Handler      { return l }
+
+// has reports whether an error-valued attribute satisfies match.
+func (l *errorLog) has(match func(error) bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, err := range l.errs {
+		if match(err) {
+			return true
+		}
+	}
+	return false
+}
 
 func (l *errorLog) String() string {
 	l.mu.Lock()
