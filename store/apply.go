@@ -239,14 +239,13 @@ func (w *writeTx) deleteDedupOf(k, v []byte) error {
 	if off < w.st.DedupLow {
 		return nil
 	}
-	_, id, ok := w.recordInfo(k, v)
-	if !ok {
+	if err := decodeRecord(k, v, &w.scratch); err != nil {
 		return w.deleteDedupAt(off)
 	}
-	if id == "" {
+	if w.scratch.ID == "" {
 		return nil
 	}
-	return w.dedup.Delete([]byte(id))
+	return w.dedup.Delete([]byte(w.scratch.ID))
 }
 
 // deleteDedupAt deletes the dedup entries pointing at offset off. It scans the
