@@ -107,6 +107,9 @@ type Partition struct {
 	wg   sync.WaitGroup
 	once sync.Once
 
+	closeMu sync.RWMutex // guards closing; held for reading while enqueuing
+	closing bool
+
 	mu      sync.Mutex    // guards st and changed
 	st      state         // committed state; the writer owns a working copy
 	changed chan struct{} // closed when the log or the delay index changes
@@ -184,7 +187,10 @@ func (p *Partition) Path() string { return p.path }
 func (p *Partition) Close() error {
 	var err error
 	p.once.Do(func() {
+		p.closeMu.Lock() // waits for senders blocked on a full queue: the writer still drains it
+		p.closing = true
 		close(p.stop)
+		p.closeMu.Unlock()
 		p.wg.Wait()
 		if p.db.NoSync {
 			err = p.db.Sync()
@@ -206,18 +212,19 @@ func (p *Partition) Apply(ctx context.Context, cmd *Command) error {
 	}
 	r := requestPool.Get().(*request)
 	r.cmd, r.err = cmd, nil
-	select {
-	case <-p.stop:
+	// Enqueue under closeMu so Close cannot stop the writer between our
+	// check and our send: whatever is enqueued, the writer's final drain sees.
+	p.closeMu.RLock()
+	if p.closing {
+		p.closeMu.RUnlock()
 		requestPool.Put(r)
 		return ErrClosed
-	default:
 	}
 	select {
 	case p.reqs <- r:
-	case <-p.stop:
-		requestPool.Put(r)
-		return ErrClosed
+		p.closeMu.RUnlock()
 	case <-ctx.Done():
+		p.closeMu.RUnlock()
 		requestPool.Put(r)
 		return ctx.Err()
 	}
