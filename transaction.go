@@ -139,14 +139,14 @@ func WithLocalTx(s localtx.Store) Option {
 }
 
 // txTestHook, when set by a test, is called at the named points of a
-// transaction's life: "sent" (PrepareMessage or CommitMessage returned),
-// "local-committed" (commit hook entered), "partition-committed" (one
-// partition's OpCommitTx is durable).
-var txTestHook func(point string)
+// transaction's life: "sent" (PrepareMessage or CommitMessage is about to
+// return), "local-committed" (commit hook entered), "partition-committed"
+// (one partition's OpCommitTx is durable).
+var txTestHook func(point, txid string)
 
-func txHook(point string) {
+func txHook(point, txid string) {
 	if h := txTestHook; h != nil {
-		h(point)
+		h(point, txid)
 	}
 }
 
@@ -288,7 +288,7 @@ func (p *Producer) PrepareMessage(ctx context.Context, msgs ...*Message) error {
 	if err != nil {
 		return err
 	}
-	txHook("sent")
+	txHook("sent", ot.id)
 	return nil
 }
 
@@ -341,7 +341,7 @@ func (p *Producer) CommitMessage(ctx context.Context, msgs ...*Message) error {
 		ot.outbox[ref] = append(ot.outbox[ref], sms[i])
 	}
 	ot.mu.Unlock()
-	txHook("sent")
+	txHook("sent", ot.id)
 	return nil
 }
 
@@ -454,7 +454,7 @@ func (ot *openTx) writeMarker(tx localtx.Tx) error {
 
 // committed is the WhileCommit hook: it publishes the transaction.
 func (n *txNode) committed(ot *openTx) {
-	txHook("local-committed")
+	txHook("local-committed", ot.id)
 	ot.mu.Lock()
 	plan := txPlan{}
 	for _, h := range ot.halves {
@@ -519,7 +519,7 @@ func (n *txNode) commit(ctx context.Context, txid string, plan txPlan) (TxDecisi
 			standing = TxRollback
 			mu.Unlock()
 		}
-		txHook("partition-committed")
+		txHook("partition-committed", txid)
 		return nil
 	})
 	return standing, err
