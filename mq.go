@@ -85,6 +85,9 @@ var (
 	ErrInvalidGroup = errors.New("mq: invalid group name")
 	// ErrNilMessage is returned by SendMessage for a nil *Message.
 	ErrNilMessage = errors.New("mq: nil message")
+	// ErrNoMessage is returned by ReadMessage for an offset that holds no
+	// message: not written yet, or already removed by retention.
+	ErrNoMessage = errors.New("mq: no message at offset")
 	// ErrCorrupt is returned when stored data fails its checksum.
 	ErrCorrupt = errors.New("mq: corrupt data")
 	// ErrNotInTransaction is returned by PrepareMessage and CommitMessage

@@ -2,16 +2,8 @@ package mq
 
 import (
 	"context"
-	"errors"
 	"fmt"
 )
-
-// ErrNoMessage is returned by ReadMessage for an offset that holds no
-// message: not written yet, or already removed by retention.
-//
-// It belongs with the other sentinels in mq.go; it lives here until that
-// file's owner moves it.
-var ErrNoMessage = errors.New("mq: no message at offset")
 
 // ReadMessage returns the message stored at offset in one partition of
 // topic, without a consumer and without touching any group's offset. It is
