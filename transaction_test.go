@@ -836,3 +836,39 @@ func propertyRun(t *testing.T, seed uint64, adapter string) {
 }
 
 func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 0)) }
+
+func TestOpen_TxOptions(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opt  mq.Option
+	}{
+		{"CheckAfterZero", mq.WithTxCheckAfter(0)},
+		{"MaxChecksZero", mq.WithTxMaxChecks(0)},
+		{"NilLocalTx", mq.WithLocalTx(nil)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if m, err := mq.Open(t.TempDir(), c.opt); !errors.Is(err, mq.ErrInvalidOption) {
+				if err == nil {
+					m.Close()
+				}
+				t.Errorf("Open = %v, want ErrInvalidOption", err)
+			}
+		})
+	}
+}
+
+func TestMQ_UnresolvedTxs(t *testing.T) {
+	t.Run("ErrClosed", func(t *testing.T) {
+		m, err := mq.Open(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+		if _, err := m.UnresolvedTxs(); !errors.Is(err, mq.ErrClosed) {
+			t.Errorf("UnresolvedTxs after Close = %v", err)
+		}
+		if _, err := m.ResolveTx(context.Background(), "x", mq.TxCommit); !errors.Is(err, mq.ErrClosed) {
+			t.Errorf("ResolveTx after Close = %v", err)
+		}
+	})
+}
