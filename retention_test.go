@@ -1,0 +1,338 @@
+package mq_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zeze-go/mq"
+)
+
+// stepClock is an mq.Clock that moves only when the test calls Advance.
+type stepClock struct {
+	mu      sync.Mutex // guards now and waiters
+	now     time.Time
+	waiters []stepWaiter
+}
+
+type stepWaiter struct {
+	at time.Time
+	ch chan time.Time
+}
+
+var _ mq.Clock = (*stepClock)(nil)
+
+func newStepClock() *stepClock {
+	return &stepClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *stepClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	if d <= 0 {
+		ch <- c.now
+		return ch
+	}
+	c.waiters = append(c.waiters, stepWaiter{at: c.now.Add(d), ch: ch})
+	return ch
+}
+
+// Advance moves the clock by d and fires the timers that fall due.
+func (c *stepClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	kept := c.waiters[:0]
+	for _, w := range c.waiters {
+		if w.at.After(c.now) {
+			kept = append(kept, w)
+			continue
+		}
+		w.ch <- c.now
+	}
+	clear(c.waiters[len(kept):])
+	c.waiters = kept
+}
+
+// logRecords is a slog.Handler that keeps every record at Info or above.
+type logRecords struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (l *logRecords) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelInfo }
+func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.recs = append(l.recs, r.Clone())
+	return nil
+}
+func (l *logRecords) WithAttrs(attrs []slog.Attr) slog.Handler { return &attrHandler{l, attrs} }
+func (l *logRecords) WithGroup(string) slog.Handler            { return l }
+
+// attrHandler adds the attributes of Logger.With to each record.
+type attrHandler struct {
+	*logRecords
+	attrs []slog.Attr
+}
+
+func (h *attrHandler) Handle(ctx context.Context, r slog.Record) error {
+	r = r.Clone()
+	r.AddAttrs(h.attrs...)
+	return h.logRecords.Handle(ctx, r)
+}
+func (h *attrHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &attrHandler{h.logRecords, append(append([]slog.Attr(nil), h.attrs...), attrs...)}
+}
+
+// find returns the value of attribute key in the first record whose message
+// contains msg and that has the attribute, or "" and false.
+func (l *logRecords) find(msg, key string) (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.recs {
+		if !strings.Contains(r.Message, msg) {
+			continue
+		}
+		val, found := "", false
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == key {
+				val, found = a.Value.String(), true
+				return false
+			}
+			return true
+		})
+		if found {
+			return val, true
+		}
+	}
+	return "", false
+}
+
+// stored reports whether offset is still stored in topic's partition part.
+func stored(t testing.TB, m *mq.MQ, topic string, part int, offset int64) bool {
+	t.Helper()
+	_, err := m.ReadMessage(context.Background(), topic, part, offset)
+	if errors.Is(err, mq.ErrNoMessage) {
+		return false
+	}
+	if err != nil {
+		t.Fatalf("ReadMessage(%s/%d, %d): %v", topic, part, offset, err)
+	}
+	return true
+}
+
+func sendBodies(t testing.TB, p *mq.Producer, prefix string, n int) {
+	t.Helper()
+	msgs := make([]*mq.Message, n)
+	for i := range msgs {
+		msgs[i] = &mq.Message{Body: []byte(fmt.Sprintf("%s-%d", prefix, i))}
+	}
+	mustSend(t, p, msgs...)
+}
+
+// TestRetention_Age deletes messages older than the retention from the head
+// on a fake clock, keeps the younger ones, and makes a group whose offset
+// fell below the new head skip forward, logging how many it lost.
+func TestRetention_Age(t *testing.T) {
+	clk := newStepClock()
+	logs := &logRecords{}
+	m, p := openWithTopic(t, "aged", 1, mq.WithClock(clk), mq.WithRetention(time.Hour),
+		mq.WithMaintenanceInterval(time.Minute), mq.WithLogger(slog.New(logs)))
+
+	// Group "slow" handles the first 10 messages, then stops.
+	sendBodies(t, p, "old", 10)
+	slow := &arrivals{}
+	c := mustConsume(t, m, "aged", "slow", slow)
+	waitFor(t, 10*time.Second, "the first 10 messages", func() bool { return slow.len() == 10 })
+	c.Close()
+
+	sendBodies(t, p, "old", 90) // offsets 10..99, stored at T0
+	clk.Advance(30 * time.Minute)
+	sendBodies(t, p, "new", 100) // offsets 100..199, stored at T0+30m
+	clk.Advance(31 * time.Minute)
+
+	// The upkeep runs on its own schedule: nudge the clock forward until it
+	// has trimmed. The young messages stay younger than the hour throughout.
+	waitFor(t, 20*time.Second, "trim by age", func() bool {
+		clk.Advance(time.Second)
+		return !stored(t, m, "aged", 0, 99)
+	})
+	for _, off := range []int64{0, 50, 99} {
+		if stored(t, m, "aged", 0, off) {
+			t.Errorf("offset %d, stored 61 minutes ago, is still there", off)
+		}
+	}
+	for _, off := range []int64{100, 150, 199} {
+		if !stored(t, m, "aged", 0, off) {
+			t.Errorf("offset %d, stored 31 minutes ago, was deleted", off)
+		}
+	}
+	waitFor(t, 10*time.Second, "the upkeep's log line", func() bool {
+		_, ok := logs.find("retention deleted", "count")
+		return ok
+	})
+	if n, _ := logs.find("retention deleted", "count"); n != "100" {
+		t.Errorf("upkeep logged count %q, want 100", n)
+	}
+
+	slow = &arrivals{}
+	mustConsume(t, m, "aged", "slow", slow)
+	waitFor(t, 10*time.Second, "the surviving messages", func() bool { return slow.len() == 100 })
+	if first := slow.msgs[0]; first.Offset != 100 || string(first.Body) != "new-0" {
+		t.Errorf("group resumed at offset %d (%s), want 100 (new-0)", first.Offset, first.Body)
+	}
+	if lost, ok := logs.find("retention", "lost"); lost != "90" {
+		t.Errorf("consumer logged lost=%q (found %v), want 90", lost, ok)
+	}
+}
+
+// TestRetention_Bytes keeps each partition's records under the byte limit
+// by deleting the oldest, and no more than needed.
+func TestRetention_Bytes(t *testing.T) {
+	const (
+		limit = 64 << 10
+		total = 1000
+		body  = 1024
+	)
+	m, p := openWithTopic(t, "sized", 1, mq.WithRetentionBytes(limit), mq.WithMaintenanceInterval(20*time.Millisecond))
+	for i := 0; i < total; i += 50 {
+		msgs := make([]*mq.Message, 50)
+		for j := range msgs {
+			msgs[j] = &mq.Message{Body: make([]byte, body)}
+		}
+		mustSend(t, p, msgs...)
+	}
+	// head finds the first stored offset; only the newest can remain.
+	head := func() int64 {
+		for off := int64(total - limit/body - 1); off < total; off++ {
+			if stored(t, m, "sized", 0, off) {
+				return off
+			}
+		}
+		return total
+	}
+	waitFor(t, 20*time.Second, "trim by size", func() bool {
+		return !stored(t, m, "sized", 0, int64(total-limit/body-1))
+	})
+	kept := int(total - head())
+	t.Logf("%d of %d messages of %d bytes kept under a %d-byte limit", kept, total, body, limit)
+	if kept*body > limit {
+		t.Errorf("%d messages of %d bytes kept, over the %d-byte limit", kept, body, limit)
+	}
+	if overhead := 256; (kept+1)*(body+overhead) <= limit {
+		t.Errorf("only %d messages kept: trimmed more than the limit asks", kept)
+	}
+}
+
+// TestRetention_DiskReused writes, lets retention delete, and writes again:
+// bbolt reuses the freed pages, so the partition file stays a small multiple
+// of the byte limit however much passes through it.
+func TestRetention_DiskReused(t *testing.T) {
+	const (
+		limit   = 1 << 20
+		rounds  = 8
+		round   = 4 << 20 // bytes of bodies sent per round
+		body    = 1024
+		maxFile = 8 << 20 // bbolt grows the file by doubling: 2, 4, 8 MiB
+	)
+	dir := t.TempDir()
+	m := openNode(t, dir, mq.WithRetentionBytes(limit), mq.WithMaintenanceInterval(10*time.Millisecond),
+		mq.WithDedupWindow(time.Second))
+	mustCreate(t, m, "reuse", 1)
+	p, _ := m.NewProducer("reuse")
+	file := filepath.Join(dir, "topics", "reuse", "0.db")
+	var sizes []int64
+	for r := range rounds {
+		for i := 0; i < round/body; i += 256 {
+			msgs := make([]*mq.Message, 256)
+			for j := range msgs {
+				msgs[j] = &mq.Message{Body: make([]byte, body)}
+			}
+			mustSend(t, p, msgs...)
+		}
+		last := int64((r+1)*round/body - 1)
+		waitFor(t, 20*time.Second, "trim by size", func() bool {
+			return !stored(t, m, "reuse", 0, last-2*limit/body)
+		})
+		fi, err := os.Stat(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes = append(sizes, fi.Size())
+	}
+	t.Logf("file size after each round of %d MiB with a %d MiB limit: %v", round>>20, limit>>20, sizes)
+	if s := slices.Max(sizes); s > maxFile {
+		t.Errorf("file reached %d bytes while %d MiB passed through a %d MiB limit: freed pages are not reused",
+			s, rounds*round>>20, limit>>20)
+	}
+}
+
+// TestProducer_DedupExpires checks that a message ID is forgotten once the
+// dedup window has passed: the upkeep prunes its entry.
+func TestProducer_DedupExpires(t *testing.T) {
+	clk := newStepClock()
+	_, p := openWithTopic(t, "once", 1, mq.WithClock(clk), mq.WithDedupWindow(time.Minute),
+		mq.WithMaintenanceInterval(10*time.Second))
+	send := func() mq.SendResult {
+		return mustSend(t, p, &mq.Message{ID: "order-1", Body: []byte("x")})[0]
+	}
+	if r := send(); r.Duplicate || r.Offset != 0 {
+		t.Fatalf("first send: %+v", r)
+	}
+	clk.Advance(30 * time.Second)
+	if r := send(); !r.Duplicate || r.Offset != 0 {
+		t.Fatalf("send within the window: %+v, want the first result", r)
+	}
+	clk.Advance(2 * time.Minute)
+	var r mq.SendResult
+	waitFor(t, 20*time.Second, "the dedup entry to expire", func() bool {
+		clk.Advance(time.Second)
+		r = send()
+		return !r.Duplicate
+	})
+	if r.Offset != 1 {
+		t.Fatalf("send after the window: %+v, want a new copy at offset 1", r)
+	}
+}
+
+func TestOpen_RetentionOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opt  mq.Option
+	}{
+		{"NegativeRetention", mq.WithRetention(-time.Second)},
+		{"NegativeBytes", mq.WithRetentionBytes(-1)},
+		{"ZeroDecisionTTL", mq.WithDecisionTTL(0)},
+		{"ZeroInterval", mq.WithMaintenanceInterval(0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := mq.Open(t.TempDir(), tc.opt)
+			if !errors.Is(err, mq.ErrInvalidOption) {
+				if m != nil {
+					m.Close()
+				}
+				t.Fatalf("Open: %v, want ErrInvalidOption", err)
+			}
+		})
+	}
+	t.Run("ZeroDisables", func(t *testing.T) {
+		m := openNode(t, "", mq.WithRetention(0), mq.WithRetentionBytes(0), mq.WithDecisionTTL(time.Hour))
+		mustCreate(t, m, "kept", 1)
+	})
+}
