@@ -764,12 +764,15 @@ func (n *txNode) publish(ctx context.Context, rec localtx.Record) bool {
 }
 
 // halfInfo gathers the half messages of one transaction across partitions.
+// The transaction's check count is the highest of its partitions' (a
+// partition whose prepare landed after a check lags behind).
 type halfInfo struct {
 	parts     []partRef
+	checks    []int // per part
 	messages  int
 	firstSeen int64
-	checks    int
-	due       bool
+	lastCheck int64
+	maxChecks int
 }
 
 // halves scans every partition's undecided transactions.
@@ -788,12 +791,11 @@ func (n *txNode) halves() (map[string]*halfInfo, error) {
 					out[h.TxID] = hi
 				}
 				hi.parts = append(hi.parts, partRef{Topic: name, Part: i})
+				hi.checks = append(hi.checks, h.Checks)
 				hi.messages += h.Messages
 				hi.firstSeen = min(hi.firstSeen, h.FirstSeen)
-				hi.checks = max(hi.checks, h.Checks)
-				if n.dueForCheck(h) {
-					hi.due = true
-				}
+				hi.lastCheck = max(hi.lastCheck, h.LastCheck)
+				hi.maxChecks = max(hi.maxChecks, h.Checks)
 				return true
 			})
 			if err != nil {
@@ -804,25 +806,25 @@ func (n *txNode) halves() (map[string]*halfInfo, error) {
 	return out, nil
 }
 
-// dueForCheck says whether h, not yet parked, waited long enough for its
-// next check-back.
-func (n *txNode) dueForCheck(h store.HalfTx) bool {
+// due says whether the transaction, not yet parked, waited long enough for
+// its next check-back.
+func (n *txNode) due(hi *halfInfo) bool {
 	cfg := n.m.cfg.tx
-	if h.Checks >= cfg.maxChecks {
+	if hi.maxChecks >= cfg.maxChecks {
 		return false
 	}
 	now := n.m.cfg.clock.Now().UnixNano()
-	if now-h.FirstSeen < int64(cfg.checkAfter) {
+	if now-hi.firstSeen < int64(cfg.checkAfter) {
 		return false
 	}
-	if h.Checks == 0 {
+	if hi.maxChecks == 0 {
 		return true
 	}
 	wait := max(cfg.checkAfter, time.Minute)
-	if h.Checks-1 < 32 {
-		wait = min(cfg.checkAfter<<(h.Checks-1), wait)
+	if hi.maxChecks-1 < 32 {
+		wait = min(cfg.checkAfter<<(hi.maxChecks-1), wait)
 	}
-	return now-h.LastCheck >= int64(wait)
+	return now-hi.lastCheck >= int64(wait)
 }
 
 // checkBack asks the host stores about the transactions whose half messages
@@ -839,7 +841,7 @@ func (n *txNode) checkBack(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if hi.due {
+		if n.due(hi) {
 			n.checkOne(ctx, txid, hi)
 		}
 	}
@@ -875,8 +877,13 @@ func (n *txNode) checkOne(ctx context.Context, txid string, hi *halfInfo) {
 		}
 		log.Info("check-back rolled back a transaction", "tx", txid)
 	default:
+		// Count the check on the partitions at the transaction's count, so
+		// the count grows by one per unanswered check.
 		checks := 0
-		for _, ref := range hi.parts {
+		for i, ref := range hi.parts {
+			if hi.checks[i] < hi.maxChecks {
+				continue
+			}
 			part, err := n.partition(ref)
 			if err != nil {
 				continue
@@ -933,10 +940,10 @@ func (m *MQ) UnresolvedTxs() ([]UnresolvedTx, error) {
 	now := m.cfg.clock.Now()
 	var out []UnresolvedTx
 	for txid, hi := range all {
-		if hi.checks < m.cfg.tx.maxChecks {
+		if hi.maxChecks < m.cfg.tx.maxChecks {
 			continue
 		}
-		u := UnresolvedTx{TxID: txid, Messages: hi.messages, Checks: hi.checks, FirstSeen: time.Unix(0, hi.firstSeen)}
+		u := UnresolvedTx{TxID: txid, Messages: hi.messages, Checks: hi.maxChecks, FirstSeen: time.Unix(0, hi.firstSeen)}
 		u.Age = now.Sub(u.FirstSeen)
 		for _, p := range hi.parts {
 			u.Partitions = append(u.Partitions, TopicPartition{Topic: p.Topic, Partition: p.Part})
