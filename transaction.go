@@ -140,8 +140,9 @@ func WithLocalTx(s localtx.Store) Option {
 
 // txTestHook, when set by a test, is called at the named points of a
 // transaction's life: "sent" (PrepareMessage or CommitMessage is about to
-// return), "local-committed" (commit hook entered), "partition-committed"
-// (one partition's OpCommitTx is durable).
+// return), "local-committed" (commit hook entered), "partition-committing"
+// (one partition's OpCommitTx is about to be applied), "partition-committed"
+// (it is durable).
 var txTestHook func(point, txid string)
 
 func txHook(point, txid string) {
@@ -509,6 +510,7 @@ func (n *txNode) commit(ctx context.Context, txid string, plan txPlan) (TxDecisi
 			return err
 		}
 		cmd := &store.Command{Op: store.OpCommitTx, Now: n.m.cfg.clock.Now().UnixNano(), TxID: txid, Msgs: plan[ref]}
+		txHook("partition-committing", txid)
 		if err := part.Apply(ctx, cmd); err != nil {
 			return fmt.Errorf("commit %s in %s/%d: %w", txid, ref.Topic, ref.Part, translate(err))
 		}

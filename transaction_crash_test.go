@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -38,7 +40,9 @@ const (
 //
 //	a: after PrepareMessage/CommitMessage, before the local commit
 //	b: after the local commit, before the queue's commit
-//	c: during the queue's commit: one of the two partitions is committed
+//	c: during the queue's commit: on odd cycles once one of the two
+//	   partitions is committed, on even cycles 0-3ms after the first
+//	   partition's commit is handed to its writer
 var txCrashPoints = map[string]string{"a": "sent", "b": "local-committed", "c": "partition-committed"}
 
 // TestTransaction_CrashMatrix kills a transacting child process with
@@ -145,11 +149,26 @@ func txCrashChild(dir, api, point string, cycle int) {
 	}
 	var crashID atomic.Value // the id of the transaction to die in
 	crashID.Store("")
+	async := point == "c" && cycle%2 == 0
+	if async {
+		hook = "partition-committing"
+	}
+	var once sync.Once
 	mq.SetTxTestHook(func(pt, txid string) {
-		if pt == hook && txid == crashID.Load().(string) {
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {} // the signal is on its way
+		if pt != hook || txid != crashID.Load().(string) {
+			return
 		}
+		if async { // somewhere inside the writer's commit and fsync
+			once.Do(func() {
+				go func() {
+					time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+					syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				}()
+			})
+			return
+		}
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
 	})
 	m, err := mq.Open(filepath.Join(dir, "mq"), mq.WithLocalTx(host), mq.WithTxCheckAfter(20*time.Millisecond))
 	if err != nil {
@@ -194,6 +213,9 @@ func txCrashChild(dir, api, point string, cycle int) {
 		fail(fmt.Errorf("rolled back transaction: %v", err))
 	}
 	err = run(fmt.Sprintf("c%d-x", cycle), true, nil)
+	if async {
+		time.Sleep(5 * time.Second) // the kill is on its way
+	}
 	fail(fmt.Errorf("the crash point %s was not reached (Run: %v)", hook, err))
 }
 

@@ -669,7 +669,7 @@ func TestTransaction_OutboxOnRestart(t *testing.T) {
 // a message of a transaction that did not commit, and every committed
 // message must be seen, by the single-consumer group exactly once.
 func TestTransaction_Property(t *testing.T) {
-	seeds := 6
+	seeds := 10
 	if testing.Short() {
 		seeds = 2
 	}
