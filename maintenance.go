@@ -73,8 +73,10 @@ func WithDecisionTTL(d time.Duration) Option {
 
 // WithMaintenanceInterval sets how often each partition checks its
 // retention limits and prunes expired dedup entries. Default 10 seconds. A
-// check that finds nothing to delete writes nothing. Delayed messages do
-// not depend on it: they are released when due.
+// check that finds nothing to delete writes nothing. A message ID is
+// forgotten between one dedup window and one window plus this interval
+// after its message was stored. Delayed messages do not depend on it: they
+// are released when due.
 func WithMaintenanceInterval(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
