@@ -16,6 +16,19 @@
 // Two adapters ship: Bolt, over the host's own bbolt DB, and SQL, over
 // database/sql. Both are safe for concurrent use.
 //
+//	host, _ := localtx.NewBolt(db, localtx.BoltOptions{})
+//	m, _ := mq.Open(dir, mq.WithLocalTx(host)) // check-back and recovery
+//	err := host.Run(ctx, func(ctx context.Context) error {
+//		if err := host.Tx(ctx).Bucket(orders).Put(k, v); err != nil { // business write
+//			return err
+//		}
+//		return p.CommitMessage(ctx, &mq.Message{Body: b}) // published at commit
+//	})
+//
+// Whether a transaction is running is known to the process that runs it:
+// each node checks back only the half messages it stored, so a host store
+// may be shared by several processes, each with its own node.
+//
 // # Redo
 //
 // A function passed to Run may return an error wrapping ErrRedo to abandon
