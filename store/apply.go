@@ -92,8 +92,10 @@ func resize(a []Ack, n int) []Ack {
 // append stores m: deduplicated by ID, held back when due later, else at the
 // end of the log.
 func (w *writeTx) append(c *Command, m *Message, ack *Ack) error {
+	var idKey []byte // m.ID in the arena, shared by the lookup and the insert
 	if m.ID != "" {
-		if v := w.dedup.Get([]byte(m.ID)); len(v) == 16 {
+		idKey = w.enc.str(m.ID)
+		if v := w.dedup.Get(idKey); len(v) == 16 {
 			ack.Offset = be.Uint64(v)
 			ack.Duplicate = true
 			ack.Delayed = ack.Offset == noOffset
@@ -123,14 +125,14 @@ func (w *writeTx) append(c *Command, m *Message, ack *Ack) error {
 		w.grew = true
 		ack.Delayed = true
 		ack.Offset = noOffset
-		return w.putDedup(m.ID, noOffset, stored)
+		return w.putDedupKey(idKey, noOffset, stored)
 	}
 	off, err := w.appendLog(m)
 	if err != nil {
 		return err
 	}
 	ack.Offset = off
-	return w.putDedup(m.ID, off, stored)
+	return w.putDedupKey(idKey, off, stored)
 }
 
 func (w *writeTx) appendLog(m *Message) (uint64, error) {
@@ -155,10 +157,19 @@ func (w *writeTx) putDedup(id string, off uint64, at int64) error {
 	if id == "" {
 		return nil
 	}
+	return w.putDedupKey(w.enc.str(id), off, at)
+}
+
+// putDedupKey records that the message whose ID is key (in the arena; nil
+// for none) went to off at time at.
+func (w *writeTx) putDedupKey(key []byte, off uint64, at int64) error {
+	if key == nil {
+		return nil
+	}
 	var v [16]byte
 	be.PutUint64(v[:8], off)
 	be.PutUint64(v[8:], uint64(at))
-	return w.dedup.Put(w.enc.bytes([]byte(id)), w.enc.bytes(v[:]))
+	return w.dedup.Put(key, w.enc.bytes(v[:]))
 }
 
 // trim deletes the head of the log by age and size, then prunes dedup entries

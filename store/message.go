@@ -95,6 +95,13 @@ func (e *encoder) bytes(b []byte) []byte {
 	return e.buf.Bytes()[start:]
 }
 
+// str copies s into the arena, like bytes without converting s first.
+func (e *encoder) str(s string) []byte {
+	start := e.buf.Len()
+	e.buf.WriteString(s)
+	return e.buf.Bytes()[start:]
+}
+
 func encodeMessage(enc *msgpack.Encoder, m *Message) error {
 	_ = enc.EncodeArrayLen(recordFields)
 	_ = enc.EncodeUint8(recordVersion)
