@@ -4,20 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/expr-lang/expr/vm"
+
 	"github.com/zeze-go/mq/store"
 )
 
 // Listener receives messages. OnMessage is called for one message of a
-// partition at a time, in offset order. Returning nil commits the message;
-// returning an error (or panicking) redelivers it later. ctx is cancelled
-// when the consumer closes or loses the partition; a handler that returns
-// ctx's error then is not counted as a failure and the message is delivered
-// again to the partition's next owner.
+// partition at a time, in offset order (see WithKeyParallel for the
+// exception). Returning nil commits the message; returning an error (or
+// panicking) redelivers it after the retry ladder's next step (see
+// WithRetryLadder and ConsumeMode). ctx is cancelled when the consumer closes
+// or loses the partition; a handler that returns ctx's error then is not
+// counted as a failure and the message is delivered again to the
+// partition's next owner.
 type Listener interface {
 	OnMessage(ctx context.Context, mqName string, m *Message) error
 }
@@ -45,20 +50,35 @@ const (
 type ConsumerOption func(*consumerConfig) error
 
 type consumerConfig struct {
-	start      StartPosition
-	retryPause time.Duration
-	batch      int // messages read per partition at a time
-	batchBytes int // bytes read per partition at a time
+	start        StartPosition
+	ladder       []time.Duration // retry backoff; step i is the wait before retry i+1
+	maxReconsume int             // failed deliveries retried before dead-lettering
+	mode         ConsumeMode
+	keyParallel  int    // 0: one message of a partition at a time
+	instance     string // broadcasting: this consumer's own offset name suffix
+	filter       *filter
+	batch        int // messages held per partition at a time
+	batchBytes   int // bytes held per partition at a time
 }
 
 func defaultConsumerConfig() consumerConfig {
 	return consumerConfig{
-		start:      StartFirst,
-		retryPause: time.Second,
-		batch:      256,
-		batchBytes: 1 << 20,
+		start:        StartFirst,
+		ladder:       DefaultRetryLadder(),
+		maxReconsume: DefaultMaxReconsumeTimes,
+		mode:         Orderly,
+		batch:        DefaultFlowMessages,
+		batchBytes:   DefaultFlowBytes,
 	}
 }
+
+// Flow control defaults: what one partition's worker holds in memory.
+const (
+	// DefaultFlowMessages is the default bound on messages held per partition.
+	DefaultFlowMessages = 256
+	// DefaultFlowBytes is the default bound on bytes held per partition.
+	DefaultFlowBytes = 1 << 20
+)
 
 // WithStartPosition sets where a group with no committed offset starts.
 func WithStartPosition(s StartPosition) ConsumerOption {
@@ -71,21 +91,26 @@ func WithStartPosition(s StartPosition) ConsumerOption {
 	}
 }
 
-// WithRetryPause sets the pause before a failed message is delivered again.
-// Default 1s.
+// WithRetryPause replaces the retry ladder with a constant pause d before
+// every redelivery. It is WithRetryLadder(d).
 func WithRetryPause(d time.Duration) ConsumerOption {
 	return func(c *consumerConfig) error {
 		if d <= 0 {
 			return fmt.Errorf("%w: retry pause %v", ErrInvalidOption, d)
 		}
-		c.retryPause = d
+		c.ladder = []time.Duration{d}
 		return nil
 	}
 }
 
 // WithFlowControl bounds what a consumer holds in memory per partition: at
-// most messages messages and, past the first message, bytes bytes. Defaults
-// 256 messages and 1 MiB.
+// most messages messages and, past the first message, bytes bytes (a single
+// message larger than bytes is still delivered). Defaults DefaultFlowMessages
+// (256) and DefaultFlowBytes (1 MiB). A backlog of any length costs no more
+// than this: messages are read from the partition file as they are handled.
+// With WithKeyParallel the bound is the sliding window: a key blocked on a
+// failing message holds the window's head, and reading stops once the window
+// is full.
 func WithFlowControl(messages, bytes int) ConsumerOption {
 	return func(c *consumerConfig) error {
 		if messages <= 0 || bytes <= 0 {
@@ -98,24 +123,36 @@ func WithFlowControl(messages, bytes int) ConsumerOption {
 
 // Consumer receives the messages of one topic for one group. The topic's
 // partitions are divided among the open consumers of the group on this node;
-// each partition is delivered by one consumer at a time. It is safe for
-// concurrent use.
+// each partition is delivered by one consumer at a time. A broadcasting
+// consumer (WithBroadcast) gets every partition. It is safe for concurrent
+// use.
 type Consumer struct {
-	m        *MQ
-	topic    string
-	group    *group
-	listener Listener
-	cfg      consumerConfig
+	m         *MQ
+	topic     string
+	groupName string // the user's group; group.name is the offset name
+	group     *group
+	listener  Listener
+	cfg       consumerConfig
+	// parent is set on the consumer of %RETRY%<group> that a Concurrent
+	// consumer starts: it takes only its parent's parked messages and
+	// presents them as their original.
+	parent *Consumer
 
-	mu      sync.Mutex // guards workers and closed; taken after group.mu
+	mu      sync.Mutex // guards workers, closed and retry; taken after group.mu
 	workers map[int]*worker
 	closed  bool
+	retry   *Consumer // Concurrent mode: the consumer of the retry topic
 }
 
 // NewConsumer subscribes listener to topic as a member of group and starts
-// delivering at once. Group names follow the topic name rules. It returns
-// ErrNoTopic, ErrInvalidGroup, ErrInvalidOption or ErrClosed. Each partition
-// the consumer owns runs one goroutine; Close stops them.
+// delivering at once. Group names follow the topic name rules. topic may be
+// a dead-letter or retry topic ("%DLQ%billing", "%RETRY%billing"), which is
+// created if it does not exist yet. It returns ErrNoTopic, ErrInvalidGroup,
+// ErrInvalidOption (a bad filter expression among them) or ErrClosed.
+//
+// Each partition the consumer owns runs one goroutine (plus, with
+// WithKeyParallel, one per key in flight); a Concurrent consumer also
+// consumes the group's retry topic. Close stops them all.
 func (m *MQ) NewConsumer(topic, groupName string, listener Listener, opts ...ConsumerOption) (*Consumer, error) {
 	if err := checkName(groupName, ErrInvalidGroup); err != nil {
 		return nil, err
@@ -132,21 +169,55 @@ func (m *MQ) NewConsumer(topic, groupName string, listener Listener, opts ...Con
 			return nil, err
 		}
 	}
+	if isSystemTopic(topic) {
+		if err := m.ensureSystemTopic(topic); err != nil {
+			return nil, err
+		}
+	}
+	offsetName := groupName
+	if cfg.instance != "" {
+		offsetName = groupName + "@" + cfg.instance
+	}
+	c, err := m.subscribe(topic, groupName, offsetName, listener, cfg, nil)
+	if err != nil || cfg.mode != Concurrent {
+		return c, err
+	}
+	// Concurrent: also consume this consumer's parked messages.
+	rt := RetryTopic(groupName)
+	if err := m.ensureSystemTopic(rt); err != nil {
+		c.Close()
+		return nil, err
+	}
+	rcfg := cfg
+	rcfg.filter, rcfg.start, rcfg.instance = nil, StartFirst, ""
+	rc, err := m.subscribe(rt, groupName, offsetName+"%"+topic, listener, rcfg, c)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.retry = rc
+	c.mu.Unlock()
+	if closed {
+		rc.Close()
+	}
+	return c, nil
+}
+
+// subscribe registers a consumer in the node's group for (topic, offsetName)
+// and rebalances the group.
+func (m *MQ) subscribe(topic, groupName, offsetName string, listener Listener, cfg consumerConfig, parent *Consumer) (*Consumer, error) {
 	if _, _, err := m.router.partitions(topic); err != nil {
 		return nil, err
 	}
-	c := &Consumer{m: m, topic: topic, listener: listener, cfg: cfg, workers: map[int]*worker{}}
+	c := &Consumer{m: m, topic: topic, groupName: groupName, listener: listener, cfg: cfg, parent: parent, workers: map[int]*worker{}}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return nil, ErrClosed
 	}
-	key := topic + "\x00" + groupName
-	g := m.groups[key]
-	if g == nil {
-		g = &group{m: m, topic: topic, name: groupName}
-		m.groups[key] = g
-	}
+	g := m.groupLocked(topic, offsetName)
 	c.group = g
 	g.mu.Lock()
 	g.consumers = append(g.consumers, c)
@@ -156,8 +227,24 @@ func (m *MQ) NewConsumer(topic, groupName string, listener Listener, opts ...Con
 	return c, nil
 }
 
+// groupLocked returns the node's group for (topic, offset name), creating
+// it if needed. The caller holds m.mu.
+func (m *MQ) groupLocked(topic, offsetName string) *group {
+	key := topic + "\x00" + offsetName
+	g := m.groups[key]
+	if g == nil {
+		g = &group{m: m, topic: topic, name: offsetName}
+		m.groups[key] = g
+	}
+	return g
+}
+
 // Name returns the consumer's group.
-func (c *Consumer) Name() string { return c.group.name }
+func (c *Consumer) Name() string { return c.groupName }
+
+// OffsetName returns the name the consumer's offsets are stored under: the
+// group, or for a broadcasting consumer group@instance. ResetOffset takes it.
+func (c *Consumer) OffsetName() string { return c.group.name }
 
 // Topic returns the consumer's topic.
 func (c *Consumer) Topic() string { return c.topic }
@@ -199,18 +286,22 @@ func (c *Consumer) Close() error {
 		return nil
 	}
 	c.closed = true
+	rc := c.retry
 	c.mu.Unlock()
 	c.group.leave(c)
+	if rc != nil {
+		rc.Close()
+	}
 	return nil
 }
 
-// group is the set of consumers of one (topic, group) on this node.
+// group is the set of consumers of one (topic, offset name) on this node.
 type group struct {
 	m     *MQ
 	topic string
-	name  string
+	name  string // offset name: the group, or group@instance when broadcasting
 
-	rebalanceMu sync.Mutex // serializes rebalances; taken before mu
+	rebalanceMu sync.Mutex // serializes rebalances and resets; taken before mu
 
 	mu        sync.Mutex // guards consumers
 	consumers []*Consumer
@@ -296,7 +387,7 @@ func (c *Consumer) assign(want map[int]bool, parts []partitionLog) {
 		if _, ok := c.workers[p]; ok {
 			continue
 		}
-		w := &worker{c: c, part: p, log: parts[p], done: make(chan struct{})}
+		w := &worker{c: c, part: p, log: parts[p], done: make(chan struct{}), seek: make(chan *seekReq)}
 		var ctx context.Context
 		ctx, w.cancel = context.WithCancel(c.m.ctx)
 		c.workers[p] = w
@@ -304,16 +395,21 @@ func (c *Consumer) assign(want map[int]bool, parts []partitionLog) {
 	}
 }
 
-// worker delivers one partition to one consumer.
+// worker delivers one partition to one consumer. It alone commits the
+// partition's offset for its group while it runs; resets reach it through
+// seek.
 type worker struct {
 	c      *Consumer
 	part   int
 	log    partitionLog
 	cancel context.CancelFunc
 	done   chan struct{}
+	seek   chan *seekReq // ResetOffset hands new positions here
 
 	committed  uint64 // last offset written to the store; owned by run
 	lastCommit time.Time
+	vm         vm.VM         // filter evaluation; owned by run
+	sem        chan struct{} // key-parallel: bounds handlers in flight
 }
 
 func (w *worker) stop() {
@@ -328,24 +424,30 @@ const commitEvery = 200 * time.Millisecond
 func (w *worker) run(ctx context.Context) {
 	defer close(w.done)
 	c := w.c
-	log := c.m.cfg.logger.With("topic", c.topic, "group", c.group.name, "partition", w.part)
 	offset, err := w.startOffset(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			log.Error("consumer cannot start", "err", err)
+			w.logger().Error("consumer cannot start", "err", err)
 		}
 		return
 	}
 	w.committed = offset
 	defer func() { w.commit(offset) }()
+	if c.cfg.keyParallel > 0 {
+		w.runParallel(ctx, &offset)
+		return
+	}
 	buf := make([]store.Message, 0, c.cfg.batch)
 	for ctx.Err() == nil {
 		changed := w.log.Changed()
 		buf, err = w.log.Read(offset, c.cfg.batch, c.cfg.batchBytes, buf[:0])
 		if err != nil {
-			log.Error("read failed; retrying", "offset", offset, "err", err)
-			if !w.sleep(ctx, c.cfg.retryPause) {
-				return
+			w.logger().Error("read failed; retrying", "offset", offset, "err", err)
+			if ok, req := w.wait(ctx, c.cfg.ladder[0], w.seek, nil); !ok {
+				if req == nil {
+					return
+				}
+				offset = w.applySeek(req, offset)
 			}
 			continue
 		}
@@ -353,16 +455,27 @@ func (w *worker) run(ctx context.Context) {
 			w.commit(offset)
 			select {
 			case <-changed:
+			case req := <-w.seek:
+				offset = w.applySeek(req, offset)
 			case <-ctx.Done():
 			}
 			continue
 		}
-		if first := buf[0].Offset; first > offset {
-			log.Warn("messages removed by retention before delivery", "from", offset, "to", first, "lost", first-offset)
-			offset = first
-		}
+		offset = w.skipGap(offset, buf[0].Offset)
+	batch:
 		for i := range buf {
-			if !w.deliver(ctx, &buf[i]) {
+			select {
+			case req := <-w.seek:
+				offset = w.applySeek(req, offset)
+				break batch
+			default:
+			}
+			ok, req := w.handle(ctx, &buf[i], w.seek, nil)
+			if req != nil {
+				offset = w.applySeek(req, offset)
+				break batch
+			}
+			if !ok {
 				return
 			}
 			offset = buf[i].Offset + 1
@@ -373,6 +486,20 @@ func (w *worker) run(ctx context.Context) {
 		clear(buf)
 		w.commit(offset)
 	}
+}
+
+// skipGap logs messages that retention removed before this group read them
+// and returns where reading resumes.
+func (w *worker) skipGap(offset, first uint64) uint64 {
+	if first > offset {
+		w.logger().Warn("messages removed by retention before delivery", "from", offset, "to", first, "lost", first-offset)
+		return first
+	}
+	return offset
+}
+
+func (w *worker) logger() *slog.Logger {
+	return w.c.m.cfg.logger.With("topic", w.c.topic, "group", w.c.group.name, "partition", w.part)
 }
 
 // startOffset is the group's committed offset, or the start position for a
@@ -399,7 +526,7 @@ func (w *worker) commit(offset uint64) {
 	defer cancel()
 	if err := w.store(ctx, offset); err != nil {
 		if !errors.Is(err, ErrClosed) {
-			w.c.m.cfg.logger.Error("offset commit failed", "topic", w.c.topic, "group", w.c.group.name, "partition", w.part, "err", err)
+			w.logger().Error("offset commit failed", "err", err)
 		}
 		return
 	}
@@ -412,43 +539,88 @@ func (w *worker) store(ctx context.Context, offset uint64) error {
 	return translate(w.log.Apply(ctx, &cmd))
 }
 
-// deliver calls the listener until it accepts m. It returns false if ctx
-// ended first.
-func (w *worker) deliver(ctx context.Context, sm *store.Message) bool {
+// handle runs one message through the filters and the listener until it is
+// handled, parked in the retry topic or dead-lettered. It returns ok false if
+// ctx ended or stop was closed first, and a seek request that arrived on seek
+// while it waited to retry (the message is then left unhandled).
+func (w *worker) handle(ctx context.Context, sm *store.Message, seek <-chan *seekReq, stop <-chan struct{}) (ok bool, req *seekReq) {
 	c := w.c
-	m := fromStore(c.topic, w.part, sm)
+	if !w.accept(sm) {
+		return true, nil
+	}
+	m := c.present(w.part, sm)
 	for {
-		err := w.call(ctx, m)
+		attempt := *m // the listener may keep what it is given
+		err := w.call(ctx, &attempt)
 		if err == nil {
-			return true
+			return true, nil
 		}
 		if ctx.Err() != nil {
-			return false
+			return false, nil
 		}
-		c.m.cfg.logger.Warn("message handler failed; redelivering", "topic", c.topic, "group", c.group.name,
-			"partition", w.part, "offset", m.Offset, "attempt", m.ReconsumeTimes+1, "err", err)
+		r := m.ReconsumeTimes
+		switch {
+		case r >= c.cfg.maxReconsume:
+			return w.settle(ctx, seek, stop, func() error { return w.deadLetter(ctx, sm, r, err) })
+		case c.cfg.mode == Concurrent:
+			return w.settle(ctx, seek, stop, func() error { return w.park(ctx, sm, r, err) })
+		}
+		d := c.cfg.retryDelay(r)
+		w.c.m.cfg.logger.Warn("message handler failed; redelivering", "topic", m.Topic, "group", c.group.name,
+			"partition", m.PartitionIndex, "offset", m.Offset, "attempt", r+1, "after", d, "err", err)
+		if ok, req := w.wait(ctx, d, seek, stop); !ok {
+			return false, req
+		}
 		m.ReconsumeTimes++
-		if !w.sleep(ctx, c.cfg.retryPause) {
-			return false
+	}
+}
+
+// settle runs send (a park or dead-letter write) until it succeeds: a failed
+// message is never dropped, so the partition waits for the store.
+func (w *worker) settle(ctx context.Context, seek <-chan *seekReq, stop <-chan struct{}, send func() error) (bool, *seekReq) {
+	for {
+		err := send()
+		if err == nil {
+			return true, nil
+		}
+		if ctx.Err() != nil {
+			return false, nil
+		}
+		w.logger().Error("cannot move a failed message; retrying", "err", err)
+		if ok, req := w.wait(ctx, w.c.cfg.ladder[0], seek, stop); !ok {
+			return false, req
 		}
 	}
 }
 
+// wait waits d on the node's clock. It returns ok false if ctx ended, stop
+// was closed or a seek request arrived (returned) first.
+func (w *worker) wait(ctx context.Context, d time.Duration, seek <-chan *seekReq, stop <-chan struct{}) (ok bool, req *seekReq) {
+	select {
+	case <-w.c.m.cfg.clock.After(d):
+		return true, nil
+	case req := <-seek:
+		return false, req
+	case <-stop:
+	case <-ctx.Done():
+	}
+	return false, nil
+}
+
 // call runs the listener, turning a panic into an error.
 func (w *worker) call(ctx context.Context, m *Message) (err error) {
+	if w.sem != nil {
+		select {
+		case w.sem <- struct{}{}:
+			defer func() { <-w.sem }()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("mq: OnMessage panicked: %v\n%s", r, debug.Stack())
 		}
 	}()
-	return w.c.listener.OnMessage(ctx, w.c.topic, m)
-}
-
-func (w *worker) sleep(ctx context.Context, d time.Duration) bool {
-	select {
-	case <-w.c.m.cfg.clock.After(d):
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return w.c.listener.OnMessage(ctx, m.Topic, m)
 }

@@ -1,0 +1,418 @@
+package mq_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zeze-go/mq"
+)
+
+// retryClock is an mq.Clock that moves only on Advance and tells the test
+// which waits were asked for, so a test can check each step of a retry
+// ladder and release it without sleeping.
+type retryClock struct {
+	mu    sync.Mutex // guards now, seq and waits
+	now   time.Time
+	seq   int
+	waits []retryWait
+}
+
+type retryWait struct {
+	seq int
+	d   time.Duration
+	at  time.Time
+	ch  chan time.Time
+}
+
+var _ mq.Clock = (*retryClock)(nil)
+
+func newRetryClock() *retryClock {
+	return &retryClock{now: time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+func (c *retryClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *retryClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	c.seq++
+	if d <= 0 {
+		ch <- c.now
+		return ch
+	}
+	c.waits = append(c.waits, retryWait{seq: c.seq, d: d, at: c.now.Add(d), ch: ch})
+	return ch
+}
+
+// mark returns the sequence number of the latest After call.
+func (c *retryClock) mark() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.seq
+}
+
+// waitingSince reports whether a wait of exactly d was asked for after mark.
+func (c *retryClock) waitingSince(mark int, d time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, w := range c.waits {
+		if w.seq > mark && w.d == d {
+			return true
+		}
+	}
+	return false
+}
+
+// Advance moves the clock by d and fires the waits that fall due.
+func (c *retryClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	kept := c.waits[:0]
+	for _, w := range c.waits {
+		if w.at.After(c.now) {
+			kept = append(kept, w)
+			continue
+		}
+		w.ch <- c.now
+	}
+	c.waits = kept
+}
+
+// sink is a Listener that records what it is given and answers with fail
+// (nil: accept everything).
+type sink struct {
+	mu    sync.Mutex
+	msgs  []*mq.Message
+	names []string // mqName of each call
+	mark  []int    // clock mark at each call, when clk is set
+	clk   *retryClock
+	fail  func(m *mq.Message, seen []*mq.Message) error
+}
+
+func (s *sink) OnMessage(_ context.Context, name string, m *mq.Message) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.msgs = append(s.msgs, m)
+	s.names = append(s.names, name)
+	if s.clk != nil {
+		s.mark = append(s.mark, s.clk.mark())
+	}
+	if s.fail != nil {
+		return s.fail(m, s.msgs[:len(s.msgs)-1])
+	}
+	return nil
+}
+
+func (s *sink) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.msgs)
+}
+
+func (s *sink) all() []*mq.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.msgs)
+}
+
+// trace renders the deliveries as body#ReconsumeTimes.
+func (s *sink) trace() string {
+	var b []string
+	for _, m := range s.all() {
+		b = append(b, fmt.Sprintf("%s#%d", m.Body, m.ReconsumeTimes))
+	}
+	return strings.Join(b, ",")
+}
+
+func seen(msgs []*mq.Message, body string) bool {
+	return slices.ContainsFunc(msgs, func(m *mq.Message) bool { return string(m.Body) == body })
+}
+
+func publish(t testing.TB, m *mq.MQ, topic string, bodies ...string) []*mq.Message {
+	t.Helper()
+	p, err := m.NewProducer(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []*mq.Message
+	for _, b := range bodies {
+		msg := &mq.Message{Body: []byte(b)}
+		if _, err := p.SendMessage(context.Background(), msg.ToPartition(0)); err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, msg)
+	}
+	return msgs
+}
+
+func consume(t testing.TB, m *mq.MQ, topic, group string, l mq.Listener, opts ...mq.ConsumerOption) *mq.Consumer {
+	t.Helper()
+	c, err := m.NewConsumer(topic, group, l, opts...)
+	if err != nil {
+		t.Fatalf("NewConsumer(%s, %s): %v", topic, group, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+var errBoom = errors.New("boom")
+
+// TestConsumer_RetryLadder: a message that always fails waits each step of
+// the default ladder, on the node's clock, before each retry; after the 16th
+// retry it goes to %DLQ%<group> with its origin and last error.
+func TestConsumer_RetryLadder(t *testing.T) {
+	clk := newRetryClock()
+	m := openNode(t, "", mq.WithClock(clk))
+	mustCreate(t, m, "t", 1)
+	orig := publish(t, m, "t", "bad", "next")[0]
+	s := &sink{clk: clk, fail: func(m *mq.Message, _ []*mq.Message) error {
+		if string(m.Body) == "bad" {
+			return errBoom
+		}
+		return nil
+	}}
+	consume(t, m, "t", "g", s)
+	dead := &sink{}
+	consume(t, m, mq.DeadLetterTopic("g"), "ops", dead)
+
+	ladder := mq.DefaultRetryLadder()
+	if len(ladder) != mq.DefaultMaxReconsumeTimes {
+		t.Fatalf("ladder has %d steps, max reconsume is %d", len(ladder), mq.DefaultMaxReconsumeTimes)
+	}
+	for i, d := range ladder {
+		waitFor(t, 5*time.Second, fmt.Sprintf("delivery %d", i+1), func() bool { return s.len() == i+1 })
+		s.mu.Lock()
+		mark := s.mark[i]
+		s.mu.Unlock()
+		waitFor(t, 5*time.Second, fmt.Sprintf("a wait of %v", d), func() bool { return clk.waitingSince(mark, d) })
+		if i > 0 {
+			clk.Advance(d - time.Millisecond)
+			time.Sleep(5 * time.Millisecond)
+			if n := s.len(); n != i+1 {
+				t.Fatalf("retry %d came before its %v step", i+1, d)
+			}
+			clk.Advance(time.Millisecond)
+		} else {
+			clk.Advance(d)
+		}
+	}
+	waitFor(t, 5*time.Second, "the next message", func() bool { return s.len() == 18 })
+	msgs := s.all()
+	for i, msg := range msgs[:17] {
+		if string(msg.Body) != "bad" || msg.ReconsumeTimes != i || msg.ID != orig.ID || msg.Offset != 0 {
+			t.Fatalf("delivery %d: %s#%d id %s offset %d", i, msg.Body, msg.ReconsumeTimes, msg.ID, msg.Offset)
+		}
+	}
+	if string(msgs[17].Body) != "next" {
+		t.Fatalf("after the dead letter got %q", msgs[17].Body)
+	}
+
+	waitFor(t, 5*time.Second, "the dead letter", func() bool { return dead.len() == 1 })
+	dl := dead.all()[0]
+	want := map[string]string{
+		mq.PropOriginTopic:     "t",
+		mq.PropOriginPartition: "0",
+		mq.PropOriginOffset:    "0",
+		mq.PropOriginID:        orig.ID,
+		mq.PropLastError:       "boom",
+	}
+	for k, v := range want {
+		if dl.Properties[k] != v {
+			t.Errorf("dead letter %s = %q, want %q", k, dl.Properties[k], v)
+		}
+	}
+	if string(dl.Body) != "bad" || dl.ReconsumeTimes != 17 || dl.ID != orig.ID || dl.Topic != "%DLQ%g" {
+		t.Errorf("dead letter %s#%d id %s topic %s", dl.Body, dl.ReconsumeTimes, dl.ID, dl.Topic)
+	}
+}
+
+// TestConsumer_DeadLetterRedrive: with a short ladder, failures in both
+// modes end in the dead-letter topic; RedriveDeadLetters sends them back
+// once, fresh, to their topic.
+func TestConsumer_DeadLetterRedrive(t *testing.T) {
+	for _, mode := range []mq.ConsumeMode{mq.Orderly, mq.Concurrent} {
+		t.Run(mode.String(), func(t *testing.T) {
+			m := openNode(t, "")
+			mustCreate(t, m, "t", 1)
+			orig := publish(t, m, "t", "a", "b")
+			var mu sync.Mutex
+			healed := false
+			s := &sink{fail: func(m *mq.Message, _ []*mq.Message) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if string(m.Body) == "a" && !healed {
+					panic("kaboom")
+				}
+				return nil
+			}}
+			consume(t, m, "t", "g", s, mq.WithConsumeMode(mode), mq.WithRetryLadder(0), mq.WithMaxReconsumeTimes(2))
+			dead := &sink{}
+			consume(t, m, "%DLQ%g", "ops", dead)
+			waitFor(t, 5*time.Second, "the dead letter", func() bool { return dead.len() == 1 })
+			dl := dead.all()[0]
+			if dl.ReconsumeTimes != 3 || dl.ID != orig[0].ID || dl.Properties[mq.PropOriginTopic] != "t" ||
+				dl.Properties[mq.PropOriginOffset] != "0" || !strings.Contains(dl.Properties[mq.PropLastError], "kaboom") {
+				t.Fatalf("dead letter #%d id %s props %v", dl.ReconsumeTimes, dl.ID, dl.Properties)
+			}
+			if got := s.trace(); got != "a#0,a#1,a#2,b#0" && mode == mq.Orderly {
+				t.Fatalf("deliveries %s", got)
+			}
+			waitFor(t, 5*time.Second, "b", func() bool { return seen(s.all(), "b") })
+
+			mu.Lock()
+			healed = true
+			mu.Unlock()
+			n, err := m.RedriveDeadLetters(context.Background(), "g")
+			if err != nil || n != 1 {
+				t.Fatalf("RedriveDeadLetters = %d, %v; want 1", n, err)
+			}
+			waitFor(t, 5*time.Second, "the re-driven message", func() bool { return s.len() == 5 })
+			last := s.all()[4]
+			if string(last.Body) != "a" || last.ReconsumeTimes != 0 || last.ID != orig[0].ID || last.Offset != 2 || last.Topic != "t" {
+				t.Fatalf("re-driven %s#%d id %s offset %d topic %s", last.Body, last.ReconsumeTimes, last.ID, last.Offset, last.Topic)
+			}
+			if _, ok := last.Properties[mq.PropLastError]; ok {
+				t.Errorf("re-driven message keeps %s", mq.PropLastError)
+			}
+			if n, err := m.RedriveDeadLetters(context.Background(), "g"); err != nil || n != 0 {
+				t.Fatalf("second RedriveDeadLetters = %d, %v; want 0", n, err)
+			}
+			if n, err := m.RedriveDeadLetters(context.Background(), "nobody"); err != nil || n != 0 {
+				t.Fatalf("RedriveDeadLetters of a group without dead letters = %d, %v", n, err)
+			}
+			if _, err := m.RedriveDeadLetters(context.Background(), "%bad"); !errors.Is(err, mq.ErrInvalidGroup) {
+				t.Fatalf("RedriveDeadLetters(%%bad) = %v, want ErrInvalidGroup", err)
+			}
+			time.Sleep(20 * time.Millisecond)
+			if n := s.len(); n != 5 {
+				t.Fatalf("%d deliveries, want 5: %s", n, s.trace())
+			}
+		})
+	}
+}
+
+// TestConsumer_OrderlyBlocks and concurrent continues: "a" fails until "b"
+// has been seen. Orderly never delivers "b" while "a" fails; Concurrent
+// parks "a", delivers "b" and "c", then "a" again from the retry topic,
+// presented as the original.
+func TestConsumer_Modes(t *testing.T) {
+	failUntilB := func(m *mq.Message, before []*mq.Message) error {
+		if string(m.Body) == "a" && !seen(before, "b") {
+			return errBoom
+		}
+		return nil
+	}
+	t.Run("OrderlyBlocks", func(t *testing.T) {
+		m := openNode(t, "")
+		mustCreate(t, m, "t", 1)
+		publish(t, m, "t", "a", "b", "c")
+		s := &sink{fail: failUntilB}
+		consume(t, m, "t", "g", s, mq.WithRetryLadder(time.Millisecond), mq.WithMaxReconsumeTimes(1000))
+		waitFor(t, 5*time.Second, "retries", func() bool { return s.len() >= 20 })
+		for _, msg := range s.all() {
+			if string(msg.Body) != "a" {
+				t.Fatalf("%q delivered while a fails", msg.Body)
+			}
+		}
+	})
+	t.Run("ConcurrentContinues", func(t *testing.T) {
+		m := openNode(t, "")
+		mustCreate(t, m, "t", 1)
+		orig := publish(t, m, "t", "a", "b", "c")
+		s := &sink{fail: failUntilB}
+		c := consume(t, m, "t", "g", s, mq.WithConsumeMode(mq.Concurrent), mq.WithRetryLadder(0))
+		waitFor(t, 5*time.Second, "all", func() bool {
+			all := s.all()
+			return len(all) >= 4 && seen(all, "c") && all[len(all)-1].ReconsumeTimes > 0
+		})
+		msgs := s.all()
+		if string(msgs[0].Body) != "a" || msgs[0].ReconsumeTimes != 0 {
+			t.Fatalf("first delivery %s", s.trace())
+		}
+		last := msgs[len(msgs)-1]
+		s.mu.Lock()
+		name := s.names[len(s.names)-1]
+		s.mu.Unlock()
+		if string(last.Body) != "a" || last.Topic != "t" || name != "t" || last.PartitionIndex != 0 || last.Offset != 0 || last.ID != orig[0].ID {
+			t.Fatalf("retry presented as %s#%d topic %s (%s) partition %d offset %d id %s",
+				last.Body, last.ReconsumeTimes, last.Topic, name, last.PartitionIndex, last.Offset, last.ID)
+		}
+		if _, ok := m.Topics()["%RETRY%g"]; !ok {
+			t.Fatalf("no retry topic in %v", m.Topics())
+		}
+		if c.Name() != "g" || c.OffsetName() != "g" {
+			t.Fatalf("Name %q OffsetName %q", c.Name(), c.OffsetName())
+		}
+	})
+	t.Run("ConcurrentWaitsForTheLadder", func(t *testing.T) {
+		// The parked copy is a delayed message: released by the node when
+		// its clock reaches the ladder step.
+		clk := newRetryClock()
+		m := openNode(t, "", mq.WithClock(clk))
+		mustCreate(t, m, "t", 1)
+		publish(t, m, "t", "a", "b")
+		s := &sink{fail: func(m *mq.Message, _ []*mq.Message) error {
+			if string(m.Body) == "a" && m.ReconsumeTimes == 0 {
+				return errBoom
+			}
+			return nil
+		}}
+		consume(t, m, "t", "g", s, mq.WithConsumeMode(mq.Concurrent), mq.WithRetryLadder(10*time.Second))
+		waitFor(t, 5*time.Second, "b", func() bool { return s.len() == 2 })
+		clk.Advance(9 * time.Second)
+		time.Sleep(30 * time.Millisecond)
+		if n := s.len(); n != 2 {
+			t.Fatalf("retried before its step: %s", s.trace())
+		}
+		clk.Advance(time.Second)
+		waitFor(t, 5*time.Second, "the retry", func() bool { return s.len() == 3 })
+		if got := s.trace(); got != "a#0,b#0,a#1" {
+			t.Fatalf("deliveries %s", got)
+		}
+	})
+}
+
+// TestConsumer_SystemTopics: retry and dead-letter topics can be consumed
+// (and are created for it), but not created by users.
+func TestConsumer_SystemTopics(t *testing.T) {
+	m := openNode(t, "")
+	ctx := context.Background()
+	for _, name := range []string{"%DLQ%g", "%RETRY%g"} {
+		if err := m.CreateMQ(ctx, name, 1, mq.Options{}); !errors.Is(err, mq.ErrInvalidTopic) {
+			t.Errorf("CreateMQ(%s) = %v, want ErrInvalidTopic", name, err)
+		}
+		consume(t, m, name, "ops", &sink{})
+	}
+	if _, err := m.NewConsumer("%DLQ%", "ops", &sink{}); !errors.Is(err, mq.ErrNoTopic) {
+		t.Errorf("NewConsumer(%%DLQ%%) = %v, want ErrNoTopic", err)
+	}
+	if _, err := m.NewConsumer("%OTHER%g", "ops", &sink{}); !errors.Is(err, mq.ErrNoTopic) {
+		t.Errorf("NewConsumer(%%OTHER%%g) = %v, want ErrNoTopic", err)
+	}
+	mustCreate(t, m, "t", 1)
+	for name, opt := range map[string]mq.ConsumerOption{
+		"EmptyLadder":   mq.WithRetryLadder(),
+		"NegativeStep":  mq.WithRetryLadder(-time.Second),
+		"NegativeMax":   mq.WithMaxReconsumeTimes(-1),
+		"BadMode":       mq.WithConsumeMode(7),
+		"ZeroParallel":  mq.WithKeyParallel(0),
+		"BadBroadcast":  mq.WithBroadcast("a@b"),
+		"EmptyInstance": mq.WithBroadcast(""),
+	} {
+		if _, err := m.NewConsumer("t", "g", &sink{}, opt); !errors.Is(err, mq.ErrInvalidOption) {
+			t.Errorf("%s: NewConsumer = %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
