@@ -211,6 +211,7 @@ type openTx struct {
 type forgetReq struct {
 	store localtx.Store
 	txid  string
+	at    time.Time // when the decision was acknowledged
 }
 
 // txPlan is what committing a transaction does: per partition, the outbox
@@ -622,28 +623,43 @@ func planOf(rec localtx.Record) (txPlan, error) {
 	return plan, nil
 }
 
-// forgetLater queues the clean-up of txid's marker and outbox rows. When
-// the queue is full the marker stays: the next sweep finds the transaction
-// decided and forgets it then.
+// forgetLater queues the clean-up of txid's marker and outbox rows, once
+// the queue's decision is durable. When the queue is full the marker stays:
+// the next sweep finds the transaction decided and forgets it then.
 func (n *txNode) forgetLater(s localtx.Store, txid string) {
 	select {
-	case n.forgets <- forgetReq{store: s, txid: txid}:
+	case n.forgets <- forgetReq{store: s, txid: txid, at: time.Now()}:
 	default:
 	}
 }
 
 // forgetter cleans markers in batches: one host transaction for everything
 // queued within forgetLinger, so the clean-up adds little to each
-// transaction's cost.
+// transaction's cost. With WithSyncInterval a decision is acknowledged
+// before it is on disk, so its marker is kept two sync intervals longer: a
+// power loss must not take the decision while the marker is gone.
 func (n *txNode) forgetter(ctx context.Context) {
 	const (
 		forgetLinger = 50 * time.Millisecond
 		forgetBatch  = 1024
 	)
-	pending := map[localtx.Store][]string{}
-	count := 0
+	hold := 2 * n.m.cfg.syncInterval
+	linger := max(forgetLinger, hold)
+	var pending []forgetReq
+	// flush forgets what was queued at least hold ago and keeps the rest.
 	flush := func(ctx context.Context) {
-		for s, ids := range pending {
+		cutoff := time.Now().Add(-hold)
+		ready := map[localtx.Store][]string{}
+		kept := pending[:0]
+		for _, r := range pending {
+			if r.at.After(cutoff) {
+				kept = append(kept, r)
+				continue
+			}
+			ready[r.store] = append(ready[r.store], r.txid)
+		}
+		pending = kept
+		for s, ids := range ready {
 			stores := []localtx.Store{s}
 			if s == nil { // a transaction that named no store: try them all
 				stores = n.storeList()
@@ -654,39 +670,39 @@ func (n *txNode) forgetter(ctx context.Context) {
 				}
 			}
 		}
-		clear(pending)
-		count = 0
 	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	armed := false
 	for {
 		select {
 		case r := <-n.forgets:
-			if count == 0 {
-				timer.Reset(forgetLinger)
-			}
-			pending[r.store] = append(pending[r.store], r.txid)
-			count++
-			if count >= forgetBatch {
+			pending = append(pending, r)
+			if len(pending) >= forgetBatch && hold == 0 {
 				flush(ctx)
 			}
 		case <-timer.C:
+			armed = false
 			flush(ctx)
 		case <-ctx.Done():
 			for {
 				select {
 				case r := <-n.forgets:
-					pending[r.store] = append(pending[r.store], r.txid)
+					pending = append(pending, r)
 					continue
 				default:
 				}
 				break
 			}
 			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			flush(fctx)
+			flush(fctx) // what is not yet durable stays for the next start's sweep
 			cancel()
 			return
+		}
+		if len(pending) > 0 && !armed {
+			timer.Reset(linger)
+			armed = true
 		}
 	}
 }
@@ -728,18 +744,14 @@ func (n *txNode) sweep(ctx context.Context) {
 				}
 				break
 			}
-			var done []string
 			for _, rec := range recs {
 				after = rec.TxID
 				if n.isOpen(rec.TxID) { // its commit hook is on it
 					continue
 				}
 				if n.publish(ctx, rec) {
-					done = append(done, rec.TxID)
+					n.forgetLater(s, rec.TxID)
 				}
-			}
-			if err := s.Forget(ctx, done); err != nil && ctx.Err() == nil {
-				n.m.cfg.logger.Warn("cannot forget transaction markers", "err", err)
 			}
 			if len(recs) < page {
 				break
@@ -869,9 +881,7 @@ func (n *txNode) checkOne(ctx context.Context, txid string, hi *halfInfo) {
 			return
 		}
 		log.Info("check-back committed a transaction", "tx", txid)
-		if err := owner.Forget(ctx, []string{txid}); err != nil {
-			log.Warn("cannot forget a transaction marker; the sweep will", "tx", txid, "err", err)
-		}
+		n.forgetLater(owner, txid)
 	case localtx.RolledBack:
 		if _, err := n.rollback(ctx, txid, hi.parts); err != nil {
 			log.Warn("check-back rollback failed", "tx", txid, "err", err)

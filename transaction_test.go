@@ -872,3 +872,28 @@ func TestMQ_UnresolvedTxs(t *testing.T) {
 		}
 	})
 }
+
+// TestTransaction_ForgetAfterSync: with WithSyncInterval a decision is
+// acknowledged before its fsync, so the marker is kept until the decision
+// has been synced.
+func TestTransaction_ForgetAfterSync(t *testing.T) {
+	e := newTxEnv(t, "bolt", mq.WithSyncInterval(time.Second))
+	err := e.h.Run(context.Background(), func(ctx context.Context) error {
+		return e.p.CommitMessage(ctx, msgs("m", 1)...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	waitSeen(t, e.col, "m-0")
+	if n, err := e.h.Markers(); err != nil || n != 1 {
+		t.Fatalf("markers right after the commit: %d, %v; want 1 until the sync", n, err)
+	}
+	waitFor(t, 10*time.Second, "markers forgotten", func() bool {
+		n, err := e.h.Markers()
+		return err == nil && n == 0
+	})
+	if d := time.Since(start); d < 2*time.Second-100*time.Millisecond {
+		t.Errorf("marker forgotten after %v, before two sync intervals", d)
+	}
+}
