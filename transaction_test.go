@@ -174,6 +174,7 @@ func TestTransaction(t *testing.T) {
 		{"Redo", testTxRedo},
 		{"Delayed", testTxDelayed},
 		{"OutsideTransaction", testTxOutside},
+		{"LongRunning", testTxLongRunning},
 	}
 	for _, adapter := range txtest.Names {
 		t.Run(adapter, func(t *testing.T) {
@@ -421,6 +422,23 @@ func testTxDelayed(t *testing.T, e *txEnv) {
 		t.Errorf("delayed messages delivered after %v, want at least %v", d, delay)
 	}
 	checkNone(t, e, []string{"badp-0", "badc-0"})
+}
+
+// testTxLongRunning: a transaction still running long after TxCheckAfter is
+// asked about again and again, never rolled back, and commits normally.
+func testTxLongRunning(t *testing.T, e *txEnv) {
+	prep := msgs("long", 2)
+	err := e.h.Run(context.Background(), func(ctx context.Context) error {
+		if err := e.p.PrepareMessage(ctx, prep...); err != nil {
+			return err
+		}
+		time.Sleep(300 * time.Millisecond) // six check periods
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSeen(t, e.col, idsOf(prep)...)
 }
 
 func testTxOutside(t *testing.T, e *txEnv) {
