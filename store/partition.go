@@ -119,11 +119,6 @@ type Partition struct {
 	commits, commands uint64 // committed batches and the commands in them
 
 	enc *encoder // writer's arena
-
-	// The writer's pre-allocation (see warm): a second descriptor of the
-	// file and the end of the region known to hold written blocks.
-	file    *os.File
-	warmEnd int64
 }
 
 // Open opens (creating if needed) the partition file at path and starts its
@@ -153,10 +148,6 @@ func Open(path string, opts Options) (*Partition, error) {
 	if err := p.load(); err != nil {
 		db.Close()
 		return nil, err
-	}
-	if p.file, err = os.OpenFile(path, os.O_WRONLY, 0); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
 	p.wg.Add(1)
 	go p.run()
@@ -209,9 +200,6 @@ func (p *Partition) Close() error {
 			err = p.db.Sync()
 		}
 		if cerr := p.db.Close(); err == nil {
-			err = cerr
-		}
-		if cerr := p.file.Close(); err == nil {
 			err = cerr
 		}
 	})
@@ -362,57 +350,6 @@ func (p *Partition) commit(batch []*request) {
 		}
 		r.done <- struct{}{}
 	}
-	if err == nil {
-		p.warm()
-	}
-}
-
-// Pre-allocation. bbolt grows its file by truncating it, so the pages a
-// commit appends land in holes: every fdatasync then also has to write the
-// inode and the block map, a synchronous extra round trip (and, on a
-// journaling file system, a journal commit). The writer keeps a runway of
-// zeros written past bbolt's high-water mark instead, as RocketMQ warms its
-// mapped files: appends overwrite blocks that already exist, and fdatasync
-// writes the data alone. The zeros reach the disk with the next commit's
-// fdatasync, at most warmStep of them at a time. bbolt never reads or writes
-// past its high-water mark outside a write transaction, and only the writer
-// runs those, so the runway is free space. It costs a quarter of the file,
-// between warmMin and warmMax bytes, of disk.
-const (
-	warmMin  = 128 << 10
-	warmMax  = 8 << 20
-	warmStep = 1 << 20
-)
-
-var zeros = make([]byte, 128<<10)
-
-// warm tops up the runway when it is shorter than half its length. A write
-// error is harmless (bbolt grows the file itself) and only stops warming.
-func (p *Partition) warm() {
-	if p.warmEnd < 0 {
-		return
-	}
-	tx, err := p.db.Begin(false)
-	if err != nil {
-		return
-	}
-	high := tx.Size()
-	_ = tx.Rollback()
-	ahead := min(max(high/4, warmMin), warmMax)
-	if p.warmEnd >= high+ahead/2 {
-		return
-	}
-	off := max(p.warmEnd, high)
-	end := min(high+ahead, off+warmStep)
-	for off < end {
-		n, err := p.file.WriteAt(zeros[:min(int64(len(zeros)), end-off)], off)
-		if err != nil {
-			p.warmEnd = -1
-			return
-		}
-		off += int64(n)
-	}
-	p.warmEnd = off
 }
 
 func isCommandError(err error) bool {
