@@ -417,6 +417,10 @@ func (w *worker) stop() {
 	<-w.done
 }
 
+// errorPause is the wait before a worker tries again after a store error
+// (a failed read, or a failed move to the retry or dead-letter topic).
+const errorPause = time.Second
+
 // commitEvery bounds how long a handled message may wait for its offset to be
 // committed while its partition is busy.
 const commitEvery = 200 * time.Millisecond
@@ -443,7 +447,7 @@ func (w *worker) run(ctx context.Context) {
 		buf, err = w.log.Read(offset, c.cfg.batch, c.cfg.batchBytes, buf[:0])
 		if err != nil {
 			w.logger().Error("read failed; retrying", "offset", offset, "err", err)
-			if ok, req := w.wait(ctx, c.cfg.ladder[0], w.seek, nil); !ok {
+			if ok, req := w.wait(ctx, errorPause, w.seek, nil); !ok {
 				if req == nil {
 					return
 				}
@@ -470,7 +474,10 @@ func (w *worker) run(ctx context.Context) {
 				break batch
 			default:
 			}
-			ok, req := w.handle(ctx, &buf[i], w.seek, nil)
+			ok, req := true, (*seekReq)(nil)
+			if w.accept(&buf[i]) {
+				ok, req = w.handle(ctx, &buf[i], w.seek, nil)
+			}
 			if req != nil {
 				offset = w.applySeek(req, offset)
 				break batch
@@ -539,19 +546,28 @@ func (w *worker) store(ctx context.Context, offset uint64) error {
 	return translate(w.log.Apply(ctx, &cmd))
 }
 
-// handle runs one message through the filters and the listener until it is
+// handle runs one accepted message through the listener until it is
 // handled, parked in the retry topic or dead-lettered. It returns ok false if
 // ctx ended or stop was closed first, and a seek request that arrived on seek
 // while it waited to retry (the message is then left unhandled).
 func (w *worker) handle(ctx context.Context, sm *store.Message, seek <-chan *seekReq, stop <-chan struct{}) (ok bool, req *seekReq) {
 	c := w.c
-	if !w.accept(sm) {
-		return true, nil
-	}
 	m := c.present(w.part, sm)
 	for {
+		if w.sem != nil { // key-parallel: bound the handlers in flight
+			select {
+			case w.sem <- struct{}{}:
+			case <-stop:
+				return false, nil
+			case <-ctx.Done():
+				return false, nil
+			}
+		}
 		attempt := *m // the listener may keep what it is given
 		err := w.call(ctx, &attempt)
+		if w.sem != nil {
+			<-w.sem
+		}
 		if err == nil {
 			return true, nil
 		}
@@ -587,7 +603,7 @@ func (w *worker) settle(ctx context.Context, seek <-chan *seekReq, stop <-chan s
 			return false, nil
 		}
 		w.logger().Error("cannot move a failed message; retrying", "err", err)
-		if ok, req := w.wait(ctx, w.c.cfg.ladder[0], seek, stop); !ok {
+		if ok, req := w.wait(ctx, errorPause, seek, stop); !ok {
 			return false, req
 		}
 	}
@@ -609,14 +625,6 @@ func (w *worker) wait(ctx context.Context, d time.Duration, seek <-chan *seekReq
 
 // call runs the listener, turning a panic into an error.
 func (w *worker) call(ctx context.Context, m *Message) (err error) {
-	if w.sem != nil {
-		select {
-		case w.sem <- struct{}{}:
-			defer func() { <-w.sem }()
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("mq: OnMessage panicked: %v\n%s", r, debug.Stack())

@@ -42,7 +42,7 @@ func TestConsumer_Filter(t *testing.T) {
 		{"Key", []mq.ConsumerOption{mq.WithFilter(`Key startsWith "k"`)}, []string{"a-us"}},
 		{"RuntimeErrorIsFalse", []mq.ConsumerOption{mq.WithFilter(`Properties.n != "" && int(Properties.n) > 3`)}, []string{"a-eu"}},
 		{"TagsAndExpression", []mq.ConsumerOption{mq.WithTags("TagA"), mq.WithFilter(`Properties.region == "us"`)}, []string{"a-us"}},
-		{"KeyParallel", []mq.ConsumerOption{mq.WithTags("TagA"), mq.WithKeyParallel(4)}, []string{"a-eu", "c", "a-us"}},
+		{"KeyParallel", []mq.ConsumerOption{mq.WithFilter(`"TagA" in Tags`), mq.WithKeyParallel(4)}, []string{"a-eu", "c", "a-us"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

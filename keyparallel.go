@@ -155,7 +155,7 @@ func (w *worker) runParallel(ctx context.Context, offset *uint64) {
 			switch {
 			case err != nil:
 				w.logger().Error("read failed; retrying", "offset", next, "err", err)
-				errWait = c.m.cfg.clock.After(c.cfg.ladder[0])
+				errWait = c.m.cfg.clock.After(errorPause)
 			case len(buf) == 0:
 				wake = changed
 			default:

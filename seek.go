@@ -78,6 +78,9 @@ type seekReq struct {
 // and goes on from there, so no message is delivered twice by the reset
 // and no older commit overwrites it.
 //
+// Messages a Concurrent consumer parked in the group's retry topic are not
+// affected.
+//
 // It returns ErrNoTopic, ErrInvalidGroup, ErrInvalidPartition,
 // ErrInvalidOffset, ErrClosed, or ctx's error (a running partition may then
 // still move when its handler returns). It blocks while a handler of the
