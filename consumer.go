@@ -387,13 +387,17 @@ func (c *Consumer) assign(want map[int]bool, parts []partitionLog) {
 		if _, ok := c.workers[p]; ok {
 			continue
 		}
-		w := &worker{c: c, part: p, log: parts[p], done: make(chan struct{}), seek: make(chan *seekReq)}
+		w := &worker{c: c, part: p, log: parts[p], done: make(chan struct{}), seek: make(chan *seekReq, 1)}
 		var ctx context.Context
-		ctx, w.cancel = context.WithCancel(c.m.ctx)
+		ctx, w.cancel = context.WithCancel(context.WithValue(c.m.ctx, workerKey{}, w))
 		c.workers[p] = w
 		go w.run(ctx)
 	}
 }
+
+// workerKey marks the contexts a worker hands to its handlers, so a reset
+// called from a handler can tell it must not wait for that handler.
+type workerKey struct{}
 
 // worker delivers one partition to one consumer. It alone commits the
 // partition's offset for its group while it runs; resets reach it through

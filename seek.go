@@ -63,7 +63,8 @@ func (p Position) String() string {
 }
 
 // seekReq asks a running worker to move to offset; the worker answers on
-// done (buffered) once the offset is committed.
+// done (buffered) once the offset is committed. The worker's seek channel
+// holds one request, so a reset from its own handler need not wait.
 type seekReq struct {
 	offset uint64
 	done   chan error
@@ -83,8 +84,11 @@ type seekReq struct {
 //
 // It returns ErrNoTopic, ErrInvalidGroup, ErrInvalidPartition,
 // ErrInvalidOffset, ErrClosed, or ctx's error (a running partition may then
-// still move when its handler returns). It blocks while a handler of the
-// group on this node runs.
+// still move when its handler returns). It waits for the handlers of the
+// group on this node that are running; called from one of them with the
+// ctx it was given, it does not wait for that one: the reset of its
+// partition is applied when it returns, and its own result no longer
+// counts for the group's offset.
 func (m *MQ) ResetOffset(ctx context.Context, topic, group string, to Position) error {
 	if err := checkOffsetName(group); err != nil {
 		return err
@@ -181,6 +185,17 @@ func (g *group) moveTo(ctx context.Context, i int, p partitionLog, off uint64) e
 	}
 	if w != nil {
 		req := &seekReq{offset: off, done: make(chan error, 1)}
+		if self, _ := ctx.Value(workerKey{}).(*worker); self == w {
+			// Called from this partition's own handler, which the worker
+			// waits for: leave the request (the only one, as the caller
+			// holds rebalanceMu) for the worker to apply afterwards.
+			select {
+			case <-w.seek:
+			default:
+			}
+			w.seek <- req
+			return nil
+		}
 		select {
 		case w.seek <- req:
 			select {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -166,5 +167,36 @@ func TestMQ_ResetOffsetErrors(t *testing.T) {
 	}
 	if err := m.ResetOffset(ctx, "t", "g", mq.SeekOffset(0, 10)); err != nil {
 		t.Fatalf("ResetOffset to the end: %v", err)
+	}
+}
+
+// TestMQ_ResetOffsetFromHandler: a handler may reset its own group with the
+// ctx it was given; its partition goes on from the new offset afterwards.
+func TestMQ_ResetOffsetFromHandler(t *testing.T) {
+	for _, parallel := range []bool{false, true} {
+		t.Run(fmt.Sprintf("KeyParallel=%v", parallel), func(t *testing.T) {
+			m, _ := seekFixture(t)
+			var opts []mq.ConsumerOption
+			if parallel {
+				opts = append(opts, mq.WithKeyParallel(1))
+			}
+			var once sync.Once
+			s := &sink{}
+			l := mq.ListenerFunc(func(ctx context.Context, name string, msg *mq.Message) error {
+				s.OnMessage(ctx, name, msg)
+				if string(msg.Body) == "m5" {
+					var err error
+					once.Do(func() { err = m.ResetOffset(ctx, "t", "g", mq.SeekOffset(0, 8)) })
+					return err
+				}
+				return nil
+			})
+			consume(t, m, "t", "g", l, append(opts, mq.WithFlowControl(1, 1<<20))...)
+			waitFor(t, 5*time.Second, "m9", func() bool { return slices.Contains(s.bodies(), "m9") })
+			time.Sleep(20 * time.Millisecond)
+			if got := strings.Join(s.bodies(), ","); got != "m0,m1,m2,m3,m4,m5,m8,m9" {
+				t.Fatalf("got %s", got)
+			}
+		})
 	}
 }
