@@ -75,3 +75,32 @@ func TestConsumer_Broadcast(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "the replay", func() bool { return again.len() == 15 })
 }
+
+// TestConsumer_BroadcastRetry: broadcasting consumers in Concurrent mode
+// share the group's retry topic but each takes back only its own parked
+// copies.
+func TestConsumer_BroadcastRetry(t *testing.T) {
+	m := openNode(t, "")
+	mustCreate(t, m, "t", 1)
+	publish(t, m, "t", "x", "y")
+	failFirst := func(m *mq.Message, _ []*mq.Message) error {
+		if string(m.Body) == "x" && m.ReconsumeTimes == 0 {
+			return errBoom
+		}
+		return nil
+	}
+	a, b := &sink{fail: failFirst}, &sink{fail: failFirst}
+	opts := []mq.ConsumerOption{mq.WithConsumeMode(mq.Concurrent), mq.WithRetryLadder(0)}
+	consume(t, m, "t", "g", a, append(opts, mq.WithBroadcast("a"))...)
+	consume(t, m, "t", "g", b, append(opts, mq.WithBroadcast("b"))...)
+	for _, s := range []*sink{a, b} {
+		waitFor(t, 5*time.Second, "x, y and the retry of x", func() bool { return s.len() == 3 })
+	}
+	time.Sleep(20 * time.Millisecond)
+	for name, s := range map[string]*sink{"a": a, "b": b} {
+		got := s.trace()
+		if got != "x#0,y#0,x#1" && got != "x#0,x#1,y#0" {
+			t.Errorf("instance %s got %s", name, got)
+		}
+	}
+}
