@@ -266,10 +266,10 @@ func TestConsumer_DeadLetterRedrive(t *testing.T) {
 				dl.Properties[mq.PropOriginOffset] != "0" || !strings.Contains(dl.Properties[mq.PropLastError], "kaboom") {
 				t.Fatalf("dead letter #%d id %s props %v", dl.ReconsumeTimes, dl.ID, dl.Properties)
 			}
+			waitFor(t, 5*time.Second, "b", func() bool { return seen(s.all(), "b") })
 			if got := s.trace(); got != "a#0,a#1,a#2,b#0" && mode == mq.Orderly {
 				t.Fatalf("deliveries %s", got)
 			}
-			waitFor(t, 5*time.Second, "b", func() bool { return seen(s.all(), "b") })
 
 			mu.Lock()
 			healed = true
