@@ -581,9 +581,11 @@ func (w *worker) handle(ctx context.Context, sm *store.Message, seek <-chan *see
 		r := m.ReconsumeTimes
 		switch {
 		case r >= c.cfg.maxReconsume:
-			return w.settle(ctx, seek, stop, func() error { return w.deadLetter(ctx, sm, r, err) })
+			topic, cp := w.deadCopy(sm, r, err)
+			return w.settle(ctx, seek, stop, topic, &cp)
 		case c.cfg.mode == Concurrent:
-			return w.settle(ctx, seek, stop, func() error { return w.park(ctx, sm, r, err) })
+			topic, cp := w.parkCopy(sm, r, err)
+			return w.settle(ctx, seek, stop, topic, &cp)
 		}
 		d := c.cfg.retryDelay(r)
 		w.c.m.cfg.logger.Warn("message handler failed; redelivering", "topic", m.Topic, "group", c.group.name,
@@ -595,11 +597,13 @@ func (w *worker) handle(ctx context.Context, sm *store.Message, seek <-chan *see
 	}
 }
 
-// settle runs send (a park or dead-letter write) until it succeeds: a failed
-// message is never dropped, so the partition waits for the store.
-func (w *worker) settle(ctx context.Context, seek <-chan *seekReq, stop <-chan struct{}, send func() error) (bool, *seekReq) {
+// settle appends cp, a failed message's copy, to the retry or dead-letter
+// topic until it succeeds: a failed message is never dropped, so the
+// partition waits for the store. Every try sends the same ID, so a try that
+// failed late is not stored twice.
+func (w *worker) settle(ctx context.Context, seek <-chan *seekReq, stop <-chan struct{}, topic string, cp *store.Message) (bool, *seekReq) {
 	for {
-		err := send()
+		err := w.c.m.appendSystem(ctx, topic, cp, w.c.m.cfg.clock.Now())
 		if err == nil {
 			return true, nil
 		}

@@ -188,11 +188,12 @@ func (c *Consumer) present(part int, sm *store.Message) *Message {
 	return m
 }
 
-// failedCopy builds the copy of sm, which failed r+1 times with cause, that
-// is parked or dead-lettered. Its ID names the stored copy it was made from,
-// so repeating the move after a crash stores it once (within the node's
-// dedup window).
-func (w *worker) failedCopy(kind string, sm *store.Message, cause error) store.Message {
+// failedCopy builds the copy of sm, which failed with cause, that is parked
+// or dead-lettered. Its stored ID is new: an ID derived from sm's position
+// would make a move after a crash store one copy, but would also make the
+// dedup index swallow the move of a message replayed by a reset within the
+// dedup window, and a lost message is worse than a repeated one.
+func (w *worker) failedCopy(sm *store.Message, cause error) store.Message {
 	c := w.c
 	props := make(map[string]string, len(sm.Properties)+6)
 	maps.Copy(props, sm.Properties)
@@ -211,7 +212,7 @@ func (w *worker) failedCopy(kind string, sm *store.Message, cause error) store.M
 	props[PropLastError] = msg
 	delete(props, PropRetryGroup)
 	return store.Message{
-		ID:         fmt.Sprintf("%s:%s@%s/%d/%d", kind, c.group.name, c.topic, w.part, sm.Offset),
+		ID:         newID(),
 		Key:        sm.Key,
 		Tags:       sm.Tags,
 		Properties: props,
@@ -220,11 +221,11 @@ func (w *worker) failedCopy(kind string, sm *store.Message, cause error) store.M
 	}
 }
 
-// park stores sm, which failed with ReconsumeTimes r, in the group's retry
-// topic, due after the ladder's step r.
-func (w *worker) park(ctx context.Context, sm *store.Message, r int, cause error) error {
+// parkCopy returns the copy of sm, which failed with ReconsumeTimes r, to
+// store in the group's retry topic, due after the ladder's step r.
+func (w *worker) parkCopy(sm *store.Message, r int, cause error) (topic string, cp store.Message) {
 	c := w.c
-	cp := w.failedCopy("retry", sm, cause)
+	cp = w.failedCopy(sm, cause)
 	owner := c
 	if c.parent != nil {
 		owner = c.parent
@@ -232,24 +233,24 @@ func (w *worker) park(ctx context.Context, sm *store.Message, r int, cause error
 	cp.Properties[PropRetryGroup] = owner.group.name
 	cp.ReconsumeTimes = int32(r + 1)
 	d := c.cfg.retryDelay(r)
-	now := c.m.cfg.clock.Now()
 	if d > 0 {
-		cp.DeliverAt = now.Add(d).UnixNano()
+		cp.DeliverAt = c.m.cfg.clock.Now().Add(d).UnixNano()
 	}
 	c.m.cfg.logger.Warn("message handler failed; parked for retry", "topic", c.topic, "group", c.group.name,
 		"partition", w.part, "offset", sm.Offset, "attempt", r+1, "after", d, "err", cause)
-	return c.m.appendSystem(ctx, RetryTopic(c.groupName), &cp, now)
+	return RetryTopic(c.groupName), cp
 }
 
-// deadLetter stores sm, which failed with ReconsumeTimes r, in the group's
-// dead-letter topic, with ReconsumeTimes r+1 (its failed deliveries).
-func (w *worker) deadLetter(ctx context.Context, sm *store.Message, r int, cause error) error {
+// deadCopy returns the copy of sm, which failed with ReconsumeTimes r, to
+// store in the group's dead-letter topic, with ReconsumeTimes r+1 (its
+// failed deliveries).
+func (w *worker) deadCopy(sm *store.Message, r int, cause error) (topic string, cp store.Message) {
 	c := w.c
-	cp := w.failedCopy("dlq", sm, cause)
+	cp = w.failedCopy(sm, cause)
 	cp.ReconsumeTimes = int32(r + 1)
 	c.m.cfg.logger.Error("message handler failed too often; dead-lettered", "topic", c.topic, "group", c.group.name,
 		"partition", w.part, "offset", sm.Offset, "attempts", r+1, "err", cause)
-	return c.m.appendSystem(ctx, DeadLetterTopic(c.groupName), &cp, c.m.cfg.clock.Now())
+	return DeadLetterTopic(c.groupName), cp
 }
 
 // appendSystem appends msg to the system topic name, creating it if needed.
