@@ -145,3 +145,35 @@ func TestConsumer_KeyParallelWindow(t *testing.T) {
 		t.Errorf("a message before the stuck one was delivered again: %v", b2.order)
 	}
 }
+
+// TestConsumer_KeyParallelConcurrent: in Concurrent mode a failing message
+// is parked and even its own key goes on; the retry comes back presented as
+// the original.
+func TestConsumer_KeyParallelConcurrent(t *testing.T) {
+	const keys, per = 4, 5
+	m := keyedFixture(t, keys, per)
+	s := &sink{fail: func(m *mq.Message, _ []*mq.Message) error {
+		if string(m.Body) == "k1-2" && m.ReconsumeTimes == 0 {
+			return errBoom
+		}
+		return nil
+	}}
+	consume(t, m, "t", "g", s, mq.WithKeyParallel(keys), mq.WithConsumeMode(mq.Concurrent), mq.WithRetryLadder(0))
+	waitFor(t, 10*time.Second, "every message and the retry", func() bool { return s.len() == keys*per+1 })
+	var k1 []string
+	var retry *mq.Message
+	for _, msg := range s.all() {
+		if msg.Key == "k1" && msg.ReconsumeTimes == 0 {
+			k1 = append(k1, string(msg.Body))
+		}
+		if msg.ReconsumeTimes == 1 {
+			retry = msg
+		}
+	}
+	if want := []string{"k1-0", "k1-1", "k1-2", "k1-3", "k1-4"}; !slices.Equal(k1, want) {
+		t.Errorf("k1 first deliveries %v, want %v", k1, want)
+	}
+	if retry == nil || string(retry.Body) != "k1-2" || retry.Offset != 2*keys+1 || retry.Key != "k1" {
+		t.Fatalf("retry %+v", retry)
+	}
+}
