@@ -587,6 +587,10 @@ func (w *worker) handle(ctx context.Context, sm *store.Message, seek <-chan *see
 			topic, cp := w.parkCopy(sm, r, err)
 			return w.settle(ctx, seek, stop, topic, &cp)
 		}
+		if c.cfg.keyParallel == 0 {
+			// Everything before sm is handled: keep it so while sm waits.
+			w.commit(sm.Offset)
+		}
 		d := c.cfg.retryDelay(r)
 		w.c.m.cfg.logger.Warn("message handler failed; redelivering", "topic", m.Topic, "group", c.group.name,
 			"partition", m.PartitionIndex, "offset", m.Offset, "attempt", r+1, "after", d, "err", err)
