@@ -16,13 +16,18 @@ import (
 )
 
 // Listener receives messages. OnMessage is called for one message of a
-// partition at a time, in offset order (see WithKeyParallel for the
-// exception). Returning nil commits the message; returning an error (or
-// panicking) redelivers it after the retry ladder's next step (see
-// WithRetryLadder and ConsumeMode). ctx is cancelled when the consumer closes
-// or loses the partition; a handler that returns ctx's error then is not
-// counted as a failure and the message is delivered again to the
-// partition's next owner.
+// partition at a time, in offset order, except with WithKeyParallel (one
+// message per key at a time) and for the retries of Concurrent mode.
+// Returning nil commits the message; returning an error (or panicking)
+// redelivers it after the retry ladder's next step, and after
+// MaxReconsumeTimes retries moves it to the group's dead-letter topic (see
+// WithRetryLadder, WithMaxReconsumeTimes and ConsumeMode). A slow handler
+// holds up its partition (or key); OnMessage may run on several goroutines
+// at once, for different partitions or keys.
+//
+// ctx is cancelled when the consumer closes or loses the partition; a
+// handler that returns ctx's error then is not counted as a failure and the
+// message is delivered again to the partition's next owner.
 type Listener interface {
 	OnMessage(ctx context.Context, mqName string, m *Message) error
 }
