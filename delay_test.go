@@ -147,7 +147,7 @@ func TestDelay_Precision(t *testing.T) {
 // TestDelay_FakeClock checks "not before DeliverAt" against the node's clock:
 // a message due in an hour stays held until the clock gets there.
 func TestDelay_FakeClock(t *testing.T) {
-	clk := newStepClock()
+	clk := newRetryClock()
 	m, p := openWithTopic(t, "later", 1, mq.WithClock(clk))
 	got := &arrivals{}
 	mustConsume(t, m, "later", "g", got)

@@ -16,59 +16,6 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// stepClock is an mq.Clock that moves only when the test calls Advance.
-type stepClock struct {
-	mu      sync.Mutex // guards now and waiters
-	now     time.Time
-	waiters []stepWaiter
-}
-
-type stepWaiter struct {
-	at time.Time
-	ch chan time.Time
-}
-
-var _ mq.Clock = (*stepClock)(nil)
-
-func newStepClock() *stepClock {
-	return &stepClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
-}
-
-func (c *stepClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *stepClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ch := make(chan time.Time, 1)
-	if d <= 0 {
-		ch <- c.now
-		return ch
-	}
-	c.waiters = append(c.waiters, stepWaiter{at: c.now.Add(d), ch: ch})
-	return ch
-}
-
-// Advance moves the clock by d and fires the timers that fall due.
-func (c *stepClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	kept := c.waiters[:0]
-	for _, w := range c.waiters {
-		if w.at.After(c.now) {
-			kept = append(kept, w)
-			continue
-		}
-		w.ch <- c.now
-	}
-	clear(c.waiters[len(kept):])
-	c.waiters = kept
-}
-
 // logRecords is a slog.Handler that keeps every record at Info or above.
 type logRecords struct {
 	mu   sync.Mutex
@@ -150,7 +97,7 @@ func sendBodies(t testing.TB, p *mq.Producer, prefix string, n int) {
 // on a fake clock, keeps the younger ones, and makes a group whose offset
 // fell below the new head skip forward, logging how many it lost.
 func TestRetention_Age(t *testing.T) {
-	clk := newStepClock()
+	clk := newRetryClock()
 	logs := &logRecords{}
 	m, p := openWithTopic(t, "aged", 1, mq.WithClock(clk), mq.WithRetention(time.Hour),
 		mq.WithMaintenanceInterval(time.Minute), mq.WithLogger(slog.New(logs)))
@@ -286,7 +233,7 @@ func TestRetention_DiskReused(t *testing.T) {
 // TestProducer_DedupExpires checks that a message ID is forgotten once the
 // dedup window has passed: the upkeep prunes its entry.
 func TestProducer_DedupExpires(t *testing.T) {
-	clk := newStepClock()
+	clk := newRetryClock()
 	_, p := openWithTopic(t, "once", 1, mq.WithClock(clk), mq.WithDedupWindow(time.Minute),
 		mq.WithMaintenanceInterval(10*time.Second))
 	send := func() mq.SendResult {
