@@ -3,6 +3,7 @@ package mq_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -175,5 +176,37 @@ func TestConsumer_KeyParallelConcurrent(t *testing.T) {
 	}
 	if retry == nil || string(retry.Body) != "k1-2" || retry.Offset != 2*keys+1 || retry.Key != "k1" {
 		t.Fatalf("retry %+v", retry)
+	}
+}
+
+// TestConsumer_KeyParallelRetention: a key-parallel group whose offset fell
+// below the head that retention left skips forward and logs the count lost,
+// as a one-by-one group does.
+func TestConsumer_KeyParallelRetention(t *testing.T) {
+	clk := newRetryClock()
+	logs := &logRecords{}
+	m := openNode(t, "", mq.WithClock(clk), mq.WithRetention(time.Hour),
+		mq.WithMaintenanceInterval(time.Minute), mq.WithLogger(slog.New(logs)))
+	mustCreate(t, m, "t", 1)
+	if err := m.ResetOffset(context.Background(), "t", "g", mq.SeekFirst()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		publish(t, m, "t", fmt.Sprintf("old-%d", i))
+	}
+	clk.Advance(61 * time.Minute)
+	waitFor(t, 20*time.Second, "trim by age", func() bool {
+		clk.Advance(time.Second)
+		return !stored(t, m, "t", 0, 9)
+	})
+	publish(t, m, "t", "new")
+	s := &sink{}
+	consume(t, m, "t", "g", s, mq.WithKeyParallel(4))
+	waitFor(t, 5*time.Second, "new", func() bool { return s.len() == 1 })
+	if b := s.bodies(); b[0] != "new" {
+		t.Fatalf("got %v", b)
+	}
+	if lost, ok := logs.find("retention", "lost"); lost != "10" {
+		t.Errorf("consumer logged lost=%q (found %v), want 10", lost, ok)
 	}
 }
