@@ -85,6 +85,12 @@ var (
 	ErrInvalidGroup = errors.New("mq: invalid group name")
 	// ErrNilMessage is returned by SendMessage for a nil *Message.
 	ErrNilMessage = errors.New("mq: nil message")
+	// ErrInvalidOffset is returned by ResetOffset and Seek for an offset past
+	// the end of its partition.
+	ErrInvalidOffset = errors.New("mq: invalid offset")
+	// ErrTxDecided is returned by PrepareMessage when the transaction was
+	// already decided (committed or rolled back) in a partition.
+	ErrTxDecided = errors.New("mq: transaction already decided")
 	// ErrNoMessage is returned by ReadMessage for an offset that holds no
 	// message: not written yet, or already removed by retention.
 	ErrNoMessage = errors.New("mq: no message at offset")
@@ -472,6 +478,8 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrClosed, err)
 	case errors.Is(err, store.ErrCorrupt):
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	case errors.Is(err, store.ErrDecided):
+		return fmt.Errorf("%w: %v", ErrTxDecided, err)
 	}
 	return err
 }

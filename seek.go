@@ -2,17 +2,12 @@ package mq
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/zeze-go/mq/store"
 )
-
-// ErrInvalidOffset is returned by ResetOffset for an offset past the end of
-// its partition.
-var ErrInvalidOffset = errors.New("mq: invalid offset")
 
 type positionKind int
 
