@@ -14,21 +14,42 @@
 //	c, _ := m.NewConsumer("orders", "billing", listener)
 //
 // Each partition is an ordered log in its own bbolt file. Messages with the
-// same Key go to the same partition and are delivered one after another, in
-// send order. The partitions of a topic are divided among the consumers of
-// a group; a group's position in each partition (its offset) is stored with
-// the partition and survives restarts.
+// same Key go to the same partition. The partitions of a topic are divided
+// among the consumers of a group; a group's position in each partition (its
+// offset) is stored with the partition and survives restarts.
+//
+// # Consuming
+//
+// By default (Orderly) a partition is delivered one message at a time, in
+// offset order, and a failing message blocks its partition while it is
+// retried on a backoff ladder; after MaxReconsumeTimes it goes to the
+// group's dead-letter topic, DeadLetterTopic(group). Concurrent mode parks a
+// failing message in RetryTopic(group) and goes on. WithKeyParallel lets
+// messages of different keys in one partition run side by side while each
+// key stays one by one. WithBroadcast gives every consumer every message;
+// WithTags and WithFilter select messages; Seek and ResetOffset move a group.
+//
+// # Transactions
+//
+// A message sent inside the host's local transaction (see package localtx)
+// is delivered if and only if that transaction commits. CommitMessage writes
+// the messages into the host transaction itself (an outbox) and publishes
+// them after the commit; PrepareMessage stores them as invisible half
+// messages first. Either way a crash between the host's commit and the
+// queue's is repaired on restart, by the outbox or by check-back.
 //
 // # Guarantees
 //
 //   - SendMessage returns only after the message is on disk (fsync), unless
 //     WithSyncInterval was chosen.
-//   - Order: within a partition, delivery is in offset order; a message is
-//     delivered only after the one before it was handled (or dead-lettered).
+//   - Order: within a partition, Orderly delivery is in offset order; a
+//     message is delivered only after the one before it was handled (or
+//     dead-lettered). Key-parallel delivery keeps that order per key.
 //   - At least once: the offset is committed after OnMessage returns nil; a
 //     crash may deliver the last handled messages again, never skip one.
 //   - A repeated send of the same message ID within the dedup window stores
 //     nothing new and returns the first result.
+//   - No consumer sees a message of a transaction that did not commit.
 //
 // # Caveats
 //

@@ -45,18 +45,6 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Durability says when an append is acknowledged relative to fsync.
-type Durability int
-
-const (
-	// SyncEveryBatch acknowledges a message only after the batch holding it
-	// is fsynced (the default).
-	SyncEveryBatch Durability = iota
-	// SyncPeriodically acknowledges at once and fsyncs on an interval; see
-	// WithSyncInterval.
-	SyncPeriodically
-)
-
 // Option configures Open.
 type Option func(*config) error
 
@@ -105,8 +93,9 @@ func WithLogger(l *slog.Logger) Option {
 
 // WithSyncInterval acknowledges appends before fsync and fsyncs every d
 // instead (RocketMQ's ASYNC_FLUSH). A process crash loses nothing; a power
-// loss may lose up to d of acknowledged messages. The default acknowledges
-// only after fsync.
+// loss may lose up to d of acknowledged messages. The default syncs every
+// batch: a message is acknowledged only after the group commit holding it is
+// fsynced.
 func WithSyncInterval(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
