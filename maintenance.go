@@ -23,7 +23,7 @@ import (
 const (
 	releaseLimit  = 10_000      // messages moved per OpRelease
 	trimLimit     = 10_000      // records deleted per OpTrim, so a trim never stalls sends for long
-	fullTrimEvery = time.Hour   // an unconditional OpTrim, which also prunes transaction decisions
+	fullTrimEvery = time.Hour   // an unconditional OpTrim, the only one that prunes transaction decisions
 	upkeepRetry   = time.Second // pause after a failed store command
 	bytesSlack    = 16          // a write taking a partition 1/16 over its byte limit trims at once
 )
@@ -60,7 +60,8 @@ func WithRetentionBytes(n int64) Option {
 
 // WithDecisionTTL sets how long each partition remembers whether a
 // transaction committed or rolled back, so that a late repeat of the
-// decision changes nothing. Default 24 hours.
+// decision changes nothing. Default 24 hours. A decision is forgotten within
+// an hour after its TTL, and never in the first hour after Open.
 func WithDecisionTTL(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
@@ -121,7 +122,7 @@ type upkeeper struct {
 	seenDelayed int64 // Stats().Delayed when due was read
 
 	nextCheck  time.Time // next retention check
-	nextFull   time.Time // next unconditional trim
+	nextFull   time.Time // next unconditional trim, which also prunes transaction decisions
 	prunedTo   int64     // dedup entries of messages stored before this are pruned (unix ns)
 	headOffset uint64    // the log head whose StoredAt is headStored
 	headStored int64
@@ -132,6 +133,9 @@ func (u *upkeeper) run(ctx context.Context) {
 	clk := u.cfg.clock
 	now := clk.Now()
 	u.nextCheck = now // at once: catch up on what expired while the node was down
+	// Decisions are first pruned an hour after Open: by then the
+	// transaction sweep has published or forgotten the host markers left
+	// by a crash, so none outlives its decision and gets published twice.
 	u.nextFull = now.Add(fullTrimEvery)
 	var (
 		timer     <-chan time.Time // fires at timerAt; nil when none is pending
@@ -248,17 +252,21 @@ func (u *upkeeper) trimWanted(now time.Time) (bool, error) {
 }
 
 // trim deletes the head of the log by age and size, and prunes dedup entries
-// and transaction decisions past their time, in steps of trimLimit records.
+// and, once an hour, transaction decisions past their time, in steps of
+// trimLimit records.
 func (u *upkeeper) trim(ctx context.Context, now time.Time) error {
 	cfg := u.cfg
 	cmd := store.Command{
-		Op:        store.OpTrim,
-		Now:       now.UnixNano(),
-		Limit:     trimLimit,
-		MaxAge:    int64(cfg.retention),
-		MaxBytes:  cfg.retentionBytes,
-		DedupTTL:  int64(cfg.dedupWindow),
-		DecideTTL: int64(cfg.decisionTTL),
+		Op:       store.OpTrim,
+		Now:      now.UnixNano(),
+		Limit:    trimLimit,
+		MaxAge:   int64(cfg.retention),
+		MaxBytes: cfg.retentionBytes,
+		DedupTTL: int64(cfg.dedupWindow),
+	}
+	full := !now.Before(u.nextFull)
+	if full {
+		cmd.DecideTTL = int64(cfg.decisionTTL)
 	}
 	deleted := 0
 	for {
@@ -271,7 +279,9 @@ func (u *upkeeper) trim(ctx context.Context, now time.Time) error {
 		}
 	}
 	u.prunedTo = cmd.Now - cmd.DedupTTL
-	u.nextFull = now.Add(fullTrimEvery)
+	if full {
+		u.nextFull = now.Add(fullTrimEvery)
+	}
 	if deleted > 0 {
 		st := u.log.Stats()
 		u.logger.Info("retention deleted messages", "count", deleted, "head", st.Low, "bytes", st.Bytes)

@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/zeze-go/mq"
+	"github.com/zeze-go/mq/localtx"
 )
 
 // logRecords is a slog.Handler that keeps every record at Info or above.
@@ -256,6 +259,59 @@ func TestProducer_DedupExpires(t *testing.T) {
 	if r.Offset != 1 {
 		t.Fatalf("send after the window: %+v, want a new copy at offset 1", r)
 	}
+}
+
+// TestRetention_DecisionTTL checks that a transaction's recorded decision
+// is forgotten once its time to live has passed: ResolveTx first reports the
+// commit that stands, then that it knows nothing of the transaction.
+func TestRetention_DecisionTTL(t *testing.T) {
+	ctx := context.Background()
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "host.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() }) // after the node's Close
+	host, err := localtx.NewBolt(db, localtx.BoltOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := newRetryClock()
+	m, p := openWithTopic(t, "orders", 1, mq.WithLocalTx(host), mq.WithClock(clk),
+		mq.WithDecisionTTL(time.Hour), mq.WithMaintenanceInterval(time.Minute))
+	var txid string
+	err = host.Run(ctx, func(ctx context.Context) error {
+		txid = txID(t, ctx)
+		return p.CommitMessage(ctx, &mq.Message{Body: []byte("order-1 placed")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := m.ResolveTx(ctx, txid, mq.TxRollback); err != nil || d != mq.TxCommit {
+		t.Fatalf("ResolveTx within the TTL: %v, %v; want the standing commit", d, err)
+	}
+	// The node forgets the host's marker shortly after the commit (in real
+	// time). Until then its sweep may publish the transaction again, which
+	// would record the decision anew once the TTL has removed it.
+	waitFor(t, 10*time.Second, "the host's marker to be forgotten", func() bool {
+		recs, err := host.Committed(ctx, "", 1)
+		if err != nil {
+			t.Fatalf("Committed: %v", err)
+		}
+		return len(recs) == 0
+	})
+	clk.Advance(59 * time.Minute)
+	if d, _ := m.ResolveTx(ctx, txid, mq.TxRollback); d != mq.TxCommit {
+		t.Fatalf("decision forgotten before its TTL: %v", d)
+	}
+	clk.Advance(2 * time.Hour) // past the TTL and the hourly full trim
+	waitFor(t, 20*time.Second, "the decision to be pruned", func() bool {
+		clk.Advance(time.Second)
+		d, err := m.ResolveTx(ctx, txid, mq.TxRollback)
+		if err != nil {
+			t.Fatalf("ResolveTx: %v", err)
+		}
+		return d == mq.TxUndecided
+	})
 }
 
 func TestOpen_RetentionOptions(t *testing.T) {
