@@ -172,7 +172,9 @@ const nodeFormat = 1
 // Open opens the node stored in dir, creating dir if needed, and reopens
 // every topic, partition and group offset found there. Without cluster
 // options the node is standalone: it opens no port. Each partition runs one
-// writer goroutine; Close stops them all.
+// writer goroutine and one upkeep goroutine (delayed-message release,
+// retention); each partition a consumer owns runs one delivery goroutine; the
+// transaction checker runs one more. Close stops them all and waits.
 func Open(dir string, opts ...Option) (*MQ, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
