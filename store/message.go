@@ -71,7 +71,18 @@ func newEncoder() *encoder {
 	return e
 }
 
-func (e *encoder) reset() { e.buf.Reset() }
+// maxArena is the arena capacity kept between batches; a larger one, grown
+// by a burst of big batches, is dropped so an idle partition does not hold it.
+const maxArena = 4 << 20
+
+func (e *encoder) reset() {
+	if e.buf.Cap() > maxArena {
+		e.buf = bytes.Buffer{}
+		e.enc.Reset(&e.buf)
+		return
+	}
+	e.buf.Reset()
+}
 
 // record encodes m after key and returns the finished value. The returned
 // slice stays valid until reset: a later append may move the arena, but the
