@@ -5,6 +5,12 @@
 // and one fsync (group commit) and acknowledges them in order afterwards.
 // Readers use bbolt read transactions and see only committed, synced data.
 //
+// With a node-level write-ahead log (Options.WAL, wal.go, walpart.go) plain
+// appends are acknowledged once one group fdatasync of the WAL covers them,
+// whatever partition they belong to, and are materialized into the file
+// later, in deep batches, by the same apply code; replay after a crash
+// restores them at their acknowledged offsets.
+//
 // Buckets (see DESIGN.md section 4):
 //
 //	log     big-endian offset -> record
@@ -76,6 +82,13 @@ type Options struct {
 	// QueueDepth bounds the commands waiting for the writer; senders block
 	// beyond it. Default 4096.
 	QueueDepth int
+	// WAL, when set, is the node's write-ahead log: plain appends are
+	// acknowledged once logged there and materialized into the file later
+	// (walpart.go). WALName names the partition in the log; it must be
+	// unique among the partitions sharing the WAL. The partition numbers its
+	// commands itself: a caller's Index is ignored. Not with SyncInterval.
+	WAL     *WAL
+	WALName string
 }
 
 // state is the partition's metadata, kept in memory and written to meta once
@@ -119,6 +132,33 @@ type Partition struct {
 	commits, commands uint64 // committed batches and the commands in them
 
 	enc *encoder // writer's arena
+
+	// With a WAL (walpart.go).
+	wal    *WAL
+	name   string
+	walEnc *encoder // writer's WAL arena
+	matEnc *encoder // materializer's arena
+	hits   map[string]Ack
+	// Owned by the writer: next Index, last Index logged, the view of the
+	// log including what is logged but not materialized.
+	nextIdx, submitted uint64
+	vNext              uint64
+	vLast, vBytes      int64
+	av                 ackedView // guarded by mu
+
+	mmu      sync.Mutex // guards the fields below
+	mcond    *sync.Cond
+	wake     chan struct{}
+	mq       []matItem          // logged, waiting for the materializer
+	overlay  map[string]ovEntry // IDs logged but not materialized
+	acked    uint64             // highest Index acknowledged from the WAL
+	matIdx   uint64             // highest logged Index materialized
+	mPending int                // logged commands not materialized
+	mBytes   int
+	kick     bool  // materialize now
+	mStop    bool  // Close: materialize what is left and exit
+	mDone    bool  // the materializer has exited
+	mErr     error // sticky: a failed WAL write or materialization
 }
 
 // Open opens (creating if needed) the partition file at path and starts its
@@ -130,6 +170,9 @@ func Open(path string, opts Options) (*Partition, error) {
 	}
 	if opts.SyncInterval < 0 {
 		return nil, fmt.Errorf("store: negative SyncInterval %v", opts.SyncInterval)
+	}
+	if opts.WAL != nil && (opts.SyncInterval > 0 || opts.WALName == "" || len(opts.WALName) > 1024) {
+		return nil, fmt.Errorf("store: a WAL needs a name of 1..1024 bytes and no SyncInterval")
 	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
@@ -148,6 +191,20 @@ func Open(path string, opts Options) (*Partition, error) {
 	if err := p.load(); err != nil {
 		db.Close()
 		return nil, err
+	}
+	if opts.WAL != nil {
+		p.wal, p.name = opts.WAL, opts.WALName
+		p.walEnc, p.matEnc = newEncoder(), newEncoder()
+		p.hits = map[string]Ack{}
+		p.overlay = map[string]ovEntry{}
+		p.mcond = sync.NewCond(&p.mmu)
+		p.wake = make(chan struct{}, 1)
+		if err := p.replay(); err != nil {
+			db.Close()
+			return nil, err
+		}
+		p.wg.Add(1)
+		go p.materializer()
 	}
 	p.wg.Add(1)
 	go p.run()
@@ -196,6 +253,10 @@ func (p *Partition) Close() error {
 		close(p.stop)
 		p.closeMu.Unlock()
 		p.wg.Wait()
+		if err = p.closeErr(); err != nil {
+			p.db.Close()
+			return
+		}
 		if p.db.NoSync {
 			err = p.db.Sync()
 		}
@@ -257,7 +318,7 @@ func (p *Partition) run() {
 				case r := <-p.reqs:
 					batch = append(batch, r)
 					if len(batch) == maxBatchCmds {
-						p.commit(batch)
+						p.process(batch)
 						batch = batch[:0]
 					}
 					continue
@@ -266,12 +327,13 @@ func (p *Partition) run() {
 				break
 			}
 			if len(batch) > 0 {
-				p.commit(batch)
+				p.process(batch)
 			}
+			p.stopMaterializer()
 			return
 		}
 		batch = p.gather(batch)
-		p.commit(batch)
+		p.process(batch)
 		clear(batch)
 		batch = batch[:0]
 	}
@@ -309,16 +371,9 @@ func (p *Partition) gather(batch []*request) []*request {
 // command; it is detected before the command writes anything. Any other
 // error aborts the transaction and fails the whole batch.
 func (p *Partition) commit(batch []*request) {
-	p.mu.Lock()
-	st := p.st
-	p.mu.Unlock()
-	p.enc.reset()
-	grew := false
-	err := p.db.Update(func(tx *bolt.Tx) error {
-		w := writeTx{tx: tx, st: &st, enc: p.enc}
-		w.open()
+	err := p.update(p.enc, len(batch), func(w *writeTx) error {
 		for _, r := range batch {
-			if r.cmd.Index != 0 && r.cmd.Index <= st.Applied {
+			if r.cmd.Index != 0 && r.cmd.Index <= w.st.Applied {
 				r.err = nil
 				continue
 			}
@@ -326,30 +381,51 @@ func (p *Partition) commit(batch []*request) {
 			if r.err != nil && !isCommandError(r.err) {
 				return r.err
 			}
-			if r.cmd.Index > st.Applied {
-				st.Applied = r.cmd.Index
+			if r.cmd.Index > w.st.Applied {
+				w.st.Applied = r.cmd.Index
 			}
 		}
-		grew = w.grew
-		return w.meta.Put(metaState, encodeState(&st))
+		return nil
 	})
-	if err == nil {
-		p.mu.Lock()
-		p.st = st
-		p.commits++
-		p.commands += uint64(len(batch))
-		if grew {
-			close(p.changed)
-			p.changed = make(chan struct{})
-		}
-		p.mu.Unlock()
-	}
 	for _, r := range batch {
 		if err != nil {
 			r.err = err
 		}
 		r.done <- struct{}{}
 	}
+}
+
+// update runs fn on a working copy of the state in one bbolt transaction
+// (synced unless SyncInterval), saves the state in meta and, once committed,
+// publishes it for n more commands, waking Changed if the log grew.
+func (p *Partition) update(enc *encoder, n int, fn func(w *writeTx) error) error {
+	p.mu.Lock()
+	st := p.st
+	p.mu.Unlock()
+	enc.reset()
+	grew := false
+	err := p.db.Update(func(tx *bolt.Tx) error {
+		w := writeTx{tx: tx, st: &st, enc: enc}
+		w.open()
+		if err := fn(&w); err != nil {
+			return err
+		}
+		grew = w.grew
+		return w.meta.Put(metaState, encodeState(&st))
+	})
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.st = st
+	p.commits++
+	p.commands += uint64(n)
+	if grew {
+		close(p.changed)
+		p.changed = make(chan struct{})
+	}
+	p.mu.Unlock()
+	return nil
 }
 
 func isCommandError(err error) bool {
@@ -379,10 +455,17 @@ type Stats struct {
 }
 
 // Stats returns the committed state.
+//
+// With a WAL it is the acknowledged state: messages acknowledged but not yet
+// materialized are counted, and a Read or Get of them waits for them.
 func (p *Partition) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return Stats{Low: p.st.Low, Next: p.st.Next, Bytes: p.st.Bytes, Delayed: p.st.Delayed, LastStored: p.st.LastStored}
+	s := Stats{Low: p.st.Low, Next: p.st.Next, Bytes: p.st.Bytes, Delayed: p.st.Delayed, LastStored: p.st.LastStored}
+	if p.av.idx > p.st.Applied {
+		s.Next, s.Bytes, s.LastStored = p.av.next, p.av.bytes, p.av.last
+	}
+	return s
 }
 
 // Changed returns a channel closed at the next commit that adds to the log

@@ -20,6 +20,7 @@ func (p *Partition) Read(from uint64, max int, maxBytes int, dst []Message) ([]M
 	if max <= 0 {
 		return dst, nil
 	}
+	p.readBarrier(from, from+uint64(max))
 	err := p.view(func(tx *bolt.Tx) error {
 		cur := tx.Bucket(bucketLog).Cursor()
 		var start [8]byte
@@ -49,6 +50,7 @@ func (p *Partition) Read(from uint64, max int, maxBytes int, dst []Message) ([]M
 
 // Get returns the message at offset, or ok false if it is not stored.
 func (p *Partition) Get(offset uint64) (m Message, ok bool, err error) {
+	p.readBarrier(offset, offset+1)
 	err = p.view(func(tx *bolt.Tx) error {
 		key := u64(offset)
 		v := tx.Bucket(bucketLog).Get(key)
@@ -97,6 +99,7 @@ func (p *Partition) Groups() (map[string]uint64, error) {
 // log, so this is a binary search over the offsets of one read transaction's
 // snapshot (the committed Stats may already be ahead of it).
 func (p *Partition) SeekTime(t int64) (uint64, error) {
+	p.barrier()
 	var out uint64
 	err := p.view(func(tx *bolt.Tx) error {
 		var st state
