@@ -70,6 +70,7 @@ func (p *Partition) Get(offset uint64) (m Message, ok bool, err error) {
 // GroupOffset returns group's committed offset, or ok false for a group that
 // never committed.
 func (p *Partition) GroupOffset(group string) (offset uint64, ok bool, err error) {
+	p.barrier()
 	err = p.view(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketGroups).Get([]byte(group))
 		if len(v) == 8 {
@@ -83,6 +84,7 @@ func (p *Partition) GroupOffset(group string) (offset uint64, ok bool, err error
 // Groups returns every group's committed offset.
 func (p *Partition) Groups() (map[string]uint64, error) {
 	out := map[string]uint64{}
+	p.barrier()
 	err := p.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketGroups).ForEach(func(k, v []byte) error {
 			if len(v) == 8 {

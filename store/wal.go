@@ -58,7 +58,7 @@ type WAL struct {
 	extMu   sync.Mutex
 	f       *os.File
 	size    int64        // bytes of header and records in f
-	alloc   atomic.Int64 // bytes of f written and synced (zeros past size)
+	alloc   atomic.Int64 // bytes of f written (zeros past size)
 	extWake chan struct{}
 	extDone chan struct{}
 }
@@ -489,23 +489,30 @@ func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 		w.refs[seg] += n
 		w.mu.Unlock()
 		end := w.size + int64(len(buf))
-		if end > w.alloc.Load() {
-			// Extend and sync first, so that the flush covering the
-			// records flushes data only.
-			w.extMu.Lock()
-			if a := w.alloc.Load(); end > a {
+		if end <= w.alloc.Load() {
+			_, err = w.f.WriteAt(buf, w.size)
+		} else {
+			w.extMu.Lock() // the extender writes past alloc too
+			if a := w.alloc.Load(); end-a < walChunk/2 {
+				// Extend and sync first, so that the flush covering
+				// the records flushes data only.
 				var na int64
-				if na, err = extend(w.f, a, max(walChunk, end-a)); err == nil {
+				if na, err = extend(w.f, a, walChunk); err == nil {
 					err = fdatasync(w.f)
 				}
 				if err == nil {
 					w.alloc.Store(na)
 				}
 			}
+			if err == nil {
+				// A large write is not zero-filled first: that would
+				// write it twice; its flush also commits the new size.
+				_, err = w.f.WriteAt(buf, w.size)
+			}
+			if err == nil && end > w.alloc.Load() {
+				w.alloc.Store(end) // synced below, before anyone relies on it
+			}
 			w.extMu.Unlock()
-		}
-		if err == nil {
-			_, err = w.f.WriteAt(buf, w.size)
 		}
 		if w.alloc.Load()-end < 2*walChunk {
 			select {
@@ -592,5 +599,26 @@ func decodeWALCommand(idx uint64, p []byte) (*Command, error) {
 			return nil, fmt.Errorf("%w: wal command: %v", ErrCorrupt, err)
 		}
 	}
+	if walGroupOp(c.Op) {
+		var err error
+		if c.Group, err = dec.DecodeString(); err == nil {
+			c.Offset, err = dec.DecodeUint64()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: wal command: %v", ErrCorrupt, err)
+		}
+	}
 	return c, nil
+}
+
+// walGroupOp reports whether op's record carries Group and Offset (after
+// its messages, of which it has none).
+func walGroupOp(op Op) bool { return op == OpCommitOffset || op == OpDeleteGroup }
+
+// encodeWALTrailer ends c's record: Group and Offset for a group command.
+func encodeWALTrailer(e *encoder, c *Command) {
+	if walGroupOp(c.Op) {
+		_ = e.enc.EncodeString(c.Group)
+		_ = e.enc.EncodeUint64(c.Offset)
+	}
 }

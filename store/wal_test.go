@@ -116,6 +116,8 @@ func TestWAL_ReplayRestoresAcks(t *testing.T) {
 	for i := range 50 {
 		acks = append(acks, appendAt(t, n.p, t0+int64(i), msg(fmt.Sprint(i)), msg(fmt.Sprint(i/2)))...)
 	}
+	// a group offset is logged (and replayed) like an append
+	apply(t, n.p, &store.Command{Op: store.OpCommitOffset, Group: "g2", Offset: 33})
 	if st := n.p.Stats(); st.Next != 50 {
 		t.Fatalf("acked next = %d, want 50", st.Next)
 	}
@@ -135,6 +137,9 @@ func TestWAL_ReplayRestoresAcks(t *testing.T) {
 		if offsets[a.Offset] != a.Offset || bodies[a.Offset] != "body-"+fmt.Sprint(i/2) {
 			t.Fatalf("ack %d %+v: stored %q at %d", i, a, bodies[a.Offset], offsets[a.Offset])
 		}
+	}
+	if off, ok, _ := r.p.GroupOffset("g2"); !ok || off != 33 {
+		t.Fatalf("logged group offset after replay: %d %v", off, ok)
 	}
 	// Dedup survived: every ID resent is a duplicate at its acked offset.
 	for i := range 50 {

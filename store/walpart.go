@@ -33,6 +33,10 @@ const (
 	matMaxBytes = 64 << 20 // their bytes
 	matMinCmds  = 4096     // materialize at once from this many waiting
 	matDelay    = 50 * time.Millisecond
+	// walMaxFastMsgs: a larger append already amortizes its bbolt commit
+	// (and fsync) over its messages; logging it first would only write and
+	// encode it twice, so it takes the synchronous path.
+	walMaxFastMsgs = 16
 )
 
 // walStallEnv, when set, stops materialization (tests: a crash between the
@@ -80,9 +84,13 @@ type ovEntry struct {
 	idx uint64
 }
 
-// fastOK reports whether c can take the WAL fast path.
+// fastOK reports whether c can take the WAL fast path: a plain append, or a
+// group offset change (which reads nothing, so its result is known).
 func (p *Partition) fastOK(c *Command) bool {
-	if c.Op != OpAppend {
+	if walGroupOp(c.Op) {
+		return c.Group != "" && len(c.Msgs) == 0
+	}
+	if c.Op != OpAppend || len(c.Msgs) > walMaxFastMsgs {
 		return false
 	}
 	for i := range c.Msgs {
@@ -260,6 +268,7 @@ func (p *Partition) fast(run []*request) {
 			_ = encodeMessage(p.walEnc.enc, m)
 			p.vBytes += int64(crcLen + p.walEnc.buf.Len() - n) // the log record's size
 		}
+		encodeWALTrailer(p.walEnc, c)
 		payloads[k] = p.walEnc.buf.Bytes()[start:]
 		total += len(payloads[k]) + walFrameLen
 		items[k] = matItem{idx: idx, acks: append([]Ack(nil), c.Acks...)}
