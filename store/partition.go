@@ -151,6 +151,7 @@ type Partition struct {
 	wake     chan struct{}
 	mq       []matItem          // logged, waiting for the materializer
 	overlay  map[string]ovEntry // IDs logged but not materialized
+	txDone   map[string]uint64  // txids committed by logged, unmaterialized commands -> Index
 	acked    uint64             // highest Index acknowledged from the WAL
 	matIdx   uint64             // highest logged Index materialized
 	mPending int                // logged commands not materialized
@@ -197,6 +198,7 @@ func Open(path string, opts Options) (*Partition, error) {
 		p.walEnc, p.matEnc = newEncoder(), newEncoder()
 		p.hits = map[string]Ack{}
 		p.overlay = map[string]ovEntry{}
+		p.txDone = map[string]uint64{}
 		p.mcond = sync.NewCond(&p.mmu)
 		p.wake = make(chan struct{}, 1)
 		if err := p.replay(); err != nil {

@@ -180,6 +180,7 @@ func (p *Partition) HalfTxs(fn func(HalfTx) bool) error {
 // Decision returns the recorded decision for txid (Undecided if none, or if
 // it was pruned after its time to live).
 func (p *Partition) Decision(txid string) (Decision, error) {
+	p.barrier() // a logged outbox commit records its decision on materializing
 	d := Undecided
 	err := p.view(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketTxs).Get([]byte(txid)); len(v) == 9 {

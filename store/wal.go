@@ -608,6 +608,12 @@ func decodeWALCommand(idx uint64, p []byte) (*Command, error) {
 			return nil, fmt.Errorf("%w: wal command: %v", ErrCorrupt, err)
 		}
 	}
+	if c.Op == OpCommitTx {
+		var err error
+		if c.TxID, err = dec.DecodeString(); err != nil {
+			return nil, fmt.Errorf("%w: wal command: %v", ErrCorrupt, err)
+		}
+	}
 	return c, nil
 }
 
@@ -615,10 +621,14 @@ func decodeWALCommand(idx uint64, p []byte) (*Command, error) {
 // its messages, of which it has none).
 func walGroupOp(op Op) bool { return op == OpCommitOffset || op == OpDeleteGroup }
 
-// encodeWALTrailer ends c's record: Group and Offset for a group command.
+// encodeWALTrailer ends c's record: Group and Offset for a group command,
+// TxID for a transaction commit.
 func encodeWALTrailer(e *encoder, c *Command) {
 	if walGroupOp(c.Op) {
 		_ = e.enc.EncodeString(c.Group)
 		_ = e.enc.EncodeUint64(c.Offset)
+	}
+	if c.Op == OpCommitTx {
+		_ = e.enc.EncodeString(c.TxID)
 	}
 }

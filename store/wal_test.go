@@ -327,3 +327,43 @@ func TestWAL_MixedOrder(t *testing.T) {
 	equal(t, "offsets", o2, offsets)
 	equal(t, "next", offsetsOf(appendAt(t, r.p, t0+100*sec, msg("x"))), []uint64{st.Next})
 }
+
+// TestWAL_OutboxCommitReplay: an outbox commit (OpCommitTx with no half
+// messages here) takes the logged path; its repeat in the same run and after
+// replay reports the first decision, its messages land at their acked
+// offsets, and a rollback arriving later changes nothing.
+func TestWAL_OutboxCommitReplay(t *testing.T) {
+	t.Setenv(store.WALStallEnv, "1")
+	dir := t.TempDir()
+	n := mustWALNode(t, dir)
+	appendAt(t, n.p, t0, msg("plain"))
+	c := apply(t, n.p, &store.Command{Op: store.OpCommitTx, Now: t0 + 1, TxID: "tx", Msgs: []store.Message{msg("o1"), msg("o2")}})
+	equal(t, "outbox offsets", offsetsOf(c.Acks), []uint64{1, 2})
+	again := apply(t, n.p, &store.Command{Op: store.OpCommitTx, Now: t0 + 2, TxID: "tx", Msgs: []store.Message{msg("o3")}})
+	if again.Previous != store.Committed || len(again.Acks) != 0 {
+		t.Fatalf("repeat while logged: previous %v, acks %+v", again.Previous, again.Acks)
+	}
+	crash := t.TempDir()
+	copyDir(t, dir, crash)
+
+	t.Setenv(store.WALStallEnv, "")
+	r := mustWALNode(t, crash)
+	bodies, _ := readAll(t, r.p)
+	equal(t, "replayed", len(bodies), 3)
+	if bodies[1] != "body-o1" || bodies[2] != "body-o2" {
+		t.Fatalf("replayed outbox: %q %q", bodies[1], bodies[2])
+	}
+	if d, err := r.p.Decision("tx"); err != nil || d != store.Committed {
+		t.Fatalf("decision after replay: %v %v", d, err)
+	}
+	rb := apply(t, r.p, &store.Command{Op: store.OpRollbackTx, TxID: "tx"})
+	if rb.Previous != store.Committed {
+		t.Fatalf("rollback after replay: previous %v", rb.Previous)
+	}
+	late := apply(t, r.p, &store.Command{Op: store.OpCommitTx, TxID: "tx", Msgs: []store.Message{msg("o4")}})
+	if late.Previous != store.Committed || len(late.Acks) != 0 {
+		t.Fatalf("repeat after replay: previous %v, acks %+v", late.Previous, late.Acks)
+	}
+	bodies, _ = readAll(t, r.p)
+	equal(t, "after repeats", len(bodies), 3)
+}

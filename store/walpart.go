@@ -84,13 +84,20 @@ type ovEntry struct {
 	idx uint64
 }
 
-// fastOK reports whether c can take the WAL fast path: a plain append, or a
-// group offset change (which reads nothing, so its result is known).
+// fastOK reports whether c can take the WAL fast path: a plain append, a
+// group offset change (which reads nothing, so its result is known), or the
+// commit of a transaction with no half messages here (an outbox publication:
+// its result depends only on the dedup index and the recorded decision,
+// both of which the fast path tracks). Half messages are only ever added by
+// OpPrepare on the synchronous path, so the file is authoritative for them.
 func (p *Partition) fastOK(c *Command) bool {
 	if walGroupOp(c.Op) {
 		return c.Group != "" && len(c.Msgs) == 0
 	}
-	if c.Op != OpAppend || len(c.Msgs) > walMaxFastMsgs {
+	if (c.Op != OpAppend && c.Op != OpCommitTx) || len(c.Msgs) > walMaxFastMsgs {
+		return false
+	}
+	if c.Op == OpCommitTx && (c.TxID == "" || p.hasHalf(c.TxID)) {
 		return false
 	}
 	for i := range c.Msgs {
@@ -99,6 +106,17 @@ func (p *Partition) fastOK(c *Command) bool {
 		}
 	}
 	return true
+}
+
+// hasHalf reports whether the file holds half messages of txid (or cannot
+// tell: then the synchronous path decides).
+func (p *Partition) hasHalf(txid string) bool {
+	found := true
+	_ = p.db.View(func(tx *bolt.Tx) error {
+		found = tx.Bucket(bucketHalf).Get([]byte(txid)) != nil
+		return nil
+	})
+	return found
 }
 
 // process runs batch on the WAL paths, in order.
@@ -195,7 +213,16 @@ func (p *Partition) fast(run []*request) {
 	hits := p.hits
 	clear(hits)
 	var miss []string
+	decided := map[string]Decision{} // commits of this run and of logged commands
+	var txMiss []string
 	for _, r := range run {
+		if r.cmd.Op == OpCommitTx {
+			if _, ok := p.txDone[r.cmd.TxID]; ok {
+				decided[r.cmd.TxID] = Committed
+			} else {
+				txMiss = append(txMiss, r.cmd.TxID)
+			}
+		}
 		for i := range r.cmd.Msgs {
 			id := r.cmd.Msgs[i].ID
 			if id == "" {
@@ -211,13 +238,19 @@ func (p *Partition) fast(run []*request) {
 	p.mmu.Unlock()
 	// The overlay loses an ID only after the materializer committed it, so
 	// a view begun after the overlay check sees every ID the overlay missed.
-	if len(miss) > 0 {
+	if len(miss) > 0 || len(txMiss) > 0 {
 		err := p.db.View(func(tx *bolt.Tx) error {
 			b := tx.Bucket(bucketDedup)
 			for _, id := range miss {
 				if v := b.Get([]byte(id)); len(v) == 16 {
 					off := be.Uint64(v)
 					hits[id] = Ack{Offset: off, Duplicate: true, Delayed: off == noOffset}
+				}
+			}
+			txs := tx.Bucket(bucketTxs)
+			for _, txid := range txMiss {
+				if v := txs.Get([]byte(txid)); len(v) == 9 {
+					decided[txid] = Decision(v[0])
 				}
 			}
 			return nil
@@ -233,6 +266,7 @@ func (p *Partition) fast(run []*request) {
 		idx uint64
 	}
 	var news []newID
+	var commits []newID // txids committed by this run
 	items := make([]matItem, len(run))
 	p.walEnc.reset()
 	payloads := make([][]byte, len(run))
@@ -246,6 +280,24 @@ func (p *Partition) fast(run []*request) {
 		c.Index = idx
 		start := p.walEnc.buf.Len()
 		encodeWALHeader(p.walEnc, p.name, idx, c)
+		if c.Op == OpCommitTx {
+			if d := decided[c.TxID]; d != Undecided {
+				// A late repeat: apply will change nothing and report d.
+				c.Previous = d
+				c.Acks = c.Acks[:0]
+				for i := range c.Msgs {
+					_ = encodeMessage(p.walEnc.enc, &c.Msgs[i])
+				}
+				encodeWALTrailer(p.walEnc, c)
+				payloads[k] = p.walEnc.buf.Bytes()[start:]
+				total += len(payloads[k]) + walFrameLen
+				items[k] = matItem{idx: idx}
+				continue
+			}
+			decided[c.TxID] = Committed
+			commits = append(commits, newID{id: c.TxID, idx: idx})
+			c.Count = len(c.Msgs)
+		}
 		for i := range c.Msgs {
 			m := &c.Msgs[i]
 			if m.ID != "" {
@@ -286,6 +338,9 @@ func (p *Partition) fast(run []*request) {
 	p.mmu.Lock()
 	for _, n := range news {
 		p.overlay[n.id] = ovEntry{off: n.off, idx: n.idx}
+	}
+	for _, n := range commits {
+		p.txDone[n.id] = n.idx
 	}
 	p.mPending += len(items)
 	for _, it := range items {
@@ -425,6 +480,11 @@ func (p *Partition) materialize(items []matItem) error {
 				if e, ok := p.overlay[id]; ok && e.idx <= last {
 					delete(p.overlay, id)
 				}
+			}
+		}
+		if c.Op == OpCommitTx {
+			if idx, ok := p.txDone[c.TxID]; ok && idx <= last {
+				delete(p.txDone, c.TxID)
 			}
 		}
 		if items[i].seg != 0 {
