@@ -34,6 +34,9 @@ type Message struct {
 	// robin on an earlier send of this struct) and must be kept on a resend,
 	// so a retried send finds its first copy.
 	pinned bool
+	// freshID means the last routing of this struct generated its ID, so
+	// no earlier copy can exist and the store may skip the dedup lookup.
+	freshID bool
 }
 
 // ToPartition pins m to partition i instead of routing it by key or round
@@ -211,6 +214,7 @@ func (p *Producer) route(msgs []*Message, n int) error {
 		if !idGiven {
 			m.ID = newID()
 		}
+		m.freshID = !idGiven
 		m.Topic = p.topic
 		switch {
 		case m.pinned:
@@ -243,7 +247,9 @@ func (p *Producer) sendTo(ctx context.Context, part partitionLog, idx int, msgs 
 		if m.Timestamp.IsZero() {
 			m.Timestamp = now
 		}
-		cmd.Msgs = append(cmd.Msgs, toStore(m))
+		s := toStore(m)
+		s.NewID = m.freshID
+		cmd.Msgs = append(cmd.Msgs, s)
 	}
 	if err := part.Apply(ctx, cmd); err != nil {
 		return fmt.Errorf("send to %s/%d: %w", p.topic, idx, translate(err))

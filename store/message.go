@@ -28,6 +28,11 @@ type Message struct {
 	// Offset is the message's position in its partition. It is the log key,
 	// not part of the encoded record.
 	Offset uint64
+
+	// NewID, set by a sender that generated ID just now, says no earlier
+	// copy can exist: the WAL fast path skips the dedup lookup (the ID is
+	// still indexed for later resends). Not stored.
+	NewID bool
 }
 
 // size is the number of bytes counted against byte limits.

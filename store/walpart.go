@@ -225,7 +225,7 @@ func (p *Partition) fast(run []*request) {
 		}
 		for i := range r.cmd.Msgs {
 			id := r.cmd.Msgs[i].ID
-			if id == "" {
+			if id == "" || r.cmd.Msgs[i].NewID {
 				continue
 			}
 			if e, ok := p.overlay[id]; ok {
