@@ -405,6 +405,7 @@ func (p *Partition) update(enc *encoder, n int, fn func(w *writeTx) error) error
 	st := p.st
 	p.mu.Unlock()
 	enc.reset()
+	defer enc.reset() // after the commit nothing refers to the arena: drop it if a burst grew it
 	grew := false
 	err := p.db.Update(func(tx *bolt.Tx) error {
 		w := writeTx{tx: tx, st: &st, enc: enc}
