@@ -56,17 +56,6 @@ func laneKey(sm *store.Message) string {
 	return sm.Key
 }
 
-func msgBytes(sm *store.Message) int {
-	n := len(sm.ID) + len(sm.Key) + len(sm.Body) + 32
-	for _, t := range sm.Tags {
-		n += len(t)
-	}
-	for k, v := range sm.Properties {
-		n += len(k) + len(v)
-	}
-	return n
-}
-
 // runParallel is run for WithKeyParallel: the worker reads and dispatches
 // messages to one lane goroutine per key in flight, and *offset follows the
 // first message not yet done.
@@ -169,7 +158,7 @@ func (w *worker) runParallel(ctx context.Context, offset *uint64) {
 				for i := range buf {
 					sm := new(store.Message)
 					*sm = buf[i]
-					window = append(window, slot{off: sm.Offset, size: msgBytes(sm)})
+					window = append(window, slot{off: sm.Offset, size: sm.Size()})
 					winBytes += window[len(window)-1].size
 					next = sm.Offset + 1
 					if !w.accept(sm) {

@@ -161,38 +161,29 @@ func (p *Producer) send(ctx context.Context, msgs []*Message, results []SendResu
 	if single {
 		return p.sendTo(ctx, parts[first], first, msgs, results, now)
 	}
-	// Several partitions: one command each, applied in parallel.
+	// Several partitions: one command each, applied in parallel. Each
+	// command fills its own entries of results.
 	byPart := map[int][]int{}
 	for i, m := range msgs {
 		byPart[m.PartitionIndex] = append(byPart[m.PartitionIndex], i)
 	}
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		firstErr error
-	)
-	for part, idx := range byPart {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sub := make([]*Message, len(idx))
-			subRes := make([]SendResult, len(idx))
-			for j, i := range idx {
-				sub[j] = msgs[i]
-			}
-			err := p.sendTo(ctx, parts[part], part, sub, subRes, now)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil && firstErr == nil {
-				firstErr = err
-			}
-			for j, i := range idx {
-				results[i] = subRes[j]
-			}
-		}()
+	groups := make([][]int, 0, len(byPart))
+	for _, idx := range byPart {
+		groups = append(groups, idx)
 	}
-	wg.Wait()
-	return firstErr
+	return forEachPart(groups, func(idx []int) error {
+		part := msgs[idx[0]].PartitionIndex
+		sub := make([]*Message, len(idx))
+		subRes := make([]SendResult, len(idx))
+		for j, i := range idx {
+			sub[j] = msgs[i]
+		}
+		err := p.sendTo(ctx, parts[part], part, sub, subRes, now)
+		for j, i := range idx {
+			results[i] = subRes[j]
+		}
+		return err
+	})
 }
 
 // route checks msgs and sets each one's ID, Topic and PartitionIndex.

@@ -2,6 +2,7 @@ package mq
 
 import (
 	"context"
+	"sync"
 
 	"github.com/zeze-go/mq/store"
 )
@@ -44,4 +45,32 @@ func (r localRouter) partitions(name string) (Options, []partitionLog, error) {
 		return Options{}, nil, err
 	}
 	return t.opts, parts, nil
+}
+
+// forEachPart runs fn for every item, in parallel when there are several,
+// and returns the first error.
+func forEachPart[T any](items []T, fn func(T) error) error {
+	if len(items) == 1 {
+		return fn(items[0])
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	for _, it := range items {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(it); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
 }

@@ -567,34 +567,6 @@ func (n *txNode) partition(ref partRef) (partitionLog, error) {
 	return parts[ref.Part], nil
 }
 
-// forEachPart runs fn for every item, in parallel when there are several,
-// and returns the first error.
-func forEachPart[T any](items []T, fn func(T) error) error {
-	if len(items) == 1 {
-		return fn(items[0])
-	}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-	)
-	for _, it := range items {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := fn(it); err != nil {
-				mu.Lock()
-				if first == nil {
-					first = err
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	return first
-}
-
 // planOf decodes a host store's record into what committing it does.
 func planOf(rec localtx.Record) (txPlan, error) {
 	plan := txPlan{}

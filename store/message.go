@@ -35,8 +35,9 @@ type Message struct {
 	NewID bool
 }
 
-// size is the number of bytes counted against byte limits.
-func (m *Message) size() int {
+// Size is the number of bytes a message counts for against memory and flow
+// limits: its strings and body plus a fixed overhead.
+func (m *Message) Size() int {
 	n := len(m.ID) + len(m.Key) + len(m.Body) + 32
 	for _, t := range m.Tags {
 		n += len(t)
