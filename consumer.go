@@ -551,8 +551,7 @@ func (w *worker) commit(offset uint64) {
 }
 
 func (w *worker) store(ctx context.Context, offset uint64) error {
-	cmd := store.Command{Op: store.OpCommitOffset, Group: w.c.group.name, Offset: offset}
-	return translate(w.log.Apply(ctx, &cmd))
+	return w.c.m.commitOffset(ctx, w.log, w.c.group.name, offset)
 }
 
 // handle runs one accepted message through the listener until it is

@@ -203,10 +203,11 @@ func (u *upkeeper) readDue() error {
 func (u *upkeeper) release(ctx context.Context, now time.Time) error {
 	cmd := store.Command{Op: store.OpRelease, Now: now.UnixNano(), Limit: releaseLimit}
 	for {
-		if err := u.log.Apply(ctx, &cmd); err != nil {
+		res, err := u.log.Apply(ctx, &cmd)
+		if err != nil {
 			return fmt.Errorf("release delayed messages: %w", translate(err))
 		}
-		if !cmd.More {
+		if !res.More {
 			return nil
 		}
 	}
@@ -270,11 +271,12 @@ func (u *upkeeper) trim(ctx context.Context, now time.Time) error {
 	}
 	deleted := 0
 	for {
-		if err := u.log.Apply(ctx, &cmd); err != nil {
+		res, err := u.log.Apply(ctx, &cmd)
+		if err != nil {
 			return fmt.Errorf("trim: %w", translate(err))
 		}
-		deleted += cmd.Count
-		if !cmd.More {
+		deleted += res.Count
+		if !res.More {
 			break
 		}
 	}

@@ -134,7 +134,7 @@ type MQ struct {
 	dir    string
 	cfg    config
 	meta   *bolt.DB
-	wal    *store.WAL // nil with WithSyncInterval
+	wal    *store.WAL
 	router router
 
 	ctx    context.Context // cancelled by Close
@@ -204,24 +204,21 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 		groups: map[string]*group{},
 	}
 	m.router = localRouter{m}
-	if cfg.syncInterval == 0 {
-		// One write-ahead log for the node: one fdatasync covers the sends
-		// of every partition (store/walpart.go).
-		if m.wal, err = store.OpenWAL(filepath.Join(dir, "wal")); err != nil {
-			meta.Close()
-			cancel()
-			return nil, fmt.Errorf("mq: open %s: %w", dir, translate(err))
-		}
+	// One write-ahead log for the node: one fdatasync covers the sends of
+	// every partition (store/wal.go). Whatever the options, Open recovers
+	// what the log holds.
+	if m.wal, err = store.OpenWAL(filepath.Join(dir, "wal"), store.WALOptions{SyncInterval: cfg.syncInterval}); err != nil {
+		meta.Close()
+		cancel()
+		return nil, fmt.Errorf("mq: open %s: %w", dir, translate(err))
 	}
 	err = m.load()
-	if err == nil && m.wal != nil {
+	if err == nil {
 		err = m.wal.FinishRecovery() // every partition has replayed its records
 	}
 	if err != nil {
 		m.closeTopics()
-		if m.wal != nil {
-			m.wal.Close()
-		}
+		m.wal.Close()
 		meta.Close()
 		cancel()
 		return nil, err
@@ -283,7 +280,7 @@ func (m *MQ) openPartition(topic string, i int) (partitionLog, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("mq: %s/%d: %w", topic, i, err)
 	}
-	p, err := store.Open(path, store.Options{SyncInterval: m.cfg.syncInterval, WAL: m.wal, WALName: topic + "/" + strconv.Itoa(i)})
+	p, err := store.Open(path, store.Options{WAL: m.wal, Stream: topic + "/" + strconv.Itoa(i), MaterializeAfter: m.cfg.materializeAfter})
 	if err != nil {
 		return nil, fmt.Errorf("mq: %s/%d: %w", topic, i, translate(err))
 	}
@@ -312,10 +309,8 @@ func (m *MQ) Close() error {
 	m.cancel()
 	m.wg.Wait()
 	err := m.closeTopics()
-	if m.wal != nil {
-		if cerr := m.wal.Close(); err == nil {
-			err = cerr
-		}
+	if cerr := m.wal.Close(); err == nil {
+		err = cerr
 	}
 	if cerr := m.meta.Close(); err == nil {
 		err = cerr

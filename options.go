@@ -49,11 +49,14 @@ func (o Options) withDefaults() Options {
 type Option func(*config) error
 
 type config struct {
-	logger          *slog.Logger
-	syncInterval    time.Duration
-	dedupWindow     time.Duration
-	maxMessageBytes int
-	clock           Clock
+	logger       *slog.Logger
+	syncInterval time.Duration
+	// materializeAfter is the partitions' store.Options.MaterializeAfter;
+	// only tests set it (export_test.go).
+	materializeAfter time.Duration
+	dedupWindow      time.Duration
+	maxMessageBytes  int
+	clock            Clock
 
 	// Upkeep (maintenance.go).
 	retention           time.Duration // 0: no age limit
@@ -91,11 +94,14 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithSyncInterval acknowledges appends before fsync and fsyncs every d
-// instead (RocketMQ's ASYNC_FLUSH). A process crash loses nothing; a power
-// loss may lose up to d of acknowledged messages. The default syncs every
-// batch: a message is acknowledged only after the group commit holding it is
-// fsynced.
+// WithSyncInterval acknowledges appends once written to the node's
+// write-ahead log and fsyncs the log every d instead (RocketMQ's
+// ASYNC_FLUSH). A process crash loses nothing; a power loss may lose up to d
+// of acknowledged messages. Partition files are fsynced as always, so they
+// are never damaged by a power loss. The default syncs every group write: a
+// message is acknowledged only after the write holding it is fsynced. The
+// directory may be reopened with or without this option: Open recovers what
+// the log holds either way.
 func WithSyncInterval(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {

@@ -226,10 +226,12 @@ func (p *Producer) route(msgs []*Message, n int) error {
 var cmdPool = sync.Pool{New: func() any { return &store.Command{} }}
 
 func (p *Producer) sendTo(ctx context.Context, part partitionLog, idx int, msgs []*Message, results []SendResult, now time.Time) error {
+	// Apply does not read cmd after it returns, whatever ctx did: the
+	// command goes back to the pool then.
 	cmd := cmdPool.Get().(*store.Command)
 	defer func() {
 		clear(cmd.Msgs)
-		*cmd = store.Command{Msgs: cmd.Msgs[:0], Acks: cmd.Acks[:0]}
+		*cmd = store.Command{Msgs: cmd.Msgs[:0]}
 		cmdPool.Put(cmd)
 	}()
 	cmd.Op = store.OpAppend
@@ -239,14 +241,15 @@ func (p *Producer) sendTo(ctx context.Context, part partitionLog, idx int, msgs 
 			m.Timestamp = now
 		}
 		s := toStore(m)
-		s.NewID = m.freshID
+		s.FreshID = m.freshID
 		cmd.Msgs = append(cmd.Msgs, s)
 	}
-	if err := part.Apply(ctx, cmd); err != nil {
+	res, err := part.Apply(ctx, cmd)
+	if err != nil {
 		return fmt.Errorf("send to %s/%d: %w", p.topic, idx, translate(err))
 	}
 	for i, m := range msgs {
-		a := cmd.Acks[i]
+		a := res.Acks[i]
 		r := SendResult{Partition: idx, Offset: int64(a.Offset), Delayed: a.Delayed, Duplicate: a.Duplicate}
 		if a.Delayed {
 			r.Offset = -1

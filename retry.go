@@ -267,7 +267,7 @@ func (m *MQ) appendSystem(ctx context.Context, name string, msg *store.Message, 
 
 func (m *MQ) appendTo(ctx context.Context, topic string, parts []partitionLog, i int, msg *store.Message, now time.Time) error {
 	cmd := store.Command{Op: store.OpAppend, Now: now.UnixNano(), Msgs: []store.Message{*msg}}
-	if err := parts[i].Apply(ctx, &cmd); err != nil {
+	if _, err := parts[i].Apply(ctx, &cmd); err != nil {
 		return fmt.Errorf("send to %s/%d: %w", topic, i, translate(err))
 	}
 	return nil
@@ -352,8 +352,7 @@ func (m *MQ) redrivePartition(ctx context.Context, dlq string, part int, p parti
 func (m *MQ) commitRedrive(p partitionLog, offset uint64) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cmd := store.Command{Op: store.OpCommitOffset, Group: redriveOffset, Offset: offset}
-	return translate(p.Apply(ctx, &cmd))
+	return m.commitOffset(ctx, p, redriveOffset, offset)
 }
 
 func (m *MQ) redriveOne(ctx context.Context, dlq string, part int, sm *store.Message) error {

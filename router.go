@@ -12,8 +12,9 @@ import (
 // RPC client to its leader) or behind raft (a proposer that applies the same
 // store commands on every replica) implements the same methods.
 type partitionLog interface {
-	// Apply runs one store command and returns when it is durable.
-	Apply(ctx context.Context, cmd *store.Command) error
+	// Apply runs one store command and returns its result once it is
+	// durable. The partition no longer reads cmd when Apply returns.
+	Apply(ctx context.Context, cmd *store.Command) (store.Result, error)
 	Read(from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error)
 	Get(offset uint64) (store.Message, bool, error)
 	Stats() store.Stats
@@ -45,6 +46,14 @@ func (r localRouter) partitions(name string) (Options, []partitionLog, error) {
 		return Options{}, nil, err
 	}
 	return t.opts, parts, nil
+}
+
+// commitOffset sets group's committed offset in p, stamped by the node's
+// clock.
+func (m *MQ) commitOffset(ctx context.Context, p partitionLog, group string, off uint64) error {
+	cmd := store.Command{Op: store.OpCommitOffset, Now: m.cfg.clock.Now().UnixNano(), Group: group, Offset: off}
+	_, err := p.Apply(ctx, &cmd)
+	return translate(err)
 }
 
 // forEachPart runs fn for every item, in parallel when there are several,

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/zeze-go/mq/store"
 )
 
 type positionKind int
@@ -204,8 +202,7 @@ func (g *group) moveTo(ctx context.Context, i int, p partitionLog, off uint64) e
 			return ctx.Err()
 		}
 	}
-	cmd := store.Command{Op: store.OpCommitOffset, Group: g.name, Offset: off}
-	return translate(p.Apply(ctx, &cmd))
+	return g.m.commitOffset(ctx, p, g.name, off)
 }
 
 // applySeek commits req's offset for the worker and answers req. It returns

@@ -282,7 +282,7 @@ func (p *Producer) PrepareMessage(ctx context.Context, msgs ...*Message) error {
 	}
 	err = forEachPart(order, func(i int) error {
 		cmd := &store.Command{Op: store.OpPrepare, Now: now.UnixNano(), TxID: ot.id, Producer: txProducer, Msgs: byPart[i]}
-		if err := parts[i].Apply(ctx, cmd); err != nil {
+		if _, err := parts[i].Apply(ctx, cmd); err != nil {
 			return fmt.Errorf("prepare to %s/%d: %w", p.topic, i, translate(err))
 		}
 		return nil
@@ -512,10 +512,11 @@ func (n *txNode) commit(ctx context.Context, txid string, plan txPlan) (TxDecisi
 		}
 		cmd := &store.Command{Op: store.OpCommitTx, Now: n.m.cfg.clock.Now().UnixNano(), TxID: txid, Msgs: plan[ref]}
 		txHook("partition-committing", txid)
-		if err := part.Apply(ctx, cmd); err != nil {
+		res, err := part.Apply(ctx, cmd)
+		if err != nil {
 			return fmt.Errorf("commit %s in %s/%d: %w", txid, ref.Topic, ref.Part, translate(err))
 		}
-		if cmd.Previous == store.RolledBack {
+		if res.Previous == store.RolledBack {
 			n.m.cfg.logger.Error("commit arrived after a rollback and changed nothing",
 				"tx", txid, "topic", ref.Topic, "partition", ref.Part)
 			mu.Lock()
@@ -541,10 +542,11 @@ func (n *txNode) rollback(ctx context.Context, txid string, refs []partRef) (TxD
 			return err
 		}
 		cmd := &store.Command{Op: store.OpRollbackTx, Now: n.m.cfg.clock.Now().UnixNano(), TxID: txid}
-		if err := part.Apply(ctx, cmd); err != nil {
+		res, err := part.Apply(ctx, cmd)
+		if err != nil {
 			return fmt.Errorf("rollback %s in %s/%d: %w", txid, ref.Topic, ref.Part, translate(err))
 		}
-		if cmd.Previous == store.Committed {
+		if res.Previous == store.Committed {
 			n.m.cfg.logger.Error("rollback arrived after a commit and changed nothing",
 				"tx", txid, "topic", ref.Topic, "partition", ref.Part)
 			mu.Lock()
@@ -873,10 +875,11 @@ func (n *txNode) checkOne(ctx context.Context, txid string, hi *halfInfo) {
 				continue
 			}
 			cmd := &store.Command{Op: store.OpTxChecked, Now: n.m.cfg.clock.Now().UnixNano(), TxID: txid}
-			if err := part.Apply(ctx, cmd); err != nil {
+			res, err := part.Apply(ctx, cmd)
+			if err != nil {
 				return
 			}
-			checks = max(checks, cmd.Count)
+			checks = max(checks, res.Count)
 		}
 		if checks >= n.m.cfg.tx.maxChecks {
 			log.Warn("transaction parked: no answer from the check-back; decide it with ResolveTx",

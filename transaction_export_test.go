@@ -1,6 +1,18 @@
 package mq
 
-// Hooks into transaction.go for the external tests of package mq_test.
+import "time"
+
+// Hooks for the external tests of package mq_test.
+
+// WithMaterializeAfter keeps what partitions log out of their files for d
+// (store.Options.MaterializeAfter): a crash within d leaves every
+// acknowledged command only in the write-ahead log.
+func WithMaterializeAfter(d time.Duration) Option {
+	return func(c *config) error {
+		c.materializeAfter = d
+		return nil
+	}
+}
 
 // TxDecided returns the decision recorded for txid in any partition of m,
 // without changing anything.

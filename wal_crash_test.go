@@ -19,9 +19,6 @@ import (
 
 const (
 	walCrashDirEnv = "ZEZE_MQ_WAL_CRASH_DIR"
-	// walStallEnv stops the partitions' materializers (store/walpart.go):
-	// every ack the child prints is then only in the write-ahead log.
-	walStallEnv = "ZEZE_MQ_TEST_STALL_MATERIALIZE"
 )
 
 // TestMQ_CrashWALReplay kills a sending child whose partitions never
@@ -53,7 +50,7 @@ type walAck struct {
 func runWALCrashChild(t *testing.T, dir string, cycle int) []walAck {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestMQ_CrashWALReplay$", "-test.count=1")
-	cmd.Env = append(os.Environ(), walCrashDirEnv+"="+dir, walStallEnv+"=1", "ZEZE_MQ_WAL_CYCLE="+strconv.Itoa(cycle))
+	cmd.Env = append(os.Environ(), walCrashDirEnv+"="+dir, "ZEZE_MQ_WAL_CYCLE="+strconv.Itoa(cycle))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
@@ -119,7 +116,9 @@ func walCrashChild(dir string) {
 		fmt.Fprintf(os.Stderr, "wal crash child: "+format+"\n", args...)
 		os.Exit(3)
 	}
-	m, err := mq.Open(dir)
+	// Partitions keep what they log out of their files: every ack the
+	// child prints is then only in the write-ahead log.
+	m, err := mq.Open(dir, mq.WithMaterializeAfter(time.Hour))
 	if err != nil {
 		fail("open: %v", err)
 	}

@@ -1,556 +1,428 @@
 package store
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
 
-	"github.com/vmihailenco/msgpack/v5"
 	bolt "go.etcd.io/bbolt"
 )
 
 var be = binary.BigEndian
 
-func u64(v uint64) []byte {
-	b := make([]byte, 8)
-	be.PutUint64(b, v)
-	return b
+const (
+	noOffset      = ^uint64(0)
+	defaultLimit  = 10_000  // OpRelease
+	defaultTrim   = 100_000 // OpTrim
+	decisionBytes = 9       // txs value: decision, decided-at (8)
+	dedupBytes    = 16      // dedup value: offset (8), stored-at (8)
+)
+
+// view is what a command reads: the gen being built (g), the gens logged but
+// not yet in the file (gens, oldest first), and the file as of a read
+// transaction begun after gens was taken. Whatever a gen in gens holds is
+// either still in gens or already in the file that tx reads.
+type view struct {
+	g    *gen
+	gens []*gen
+	bk   [nBuckets]*bolt.Bucket
+
+	scratch Message
 }
 
-// writeTx applies commands inside one bbolt write transaction. st is the
-// working copy of the partition state; it becomes the committed state only if
-// the transaction commits.
-type writeTx struct {
-	tx   *bolt.Tx
-	st   *state
-	enc  *encoder
-	grew bool
-
-	log, half, txs, groups, delay, dedup, meta *bolt.Bucket
-	scratch                                    Message
+// get returns the current value of key in bucket b (nil when absent).
+func (v *view) get(b int, key string) []byte {
+	if val, ok := v.g.lookup(b, key); ok {
+		return val
+	}
+	for i := len(v.gens) - 1; i >= 0; i-- {
+		if val, ok := v.gens[i].lookup(b, key); ok {
+			return val
+		}
+	}
+	return v.bk[b].Get(bytesOf(key))
 }
 
-func (w *writeTx) open() {
-	w.log = w.tx.Bucket(bucketLog)
-	w.half = w.tx.Bucket(bucketHalf)
-	w.txs = w.tx.Bucket(bucketTxs)
-	w.groups = w.tx.Bucket(bucketGroups)
-	w.delay = w.tx.Bucket(bucketDelay)
-	w.dedup = w.tx.Bucket(bucketDedup)
-	w.meta = w.tx.Bucket(bucketMeta)
-	w.log.FillPercent = 1.0 // keys only ever grow: pack pages full
-	w.delay.FillPercent = 0.9
-}
+// scans reports whether c reads a bucket in key order (the log, the delay
+// index, the decisions): the partition runs it only when the file holds
+// everything (no gen pending and g empty).
+func scans(c *Command) bool { return c.Op == OpTrim || c.Op == OpRelease }
 
-func (w *writeTx) apply(c *Command) error {
-	c.Count, c.More, c.Previous = 0, false, Undecided
+// apply runs c against the view, adding its effects to v.g, and returns its
+// result. An error wrapping ErrBadCommand, ErrDecided, ErrTooLarge or
+// ErrCorrupt is the command's own: it is found before c writes anything, so
+// v.g is as before.
+func (v *view) apply(c *Command) (Result, error) {
+	var res Result
+	if err := c.check(); err != nil {
+		return res, err
+	}
 	switch c.Op {
 	case OpAppend:
-		c.Acks = resize(c.Acks, len(c.Msgs))
+		res.Acks = make([]Ack, len(c.Msgs))
 		for i := range c.Msgs {
-			if err := w.append(c, &c.Msgs[i], &c.Acks[i]); err != nil {
-				return err
-			}
+			v.append(c.Now, c.Msgs[i], &res.Acks[i])
 		}
-		return nil
 	case OpCommitOffset:
-		if c.Group == "" {
-			return fmt.Errorf("%w: commit offset without group", ErrBadCommand)
-		}
-		return w.groups.Put(w.enc.bytes([]byte(c.Group)), w.enc.bytes(u64(c.Offset)))
+		v.g.putWith(bGroups, c.Group, func(dst []byte) []byte { return be.AppendUint64(dst, c.Offset) })
 	case OpDeleteGroup:
-		if c.Group == "" {
-			return fmt.Errorf("%w: delete group without group", ErrBadCommand)
-		}
-		return w.groups.Delete([]byte(c.Group))
+		v.g.del(bGroups, c.Group)
 	case OpTrim:
-		return w.trim(c)
+		v.trim(c, &res)
 	case OpPrepare:
-		return w.prepare(c)
+		return res, v.prepare(c, &res)
 	case OpCommitTx:
-		return w.commitTx(c)
+		return res, v.commitTx(c, &res)
 	case OpRollbackTx:
-		return w.rollbackTx(c)
+		return res, v.rollbackTx(c, &res)
 	case OpRelease:
-		return w.release(c)
+		v.release(c, &res)
 	case OpTxChecked:
-		return w.txChecked(c)
+		h, err := v.half(c.TxID)
+		if err != nil || h == nil {
+			return res, err
+		}
+		h.Checks++
+		h.LastCheck = c.Now
+		res.Count = h.Checks
+		v.g.putWith(bHalf, c.TxID, func(dst []byte) []byte { return appendHalf(dst, h) })
 	}
-	return fmt.Errorf("%w: op %d", ErrBadCommand, c.Op)
-}
-
-func resize(a []Ack, n int) []Ack {
-	if cap(a) < n {
-		return make([]Ack, n)
-	}
-	a = a[:n]
-	clear(a)
-	return a
+	return res, nil
 }
 
 // append stores m: deduplicated by ID, held back when due later, else at the
 // end of the log.
-func (w *writeTx) append(c *Command, m *Message, ack *Ack) error {
-	var idKey []byte // m.ID in the arena, shared by the lookup and the insert
-	if m.ID != "" {
-		idKey = w.enc.str(m.ID)
-		if v := w.dedup.Get(idKey); len(v) == 16 {
-			ack.Offset = be.Uint64(v)
+func (v *view) append(now int64, m Message, ack *Ack) {
+	st := &v.g.st
+	if m.ID != "" && !m.FreshID {
+		if d := v.get(bDedup, m.ID); len(d) == dedupBytes {
+			ack.Offset = be.Uint64(d)
 			ack.Duplicate = true
 			ack.Delayed = ack.Offset == noOffset
-			return nil
+			return
 		}
 	}
-	stored := c.Now
-	if stored < w.st.LastStored {
-		stored = w.st.LastStored
-	}
-	m.StoredAt = stored
-	w.st.LastStored = stored
-	if m.DeliverAt > c.Now {
-		w.st.DelaySeq++
+	m.StoredAt = max(now, st.LastStored)
+	st.LastStored = m.StoredAt
+	if m.DeliverAt > now {
+		st.DelaySeq++
 		var k [16]byte
 		be.PutUint64(k[:8], uint64(m.DeliverAt))
-		be.PutUint64(k[8:], w.st.DelaySeq)
-		key := w.enc.bytes(k[:])
-		v, err := w.enc.record(key, m)
-		if err != nil {
-			return err
+		be.PutUint64(k[8:], st.DelaySeq)
+		v.g.op(bDelay, false, k[:])
+		v.g.value(func(dst []byte) []byte { return appendRecord(dst, k[:], &m) })
+		if !v.g.hasDue || m.DeliverAt < v.g.minDue {
+			v.g.minDue, v.g.hasDue = m.DeliverAt, true
 		}
-		if err := w.delay.Put(key, v); err != nil {
-			return err
-		}
-		w.st.Delayed++
-		w.grew = true
+		v.g.grew = true
+		st.Delayed++
 		ack.Delayed = true
 		ack.Offset = noOffset
-		return w.putDedupKey(idKey, noOffset, stored)
+		v.putDedup(m.ID, noOffset, m.StoredAt)
+		return
 	}
-	off, err := w.appendLog(m)
-	if err != nil {
-		return err
-	}
-	ack.Offset = off
-	return w.putDedupKey(idKey, off, stored)
+	ack.Offset = v.appendLog(&m)
+	v.putDedup(m.ID, ack.Offset, m.StoredAt)
 }
 
-func (w *writeTx) appendLog(m *Message) (uint64, error) {
-	off := w.st.Next
-	var k [8]byte
-	be.PutUint64(k[:], off)
-	key := w.enc.bytes(k[:])
-	v, err := w.enc.record(key, m)
-	if err != nil {
-		return 0, err
-	}
-	if err := w.log.Put(key, v); err != nil {
-		return 0, err
-	}
-	w.st.Next++
-	w.st.Bytes += int64(len(v))
-	w.grew = true
-	return off, nil
+func (v *view) appendLog(m *Message) uint64 {
+	st := &v.g.st
+	off := st.Next
+	st.Bytes += int64(v.g.appendLog(off, m))
+	st.Next++
+	return off
 }
 
-func (w *writeTx) putDedup(id string, off uint64, at int64) error {
+// putDedup records that the message with ID id (none when empty) went to off
+// at time at.
+func (v *view) putDedup(id string, off uint64, at int64) {
 	if id == "" {
-		return nil
+		return
 	}
-	return w.putDedupKey(w.enc.str(id), off, at)
-}
-
-// putDedupKey records that the message whose ID is key (in the arena; nil
-// for none) went to off at time at.
-func (w *writeTx) putDedupKey(key []byte, off uint64, at int64) error {
-	if key == nil {
-		return nil
-	}
-	var v [16]byte
-	be.PutUint64(v[:8], off)
-	be.PutUint64(v[8:], uint64(at))
-	return w.dedup.Put(key, w.enc.bytes(v[:]))
+	var d [dedupBytes]byte
+	be.PutUint64(d[:8], off)
+	be.PutUint64(d[8:], uint64(at))
+	v.g.put(bDedup, id, d[:])
 }
 
 // trim deletes the head of the log by age and size, then prunes dedup entries
-// and transaction decisions past their time to live.
+// and transaction decisions past their time to live. It runs on the file
+// alone (scans).
 //
 // A damaged record does not fail the command (which would fail every command
 // batched with it, sends included): it is deleted by size like any other, and
 // by age when a later intact record is old enough (StoredAt never decreases
 // along the log). Its dedup entry is found by offset.
-func (w *writeTx) trim(c *Command) error {
+func (v *view) trim(c *Command, res *Result) {
+	st := &v.g.st
 	limit := c.Limit
-	if limit <= 0 {
-		limit = 100_000
+	if limit == 0 {
+		limit = defaultTrim
 	}
-	cur := w.log.Cursor()
-	for k, v := cur.First(); k != nil; k, v = cur.First() {
-		byBytes := c.MaxBytes > 0 && w.st.Bytes > c.MaxBytes
+	cur := v.bk[bLog].Cursor()
+	k, val := cur.First()
+	for ; k != nil; k, val = cur.Next() {
+		byBytes := c.MaxBytes > 0 && st.Bytes > c.MaxBytes
 		byAge := false
 		if !byBytes && c.MaxAge > 0 {
-			stored, _, _ := w.recordInfo(k, v)
+			stored, _, _ := v.recordInfo(k, val)
 			byAge = stored < c.Now-c.MaxAge
 		}
 		if !byBytes && !byAge {
 			break
 		}
-		if c.Count >= limit {
-			c.More = true
+		if res.Count >= limit {
+			res.More = true
 			break
 		}
-		if err := w.deleteDedupOf(k, v); err != nil {
-			return err
-		}
-		if err := cur.Delete(); err != nil {
-			return err
-		}
-		w.st.Bytes -= int64(len(v))
-		w.st.Low = be.Uint64(k) + 1
-		c.Count++
+		v.deleteDedupOf(k, val)
+		v.g.delBin(bLog, k)
+		st.Bytes -= int64(len(val))
+		st.Low = be.Uint64(k) + 1
+		res.Count++
 	}
-	if k, _ := w.log.Cursor().First(); k == nil {
-		w.st.Low = w.st.Next
+	if k == nil {
+		st.Low = st.Next
 	}
-	if w.st.DedupLow < w.st.Low {
-		w.st.DedupLow = w.st.Low
-	}
+	st.DedupLow = max(st.DedupLow, st.Low)
 	if c.DedupTTL > 0 {
-		if err := w.pruneDedup(c, c.Now-c.DedupTTL, limit); err != nil {
-			return err
-		}
+		v.pruneDedup(c, res, c.Now-c.DedupTTL, limit)
 	}
 	if c.DecideTTL > 0 {
-		return w.pruneDecisions(c.Now - c.DecideTTL)
+		v.pruneDecisions(c.Now - c.DecideTTL)
 	}
-	return nil
 }
 
-// recordInfo returns when the log record k, v was stored and its ID. For a
+// recordInfo returns when the log record k, val was stored and its ID. For a
 // record that fails its check, ok is false, the ID is unknown and stored is
 // the StoredAt of the next intact record (the damaged one is no newer), or
 // MaxInt64 when there is none.
-func (w *writeTx) recordInfo(k, v []byte) (stored int64, id string, ok bool) {
-	if err := decodeRecord(k, v, &w.scratch); err == nil {
-		return w.scratch.StoredAt, w.scratch.ID, true
+func (v *view) recordInfo(k, val []byte) (stored int64, id string, ok bool) {
+	if err := decodeRecord(k, val, &v.scratch); err == nil {
+		return v.scratch.StoredAt, v.scratch.ID, true
 	}
-	cur := w.log.Cursor()
+	cur := v.bk[bLog].Cursor()
 	cur.Seek(k)
 	for k2, v2 := cur.Next(); k2 != nil; k2, v2 = cur.Next() {
-		if decodeRecord(k2, v2, &w.scratch) == nil {
-			return w.scratch.StoredAt, "", false
+		if decodeRecord(k2, v2, &v.scratch) == nil {
+			return v.scratch.StoredAt, "", false
 		}
 	}
 	return math.MaxInt64, "", false
 }
 
-// deleteDedupOf deletes the dedup entry of the log record k, v.
-func (w *writeTx) deleteDedupOf(k, v []byte) error {
+// deleteDedupOf deletes the dedup entry of the log record k, val.
+func (v *view) deleteDedupOf(k, val []byte) {
 	off := be.Uint64(k)
-	if off < w.st.DedupLow {
-		return nil
+	if off < v.g.st.DedupLow {
+		return
 	}
-	if err := decodeRecord(k, v, &w.scratch); err != nil {
-		return w.deleteDedupAt(off)
+	if err := decodeRecord(k, val, &v.scratch); err != nil {
+		v.deleteDedupAt(off)
+		return
 	}
-	if w.scratch.ID == "" {
-		return nil
+	if v.scratch.ID != "" {
+		v.g.del(bDedup, v.scratch.ID)
 	}
-	return w.dedup.Delete([]byte(w.scratch.ID))
 }
 
 // deleteDedupAt deletes the dedup entries pointing at offset off. It scans the
 // whole index: it is only for a damaged record, whose ID cannot be read.
-func (w *writeTx) deleteDedupAt(off uint64) error {
-	var ids [][]byte
-	err := w.dedup.ForEach(func(k, v []byte) error {
-		if len(v) == 16 && be.Uint64(v[:8]) == off {
-			ids = append(ids, bytes.Clone(k))
+func (v *view) deleteDedupAt(off uint64) {
+	_ = v.bk[bDedup].ForEach(func(k, d []byte) error {
+		if len(d) == dedupBytes && be.Uint64(d[:8]) == off {
+			v.g.del(bDedup, string(k))
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	for _, id := range ids {
-		if err := w.dedup.Delete(id); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // pruneDedup walks the log from DedupLow and drops the dedup entries of
-// records stored before cutoff, at most limit of them (setting c.More when it
-// stops there). Delayed messages' entries are dropped when the message is
+// records stored before cutoff, at most limit of them (setting More when it
+// stops there). Delayed messages' entries are replaced when the message is
 // released and later pruned the same way.
-func (w *writeTx) pruneDedup(c *Command, cutoff int64, limit int) error {
-	cur := w.log.Cursor()
-	var start [8]byte
-	be.PutUint64(start[:], w.st.DedupLow)
+func (v *view) pruneDedup(c *Command, res *Result, cutoff int64, limit int) {
+	st := &v.g.st
+	cur := v.bk[bLog].Cursor()
 	n := 0
-	for k, v := cur.Seek(start[:]); k != nil; k, v = cur.Next() {
-		stored, id, ok := w.recordInfo(k, v)
+	for k, val := cur.Seek(u64(st.DedupLow)); k != nil; k, val = cur.Next() {
+		stored, id, ok := v.recordInfo(k, val)
 		if stored >= cutoff {
 			break
 		}
 		if n >= limit {
-			c.More = true
+			res.More = true
 			break
 		}
-		var err error
 		switch {
 		case !ok:
-			err = w.deleteDedupAt(be.Uint64(k))
+			v.deleteDedupAt(be.Uint64(k))
 		case id != "":
-			err = w.dedup.Delete([]byte(id))
+			v.g.del(bDedup, id)
 		}
-		if err != nil {
-			return err
-		}
-		w.st.DedupLow = be.Uint64(k) + 1
+		st.DedupLow = be.Uint64(k) + 1
 		n++
 	}
-	return nil
 }
 
-func (w *writeTx) pruneDecisions(cutoff int64) error {
-	cur := w.txs.Cursor()
-	for k, v := cur.First(); k != nil; {
-		if len(v) == 9 && int64(be.Uint64(v[1:])) < cutoff {
-			if err := cur.Delete(); err != nil {
-				return err
-			}
-			k, v = cur.Seek(k)
-			continue
+func (v *view) pruneDecisions(cutoff int64) {
+	_ = v.bk[bTxs].ForEach(func(k, d []byte) error {
+		if len(d) == decisionBytes && int64(be.Uint64(d[1:])) < cutoff {
+			v.g.del(bTxs, string(k))
 		}
-		k, v = cur.Next()
-	}
-	return nil
+		return nil
+	})
 }
 
-// halfTx is the value of the half bucket: the undecided messages of one
-// transaction in this partition.
-type halfTx struct {
-	Producer  string   `msgpack:"p"`
-	FirstSeen int64    `msgpack:"f"`
-	LastCheck int64    `msgpack:"l"`
-	Checks    int      `msgpack:"c"`
-	Records   [][]byte `msgpack:"r"` // encoded records (CRC'd under the txid key)
-}
-
-func (w *writeTx) decision(txid string) Decision {
-	v := w.txs.Get([]byte(txid))
-	if len(v) == 9 {
-		return Decision(v[0])
+func (v *view) decision(txid string) Decision {
+	if d := v.get(bTxs, txid); len(d) == decisionBytes {
+		return Decision(d[0])
 	}
 	return Undecided
 }
 
-func (w *writeTx) decide(c *Command, d Decision) error {
-	var v [9]byte
-	v[0] = byte(d)
-	be.PutUint64(v[1:], uint64(c.Now))
-	return w.txs.Put(w.enc.bytes([]byte(c.TxID)), w.enc.bytes(v[:]))
+func (v *view) decide(c *Command, d Decision) {
+	v.g.putWith(bTxs, c.TxID, func(dst []byte) []byte {
+		return be.AppendUint64(append(dst, byte(d)), uint64(c.Now))
+	})
 }
 
-func (w *writeTx) loadHalf(txid string) (*halfTx, error) {
-	v := w.half.Get([]byte(txid))
-	if v == nil {
+// half returns the half messages of txid, or nil.
+func (v *view) half(txid string) (*halfTx, error) {
+	b := v.get(bHalf, txid)
+	if b == nil {
 		return nil, nil
 	}
-	return decodeHalf(v)
-}
-
-func decodeHalf(v []byte) (*halfTx, error) {
-	var h halfTx
-	if err := msgpack.Unmarshal(v, &h); err != nil {
-		return nil, fmt.Errorf("%w: half transaction: %v", ErrCorrupt, err)
-	}
-	return &h, nil
-}
-
-func (w *writeTx) putHalf(txid string, h *halfTx) error {
-	v, err := msgpack.Marshal(h)
+	h, err := decodeHalf(b)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("%s: %w", txid, err)
 	}
-	return w.half.Put(w.enc.bytes([]byte(txid)), v)
+	return h, nil
 }
 
-func (w *writeTx) prepare(c *Command) error {
-	if c.TxID == "" {
-		return fmt.Errorf("%w: prepare without txid", ErrBadCommand)
-	}
-	if d := w.decision(c.TxID); d != Undecided {
-		c.Previous = d
+func (v *view) prepare(c *Command, res *Result) error {
+	if d := v.decision(c.TxID); d != Undecided {
+		res.Previous = d
 		return fmt.Errorf("%w: %s is %s", ErrDecided, c.TxID, d)
 	}
-	h, err := w.loadHalf(c.TxID)
+	h, err := v.half(c.TxID)
 	if err != nil {
 		return err
 	}
 	if h == nil {
 		h = &halfTx{Producer: c.Producer, FirstSeen: c.Now}
 	}
-	key := []byte(c.TxID)
+	key := bytesOf(c.TxID)
+	var recs []byte
+	ends := make([]int, len(c.Msgs))
 	for i := range c.Msgs {
-		rec, err := w.enc.record(key, &c.Msgs[i])
-		if err != nil {
-			return err
-		}
-		h.Records = append(h.Records, append([]byte(nil), rec...))
+		m := c.Msgs[i]
+		m.FreshID = false
+		recs = appendRecord(recs, key, &m)
+		ends[i] = len(recs)
 	}
-	c.Count = len(c.Msgs)
-	return w.putHalf(c.TxID, h)
+	start := 0
+	for _, end := range ends {
+		h.Records = append(h.Records, recs[start:end:end])
+		start = end
+	}
+	res.Count = len(c.Msgs)
+	v.g.putWith(bHalf, c.TxID, func(dst []byte) []byte { return appendHalf(dst, h) })
+	return nil
 }
 
-func (w *writeTx) commitTx(c *Command) error {
-	if c.TxID == "" {
-		return fmt.Errorf("%w: commit without txid", ErrBadCommand)
-	}
-	if d := w.decision(c.TxID); d != Undecided {
-		c.Previous = d
-		c.Acks = c.Acks[:0]
+func (v *view) commitTx(c *Command, res *Result) error {
+	if d := v.decision(c.TxID); d != Undecided {
+		res.Previous = d
 		return nil
 	}
-	h, err := w.loadHalf(c.TxID)
+	h, err := v.half(c.TxID)
 	if err != nil {
 		return err
 	}
-	var n int
+	var halves []Message
 	if h != nil {
-		n = len(h.Records)
+		halves = make([]Message, len(h.Records))
+		for i, r := range h.Records {
+			if err := decodeRecord(bytesOf(c.TxID), r, &halves[i]); err != nil {
+				return fmt.Errorf("half message %d of %s: %w", i, c.TxID, err)
+			}
+		}
 	}
-	c.Acks = resize(c.Acks, n+len(c.Msgs))
-	for i := 0; i < n; i++ {
-		if err := decodeRecord([]byte(c.TxID), h.Records[i], &w.scratch); err != nil {
-			return err
-		}
-		m := w.scratch
-		if err := w.append(c, &m, &c.Acks[i]); err != nil {
-			return err
-		}
+	res.Acks = make([]Ack, len(halves)+len(c.Msgs))
+	for i := range halves {
+		v.append(c.Now, halves[i], &res.Acks[i])
 	}
 	for i := range c.Msgs {
-		if err := w.append(c, &c.Msgs[i], &c.Acks[n+i]); err != nil {
-			return err
-		}
+		v.append(c.Now, c.Msgs[i], &res.Acks[len(halves)+i])
 	}
-	c.Count = n + len(c.Msgs)
+	res.Count = len(res.Acks)
 	if h != nil {
-		if err := w.half.Delete([]byte(c.TxID)); err != nil {
-			return err
-		}
+		v.g.del(bHalf, c.TxID)
 	}
-	return w.decide(c, Committed)
+	v.decide(c, Committed)
+	return nil
 }
 
-func (w *writeTx) rollbackTx(c *Command) error {
-	if c.TxID == "" {
-		return fmt.Errorf("%w: rollback without txid", ErrBadCommand)
-	}
-	if d := w.decision(c.TxID); d != Undecided {
-		c.Previous = d
+func (v *view) rollbackTx(c *Command, res *Result) error {
+	if d := v.decision(c.TxID); d != Undecided {
+		res.Previous = d
 		return nil
 	}
-	h, err := w.loadHalf(c.TxID)
+	h, err := v.half(c.TxID)
 	if err != nil {
 		return err
 	}
 	if h != nil {
-		c.Count = len(h.Records)
-		if err := w.half.Delete([]byte(c.TxID)); err != nil {
-			return err
-		}
+		res.Count = len(h.Records)
+		v.g.del(bHalf, c.TxID)
 	}
-	return w.decide(c, RolledBack)
-}
-
-func (w *writeTx) txChecked(c *Command) error {
-	h, err := w.loadHalf(c.TxID)
-	if err != nil || h == nil {
-		return err
-	}
-	h.Checks++
-	h.LastCheck = c.Now
-	c.Count = h.Checks
-	return w.putHalf(c.TxID, h)
+	v.decide(c, RolledBack)
+	return nil
 }
 
 // release moves due delayed messages into the log in key order: by due time,
-// then by arrival, so messages of one key due together keep their order.
-func (w *writeTx) release(c *Command) error {
+// then by arrival, so messages of one key due together keep their order. It
+// runs on the file alone (scans).
+func (v *view) release(c *Command, res *Result) {
+	st := &v.g.st
 	limit := c.Limit
-	if limit <= 0 {
-		limit = 10_000
+	if limit == 0 {
+		limit = defaultLimit
 	}
-	cur := w.delay.Cursor()
-	for k, v := cur.First(); k != nil; k, v = cur.First() {
-		if int64(be.Uint64(k[:8])) > c.Now {
+	cur := v.bk[bDelay].Cursor()
+	for k, val := cur.First(); k != nil; k, val = cur.Next() {
+		if len(k) != 16 || int64(be.Uint64(k[:8])) > c.Now {
 			break
 		}
-		if c.Count >= limit {
-			c.More = true
+		if res.Count >= limit {
+			res.More = true
 			break
 		}
-		if err := decodeRecord(k, v, &w.scratch); err != nil {
+		v.g.delBin(bDelay, k)
+		v.g.delayDel = true
+		st.Delayed--
+		res.Count++
+		if err := decodeRecord(k, val, &v.scratch); err != nil {
 			// Failing would fail every command batched with this one, on
 			// every try; dropping the record would lose a message silently.
 			// It moves into the log as it is: its CRC covers its delay key,
 			// so readers get ErrCorrupt at its offset.
-			if err := w.moveDamaged(v); err != nil {
-				return err
-			}
-			if err := cur.Delete(); err != nil {
-				return err
-			}
-			w.st.Delayed--
-			c.Count++
+			v.g.appendLogRaw(st.Next, val)
+			st.Bytes += int64(len(val))
+			st.Next++
 			continue
 		}
-		m := w.scratch
-		m.StoredAt = max(c.Now, w.st.LastStored)
-		w.st.LastStored = m.StoredAt
-		off, err := w.appendLog(&m)
-		if err != nil {
-			return err
-		}
-		if m.ID != "" {
-			if err := w.putDedup(m.ID, off, m.StoredAt); err != nil {
-				return err
-			}
-		}
-		if err := cur.Delete(); err != nil {
-			return err
-		}
-		w.st.Delayed--
-		c.Count++
+		m := v.scratch
+		m.StoredAt = max(c.Now, st.LastStored)
+		st.LastStored = m.StoredAt
+		off := v.appendLog(&m)
+		v.putDedup(m.ID, off, m.StoredAt)
 	}
-	return nil
 }
 
-// moveDamaged appends the undecodable record v to the log unchanged.
-func (w *writeTx) moveDamaged(v []byte) error {
-	var k [8]byte
-	be.PutUint64(k[:], w.st.Next)
-	if err := w.log.Put(w.enc.bytes(k[:]), w.enc.bytes(v)); err != nil {
-		return err
-	}
-	w.st.Next++
-	w.st.Bytes += int64(len(v))
-	w.grew = true
-	return nil
-}
-
-func encodeState(s *state) []byte {
-	b, _ := msgpack.Marshal(s)
+func u64(v uint64) []byte {
+	b := make([]byte, 8)
+	be.PutUint64(b, v)
 	return b
-}
-
-func decodeState(b []byte, s *state) error {
-	if err := msgpack.Unmarshal(b, s); err != nil {
-		return fmt.Errorf("%w: meta state: %v", ErrCorrupt, err)
-	}
-	return nil
 }

@@ -18,7 +18,7 @@ import (
 func TestPartition_CloseWhileApplying(t *testing.T) {
 	var hung, closed atomic.Int64
 	for round := 0; round < 100; round++ {
-		p, err := store.Open(filepath.Join(t.TempDir(), "p.db"), store.Options{SyncInterval: time.Hour})
+		p, err := store.Open(filepath.Join(t.TempDir(), "p.db"), store.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -29,7 +29,7 @@ func TestPartition_CloseWhileApplying(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for {
-					err := p.Apply(ctx, &store.Command{Op: store.OpCommitOffset, Group: "g", Offset: 1})
+					_, err := p.Apply(ctx, &store.Command{Op: store.OpCommitOffset, Now: 1, Group: "g", Offset: 1})
 					switch {
 					case err == nil:
 						continue

@@ -1,5 +1,12 @@
 package store
 
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+)
+
 // Op names a store command. Every mutation of a partition is one Command,
 // applied in order by the partition's writer; a replicator (raft, double
 // write) ships the same commands and applies them in the same order on every
@@ -16,8 +23,8 @@ const (
 	OpCommitOffset Op = 2
 	// OpTrim deletes the head of the log: records stored before
 	// Now-MaxAge, and the oldest records while the log holds more than
-	// MaxBytes. It also prunes dedup entries older than Now-DedupWindow and
-	// transaction decisions older than Now-DecisionTTL.
+	// MaxBytes. It also prunes dedup entries older than Now-DedupTTL and
+	// transaction decisions older than Now-DecideTTL.
 	OpTrim Op = 3
 	// OpPrepare stores Msgs as half messages of transaction TxID.
 	OpPrepare Op = 4
@@ -33,6 +40,8 @@ const (
 	OpTxChecked Op = 8
 	// OpDeleteGroup removes Group's committed offset.
 	OpDeleteGroup Op = 9
+
+	maxOp = OpDeleteGroup
 )
 
 // Decision is the recorded outcome of a transaction in one partition.
@@ -55,41 +64,53 @@ func (d Decision) String() string {
 	return "undecided"
 }
 
-// Command is one mutation of a partition. Inputs are set by the caller; the
-// outputs (Acks, Count, More, Previous) are filled by the writer. Now is chosen
-// by the proposer, not the applier, so every replica computes the same result.
+// Limits every command is checked against before anything is written.
+const (
+	// MaxKeyBytes bounds a message ID, a group name, a transaction id and a
+	// producer name: each becomes (part of) a bbolt key.
+	MaxKeyBytes = 1024
+	// MaxCommandBytes bounds the encoded effects of one command: the write
+	// that stores it, and what recovery reads back, is never larger.
+	MaxCommandBytes = 1 << 30
+)
+
+// Command is one mutation of a partition: inputs only. Now is chosen by the
+// proposer (the node leading the partition), not by the applier, so every
+// replica computes the same result; a Now that is zero (or before 1970) is
+// ErrBadCommand. The store
+// reads Msgs while it applies the command and never after Apply returns.
 type Command struct {
-	Op Op
-
-	// Index, when non-zero, is the replicated log index of this command.
-	// Commands at or below the partition's applied index are skipped, which
-	// makes replay after a crash idempotent.
-	Index uint64
-
-	Now       int64 // unix ns
+	Op        Op
+	Now       int64 // unix ns, non-zero
 	Msgs      []Message
 	Group     string
 	Offset    uint64
 	TxID      string
 	Producer  string // the node that prepared TxID (OpPrepare)
-	Limit     int    // OpRelease: most messages moved; 0 means 10,000
+	Limit     int    // OpRelease, OpTrim: most messages moved or deleted; 0: the default
 	MaxAge    int64  // OpTrim: ns; 0 keeps all
 	MaxBytes  int64  // OpTrim: 0 keeps all
 	DedupTTL  int64  // OpTrim: ns; 0 keeps dedup entries
 	DecideTTL int64  // OpTrim: ns; 0 keeps transaction decisions
+}
 
+// Result is what applying a command produced. A send is acknowledged with
+// exactly this value: it is computed once, by the code that wrote the
+// command's effects.
+type Result struct {
 	// Acks has one entry per message of Msgs after OpAppend or OpCommitTx
-	// (half messages of OpCommitTx come first). The writer reuses the
-	// slice's capacity, so a caller that keeps its Command allocates nothing.
+	// (half messages of OpCommitTx come first); none when OpCommitTx found
+	// the transaction decided already.
 	Acks []Ack
-	// Count is the number of messages moved (OpRelease, OpCommitTx) or
-	// deleted (OpTrim, OpRollbackTx).
+	// Count is the number of messages moved (OpRelease, OpCommitTx),
+	// stored (OpPrepare), deleted (OpTrim, OpRollbackTx), or the checks
+	// counted so far (OpTxChecked).
 	Count int
 	// More reports that OpRelease or OpTrim stopped at Limit with work left.
 	More bool
 	// Previous is the decision already recorded for TxID when OpCommitTx or
-	// OpRollbackTx arrives after the first decision; the command changed
-	// nothing.
+	// OpRollbackTx (or OpPrepare, which then fails with ErrDecided) arrives
+	// after the first decision; the command changed nothing.
 	Previous Decision
 }
 
@@ -98,4 +119,250 @@ type Ack struct {
 	Offset    uint64 // meaningful unless Delayed
 	Delayed   bool   // held in the delay index until its DeliverAt
 	Duplicate bool   // its ID was seen within the dedup window; Offset is the first copy's
+}
+
+// check validates c's inputs: every limit the reader of its effects will
+// enforce, and every field the op needs.
+func (c *Command) check() error {
+	if c.Op == 0 || c.Op > maxOp {
+		return fmt.Errorf("%w: op %d", ErrBadCommand, c.Op)
+	}
+	if c.Now <= 0 {
+		return fmt.Errorf("%w: op %d with Now %d (unix ns after 1970 required)", ErrBadCommand, c.Op, c.Now)
+	}
+	if len(c.Group) > MaxKeyBytes || len(c.TxID) > MaxKeyBytes || len(c.Producer) > MaxKeyBytes {
+		return fmt.Errorf("%w: group, txid or producer over %d bytes", ErrBadCommand, MaxKeyBytes)
+	}
+	if c.Limit < 0 || c.MaxAge < 0 || c.MaxBytes < 0 || c.DedupTTL < 0 || c.DecideTTL < 0 {
+		return fmt.Errorf("%w: negative limit", ErrBadCommand)
+	}
+	switch c.Op {
+	case OpCommitOffset, OpDeleteGroup:
+		if c.Group == "" {
+			return fmt.Errorf("%w: op %d without group", ErrBadCommand, c.Op)
+		}
+	case OpPrepare, OpCommitTx, OpRollbackTx, OpTxChecked:
+		if c.TxID == "" {
+			return fmt.Errorf("%w: op %d without txid", ErrBadCommand, c.Op)
+		}
+	}
+	switch c.Op {
+	case OpAppend, OpPrepare, OpCommitTx:
+	default:
+		if len(c.Msgs) > 0 {
+			return fmt.Errorf("%w: op %d with messages", ErrBadCommand, c.Op)
+		}
+	}
+	var total int64
+	for i := range c.Msgs {
+		m := &c.Msgs[i]
+		if len(m.ID) > MaxKeyBytes {
+			return fmt.Errorf("%w: message %d: ID of %d bytes (max %d)", ErrBadCommand, i, len(m.ID), MaxKeyBytes)
+		}
+		if m.FreshID && m.ID == "" {
+			return fmt.Errorf("%w: message %d: FreshID without ID", ErrBadCommand, i)
+		}
+		total += int64(m.recordBound()) + effectOverhead + int64(len(m.ID))
+	}
+	if total > MaxCommandBytes {
+		return fmt.Errorf("%w: %d messages of about %d bytes (max %d)", ErrTooLarge, len(c.Msgs), total, MaxCommandBytes)
+	}
+	return nil
+}
+
+// Command encoding: the one layout of a command, for raft entries and
+// replication.
+//
+//	magic   'Z' 'C'
+//	version uint8 (cmdVersion)
+//	op      uint8
+//	now     int64 BE
+//	offset  uint64 BE
+//	limit, max age, max bytes, dedup TTL, decide TTL: uvarint each
+//	group, txid, producer: uvarint length + bytes each
+//	count   uvarint, then each message: uvarint length + its record
+//	        payload (message.go's msgpack array) + flags byte (1: FreshID)
+const (
+	cmdMagic0  = 'Z'
+	cmdMagic1  = 'C'
+	cmdVersion = 1
+	cmdFixed   = 4 + 8 + 8
+)
+
+// AppendCommand appends the encoding of c to dst.
+func AppendCommand(dst []byte, c *Command) []byte {
+	dst = append(dst, cmdMagic0, cmdMagic1, cmdVersion, byte(c.Op))
+	dst = binary.BigEndian.AppendUint64(dst, uint64(c.Now))
+	dst = binary.BigEndian.AppendUint64(dst, c.Offset)
+	dst = binary.AppendUvarint(dst, uint64(c.Limit))
+	dst = binary.AppendUvarint(dst, uint64(c.MaxAge))
+	dst = binary.AppendUvarint(dst, uint64(c.MaxBytes))
+	dst = binary.AppendUvarint(dst, uint64(c.DedupTTL))
+	dst = binary.AppendUvarint(dst, uint64(c.DecideTTL))
+	dst = appendString(dst, c.Group)
+	dst = appendString(dst, c.TxID)
+	dst = appendString(dst, c.Producer)
+	dst = binary.AppendUvarint(dst, uint64(len(c.Msgs)))
+	for i := range c.Msgs {
+		m := &c.Msgs[i]
+		start := len(dst)
+		dst = append(dst, make([]byte, binary.MaxVarintLen32)...) // length, filled below
+		body := len(dst)
+		dst = appendMessage(dst, m)
+		dst = putUvarintBack(dst, start, body)
+		flags := byte(0)
+		if m.FreshID {
+			flags = 1
+		}
+		dst = append(dst, flags)
+	}
+	return dst
+}
+
+// putUvarintBack writes len(dst)-body as a uvarint at start, where
+// MaxVarintLen32 bytes were reserved, and closes the gap.
+func putUvarintBack(dst []byte, start, body int) []byte {
+	var l [binary.MaxVarintLen32]byte
+	n := binary.PutUvarint(l[:], uint64(len(dst)-body))
+	copy(dst[start:], l[:n])
+	return append(dst[:start+n], dst[body:]...)
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+var errShort = errors.New("short input")
+
+// DecodeCommand decodes a command encoded by AppendCommand. Its messages'
+// Body slices point into b. Malformed input returns an error wrapping
+// ErrBadCommand; nothing is allocated beyond what the input's length allows.
+func DecodeCommand(b []byte) (*Command, error) {
+	c, err := decodeCommand(b)
+	if err != nil {
+		return nil, fmt.Errorf("%w: decode: %v", ErrBadCommand, err)
+	}
+	return c, nil
+}
+
+func decodeCommand(b []byte) (*Command, error) {
+	if len(b) < cmdFixed {
+		return nil, errShort
+	}
+	if b[0] != cmdMagic0 || b[1] != cmdMagic1 {
+		return nil, errors.New("bad magic")
+	}
+	if b[2] != cmdVersion {
+		return nil, fmt.Errorf("version %d, want %d", b[2], cmdVersion)
+	}
+	c := &Command{Op: Op(b[3])}
+	c.Now = int64(binary.BigEndian.Uint64(b[4:]))
+	c.Offset = binary.BigEndian.Uint64(b[12:])
+	r := reader{b: b[cmdFixed:]}
+	limit := r.uvarint()
+	if limit > math.MaxInt32 {
+		return nil, errors.New("limit out of range")
+	}
+	c.Limit = int(limit)
+	for _, f := range []*int64{&c.MaxAge, &c.MaxBytes, &c.DedupTTL, &c.DecideTTL} {
+		v := r.uvarint()
+		if v > math.MaxInt64 {
+			return nil, errors.New("duration out of range")
+		}
+		*f = int64(v)
+	}
+	c.Group = r.str()
+	c.TxID = r.str()
+	c.Producer = r.str()
+	n := r.uvarint()
+	if r.err == nil && n > uint64(len(r.b)) { // every message takes at least a byte
+		return nil, fmt.Errorf("%d messages in %d bytes", n, len(r.b))
+	}
+	if n > 0 {
+		c.Msgs = make([]Message, n)
+	}
+	for i := range c.Msgs {
+		rec := r.bytes()
+		flags := r.byte()
+		if r.err != nil {
+			break
+		}
+		if flags > 1 {
+			return nil, fmt.Errorf("message %d: flags %#x", i, flags)
+		}
+		if err := decodeMessagePayload(rec, &c.Msgs[i]); err != nil {
+			return nil, fmt.Errorf("message %d: %v", i, err)
+		}
+		c.Msgs[i].FreshID = flags == 1
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	if len(r.b) != 0 {
+		return nil, fmt.Errorf("%d bytes after the command", len(r.b))
+	}
+	return c, nil
+}
+
+// reader reads the varint layouts of this package from b; the first error
+// sticks and every later read returns zero values.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.err = errShort
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) bytes() []byte {
+	n := r.uvarint()
+	if r.err != nil {
+		return nil
+	}
+	if n > uint64(len(r.b)) {
+		r.err = errShort
+		return nil
+	}
+	out := r.b[:n:n]
+	r.b = r.b[n:]
+	return out
+}
+
+func (r *reader) str() string { return string(r.bytes()) }
+
+func (r *reader) byte() byte {
+	if r.err != nil {
+		return 0
+	}
+	if len(r.b) == 0 {
+		r.err = errShort
+		return 0
+	}
+	v := r.b[0]
+	r.b = r.b[1:]
+	return v
+}
+
+func (r *reader) u64() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	if len(r.b) < 8 {
+		r.err = errShort
+		return 0
+	}
+	v := binary.BigEndian.Uint64(r.b)
+	r.b = r.b[8:]
+	return v
 }

@@ -1,7 +1,9 @@
 package store
 
-// SetWALSegmentSize sets the size at which w starts a new segment. Call it
-// before the first append.
-func SetWALSegmentSize(w *WAL, n int64) { w.segSize = n }
-
-const WALStallEnv = walStallEnv
+// Commits returns how many bbolt transactions p committed and how many gens
+// (batches with effects) it built.
+func Commits(p *Partition) (commits, gens uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.commits, p.batches
+}

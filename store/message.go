@@ -5,8 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
-
-	"github.com/vmihailenco/msgpack/v5"
+	"math"
 )
 
 // Message is one stored message. The root package converts its own Message
@@ -29,10 +28,12 @@ type Message struct {
 	// not part of the encoded record.
 	Offset uint64
 
-	// NewID, set by a sender that generated ID just now, says no earlier
-	// copy can exist: the WAL fast path skips the dedup lookup (the ID is
-	// still indexed for later resends). Not stored.
-	NewID bool
+	// FreshID is an input of OpAppend and OpCommitTx, set by a sender that
+	// generated ID for this very send: no earlier copy can exist, so the
+	// dedup lookup is skipped (the ID is still indexed for later resends).
+	// It travels with the command, so every replica skips the same
+	// lookups. Not stored.
+	FreshID bool
 }
 
 // Size is the number of bytes a message counts for against memory and flow
@@ -44,6 +45,19 @@ func (m *Message) Size() int {
 	}
 	for k, v := range m.Properties {
 		n += len(k) + len(v)
+	}
+	return n
+}
+
+// recordBound is at least the encoded length of m's record: CRC, then each
+// field with its largest msgpack header.
+func (m *Message) recordBound() int {
+	n := crcLen + 5 + 2 + 5 + len(m.ID) + 5 + len(m.Key) + 5 + 5 + 5 + len(m.Body) + 3*9 + 5
+	for _, t := range m.Tags {
+		n += 5 + len(t)
+	}
+	for k, v := range m.Properties {
+		n += 10 + len(k) + len(v)
 	}
 	return n
 }
@@ -64,83 +78,40 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// encoder appends records to one growing arena, reused from batch to batch,
-// so the writer allocates nothing per message once warmed up.
-type encoder struct {
-	buf bytes.Buffer
-	enc *msgpack.Encoder
+// appendRecord appends the record of m stored under key.
+func appendRecord(dst, key []byte, m *Message) []byte {
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0)
+	dst = appendMessage(dst, m)
+	crc := crc32.Update(crc32.Checksum(key, castagnoli), castagnoli, dst[start+crcLen:])
+	binary.BigEndian.PutUint32(dst[start:], crc)
+	return dst
 }
 
-func newEncoder() *encoder {
-	e := &encoder{}
-	e.enc = msgpack.NewEncoder(&e.buf)
-	return e
-}
-
-// maxArena is the arena capacity kept between batches; a larger one, grown
-// by a burst of big batches, is dropped so an idle partition does not hold it.
-const maxArena = 4 << 20
-
-func (e *encoder) reset() {
-	if e.buf.Cap() > maxArena {
-		e.buf = bytes.Buffer{}
-		e.enc.Reset(&e.buf)
-		return
-	}
-	e.buf.Reset()
-}
-
-// record encodes m after key and returns the finished value. The returned
-// slice stays valid until reset: a later append may move the arena, but the
-// old backing array is left untouched.
-func (e *encoder) record(key []byte, m *Message) ([]byte, error) {
-	start := e.buf.Len()
-	e.buf.Write([]byte{0, 0, 0, 0})
-	if err := encodeMessage(e.enc, m); err != nil {
-		return nil, err
-	}
-	b := e.buf.Bytes()[start:]
-	crc := crc32.Update(crc32.Checksum(key, castagnoli), castagnoli, b[crcLen:])
-	binary.BigEndian.PutUint32(b, crc)
-	return b, nil
-}
-
-// bytes copies b into the arena, for keys that must live until commit.
-func (e *encoder) bytes(b []byte) []byte {
-	start := e.buf.Len()
-	e.buf.Write(b)
-	return e.buf.Bytes()[start:]
-}
-
-// str copies s into the arena, like bytes without converting s first.
-func (e *encoder) str(s string) []byte {
-	start := e.buf.Len()
-	e.buf.WriteString(s)
-	return e.buf.Bytes()[start:]
-}
-
-func encodeMessage(enc *msgpack.Encoder, m *Message) error {
-	_ = enc.EncodeArrayLen(recordFields)
-	_ = enc.EncodeUint8(recordVersion)
-	_ = enc.EncodeString(m.ID)
-	_ = enc.EncodeString(m.Key)
-	_ = enc.EncodeArrayLen(len(m.Tags))
+// appendMessage appends m's record payload (the msgpack array).
+func appendMessage(dst []byte, m *Message) []byte {
+	dst = mpArrayLen(dst, recordFields)
+	dst = mpUint8(dst, recordVersion)
+	dst = mpString(dst, m.ID)
+	dst = mpString(dst, m.Key)
+	dst = mpArrayLen(dst, len(m.Tags))
 	for _, t := range m.Tags {
-		_ = enc.EncodeString(t)
+		dst = mpString(dst, t)
 	}
-	_ = enc.EncodeMapLen(len(m.Properties))
+	dst = mpMapLen(dst, len(m.Properties))
 	for k, v := range m.Properties {
-		_ = enc.EncodeString(k)
-		_ = enc.EncodeString(v)
+		dst = mpString(dst, k)
+		dst = mpString(dst, v)
 	}
-	_ = enc.EncodeBytes(m.Body)
-	_ = enc.EncodeInt64(m.Timestamp)
-	_ = enc.EncodeInt64(m.DeliverAt)
-	_ = enc.EncodeInt64(m.StoredAt)
-	return enc.EncodeInt32(m.ReconsumeTimes)
+	dst = mpBytes(dst, m.Body)
+	dst = mpInt64(dst, m.Timestamp)
+	dst = mpInt64(dst, m.DeliverAt)
+	dst = mpInt64(dst, m.StoredAt)
+	return mpInt32(dst, m.ReconsumeTimes)
 }
 
 // decodeRecord checks the CRC of value (stored under key) and decodes it.
+// Every field of m is set; Body is a copy.
 func decodeRecord(key, value []byte, m *Message) error {
 	if len(value) < crcLen {
 		return fmt.Errorf("%w: record of %d bytes", ErrCorrupt, len(value))
@@ -150,76 +121,60 @@ func decodeRecord(key, value []byte, m *Message) error {
 	if want != got {
 		return fmt.Errorf("%w: crc %08x, want %08x", ErrCorrupt, got, want)
 	}
-	dec := msgpack.NewDecoder(bytes.NewReader(value[crcLen:]))
-	if err := decodeMessage(dec, m); err != nil {
+	if err := decodeMessagePayload(value[crcLen:], m); err != nil {
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	return nil
 }
 
-func decodeMessage(dec *msgpack.Decoder, m *Message) error {
-	n, err := dec.DecodeArrayLen()
-	if err != nil {
-		return err
-	}
-	if n != recordFields {
+// decodeMessagePayload decodes a record payload, all of b.
+func decodeMessagePayload(b []byte, m *Message) error {
+	r := mpReader{b: b}
+	if n := r.arrayLen(); r.err == nil && n != recordFields {
 		return fmt.Errorf("record has %d fields, want %d", n, recordFields)
 	}
-	v, err := dec.DecodeUint8()
-	if err != nil {
-		return err
-	}
-	if v != recordVersion {
+	if v := r.int(); r.err == nil && v != recordVersion {
 		return fmt.Errorf("record version %d, want %d", v, recordVersion)
 	}
-	if m.ID, err = dec.DecodeString(); err != nil {
-		return err
-	}
-	if m.Key, err = dec.DecodeString(); err != nil {
-		return err
-	}
-	nt, err := dec.DecodeArrayLen()
-	if err != nil {
-		return err
-	}
+	m.ID = r.str()
+	m.Key = r.str()
 	m.Tags = nil
-	if nt > 0 {
+	if nt := r.arrayLen(); nt > 0 {
 		m.Tags = make([]string, nt)
 		for i := range m.Tags {
-			if m.Tags[i], err = dec.DecodeString(); err != nil {
-				return err
-			}
+			m.Tags[i] = r.str()
 		}
-	}
-	np, err := dec.DecodeMapLen()
-	if err != nil {
-		return err
 	}
 	m.Properties = nil
-	if np > 0 {
+	if np := r.mapLen(); np > 0 {
 		m.Properties = make(map[string]string, np)
-		for i := 0; i < np; i++ {
-			k, err := dec.DecodeString()
-			if err != nil {
-				return err
-			}
-			if m.Properties[k], err = dec.DecodeString(); err != nil {
-				return err
-			}
+		for range np {
+			k := r.str()
+			m.Properties[k] = r.str()
 		}
 	}
-	if m.Body, err = dec.DecodeBytes(); err != nil {
-		return err
+	body, isNil := r.raw()
+	m.Body = nil
+	if !isNil {
+		m.Body = bytes.Clone(body)
+		if m.Body == nil {
+			m.Body = []byte{}
+		}
 	}
-	if m.Timestamp, err = dec.DecodeInt64(); err != nil {
-		return err
+	m.Timestamp = r.int()
+	m.DeliverAt = r.int()
+	m.StoredAt = r.int()
+	rt := r.int()
+	if rt < math.MinInt32 || rt > math.MaxInt32 {
+		return fmt.Errorf("reconsume times %d out of range", rt)
 	}
-	if m.DeliverAt, err = dec.DecodeInt64(); err != nil {
-		return err
+	m.ReconsumeTimes = int32(rt)
+	m.FreshID = false
+	if r.err != nil {
+		return r.err
 	}
-	if m.StoredAt, err = dec.DecodeInt64(); err != nil {
-		return err
+	if len(r.b) != 0 {
+		return fmt.Errorf("%d bytes after the record", len(r.b))
 	}
-	m.ReconsumeTimes, err = dec.DecodeInt32()
-	return err
+	return nil
 }

@@ -1,25 +1,36 @@
-// Package store keeps one partition of a topic in one bbolt file.
+// Package store keeps one partition of a topic in one bbolt file, as a
+// deterministic state machine: every mutation is a Command, and Apply returns
+// the Result that the one implementation of the command produced.
 //
-// Every mutation is a Command applied by the partition's single writer
-// goroutine, which gathers all waiting commands into one bbolt transaction
-// and one fsync (group commit) and acknowledges them in order afterwards.
-// Readers use bbolt read transactions and see only committed, synced data.
+// # Paths
 //
-// With a node-level write-ahead log (Options.WAL, wal.go, walpart.go) plain
-// appends are acknowledged once one group fdatasync of the WAL covers them,
-// whatever partition they belong to, and are materialized into the file
-// later, in deep batches, by the same apply code; replay after a crash
-// restores them at their acknowledged offsets.
+// A partition's single writer goroutine gathers the commands waiting for it
+// and applies them, in order, against a view: the file, with the effects of
+// earlier batches that are not in it yet laid over it (gen.go). A batch's
+// effects (a gen: the bbolt writes it produced and the state after it) are
+// logged to the node's write-ahead log (wal.go), which puts the gens of every
+// partition in one write and one fdatasync; only then are the batch's
+// commands acknowledged, and only then do readers see its effects. The
+// partition's materializer writes durable gens into the file in deep batches,
+// with bbolt's normal fsync, and releases the log behind them. Replay after a
+// crash writes the logged gens again: what is in the file is what was
+// acknowledged, byte for byte. Without a WAL (Options.WAL nil) each gen is
+// written into the file, and synced, before its commands are acknowledged.
 //
-// Buckets (see DESIGN.md section 4):
+// Commands that read a bucket in key order (OpTrim, OpRelease) run when the
+// file holds everything: the writer waits for the materializer first.
+//
+// # Files
+//
+// Buckets (see docs/DESIGN.md section 4):
 //
 //	log     big-endian offset -> record
-//	half    txid -> half messages of an undecided transaction
+//	half    txid -> half messages of an undecided transaction (state.go)
 //	txs     txid -> decision (1 byte) + decided-at (8 bytes), kept DecideTTL
 //	groups  group -> committed offset (8 bytes)
 //	delay   deliverAt (8) + seq (8) -> record
 //	dedup   message ID -> offset (8) + stored-at (8)
-//	meta    format version, next offset, low watermark, applied index, ...
+//	meta    "version" -> FormatVersion (8 bytes); "state" -> state (state.go)
 //
 // A record is a CRC32C followed by a msgpack array (message.go).
 package store
@@ -31,26 +42,40 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
 
 // FormatVersion is the on-disk format of a partition file, stored in meta.
-const FormatVersion = 1
+// Format 1 stored state and half transactions as msgpack maps; Open reads
+// them and upgrades the file to format 2, which stores both in the layouts
+// of state.go.
+const FormatVersion = 2
 
 // Errors returned by this package.
 var (
 	// ErrClosed is returned by every method after Close.
 	ErrClosed = errors.New("store: closed")
-	// ErrCorrupt is returned when a record fails its CRC or cannot be decoded.
-	ErrCorrupt = errors.New("store: corrupt record")
+	// ErrCorrupt is returned when stored data fails its check: a record's
+	// CRC, a file's layout, a WAL frame. The error names the file.
+	ErrCorrupt = errors.New("store: corrupt data")
 	// ErrFormat is returned by Open for a file of an unknown format version.
 	ErrFormat = errors.New("store: unsupported format version")
 	// ErrDecided is returned by OpPrepare for a transaction already decided.
 	ErrDecided = errors.New("store: transaction already decided")
-	// ErrBadCommand is returned for a command with an unknown Op.
+	// ErrBadCommand is returned for a command that is not valid: an unknown
+	// Op, a zero Now, a missing group or txid, a key over MaxKeyBytes.
 	ErrBadCommand = errors.New("store: bad command")
+	// ErrTooLarge is returned, before anything is written, for a command
+	// whose effects would exceed MaxCommandBytes.
+	ErrTooLarge = errors.New("store: command too large")
+	// ErrFailed is returned for every command after a write or sync of the
+	// partition's log or file failed, until the partition is reopened: the
+	// outcome of what was being written is unknown, and nothing is retried
+	// and acknowledged (the first error it wraps says what failed).
+	ErrFailed = errors.New("store: partition failed")
 )
 
 var (
@@ -64,59 +89,45 @@ var (
 
 	allBuckets = [][]byte{bucketLog, bucketHalf, bucketTxs, bucketGroups, bucketDelay, bucketDedup, bucketMeta}
 
-	metaVersion  = []byte("version")
-	metaState    = []byte("state")
-	noOffset     = ^uint64(0)
-	maxBatchCmds = 4096
-	maxYields    = 16
+	metaVersion = []byte("version")
+	metaState   = []byte("state")
 )
 
-// Options tune a partition. The zero value is durable: every batch is fsynced
+const (
+	maxBatchCmds = 4096
+	maxYields    = 16
+	// maxGenBytes bounds one gen, the payload of one WAL record.
+	maxGenBytes = MaxCommandBytes + 1<<20
+)
+
+// Options tune a partition. The zero value is durable: every batch is synced
 // before its commands are acknowledged.
 type Options struct {
-	// SyncInterval, when positive, acknowledges commands before fsync and
-	// syncs the file every SyncInterval instead (RocketMQ's ASYNC_FLUSH). A
-	// process crash loses nothing (the OS has the pages); a power loss may
-	// lose the last interval and, as bbolt's NoSync warns, may damage the file.
-	SyncInterval time.Duration
+	// WAL is the node's write-ahead log; Stream names the partition in it
+	// (1..1024 bytes, unique among the partitions sharing the WAL). Without
+	// a WAL every batch is written into the file, and synced, before its
+	// commands are acknowledged.
+	WAL    *WAL
+	Stream string
 	// QueueDepth bounds the commands waiting for the writer; senders block
 	// beyond it. Default 4096.
 	QueueDepth int
-	// WAL, when set, is the node's write-ahead log: plain appends are
-	// acknowledged once logged there and materialized into the file later
-	// (walpart.go). WALName names the partition in the log; it must be
-	// unique among the partitions sharing the WAL. The partition numbers its
-	// commands itself: a caller's Index is ignored. Not with SyncInterval.
-	WAL     *WAL
-	WALName string
+	// MaterializeAfter is how long a logged batch may wait before the
+	// materializer writes it into the file; a longer wait gathers deeper
+	// batches (fewer bbolt commits) and keeps more in memory. Default 50ms.
+	// The materializer also starts early once MaxPendingBytes/4 are waiting.
+	MaterializeAfter time.Duration
+	// MaxPendingBytes bounds the logged batches not yet in the file; the
+	// writer waits for the materializer beyond it. Default 64 MiB.
+	MaxPendingBytes int
 }
-
-// state is the partition's metadata, kept in memory and written to meta once
-// per batch.
-type state struct {
-	Next       uint64 // offset of the next appended message
-	Low        uint64 // offset of the first message still in the log
-	Bytes      int64  // bytes of records in the log
-	DedupLow   uint64 // log offsets below this have no dedup entry any more
-	Applied    uint64 // highest replicated Index applied
-	LastStored int64  // StoredAt of the newest record; StoredAt never decreases
-	DelaySeq   uint64 // sequence of the newest delayed message
-	Delayed    int64  // messages in the delay index
-}
-
-type request struct {
-	cmd  *Command
-	err  error
-	done chan struct{}
-}
-
-var requestPool = sync.Pool{New: func() any { return &request{done: make(chan struct{}, 1)} }}
 
 // Partition is one partition file. It is safe for concurrent use.
 type Partition struct {
 	db   *bolt.DB
 	path string
 	opts Options
+	wal  *WAL
 	reqs chan *request
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -125,82 +136,63 @@ type Partition struct {
 	closeMu sync.RWMutex // guards closing; held for reading while enqueuing
 	closing bool
 
-	mu      sync.Mutex    // guards st, changed, commits and commands
-	st      state         // committed state; the writer owns a working copy
-	changed chan struct{} // closed when the log or the delay index changes
+	// Owned by the writer goroutine.
+	work    state  // the state after the last gen built
+	nextIdx uint64 // index of the next gen with effects
 
-	commits, commands uint64 // committed batches and the commands in them
-
-	enc *encoder // writer's arena
-
-	// With a WAL (walpart.go).
-	wal    *WAL
-	name   string
-	walEnc *encoder // writer's WAL arena
-	matEnc *encoder // materializer's arena
-	hits   map[string]Ack
-	// Owned by the writer: next Index, last Index logged, the view of the
-	// log including what is logged but not materialized.
-	nextIdx, submitted uint64
-	vNext              uint64
-	vLast, vBytes      int64
-	av                 ackedView // guarded by mu
-
-	mmu      sync.Mutex // guards the fields below
-	mcond    *sync.Cond
-	wake     chan struct{}
-	mq       []matItem          // logged, waiting for the materializer
-	overlay  map[string]ovEntry // IDs logged but not materialized
-	txDone   map[string]uint64  // txids committed by logged, unmaterialized commands -> Index
-	acked    uint64             // highest Index acknowledged from the WAL
-	matIdx   uint64             // highest logged Index materialized
-	mPending int                // logged commands not materialized
-	mBytes   int
-	kick     bool  // materialize now
-	mStop    bool  // Close: materialize what is left and exit
-	mDone    bool  // the materializer has exited
-	mErr     error // sticky: a failed WAL write or materialization
+	mu               sync.Mutex // guards the fields below; cond waits on it
+	cond             *sync.Cond
+	gens             []*gen        // gens with effects not yet in the file, oldest first; replaced, never modified in place
+	waiting          []*gen        // gens whose commands wait for their durability, in order
+	fileSt           state         // the state in the file
+	ackedSt          state         // the state after the last durable gen
+	changed          chan struct{} // closed when a durable gen adds to the log or the delay index
+	pending          int           // bytes of gens not yet in the file
+	failed           error         // sticky: wraps ErrFailed or ErrCorrupt
+	kick             bool          // materialize now
+	matStop          bool          // Close: materialize what is durable and exit
+	matDone          bool
+	wake             chan struct{} // wakes the materializer
+	commits, batches uint64        // bbolt commits, gens (for tests)
 }
 
-// Open opens (creating if needed) the partition file at path and starts its
-// writer goroutine (and, with SyncInterval, its syncer goroutine). Close stops
-// them.
+// Open opens (creating if needed) the partition file at path, replays its
+// stream of opts.WAL onto it, and starts its writer goroutine (and, with a
+// WAL, its materializer goroutine). Close stops them. A damaged file is an
+// error wrapping ErrCorrupt that names it.
 func Open(path string, opts Options) (*Partition, error) {
 	if opts.QueueDepth <= 0 {
 		opts.QueueDepth = 4096
 	}
-	if opts.SyncInterval < 0 {
-		return nil, fmt.Errorf("store: negative SyncInterval %v", opts.SyncInterval)
+	if opts.MaterializeAfter <= 0 {
+		opts.MaterializeAfter = 50 * time.Millisecond
 	}
-	if opts.WAL != nil && (opts.SyncInterval > 0 || opts.WALName == "" || len(opts.WALName) > 1024) {
-		return nil, fmt.Errorf("store: a WAL needs a name of 1..1024 bytes and no SyncInterval")
+	if opts.MaxPendingBytes <= 0 {
+		opts.MaxPendingBytes = 64 << 20
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	if opts.WAL != nil && (opts.Stream == "" || len(opts.Stream) > MaxKeyBytes) {
+		return nil, fmt.Errorf("store: a WAL stream needs a name of 1..%d bytes", MaxKeyBytes)
+	}
+	db, err := openBolt(path)
 	if err != nil {
-		return nil, fmt.Errorf("store: open %s: %w", path, err)
+		return nil, err
 	}
-	db.NoSync = opts.SyncInterval > 0
 	p := &Partition{
 		db:      db,
 		path:    path,
 		opts:    opts,
+		wal:     opts.WAL,
 		reqs:    make(chan *request, opts.QueueDepth),
 		stop:    make(chan struct{}),
 		changed: make(chan struct{}),
-		enc:     newEncoder(),
+		wake:    make(chan struct{}, 1),
 	}
+	p.cond = sync.NewCond(&p.mu)
 	if err := p.load(); err != nil {
 		db.Close()
 		return nil, err
 	}
-	if opts.WAL != nil {
-		p.wal, p.name = opts.WAL, opts.WALName
-		p.walEnc, p.matEnc = newEncoder(), newEncoder()
-		p.hits = map[string]Ack{}
-		p.overlay = map[string]ovEntry{}
-		p.txDone = map[string]uint64{}
-		p.mcond = sync.NewCond(&p.mmu)
-		p.wake = make(chan struct{}, 1)
+	if p.wal != nil {
 		if err := p.replay(); err != nil {
 			db.Close()
 			return nil, err
@@ -208,17 +200,17 @@ func Open(path string, opts Options) (*Partition, error) {
 		p.wg.Add(1)
 		go p.materializer()
 	}
+	p.work, p.ackedSt = p.fileSt, p.fileSt
+	p.nextIdx = p.fileSt.Applied + 1
 	p.wg.Add(1)
 	go p.run()
-	if opts.SyncInterval > 0 {
-		p.wg.Add(1)
-		go p.syncEvery(opts.SyncInterval)
-	}
 	return p, nil
 }
 
+// load creates the buckets, checks the format and reads the state,
+// upgrading a format 1 file.
 func (p *Partition) load() error {
-	return p.db.Update(func(tx *bolt.Tx) error {
+	return p.update(func(tx *bolt.Tx) error {
 		for _, name := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
@@ -226,27 +218,31 @@ func (p *Partition) load() error {
 		}
 		meta := tx.Bucket(bucketMeta)
 		v := meta.Get(metaVersion)
-		if v == nil {
-			if err := meta.Put(metaVersion, u64(FormatVersion)); err != nil {
-				return err
-			}
-		} else if len(v) != 8 || be.Uint64(v) != FormatVersion {
+		switch {
+		case v == nil:
+		case len(v) == 8 && (be.Uint64(v) == 1 || be.Uint64(v) == FormatVersion):
+		default:
 			return fmt.Errorf("%w: %x in %s", ErrFormat, v, p.path)
 		}
 		if s := meta.Get(metaState); s != nil {
-			if err := decodeState(s, &p.st); err != nil {
-				return fmt.Errorf("store: %s: %w", p.path, err)
+			if err := decodeState(s, &p.fileSt); err != nil {
+				return fmt.Errorf("%s: %w", p.path, err)
 			}
 		}
-		return nil
+		if err := meta.Put(metaState, appendState(nil, &p.fileSt)); err != nil {
+			return err
+		}
+		return meta.Put(metaVersion, u64(FormatVersion))
 	})
 }
 
 // Path returns the file's path.
 func (p *Partition) Path() string { return p.path }
 
-// Close stops the writer after the commands already queued, waits for its
-// goroutines and closes the file. It is idempotent.
+// Close stops the writer after the commands already queued, waits until
+// they are durable and in the file, waits for its goroutines and closes the
+// file. It returns the error that failed the partition, if any. It is
+// idempotent. With a WAL, close partitions before their WAL.
 func (p *Partition) Close() error {
 	var err error
 	p.once.Do(func() {
@@ -255,13 +251,9 @@ func (p *Partition) Close() error {
 		close(p.stop)
 		p.closeMu.Unlock()
 		p.wg.Wait()
-		if err = p.closeErr(); err != nil {
-			p.db.Close()
-			return
-		}
-		if p.db.NoSync {
-			err = p.db.Sync()
-		}
+		p.mu.Lock()
+		err = p.failed
+		p.mu.Unlock()
 		if cerr := p.db.Close(); err == nil {
 			err = cerr
 		}
@@ -269,22 +261,82 @@ func (p *Partition) Close() error {
 	return err
 }
 
-// Apply hands cmd to the writer and waits until it is committed (and synced,
-// unless SyncInterval is set). It returns ctx's error if ctx ends first, in
-// which case the command may still be applied. The caller must not touch cmd
-// until Apply returns.
-func (p *Partition) Apply(ctx context.Context, cmd *Command) error {
-	if cmd.Now == 0 {
-		cmd.Now = time.Now().UnixNano()
-	}
+// request carries one or more commands to the writer. Its state decides who
+// owns it when the caller's ctx ends: a request the writer has not taken is
+// dropped unread; one it has taken is read until applied, and the caller
+// waits for that (the applied signal, which never waits for a disk) before
+// it returns, so a caller may reuse its commands as soon as Apply returns.
+type request struct {
+	cmds []*Command
+	res  []Result
+	errs []error
+
+	one    [1]*Command // cmds, res and errs of a single command
+	oneRes [1]Result
+	oneErr [1]error
+
+	state   atomic.Int32
+	applied chan struct{} // cap 1: the writer no longer reads cmds
+	done    chan struct{} // cap 1: res and errs are final
+}
+
+const (
+	reqQueued int32 = iota
+	reqTaken
+	reqGone // the caller stopped waiting: the writer owns the request
+	reqDone
+)
+
+var requestPool = sync.Pool{New: func() any {
+	return &request{applied: make(chan struct{}, 1), done: make(chan struct{}, 1)}
+}}
+
+// Apply hands cmd to the writer and waits until its effects are durable
+// (logged, or in the file without a WAL), then returns the command's result.
+// It returns ctx's error if ctx ends first; the command may still be applied
+// and made durable, exactly once. Either way the store no longer reads cmd
+// when Apply returns.
+func (p *Partition) Apply(ctx context.Context, cmd *Command) (Result, error) {
 	r := requestPool.Get().(*request)
-	r.cmd, r.err = cmd, nil
+	r.one[0] = cmd
+	r.cmds, r.res, r.errs = r.one[:], r.oneRes[:], r.oneErr[:]
+	if err := p.send(ctx, r); err != nil {
+		return Result{}, err
+	}
+	res, err := r.res[0], r.errs[0]
+	p.recycle(r)
+	return res, err
+}
+
+// ApplyBatch applies cmds in order, in one batch, and returns each one's
+// result and error (nil slices with the error when none could be applied).
+// A command's own error (ErrBadCommand, ErrDecided, ErrTooLarge) fails only
+// that command. It waits as Apply does.
+func (p *Partition) ApplyBatch(ctx context.Context, cmds []*Command) ([]Result, []error, error) {
+	r := requestPool.Get().(*request)
+	r.cmds, r.res, r.errs = cmds, make([]Result, len(cmds)), make([]error, len(cmds))
+	if err := p.send(ctx, r); err != nil {
+		return nil, nil, err
+	}
+	res, errs := r.res, r.errs
+	p.recycle(r)
+	return res, errs, nil
+}
+
+// send queues r and waits for it. On a nil return r is done and the caller
+// owns it; otherwise r belongs to the writer (or the pool).
+func (p *Partition) send(ctx context.Context, r *request) error {
+	r.state.Store(reqQueued)
+	if err := ctx.Err(); err != nil {
+		p.recycle(r)
+		return err
+	}
 	// Enqueue under closeMu so Close cannot stop the writer between our
 	// check and our send: whatever is enqueued, the writer's final drain sees.
 	p.closeMu.RLock()
 	if p.closing {
 		p.closeMu.RUnlock()
-		requestPool.Put(r)
+		p.recycle(r)
 		return ErrClosed
 	}
 	select {
@@ -292,18 +344,41 @@ func (p *Partition) Apply(ctx context.Context, cmd *Command) error {
 		p.closeMu.RUnlock()
 	case <-ctx.Done():
 		p.closeMu.RUnlock()
-		requestPool.Put(r)
+		p.recycle(r)
 		return ctx.Err()
 	}
 	select {
 	case <-r.done:
-		err := r.err
-		r.cmd = nil
-		requestPool.Put(r)
-		return err
+		<-r.applied
+		return nil
 	case <-ctx.Done():
-		return ctx.Err() // r is abandoned to the writer and the GC
 	}
+	if r.state.CompareAndSwap(reqQueued, reqGone) {
+		return ctx.Err() // the writer drops it unread
+	}
+	<-r.applied // the writer is applying it: never long
+	if r.state.CompareAndSwap(reqTaken, reqGone) {
+		return ctx.Err() // the writer recycles it when it is durable
+	}
+	<-r.done // it was done meanwhile
+	return nil
+}
+
+func (p *Partition) recycle(r *request) {
+	clear(r.one[:])
+	clear(r.oneRes[:])
+	clear(r.oneErr[:])
+	r.cmds, r.res, r.errs = nil, nil, nil
+	requestPool.Put(r)
+}
+
+// finish hands r back to its caller, or recycles it if the caller is gone.
+func (p *Partition) finish(r *request) {
+	if r.state.CompareAndSwap(reqTaken, reqDone) {
+		r.done <- struct{}{}
+		return
+	}
+	p.recycle(r)
 }
 
 func (p *Partition) run() {
@@ -321,6 +396,7 @@ func (p *Partition) run() {
 					batch = append(batch, r)
 					if len(batch) == maxBatchCmds {
 						p.process(batch)
+						clear(batch)
 						batch = batch[:0]
 					}
 					continue
@@ -368,88 +444,323 @@ func (p *Partition) gather(batch []*request) []*request {
 	return batch
 }
 
-// commit applies batch in one bbolt transaction and acknowledges every
-// request. A command's own error (ErrDecided, ErrBadCommand) fails only that
-// command; it is detected before the command writes anything. Any other
-// error aborts the transaction and fails the whole batch.
-func (p *Partition) commit(batch []*request) {
-	err := p.update(p.enc, len(batch), func(w *writeTx) error {
-		for _, r := range batch {
-			if r.cmd.Index != 0 && r.cmd.Index <= w.st.Applied {
-				r.err = nil
-				continue
-			}
-			r.err = w.apply(r.cmd)
-			if r.err != nil && !isCommandError(r.err) {
-				return r.err
-			}
-			if r.cmd.Index > w.st.Applied {
-				w.st.Applied = r.cmd.Index
-			}
-		}
-		return nil
-	})
+// process applies batch's commands into gens and submits them.
+func (p *Partition) process(batch []*request) {
+	b := builder{p: p}
+	defer b.close()
 	for _, r := range batch {
-		if err != nil {
-			r.err = err
+		if !r.state.CompareAndSwap(reqQueued, reqTaken) {
+			p.recycle(r) // its caller is gone and it was never read
+			continue
 		}
-		r.done <- struct{}{}
+		for i, c := range r.cmds {
+			r.res[i], r.errs[i] = b.apply(c)
+		}
+		r.applied <- struct{}{}
+		b.add(r)
 	}
 }
 
-// update runs fn on a working copy of the state in one bbolt transaction
-// (synced unless SyncInterval), saves the state in meta and, once committed,
-// publishes it for n more commands, waking Changed if the log grew.
-func (p *Partition) update(enc *encoder, n int, fn func(w *writeTx) error) error {
-	p.mu.Lock()
-	st := p.st
-	p.mu.Unlock()
-	enc.reset()
-	defer enc.reset() // after the commit nothing refers to the arena: drop it if a burst grew it
-	grew := false
-	err := p.db.Update(func(tx *bolt.Tx) error {
-		w := writeTx{tx: tx, st: &st, enc: enc}
-		w.open()
-		if err := fn(&w); err != nil {
+// builder builds the gens of one batch on the writer goroutine.
+type builder struct {
+	p  *Partition
+	g  *gen
+	v  view
+	tx *bolt.Tx
+}
+
+// apply applies c to the current gen, starting or cutting gens as needed.
+func (b *builder) apply(c *Command) (res Result, err error) {
+	if err := b.ready(c); err != nil {
+		return res, err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			// A library panicked reading the file (bbolt on a damaged
+			// page): the gen is unusable, the partition fails.
+			err = b.p.fail(fmt.Errorf("%w: %s: %v", ErrCorrupt, b.p.path, r))
+			b.discard(err)
+		}
+	}()
+	return b.v.apply(c)
+}
+
+// ready makes b.g a gen c can be applied to.
+func (b *builder) ready(c *Command) error {
+	for {
+		if err := b.p.failure(); err != nil {
 			return err
 		}
-		grew = w.grew
-		return w.meta.Put(metaState, encodeState(&st))
-	})
+		if b.g == nil {
+			if err := b.start(); err != nil {
+				return err
+			}
+		}
+		switch {
+		case scans(c) && (!b.g.empty() || b.p.hasGens()):
+			b.submit()
+			if err := b.p.drain(); err != nil {
+				return err
+			}
+		case !b.g.empty() && b.g.size()+b.v.cost(c) > maxGenBytes:
+			b.submit()
+		default:
+			return nil
+		}
+	}
+}
+
+// start begins a gen, once the pending bytes leave room, with a view over
+// the gens not yet in the file and a read transaction begun after them.
+func (b *builder) start() error {
+	gens, err := b.p.room()
 	if err != nil {
 		return err
 	}
-	p.mu.Lock()
-	p.st = st
-	p.commits++
-	p.commands += uint64(n)
-	if grew {
-		close(p.changed)
-		p.changed = make(chan struct{})
+	tx, err := b.p.begin()
+	if err != nil {
+		return err
 	}
-	p.mu.Unlock()
+	b.tx, b.g = tx, newGen(b.p.work)
+	b.v = view{g: b.g, gens: gens}
+	for i, name := range bucketNames {
+		b.v.bk[i] = tx.Bucket(name)
+	}
 	return nil
 }
 
-func isCommandError(err error) bool {
-	return errors.Is(err, ErrDecided) || errors.Is(err, ErrBadCommand)
+// add makes r's answer wait for the current gen.
+func (b *builder) add(r *request) {
+	if b.g == nil {
+		b.p.complete(&gen{reqs: []*request{r}}) // failed before any gen
+		return
+	}
+	b.g.reqs = append(b.g.reqs, r)
 }
 
-func (p *Partition) syncEvery(d time.Duration) {
-	defer p.wg.Done()
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			_ = p.db.Sync()
-		case <-p.stop:
-			return
+// submit ends the read transaction and hands the current gen to the log.
+func (b *builder) submit() {
+	g := b.g
+	b.end()
+	b.p.submit(g)
+}
+
+func (b *builder) end() {
+	if b.tx != nil {
+		_ = b.tx.Rollback()
+	}
+	b.tx, b.g, b.v = nil, nil, view{}
+}
+
+// discard drops the current gen after a panic; its requests fail with err.
+func (b *builder) discard(err error) {
+	g := b.g
+	func() {
+		defer func() { _ = recover() }()
+		b.end()
+	}()
+	g.failedWith(err)
+	b.p.complete(g)
+}
+
+func (b *builder) close() {
+	if b.g != nil {
+		b.submit()
+	}
+}
+
+// cost bounds the bytes applying c adds to a gen.
+func (v *view) cost(c *Command) int {
+	n := 64 + len(c.Group) + len(c.TxID) + len(c.Producer)
+	for i := range c.Msgs {
+		n += c.Msgs[i].recordBound() + effectOverhead + len(c.Msgs[i].ID)
+	}
+	if c.Op == OpCommitTx || c.Op == OpPrepare || c.Op == OpTxChecked {
+		n += 2 * len(v.get(bHalf, c.TxID))
+	}
+	return n
+}
+
+// failedWith marks g as failed: its commands answer err.
+func (g *gen) failedWith(err error) {
+	for _, r := range g.reqs {
+		for i := range r.errs {
+			r.errs[i] = err
 		}
 	}
 }
 
-// Stats is a snapshot of a partition's committed state.
+// room waits until the gens not yet in the file leave room for another and
+// returns them.
+func (p *Partition) room() ([]*gen, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.pending >= p.opts.MaxPendingBytes && p.failed == nil {
+		p.kickLocked()
+		p.cond.Wait()
+	}
+	return p.gens, p.failed
+}
+
+// begin starts a read transaction, containing bbolt's panics.
+func (p *Partition) begin() (tx *bolt.Tx, err error) {
+	defer p.contain(&err)
+	tx, err = p.db.Begin(false)
+	if err != nil {
+		return nil, p.fail(fmt.Errorf("%w: %s: %v", ErrFailed, p.path, err))
+	}
+	return tx, nil
+}
+
+func (p *Partition) hasGens() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.gens) > 0
+}
+
+func (p *Partition) failure() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.failed
+}
+
+// fail makes err the partition's sticky failure (the first one wins) and
+// returns the failure.
+func (p *Partition) fail(err error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failed == nil {
+		p.failed = err
+		p.cond.Broadcast()
+		p.wakeLocked()
+	}
+	return p.failed
+}
+
+// submit hands g to the write-ahead log (or, without one, writes it into
+// the file) and queues its commands' answers behind it.
+func (p *Partition) submit(g *gen) {
+	if g.empty() && len(g.reqs) == 0 {
+		return
+	}
+	if g.empty() {
+		p.complete(g) // nothing to write: it answers once the gens before it are durable
+		return
+	}
+	g.finish(p.nextIdx)
+	p.nextIdx++
+	p.work = g.st
+	p.mu.Lock()
+	p.gens = append(p.gens, g)
+	p.waiting = append(p.waiting, g)
+	p.pending += len(g.buf)
+	p.batches++
+	p.mu.Unlock()
+	if p.wal == nil {
+		err := p.materialize([]*gen{g})
+		p.logged(g, 0, err)
+		return
+	}
+	p.wal.Append(p.opts.Stream, g.buf, func(seg uint64, err error) { p.logged(g, seg, err) })
+}
+
+// complete queues g, a gen with nothing to write, behind the gens waiting.
+func (p *Partition) complete(g *gen) {
+	p.mu.Lock()
+	g.done = true
+	p.waiting = append(p.waiting, g)
+	reqs := p.popWaiting()
+	p.mu.Unlock()
+	p.answer(reqs)
+}
+
+// logged runs once g's write-ahead log record is synced (or failed), in log
+// order; without a WAL, once g is in the file.
+func (p *Partition) logged(g *gen, seg uint64, err error) {
+	p.mu.Lock()
+	g.done = true
+	if err != nil {
+		if p.failed == nil {
+			p.failed = fmt.Errorf("%w: %s: %w", ErrFailed, p.path, err)
+		}
+		p.cond.Broadcast()
+	} else {
+		g.acked, g.seg, g.at = true, seg, time.Now()
+		p.ackedSt = g.st
+		if g.grew {
+			close(p.changed)
+			p.changed = make(chan struct{})
+		}
+		// Wake the materializer when enough is waiting, or when g is the
+		// oldest gen not in the file: its clock starts.
+		if p.pending >= p.opts.MaxPendingBytes/4 || len(p.gens) > 0 && p.gens[0] == g {
+			p.wakeLocked()
+		}
+	}
+	reqs := p.popWaiting()
+	p.mu.Unlock()
+	p.answer(reqs)
+}
+
+// popWaiting removes the gens at the front of waiting that are done, and
+// those with nothing to write behind them, and returns their requests with
+// their final errors. p.mu is held.
+func (p *Partition) popWaiting() []*request {
+	var out []*request
+	for len(p.waiting) > 0 && p.waiting[0].done {
+		g := p.waiting[0]
+		p.waiting[0] = nil
+		p.waiting = p.waiting[1:]
+		if !g.acked && !g.empty() || g.empty() && p.failed != nil {
+			g.failedWith(p.failed)
+		}
+		out = append(out, g.reqs...)
+		g.reqs = nil
+	}
+	if len(p.waiting) == 0 {
+		p.cond.Broadcast()
+	}
+	return out
+}
+
+func (p *Partition) answer(reqs []*request) {
+	for _, r := range reqs {
+		p.finish(r)
+	}
+}
+
+// stopMaterializer, called by the writer as it exits, waits until every
+// submitted gen is durable, then lets the materializer write them into the
+// file and waits for it. The WAL must still be open.
+func (p *Partition) stopMaterializer() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.waiting) > 0 {
+		p.cond.Wait()
+	}
+	if p.wal == nil {
+		return
+	}
+	p.matStop = true
+	p.wakeLocked()
+	for !p.matDone {
+		p.cond.Wait()
+	}
+}
+
+func (p *Partition) kickLocked() {
+	p.kick = true
+	p.wakeLocked()
+}
+
+func (p *Partition) wakeLocked() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Stats is a snapshot of a partition's acknowledged state.
 type Stats struct {
 	Low, Next  uint64 // the log holds offsets [Low, Next)
 	Bytes      int64
@@ -457,22 +768,18 @@ type Stats struct {
 	LastStored int64
 }
 
-// Stats returns the committed state.
-//
-// With a WAL it is the acknowledged state: messages acknowledged but not yet
-// materialized are counted, and a Read or Get of them waits for them.
+// Stats returns the acknowledged state: what every durable command made of
+// the partition, whether it is in the file yet or not.
 func (p *Partition) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := Stats{Low: p.st.Low, Next: p.st.Next, Bytes: p.st.Bytes, Delayed: p.st.Delayed, LastStored: p.st.LastStored}
-	if p.av.idx > p.st.Applied {
-		s.Next, s.Bytes, s.LastStored = p.av.next, p.av.bytes, p.av.last
-	}
-	return s
+	s := &p.ackedSt
+	return Stats{Low: s.Low, Next: s.Next, Bytes: s.Bytes, Delayed: s.Delayed, LastStored: s.LastStored}
 }
 
-// Changed returns a channel closed at the next commit that adds to the log
-// or the delay index. Take it before reading Stats to avoid a lost wake-up.
+// Changed returns a channel closed when the next durable command adds to
+// the log or the delay index. Take it before reading Stats to avoid a lost
+// wake-up.
 func (p *Partition) Changed() <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -1,12 +1,56 @@
 package store
 
 import (
-	"errors"
 	"fmt"
 	"sort"
 
 	bolt "go.etcd.io/bbolt"
 )
+
+// Readers see what is durable: the file, with the durable gens not yet in it
+// laid over it. A reader takes the gens first and begins its read
+// transaction after, so a gen the materializer drops meanwhile is in the
+// transaction's file.
+
+// snapshot is a reader's view of the durable gens.
+type snapshot struct {
+	gens []*gen // durable, not yet in the file when taken; oldest first
+	st   state  // the acknowledged state
+}
+
+func (p *Partition) snapshot() snapshot {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for n < len(p.gens) && p.gens[n].acked {
+		n++
+	}
+	return snapshot{gens: p.gens[:n:n], st: p.ackedSt}
+}
+
+// record returns the log record at off: from the gens, else from b (nil:
+// none).
+func (s *snapshot) record(b *bolt.Bucket, off uint64) []byte {
+	for i := len(s.gens) - 1; i >= 0; i-- {
+		if rec, ok := s.gens[i].logRecord(off); ok {
+			return rec
+		}
+	}
+	if b == nil {
+		return nil
+	}
+	return b.Get(u64(off))
+}
+
+// lookup returns the current value of key in bucket b.
+func (s *snapshot) lookup(tx *bolt.Tx, b int, key string) []byte {
+	for i := len(s.gens) - 1; i >= 0; i-- {
+		if v, ok := s.gens[i].lookup(b, key); ok {
+			return v
+		}
+	}
+	return tx.Bucket(bucketNames[b]).Get(bytesOf(key))
+}
 
 // Read appends to dst the messages from offset from on, at most max of them
 // and, past the first, at most maxBytes in all, and returns dst. Offsets below
@@ -20,60 +64,110 @@ func (p *Partition) Read(from uint64, max int, maxBytes int, dst []Message) ([]M
 	if max <= 0 {
 		return dst, nil
 	}
-	p.readBarrier(from, from+uint64(max))
+	s := p.snapshot()
+	from = maxU64(from, s.st.Low)
 	err := p.view(func(tx *bolt.Tx) error {
-		cur := tx.Bucket(bucketLog).Cursor()
-		var start [8]byte
-		be.PutUint64(start[:], from)
 		bytes, n := 0, 0
-		for k, v := cur.Seek(start[:]); k != nil && n < max; k, v = cur.Next() {
+		// emit adds the record v at off; more false stops the read.
+		emit := func(off uint64, v []byte) (more bool, err error) {
 			if n > 0 && maxBytes > 0 && bytes+len(v) > maxBytes {
-				break
+				return false, nil
 			}
 			dst = append(dst, Message{})
 			m := &dst[len(dst)-1]
-			if err := decodeRecord(k, v, m); err != nil {
+			if err := decodeRecord(u64(off), v, m); err != nil {
 				dst = dst[:len(dst)-1]
 				if n > 0 {
-					return nil // the next Read starts here and reports it
+					return false, nil // the next Read starts here and reports it
 				}
-				return fmt.Errorf("offset %d: %w", be.Uint64(k), err)
+				return false, fmt.Errorf("%s: offset %d: %w", p.path, off, err)
 			}
-			m.Offset = be.Uint64(k)
+			m.Offset = off
 			bytes += len(v)
 			n++
+			return n < max, nil
+		}
+		missing := func(off uint64) error {
+			return fmt.Errorf("%w: %s: offset %d missing from the log [%d, %d)", ErrCorrupt, p.path, off, s.st.Low, s.st.Next)
+		}
+		// Offsets below the oldest gen's first are in the file: scan them
+		// with a cursor; the rest are in the gens.
+		inFile := s.st.Next
+		if len(s.gens) > 0 {
+			inFile = min(inFile, s.gens[0].logBase)
+		}
+		off := from
+		if off < inFile {
+			cur := tx.Bucket(bucketLog).Cursor()
+			for k, v := cur.Seek(u64(off)); off < inFile; k, v = cur.Next() {
+				if len(k) != 8 || be.Uint64(k) != off {
+					return missing(off)
+				}
+				more, err := emit(off, v)
+				if !more || err != nil {
+					return err
+				}
+				off++
+			}
+		}
+		for ; off < s.st.Next; off++ {
+			v := s.record(nil, off)
+			if v == nil {
+				return missing(off)
+			}
+			more, err := emit(off, v)
+			if !more || err != nil {
+				return err
+			}
 		}
 		return nil
 	})
 	return dst, err
 }
 
+func maxU64(a, b uint64) uint64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
 // Get returns the message at offset, or ok false if it is not stored.
 func (p *Partition) Get(offset uint64) (m Message, ok bool, err error) {
-	p.readBarrier(offset, offset+1)
+	s := p.snapshot()
+	if offset < s.st.Low || offset >= s.st.Next {
+		return m, false, p.closedErr()
+	}
 	err = p.view(func(tx *bolt.Tx) error {
-		key := u64(offset)
-		v := tx.Bucket(bucketLog).Get(key)
+		v := s.record(tx.Bucket(bucketLog), offset)
 		if v == nil {
 			return nil
 		}
 		ok = true
 		m.Offset = offset
-		if err := decodeRecord(key, v, &m); err != nil {
-			return fmt.Errorf("offset %d: %w", offset, err)
+		if err := decodeRecord(u64(offset), v, &m); err != nil {
+			return fmt.Errorf("%s: offset %d: %w", p.path, offset, err)
 		}
 		return nil
 	})
 	return m, ok, err
 }
 
+func (p *Partition) closedErr() error {
+	select {
+	case <-p.stop:
+		return ErrClosed
+	default:
+		return nil
+	}
+}
+
 // GroupOffset returns group's committed offset, or ok false for a group that
 // never committed.
 func (p *Partition) GroupOffset(group string) (offset uint64, ok bool, err error) {
-	p.barrier()
+	s := p.snapshot()
 	err = p.view(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketGroups).Get([]byte(group))
-		if len(v) == 8 {
+		if v := s.lookup(tx, bGroups, group); len(v) == 8 {
 			offset, ok = be.Uint64(v), true
 		}
 		return nil
@@ -84,52 +178,55 @@ func (p *Partition) GroupOffset(group string) (offset uint64, ok bool, err error
 // Groups returns every group's committed offset.
 func (p *Partition) Groups() (map[string]uint64, error) {
 	out := map[string]uint64{}
-	p.barrier()
+	s := p.snapshot()
 	err := p.view(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketGroups).ForEach(func(k, v []byte) error {
+		err := tx.Bucket(bucketGroups).ForEach(func(k, v []byte) error {
 			if len(v) == 8 {
 				out[string(k)] = be.Uint64(v)
 			}
 			return nil
 		})
+		for _, g := range s.gens {
+			for k, sp := range g.kv[bGroups] {
+				if sp.del {
+					delete(out, k)
+				} else if v := g.buf[sp.off : sp.off+sp.n]; len(v) == 8 {
+					out[k] = be.Uint64(v)
+				}
+			}
+		}
+		return err
 	})
 	return out, err
 }
 
 // SeekTime returns the offset of the first message stored at or after t
 // (unix ns), or Next when there is none. StoredAt never decreases along the
-// log, so this is a binary search over the offsets of one read transaction's
-// snapshot (the committed Stats may already be ahead of it).
+// log, so this is a binary search over the acknowledged offsets.
 func (p *Partition) SeekTime(t int64) (uint64, error) {
-	p.barrier()
+	s := p.snapshot()
 	var out uint64
 	err := p.view(func(tx *bolt.Tx) error {
-		var st state
-		if s := tx.Bucket(bucketMeta).Get(metaState); s != nil {
-			if err := decodeState(s, &st); err != nil {
-				return err
-			}
-		}
 		b := tx.Bucket(bucketLog)
 		var ferr error
-		i := sort.Search(int(st.Next-st.Low), func(i int) bool {
+		i := sort.Search(int(s.st.Next-s.st.Low), func(i int) bool {
 			if ferr != nil {
 				return true
 			}
-			key := u64(st.Low + uint64(i))
-			v := b.Get(key)
+			off := s.st.Low + uint64(i)
+			v := s.record(b, off)
 			if v == nil { // the log is dense in [Low, Next): cannot happen
-				ferr = fmt.Errorf("%w: offset %d missing from the log", ErrCorrupt, st.Low+uint64(i))
+				ferr = fmt.Errorf("%w: %s: offset %d missing from the log", ErrCorrupt, p.path, off)
 				return true
 			}
 			var m Message
-			if err := decodeRecord(key, v, &m); err != nil {
-				ferr = fmt.Errorf("offset %d: %w", st.Low+uint64(i), err)
+			if err := decodeRecord(u64(off), v, &m); err != nil {
+				ferr = fmt.Errorf("%s: offset %d: %w", p.path, off, err)
 				return true
 			}
 			return m.StoredAt >= t
 		})
-		out = st.Low + uint64(i)
+		out = s.st.Low + uint64(i)
 		return ferr
 	})
 	return out, err
@@ -138,13 +235,28 @@ func (p *Partition) SeekTime(t int64) (uint64, error) {
 // NextDue returns the DeliverAt of the earliest delayed message, or ok false
 // when none is waiting.
 func (p *Partition) NextDue() (due int64, ok bool, err error) {
+	s := p.snapshot()
+	for _, g := range s.gens {
+		if g.delayDel { // a release not yet in the file: read the file after it
+			if err := p.barrier(); err != nil {
+				return 0, false, err
+			}
+			s = p.snapshot()
+			break
+		}
+	}
 	err = p.view(func(tx *bolt.Tx) error {
 		k, _ := tx.Bucket(bucketDelay).Cursor().First()
-		if k != nil {
+		if len(k) == 16 {
 			due, ok = int64(be.Uint64(k[:8])), true
 		}
 		return nil
 	})
+	for _, g := range s.gens {
+		if g.hasDue && (!ok || g.minDue < due) {
+			due, ok = g.minDue, true
+		}
+	}
 	return due, ok, err
 }
 
@@ -159,14 +271,17 @@ type HalfTx struct {
 }
 
 // HalfTxs calls fn for each undecided transaction with half messages here,
-// until fn returns false.
+// in txid order, until fn returns false.
 func (p *Partition) HalfTxs(fn func(HalfTx) bool) error {
+	if err := p.barrier(); err != nil {
+		return err
+	}
 	return p.view(func(tx *bolt.Tx) error {
 		cur := tx.Bucket(bucketHalf).Cursor()
 		for k, v := cur.First(); k != nil; k, v = cur.Next() {
 			h, err := decodeHalf(v)
 			if err != nil {
-				return err
+				return fmt.Errorf("%s: %s: %w", p.path, k, err)
 			}
 			if !fn(HalfTx{TxID: string(k), Producer: h.Producer, FirstSeen: h.FirstSeen,
 				LastCheck: h.LastCheck, Checks: h.Checks, Messages: len(h.Records)}) {
@@ -180,26 +295,13 @@ func (p *Partition) HalfTxs(fn func(HalfTx) bool) error {
 // Decision returns the recorded decision for txid (Undecided if none, or if
 // it was pruned after its time to live).
 func (p *Partition) Decision(txid string) (Decision, error) {
-	p.barrier() // a logged outbox commit records its decision on materializing
+	s := p.snapshot()
 	d := Undecided
 	err := p.view(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketTxs).Get([]byte(txid)); len(v) == 9 {
+		if v := s.lookup(tx, bTxs, txid); len(v) == decisionBytes {
 			d = Decision(v[0])
 		}
 		return nil
 	})
 	return d, err
-}
-
-func (p *Partition) view(fn func(*bolt.Tx) error) error {
-	select {
-	case <-p.stop:
-		return ErrClosed
-	default:
-	}
-	err := p.db.View(fn)
-	if errors.Is(err, bolt.ErrDatabaseNotOpen) {
-		return ErrClosed
-	}
-	return err
 }

@@ -41,10 +41,10 @@ func openAt(t testing.TB, path string) *store.Partition {
 	var wal *store.WAL
 	if withWAL {
 		var err error
-		if wal, err = store.OpenWAL(path + ".wal"); err != nil {
+		if wal, err = store.OpenWAL(path+".wal", store.WALOptions{}); err != nil {
 			t.Fatalf("OpenWAL(%s): %v", path, err)
 		}
-		opts.WAL, opts.WALName = wal, "p"
+		opts.WAL, opts.Stream = wal, "p"
 	}
 	p, err := store.Open(path, opts)
 	if err != nil {
@@ -77,12 +77,18 @@ func open(t testing.TB) (*store.Partition, string) {
 }
 
 // apply runs cmd and fails the test on an error.
-func apply(t testing.TB, p *store.Partition, cmd *store.Command) *store.Command {
+// apply runs cmd (stamped at t0 when its Now is zero, as the tests'
+// proposer) and fails the test on an error.
+func apply(t testing.TB, p *store.Partition, cmd *store.Command) store.Result {
 	t.Helper()
-	if err := p.Apply(context.Background(), cmd); err != nil {
+	if cmd.Now == 0 {
+		cmd.Now = t0
+	}
+	res, err := p.Apply(context.Background(), cmd)
+	if err != nil {
 		t.Fatalf("Apply(op %d): %v", cmd.Op, err)
 	}
-	return cmd
+	return res
 }
 
 // msg is a message with an ID and a body derived from name.
@@ -201,12 +207,13 @@ func TestPartition_Append(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					for i := 0; i < each; i++ {
-						cmd := &store.Command{Op: store.OpAppend, Msgs: []store.Message{msg(fmt.Sprintf("%d-%d", g, i))}}
-						if err := p.Apply(context.Background(), cmd); err != nil {
+						cmd := &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg(fmt.Sprintf("%d-%d", g, i))}}
+						res, err := p.Apply(context.Background(), cmd)
+						if err != nil {
 							errs <- err
 							return
 						}
-						offs[g] = append(offs[g], cmd.Acks[0].Offset)
+						offs[g] = append(offs[g], res.Acks[0].Offset)
 					}
 				}()
 			}
@@ -237,8 +244,18 @@ func TestPartition_Append(t *testing.T) {
 				{Op: store.OpPrepare, Msgs: []store.Message{msg("a")}},
 				{Op: store.OpCommitTx},
 				{Op: store.OpRollbackTx},
+				{Op: store.OpTxChecked},
+				{Op: store.OpRelease, Limit: -1},
+				{Op: store.OpTrim, MaxAge: -1},
+				{Op: store.OpCommitOffset, Group: string(make([]byte, store.MaxKeyBytes+1))},
+				{Op: store.OpAppend, Msgs: []store.Message{{ID: string(make([]byte, store.MaxKeyBytes+1))}}},
+				{Op: store.OpAppend, Msgs: []store.Message{{FreshID: true}}},
+				{Op: store.OpCommitOffset, Group: "g", Msgs: []store.Message{msg("a")}},
 			} {
-				if err := p.Apply(context.Background(), cmd); !errors.Is(err, store.ErrBadCommand) {
+				if cmd.Now == 0 {
+					cmd.Now = t0
+				}
+				if _, err := p.Apply(context.Background(), cmd); !errors.Is(err, store.ErrBadCommand) {
 					t.Errorf("Apply(%+v) = %v, want ErrBadCommand", cmd, err)
 				}
 			}
@@ -388,9 +405,9 @@ func TestPartition_Trim(t *testing.T) {
 			before := p.Stats()
 			cmd := tt.cmd(before)
 			cmd.Op = store.OpTrim
-			apply(t, p, &cmd)
-			if cmd.Count != tt.wantCount || cmd.More != tt.wantMore {
-				t.Fatalf("Count, More = %d, %v; want %d, %v", cmd.Count, cmd.More, tt.wantCount, tt.wantMore)
+			res := apply(t, p, &cmd)
+			if res.Count != tt.wantCount || res.More != tt.wantMore {
+				t.Fatalf("Count, More = %d, %v; want %d, %v", res.Count, res.More, tt.wantCount, tt.wantMore)
 			}
 			st := p.Stats()
 			if st.Low != tt.wantLow || st.Next != 10 {
@@ -469,7 +486,7 @@ func TestPartition_Transactions(t *testing.T) {
 		if c.Previous != store.Committed {
 			t.Fatalf("rollback after commit: Previous %v, want committed", c.Previous)
 		}
-		err := p.Apply(ctx, &store.Command{Op: store.OpPrepare, TxID: "tx1", Msgs: []store.Message{msg("late")}})
+		_, err := p.Apply(ctx, &store.Command{Op: store.OpPrepare, Now: t0, TxID: "tx1", Msgs: []store.Message{msg("late")}})
 		if !errors.Is(err, store.ErrDecided) {
 			t.Fatalf("prepare after commit = %v, want ErrDecided", err)
 		}
@@ -498,7 +515,7 @@ func TestPartition_Transactions(t *testing.T) {
 		if c.Previous != store.RolledBack || c.Count != 0 {
 			t.Fatalf("second rollback: Previous %v, Count %d", c.Previous, c.Count)
 		}
-		err := p.Apply(ctx, &store.Command{Op: store.OpPrepare, TxID: "tx2", Msgs: []store.Message{msg("late")}})
+		_, err := p.Apply(ctx, &store.Command{Op: store.OpPrepare, Now: t0, TxID: "tx2", Msgs: []store.Message{msg("late")}})
 		if !errors.Is(err, store.ErrDecided) {
 			t.Fatalf("prepare after rollback = %v, want ErrDecided", err)
 		}
@@ -513,7 +530,7 @@ func TestPartition_Transactions(t *testing.T) {
 		if c.Count != 0 || c.Previous != store.Undecided {
 			t.Fatalf("rollback of an unknown tx: Count %d, Previous %v", c.Count, c.Previous)
 		}
-		err := p.Apply(ctx, &store.Command{Op: store.OpPrepare, TxID: "tx3", Msgs: []store.Message{msg("late")}})
+		_, err := p.Apply(ctx, &store.Command{Op: store.OpPrepare, Now: t0, TxID: "tx3", Msgs: []store.Message{msg("late")}})
 		if !errors.Is(err, store.ErrDecided) {
 			t.Fatalf("prepare after rollback = %v, want ErrDecided", err)
 		}
@@ -587,7 +604,7 @@ func TestPartition_Delay(t *testing.T) {
 		t.Fatalf("NextDue = %d, %v, %v", due, ok, err)
 	}
 
-	release := func(now int64, limit int) *store.Command {
+	release := func(now int64, limit int) store.Result {
 		return apply(t, p, &store.Command{Op: store.OpRelease, Now: now, Limit: limit})
 	}
 	if c := release(t0+10*sec-1, 0); c.Count != 0 || c.More {
@@ -640,9 +657,6 @@ func TestPartition_SeekTime(t *testing.T) {
 }
 
 func TestPartition_Reopen(t *testing.T) {
-	if withWAL {
-		t.Skip("sets Index itself; with a WAL the partition numbers commands")
-	}
 	p, path := open(t)
 	delayed := msg("delayed")
 	delayed.DeliverAt = t0 + 60*sec
@@ -652,7 +666,7 @@ func TestPartition_Reopen(t *testing.T) {
 	apply(t, p, &store.Command{Op: store.OpCommitOffset, Group: "g", Offset: 4})
 	apply(t, p, &store.Command{Op: store.OpPrepare, Now: t0, TxID: "open-tx", Msgs: []store.Message{msg("half")}})
 	apply(t, p, &store.Command{Op: store.OpRollbackTx, TxID: "done-tx"})
-	apply(t, p, &store.Command{Op: store.OpAppend, Index: 7, Msgs: []store.Message{msg("replicated")}})
+	apply(t, p, &store.Command{Op: store.OpAppend, Msgs: []store.Message{msg("replicated")}})
 	before := p.Stats()
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
@@ -677,51 +691,15 @@ func TestPartition_Reopen(t *testing.T) {
 	if d, _ := p.Decision("done-tx"); d != store.RolledBack {
 		t.Fatalf("decision after reopen: %v", d)
 	}
-	// Dedup, the applied index and the next offset survive.
+	// Dedup and the next offset survive.
 	equal(t, "dedup after reopen", appendAt(t, p, t0+2*sec, msg("d")), []store.Ack{{Offset: 3, Duplicate: true}})
-	apply(t, p, &store.Command{Op: store.OpAppend, Index: 7, Msgs: []store.Message{msg("replayed")}})
+	equal(t, "dedup after reopen", appendAt(t, p, t0+2*sec, msg("replicated")), []store.Ack{{Offset: 4, Duplicate: true}})
 	equal(t, "next offset", offsetsOf(appendAt(t, p, t0+2*sec, msg("e"))), []uint64{5})
 	// the delayed message still releases, and its ID is still known
 	apply(t, p, &store.Command{Op: store.OpRelease, Now: t0 + 60*sec})
 	bodies, _ = readAll(t, p)
 	equal(t, "log after release", bodies, []string{"body-d", "body-replicated", "body-e", "body-delayed"})
 	equal(t, "dedup of the released message", appendAt(t, p, t0+61*sec, delayed), []store.Ack{{Offset: 6, Duplicate: true}})
-}
-
-func TestPartition_ReplicatedIndex(t *testing.T) {
-	if withWAL {
-		t.Skip("sets Index itself; with a WAL the partition numbers commands")
-	}
-	p, path := open(t)
-	cmdAt := func(index uint64, name string) *store.Command {
-		return &store.Command{Op: store.OpAppend, Index: index, Now: t0, Msgs: []store.Message{{Body: []byte(name)}}}
-	}
-	apply(t, p, cmdAt(5, "five"))
-	apply(t, p, cmdAt(5, "five again"))   // replay: skipped
-	apply(t, p, cmdAt(3, "three"))        // older: skipped
-	apply(t, p, cmdAt(0, "unreplicated")) // no index: always applied
-	apply(t, p, cmdAt(6, "six"))
-	// Replay after a crash: everything up to 6 is skipped, 7 is new.
-	if err := p.Close(); err != nil {
-		t.Fatal(err)
-	}
-	p = openAt(t, path)
-	for _, i := range []uint64{5, 6} {
-		apply(t, p, cmdAt(i, "replayed"))
-	}
-	apply(t, p, cmdAt(7, "seven"))
-	// A command error still consumes its index (every replica skips it the
-	// same way), and a replay of it is skipped without an error.
-	if err := p.Apply(context.Background(), &store.Command{Op: store.OpCommitOffset, Index: 8}); !errors.Is(err, store.ErrBadCommand) {
-		t.Fatalf("bad command at index 8 = %v", err)
-	}
-	apply(t, p, &store.Command{Op: store.OpCommitOffset, Index: 8})
-	var bodies []string
-	msgs, _ := p.Read(0, 100, 0, nil)
-	for _, m := range msgs {
-		bodies = append(bodies, string(m.Body))
-	}
-	equal(t, "log", bodies, []string{"five", "unreplicated", "six", "seven"})
 }
 
 func TestPartition_Close(t *testing.T) {
@@ -742,7 +720,10 @@ func TestPartition_Close(t *testing.T) {
 		name string
 		call func() error
 	}{
-		{"Apply", func() error { return p.Apply(ctx, &store.Command{Op: store.OpAppend, Msgs: []store.Message{msg("b")}}) }},
+		{"Apply", func() error {
+			_, err := p.Apply(ctx, &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg("b")}})
+			return err
+		}},
 		{"Read", func() error { _, err := p.Read(0, 10, 0, nil); return err }},
 		{"Get", func() error { _, _, err := p.Get(0); return err }},
 		{"GroupOffset", func() error { _, _, err := p.GroupOffset("g"); return err }},
@@ -777,7 +758,7 @@ func TestPartition_Close(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for i := 0; ; i++ {
-					err := p.Apply(ctx, &store.Command{Op: store.OpAppend, Msgs: []store.Message{msg(fmt.Sprintf("%d-%d", g, i))}})
+					_, err := p.Apply(ctx, &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg(fmt.Sprintf("%d-%d", g, i))}})
 					if err != nil {
 						errs <- err
 						return

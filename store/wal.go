@@ -1,42 +1,53 @@
 package store
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"os"
-	"path/filepath"
+	"path"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/vmihailenco/msgpack/v5"
 )
 
-// WAL is a node-level write-ahead log shared by partitions: one writer
-// goroutine gathers the appends of every partition into one write and one
-// fdatasync, so one flush covers the sends of all partitions. Partitions then
-// materialize the logged commands into their bbolt files in deep batches,
-// with bbolt's normal fsync, and release the segments holding them.
+// WAL is a node-level write-ahead log of named streams. One writer goroutine
+// gathers the appends of every stream into one write and one fdatasync, so
+// one flush covers the batches of all partitions (and, later, the entries of
+// every raft group and replicated stream of the node). A stream's owner
+// releases its records once they are no longer needed (a partition: once
+// they are in its file), and a segment is deleted when nothing in it is
+// needed.
 //
-// Segment file: header (walMagic, 8 bytes) then records, each
+// Segment file: a header (walMagic) then writes, each a write header frame
+// followed by the frames of its records. A frame is
 //
-//	length uint32 BE | crc32c(payload) uint32 BE | payload
+//	length uint32 BE | crc32c(body) uint32 BE | body
+//	body: type uint8, then
+//	  frameWrite:  write number uint64 BE, synced uint64 BE
+//	  frameRecord: stream name length uint16 BE, name, payload
 //
-// A record that is short or fails its CRC ends the segment: it is the torn
-// tail of a write that was never acknowledged, and Open cuts it. Records are
-// only acknowledged after the fdatasync that covers them, and a new segment
-// is only started after the previous one is synced, so damage before the
-// tail of the newest segment is reported as ErrCorrupt.
+// Records are acknowledged only after a sync covers them, and a write starts
+// only after the one before it was synced, unless SyncInterval is set; a
+// write header's synced is the offset in its segment below which everything
+// was synced when the write began. So after a crash only the bytes past the
+// last synced offset can be torn. A bad frame at offset x of the newest
+// segment is such a torn tail, and is cut, when no intact write header after
+// x says it was synced past x; otherwise, and anywhere in an older segment,
+// it is ErrCorrupt. Segments are zero-filled ahead of the writer, so a clean
+// end of the records reads as a zero length.
 type WAL struct {
 	dir     string
+	fs      FS
 	segSize int64
+	every   time.Duration
 
 	reqs chan *walReq
 	stop chan struct{}
@@ -46,42 +57,67 @@ type WAL struct {
 	closeMu sync.RWMutex
 	closing bool
 
-	mu   sync.Mutex             // guards refs, cur, err, old
-	refs map[uint64]int         // segment -> records not yet materialized
-	cur  uint64                 // segment being written
-	err  error                  // sticky: after a failed write or sync nothing is appended
-	old  []uint64               // segments found at Open, deleted by FinishRecovery
-	rec  map[string][]walRecord // recovered records by partition name, until FinishRecovery
+	mu   sync.Mutex     // guards refs, cur, err, old, rec, files
+	refs map[uint64]int // segment -> records not yet released
+	cur  uint64         // segment being written
+	err  error          // sticky: after a failed write or sync nothing is appended
+	old  []uint64       // segments found at Open, deleted by FinishRecovery
+	rec  map[string][]walLoc
+	// files holds the old segments open while streams recover.
+	files map[uint64]File
 
-	// The current segment. The writer goroutine owns size; extMu guards
-	// swapping f and extending it; alloc is read without it.
+	// The current segment. The writer goroutine owns size, wseq and synced;
+	// extMu guards swapping the files and extending; alloc is read without it.
 	extMu   sync.Mutex
-	f       *os.File
-	size    int64        // bytes of header and records in f
+	f, ext  File         // the writer's handle and the extender's own
+	size    int64        // bytes of header and frames in f
+	wseq    uint64       // writes so far
+	synced  int64        // offset in f below which everything is synced
+	dirty   bool         // written since the last sync (SyncInterval)
 	alloc   atomic.Int64 // bytes of f written (zeros past size)
 	extWake chan struct{}
 	extDone chan struct{}
 }
 
-// walRecord is one logged command of a partition.
-type walRecord struct {
-	Index   uint64
-	Payload []byte // encoded command (encodeWALCommand), partition name removed
+// WALOptions tune a WAL. The zero value syncs every write before its
+// records are acknowledged, on the operating system's file system.
+type WALOptions struct {
+	// FS is the file system of the segments. Default OSFS.
+	FS FS
+	// SyncInterval, when positive, acknowledges records once written and
+	// syncs every SyncInterval instead (RocketMQ's ASYNC_FLUSH): a process
+	// crash loses nothing, a power loss may lose the last interval.
+	SyncInterval time.Duration
+	// SegmentSize is the size at which a new segment starts. Default 64 MiB.
+	SegmentSize int64
+}
+
+// walLoc is where recovery found a record: its payload's place in a segment.
+type walLoc struct {
+	seg    uint64
+	off    int64 // of the frame
+	n      int   // frame length, header included
+	legacy uint64
 }
 
 type walReq struct {
-	buf  []byte
-	n    int // records in buf
-	done func(seg uint64, err error)
+	stream  string
+	payload []byte
+	done    func(seg uint64, err error)
 }
 
 const (
-	walMagic       = "ZZMQWAL\x01"
-	walHeaderLen   = len(walMagic)
+	walMagic       = "ZZMQWAL\x02"
+	walMagicV1     = "ZZMQWAL\x01"
+	walHeaderLen   = int64(len(walMagic))
 	walFrameLen    = 8
+	frameWrite     = 1
+	frameRecord    = 2
+	writeBodyLen   = 1 + 8 + 8
 	walSegmentSize = 64 << 20
-	walMaxRecord   = 1 << 30
 	walQueue       = 1024
+	// walMaxFrame bounds a frame: the largest gen and its stream's name.
+	walMaxFrame = maxGenBytes + 1 + 2 + MaxKeyBytes
 	// walChunk is how far a segment is extended with zeros at a time. An
 	// fdatasync after an append that grows the file must also commit the
 	// file system's journal (the size and the new blocks); writing into
@@ -94,31 +130,46 @@ var walZeros = make([]byte, 1<<20)
 // ErrWALFailed is returned for appends after the WAL could not write or sync.
 var ErrWALFailed = errors.New("store: write-ahead log failed")
 
-// OpenWAL opens (creating if needed) the write-ahead log in dir, reads every
-// record left by the previous run (cutting a torn tail) and starts a new
-// segment. Partitions opened with it replay their recovered records; after
-// all partitions are open, FinishRecovery deletes the old segments.
-func OpenWAL(dir string) (*WAL, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+// OpenWAL opens (creating if needed) the write-ahead log in dir, checks
+// every record left by the previous run (cutting a torn tail) and starts a
+// new segment. Streams recover their records with Recover; once every
+// stream has, FinishRecovery deletes the old segments. Open reads the
+// segments one frame at a time: it keeps where each record is, not the
+// records.
+func OpenWAL(dir string, opts WALOptions) (*WAL, error) {
+	if opts.FS == nil {
+		opts.FS = OSFS{}
+	}
+	if opts.SegmentSize <= 0 {
+		opts.SegmentSize = walSegmentSize
+	}
+	if opts.SyncInterval < 0 {
+		return nil, fmt.Errorf("store: negative WAL sync interval %v", opts.SyncInterval)
+	}
+	if err := opts.FS.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("store: wal %s: %w", dir, err)
 	}
 	w := &WAL{
 		dir:     dir,
-		segSize: walSegmentSize,
+		fs:      opts.FS,
+		segSize: opts.SegmentSize,
+		every:   opts.SyncInterval,
 		reqs:    make(chan *walReq, walQueue),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 		refs:    map[uint64]int{},
 		extWake: make(chan struct{}, 1),
 		extDone: make(chan struct{}),
-		rec:     map[string][]walRecord{},
+		rec:     map[string][]walLoc{},
+		files:   map[uint64]File{},
 	}
 	segs, err := w.segments()
 	if err != nil {
 		return nil, err
 	}
 	for i, s := range segs {
-		if err := w.readSegment(s, i == len(segs)-1); err != nil {
+		if err := w.scan(s, i == len(segs)-1); err != nil {
+			w.closeFiles()
 			return nil, err
 		}
 	}
@@ -128,6 +179,7 @@ func OpenWAL(dir string) (*WAL, error) {
 		next = segs[len(segs)-1] + 1
 	}
 	if err := w.create(next); err != nil {
+		w.closeFiles()
 		return nil, err
 	}
 	go w.run()
@@ -136,133 +188,290 @@ func OpenWAL(dir string) (*WAL, error) {
 }
 
 func (w *WAL) segPath(seg uint64) string {
-	return filepath.Join(w.dir, fmt.Sprintf("%016x.wal", seg))
+	return path.Join(w.dir, fmt.Sprintf("%016x.wal", seg))
 }
 
 func (w *WAL) segments() ([]uint64, error) {
-	ents, err := os.ReadDir(w.dir)
+	names, err := w.fs.ReadDir(w.dir)
 	if err != nil {
 		return nil, fmt.Errorf("store: wal %s: %w", w.dir, err)
 	}
 	var segs []uint64
-	for _, e := range ents {
-		name, ok := strings.CutSuffix(e.Name(), ".wal")
-		if !ok || len(name) != 16 {
+	for _, name := range names {
+		hex, ok := strings.CutSuffix(name, ".wal")
+		if !ok || len(hex) != 16 {
 			continue
 		}
-		n, err := strconv.ParseUint(name, 16, 64)
-		if err != nil {
-			continue
+		if n, err := strconv.ParseUint(hex, 16, 64); err == nil && n > 0 {
+			segs = append(segs, n)
 		}
-		segs = append(segs, n)
 	}
-	slices.Sort(segs)
-	return segs, nil
+	return segs, nil // sorted: fixed-width hex names
 }
 
-// readSegment collects the records of seg. In the newest segment a torn tail
-// is cut (truncated and synced); elsewhere it is corruption.
-func (w *WAL) readSegment(seg uint64, last bool) error {
-	path := w.segPath(seg)
-	b, err := os.ReadFile(path)
+func (w *WAL) corrupt(seg uint64, format string, args ...any) error {
+	return fmt.Errorf("%w: wal %s: %s", ErrCorrupt, w.segPath(seg), fmt.Sprintf(format, args...))
+}
+
+// scan indexes the records of seg, reading it one frame at a time. In the
+// newest segment a torn tail is cut (truncated and synced).
+func (w *WAL) scan(seg uint64, newest bool) error {
+	f, err := w.fs.OpenFile(w.segPath(seg), os.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("store: wal: %w", err)
 	}
-	good := 0
-	if len(b) >= walHeaderLen && string(b[:walHeaderLen]) == walMagic {
-		// Records are followed by zeros (allocated ahead) or, in the
-		// newest segment, by the torn tail of an unacknowledged write.
-		good = walHeaderLen
-		for {
-			payload, n := walFrame(b[good:])
-			if n == 0 {
+	size, err := f.Size()
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("store: wal: %w", err)
+	}
+	var hdr [walHeaderLen]byte
+	nr, _ := f.ReadAt(hdr[:], 0)
+	n := int64(nr)
+	switch {
+	case n == walHeaderLen && string(hdr[:]) == walMagic:
+	case n == walHeaderLen && string(hdr[:]) == walMagicV1:
+		err := w.scanV1(seg, f, size)
+		if err != nil {
+			f.Close()
+			return err
+		}
+		w.files[seg] = f
+		return nil
+	default:
+		// The header is written and synced before any record: a segment
+		// without one that holds only zeros was torn as it was created and
+		// holds nothing.
+		f.Close()
+		if zero, err := w.allZero(seg, 0, size); err != nil || !zero {
+			return w.corrupt(seg, "bad header")
+		}
+		return nil
+	}
+	w.files[seg] = f
+	r := bufio.NewReaderSize(io.NewSectionReader(f, walHeaderLen, size-walHeaderLen), 1<<20)
+	off := int64(walHeaderLen)
+	var body []byte
+	for off < size {
+		var fh [walFrameLen]byte
+		if _, err := io.ReadFull(r, fh[:]); err != nil {
+			break // a short frame header: torn
+		}
+		l := binary.BigEndian.Uint32(fh[:])
+		if l == 0 {
+			if zero, err := w.allZero(seg, off, size); err != nil {
+				return err
+			} else if zero {
+				return nil // the end of the records: zeros allocated ahead
+			}
+			break
+		}
+		if l > walMaxFrame || int64(l) > size-off-walFrameLen {
+			break
+		}
+		if cap(body) < int(l) {
+			body = make([]byte, l)
+		}
+		body = body[:l]
+		if _, err := io.ReadFull(r, body); err != nil {
+			break
+		}
+		if crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(fh[4:]) {
+			break
+		}
+		if err := w.index(seg, off, body); err != nil {
+			return err
+		}
+		off += walFrameLen + int64(l)
+	}
+	if off == size {
+		return nil
+	}
+	if !newest {
+		return w.corrupt(seg, "damaged frame at %d of %d bytes", off, size)
+	}
+	if later, err := w.syncedPast(seg, f, off, size); err != nil {
+		return err
+	} else if later {
+		return w.corrupt(seg, "damaged frame at %d, followed by writes synced past it", off)
+	}
+	// A torn tail, never acknowledged: cut it.
+	err = f.Truncate(off)
+	if err == nil {
+		err = f.Sync()
+	}
+	if err != nil {
+		return fmt.Errorf("store: wal: cut torn tail of %s: %w", w.segPath(seg), err)
+	}
+	return nil
+}
+
+// index records the frame body at off of seg.
+func (w *WAL) index(seg uint64, off int64, body []byte) error {
+	switch body[0] {
+	case frameWrite:
+		if len(body) != writeBodyLen {
+			return w.corrupt(seg, "write header of %d bytes at %d", len(body), off)
+		}
+		return nil
+	case frameRecord:
+		if len(body) < 3 {
+			return w.corrupt(seg, "record of %d bytes at %d", len(body), off)
+		}
+		nl := int(binary.BigEndian.Uint16(body[1:]))
+		if len(body) < 3+nl {
+			return w.corrupt(seg, "record of %d bytes at %d", len(body), off)
+		}
+		name := string(body[3 : 3+nl])
+		w.rec[name] = append(w.rec[name], walLoc{seg: seg, off: off, n: walFrameLen + len(body)})
+		return nil
+	}
+	return w.corrupt(seg, "frame type %d at %d", body[0], off)
+}
+
+// syncedPast reports whether an intact write header after x in seg says the
+// segment was synced past x: then the bad frame at x is damage, not a tear.
+func (w *WAL) syncedPast(seg uint64, f File, x, size int64) (bool, error) {
+	const chunk = 1 << 20
+	sig := []byte{0, 0, 0, writeBodyLen}
+	buf := make([]byte, chunk+walFrameLen+writeBodyLen)
+	for at := x + 1; at < size; at += chunk {
+		n, err := f.ReadAt(buf, at)
+		if err != nil && err != io.EOF {
+			return false, fmt.Errorf("store: wal: %w", err)
+		}
+		b := buf[:n]
+		for i := 0; ; i++ {
+			j := bytes.Index(b[i:], sig)
+			if j < 0 {
 				break
 			}
-			name, idx, rest, err := splitWALRecord(payload)
-			if err != nil {
-				return fmt.Errorf("%w: wal %s at %d: %v", ErrCorrupt, path, good, err)
+			i += j
+			if i >= chunk {
+				break // the next chunk starts there
 			}
-			w.rec[name] = append(w.rec[name], walRecord{Index: idx, Payload: rest})
-			good += n
+			fr := b[i:]
+			if len(fr) < walFrameLen+writeBodyLen {
+				break
+			}
+			body := fr[walFrameLen : walFrameLen+writeBodyLen]
+			if body[0] == frameWrite && crc32.Checksum(body, castagnoli) == binary.BigEndian.Uint32(fr[4:]) &&
+				int64(binary.BigEndian.Uint64(body[9:])) > x {
+				return true, nil
+			}
 		}
-	} else if len(b) >= walHeaderLen || !last {
-		// A header is written and synced before any record: a bad one is
-		// either a segment torn at creation (newest, short) or corruption.
-		return fmt.Errorf("%w: wal %s: bad header", ErrCorrupt, path)
 	}
-	if good == len(b) || allZero(b[good:]) && !last {
-		return nil // trailing zeros: space allocated ahead of the records
-	}
-	if !last {
-		return fmt.Errorf("%w: wal %s: damaged record at %d of %d bytes", ErrCorrupt, path, good, len(b))
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	return false, nil
+}
+
+// allZero reports whether bytes [from, to) of seg are all zero.
+func (w *WAL) allZero(seg uint64, from, to int64) (bool, error) {
+	f, err := w.fs.OpenFile(w.segPath(seg), os.O_RDONLY, 0)
 	if err != nil {
-		return fmt.Errorf("store: wal: %w", err)
+		return false, fmt.Errorf("store: wal: %w", err)
 	}
 	defer f.Close()
-	if err := f.Truncate(int64(good)); err != nil {
-		return fmt.Errorf("store: wal: cut torn tail: %w", err)
-	}
-	return f.Sync()
-}
-
-func allZero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
+	buf := make([]byte, 1<<20)
+	for from < to {
+		n, err := f.ReadAt(buf[:min(int64(len(buf)), to-from)], from)
+		for _, c := range buf[:n] {
+			if c != 0 {
+				return false, nil
+			}
+		}
+		from += int64(n)
+		if err != nil {
+			break
 		}
 	}
-	return true
+	return from >= to, nil
 }
 
-// walFrame returns the payload of the record at the start of b and the
-// record's length, or n == 0 when b holds no complete, intact record.
-func walFrame(b []byte) (payload []byte, n int) {
-	if len(b) < walFrameLen {
-		return nil, 0
+// scanV1 indexes a segment of format 1, which logged commands: a stream
+// may skip them if its file already holds them, and fails otherwise.
+func (w *WAL) scanV1(seg uint64, f File, size int64) error {
+	r := bufio.NewReaderSize(io.NewSectionReader(f, walHeaderLen, size-walHeaderLen), 1<<20)
+	off := int64(walHeaderLen)
+	var body []byte
+	for off < size {
+		var fh [walFrameLen]byte
+		if _, err := io.ReadFull(r, fh[:]); err != nil {
+			return nil
+		}
+		l := binary.BigEndian.Uint32(fh[:])
+		if l == 0 || l > walMaxFrame || int64(l) > size-off-walFrameLen {
+			return nil // format 1 ended its records with zeros or a torn tail
+		}
+		body = append(body[:0], make([]byte, l)...)
+		if _, err := io.ReadFull(r, body); err != nil || crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(fh[4:]) {
+			return nil
+		}
+		if len(body) < 2 || len(body) < 2+int(binary.BigEndian.Uint16(body))+8 {
+			return w.corrupt(seg, "format 1 record at %d", off)
+		}
+		nl := int(binary.BigEndian.Uint16(body))
+		name := string(body[2 : 2+nl])
+		w.rec[name] = append(w.rec[name], walLoc{seg: seg, off: off, legacy: binary.BigEndian.Uint64(body[2+nl:])})
+		off += walFrameLen + int64(l)
 	}
-	l := binary.BigEndian.Uint32(b)
-	if l == 0 || l > walMaxRecord || int64(len(b)-walFrameLen) < int64(l) {
-		return nil, 0
-	}
-	payload = b[walFrameLen : walFrameLen+int(l)]
-	if crc32.Checksum(payload, castagnoli) != binary.BigEndian.Uint32(b[4:]) {
-		return nil, 0
-	}
-	return payload, walFrameLen + int(l)
+	return nil
 }
 
-// appendWALFrame appends a framed record holding payload to buf.
-func appendWALFrame(buf, payload []byte) []byte {
-	var h [walFrameLen]byte
-	binary.BigEndian.PutUint32(h[:], uint32(len(payload)))
-	binary.BigEndian.PutUint32(h[4:], crc32.Checksum(payload, castagnoli))
-	buf = append(buf, h[:]...)
-	return append(buf, payload...)
+// Recover calls fn with each record of stream left by the previous run, in
+// log order, reading one at a time; fn may keep the record. It stops at
+// fn's first error. A stream recovers once; FinishRecovery drops the rest.
+// applied is the stream's position: records of format 1 at or below it are
+// skipped, and one above it is ErrFormat.
+func (w *WAL) Recover(stream string, applied uint64, fn func(rec []byte) error) error {
+	w.mu.Lock()
+	locs := w.rec[stream]
+	delete(w.rec, stream)
+	w.mu.Unlock()
+	for _, l := range locs {
+		if l.n == 0 {
+			if l.legacy > applied {
+				return fmt.Errorf("%w: %s holds commands of stream %s logged by format 1 and not applied (index %d after %d): open it with the release that wrote it first",
+					ErrFormat, w.segPath(l.seg), stream, l.legacy, applied)
+			}
+			continue
+		}
+		w.mu.Lock()
+		f := w.files[l.seg]
+		w.mu.Unlock()
+		buf := make([]byte, l.n)
+		if _, err := f.ReadAt(buf, l.off); err != nil {
+			return fmt.Errorf("store: wal: %s: %w", w.segPath(l.seg), err)
+		}
+		body := buf[walFrameLen:]
+		if crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(buf[4:]) {
+			return w.corrupt(l.seg, "record at %d changed since Open", l.off)
+		}
+		nl := int(binary.BigEndian.Uint16(body[1:]))
+		if err := fn(body[3+nl:]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// A record's payload: name length (uint16 BE), name, index (uint64 BE), then
-// the encoded command.
-func splitWALRecord(p []byte) (name string, idx uint64, rest []byte, err error) {
-	if len(p) < 2 {
-		return "", 0, nil, errors.New("short record")
+func (w *WAL) closeFiles() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for s, f := range w.files {
+		f.Close()
+		delete(w.files, s)
 	}
-	nl := int(binary.BigEndian.Uint16(p))
-	if len(p) < 2+nl+8 {
-		return "", 0, nil, errors.New("short record")
-	}
-	name = string(p[2 : 2+nl])
-	idx = binary.BigEndian.Uint64(p[2+nl:])
-	return name, idx, p[2+nl+8:], nil
 }
 
+// create starts segment seg: header, zeros ahead, synced with its directory
+// entry before any record is written to it.
 func (w *WAL) create(seg uint64) error {
-	f, err := os.OpenFile(w.segPath(seg), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	name := w.segPath(seg)
+	f, err := w.fs.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
 	if err != nil {
 		return fmt.Errorf("store: wal: %w", err)
 	}
-	_, err = f.Write([]byte(walMagic))
+	_, err = f.WriteAt([]byte(walMagic), 0)
 	alloc := int64(walHeaderLen)
 	if err == nil {
 		alloc, err = extend(f, alloc, walChunk)
@@ -271,31 +480,38 @@ func (w *WAL) create(seg uint64) error {
 		err = f.Sync()
 	}
 	if err == nil {
-		err = syncDir(w.dir)
+		err = w.fs.SyncDir(w.dir)
+	}
+	var ext File
+	if err == nil {
+		ext, err = w.fs.OpenFile(name, os.O_RDWR, 0)
 	}
 	if err != nil {
 		f.Close()
-		return fmt.Errorf("store: wal: new segment: %w", err)
+		return fmt.Errorf("store: wal: new segment %s: %w", name, err)
 	}
 	w.mu.Lock()
 	prev := w.cur
 	w.cur = seg
 	w.mu.Unlock()
 	w.extMu.Lock()
-	old := w.f
-	w.f, w.size = f, int64(walHeaderLen)
+	oldF, oldExt := w.f, w.ext
+	w.f, w.ext, w.size, w.synced = f, ext, int64(walHeaderLen), int64(walHeaderLen)
 	w.alloc.Store(alloc)
 	w.extMu.Unlock()
-	if old != nil {
-		old.Close()
-		w.release(prev, 0) // delete it if already fully materialized
+	if oldF != nil {
+		oldF.Close()
+		oldExt.Close()
+		w.release(prev, 0) // delete it if already fully released
 	}
 	return nil
 }
 
 // extender keeps the current segment allocated ahead of the writer, so that
 // the writer's flushes cover data only and it seldom extends the file itself.
-// It only writes past alloc, where the writer does not write.
+// It writes only past alloc, where the writer does not write, through a
+// handle of its own: a failed write-back is then reported to the writer's
+// next sync too, not only to the extender's. Its own failure fails the WAL.
 func (w *WAL) extender() {
 	defer close(w.extDone)
 	for {
@@ -306,20 +522,31 @@ func (w *WAL) extender() {
 		}
 		w.extMu.Lock()
 		a := w.alloc.Load()
-		na, err := extend(w.f, a, walChunk)
+		na, err := extend(w.ext, a, walChunk)
 		if err == nil {
-			err = fdatasync(w.f)
+			err = w.ext.Sync()
 		}
 		if err == nil {
 			w.alloc.Store(na)
 		}
 		w.extMu.Unlock()
+		if err != nil {
+			w.failWith(err)
+		}
+	}
+}
+
+func (w *WAL) failWith(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err == nil {
+		w.err = fmt.Errorf("%w: %v", ErrWALFailed, err)
 	}
 }
 
 // extend writes n zero bytes to f at offset at and returns the new end. The
 // caller syncs.
-func extend(f *os.File, at, n int64) (int64, error) {
+func extend(f File, at, n int64) (int64, error) {
 	for n > 0 {
 		z := walZeros[:min(n, int64(len(walZeros)))]
 		if _, err := f.WriteAt(z, at); err != nil {
@@ -331,60 +558,44 @@ func extend(f *os.File, at, n int64) (int64, error) {
 	return at, nil
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
-// recovered hands over (once) the records of partition name left by the
-// previous run, in log order.
-func (w *WAL) recovered(name string) []walRecord {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	r := w.rec[name]
-	delete(w.rec, name)
-	return r
-}
-
 // FinishRecovery deletes the segments of the previous run. Call it once every
-// partition is open: opening replays (and syncs) their records. Records of
-// partitions that were not opened are dropped with the segments.
+// stream has recovered: records of streams that did not are dropped.
 func (w *WAL) FinishRecovery() error {
+	w.closeFiles()
 	w.mu.Lock()
 	old := w.old
-	w.old, w.rec = nil, map[string][]walRecord{}
+	w.old, w.rec = nil, map[string][]walLoc{}
 	w.mu.Unlock()
 	for _, s := range old {
-		if err := os.Remove(w.segPath(s)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := w.fs.Remove(w.segPath(s)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("store: wal: %w", err)
 		}
 	}
 	if len(old) > 0 {
-		return syncDir(w.dir)
+		if err := w.fs.SyncDir(w.dir); err != nil {
+			return fmt.Errorf("store: wal: %w", err)
+		}
 	}
 	return nil
 }
 
-// append queues buf (n framed records) for the next group write. done is
-// called by the writer goroutine, in append order, once the records are
-// synced (err nil, seg the segment holding them) or failed.
-func (w *WAL) append(buf []byte, n int, done func(seg uint64, err error)) {
+// Append queues payload, a record of stream, for the next group write. done
+// is called by the writer goroutine, in append order, once the record is
+// durable (err nil; seg is the segment holding it, to release) or failed.
+// payload must not change until done is called.
+func (w *WAL) Append(stream string, payload []byte, done func(seg uint64, err error)) {
 	w.closeMu.RLock()
 	if w.closing {
 		w.closeMu.RUnlock()
 		done(0, ErrClosed)
 		return
 	}
-	w.reqs <- &walReq{buf: buf, n: n, done: done}
+	w.reqs <- &walReq{stream: stream, payload: payload, done: done}
 	w.closeMu.RUnlock()
 }
 
-// release records that n records of seg are materialized, and deletes seg
-// once none is left and it is no longer written.
+// release records that n records of seg are no longer needed, and deletes
+// seg once none is left and it is no longer written.
 func (w *WAL) release(seg uint64, n int) {
 	w.mu.Lock()
 	w.refs[seg] -= n
@@ -394,7 +605,7 @@ func (w *WAL) release(seg uint64, n int) {
 	}
 	w.mu.Unlock()
 	if del && seg != 0 {
-		_ = os.Remove(w.segPath(seg)) // a leftover is replayed and skipped by index
+		_ = w.fs.Remove(w.segPath(seg)) // a leftover is replayed and skipped by index
 	}
 }
 
@@ -408,12 +619,21 @@ func (w *WAL) run() {
 	defer close(w.done)
 	batch := make([]*walReq, 0, 256)
 	var buf []byte
+	var tick <-chan time.Time
+	if w.every > 0 {
+		t := time.NewTicker(w.every)
+		defer t.Stop()
+		tick = t.C
+	}
 	var prevDur time.Duration
 	var prevRecs, queued int
 	for {
 		select {
 		case r := <-w.reqs:
 			batch = append(batch, r)
+		case <-tick:
+			w.syncNow()
+			continue
 		case <-w.stop:
 			for {
 				select {
@@ -427,9 +647,9 @@ func (w *WAL) run() {
 			if len(batch) > 0 {
 				w.write(batch, buf)
 			}
+			w.syncNow()
 			return
 		}
-		recs := batch[0].n
 		for i := range maxYields {
 			n := len(batch)
 		drain:
@@ -437,7 +657,6 @@ func (w *WAL) run() {
 				select {
 				case r := <-w.reqs:
 					batch = append(batch, r)
-					recs += r.n
 				default:
 					break drain
 				}
@@ -450,105 +669,165 @@ func (w *WAL) run() {
 		// The senders the last write acknowledged are on their way back:
 		// wait for them a little (at most half a write), so that they join
 		// this write instead of making the next one.
-		if target := prevRecs + queued; recs < target && prevDur > 0 {
+		if target := prevRecs + queued; len(batch) < target && prevDur > 0 {
 			deadline := time.Now().Add(min(prevDur/2, time.Millisecond))
-			for recs < target && time.Now().Before(deadline) {
+			for len(batch) < target && time.Now().Before(deadline) {
 				select {
 				case r := <-w.reqs:
 					batch = append(batch, r)
-					recs += r.n
 				default:
 					runtime.Gosched()
 				}
 			}
 		}
 		t0 := time.Now()
+		recs := len(batch)
 		buf = w.write(batch, buf)
-		// Requests (at least one record each) that arrived during the write.
 		prevDur, prevRecs, queued = time.Since(t0), recs, len(w.reqs)
 		clear(batch)
 		batch = batch[:0]
 	}
 }
 
-// write appends batch's records in one write and one fdatasync, then calls
-// every done in order.
+// syncNow syncs what SyncInterval left unsynced.
+func (w *WAL) syncNow() {
+	if !w.dirty {
+		return
+	}
+	w.mu.Lock()
+	failed := w.err != nil
+	w.mu.Unlock()
+	if failed {
+		return
+	}
+	if err := w.f.Sync(); err != nil {
+		w.failWith(err)
+		return
+	}
+	w.dirty, w.synced = false, w.size
+}
+
+// write appends batch's records in one write and (unless SyncInterval) one
+// fdatasync, then calls every done in order.
 func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 	w.mu.Lock()
 	err := w.err
 	seg := w.cur
 	w.mu.Unlock()
 	buf = buf[:0]
-	n := 0
-	for _, r := range batch {
-		buf = append(buf, r.buf...)
-		n += r.n
-	}
 	if err == nil {
+		w.wseq++
+		var h [writeBodyLen]byte
+		h[0] = frameWrite
+		binary.BigEndian.PutUint64(h[1:], w.wseq)
+		synced := w.size
+		if w.every > 0 {
+			synced = w.synced
+		}
+		binary.BigEndian.PutUint64(h[9:], uint64(synced))
+		buf = appendFrame(buf, h[:], nil, "")
+		for _, r := range batch {
+			buf = appendFrame(buf, nil, r.payload, r.stream)
+		}
 		w.mu.Lock()
-		w.refs[seg] += n
+		w.refs[seg] += len(batch)
 		w.mu.Unlock()
-		end := w.size + int64(len(buf))
-		if end <= w.alloc.Load() {
-			_, err = w.f.WriteAt(buf, w.size)
-		} else {
-			w.extMu.Lock() // the extender writes past alloc too
-			if a := w.alloc.Load(); end-a < walChunk/2 {
-				// Extend and sync first, so that the flush covering
-				// the records flushes data only.
-				var na int64
-				if na, err = extend(w.f, a, walChunk); err == nil {
-					err = fdatasync(w.f)
-				}
-				if err == nil {
-					w.alloc.Store(na)
-				}
-			}
-			if err == nil {
-				// A large write is not zero-filled first: that would
-				// write it twice; its flush also commits the new size.
-				_, err = w.f.WriteAt(buf, w.size)
-			}
-			if err == nil && end > w.alloc.Load() {
-				w.alloc.Store(end) // synced below, before anyone relies on it
-			}
-			w.extMu.Unlock()
-		}
-		if w.alloc.Load()-end < 2*walChunk {
-			select {
-			case w.extWake <- struct{}{}:
-			default:
-			}
-		}
-		if err == nil {
-			err = fdatasync(w.f)
+		err = w.writeAt(buf)
+		if err == nil && w.every == 0 {
+			err = w.f.Sync()
 		}
 		if err != nil {
-			err = fmt.Errorf("%w: %v", ErrWALFailed, err)
+			w.failWith(err)
 			w.mu.Lock()
-			w.err = err
+			err = w.err
 			w.mu.Unlock()
+		} else {
+			w.size += int64(len(buf))
+			if w.every == 0 {
+				w.synced = w.size
+			} else {
+				w.dirty = true
+			}
 		}
 	}
-	w.size += int64(len(buf))
 	for _, r := range batch {
 		r.done(seg, err)
 	}
 	if err == nil && w.size >= w.segSize {
+		w.syncNow() // an older segment is always synced whole
+		if w.dirty {
+			return buf
+		}
 		if cerr := w.create(seg + 1); cerr != nil {
-			w.mu.Lock()
-			w.err = fmt.Errorf("%w: %v", ErrWALFailed, cerr)
-			w.mu.Unlock()
+			w.failWith(cerr)
 		}
 	}
-	if cap(buf) > maxArena {
+	if cap(buf) > 4<<20 {
 		buf = nil
 	}
 	return buf
 }
 
-// Close stops the writer after the appends already queued and closes the
-// segment. Close the partitions first: they materialize what they hold.
+// writeAt writes buf at the end of the records, extending the segment first
+// when the zeros ahead run short.
+func (w *WAL) writeAt(buf []byte) (err error) {
+	end := w.size + int64(len(buf))
+	if end <= w.alloc.Load() {
+		_, err = w.f.WriteAt(buf, w.size)
+	} else {
+		w.extMu.Lock() // the extender writes past alloc too
+		if a := w.alloc.Load(); end-a < walChunk/2 {
+			// Extend and sync first, so that the flush covering the
+			// records flushes data only.
+			var na int64
+			if na, err = extend(w.f, a, walChunk); err == nil {
+				err = w.f.Sync()
+			}
+			if err == nil {
+				w.alloc.Store(na)
+			}
+		}
+		if err == nil {
+			// A large write is not zero-filled first: that would write
+			// it twice; its flush also commits the new size.
+			_, err = w.f.WriteAt(buf, w.size)
+		}
+		if err == nil && end > w.alloc.Load() {
+			w.alloc.Store(end)
+		}
+		w.extMu.Unlock()
+	}
+	if w.alloc.Load()-end < 2*walChunk {
+		select {
+		case w.extWake <- struct{}{}:
+		default:
+		}
+	}
+	return err
+}
+
+// appendFrame appends a frame: a write header (head), or a record of stream
+// holding payload.
+func appendFrame(buf, head, payload []byte, stream string) []byte {
+	start := len(buf)
+	buf = append(buf, 0, 0, 0, 0, 0, 0, 0, 0)
+	if head != nil {
+		buf = append(buf, head...)
+	} else {
+		buf = append(buf, frameRecord)
+		buf = binary.BigEndian.AppendUint16(buf, uint16(len(stream)))
+		buf = append(buf, stream...)
+		buf = append(buf, payload...)
+	}
+	body := buf[start+walFrameLen:]
+	binary.BigEndian.PutUint32(buf[start:], uint32(len(body)))
+	binary.BigEndian.PutUint32(buf[start+4:], crc32.Checksum(body, castagnoli))
+	return buf
+}
+
+// Close stops the writer after the appends already queued, syncs and closes
+// the segment. Close the streams' owners first: partitions write what they
+// hold into their files.
 func (w *WAL) Close() error {
 	var err error
 	w.once.Do(func() {
@@ -558,77 +837,14 @@ func (w *WAL) Close() error {
 		w.closeMu.Unlock()
 		<-w.done
 		<-w.extDone
-		if w.f != nil {
-			err = w.f.Close()
+		w.closeFiles()
+		w.mu.Lock()
+		err = w.err
+		w.mu.Unlock()
+		if cerr := w.f.Close(); err == nil {
+			err = cerr
 		}
+		w.ext.Close()
 	})
 	return err
-}
-
-// encodeWALHeader starts a record of command c of partition name at index
-// idx: name length (2), name, index (8), op (1), now (8), message count (4);
-// the messages follow, each as encodeMessage writes it.
-func encodeWALHeader(e *encoder, name string, idx uint64, c *Command) {
-	var h [2]byte
-	binary.BigEndian.PutUint16(h[:], uint16(len(name)))
-	e.buf.Write(h[:])
-	e.buf.WriteString(name)
-	var b [21]byte
-	binary.BigEndian.PutUint64(b[:], idx)
-	b[8] = byte(c.Op)
-	binary.BigEndian.PutUint64(b[9:], uint64(c.Now))
-	binary.BigEndian.PutUint32(b[17:], uint32(len(c.Msgs)))
-	e.buf.Write(b[:])
-}
-
-// decodeWALCommand decodes the command part of a record (after name and
-// index) into a fresh Command.
-func decodeWALCommand(idx uint64, p []byte) (*Command, error) {
-	if len(p) < 13 {
-		return nil, fmt.Errorf("%w: wal command of %d bytes", ErrCorrupt, len(p))
-	}
-	c := &Command{Op: Op(p[0]), Index: idx, Now: int64(binary.BigEndian.Uint64(p[1:]))}
-	n := binary.BigEndian.Uint32(p[9:])
-	dec := msgpack.NewDecoder(bytes.NewReader(p[13:]))
-	if int(n) > len(p) {
-		return nil, fmt.Errorf("%w: wal command with %d messages", ErrCorrupt, n)
-	}
-	c.Msgs = make([]Message, n)
-	for i := range c.Msgs {
-		if err := decodeMessage(dec, &c.Msgs[i]); err != nil {
-			return nil, fmt.Errorf("%w: wal command: %v", ErrCorrupt, err)
-		}
-	}
-	if walGroupOp(c.Op) {
-		var err error
-		if c.Group, err = dec.DecodeString(); err == nil {
-			c.Offset, err = dec.DecodeUint64()
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%w: wal command: %v", ErrCorrupt, err)
-		}
-	}
-	if c.Op == OpCommitTx {
-		var err error
-		if c.TxID, err = dec.DecodeString(); err != nil {
-			return nil, fmt.Errorf("%w: wal command: %v", ErrCorrupt, err)
-		}
-	}
-	return c, nil
-}
-
-// walGroupOp reports whether op's record carries Group and Offset (after
-// its messages, of which it has none).
-func walGroupOp(op Op) bool { return op == OpCommitOffset || op == OpDeleteGroup }
-
-// encodeWALTrailer ends c's record: Group and Offset for a group command,
-// TxID for a transaction commit.
-func encodeWALTrailer(e *encoder, c *Command) {
-	if walGroupOp(c.Op) {
-		_ = e.enc.EncodeString(c.Group)
-		_ = e.enc.EncodeUint64(c.Offset)
-	}
-	if c.Op == OpCommitTx {
-		_ = e.enc.EncodeString(c.TxID)
-	}
 }

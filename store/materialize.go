@@ -1,0 +1,341 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// The materializer writes durable gens into the file: when MaxPendingBytes/4
+// are waiting, when the oldest has waited MaterializeAfter, or at once when a
+// reader, a command that scans the file or Close asks (kick). It writes them
+// in one bbolt transaction with bbolt's normal fsync (never NoSync), then
+// drops them from the overlay and releases their WAL records.
+
+const (
+	matMaxGens  = 256      // gens in one bbolt transaction
+	matMaxBytes = 64 << 20 // bytes of gens in one bbolt transaction
+)
+
+func (p *Partition) materializer() {
+	defer p.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		p.mu.Lock()
+		gs, wait := p.due()
+		if gs == nil && wait == 0 {
+			p.matDone = true
+			p.cond.Broadcast()
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+		if gs == nil {
+			timer.Reset(wait)
+			select {
+			case <-p.wake:
+			case <-timer.C:
+			}
+			continue
+		}
+		if err := p.materialize(gs); err != nil {
+			p.mu.Lock()
+			p.matDone = true
+			p.cond.Broadcast()
+			p.mu.Unlock()
+			return
+		}
+	}
+}
+
+// due returns the durable gens to write now, or how long to wait for more
+// (0: exit). p.mu is held.
+func (p *Partition) due() ([]*gen, time.Duration) {
+	n, bytes := 0, 0
+	for n < len(p.gens) && p.gens[n].acked && n < matMaxGens && bytes < matMaxBytes {
+		bytes += len(p.gens[n].buf)
+		n++
+	}
+	switch {
+	case p.failed != nil && (n == 0 || p.matStop):
+		return nil, 0 // a failed partition stops; what is durable is replayed at the next Open
+	case n == 0 && p.matStop:
+		return nil, 0
+	case n == 0:
+		return nil, time.Hour
+	}
+	if wait := p.opts.MaterializeAfter - time.Since(p.gens[0].at); !p.kick && !p.matStop &&
+		p.pending < p.opts.MaxPendingBytes/4 && n < matMaxGens && wait > 0 {
+		return nil, wait
+	}
+	p.kick = false
+	return append([]*gen(nil), p.gens[:n]...), 0
+}
+
+// materialize writes gs, the oldest gens not in the file, into it in one
+// transaction, then drops them from the overlay. A failure fails the
+// partition: nothing is retried and acknowledged.
+func (p *Partition) materialize(gs []*gen) error {
+	recs := make([][]byte, len(gs))
+	for i, g := range gs {
+		recs[i] = g.buf
+	}
+	st, err := p.writeRecords(recs)
+	if err != nil {
+		return p.fail(err)
+	}
+	p.mu.Lock()
+	p.gens = append([]*gen(nil), p.gens[len(gs):]...)
+	p.fileSt = st
+	for _, g := range gs {
+		p.pending -= len(g.buf)
+	}
+	p.commits++
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	if p.wal != nil {
+		for _, g := range gs {
+			if g.seg != 0 {
+				p.wal.release(g.seg, 1)
+			}
+		}
+	}
+	return nil
+}
+
+// writeRecords writes the effect records recs (in index order, each one
+// after the file's Applied) into the file in one transaction and returns the
+// state after them.
+func (p *Partition) writeRecords(recs [][]byte) (state, error) {
+	var st state
+	err := p.update(func(tx *bolt.Tx) error {
+		var bks [nBuckets]*bolt.Bucket
+		for i, name := range bucketNames {
+			bks[i] = tx.Bucket(name)
+		}
+		bks[bLog].FillPercent = 1.0 // keys only ever grow: pack pages full
+		bks[bDelay].FillPercent = 0.9
+		meta := tx.Bucket(bucketMeta)
+		if err := decodeState(meta.Get(metaState), &st); err != nil {
+			return err
+		}
+		for _, rec := range recs {
+			idx, after, err := writeEffects(&bks, rec)
+			if err != nil {
+				return err
+			}
+			if idx != st.Applied+1 {
+				return fmt.Errorf("%w: effect record %d after %d", ErrCorrupt, idx, st.Applied)
+			}
+			st = after
+		}
+		return meta.Put(metaState, appendState(nil, &st))
+	})
+	if err != nil {
+		return st, fmt.Errorf("%w: %s: %w", ErrFailed, p.path, err)
+	}
+	return st, nil
+}
+
+// replay writes the partition's records left in the WAL by the previous run
+// (those after the file's Applied) into the file, in batches of bounded
+// size, before the writer starts.
+func (p *Partition) replay() error {
+	var recs [][]byte
+	bytes := 0
+	flush := func() error {
+		if len(recs) == 0 {
+			return nil
+		}
+		st, err := p.writeRecords(recs)
+		if err != nil {
+			return err
+		}
+		p.fileSt = st
+		recs, bytes = recs[:0], 0
+		return nil
+	}
+	applied := p.fileSt.Applied
+	err := p.wal.Recover(p.opts.Stream, applied, func(rec []byte) error {
+		idx, _, _, err := splitEffects(rec)
+		if err != nil {
+			return err
+		}
+		if idx <= applied {
+			return nil
+		}
+		if idx != applied+1 {
+			return fmt.Errorf("%w: record %d follows %d: the log lost records", ErrCorrupt, idx, applied)
+		}
+		applied = idx
+		recs = append(recs, rec)
+		bytes += len(rec)
+		if bytes >= matMaxBytes || len(recs) >= matMaxGens {
+			return flush()
+		}
+		return nil
+	})
+	if err == nil {
+		err = flush()
+	}
+	if err != nil {
+		return fmt.Errorf("store: %s: replay: %w", p.path, err)
+	}
+	return nil
+}
+
+// drain waits until every gen is in the file. The writer calls it before a
+// command that scans the file.
+func (p *Partition) drain() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.gens) > 0 && p.failed == nil {
+		p.kickLocked()
+		p.cond.Wait()
+	}
+	return p.failed
+}
+
+// barrier waits until what is durable now is in the file, for reads that
+// scan the file.
+func (p *Partition) barrier() error {
+	if p.wal == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	target := p.ackedSt.Applied
+	for p.fileSt.Applied < target && p.failed == nil && !p.matDone {
+		p.kickLocked()
+		p.cond.Wait()
+	}
+	if p.fileSt.Applied < target {
+		if p.failed != nil {
+			return p.failed
+		}
+		return ErrClosed
+	}
+	return nil
+}
+
+// update runs fn in a write transaction, containing bbolt's panics.
+func (p *Partition) update(fn func(*bolt.Tx) error) (err error) {
+	defer p.contain(&err)
+	return p.db.Update(fn)
+}
+
+// view runs fn in a read transaction, containing bbolt's panics.
+func (p *Partition) view(fn func(*bolt.Tx) error) (err error) {
+	select {
+	case <-p.stop:
+		return ErrClosed
+	default:
+	}
+	defer p.contain(&err)
+	err = p.db.View(fn)
+	if err == bolt.ErrDatabaseNotOpen {
+		return ErrClosed
+	}
+	return err
+}
+
+// contain turns a panic of bbolt reading a damaged page (or a fault on its
+// memory map) into an error wrapping ErrCorrupt that names the file, and
+// fails the partition. Deferred by every call into bbolt.
+func (p *Partition) contain(err *error) {
+	if r := recover(); r != nil {
+		*err = p.fail(fmt.Errorf("%w: %s: %v", ErrCorrupt, p.path, r))
+	}
+}
+
+// openBolt opens a partition file, refusing a damaged one with ErrCorrupt
+// instead of letting bbolt panic. The file's freelist is synced on each
+// commit, so opening it reads one page in this goroutine; a file that has
+// none (written by format 1, which did not sync it) is walked first, on a
+// read-only handle, because bbolt rebuilds a missing freelist in a
+// goroutine of its own where a panic could not be contained.
+func openBolt(path string) (*bolt.DB, error) {
+	if err := checkBolt(path); err != nil {
+		return nil, err
+	}
+	var db *bolt.DB
+	err := containBolt(path, func() (err error) {
+		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, FreelistType: bolt.FreelistMapType})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return db, nil
+}
+
+// checkBolt walks every bucket of a file without a synced freelist.
+func checkBolt(path string) error {
+	if !missingFreelist(path) {
+		return nil // bolt.Open reads the freelist, or creates the file, or reports why not
+	}
+	return containBolt(path, func() error {
+		db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		return db.View(func(tx *bolt.Tx) error {
+			return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+				return b.ForEach(func(k, v []byte) error { return nil })
+			})
+		})
+	})
+}
+
+// missingFreelist reports whether a meta page of the bbolt file at path
+// records no freelist. bbolt's meta page (in the machine's byte order, little
+// endian here): page header (16 bytes), magic, version, page size, flags
+// (4 each), root bucket (16), freelist page id (8) at offset 48.
+func missingFreelist(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var b [64]byte
+	if _, err := f.ReadAt(b[:], 0); err != nil {
+		return false
+	}
+	noFreelist := func(m []byte) bool { return binary.LittleEndian.Uint64(m[48:]) == ^uint64(0) }
+	if noFreelist(b[:]) {
+		return true
+	}
+	pageSize := int64(binary.LittleEndian.Uint32(b[24:]))
+	if pageSize < 512 || pageSize > 1<<16 {
+		return false // bolt.Open reports the damage
+	}
+	if _, err := f.ReadAt(b[:], pageSize); err != nil {
+		return false
+	}
+	return noFreelist(b[:])
+}
+
+// containBolt runs fn, turning a bbolt panic or fault and bbolt's own
+// damage errors into ErrCorrupt naming path.
+func containBolt(path string, fn func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %s: %v", ErrCorrupt, path, r)
+		}
+	}()
+	err = fn()
+	switch err {
+	case nil:
+		return nil
+	case bolt.ErrInvalid, bolt.ErrChecksum, bolt.ErrVersionMismatch, bolt.ErrInvalidMapping:
+		return fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+	}
+	return fmt.Errorf("store: open %s: %w", path, err)
+}

@@ -1,0 +1,169 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Formats of the values this package writes besides records (message.go).
+// Each starts with a two-byte magic and a version byte; an unknown version
+// is refused as ErrCorrupt. The file's own version (meta "version",
+// FormatVersion) says which of these a file may hold.
+
+// state is the partition's metadata: meta "state".
+type state struct {
+	Next       uint64 // offset of the next appended message
+	Low        uint64 // offset of the first message still in the log
+	Bytes      int64  // bytes of records in the log
+	DedupLow   uint64 // log offsets below this have no dedup entry any more
+	Applied    uint64 // index of the last batch (or replicated entry) applied
+	LastStored int64  // StoredAt of the newest record; StoredAt never decreases
+	DelaySeq   uint64 // sequence of the newest delayed message
+	Delayed    int64  // messages in the delay index
+}
+
+// State layout: 'Z' 'S', version 1, then the eight fields of state in
+// declaration order, each 8 bytes big-endian.
+const (
+	stateVersion = 1
+	stateLen     = 3 + 8*8
+)
+
+func appendState(dst []byte, s *state) []byte {
+	dst = append(dst, 'Z', 'S', stateVersion)
+	for _, v := range [...]uint64{s.Next, s.Low, uint64(s.Bytes), s.DedupLow, s.Applied,
+		uint64(s.LastStored), s.DelaySeq, uint64(s.Delayed)} {
+		dst = binary.BigEndian.AppendUint64(dst, v)
+	}
+	return dst
+}
+
+func decodeState(b []byte, s *state) error {
+	if len(b) > 0 && isLegacyMap(b[0]) {
+		return decodeLegacyState(b, s)
+	}
+	if len(b) != stateLen || b[0] != 'Z' || b[1] != 'S' {
+		return fmt.Errorf("%w: partition state of %d bytes", ErrCorrupt, len(b))
+	}
+	if b[2] != stateVersion {
+		return fmt.Errorf("%w: partition state version %d, want %d", ErrCorrupt, b[2], stateVersion)
+	}
+	u := func(i int) uint64 { return binary.BigEndian.Uint64(b[3+8*i:]) }
+	*s = state{Next: u(0), Low: u(1), Bytes: int64(u(2)), DedupLow: u(3), Applied: u(4),
+		LastStored: int64(u(5)), DelaySeq: u(6), Delayed: int64(u(7))}
+	if s.Low > s.Next || s.DedupLow > s.Next || s.Bytes < 0 || s.Delayed < 0 {
+		return fmt.Errorf("%w: partition state %+v", ErrCorrupt, *s)
+	}
+	return nil
+}
+
+// isLegacyMap reports whether c starts a msgpack map: the form of format 1
+// files, which stored state and half transactions as msgpack maps.
+func isLegacyMap(c byte) bool { return c&0xf0 == 0x80 || c == 0xde || c == 0xdf }
+
+// legacyState is format 1's state: a msgpack map keyed by these field names.
+// The names are the format; never rename them.
+type legacyState struct {
+	Next, Low  uint64
+	Bytes      int64
+	DedupLow   uint64
+	Applied    uint64
+	LastStored int64
+	DelaySeq   uint64
+	Delayed    int64
+}
+
+func decodeLegacyState(b []byte, s *state) error {
+	var l legacyState
+	if err := msgpack.Unmarshal(b, &l); err != nil {
+		return fmt.Errorf("%w: format 1 partition state: %v", ErrCorrupt, err)
+	}
+	*s = state{Next: l.Next, Low: l.Low, Bytes: l.Bytes, DedupLow: l.DedupLow, Applied: l.Applied,
+		LastStored: l.LastStored, DelaySeq: l.DelaySeq, Delayed: l.Delayed}
+	return nil
+}
+
+// halfTx is the value of the half bucket: the undecided messages of one
+// transaction in this partition.
+type halfTx struct {
+	Producer  string
+	FirstSeen int64
+	LastCheck int64
+	Checks    int
+	Records   [][]byte // encoded records, CRC'd under the txid key
+}
+
+// Half layout: 'Z' 'H', version 1, first seen (8), last check (8), checks
+// (uvarint), producer (uvarint length + bytes), record count (uvarint), then
+// each record as uvarint length + bytes.
+const halfVersion = 1
+
+func appendHalf(dst []byte, h *halfTx) []byte {
+	dst = append(dst, 'Z', 'H', halfVersion)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(h.FirstSeen))
+	dst = binary.BigEndian.AppendUint64(dst, uint64(h.LastCheck))
+	dst = binary.AppendUvarint(dst, uint64(h.Checks))
+	dst = appendString(dst, h.Producer)
+	dst = binary.AppendUvarint(dst, uint64(len(h.Records)))
+	for _, r := range h.Records {
+		dst = binary.AppendUvarint(dst, uint64(len(r)))
+		dst = append(dst, r...)
+	}
+	return dst
+}
+
+// decodeHalf decodes a half transaction; its Records point into b.
+func decodeHalf(b []byte) (*halfTx, error) {
+	h, err := decodeHalfValue(b)
+	if err != nil {
+		return nil, fmt.Errorf("%w: half transaction: %v", ErrCorrupt, err)
+	}
+	return h, nil
+}
+
+func decodeHalfValue(b []byte) (*halfTx, error) {
+	if len(b) > 0 && isLegacyMap(b[0]) {
+		var l struct {
+			Producer  string   `msgpack:"p"`
+			FirstSeen int64    `msgpack:"f"`
+			LastCheck int64    `msgpack:"l"`
+			Checks    int      `msgpack:"c"`
+			Records   [][]byte `msgpack:"r"`
+		}
+		if err := msgpack.Unmarshal(b, &l); err != nil {
+			return nil, err
+		}
+		return &halfTx{Producer: l.Producer, FirstSeen: l.FirstSeen, LastCheck: l.LastCheck, Checks: l.Checks, Records: l.Records}, nil
+	}
+	if len(b) < 3+16 || b[0] != 'Z' || b[1] != 'H' {
+		return nil, errors.New("bad magic")
+	}
+	if b[2] != halfVersion {
+		return nil, fmt.Errorf("version %d, want %d", b[2], halfVersion)
+	}
+	h := &halfTx{FirstSeen: int64(binary.BigEndian.Uint64(b[3:])), LastCheck: int64(binary.BigEndian.Uint64(b[11:]))}
+	r := reader{b: b[19:]}
+	checks := r.uvarint()
+	h.Producer = r.str()
+	n := r.uvarint()
+	if r.err == nil && (n > uint64(len(r.b)) || checks > 1<<31) {
+		return nil, fmt.Errorf("%d records, %d checks in %d bytes", n, checks, len(r.b))
+	}
+	h.Checks = int(checks)
+	if n > 0 {
+		h.Records = make([][]byte, n)
+	}
+	for i := range h.Records {
+		h.Records[i] = r.bytes()
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	if len(r.b) != 0 {
+		return nil, fmt.Errorf("%d bytes after the records", len(r.b))
+	}
+	return h, nil
+}
