@@ -59,12 +59,17 @@ func (v *view) apply(c *Command) (Result, error) {
 	}
 	switch c.Op {
 	case OpAppend:
+		if err := v.checkDedup(c.Msgs); err != nil {
+			return res, err
+		}
 		res.Acks = make([]Ack, len(c.Msgs))
 		for i := range c.Msgs {
 			v.append(c.Now, c.Msgs[i], &res.Acks[i])
 		}
 	case OpCommitOffset:
-		v.g.putWith(bGroups, c.Group, func(dst []byte) []byte { return be.AppendUint64(dst, c.Offset) })
+		v.g.putWith(bGroups, c.Group, func(dst []byte) []byte {
+			return appendSealed(dst, c.Group, be.AppendUint64(nil, c.Offset))
+		})
 	case OpDeleteGroup:
 		v.g.del(bGroups, c.Group)
 	case OpTrim:
@@ -90,12 +95,31 @@ func (v *view) apply(c *Command) (Result, error) {
 	return res, nil
 }
 
+// checkDedup fails, before anything is written, when the dedup entry of a
+// message to be looked up is damaged.
+func (v *view) checkDedup(msgs []Message) error {
+	for i := range msgs {
+		if id := msgs[i].ID; id != "" && !msgs[i].FreshID {
+			if _, err := unseal(id, v.get(bDedup, id), dedupBytes); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// dedup returns the dedup entry of id (checked by checkDedup), or nil.
+func (v *view) dedup(id string) []byte {
+	d, _ := unseal(id, v.get(bDedup, id), dedupBytes)
+	return d
+}
+
 // append stores m: deduplicated by ID, held back when due later, else at the
 // end of the log.
 func (v *view) append(now int64, m Message, ack *Ack) {
 	st := &v.g.st
 	if m.ID != "" && !m.FreshID {
-		if d := v.get(bDedup, m.ID); len(d) == dedupBytes {
+		if d := v.dedup(m.ID); d != nil {
 			ack.Offset = be.Uint64(d)
 			ack.Duplicate = true
 			ack.Delayed = ack.Offset == noOffset
@@ -139,10 +163,10 @@ func (v *view) putDedup(id string, off uint64, at int64) {
 	if id == "" {
 		return
 	}
-	var d [dedupBytes]byte
+	var d [dedupBytes + sealLen]byte
 	be.PutUint64(d[:8], off)
 	be.PutUint64(d[8:], uint64(at))
-	v.g.put(bDedup, id, d[:])
+	v.g.put(bDedup, id, appendSealed(d[:0], id, d[:dedupBytes]))
 }
 
 // trim deletes the head of the log by age and size, then prunes dedup entries
@@ -230,7 +254,8 @@ func (v *view) deleteDedupOf(k, val []byte) {
 // whole index: it is only for a damaged record, whose ID cannot be read.
 func (v *view) deleteDedupAt(off uint64) {
 	_ = v.bk[bDedup].ForEach(func(k, d []byte) error {
-		if len(d) == dedupBytes && be.Uint64(d[:8]) == off {
+		if len(d) >= 8 && be.Uint64(d[:8]) == off { // damaged or not: its record is
+
 			v.g.del(bDedup, string(k))
 		}
 		return nil
@@ -267,23 +292,26 @@ func (v *view) pruneDedup(c *Command, res *Result, cutoff int64, limit int) {
 
 func (v *view) pruneDecisions(cutoff int64) {
 	_ = v.bk[bTxs].ForEach(func(k, d []byte) error {
-		if len(d) == decisionBytes && int64(be.Uint64(d[1:])) < cutoff {
+		if d, err := unseal(string(k), d, decisionBytes); err == nil && d != nil && int64(be.Uint64(d[1:])) < cutoff {
 			v.g.del(bTxs, string(k))
 		}
 		return nil
 	})
 }
 
-func (v *view) decision(txid string) Decision {
-	if d := v.get(bTxs, txid); len(d) == decisionBytes {
-		return Decision(d[0])
+// decision returns the decision recorded for txid; a damaged one is the
+// command's ErrCorrupt.
+func (v *view) decision(txid string) (Decision, error) {
+	d, err := unseal(txid, v.get(bTxs, txid), decisionBytes)
+	if d == nil || err != nil {
+		return Undecided, err
 	}
-	return Undecided
+	return Decision(d[0]), nil
 }
 
 func (v *view) decide(c *Command, d Decision) {
 	v.g.putWith(bTxs, c.TxID, func(dst []byte) []byte {
-		return be.AppendUint64(append(dst, byte(d)), uint64(c.Now))
+		return appendSealed(dst, c.TxID, be.AppendUint64([]byte{byte(d)}, uint64(c.Now)))
 	})
 }
 
@@ -301,7 +329,10 @@ func (v *view) half(txid string) (*halfTx, error) {
 }
 
 func (v *view) prepare(c *Command, res *Result) error {
-	if d := v.decision(c.TxID); d != Undecided {
+	if d, err := v.decision(c.TxID); err != nil || d != Undecided {
+		if err != nil {
+			return err
+		}
 		res.Previous = d
 		return fmt.Errorf("%w: %s is %s", ErrDecided, c.TxID, d)
 	}
@@ -332,9 +363,9 @@ func (v *view) prepare(c *Command, res *Result) error {
 }
 
 func (v *view) commitTx(c *Command, res *Result) error {
-	if d := v.decision(c.TxID); d != Undecided {
+	if d, err := v.decision(c.TxID); err != nil || d != Undecided {
 		res.Previous = d
-		return nil
+		return err
 	}
 	h, err := v.half(c.TxID)
 	if err != nil {
@@ -348,6 +379,15 @@ func (v *view) commitTx(c *Command, res *Result) error {
 				return fmt.Errorf("half message %d of %s: %w", i, c.TxID, err)
 			}
 		}
+	}
+	if err := v.checkDedup(halves); err != nil {
+		return err
+	}
+	if err := v.checkDedup(c.Msgs); err != nil {
+		return err
+	}
+	if n := v.cost(c) + len(v.get(bHalf, c.TxID)); n > MaxCommandBytes {
+		return fmt.Errorf("%w: commit of %s adds about %d bytes (max %d)", ErrTooLarge, c.TxID, n, MaxCommandBytes)
 	}
 	res.Acks = make([]Ack, len(halves)+len(c.Msgs))
 	for i := range halves {
@@ -365,9 +405,9 @@ func (v *view) commitTx(c *Command, res *Result) error {
 }
 
 func (v *view) rollbackTx(c *Command, res *Result) error {
-	if d := v.decision(c.TxID); d != Undecided {
+	if d, err := v.decision(c.TxID); err != nil || d != Undecided {
 		res.Previous = d
-		return nil
+		return err
 	}
 	h, err := v.half(c.TxID)
 	if err != nil {

@@ -7,3 +7,14 @@ func Commits(p *Partition) (commits, gens uint64) {
 	defer p.mu.Unlock()
 	return p.commits, p.batches
 }
+
+// HalfRecords calls fn with each record of the half transaction value v.
+func HalfRecords(v []byte, fn func(rec []byte)) {
+	h, err := decodeHalf(v)
+	if err != nil {
+		panic(err)
+	}
+	for _, r := range h.Records {
+		fn(r)
+	}
+}

@@ -18,11 +18,14 @@ import (
 
 const (
 	matMaxGens  = 256      // gens in one bbolt transaction
-	matMaxBytes = 64 << 20 // bytes of gens in one bbolt transaction
+	// matMaxBytes bounds the gens in one bbolt transaction, and so what it
+	// holds in memory: the gens, and as much again in bbolt's dirty pages.
+	matMaxBytes = 16 << 20
 )
 
 func (p *Partition) materializer() {
 	defer p.wg.Done()
+	debug.SetPanicOnFault(true) // see run
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -157,6 +160,7 @@ func (p *Partition) replay() error {
 			return err
 		}
 		p.fileSt = st
+		clear(recs) // let the collector have them before the next batch
 		recs, bytes = recs[:0], 0
 		return nil
 	}
@@ -225,6 +229,7 @@ func (p *Partition) barrier() error {
 
 // update runs fn in a write transaction, containing bbolt's panics.
 func (p *Partition) update(fn func(*bolt.Tx) error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer p.contain(&err)
 	return p.db.Update(fn)
 }
@@ -236,6 +241,7 @@ func (p *Partition) view(fn func(*bolt.Tx) error) (err error) {
 		return ErrClosed
 	default:
 	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer p.contain(&err)
 	err = p.db.View(fn)
 	if err == bolt.ErrDatabaseNotOpen {

@@ -41,6 +41,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -383,6 +384,7 @@ func (p *Partition) finish(r *request) {
 
 func (p *Partition) run() {
 	defer p.wg.Done()
+	debug.SetPanicOnFault(true) // a damaged page read through bbolt's mmap panics instead of crashing (contain)
 	batch := make([]*request, 0, 256)
 	for {
 		select {

@@ -167,8 +167,12 @@ func (p *Partition) closedErr() error {
 func (p *Partition) GroupOffset(group string) (offset uint64, ok bool, err error) {
 	s := p.snapshot()
 	err = p.view(func(tx *bolt.Tx) error {
-		if v := s.lookup(tx, bGroups, group); len(v) == 8 {
+		v, err := unseal(group, s.lookup(tx, bGroups, group), 8)
+		if v != nil {
 			offset, ok = be.Uint64(v), true
+		}
+		if err != nil {
+			return fmt.Errorf("%s: group %w", p.path, err)
 		}
 		return nil
 	})
@@ -180,18 +184,21 @@ func (p *Partition) Groups() (map[string]uint64, error) {
 	out := map[string]uint64{}
 	s := p.snapshot()
 	err := p.view(func(tx *bolt.Tx) error {
-		err := tx.Bucket(bucketGroups).ForEach(func(k, v []byte) error {
-			if len(v) == 8 {
-				out[string(k)] = be.Uint64(v)
+		add := func(k string, v []byte) error {
+			v, err := unseal(k, v, 8)
+			if err != nil {
+				return fmt.Errorf("%s: group %w", p.path, err)
 			}
+			out[k] = be.Uint64(v)
 			return nil
-		})
+		}
+		err := tx.Bucket(bucketGroups).ForEach(func(k, v []byte) error { return add(string(k), v) })
 		for _, g := range s.gens {
 			for k, sp := range g.kv[bGroups] {
 				if sp.del {
 					delete(out, k)
-				} else if v := g.buf[sp.off : sp.off+sp.n]; len(v) == 8 {
-					out[k] = be.Uint64(v)
+				} else if err == nil {
+					err = add(k, g.buf[sp.off:sp.off+sp.n])
 				}
 			}
 		}
@@ -298,8 +305,12 @@ func (p *Partition) Decision(txid string) (Decision, error) {
 	s := p.snapshot()
 	d := Undecided
 	err := p.view(func(tx *bolt.Tx) error {
-		if v := s.lookup(tx, bTxs, txid); len(v) == decisionBytes {
+		v, err := unseal(txid, s.lookup(tx, bTxs, txid), decisionBytes)
+		if v != nil {
 			d = Decision(v[0])
+		}
+		if err != nil {
+			return fmt.Errorf("%s: decision %w", p.path, err)
 		}
 		return nil
 	})

@@ -4,8 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-
-	"github.com/vmihailenco/msgpack/v5"
+	"hash/crc32"
 )
 
 // Formats of the values this package writes besides records (message.go).
@@ -26,26 +25,57 @@ type state struct {
 }
 
 // State layout: 'Z' 'S', version 1, then the eight fields of state in
-// declaration order, each 8 bytes big-endian.
+// declaration order, each 8 bytes big-endian, then a crc32c of the bytes
+// before it.
 const (
 	stateVersion = 1
-	stateLen     = 3 + 8*8
+	stateLen     = 3 + 8*8 + 4
 )
 
 func appendState(dst []byte, s *state) []byte {
+	start := len(dst)
 	dst = append(dst, 'Z', 'S', stateVersion)
 	for _, v := range [...]uint64{s.Next, s.Low, uint64(s.Bytes), s.DedupLow, s.Applied,
 		uint64(s.LastStored), s.DelaySeq, uint64(s.Delayed)} {
 		dst = binary.BigEndian.AppendUint64(dst, v)
 	}
-	return dst
+	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// Small values (dedup: offset and stored-at; groups: offset; txs: decision
+// and decided-at) end with crc32c(key || value) since format 2: bbolt checks
+// no data page, and a flipped byte would read as a wrong offset. Format 1's
+// values, without it, are read as they are.
+const sealLen = 4
+
+func appendSealed(dst []byte, key string, v []byte) []byte {
+	crc := crc32.Update(crc32.Checksum(bytesOf(key), castagnoli), castagnoli, v)
+	return binary.BigEndian.AppendUint32(append(dst, v...), crc)
+}
+
+// unseal returns the n-byte body of the small value val stored under key,
+// nil for an absent one, or ErrCorrupt.
+func unseal(key string, val []byte, n int) ([]byte, error) {
+	switch {
+	case val == nil:
+		return nil, nil
+	case len(val) == n:
+		return val, nil // format 1
+	case len(val) == n+sealLen:
+		crc := crc32.Update(crc32.Checksum(bytesOf(key), castagnoli), castagnoli, val[:n])
+		if crc == binary.BigEndian.Uint32(val[n:]) {
+			return val[:n], nil
+		}
+	}
+	return nil, fmt.Errorf("%w: value of %q: %d bytes failing their check", ErrCorrupt, key, len(val))
 }
 
 func decodeState(b []byte, s *state) error {
 	if len(b) > 0 && isLegacyMap(b[0]) {
 		return decodeLegacyState(b, s)
 	}
-	if len(b) != stateLen || b[0] != 'Z' || b[1] != 'S' {
+	if len(b) != stateLen || b[0] != 'Z' || b[1] != 'S' ||
+		crc32.Checksum(b[:stateLen-4], castagnoli) != binary.BigEndian.Uint32(b[stateLen-4:]) {
 		return fmt.Errorf("%w: partition state of %d bytes", ErrCorrupt, len(b))
 	}
 	if b[2] != stateVersion {
@@ -64,25 +94,32 @@ func decodeState(b []byte, s *state) error {
 // files, which stored state and half transactions as msgpack maps.
 func isLegacyMap(c byte) bool { return c&0xf0 == 0x80 || c == 0xde || c == 0xdf }
 
-// legacyState is format 1's state: a msgpack map keyed by these field names.
-// The names are the format; never rename them.
-type legacyState struct {
-	Next, Low  uint64
-	Bytes      int64
-	DedupLow   uint64
-	Applied    uint64
-	LastStored int64
-	DelaySeq   uint64
-	Delayed    int64
-}
-
+// decodeLegacyState reads format 1's state: a msgpack map from the Go field
+// names of state to integers. Those names were the format; a key that is
+// not one of them is damage.
 func decodeLegacyState(b []byte, s *state) error {
-	var l legacyState
-	if err := msgpack.Unmarshal(b, &l); err != nil {
-		return fmt.Errorf("%w: format 1 partition state: %v", ErrCorrupt, err)
+	*s = state{}
+	fields := map[string]*uint64{"Next": &s.Next, "Low": &s.Low, "DedupLow": &s.DedupLow,
+		"Applied": &s.Applied, "DelaySeq": &s.DelaySeq}
+	signed := map[string]*int64{"Bytes": &s.Bytes, "LastStored": &s.LastStored, "Delayed": &s.Delayed}
+	r := mpReader{b: b}
+	for range r.mapLen() {
+		k := r.str()
+		v := r.int()
+		if f, ok := fields[k]; ok {
+			*f = uint64(v)
+		} else if f, ok := signed[k]; ok {
+			*f = v
+		} else if r.err == nil {
+			return fmt.Errorf("%w: format 1 partition state with field %q", ErrCorrupt, k)
+		}
 	}
-	*s = state{Next: l.Next, Low: l.Low, Bytes: l.Bytes, DedupLow: l.DedupLow, Applied: l.Applied,
-		LastStored: l.LastStored, DelaySeq: l.DelaySeq, Delayed: l.Delayed}
+	if r.err == nil && len(r.b) > 0 {
+		r.fail("%d bytes after the state", len(r.b))
+	}
+	if r.err != nil {
+		return fmt.Errorf("%w: format 1 partition state: %v", ErrCorrupt, r.err)
+	}
 	return nil
 }
 
@@ -126,17 +163,7 @@ func decodeHalf(b []byte) (*halfTx, error) {
 
 func decodeHalfValue(b []byte) (*halfTx, error) {
 	if len(b) > 0 && isLegacyMap(b[0]) {
-		var l struct {
-			Producer  string   `msgpack:"p"`
-			FirstSeen int64    `msgpack:"f"`
-			LastCheck int64    `msgpack:"l"`
-			Checks    int      `msgpack:"c"`
-			Records   [][]byte `msgpack:"r"`
-		}
-		if err := msgpack.Unmarshal(b, &l); err != nil {
-			return nil, err
-		}
-		return &halfTx{Producer: l.Producer, FirstSeen: l.FirstSeen, LastCheck: l.LastCheck, Checks: l.Checks, Records: l.Records}, nil
+		return decodeLegacyHalf(b)
 	}
 	if len(b) < 3+16 || b[0] != 'Z' || b[1] != 'H' {
 		return nil, errors.New("bad magic")
@@ -166,4 +193,40 @@ func decodeHalfValue(b []byte) (*halfTx, error) {
 		return nil, fmt.Errorf("%d bytes after the records", len(r.b))
 	}
 	return h, nil
+}
+
+// decodeLegacyHalf reads format 1's half transaction: a msgpack map with
+// keys p (producer), f (first seen), l (last check), c (checks) and r (the
+// records, an array of binaries).
+func decodeLegacyHalf(b []byte) (*halfTx, error) {
+	h := &halfTx{}
+	r := mpReader{b: b}
+	for range r.mapLen() {
+		switch k := r.str(); k {
+		case "p":
+			h.Producer = r.str()
+		case "f":
+			h.FirstSeen = r.int()
+		case "l":
+			h.LastCheck = r.int()
+		case "c":
+			h.Checks = int(r.int())
+		case "r":
+			h.Records = nil
+			if n := r.arrayLen(); n > 0 {
+				h.Records = make([][]byte, n)
+				for i := range h.Records {
+					h.Records[i], _ = r.raw()
+				}
+			}
+		default:
+			if r.err == nil {
+				return nil, fmt.Errorf("format 1 field %q", k)
+			}
+		}
+	}
+	if r.err == nil && len(r.b) > 0 {
+		r.fail("%d bytes after the half transaction", len(r.b))
+	}
+	return h, r.err
 }

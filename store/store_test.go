@@ -32,7 +32,7 @@ const sec = int64(time.Second)
 // openAt opens the partition file at path and closes it when the test ends.
 // With ZEZE_STORE_WAL=1 every partition opened by openAt goes through a
 // write-ahead log of its own (path + ".wal"): the whole suite then runs on
-// the WAL path (walpart.go).
+// the WAL path.
 var withWAL = os.Getenv("ZEZE_STORE_WAL") == "1"
 
 func openAt(t testing.TB, path string) *store.Partition {
