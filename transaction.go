@@ -87,6 +87,12 @@ type txConfig struct {
 	checkAfter time.Duration
 	maxChecks  int
 	stores     []localtx.Store
+	// testHook, set only by tests (export_test.go), is called at the named
+	// points of a transaction's life: "sent" (PrepareMessage or
+	// CommitMessage is about to return), "local-committed" (commit hook
+	// entered), "partition-committing" (one partition's OpCommitTx is about
+	// to be applied), "partition-committed" (it is durable).
+	testHook func(point, txid string)
 
 	node *txNode // set by startTxChecker
 }
@@ -135,19 +141,6 @@ func WithLocalTx(s localtx.Store) Option {
 		}
 		c.tx.stores = append(c.tx.stores, s)
 		return nil
-	}
-}
-
-// txTestHook, when set by a test, is called at the named points of a
-// transaction's life: "sent" (PrepareMessage or CommitMessage is about to
-// return), "local-committed" (commit hook entered), "partition-committing"
-// (one partition's OpCommitTx is about to be applied), "partition-committed"
-// (it is durable).
-var txTestHook func(point, txid string)
-
-func txHook(point, txid string) {
-	if h := txTestHook; h != nil {
-		h(point, txid)
 	}
 }
 
@@ -235,6 +228,13 @@ func (m *MQ) startTxChecker() {
 
 func (m *MQ) txn() *txNode { return m.cfg.tx.node }
 
+// hook calls the test hook, if a test set one.
+func (n *txNode) hook(point, txid string) {
+	if h := n.m.cfg.tx.testHook; h != nil {
+		h(point, txid)
+	}
+}
+
 // PrepareMessage stores msgs as half messages of the host transaction
 // carried by ctx (see package localtx): durable, invisible to consumers.
 // They become visible when that transaction commits, together with its
@@ -290,7 +290,7 @@ func (p *Producer) PrepareMessage(ctx context.Context, msgs ...*Message) error {
 	if err != nil {
 		return err
 	}
-	txHook("sent", ot.id)
+	p.m.txn().hook("sent", ot.id)
 	return nil
 }
 
@@ -343,7 +343,7 @@ func (p *Producer) CommitMessage(ctx context.Context, msgs ...*Message) error {
 		ot.outbox[ref] = append(ot.outbox[ref], sms[i])
 	}
 	ot.mu.Unlock()
-	txHook("sent", ot.id)
+	p.m.txn().hook("sent", ot.id)
 	return nil
 }
 
@@ -456,7 +456,7 @@ func (ot *openTx) writeMarker(tx localtx.Tx) error {
 
 // committed is the WhileCommit hook: it publishes the transaction.
 func (n *txNode) committed(ot *openTx) {
-	txHook("local-committed", ot.id)
+	n.hook("local-committed", ot.id)
 	ot.mu.Lock()
 	plan := txPlan{}
 	for _, h := range ot.halves {
@@ -511,7 +511,7 @@ func (n *txNode) commit(ctx context.Context, txid string, plan txPlan) (TxDecisi
 			return err
 		}
 		cmd := &store.Command{Op: store.OpCommitTx, Now: n.m.cfg.clock.Now().UnixNano(), TxID: txid, Msgs: plan[ref]}
-		txHook("partition-committing", txid)
+		n.hook("partition-committing", txid)
 		if err := part.Apply(ctx, cmd); err != nil {
 			return fmt.Errorf("commit %s in %s/%d: %w", txid, ref.Topic, ref.Part, translate(err))
 		}
@@ -522,7 +522,7 @@ func (n *txNode) commit(ctx context.Context, txid string, plan txPlan) (TxDecisi
 			standing = TxRollback
 			mu.Unlock()
 		}
-		txHook("partition-committed", txid)
+		n.hook("partition-committed", txid)
 		return nil
 	})
 	return standing, err
