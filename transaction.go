@@ -1,8 +1,13 @@
 package mq
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"maps"
+	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -144,38 +149,10 @@ func WithLocalTx(s localtx.Store) Option {
 	}
 }
 
-// txFormat is the version of the marker and outbox rows the node writes
-// through LocalTx.Put. Both are msgpack arrays:
-//
-//	marker:     [txFormat, [[topic, partition], ...]]   partitions holding half messages
-//	outbox row: [txFormat, topic, partition, id, key, tags, properties,
-//	             body, timestamp, deliverAt]
-const txFormat = 1
-
+// partRef names a partition in a transaction's plan.
 type partRef struct {
-	_msgpack struct{} `msgpack:",as_array"`
-	Topic    string
-	Part     int
-}
-
-type txMarker struct {
-	_msgpack struct{} `msgpack:",as_array"`
-	V        int
-	Halves   []partRef
-}
-
-type outboxRow struct {
-	_msgpack   struct{} `msgpack:",as_array"`
-	V          int
-	Topic      string
-	Part       int
-	ID         string
-	Key        string
-	Tags       []string
-	Properties map[string]string
-	Body       []byte
-	Timestamp  int64
-	DeliverAt  int64
+	Topic string
+	Part  int
 }
 
 // txNode is a node's transaction state.
@@ -327,12 +304,7 @@ func (p *Producer) CommitMessage(ctx context.Context, msgs ...*Message) error {
 		}
 		m.Offset = -1
 		sms[i] = toStore(m)
-		row, err := msgpack.Marshal(&outboxRow{V: txFormat, Topic: p.topic, Part: m.PartitionIndex,
-			ID: m.ID, Key: m.Key, Tags: m.Tags, Properties: m.Properties, Body: m.Body,
-			Timestamp: sms[i].Timestamp, DeliverAt: sms[i].DeliverAt})
-		if err != nil {
-			return fmt.Errorf("mq: outbox row: %w", err)
-		}
+		row := encodeOutboxRow(partRef{Topic: p.topic, Part: m.PartitionIndex}, &sms[i])
 		if err := tx.Put(localtx.OutboxBucket, localtx.OutboxKey(ot.id, first+uint64(i)), row); err != nil {
 			return fmt.Errorf("mq: outbox of %s: %w", ot.id, err)
 		}
@@ -437,18 +409,15 @@ func (ot *openTx) writeMarker(tx localtx.Tx) error {
 		ot.mu.Unlock()
 		return nil
 	}
-	mk := txMarker{V: txFormat, Halves: append([]partRef(nil), ot.halves...)}
+	halves := len(ot.halves)
+	v := encodeMarker(ot.halves)
 	ot.mu.Unlock()
-	v, err := msgpack.Marshal(&mk)
-	if err != nil {
-		return fmt.Errorf("mq: marker: %w", err)
-	}
 	if err := tx.Put(localtx.MarkerBucket, []byte(ot.id), v); err != nil {
 		return fmt.Errorf("mq: marker of %s: %w", ot.id, err)
 	}
 	ot.mu.Lock()
-	if len(mk.Halves) > ot.marked {
-		ot.marked = len(mk.Halves)
+	if halves > ot.marked {
+		ot.marked = halves
 	}
 	ot.mu.Unlock()
 	return nil
@@ -569,30 +538,301 @@ func (n *txNode) partition(ref partRef) (partitionLog, error) {
 
 // planOf decodes a host store's record into what committing it does.
 func planOf(rec localtx.Record) (txPlan, error) {
+	halves, err := decodeMarker(rec.TxID, rec.Marker)
+	if err != nil {
+		return nil, err
+	}
 	plan := txPlan{}
-	var mk txMarker
-	if err := msgpack.Unmarshal(rec.Marker, &mk); err != nil {
-		return nil, fmt.Errorf("%w: marker of %s: %v", ErrCorrupt, rec.TxID, err)
-	}
-	if mk.V != txFormat {
-		return nil, fmt.Errorf("%w: marker of %s has format %d", ErrCorrupt, rec.TxID, mk.V)
-	}
-	for _, h := range mk.Halves {
-		plan[partRef{Topic: h.Topic, Part: h.Part}] = nil
+	for _, h := range halves {
+		plan[h] = nil
 	}
 	for _, b := range rec.Outbox {
-		var r outboxRow
-		if err := msgpack.Unmarshal(b, &r); err != nil {
-			return nil, fmt.Errorf("%w: outbox of %s: %v", ErrCorrupt, rec.TxID, err)
+		ref, msg, err := decodeOutboxRow(rec.TxID, b)
+		if err != nil {
+			return nil, err
 		}
-		if r.V != txFormat {
-			return nil, fmt.Errorf("%w: outbox of %s has format %d", ErrCorrupt, rec.TxID, r.V)
-		}
-		ref := partRef{Topic: r.Topic, Part: r.Part}
-		plan[ref] = append(plan[ref], store.Message{ID: r.ID, Key: r.Key, Tags: r.Tags,
-			Properties: r.Properties, Body: r.Body, Timestamp: r.Timestamp, DeliverAt: r.DeliverAt})
+		plan[ref] = append(plan[ref], msg)
 	}
 	return plan, nil
+}
+
+// The marker and outbox rows the node writes through LocalTx.Put live in the
+// host's store, maybe longer than this build: each starts with a magic and
+// a version. Version 2 is this layout, where n is a uvarint, str a uvarint
+// length and that many bytes, and i64 8 bytes big-endian:
+//
+//	marker:     "ZMQM" 2 count:n {topic:str partition:n}...
+//	            (the partitions holding half messages)
+//	outbox row: "ZMQO" 2 topic:str partition:n id:str key:str
+//	            tags:n {tag:str}... properties:n {key:str value:str}...
+//	            body:str timestamp:i64 deliverAt:i64
+//
+// with properties in key order. Version 1 rows, written before the magic,
+// are msgpack arrays whose first element is 1 (markerV1, outboxRowV1); they
+// are still read. Anything else is ErrCorrupt.
+const (
+	txMarkerMagic = "ZMQM"
+	txOutboxMagic = "ZMQO"
+	txFormat      = 2 // the version written
+	txFormatV1    = 1 // msgpack arrays, read only
+)
+
+func encodeMarker(halves []partRef) []byte {
+	b := append([]byte(txMarkerMagic), txFormat)
+	b = binary.AppendUvarint(b, uint64(len(halves)))
+	for _, h := range halves {
+		b = appendStr(b, h.Topic)
+		b = binary.AppendUvarint(b, uint64(h.Part))
+	}
+	return b
+}
+
+func encodeOutboxRow(ref partRef, m *store.Message) []byte {
+	b := append([]byte(txOutboxMagic), txFormat)
+	b = appendStr(b, ref.Topic)
+	b = binary.AppendUvarint(b, uint64(ref.Part))
+	b = appendStr(b, m.ID)
+	b = appendStr(b, m.Key)
+	b = binary.AppendUvarint(b, uint64(len(m.Tags)))
+	for _, t := range m.Tags {
+		b = appendStr(b, t)
+	}
+	b = binary.AppendUvarint(b, uint64(len(m.Properties)))
+	for _, k := range slices.Sorted(maps.Keys(m.Properties)) {
+		b = appendStr(b, k)
+		b = appendStr(b, m.Properties[k])
+	}
+	b = binary.AppendUvarint(b, uint64(len(m.Body)))
+	b = append(b, m.Body...)
+	b = binary.BigEndian.AppendUint64(b, uint64(m.Timestamp))
+	return binary.BigEndian.AppendUint64(b, uint64(m.DeliverAt))
+}
+
+func appendStr(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// markerV1 and outboxRowV1 are the version 1 rows.
+type markerV1 struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	V        int
+	Halves   []partRefV1
+}
+
+type partRefV1 struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Topic    string
+	Part     int
+}
+
+type outboxRowV1 struct {
+	_msgpack   struct{} `msgpack:",as_array"`
+	V          int
+	Topic      string
+	Part       int
+	ID         string
+	Key        string
+	Tags       []string
+	Properties map[string]string
+	Body       []byte
+	Timestamp  int64
+	DeliverAt  int64
+}
+
+// decodeMarker returns the partitions listed by the marker b of txid.
+func decodeMarker(txid string, b []byte) ([]partRef, error) {
+	what := "marker of " + txid
+	r, err := openRow(what, txMarkerMagic, b)
+	if err != nil {
+		return nil, err
+	}
+	if r == nil {
+		var mk markerV1
+		if err := decodeV1(what, b, &mk, &mk.V); err != nil {
+			return nil, err
+		}
+		halves := make([]partRef, len(mk.Halves))
+		for i, h := range mk.Halves {
+			if h.Part < 0 {
+				return nil, fmt.Errorf("%w: %s: partition %d", ErrCorrupt, what, h.Part)
+			}
+			halves[i] = partRef{Topic: h.Topic, Part: h.Part}
+		}
+		return halves, nil
+	}
+	halves := make([]partRef, r.count())
+	for i := range halves {
+		halves[i].Topic = r.str()
+		halves[i].Part = r.part()
+	}
+	return halves, r.end(what)
+}
+
+// decodeOutboxRow returns the partition and message of the outbox row b of
+// txid.
+func decodeOutboxRow(txid string, b []byte) (partRef, store.Message, error) {
+	what := "outbox of " + txid
+	r, err := openRow(what, txOutboxMagic, b)
+	if err != nil {
+		return partRef{}, store.Message{}, err
+	}
+	if r == nil {
+		var o outboxRowV1
+		if err := decodeV1(what, b, &o, &o.V); err != nil {
+			return partRef{}, store.Message{}, err
+		}
+		if o.Part < 0 {
+			return partRef{}, store.Message{}, fmt.Errorf("%w: %s: partition %d", ErrCorrupt, what, o.Part)
+		}
+		m := store.Message{ID: o.ID, Key: o.Key, Timestamp: o.Timestamp, DeliverAt: o.DeliverAt}
+		if len(o.Tags) > 0 {
+			m.Tags = o.Tags
+		}
+		if len(o.Properties) > 0 {
+			m.Properties = o.Properties
+		}
+		if len(o.Body) > 0 {
+			m.Body = o.Body
+		}
+		return partRef{Topic: o.Topic, Part: o.Part}, m, nil
+	}
+	var (
+		ref partRef
+		m   store.Message
+	)
+	ref.Topic = r.str()
+	ref.Part = r.part()
+	m.ID = r.str()
+	m.Key = r.str()
+	if n := r.count(); n > 0 {
+		m.Tags = make([]string, n)
+		for i := range m.Tags {
+			m.Tags[i] = r.str()
+		}
+	}
+	if n := r.count(); n > 0 {
+		m.Properties = make(map[string]string, n)
+		for range n {
+			k := r.str()
+			m.Properties[k] = r.str()
+		}
+	}
+	if body := r.bytes(); len(body) > 0 {
+		m.Body = bytes.Clone(body)
+	}
+	m.Timestamp = r.int64()
+	m.DeliverAt = r.int64()
+	return ref, m, r.end(what)
+}
+
+// openRow checks the magic and version of row b, named what in errors. It
+// returns a reader of the fields of a version 2 row, or nil for a row
+// without the magic, which may be of version 1.
+func openRow(what, magic string, b []byte) (*rowReader, error) {
+	rest, ok := bytes.CutPrefix(b, []byte(magic))
+	if !ok {
+		return nil, nil
+	}
+	if len(rest) == 0 {
+		return nil, fmt.Errorf("%w: %s: no format version after the magic", ErrCorrupt, what)
+	}
+	if rest[0] != txFormat {
+		return nil, unknownFormat(what, int(rest[0]))
+	}
+	return &rowReader{b: rest[1:]}, nil
+}
+
+// decodeV1 decodes the version 1 row b into v, whose version field is ver.
+func decodeV1(what string, b []byte, v any, ver *int) error {
+	if err := msgpack.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%w: %s: neither magic nor a version 1 row: %v", ErrCorrupt, what, err)
+	}
+	if *ver != txFormatV1 {
+		return unknownFormat(what, *ver)
+	}
+	return nil
+}
+
+func unknownFormat(what string, v int) error {
+	return fmt.Errorf("%w: %s: format version %d, this build reads %d and %d", ErrCorrupt, what, v, txFormatV1, txFormat)
+}
+
+// rowReader reads the fields of a version 2 row. The first error sticks and
+// later reads return zero values.
+type rowReader struct {
+	b   []byte
+	err error
+}
+
+func (r *rowReader) fail(format string, args ...any) {
+	if r.err == nil {
+		r.err = fmt.Errorf(format, args...)
+	}
+	r.b = nil
+}
+
+func (r *rowReader) uvarint() uint64 {
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.fail("truncated or overlong number")
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+// count reads a number of items, each at least one byte long.
+func (r *rowReader) count() int {
+	n := r.uvarint()
+	if n > uint64(len(r.b)) {
+		r.fail("%d items in %d bytes", n, len(r.b))
+		return 0
+	}
+	return int(n)
+}
+
+func (r *rowReader) part() int {
+	p := r.uvarint()
+	if p > math.MaxInt32 {
+		r.fail("partition %d", p)
+		return 0
+	}
+	return int(p)
+}
+
+func (r *rowReader) bytes() []byte {
+	n := r.uvarint()
+	if n > uint64(len(r.b)) {
+		r.fail("%d bytes wanted, %d left", n, len(r.b))
+		return nil
+	}
+	v := r.b[:n:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *rowReader) str() string { return string(r.bytes()) }
+
+func (r *rowReader) int64() int64 {
+	if len(r.b) < 8 {
+		r.fail("truncated number")
+		return 0
+	}
+	v := int64(binary.BigEndian.Uint64(r.b))
+	r.b = r.b[8:]
+	return v
+}
+
+// end reports the first error, or bytes left after the last field.
+func (r *rowReader) end(what string) error {
+	if r.err == nil && len(r.b) > 0 {
+		r.err = fmt.Errorf("%d bytes after the last field", len(r.b))
+	}
+	if r.err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrCorrupt, what, r.err)
+	}
+	return nil
 }
 
 // forgetLater queues the clean-up of txid's marker and outbox rows, once
@@ -949,8 +1189,10 @@ func (m *MQ) UnresolvedTxs() ([]UnresolvedTx, error) {
 // the outbox rows its host store still holds), TxRollback discards them. The
 // first decision wins: ResolveTx returns the decision that stands, which
 // differs from d when the transaction had been decided otherwise before, and
-// is TxUndecided when the node knows nothing of txid. It returns when the
-// decision is durable or ctx ends, and ErrClosed after Close.
+// is TxUndecided when the node knows nothing of txid. TxCommit first reads
+// the transaction's rows from the host stores: when a row cannot be read
+// (ErrCorrupt, naming it), ResolveTx returns the error and decides nothing. It returns when the decision is durable or ctx
+// ends, and ErrClosed after Close.
 func (m *MQ) ResolveTx(ctx context.Context, txid string, d TxDecision) (TxDecision, error) {
 	if d != TxCommit && d != TxRollback {
 		return TxUndecided, fmt.Errorf("%w: decision %v", ErrInvalidOption, d)
@@ -981,17 +1223,23 @@ func (m *MQ) ResolveTx(ctx context.Context, txid string, d TxDecision) (TxDecisi
 	for _, p := range parts {
 		plan[p] = nil
 	}
+	// The outbox rows too: a row that cannot be read fails the call, since
+	// committing without rows that exist would lose them for good.
 	var owner localtx.Store
 	for _, s := range n.storeList() {
-		if st, rec, err := s.Check(ctx, txid); err == nil && st == localtx.Committed {
-			if p, err := planOf(rec); err == nil {
-				for ref, msgs := range p {
-					plan[ref] = msgs
-				}
-				owner = s
-				break
-			}
+		st, rec, err := s.Check(ctx, txid)
+		if err != nil || st != localtx.Committed {
+			continue
 		}
+		p, err := planOf(rec)
+		if err != nil {
+			return TxUndecided, fmt.Errorf("mq: resolve %s: %w", txid, err)
+		}
+		for ref, msgs := range p {
+			plan[ref] = msgs
+		}
+		owner = s
+		break
 	}
 	if len(plan) == 0 {
 		return n.decided(txid), nil
