@@ -1190,8 +1190,9 @@ func (m *MQ) UnresolvedTxs() ([]UnresolvedTx, error) {
 // first decision wins: ResolveTx returns the decision that stands, which
 // differs from d when the transaction had been decided otherwise before, and
 // is TxUndecided when the node knows nothing of txid. TxCommit first reads
-// the transaction's rows from the host stores: when a row cannot be read
-// (ErrCorrupt, naming it), ResolveTx returns the error and decides nothing. It returns when the decision is durable or ctx
+// the transaction's rows from the host stores: when a store cannot answer,
+// or a row cannot be read (ErrCorrupt, naming it), ResolveTx returns the
+// error and decides nothing. It returns when the decision is durable or ctx
 // ends, and ErrClosed after Close.
 func (m *MQ) ResolveTx(ctx context.Context, txid string, d TxDecision) (TxDecision, error) {
 	if d != TxCommit && d != TxRollback {
@@ -1223,12 +1224,16 @@ func (m *MQ) ResolveTx(ctx context.Context, txid string, d TxDecision) (TxDecisi
 	for _, p := range parts {
 		plan[p] = nil
 	}
-	// The outbox rows too: a row that cannot be read fails the call, since
-	// committing without rows that exist would lose them for good.
+	// The outbox rows too: a store that cannot answer or a row that cannot
+	// be read fails the call, since committing without rows that exist
+	// would lose them for good.
 	var owner localtx.Store
 	for _, s := range n.storeList() {
 		st, rec, err := s.Check(ctx, txid)
-		if err != nil || st != localtx.Committed {
+		if err != nil {
+			return TxUndecided, fmt.Errorf("mq: resolve %s: %w", txid, err)
+		}
+		if st != localtx.Committed {
 			continue
 		}
 		p, err := planOf(rec)

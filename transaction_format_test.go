@@ -198,3 +198,31 @@ func TestTransaction_RowFormatUnknown(t *testing.T) {
 		})
 	}
 }
+
+// errStore is a host store that cannot answer.
+type errStore struct{ unknownStore }
+
+var errStoreDown = errors.New("store down")
+
+func (s *errStore) Check(context.Context, string) (localtx.State, localtx.Record, error) {
+	return localtx.Unknown, localtx.Record{}, errStoreDown
+}
+
+// TestMQ_ResolveTx_StoreError: committing a transaction while a host store
+// cannot say what rows it holds decides nothing: the rows it may hold would
+// be lost by a commit of the half messages alone.
+func TestMQ_ResolveTx_StoreError(t *testing.T) {
+	m := openNode(t, "", mq.WithLocalTx(&errStore{}), mq.WithTxCheckAfter(time.Hour))
+	mustCreate(t, m, "orders", 1)
+	p, _ := m.NewProducer("orders")
+	ctx := context.Background()
+	if err := p.PrepareMessage(localtx.WithTx(ctx, &fakeTx{id: "tx-1"}), msgs("half", 1)...); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := m.ResolveTx(ctx, "tx-1", mq.TxCommit); !errors.Is(err, errStoreDown) {
+		t.Errorf("ResolveTx(commit) = %v, %v; want the store's error", d, err)
+	}
+	if d := mq.TxDecided(m, "tx-1"); d != mq.TxUndecided {
+		t.Errorf("decided %v while the store could not answer", d)
+	}
+}
