@@ -25,9 +25,11 @@ import (
 // messages themselves into the host transaction (an outbox). Both register
 // hooks on the transaction: after its commit, the half messages and the
 // outbox messages of each partition become visible in one OpCommitTx; after
-// a rollback, the half messages are discarded. Once every partition's
-// decision is durable, the marker and outbox rows are forgotten (in batches,
-// in the background).
+// a rollback, the half messages are discarded. A commit that failed without
+// the host learning its outcome (localtx's WhileUnknown) decides nothing:
+// the check-back and the sweep read it from the host store later. Once
+// every partition's decision is durable, the marker and outbox rows are
+// forgotten (in batches, in the background).
 //
 // A crash between the host's commit and the queue's is repaired from the
 // host store: at start and every sweep the node commits the transactions
@@ -366,6 +368,9 @@ func (n *txNode) bind(tx localtx.Tx) (*openTx, error) {
 	n.mu.Unlock()
 	tx.WhileCommit(func() { n.committed(ot) })
 	tx.WhileRollback(func() { n.rolledBack(ot) })
+	if u, ok := tx.(interface{ WhileUnknown(func()) }); ok {
+		u.WhileUnknown(func() { n.unknown(ot) })
+	}
 	return ot, nil
 }
 
@@ -460,6 +465,18 @@ func (n *txNode) rolledBack(ot *openTx) {
 		n.m.cfg.logger.Warn("transaction rolled back by the host but not yet by the queue; the check-back will",
 			"tx", ot.id, "err", err)
 	}
+}
+
+// unknown is the WhileUnknown hook: the host's commit failed and its
+// outcome could not be read. Nothing is decided: the half messages wait for
+// the check-back and the outbox rows for the sweep, which read the outcome
+// from the host store (marker present: committed).
+func (n *txNode) unknown(ot *openTx) {
+	n.mu.Lock()
+	delete(n.open, ot.id)
+	n.mu.Unlock()
+	n.m.cfg.logger.Warn("the host's commit failed and its outcome is unknown; the check-back and the sweep will read it from the host store",
+		"tx", ot.id)
 }
 
 // commit publishes txid in every partition of plan, in parallel, and

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -150,12 +149,8 @@ func TestTransaction_RowFormatUnknown(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			logs := &logRecords{}
-			h := txtest.Bolt(t, filepath.Join(t.TempDir(), "host.db"))
-			e := &txEnv{h: h}
-			e.m = openNode(t, "", mq.WithLocalTx(h.Store), mq.WithTxCheckAfter(20*time.Millisecond), mq.WithLogger(slog.New(logs)))
-			mustCreate(t, e.m, "orders", 4)
-			e.p, _ = e.m.NewProducer("orders")
-			e.col = collect(t, e.m, "orders", "billing")
+			e := newTxEnv(t, "bolt", mq.WithLogger(slog.New(logs)))
+			h := e.h
 			ctx := context.Background()
 			var id string
 			err := h.Run(ctx, func(ctx context.Context) error {
