@@ -38,8 +38,13 @@ import (
 // Decisions are recorded per partition and the first one wins, so every
 // repair may run twice.
 //
+// A partition's decision on a transaction is what makes a repeat of the
+// commit change nothing, so it must outlive every host marker of the
+// transaction: the upkeep prunes decisions only as pruneGuard allows, which
+// is never one a marker may still need.
+//
 // Lock order: txNode.mu before openTx.mu (never both held at once in
-// practice).
+// practice), and txNode.mu before pruneGuard.mu.
 
 // LocalTx is the host's local transaction as the queue sees it; see
 // package localtx for the contract and the bbolt and database/sql adapters.
@@ -101,11 +106,12 @@ type txConfig struct {
 	// to be applied), "partition-committed" (it is durable).
 	testHook func(point, txid string)
 
-	node *txNode // set by startTxChecker
+	prune *pruneGuard // read by the upkeep (maintenance.go) from the start
+	node  *txNode     // set by startTxChecker
 }
 
 func defaultTxConfig() txConfig {
-	return txConfig{checkAfter: 6 * time.Second, maxChecks: 15}
+	return txConfig{checkAfter: 6 * time.Second, maxChecks: 15, prune: &pruneGuard{held: map[string]txHold{}}}
 }
 
 // WithTxCheckAfter sets how long half messages may stay undecided before
@@ -382,6 +388,7 @@ func (n *txNode) learn(s localtx.Store) {
 		}
 	}
 	n.stores = append(n.stores, s)
+	n.m.cfg.tx.prune.learned() // its old markers are unknown until swept
 }
 
 func (n *txNode) isOpen(txid string) bool {
@@ -440,7 +447,10 @@ func (n *txNode) committed(ot *openTx) {
 		plan[ref] = msgs
 	}
 	ot.mu.Unlock()
-	_, err := n.commit(n.m.ctx, ot.id, plan)
+	// The transaction is of this run: any decision it has is this commit's
+	// or one whose own hold is older.
+	now := n.m.cfg.tx.prune.hold(ot.id, n.m.cfg.clock, decidedFromNow)
+	_, err := n.commit(n.m.ctx, ot.id, plan, now)
 	n.mu.Lock()
 	delete(n.open, ot.id)
 	n.mu.Unlock()
@@ -479,10 +489,12 @@ func (n *txNode) unknown(ot *openTx) {
 		"tx", ot.id)
 }
 
-// commit publishes txid in every partition of plan, in parallel, and
-// returns the decision that stands: TxCommit, or TxRollback when an earlier
-// rollback won in some partition (reported in the log).
-func (n *txNode) commit(ctx context.Context, txid string, plan txPlan) (TxDecision, error) {
+// commit publishes txid in every partition of plan, in parallel, at now
+// (the time its decisions record), and returns the decision that stands:
+// TxCommit, or TxRollback when an earlier rollback won in some partition
+// (reported in the log). Its callers hold txid in the pruneGuard first,
+// which gives now.
+func (n *txNode) commit(ctx context.Context, txid string, plan txPlan, now time.Time) (TxDecision, error) {
 	refs := make([]partRef, 0, len(plan))
 	for ref := range plan {
 		refs = append(refs, ref)
@@ -496,7 +508,7 @@ func (n *txNode) commit(ctx context.Context, txid string, plan txPlan) (TxDecisi
 		if err != nil {
 			return err
 		}
-		cmd := &store.Command{Op: store.OpCommitTx, Now: n.m.cfg.clock.Now().UnixNano(), TxID: txid, Msgs: plan[ref]}
+		cmd := &store.Command{Op: store.OpCommitTx, Now: now.UnixNano(), TxID: txid, Msgs: plan[ref]}
 		n.hook("partition-committing", txid)
 		if err := part.Apply(ctx, cmd); err != nil {
 			return fmt.Errorf("commit %s in %s/%d: %w", txid, ref.Topic, ref.Part, translate(err))
@@ -893,10 +905,15 @@ func (n *txNode) forgetter(ctx context.Context) {
 			if s == nil { // a transaction that named no store: try them all
 				stores = n.storeList()
 			}
+			forgot := true
 			for _, st := range stores {
 				if err := st.Forget(ctx, ids); err != nil {
 					n.m.cfg.logger.Warn("cannot forget transaction markers; the sweep will", "err", err)
+					forgot = false
 				}
+			}
+			if forgot {
+				n.m.cfg.tx.prune.release(ids)
 			}
 		}
 	}
@@ -960,25 +977,37 @@ func (n *txNode) checkLoop(ctx context.Context) {
 
 // sweep commits the transactions whose marker is still in a host store (a
 // crash came between the host's commit and the queue's, or the clean-up
-// did not happen yet) and forgets them.
+// did not happen yet) and forgets them. Every marker it lists is held in
+// the pruneGuard: its decision may be from an earlier run, of unknown age.
+// A sweep that listed every store tells the guard which markers are gone.
 func (n *txNode) sweep(ctx context.Context) {
 	const page = 256
+	guard := n.m.cfg.tx.prune
+	start := guard.sweepStart()
+	listed := map[string]bool{}
+	complete := true
 	for _, s := range n.storeList() {
 		after := ""
-		for ctx.Err() == nil {
+		for {
+			if ctx.Err() != nil {
+				return
+			}
 			recs, err := s.Committed(ctx, after, page)
 			if err != nil {
 				if ctx.Err() == nil {
 					n.m.cfg.logger.Warn("cannot list committed transactions", "err", err)
 				}
+				complete = false
 				break
 			}
 			for _, rec := range recs {
 				after = rec.TxID
+				listed[rec.TxID] = true
 				if n.isOpen(rec.TxID) { // its commit hook is on it
 					continue
 				}
-				if n.publish(ctx, rec) {
+				now := guard.hold(rec.TxID, n.m.cfg.clock, decidedAnyTime)
+				if n.publish(ctx, rec, now) {
 					n.forgetLater(s, rec.TxID)
 				}
 			}
@@ -987,17 +1016,20 @@ func (n *txNode) sweep(ctx context.Context) {
 			}
 		}
 	}
+	if complete {
+		guard.swept(start, listed)
+	}
 }
 
-// publish commits a committed transaction found in a host store and reports
-// whether its marker may be forgotten.
-func (n *txNode) publish(ctx context.Context, rec localtx.Record) bool {
+// publish commits, at now, a committed transaction found in a host store
+// and reports whether its marker may be forgotten.
+func (n *txNode) publish(ctx context.Context, rec localtx.Record, now time.Time) bool {
 	plan, err := planOf(rec)
 	if err != nil {
 		n.m.cfg.logger.Error("cannot read a committed transaction's marker; left in place", "tx", rec.TxID, "err", err)
 		return false
 	}
-	if _, err := n.commit(ctx, rec.TxID, plan); err != nil {
+	if _, err := n.commit(ctx, rec.TxID, plan, now); err != nil {
 		if ctx.Err() == nil {
 			n.m.cfg.logger.Warn("cannot publish a committed transaction yet", "tx", rec.TxID, "err", err)
 		}
@@ -1105,7 +1137,8 @@ func (n *txNode) checkOne(ctx context.Context, txid string, hi *halfInfo) {
 				plan[p] = nil
 			}
 		}
-		if _, err := n.commit(ctx, txid, plan); err != nil {
+		now := n.m.cfg.tx.prune.hold(txid, n.m.cfg.clock, decidedAnyTime)
+		if _, err := n.commit(ctx, txid, plan, now); err != nil {
 			log.Warn("check-back commit failed", "tx", txid, "err", err)
 			return
 		}
@@ -1165,6 +1198,124 @@ func (n *txNode) ask(ctx context.Context, txid string) (localtx.State, localtx.R
 		}
 	}
 	return answer, localtx.Record{}, nil
+}
+
+// pruneGuard keeps transaction decisions from being pruned while a host
+// marker may still need them: a sweep that finds a marker whose decision is
+// gone publishes the transaction again. It holds every committed
+// transaction whose marker may remain, until a Forget of the marker
+// succeeds or a sweep that started later no longer lists it, and allows no
+// pruning at all until a sweep has listed every host store since Open (and
+// since the last store was learned). It is safe for concurrent use.
+type pruneGuard struct {
+	mu    sync.Mutex        // guards the fields below
+	held  map[string]txHold // txid -> hold
+	seq   uint64            // of the last hold
+	epoch uint64            // stores learned
+	whole bool              // a sweep listed every store of the current epoch
+}
+
+// txHold is a held transaction: its decisions are no older than since
+// (unix ns; 0: of unknown age). seq orders it against sweeps.
+type txHold struct {
+	since int64
+	seq   uint64
+}
+
+// decidedAge says what a commit knows of the transaction's earlier
+// decisions, if any.
+type decidedAge int
+
+const (
+	// decidedFromNow: none predates the hold (a transaction of this run,
+	// committed by its own hook).
+	decidedFromNow decidedAge = iota
+	// decidedAnyTime: one may be of any age (found in a host store).
+	decidedAnyTime
+)
+
+// hold holds txid before the node commits it and returns the time the
+// commit records, read under the lock: an upkeep that computed its cutoff
+// before saw a clock no later than it. A transaction held already keeps
+// its age: it has been held since before any decision of this run, and it
+// had none before unless that hold says so.
+func (g *pruneGuard) hold(txid string, clk Clock, age decidedAge) time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := clk.Now()
+	g.seq++
+	h, ok := g.held[txid]
+	switch {
+	case ok:
+	case age == decidedFromNow:
+		h.since = now.UnixNano()
+	default:
+		h.since = 0
+	}
+	h.seq = g.seq
+	g.held[txid] = h
+	return now
+}
+
+// release lets go of txids: their markers were forgotten.
+func (g *pruneGuard) release(txids []string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, id := range txids {
+		delete(g.held, id)
+	}
+}
+
+// learned notes a host store new to the node: its markers are unknown.
+func (g *pruneGuard) learned() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.epoch++
+	g.whole = false
+}
+
+// sweepToken is what a sweep's start tells swept.
+type sweepToken struct{ seq, epoch uint64 }
+
+func (g *pruneGuard) sweepStart() sweepToken {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return sweepToken{seq: g.seq, epoch: g.epoch}
+}
+
+// swept takes the listing of a sweep that listed every store: a hold older
+// than the sweep whose marker was not listed is gone (a marker exists from
+// the host's commit, before its hold, until a Forget).
+func (g *pruneGuard) swept(t sweepToken, listed map[string]bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for id, h := range g.held {
+		if h.seq <= t.seq && !listed[id] {
+			delete(g.held, id)
+		}
+	}
+	if t.epoch == g.epoch {
+		g.whole = true
+	}
+}
+
+// decideTTL returns the DecideTTL of an OpTrim at now: ttl, or more while
+// a held transaction's decisions are older than now-ttl, or 0 (prune none)
+// while one is of unknown age or no sweep has listed every store yet.
+func (g *pruneGuard) decideTTL(now time.Time, ttl time.Duration) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.whole {
+		return 0
+	}
+	cutoff := now.UnixNano() - int64(ttl)
+	for _, h := range g.held {
+		if h.since == 0 {
+			return 0
+		}
+		cutoff = min(cutoff, h.since)
+	}
+	return time.Duration(now.UnixNano() - cutoff)
 }
 
 // UnresolvedTxs lists the parked transactions: those whose check-back found
@@ -1266,7 +1417,10 @@ func (m *MQ) ResolveTx(ctx context.Context, txid string, d TxDecision) (TxDecisi
 	if len(plan) == 0 {
 		return n.decided(txid), nil
 	}
-	standing, err := n.commit(ctx, txid, plan)
+	// Held even without a marker found: one may appear yet (a transaction
+	// still running); the next sweep lets it go if none does.
+	now := m.cfg.tx.prune.hold(txid, m.cfg.clock, decidedAnyTime)
+	standing, err := n.commit(ctx, txid, plan, now)
 	if err != nil {
 		return standing, err
 	}
