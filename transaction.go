@@ -644,19 +644,19 @@ func appendStr(b []byte, s string) []byte {
 
 // markerV1 and outboxRowV1 are the version 1 rows.
 type markerV1 struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	V        int
 	Halves   []partRefV1
 }
 
 type partRefV1 struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic    string
 	Part     int
 }
 
 type outboxRowV1 struct {
-	_msgpack   struct{} `msgpack:",as_array"`
+	_msgpack   struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	V          int
 	Topic      string
 	Part       int

@@ -47,8 +47,6 @@ func runFaulty(t *testing.T, ctx context.Context, h *txtest.Host, marker bool) (
 	return ev, id, err
 }
 
-var errLost = errors.New("connection reset by peer")
-
 // TestSQL_CommitUnknown: a COMMIT that fails may have committed; Run reads
 // the outcome back from the marker row, and says so when it cannot.
 func TestSQL_CommitUnknown(t *testing.T) {
