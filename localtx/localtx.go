@@ -104,7 +104,8 @@ type State int
 
 // States.
 const (
-	// Unknown: the transaction is still running.
+	// Unknown: the transaction is still running, or its outcome cannot be
+	// told now.
 	Unknown State = iota
 	// Committed: the transaction's marker is present.
 	Committed
@@ -153,9 +154,11 @@ var (
 	// OutboxKey.
 	ErrOutboxKey = errors.New("localtx: malformed outbox key")
 	// ErrCommitUnknown is returned (wrapped, with the commit's error) by
-	// Run when the commit returned an error and the transaction's outcome
-	// could not be read back before ctx ended: it may have committed. The
-	// WhileUnknown hooks ran, neither the commit nor the rollback ones.
+	// Run when the commit returned an error and Run could not learn the
+	// outcome: the store did not answer before ctx ended, or it cannot
+	// tell (no marker was written; bbolt wrote the commit but could not
+	// sync it). The transaction may have committed. The WhileUnknown hooks
+	// ran, neither the commit nor the rollback ones.
 	ErrCommitUnknown = errors.New("localtx: commit outcome unknown")
 )
 
