@@ -187,7 +187,7 @@ func (t *SQLTx) outcome(ctx context.Context) (State, error) {
 	if !t.marker {
 		return Unknown, nil
 	}
-	st, _, err := t.store.settle(ctx, t.id)
+	st, _, err := t.store.outcomeOf(ctx, t.id)
 	return st, err
 }
 
@@ -230,29 +230,29 @@ func (s *SQL) Run(ctx context.Context, fn func(ctx context.Context) error) error
 }
 
 // Check answers the check-back of txid; see Store. A missing marker row is
-// confirmed as settle does, so that a commit the server is still processing
-// is not taken for a rollback.
+// confirmed (see outcomeOf), so that a commit the server is still
+// processing is not taken for a rollback.
 func (s *SQL) Check(ctx context.Context, txid string) (State, Record, error) {
 	// Running first: a transaction leaves the running set only after its
 	// commit returned (or, when it failed, its outcome was looked for).
 	if running(txid) {
 		return Unknown, Record{}, nil
 	}
-	st, rec, err := s.settle(ctx, txid)
+	st, rec, err := s.outcomeOf(ctx, txid)
 	if err != nil {
 		return Unknown, Record{}, fmt.Errorf("localtx: check %s: %w", txid, err)
 	}
 	return st, rec, nil
 }
 
-// settle reads the outcome of txid, a transaction that wrote its marker row
-// and no longer runs here. The row present means committed. Absent, the
+// outcomeOf reads the outcome of txid, a transaction that no longer runs
+// here. Its marker row present means committed. Absent, the
 // transaction may still be committing on the server (its COMMIT sent and
 // the reply lost): an INSERT of the same key, in a transaction rolled back
 // at once, waits for such a commit to end and fails if it committed. So a
 // probe that succeeds means rolled back; one that fails means committed if
 // the row is there now, and otherwise that the store cannot answer.
-func (s *SQL) settle(ctx context.Context, txid string) (State, Record, error) {
+func (s *SQL) outcomeOf(ctx context.Context, txid string) (State, Record, error) {
 	rec, ok, err := s.record(ctx, s.db, txid)
 	if err != nil {
 		return Unknown, Record{}, err
