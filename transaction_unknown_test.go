@@ -205,3 +205,29 @@ func TestTransaction_CommitUnknownClose(t *testing.T) {
 	waitDecided(t, e.m, id, mq.TxCommit)
 	checkOnce(t, e, append(idsOf(prep), idsOf(out)...))
 }
+
+// TestTransaction_CtxEndsBeforeCommit: Run's ctx ends after the sends and
+// before the COMMIT, which database/sql then refuses and rolls back. The
+// read-back still runs once (past the ended ctx) and finds the rollback.
+func TestTransaction_CtxEndsBeforeCommit(t *testing.T) {
+	e := newTxEnv(t, "sqlite")
+	prep, out := msgs("prep", 2), msgs("out", 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	var id string
+	err := e.h.Run(ctx, func(ctx context.Context) error {
+		id = txID(t, ctx)
+		if err := e.p.PrepareMessage(ctx, prep...); err != nil {
+			return err
+		}
+		if err := e.p.CommitMessage(ctx, out...); err != nil {
+			return err
+		}
+		cancel()
+		return nil
+	})
+	if err == nil || errors.Is(err, localtx.ErrCommitUnknown) {
+		t.Fatalf("Run = %v; want the commit's error, the rollback read back", err)
+	}
+	waitDecided(t, e.m, id, mq.TxRollback)
+	checkNone(t, e, append(idsOf(prep), idsOf(out)...))
+}
