@@ -61,7 +61,11 @@ func WithRetentionBytes(n int64) Option {
 // WithDecisionTTL sets how long each partition remembers whether a
 // transaction committed or rolled back, so that a late repeat of the
 // decision changes nothing. Default 24 hours. A decision is forgotten within
-// an hour after its TTL, and never in the first hour after Open.
+// an hour after its TTL, and never in the first hour after Open. It is kept
+// longer while a host store may still hold the marker of a committed
+// transaction (its clean-up failed, or the store could not be listed since
+// Open): the sweep that finds such a marker relies on the decision not to
+// publish the transaction twice.
 func WithDecisionTTL(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
@@ -133,9 +137,8 @@ func (u *upkeeper) run(ctx context.Context) {
 	clk := u.cfg.clock
 	now := clk.Now()
 	u.nextCheck = now // at once: catch up on what expired while the node was down
-	// Decisions are first pruned an hour after Open: by then the
-	// transaction sweep has published or forgotten the host markers left
-	// by a crash, so none outlives its decision and gets published twice.
+	// Decisions are first pruned an hour after Open, and only those that
+	// no host marker may need (pruneGuard, transaction.go).
 	u.nextFull = now.Add(fullTrimEvery)
 	var (
 		timer     <-chan time.Time // fires at timerAt; nil when none is pending
@@ -267,7 +270,8 @@ func (u *upkeeper) trim(ctx context.Context, now time.Time) error {
 	}
 	full := !now.Before(u.nextFull)
 	if full {
-		cmd.DecideTTL = int64(cfg.decisionTTL)
+		// No decision goes while a host marker may need it (transaction.go).
+		cmd.DecideTTL = int64(cfg.tx.prune.decideTTL(now, cfg.decisionTTL))
 	}
 	deleted := 0
 	for {

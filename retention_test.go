@@ -290,8 +290,8 @@ func TestRetention_DecisionTTL(t *testing.T) {
 		t.Fatalf("ResolveTx within the TTL: %v, %v; want the standing commit", d, err)
 	}
 	// The node forgets the host's marker shortly after the commit (in real
-	// time). Until then its sweep may publish the transaction again, which
-	// would record the decision anew once the TTL has removed it.
+	// time); until then no decision may be pruned (the sweep would publish
+	// the transaction again).
 	waitFor(t, 10*time.Second, "the host's marker to be forgotten", func() bool {
 		recs, err := host.Committed(ctx, "", 1)
 		if err != nil {

@@ -1,8 +1,13 @@
 package mq
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"maps"
+	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -20,9 +25,11 @@ import (
 // messages themselves into the host transaction (an outbox). Both register
 // hooks on the transaction: after its commit, the half messages and the
 // outbox messages of each partition become visible in one OpCommitTx; after
-// a rollback, the half messages are discarded. Once every partition's
-// decision is durable, the marker and outbox rows are forgotten (in batches,
-// in the background).
+// a rollback, the half messages are discarded. A commit that failed without
+// the host learning its outcome (localtx's WhileUnknown) decides nothing:
+// the check-back and the sweep read it from the host store later. Once
+// every partition's decision is durable, the marker and outbox rows are
+// forgotten (in batches, in the background).
 //
 // A crash between the host's commit and the queue's is repaired from the
 // host store: at start and every sweep the node commits the transactions
@@ -31,8 +38,13 @@ import (
 // Decisions are recorded per partition and the first one wins, so every
 // repair may run twice.
 //
+// A partition's decision on a transaction is what makes a repeat of the
+// commit change nothing, so it must outlive every host marker of the
+// transaction: the upkeep prunes decisions only as pruneGuard allows, which
+// is never one a marker may still need.
+//
 // Lock order: txNode.mu before openTx.mu (never both held at once in
-// practice).
+// practice), and txNode.mu before pruneGuard.mu.
 
 // LocalTx is the host's local transaction as the queue sees it; see
 // package localtx for the contract and the bbolt and database/sql adapters.
@@ -87,12 +99,19 @@ type txConfig struct {
 	checkAfter time.Duration
 	maxChecks  int
 	stores     []localtx.Store
+	// testHook, set only by tests (export_test.go), is called at the named
+	// points of a transaction's life: "sent" (PrepareMessage or
+	// CommitMessage is about to return), "local-committed" (commit hook
+	// entered), "partition-committing" (one partition's OpCommitTx is about
+	// to be applied), "partition-committed" (it is durable).
+	testHook func(point, txid string)
 
-	node *txNode // set by startTxChecker
+	prune *pruneGuard // read by the upkeep (maintenance.go) from the start
+	node  *txNode     // set by startTxChecker
 }
 
 func defaultTxConfig() txConfig {
-	return txConfig{checkAfter: 6 * time.Second, maxChecks: 15}
+	return txConfig{checkAfter: 6 * time.Second, maxChecks: 15, prune: &pruneGuard{held: map[string]txHold{}}}
 }
 
 // WithTxCheckAfter sets how long half messages may stay undecided before
@@ -138,51 +157,10 @@ func WithLocalTx(s localtx.Store) Option {
 	}
 }
 
-// txTestHook, when set by a test, is called at the named points of a
-// transaction's life: "sent" (PrepareMessage or CommitMessage is about to
-// return), "local-committed" (commit hook entered), "partition-committing"
-// (one partition's OpCommitTx is about to be applied), "partition-committed"
-// (it is durable).
-var txTestHook func(point, txid string)
-
-func txHook(point, txid string) {
-	if h := txTestHook; h != nil {
-		h(point, txid)
-	}
-}
-
-// txFormat is the version of the marker and outbox rows the node writes
-// through LocalTx.Put. Both are msgpack arrays:
-//
-//	marker:     [txFormat, [[topic, partition], ...]]   partitions holding half messages
-//	outbox row: [txFormat, topic, partition, id, key, tags, properties,
-//	             body, timestamp, deliverAt]
-const txFormat = 1
-
+// partRef names a partition in a transaction's plan.
 type partRef struct {
-	_msgpack struct{} `msgpack:",as_array"`
-	Topic    string
-	Part     int
-}
-
-type txMarker struct {
-	_msgpack struct{} `msgpack:",as_array"`
-	V        int
-	Halves   []partRef
-}
-
-type outboxRow struct {
-	_msgpack   struct{} `msgpack:",as_array"`
-	V          int
-	Topic      string
-	Part       int
-	ID         string
-	Key        string
-	Tags       []string
-	Properties map[string]string
-	Body       []byte
-	Timestamp  int64
-	DeliverAt  int64
+	Topic string
+	Part  int
 }
 
 // txNode is a node's transaction state.
@@ -234,6 +212,13 @@ func (m *MQ) startTxChecker() {
 }
 
 func (m *MQ) txn() *txNode { return m.cfg.tx.node }
+
+// hook calls the test hook, if a test set one.
+func (n *txNode) hook(point, txid string) {
+	if h := n.m.cfg.tx.testHook; h != nil {
+		h(point, txid)
+	}
+}
 
 // PrepareMessage stores msgs as half messages of the host transaction
 // carried by ctx (see package localtx): durable, invisible to consumers.
@@ -290,7 +275,7 @@ func (p *Producer) PrepareMessage(ctx context.Context, msgs ...*Message) error {
 	if err != nil {
 		return err
 	}
-	txHook("sent", ot.id)
+	p.m.txn().hook("sent", ot.id)
 	return nil
 }
 
@@ -327,12 +312,7 @@ func (p *Producer) CommitMessage(ctx context.Context, msgs ...*Message) error {
 		}
 		m.Offset = -1
 		sms[i] = toStore(m)
-		row, err := msgpack.Marshal(&outboxRow{V: txFormat, Topic: p.topic, Part: m.PartitionIndex,
-			ID: m.ID, Key: m.Key, Tags: m.Tags, Properties: m.Properties, Body: m.Body,
-			Timestamp: sms[i].Timestamp, DeliverAt: sms[i].DeliverAt})
-		if err != nil {
-			return fmt.Errorf("mq: outbox row: %w", err)
-		}
+		row := encodeOutboxRow(partRef{Topic: p.topic, Part: m.PartitionIndex}, &sms[i])
 		if err := tx.Put(localtx.OutboxBucket, localtx.OutboxKey(ot.id, first+uint64(i)), row); err != nil {
 			return fmt.Errorf("mq: outbox of %s: %w", ot.id, err)
 		}
@@ -343,7 +323,7 @@ func (p *Producer) CommitMessage(ctx context.Context, msgs ...*Message) error {
 		ot.outbox[ref] = append(ot.outbox[ref], sms[i])
 	}
 	ot.mu.Unlock()
-	txHook("sent", ot.id)
+	p.m.txn().hook("sent", ot.id)
 	return nil
 }
 
@@ -394,6 +374,9 @@ func (n *txNode) bind(tx localtx.Tx) (*openTx, error) {
 	n.mu.Unlock()
 	tx.WhileCommit(func() { n.committed(ot) })
 	tx.WhileRollback(func() { n.rolledBack(ot) })
+	if u, ok := tx.(interface{ WhileUnknown(func()) }); ok {
+		u.WhileUnknown(func() { n.unknown(ot) })
+	}
 	return ot, nil
 }
 
@@ -405,6 +388,7 @@ func (n *txNode) learn(s localtx.Store) {
 		}
 	}
 	n.stores = append(n.stores, s)
+	n.m.cfg.tx.prune.learned() // its old markers are unknown until swept
 }
 
 func (n *txNode) isOpen(txid string) bool {
@@ -437,18 +421,15 @@ func (ot *openTx) writeMarker(tx localtx.Tx) error {
 		ot.mu.Unlock()
 		return nil
 	}
-	mk := txMarker{V: txFormat, Halves: append([]partRef(nil), ot.halves...)}
+	halves := len(ot.halves)
+	v := encodeMarker(ot.halves)
 	ot.mu.Unlock()
-	v, err := msgpack.Marshal(&mk)
-	if err != nil {
-		return fmt.Errorf("mq: marker: %w", err)
-	}
 	if err := tx.Put(localtx.MarkerBucket, []byte(ot.id), v); err != nil {
 		return fmt.Errorf("mq: marker of %s: %w", ot.id, err)
 	}
 	ot.mu.Lock()
-	if len(mk.Halves) > ot.marked {
-		ot.marked = len(mk.Halves)
+	if halves > ot.marked {
+		ot.marked = halves
 	}
 	ot.mu.Unlock()
 	return nil
@@ -456,7 +437,7 @@ func (ot *openTx) writeMarker(tx localtx.Tx) error {
 
 // committed is the WhileCommit hook: it publishes the transaction.
 func (n *txNode) committed(ot *openTx) {
-	txHook("local-committed", ot.id)
+	n.hook("local-committed", ot.id)
 	ot.mu.Lock()
 	plan := txPlan{}
 	for _, h := range ot.halves {
@@ -466,7 +447,10 @@ func (n *txNode) committed(ot *openTx) {
 		plan[ref] = msgs
 	}
 	ot.mu.Unlock()
-	_, err := n.commit(n.m.ctx, ot.id, plan)
+	// The transaction is of this run: any decision it has is this commit's
+	// or one whose own hold is older.
+	now := n.m.cfg.tx.prune.hold(ot.id, n.m.cfg.clock, decidedFromNow)
+	_, err := n.commit(n.m.ctx, ot.id, plan, now)
 	n.mu.Lock()
 	delete(n.open, ot.id)
 	n.mu.Unlock()
@@ -493,10 +477,24 @@ func (n *txNode) rolledBack(ot *openTx) {
 	}
 }
 
-// commit publishes txid in every partition of plan, in parallel, and
-// returns the decision that stands: TxCommit, or TxRollback when an earlier
-// rollback won in some partition (reported in the log).
-func (n *txNode) commit(ctx context.Context, txid string, plan txPlan) (TxDecision, error) {
+// unknown is the WhileUnknown hook: the host's commit failed and its
+// outcome could not be read. Nothing is decided: the half messages wait for
+// the check-back and the outbox rows for the sweep, which read the outcome
+// from the host store (marker present: committed).
+func (n *txNode) unknown(ot *openTx) {
+	n.mu.Lock()
+	delete(n.open, ot.id)
+	n.mu.Unlock()
+	n.m.cfg.logger.Warn("the host's commit failed and its outcome is unknown; the check-back and the sweep will read it from the host store",
+		"tx", ot.id)
+}
+
+// commit publishes txid in every partition of plan, in parallel, at now
+// (the time its decisions record), and returns the decision that stands:
+// TxCommit, or TxRollback when an earlier rollback won in some partition
+// (reported in the log). Its callers hold txid in the pruneGuard first,
+// which gives now.
+func (n *txNode) commit(ctx context.Context, txid string, plan txPlan, now time.Time) (TxDecision, error) {
 	refs := make([]partRef, 0, len(plan))
 	for ref := range plan {
 		refs = append(refs, ref)
@@ -510,8 +508,8 @@ func (n *txNode) commit(ctx context.Context, txid string, plan txPlan) (TxDecisi
 		if err != nil {
 			return err
 		}
-		cmd := &store.Command{Op: store.OpCommitTx, Now: n.m.cfg.clock.Now().UnixNano(), TxID: txid, Msgs: plan[ref]}
-		txHook("partition-committing", txid)
+		cmd := &store.Command{Op: store.OpCommitTx, Now: now.UnixNano(), TxID: txid, Msgs: plan[ref]}
+		n.hook("partition-committing", txid)
 		res, err := part.Apply(ctx, cmd)
 		if err != nil {
 			return fmt.Errorf("commit %s in %s/%d: %w", txid, ref.Topic, ref.Part, translate(err))
@@ -523,7 +521,7 @@ func (n *txNode) commit(ctx context.Context, txid string, plan txPlan) (TxDecisi
 			standing = TxRollback
 			mu.Unlock()
 		}
-		txHook("partition-committed", txid)
+		n.hook("partition-committed", txid)
 		return nil
 	})
 	return standing, err
@@ -571,30 +569,301 @@ func (n *txNode) partition(ref partRef) (partitionLog, error) {
 
 // planOf decodes a host store's record into what committing it does.
 func planOf(rec localtx.Record) (txPlan, error) {
+	halves, err := decodeMarker(rec.TxID, rec.Marker)
+	if err != nil {
+		return nil, err
+	}
 	plan := txPlan{}
-	var mk txMarker
-	if err := msgpack.Unmarshal(rec.Marker, &mk); err != nil {
-		return nil, fmt.Errorf("%w: marker of %s: %v", ErrCorrupt, rec.TxID, err)
-	}
-	if mk.V != txFormat {
-		return nil, fmt.Errorf("%w: marker of %s has format %d", ErrCorrupt, rec.TxID, mk.V)
-	}
-	for _, h := range mk.Halves {
-		plan[partRef{Topic: h.Topic, Part: h.Part}] = nil
+	for _, h := range halves {
+		plan[h] = nil
 	}
 	for _, b := range rec.Outbox {
-		var r outboxRow
-		if err := msgpack.Unmarshal(b, &r); err != nil {
-			return nil, fmt.Errorf("%w: outbox of %s: %v", ErrCorrupt, rec.TxID, err)
+		ref, msg, err := decodeOutboxRow(rec.TxID, b)
+		if err != nil {
+			return nil, err
 		}
-		if r.V != txFormat {
-			return nil, fmt.Errorf("%w: outbox of %s has format %d", ErrCorrupt, rec.TxID, r.V)
-		}
-		ref := partRef{Topic: r.Topic, Part: r.Part}
-		plan[ref] = append(plan[ref], store.Message{ID: r.ID, Key: r.Key, Tags: r.Tags,
-			Properties: r.Properties, Body: r.Body, Timestamp: r.Timestamp, DeliverAt: r.DeliverAt})
+		plan[ref] = append(plan[ref], msg)
 	}
 	return plan, nil
+}
+
+// The marker and outbox rows the node writes through LocalTx.Put live in the
+// host's store, maybe longer than this build: each starts with a magic and
+// a version. Version 2 is this layout, where n is a uvarint, str a uvarint
+// length and that many bytes, and i64 8 bytes big-endian:
+//
+//	marker:     "ZMQM" 2 count:n {topic:str partition:n}...
+//	            (the partitions holding half messages)
+//	outbox row: "ZMQO" 2 topic:str partition:n id:str key:str
+//	            tags:n {tag:str}... properties:n {key:str value:str}...
+//	            body:str timestamp:i64 deliverAt:i64
+//
+// with properties in key order. Version 1 rows, written before the magic,
+// are msgpack arrays whose first element is 1 (markerV1, outboxRowV1); they
+// are still read. Anything else is ErrCorrupt.
+const (
+	txMarkerMagic = "ZMQM"
+	txOutboxMagic = "ZMQO"
+	txFormat      = 2 // the version written
+	txFormatV1    = 1 // msgpack arrays, read only
+)
+
+func encodeMarker(halves []partRef) []byte {
+	b := append([]byte(txMarkerMagic), txFormat)
+	b = binary.AppendUvarint(b, uint64(len(halves)))
+	for _, h := range halves {
+		b = appendStr(b, h.Topic)
+		b = binary.AppendUvarint(b, uint64(h.Part))
+	}
+	return b
+}
+
+func encodeOutboxRow(ref partRef, m *store.Message) []byte {
+	b := append([]byte(txOutboxMagic), txFormat)
+	b = appendStr(b, ref.Topic)
+	b = binary.AppendUvarint(b, uint64(ref.Part))
+	b = appendStr(b, m.ID)
+	b = appendStr(b, m.Key)
+	b = binary.AppendUvarint(b, uint64(len(m.Tags)))
+	for _, t := range m.Tags {
+		b = appendStr(b, t)
+	}
+	b = binary.AppendUvarint(b, uint64(len(m.Properties)))
+	for _, k := range slices.Sorted(maps.Keys(m.Properties)) {
+		b = appendStr(b, k)
+		b = appendStr(b, m.Properties[k])
+	}
+	b = binary.AppendUvarint(b, uint64(len(m.Body)))
+	b = append(b, m.Body...)
+	b = binary.BigEndian.AppendUint64(b, uint64(m.Timestamp))
+	return binary.BigEndian.AppendUint64(b, uint64(m.DeliverAt))
+}
+
+func appendStr(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// markerV1 and outboxRowV1 are the version 1 rows.
+type markerV1 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	V        int
+	Halves   []partRefV1
+}
+
+type partRefV1 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Topic    string
+	Part     int
+}
+
+type outboxRowV1 struct {
+	_msgpack   struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	V          int
+	Topic      string
+	Part       int
+	ID         string
+	Key        string
+	Tags       []string
+	Properties map[string]string
+	Body       []byte
+	Timestamp  int64
+	DeliverAt  int64
+}
+
+// decodeMarker returns the partitions listed by the marker b of txid.
+func decodeMarker(txid string, b []byte) ([]partRef, error) {
+	what := "marker of " + txid
+	r, err := openRow(what, txMarkerMagic, b)
+	if err != nil {
+		return nil, err
+	}
+	if r == nil {
+		var mk markerV1
+		if err := decodeV1(what, b, &mk, &mk.V); err != nil {
+			return nil, err
+		}
+		halves := make([]partRef, len(mk.Halves))
+		for i, h := range mk.Halves {
+			if h.Part < 0 {
+				return nil, fmt.Errorf("%w: %s: partition %d", ErrCorrupt, what, h.Part)
+			}
+			halves[i] = partRef{Topic: h.Topic, Part: h.Part}
+		}
+		return halves, nil
+	}
+	halves := make([]partRef, r.count())
+	for i := range halves {
+		halves[i].Topic = r.str()
+		halves[i].Part = r.part()
+	}
+	return halves, r.end(what)
+}
+
+// decodeOutboxRow returns the partition and message of the outbox row b of
+// txid.
+func decodeOutboxRow(txid string, b []byte) (partRef, store.Message, error) {
+	what := "outbox of " + txid
+	r, err := openRow(what, txOutboxMagic, b)
+	if err != nil {
+		return partRef{}, store.Message{}, err
+	}
+	if r == nil {
+		var o outboxRowV1
+		if err := decodeV1(what, b, &o, &o.V); err != nil {
+			return partRef{}, store.Message{}, err
+		}
+		if o.Part < 0 {
+			return partRef{}, store.Message{}, fmt.Errorf("%w: %s: partition %d", ErrCorrupt, what, o.Part)
+		}
+		m := store.Message{ID: o.ID, Key: o.Key, Timestamp: o.Timestamp, DeliverAt: o.DeliverAt}
+		if len(o.Tags) > 0 {
+			m.Tags = o.Tags
+		}
+		if len(o.Properties) > 0 {
+			m.Properties = o.Properties
+		}
+		if len(o.Body) > 0 {
+			m.Body = o.Body
+		}
+		return partRef{Topic: o.Topic, Part: o.Part}, m, nil
+	}
+	var (
+		ref partRef
+		m   store.Message
+	)
+	ref.Topic = r.str()
+	ref.Part = r.part()
+	m.ID = r.str()
+	m.Key = r.str()
+	if n := r.count(); n > 0 {
+		m.Tags = make([]string, n)
+		for i := range m.Tags {
+			m.Tags[i] = r.str()
+		}
+	}
+	if n := r.count(); n > 0 {
+		m.Properties = make(map[string]string, n)
+		for range n {
+			k := r.str()
+			m.Properties[k] = r.str()
+		}
+	}
+	if body := r.bytes(); len(body) > 0 {
+		m.Body = bytes.Clone(body)
+	}
+	m.Timestamp = r.int64()
+	m.DeliverAt = r.int64()
+	return ref, m, r.end(what)
+}
+
+// openRow checks the magic and version of row b, named what in errors. It
+// returns a reader of the fields of a version 2 row, or nil for a row
+// without the magic, which may be of version 1.
+func openRow(what, magic string, b []byte) (*rowReader, error) {
+	rest, ok := bytes.CutPrefix(b, []byte(magic))
+	if !ok {
+		return nil, nil
+	}
+	if len(rest) == 0 {
+		return nil, fmt.Errorf("%w: %s: no format version after the magic", ErrCorrupt, what)
+	}
+	if rest[0] != txFormat {
+		return nil, unknownFormat(what, int(rest[0]))
+	}
+	return &rowReader{b: rest[1:]}, nil
+}
+
+// decodeV1 decodes the version 1 row b into v, whose version field is ver.
+func decodeV1(what string, b []byte, v any, ver *int) error {
+	if err := msgpack.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%w: %s: neither magic nor a version 1 row: %v", ErrCorrupt, what, err)
+	}
+	if *ver != txFormatV1 {
+		return unknownFormat(what, *ver)
+	}
+	return nil
+}
+
+func unknownFormat(what string, v int) error {
+	return fmt.Errorf("%w: %s: format version %d, this build reads %d and %d", ErrCorrupt, what, v, txFormatV1, txFormat)
+}
+
+// rowReader reads the fields of a version 2 row. The first error sticks and
+// later reads return zero values.
+type rowReader struct {
+	b   []byte
+	err error
+}
+
+func (r *rowReader) fail(format string, args ...any) {
+	if r.err == nil {
+		r.err = fmt.Errorf(format, args...)
+	}
+	r.b = nil
+}
+
+func (r *rowReader) uvarint() uint64 {
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.fail("truncated or overlong number")
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+// count reads a number of items, each at least one byte long.
+func (r *rowReader) count() int {
+	n := r.uvarint()
+	if n > uint64(len(r.b)) {
+		r.fail("%d items in %d bytes", n, len(r.b))
+		return 0
+	}
+	return int(n)
+}
+
+func (r *rowReader) part() int {
+	p := r.uvarint()
+	if p > math.MaxInt32 {
+		r.fail("partition %d", p)
+		return 0
+	}
+	return int(p)
+}
+
+func (r *rowReader) bytes() []byte {
+	n := r.uvarint()
+	if n > uint64(len(r.b)) {
+		r.fail("%d bytes wanted, %d left", n, len(r.b))
+		return nil
+	}
+	v := r.b[:n:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *rowReader) str() string { return string(r.bytes()) }
+
+func (r *rowReader) int64() int64 {
+	if len(r.b) < 8 {
+		r.fail("truncated number")
+		return 0
+	}
+	v := int64(binary.BigEndian.Uint64(r.b))
+	r.b = r.b[8:]
+	return v
+}
+
+// end reports the first error, or bytes left after the last field.
+func (r *rowReader) end(what string) error {
+	if r.err == nil && len(r.b) > 0 {
+		r.err = fmt.Errorf("%d bytes after the last field", len(r.b))
+	}
+	if r.err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrCorrupt, what, r.err)
+	}
+	return nil
 }
 
 // forgetLater queues the clean-up of txid's marker and outbox rows, once
@@ -638,10 +907,15 @@ func (n *txNode) forgetter(ctx context.Context) {
 			if s == nil { // a transaction that named no store: try them all
 				stores = n.storeList()
 			}
+			forgot := true
 			for _, st := range stores {
 				if err := st.Forget(ctx, ids); err != nil {
 					n.m.cfg.logger.Warn("cannot forget transaction markers; the sweep will", "err", err)
+					forgot = false
 				}
+			}
+			if forgot {
+				n.m.cfg.tx.prune.release(ids)
 			}
 		}
 	}
@@ -705,25 +979,37 @@ func (n *txNode) checkLoop(ctx context.Context) {
 
 // sweep commits the transactions whose marker is still in a host store (a
 // crash came between the host's commit and the queue's, or the clean-up
-// did not happen yet) and forgets them.
+// did not happen yet) and forgets them. Every marker it lists is held in
+// the pruneGuard: its decision may be from an earlier run, of unknown age.
+// A sweep that listed every store tells the guard which markers are gone.
 func (n *txNode) sweep(ctx context.Context) {
 	const page = 256
+	guard := n.m.cfg.tx.prune
+	start := guard.sweepStart()
+	listed := map[string]bool{}
+	complete := true
 	for _, s := range n.storeList() {
 		after := ""
-		for ctx.Err() == nil {
+		for {
+			if ctx.Err() != nil {
+				return
+			}
 			recs, err := s.Committed(ctx, after, page)
 			if err != nil {
 				if ctx.Err() == nil {
 					n.m.cfg.logger.Warn("cannot list committed transactions", "err", err)
 				}
+				complete = false
 				break
 			}
 			for _, rec := range recs {
 				after = rec.TxID
+				listed[rec.TxID] = true
 				if n.isOpen(rec.TxID) { // its commit hook is on it
 					continue
 				}
-				if n.publish(ctx, rec) {
+				now := guard.hold(rec.TxID, n.m.cfg.clock, decidedAnyTime)
+				if n.publish(ctx, rec, now) {
 					n.forgetLater(s, rec.TxID)
 				}
 			}
@@ -732,17 +1018,20 @@ func (n *txNode) sweep(ctx context.Context) {
 			}
 		}
 	}
+	if complete {
+		guard.swept(start, listed)
+	}
 }
 
-// publish commits a committed transaction found in a host store and reports
-// whether its marker may be forgotten.
-func (n *txNode) publish(ctx context.Context, rec localtx.Record) bool {
+// publish commits, at now, a committed transaction found in a host store
+// and reports whether its marker may be forgotten.
+func (n *txNode) publish(ctx context.Context, rec localtx.Record, now time.Time) bool {
 	plan, err := planOf(rec)
 	if err != nil {
 		n.m.cfg.logger.Error("cannot read a committed transaction's marker; left in place", "tx", rec.TxID, "err", err)
 		return false
 	}
-	if _, err := n.commit(ctx, rec.TxID, plan); err != nil {
+	if _, err := n.commit(ctx, rec.TxID, plan, now); err != nil {
 		if ctx.Err() == nil {
 			n.m.cfg.logger.Warn("cannot publish a committed transaction yet", "tx", rec.TxID, "err", err)
 		}
@@ -850,7 +1139,8 @@ func (n *txNode) checkOne(ctx context.Context, txid string, hi *halfInfo) {
 				plan[p] = nil
 			}
 		}
-		if _, err := n.commit(ctx, txid, plan); err != nil {
+		now := n.m.cfg.tx.prune.hold(txid, n.m.cfg.clock, decidedAnyTime)
+		if _, err := n.commit(ctx, txid, plan, now); err != nil {
 			log.Warn("check-back commit failed", "tx", txid, "err", err)
 			return
 		}
@@ -913,6 +1203,124 @@ func (n *txNode) ask(ctx context.Context, txid string) (localtx.State, localtx.R
 	return answer, localtx.Record{}, nil
 }
 
+// pruneGuard keeps transaction decisions from being pruned while a host
+// marker may still need them: a sweep that finds a marker whose decision is
+// gone publishes the transaction again. It holds every committed
+// transaction whose marker may remain, until a Forget of the marker
+// succeeds or a sweep that started later no longer lists it, and allows no
+// pruning at all until a sweep has listed every host store since Open (and
+// since the last store was learned). It is safe for concurrent use.
+type pruneGuard struct {
+	mu    sync.Mutex        // guards the fields below
+	held  map[string]txHold // txid -> hold
+	seq   uint64            // of the last hold
+	epoch uint64            // stores learned
+	whole bool              // a sweep listed every store of the current epoch
+}
+
+// txHold is a held transaction: its decisions are no older than since
+// (unix ns; 0: of unknown age). seq orders it against sweeps.
+type txHold struct {
+	since int64
+	seq   uint64
+}
+
+// decidedAge says what a commit knows of the transaction's earlier
+// decisions, if any.
+type decidedAge int
+
+const (
+	// decidedFromNow: none predates the hold (a transaction of this run,
+	// committed by its own hook).
+	decidedFromNow decidedAge = iota
+	// decidedAnyTime: one may be of any age (found in a host store).
+	decidedAnyTime
+)
+
+// hold holds txid before the node commits it and returns the time the
+// commit records, read under the lock: an upkeep that computed its cutoff
+// before saw a clock no later than it. A transaction held already keeps
+// its age: it has been held since before any decision of this run, and it
+// had none before unless that hold says so.
+func (g *pruneGuard) hold(txid string, clk Clock, age decidedAge) time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := clk.Now()
+	g.seq++
+	h, ok := g.held[txid]
+	switch {
+	case ok:
+	case age == decidedFromNow:
+		h.since = now.UnixNano()
+	default:
+		h.since = 0
+	}
+	h.seq = g.seq
+	g.held[txid] = h
+	return now
+}
+
+// release lets go of txids: their markers were forgotten.
+func (g *pruneGuard) release(txids []string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, id := range txids {
+		delete(g.held, id)
+	}
+}
+
+// learned notes a host store new to the node: its markers are unknown.
+func (g *pruneGuard) learned() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.epoch++
+	g.whole = false
+}
+
+// sweepToken is what a sweep's start tells swept.
+type sweepToken struct{ seq, epoch uint64 }
+
+func (g *pruneGuard) sweepStart() sweepToken {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return sweepToken{seq: g.seq, epoch: g.epoch}
+}
+
+// swept takes the listing of a sweep that listed every store: a hold older
+// than the sweep whose marker was not listed is gone (a marker exists from
+// the host's commit, before its hold, until a Forget).
+func (g *pruneGuard) swept(t sweepToken, listed map[string]bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for id, h := range g.held {
+		if h.seq <= t.seq && !listed[id] {
+			delete(g.held, id)
+		}
+	}
+	if t.epoch == g.epoch {
+		g.whole = true
+	}
+}
+
+// decideTTL returns the DecideTTL of an OpTrim at now: ttl, or more while
+// a held transaction's decisions are older than now-ttl, or 0 (prune none)
+// while one is of unknown age or no sweep has listed every store yet.
+func (g *pruneGuard) decideTTL(now time.Time, ttl time.Duration) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.whole {
+		return 0
+	}
+	cutoff := now.UnixNano() - int64(ttl)
+	for _, h := range g.held {
+		if h.since == 0 {
+			return 0
+		}
+		cutoff = min(cutoff, h.since)
+	}
+	return time.Duration(now.UnixNano() - cutoff)
+}
+
 // UnresolvedTxs lists the parked transactions: those whose check-back found
 // no answer TxMaxChecks times (see WithTxMaxChecks), oldest first. It
 // returns ErrClosed after Close.
@@ -952,8 +1360,11 @@ func (m *MQ) UnresolvedTxs() ([]UnresolvedTx, error) {
 // the outbox rows its host store still holds), TxRollback discards them. The
 // first decision wins: ResolveTx returns the decision that stands, which
 // differs from d when the transaction had been decided otherwise before, and
-// is TxUndecided when the node knows nothing of txid. It returns when the
-// decision is durable or ctx ends, and ErrClosed after Close.
+// is TxUndecided when the node knows nothing of txid. TxCommit first reads
+// the transaction's rows from the host stores: when a store cannot answer,
+// or a row cannot be read (ErrCorrupt, naming it), ResolveTx returns the
+// error and decides nothing. It returns when the decision is durable or ctx
+// ends, and ErrClosed after Close.
 func (m *MQ) ResolveTx(ctx context.Context, txid string, d TxDecision) (TxDecision, error) {
 	if d != TxCommit && d != TxRollback {
 		return TxUndecided, fmt.Errorf("%w: decision %v", ErrInvalidOption, d)
@@ -984,22 +1395,35 @@ func (m *MQ) ResolveTx(ctx context.Context, txid string, d TxDecision) (TxDecisi
 	for _, p := range parts {
 		plan[p] = nil
 	}
+	// The outbox rows too: a store that cannot answer or a row that cannot
+	// be read fails the call, since committing without rows that exist
+	// would lose them for good.
 	var owner localtx.Store
 	for _, s := range n.storeList() {
-		if st, rec, err := s.Check(ctx, txid); err == nil && st == localtx.Committed {
-			if p, err := planOf(rec); err == nil {
-				for ref, msgs := range p {
-					plan[ref] = msgs
-				}
-				owner = s
-				break
-			}
+		st, rec, err := s.Check(ctx, txid)
+		if err != nil {
+			return TxUndecided, fmt.Errorf("mq: resolve %s: %w", txid, err)
 		}
+		if st != localtx.Committed {
+			continue
+		}
+		p, err := planOf(rec)
+		if err != nil {
+			return TxUndecided, fmt.Errorf("mq: resolve %s: %w", txid, err)
+		}
+		for ref, msgs := range p {
+			plan[ref] = msgs
+		}
+		owner = s
+		break
 	}
 	if len(plan) == 0 {
 		return n.decided(txid), nil
 	}
-	standing, err := n.commit(ctx, txid, plan)
+	// Held even without a marker found: one may appear yet (a transaction
+	// still running); the next sweep lets it go if none does.
+	now := m.cfg.tx.prune.hold(txid, m.cfg.clock, decidedAnyTime)
+	standing, err := n.commit(ctx, txid, plan, now)
 	if err != nil {
 		return standing, err
 	}

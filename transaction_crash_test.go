@@ -154,7 +154,7 @@ func txCrashChild(dir, api, point string, cycle int) {
 		hook = "partition-committing"
 	}
 	var once sync.Once
-	mq.SetTxTestHook(func(pt, txid string) {
+	hookFn := func(pt, txid string) {
 		if pt != hook || txid != crashID.Load().(string) {
 			return
 		}
@@ -169,8 +169,8 @@ func txCrashChild(dir, api, point string, cycle int) {
 		}
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
-	})
-	m, err := mq.Open(filepath.Join(dir, "mq"), mq.WithLocalTx(host), mq.WithTxCheckAfter(20*time.Millisecond))
+	}
+	m, err := mq.Open(filepath.Join(dir, "mq"), mq.WithLocalTx(host), mq.WithTxCheckAfter(20*time.Millisecond), mq.WithTxTestHook(hookFn))
 	if err != nil {
 		fail(err)
 	}

@@ -18,12 +18,17 @@ func WithMaterializeAfter(d time.Duration) Option {
 // without changing anything.
 func TxDecided(m *MQ, txid string) TxDecision { return m.txn().decided(txid) }
 
-// SetTxTestHook makes f run at the named points of every transaction's life
-// (see txTestHook). Only crash-test children set it, before any transaction.
-func SetTxTestHook(f func(point, txid string)) { txTestHook = f }
-
 // PendingTxs counts the transactions with undecided half messages in m.
 func PendingTxs(m *MQ) (int, error) {
 	all, err := m.txn().halves()
 	return len(all), err
+}
+
+// WithTxTestHook makes f run at the named points of the life of the node's
+// transactions (see txConfig.testHook). The crash-test children set it.
+func WithTxTestHook(f func(point, txid string)) Option {
+	return func(c *config) error {
+		c.tx.testHook = f
+		return nil
+	}
 }

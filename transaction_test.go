@@ -136,7 +136,12 @@ type txEnv struct {
 
 func newTxEnv(t *testing.T, adapter string, opts ...mq.Option) *txEnv {
 	t.Helper()
-	h := txtest.Open(t, adapter, filepath.Join(t.TempDir(), "host"))
+	return txEnvOn(t, txtest.Open(t, adapter, filepath.Join(t.TempDir(), "host")), opts...)
+}
+
+// txEnvOn is newTxEnv over the host h.
+func txEnvOn(t *testing.T, h *txtest.Host, opts ...mq.Option) *txEnv {
+	t.Helper()
 	opts = append([]mq.Option{mq.WithLocalTx(h.Store), mq.WithTxCheckAfter(50 * time.Millisecond)}, opts...)
 	m := openNode(t, "", opts...)
 	mustCreate(t, m, "orders", 4)

@@ -22,6 +22,8 @@ type BoltOptions struct {
 type Bolt struct {
 	db   *bolt.DB
 	opts BoltOptions
+
+	commit func(*bolt.Tx) error // commits a transaction; nil: (*bolt.Tx).Commit. Set only by tests.
 }
 
 var _ Store = (*Bolt)(nil)
@@ -48,6 +50,7 @@ func NewBolt(db *bolt.DB, opts BoltOptions) (*Bolt, error) {
 type BoltTx struct {
 	*attempt
 	tx    *bolt.Tx
+	txid  int // bbolt's id of tx: its meta page's once it is written
 	store *Bolt
 }
 
@@ -65,7 +68,11 @@ func (t *BoltTx) Put(bucket, key, value []byte) error {
 	if err != nil {
 		return err
 	}
-	return b.Put(bytes.Clone(key), bytes.Clone(value))
+	if err := b.Put(bytes.Clone(key), bytes.Clone(value)); err != nil {
+		return err
+	}
+	t.wrote(bucket, key)
+	return nil
 }
 
 // Bolt returns the bbolt write transaction.
@@ -74,8 +81,39 @@ func (t *BoltTx) Bolt() *bolt.Tx { return t.tx }
 // Store returns the adapter that began the transaction.
 func (t *BoltTx) Store() Store { return t.store }
 
-func (t *BoltTx) commitTx() error   { return t.tx.Commit() }
+func (t *BoltTx) commitTx() error {
+	if c := t.store.commit; c != nil {
+		return c(t.tx)
+	}
+	return t.tx.Commit()
+}
+
 func (t *BoltTx) rollbackTx() error { return t.tx.Rollback() }
+
+// outcome reads back whether bbolt wrote the transaction's meta page. Not
+// written (the marker is absent, or without a marker the DB's meta is older
+// than the transaction), nothing committed. Written, only the fsync after it
+// failed: the commit shows, in this process, but may not survive a power
+// loss, which is Unknown. A later writer moves the meta on too, so without a
+// marker a rollback may also read as Unknown.
+func (t *BoltTx) outcome(context.Context) (State, error) {
+	st := Unknown
+	err := t.store.db.View(func(v *bolt.Tx) error {
+		switch {
+		case t.marker:
+			if mb := v.Bucket(MarkerBucket); mb == nil || mb.Get([]byte(t.id)) == nil {
+				st = RolledBack
+			}
+		case v.ID() < t.txid:
+			st = RolledBack
+		}
+		return nil
+	})
+	if err != nil {
+		return Unknown, fmt.Errorf("localtx: read back commit of %s: %w", t.id, err)
+	}
+	return st, nil
+}
 
 // Tx returns the bbolt transaction that Run bound to ctx, or nil outside Run.
 func (b *Bolt) Tx(ctx context.Context) *bolt.Tx {
@@ -92,6 +130,15 @@ func (b *Bolt) Tx(ctx context.Context) *bolt.Tx {
 // ErrRedo the attempt is rolled back and fn runs again in a new transaction.
 // Inside a transaction of this adapter, Run joins it and just calls fn.
 //
+// When bbolt's Commit returns an error, Run reads back whether bbolt wrote
+// the transaction's meta page. If not, nothing committed: the rollback hooks
+// run and Run returns the commit's error. If it did, only the fsync after
+// it failed: the commit shows in this process but may not survive a power
+// loss, so Run runs the WhileUnknown hooks and returns an error wrapping
+// ErrCommitUnknown. The queue then follows what the DB shows (its
+// check-back reads it like any reader), but bbolt is not safe to write
+// after a failed fsync: close the DB and reopen it.
+//
 // Run returns fn's error, or the commit's.
 func (b *Bolt) Run(ctx context.Context, fn func(ctx context.Context) error) error {
 	if b.Tx(ctx) != nil {
@@ -102,7 +149,7 @@ func (b *Bolt) Run(ctx context.Context, fn func(ctx context.Context) error) erro
 		if err != nil {
 			return nil, fmt.Errorf("localtx: begin: %w", err)
 		}
-		return &BoltTx{attempt: a, tx: tx, store: b}, nil
+		return &BoltTx{attempt: a, tx: tx, txid: tx.ID(), store: b}, nil
 	}, fn)
 }
 

@@ -29,6 +29,16 @@
 // each node checks back only the half messages it stored, so a host store
 // may be shared by several processes, each with its own node.
 //
+// # Commit errors
+//
+// A commit that returns an error may have committed: a SQL connection reset
+// after COMMIT was sent, a bbolt fsync that failed after the meta page was
+// written. Run never takes such an error for a rollback. It reads the
+// outcome back from the store, as the check-back does, and runs the hooks of
+// the outcome it finds; when it cannot tell before ctx ends, it runs the
+// WhileUnknown hooks and returns ErrCommitUnknown, and the queue leaves the
+// transaction to the check-back. See SQL.Run and Bolt.Run.
+//
 // # Redo
 //
 // A function passed to Run may return an error wrapping ErrRedo to abandon
@@ -39,6 +49,7 @@
 package localtx
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -48,11 +59,18 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Tx is a host's local transaction as the message queue sees it.
 // Implementations need not be safe for concurrent use: a transaction belongs
 // to the goroutine running it.
+//
+// A commit that returns an error may have committed. An adapter that can
+// end a transaction without knowing its outcome also has
+// WhileUnknown(fn func()), which registers fn to run instead of the commit
+// and rollback hooks when that happens (BoltTx and SQLTx have it); the
+// outcome is then read later from the store (see Store.Check).
 type Tx interface {
 	// ID returns the transaction's id, unique across the runs of the process.
 	ID() string
@@ -86,7 +104,8 @@ type State int
 
 // States.
 const (
-	// Unknown: the transaction is still running.
+	// Unknown: the transaction is still running, or its outcome cannot be
+	// told now.
 	Unknown State = iota
 	// Committed: the transaction's marker is present.
 	Committed
@@ -134,6 +153,13 @@ var (
 	// ErrOutboxKey is returned by Put for an OutboxBucket key not made by
 	// OutboxKey.
 	ErrOutboxKey = errors.New("localtx: malformed outbox key")
+	// ErrCommitUnknown is returned (wrapped, with the commit's error) by
+	// Run when the commit returned an error and Run could not learn the
+	// outcome: the store did not answer before ctx ended, or it cannot
+	// tell (no marker was written; bbolt wrote the commit but could not
+	// sync it). The transaction may have committed. The WhileUnknown hooks
+	// ran, neither the commit nor the rollback ones.
+	ErrCommitUnknown = errors.New("localtx: commit outcome unknown")
 )
 
 // DefaultMaxAttempts is how many attempts Run makes when its function keeps
@@ -200,11 +226,13 @@ func running(txid string) bool {
 
 // attempt is one try of a Run: a transaction id and its hooks.
 type attempt struct {
-	id string
+	id     string
+	marker bool // the transaction wrote its marker (MarkerBucket, key id); owned by its goroutine
 
-	mu       sync.Mutex // guards commit, rollback, done
+	mu       sync.Mutex // guards commit, rollback, unknown, done
 	commit   []func()
 	rollback []func()
+	unknown  []func()
 	done     bool
 }
 
@@ -240,20 +268,43 @@ func (a *attempt) WhileRollback(fn func()) {
 	}
 }
 
+// WhileUnknown registers fn to run, in registration order, when the commit
+// returned an error and Run could not read back whether it committed (see
+// ErrCommitUnknown). Hooks registered after the outcome never run.
+func (a *attempt) WhileUnknown(fn func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.done {
+		a.unknown = append(a.unknown, fn)
+	}
+}
+
+// wrote notes a successful Put, to know whether the marker was written.
+func (a *attempt) wrote(bucket, key []byte) {
+	if bytes.Equal(bucket, MarkerBucket) && string(key) == a.id {
+		a.marker = true
+	}
+}
+
 // end marks the attempt finished (no longer running) and returns the hooks
 // of its outcome; the others are dropped.
-func (a *attempt) end(committed bool) []func() {
+func (a *attempt) end(outcome State) []func() {
 	liveMu.Lock()
 	delete(live, a.id)
 	liveMu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.done = true
-	hooks := a.rollback
-	if committed {
+	var hooks []func()
+	switch outcome {
+	case Committed:
 		hooks = a.commit
+	case RolledBack:
+		hooks = a.rollback
+	default:
+		hooks = a.unknown
 	}
-	a.commit, a.rollback = nil, nil
+	a.commit, a.rollback, a.unknown = nil, nil, nil
 	return hooks
 }
 
@@ -281,6 +332,11 @@ type hostTx interface {
 	Tx
 	commitTx() error
 	rollbackTx() error
+	// outcome reads back, after commitTx returned an error, whether the
+	// transaction committed: Committed or RolledBack when the store says
+	// so; Unknown with an error when the store could not answer now (Run
+	// asks again); Unknown without one when it can never tell.
+	outcome(ctx context.Context) (State, error)
 }
 
 // run is the managed transaction shared by the adapters: begin, bind, call
@@ -294,7 +350,7 @@ func run(ctx context.Context, attempts int, begin func(a *attempt) (hostTx, erro
 		a := newAttempt()
 		tx, err := begin(a)
 		if err != nil {
-			a.end(false)
+			a.end(RolledBack)
 			return err
 		}
 		err = once(ctx, tx, a, fn)
@@ -317,7 +373,7 @@ func once(ctx context.Context, tx hostTx, a *attempt, fn func(context.Context) e
 		}
 		r := recover()
 		_ = tx.rollbackTx()
-		runHooks(a.end(false))
+		runHooks(a.end(RolledBack))
 		if r != nil {
 			panic(r)
 		}
@@ -326,14 +382,62 @@ func once(ctx context.Context, tx hostTx, a *attempt, fn func(context.Context) e
 	finished = true
 	if ferr != nil {
 		_ = tx.rollbackTx()
-		runHooks(a.end(false))
+		runHooks(a.end(RolledBack))
 		return ferr
 	}
-	if cerr := tx.commitTx(); cerr != nil {
-		_ = tx.rollbackTx()
-		runHooks(a.end(false))
-		return fmt.Errorf("localtx: commit: %w", cerr)
+	cerr := tx.commitTx()
+	if cerr == nil {
+		runHooks(a.end(Committed))
+		return nil
 	}
-	runHooks(a.end(true))
-	return nil
+	// The commit may have happened anyway (a reply lost with the
+	// connection, a failed fsync): the outcome is read back from the store
+	// while the attempt still counts as running, so the check-back waits.
+	_ = tx.rollbackTx() // releases whatever the failed commit still holds
+	st, rerr := settle(ctx, tx)
+	runHooks(a.end(st))
+	switch {
+	case st == Committed:
+		return nil
+	case st == RolledBack:
+		return fmt.Errorf("localtx: commit: %w", cerr)
+	case rerr != nil:
+		return fmt.Errorf("%w: commit: %w; reading it back: %v", ErrCommitUnknown, cerr, rerr)
+	}
+	return fmt.Errorf("%w: commit: %w", ErrCommitUnknown, cerr)
+}
+
+// How long Run goes on reading back the outcome of a failed commit, at
+// most, and its first pause between tries (doubling up to a second).
+const (
+	settleFor   = time.Minute
+	settlePause = 10 * time.Millisecond
+)
+
+// settle reads back the outcome of tx after its commit failed, trying again
+// with backoff while the store cannot answer, until ctx ends or settleFor
+// passes. The first try runs even when ctx has ended already: a commit that
+// failed because ctx ended is still worth one look.
+func settle(ctx context.Context, tx hostTx) (State, error) {
+	deadline := time.Now().Add(settleFor)
+	try := func(ctx context.Context) (State, error) {
+		ctx, cancel := context.WithDeadline(ctx, deadline)
+		defer cancel()
+		return tx.outcome(ctx)
+	}
+	st, err := try(context.WithoutCancel(ctx))
+	for pause := settlePause; err != nil; pause = min(2*pause, time.Second) {
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Unknown, err
+		case <-t.C:
+		}
+		if time.Now().After(deadline) {
+			return Unknown, err
+		}
+		st, err = try(ctx)
+	}
+	return st, nil
 }

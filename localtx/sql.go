@@ -157,6 +157,7 @@ func (t *SQLTx) Put(bucket, key, value []byte) error {
 			return fmt.Errorf("localtx: marker: %w", err)
 		}
 		t.marked = true
+		t.wrote(bucket, key)
 		return nil
 	case bytes.Equal(bucket, OutboxBucket):
 		txid, seq, ok := ParseOutboxKey(key)
@@ -180,6 +181,16 @@ func (t *SQLTx) Store() Store { return t.store }
 func (t *SQLTx) commitTx() error   { return t.tx.Commit() }
 func (t *SQLTx) rollbackTx() error { return t.tx.Rollback() }
 
+// outcome reads back whether the transaction committed from its marker
+// row; without one it can never tell.
+func (t *SQLTx) outcome(ctx context.Context) (State, error) {
+	if !t.marker {
+		return Unknown, nil
+	}
+	st, _, err := t.store.outcomeOf(ctx, t.id)
+	return st, err
+}
+
 // Tx returns the SQL transaction that Run bound to ctx, or nil outside Run.
 func (s *SQL) Tx(ctx context.Context) *sql.Tx {
 	if t, ok := ctx.Value(ctxKey{}).(*SQLTx); ok && t.store == s {
@@ -195,6 +206,15 @@ func (s *SQL) Tx(ctx context.Context) *sql.Tx {
 // ErrRedo the attempt is rolled back and fn runs again in a new transaction.
 // Inside a transaction of this adapter, Run joins it and just calls fn.
 //
+// A COMMIT that returns an error may have committed. When the transaction
+// wrote its marker (the queue sent messages), Run reads the outcome back
+// from the marker row (see Check), trying again with backoff while the
+// database cannot answer, until ctx ends (one try at least, a minute at
+// most): committed, it runs the commit hooks and returns nil; rolled back,
+// the rollback hooks and the commit's error. Otherwise, or without a
+// marker, it runs the WhileUnknown hooks and returns an error wrapping
+// ErrCommitUnknown and the commit's error.
+//
 // Run returns fn's error, or the commit's.
 func (s *SQL) Run(ctx context.Context, fn func(ctx context.Context) error) error {
 	if s.Tx(ctx) != nil {
@@ -209,21 +229,56 @@ func (s *SQL) Run(ctx context.Context, fn func(ctx context.Context) error) error
 	}, fn)
 }
 
-// Check answers the check-back of txid; see Store.
+// Check answers the check-back of txid; see Store. A missing marker row is
+// confirmed (see outcomeOf), so that a commit the server is still
+// processing is not taken for a rollback.
 func (s *SQL) Check(ctx context.Context, txid string) (State, Record, error) {
 	// Running first: a transaction leaves the running set only after its
-	// commit returned, so a marker read afterwards is final.
+	// commit returned (or, when it failed, its outcome was looked for).
 	if running(txid) {
 		return Unknown, Record{}, nil
 	}
-	rec, ok, err := s.record(ctx, s.db, txid)
+	st, rec, err := s.outcomeOf(ctx, txid)
 	if err != nil {
 		return Unknown, Record{}, fmt.Errorf("localtx: check %s: %w", txid, err)
 	}
-	if !ok {
+	return st, rec, nil
+}
+
+// outcomeOf reads the outcome of txid, a transaction that no longer runs
+// here. Its marker row present means committed. Absent, the
+// transaction may still be committing on the server (its COMMIT sent and
+// the reply lost): an INSERT of the same key, in a transaction rolled back
+// at once, waits for such a commit to end and fails if it committed. So a
+// probe that succeeds means rolled back; one that fails means committed if
+// the row is there now, and otherwise that the store cannot answer.
+func (s *SQL) outcomeOf(ctx context.Context, txid string) (State, Record, error) {
+	rec, ok, err := s.record(ctx, s.db, txid)
+	if err != nil {
+		return Unknown, Record{}, err
+	}
+	if ok {
+		return Committed, rec, nil
+	}
+	perr := s.probe(ctx, txid)
+	if perr == nil {
 		return RolledBack, Record{}, nil
 	}
-	return Committed, rec, nil
+	if rec, ok, err := s.record(ctx, s.db, txid); err == nil && ok {
+		return Committed, rec, nil
+	}
+	return Unknown, Record{}, fmt.Errorf("probe of the marker: %w", perr)
+}
+
+// probe inserts the marker row of txid in a transaction it rolls back.
+func (s *SQL) probe(ctx context.Context, txid string) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	_, err = tx.ExecContext(ctx, s.insMarker, txid, []byte{0})
+	return err
 }
 
 type queryer interface {

@@ -117,10 +117,21 @@ func Bolt(t testing.TB, path string) *Host {
 // get non-default names, to exercise the option.
 func SQLite(t testing.TB, path string) *Host {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)")
+	db, err := sql.Open("sqlite", sqliteDSN(path))
 	if err != nil {
 		t.Fatalf("txtest: %v", err)
 	}
+	return sqlHost(t, db)
+}
+
+func sqliteDSN(path string) string {
+	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)"
+}
+
+// sqlHost sets up db as an SQLite host DB with the SQL adapter and closes it
+// at cleanup.
+func sqlHost(t testing.TB, db *sql.DB) *Host {
+	t.Helper()
 	db.SetMaxOpenConns(1)
 	t.Cleanup(func() { db.Close() })
 	ctx := context.Background()
