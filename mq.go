@@ -123,6 +123,12 @@ var (
 	// ErrNoQuorum is returned when a replicated partition cannot reach a
 	// quorum before ctx ends.
 	ErrNoQuorum = errors.New("mq: no quorum")
+	// ErrStorageFailed is returned for every write to a partition after a
+	// write or sync of its log or file failed (an I/O error, a full disk),
+	// until the node is reopened: the outcome of the writes in flight is
+	// unknown, and nothing is retried and acknowledged. Resend with the same
+	// IDs after reopening.
+	ErrStorageFailed = errors.New("mq: storage failed")
 )
 
 // MaxPartitions is the largest partition count of a topic.
@@ -520,6 +526,10 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	case errors.Is(err, store.ErrDecided):
 		return fmt.Errorf("%w: %v", ErrTxDecided, err)
+	case errors.Is(err, store.ErrTooLarge):
+		return fmt.Errorf("%w: %v", ErrMessageTooLarge, err)
+	case errors.Is(err, store.ErrFailed), errors.Is(err, store.ErrWALFailed):
+		return fmt.Errorf("%w: %v", ErrStorageFailed, err)
 	}
 	return err
 }

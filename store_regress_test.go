@@ -377,3 +377,35 @@ func TestOpen_StallVariableIgnored(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestSend_TooLargeForOneRecord: one send whose messages to one partition
+// would make a log record larger than recovery reads is refused before
+// anything is written (it was acked, and then Open failed).
+func TestSend_TooLargeForOneRecord(t *testing.T) {
+	dir := t.TempDir()
+	m, err := mq.Open(dir, mq.WithMaxMessageBytes(256<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, m, "t", 1)
+	p, err := m.NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 210<<20)
+	msgs := make([]*mq.Message, 5)
+	for i := range msgs {
+		msgs[i] = &mq.Message{Body: body}
+	}
+	if _, err := p.SendMessage(context.Background(), msgs...); !errors.Is(err, mq.ErrMessageTooLarge) {
+		t.Fatalf("5 x 210 MiB in one send: %v, want ErrMessageTooLarge", err)
+	}
+	if _, err := p.SendMessage(context.Background(), &mq.Message{ID: "small", Body: []byte("body-small")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	m = openNode(t, dir)
+	verifyAcked(t, m, []regressAck{{id: "small", part: 0, off: 0}})
+}

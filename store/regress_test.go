@@ -468,3 +468,78 @@ func TestWAL_RecoveryMemory(t *testing.T) {
 	}
 	t.Logf("replay of %d MiB: heap peak %d MiB above the base", total>>20, (peak.Load()-min(base, peak.Load()))>>20)
 }
+
+// TestPartition_BoltFailureSticks: after a bbolt commit fails (the file's
+// writes return ENOSPC), nothing more is acknowledged, even once the file
+// takes writes again; reopening finds every acknowledged message.
+func TestPartition_BoltFailureSticks(t *testing.T) {
+	for _, withLog := range []bool{false, true} {
+		t.Run(fmt.Sprintf("WAL=%v", withLog), func(t *testing.T) {
+			dir := t.TempDir()
+			var n *walNode
+			var p *store.Partition
+			path := filepath.Join(dir, "0.db")
+			if withLog {
+				n = mustWALNode(t, dir)
+				p = n.p
+			} else {
+				var err error
+				if p, err = store.Open(path, store.Options{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var acked []uint64
+			send := func(id string) error {
+				res, err := p.Apply(context.Background(), &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg(id)}})
+				if err == nil {
+					acked = append(acked, res.Acks[0].Offset)
+				}
+				return err
+			}
+			for i := range 3 {
+				if err := send(fmt.Sprint("a", i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := p.HalfTxs(func(store.HalfTx) bool { return true }); err != nil { // everything in the file
+				t.Fatal(err)
+			}
+			restore := store.BreakFile(p)
+			err := send("during")
+			if withLog {
+				// The log took it; the file cannot: reading the file fails,
+				// and so does every later write.
+				if err != nil {
+					t.Fatalf("logged send: %v", err)
+				}
+				err = p.HalfTxs(func(store.HalfTx) bool { return true })
+			}
+			if !errors.Is(err, store.ErrFailed) {
+				t.Fatalf("after the failed commit: %v, want ErrFailed", err)
+			}
+			restore()
+			for i := range 3 {
+				if err := send(fmt.Sprint("after", i)); !errors.Is(err, store.ErrFailed) {
+					t.Fatalf("send %d once the file takes writes again: %v, want ErrFailed", i, err)
+				}
+			}
+			if err := p.Close(); !errors.Is(err, store.ErrFailed) {
+				t.Fatalf("Close: %v, want the failure", err)
+			}
+			if withLog {
+				n.wal.Close()
+				n.p = nil
+				r := mustWALNode(t, dir)
+				p = r.p
+			} else {
+				p = openAt(t, path)
+			}
+			_, offsets := readAll(t, p)
+			for _, off := range acked {
+				if int(off) >= len(offsets) || offsets[off] != off {
+					t.Fatalf("acked offset %d missing after reopen (have %v)", off, offsets)
+				}
+			}
+		})
+	}
+}
