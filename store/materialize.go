@@ -17,7 +17,7 @@ import (
 // drops them from the overlay and releases their WAL records.
 
 const (
-	matMaxGens  = 256      // gens in one bbolt transaction
+	matMaxGens = 256 // gens in one bbolt transaction
 	// matMaxBytes bounds the gens in one bbolt transaction, and so what it
 	// holds in memory: the gens, and as much again in bbolt's dirty pages.
 	matMaxBytes = 16 << 20
