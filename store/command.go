@@ -353,16 +353,3 @@ func (r *reader) byte() byte {
 	r.b = r.b[1:]
 	return v
 }
-
-func (r *reader) u64() uint64 {
-	if r.err != nil {
-		return 0
-	}
-	if len(r.b) < 8 {
-		r.err = errShort
-		return 0
-	}
-	v := binary.BigEndian.Uint64(r.b)
-	r.b = r.b[8:]
-	return v
-}

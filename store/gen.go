@@ -2,7 +2,6 @@ package store
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"time"
 	"unsafe"
@@ -255,5 +254,3 @@ func splitEffects(rec []byte) (idx uint64, muts []byte, st state, err error) {
 	}
 	return idx, rec[effHeader : len(rec)-stateLen], st, nil
 }
-
-var errNeedsFile = errors.New("store: command reads the file in key order")

@@ -2,12 +2,14 @@ package store
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // The materializer writes durable gens into the file: when MaxPendingBytes/4
@@ -244,7 +246,7 @@ func (p *Partition) view(fn func(*bolt.Tx) error) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer p.contain(&err)
 	err = p.db.View(fn)
-	if err == bolt.ErrDatabaseNotOpen {
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		return ErrClosed
 	}
 	return err
@@ -337,10 +339,11 @@ func containBolt(path string, fn func() error) (err error) {
 		}
 	}()
 	err = fn()
-	switch err {
-	case nil:
+	switch {
+	case err == nil:
 		return nil
-	case bolt.ErrInvalid, bolt.ErrChecksum, bolt.ErrVersionMismatch, bolt.ErrInvalidMapping:
+	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum),
+		errors.Is(err, berrors.ErrVersionMismatch), errors.Is(err, berrors.ErrInvalidMapping):
 		return fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 	}
 	return fmt.Errorf("store: open %s: %w", path, err)
