@@ -1,0 +1,342 @@
+package mq
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/zeze-go/mq/internal/boltsafe"
+)
+
+// The node's metadata file, <dir>/meta.db, is a bbolt file with two
+// buckets:
+//
+//	meta    "version" → the node format, nodeFormat in decimal ASCII ("1")
+//	topics  topic name → topic record, topicMeta in msgpack
+//
+// The partition files, <dir>/topics/<topic>/<i>.db, are the ground truth of
+// which topics exist: meta.db adds their type and creation time. Open
+// therefore rebuilds a missing or empty meta.db from the topic directories
+// (every topic Single, the only type of a standalone node), adopts a topic
+// or partition whose files exist but which meta.db lacks (a crash between
+// creating the files and recording them), and refuses, with ErrCorrupt, a
+// meta.db that is damaged, lists a partition whose file is gone, or that it
+// cannot read. A damaged meta.db is never rebuilt over: remove it and Open
+// rebuilds it.
+var (
+	bucketTopics   = []byte("topics")
+	bucketNodeMeta = []byte("meta")
+	keyVersion     = []byte("version")
+)
+
+// nodeFormat is the version of meta.db's layout.
+const nodeFormat = 1
+
+// errNewerFormat marks a layout version this code does not read: a newer
+// node wrote the file, so removing it is not the way out.
+var errNewerFormat = errors.New("written by a newer version")
+
+// topicMeta is the stored description of a topic, the msgpack value under
+// its name in bucket topics.
+type topicMeta struct {
+	Partitions int       `msgpack:"p"`
+	Type       Type      `msgpack:"t"`
+	Created    time.Time `msgpack:"c"`
+}
+
+func encodeTopicMeta(_ string, tm topicMeta) []byte {
+	v, _ := msgpack.Marshal(tm)
+	return v
+}
+
+// decodeTopicMeta decodes the record of a topic. Its errors describe the
+// damage; the caller wraps them in ErrCorrupt.
+func decodeTopicMeta(_ string, b []byte) (tm topicMeta, err error) {
+	if err := msgpack.Unmarshal(b, &tm); err != nil {
+		return topicMeta{}, err
+	}
+	if tm.Partitions < 1 || tm.Partitions > MaxPartitions {
+		return topicMeta{}, fmt.Errorf("%d partitions (1..%d)", tm.Partitions, MaxPartitions)
+	}
+	switch tm.Type {
+	case Single, DoubleWrite, Raft3:
+	default:
+		return topicMeta{}, fmt.Errorf("replication type %d", tm.Type)
+	}
+	return tm, nil
+}
+
+func (m *MQ) metaPath() string { return filepath.Join(m.dir, "meta.db") }
+
+// openMeta opens meta.db through boltsafe, so that a damaged file is
+// ErrCorrupt naming it rather than a panic.
+func openMeta(dir string) (*bolt.DB, error) {
+	db, err := boltsafe.Open(filepath.Join(dir, "meta.db"), &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("mq: open %s: %w", dir, metaError(err))
+	}
+	return db, nil
+}
+
+// rebuildHint ends the errors of a damaged meta.db with the way out.
+const rebuildHint = "; remove meta.db to have Open rebuild it from the topic directories"
+
+// metaError translates an error of meta.db, adding the way out to the
+// damage boltsafe found.
+func metaError(err error) error {
+	if errors.Is(err, boltsafe.ErrCorrupt) {
+		return fmt.Errorf("%w: %v%s", ErrCorrupt, err, rebuildHint)
+	}
+	return translate(err)
+}
+
+// load reads meta.db, reconciles it with the partition files found under
+// topics/ (see the format's comment), writes meta.db only if that changed
+// anything, logs what it rebuilt or adopted, and opens every partition.
+func (m *MQ) load() error {
+	onDisk, err := m.scanTopics()
+	if err != nil {
+		return fmt.Errorf("mq: load %s: %w", m.dir, err)
+	}
+	var (
+		metas   map[string]topicMeta
+		rebuilt bool // meta.db had no buckets: it is new
+	)
+	err = boltsafe.View(m.meta, func(tx *bolt.Tx) error {
+		var err error
+		metas, rebuilt, err = m.readMeta(tx)
+		return err
+	})
+	var adopted []string
+	if err == nil {
+		adopted, err = m.reconcile(metas, onDisk)
+	}
+	if err == nil && (rebuilt || len(adopted) > 0) {
+		err = boltsafe.Update(m.meta, func(tx *bolt.Tx) error {
+			if rebuilt {
+				nm, err := tx.CreateBucket(bucketNodeMeta)
+				if err != nil {
+					return err
+				}
+				if err := nm.Put(keyVersion, []byte(strconv.Itoa(nodeFormat))); err != nil {
+					return err
+				}
+				if _, err := tx.CreateBucket(bucketTopics); err != nil {
+					return err
+				}
+			}
+			for _, name := range adopted {
+				if err := putTopicMetaTx(tx, name, metas[name]); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("mq: load %s: %w", m.dir, metaError(err))
+	}
+	switch {
+	case rebuilt:
+		if len(metas) > 0 {
+			m.cfg.logger.Warn("meta.db was missing or empty: topic table rebuilt from the topic directories, every topic Single",
+				"file", m.metaPath(), "topics", len(metas))
+		}
+	case len(adopted) > 0:
+		m.cfg.logger.Warn("topics or partitions found on disk but not in meta.db (a crash while creating them): adopted",
+			"file", m.metaPath(), "topics", adopted)
+	}
+	for _, name := range slices.Sorted(maps.Keys(metas)) {
+		tm := metas[name]
+		t := &topic{name: name, opts: Options{Type: tm.Type}}
+		m.topics[name] = t
+		for i := 0; i < tm.Partitions; i++ {
+			p, err := m.openPartition(name, i)
+			if err != nil {
+				return err
+			}
+			t.parts = append(t.parts, p)
+		}
+	}
+	return nil
+}
+
+// reconcile adds to metas the topics and partitions that have files but no
+// record (every topic Single) and returns their names; a recorded
+// partition without its file is ErrCorrupt.
+func (m *MQ) reconcile(metas map[string]topicMeta, onDisk map[string]int) ([]string, error) {
+	var changed []string
+	for _, name := range slices.Sorted(maps.Keys(onDisk)) {
+		n := onDisk[name]
+		tm, ok := metas[name]
+		switch {
+		case !ok:
+			tm = topicMeta{Partitions: n, Type: Single}
+		case n > tm.Partitions:
+			tm.Partitions = n
+		default:
+			continue
+		}
+		metas[name] = tm
+		changed = append(changed, name)
+	}
+	for _, name := range slices.Sorted(maps.Keys(metas)) {
+		if n, tm := onDisk[name], metas[name]; n < tm.Partitions {
+			return nil, fmt.Errorf("%w: %s lists %d partitions of %q, but %s is missing",
+				ErrCorrupt, m.metaPath(), tm.Partitions, name, m.partitionPath(name, n))
+		}
+	}
+	return changed, nil
+}
+
+// readMeta checks meta.db's layout and reads its topic records. A file without any bucket is new (bbolt has
+// just created it, or it was empty): readMeta reports it as rebuilt, for
+// the caller to give it its buckets. Anything else that is not the layout
+// is ErrCorrupt.
+func (m *MQ) readMeta(tx *bolt.Tx) (metas map[string]topicMeta, rebuilt bool, err error) {
+	path := m.metaPath()
+	corrupt := func(format string, args ...any) error {
+		err := fmt.Errorf(format, args...)
+		if errors.Is(err, errNewerFormat) {
+			return fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+		}
+		return fmt.Errorf("%w: %s: %v%s", ErrCorrupt, path, err, rebuildHint)
+	}
+	metas = map[string]topicMeta{}
+	empty := true
+	err = tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+		empty = false
+		if string(name) != string(bucketNodeMeta) && string(name) != string(bucketTopics) {
+			return corrupt("unknown bucket %q", name)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	if empty {
+		return metas, true, nil
+	}
+	nm, tb := tx.Bucket(bucketNodeMeta), tx.Bucket(bucketTopics)
+	if nm == nil || tb == nil {
+		return nil, false, corrupt("bucket %q or %q missing", bucketNodeMeta, bucketTopics)
+	}
+	err = nm.ForEach(func(k, v []byte) error {
+		switch {
+		case string(k) != string(keyVersion):
+			return corrupt("unknown key %q in bucket %q", k, bucketNodeMeta)
+		case string(v) == strconv.Itoa(nodeFormat):
+		case isNewer(v, nodeFormat):
+			return corrupt("%w: node format %q, this node reads %d", errNewerFormat, v, nodeFormat)
+		default:
+			return corrupt("node format %q", v)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	if nm.Get(keyVersion) == nil {
+		return nil, false, corrupt("no node format")
+	}
+	err = tb.ForEach(func(k, v []byte) error {
+		name := string(k)
+		if v == nil || checkName(name, ErrInvalidTopic) != nil && !isSystemTopic(name) {
+			return corrupt("bad topic entry %q", k)
+		}
+		tm, err := decodeTopicMeta(name, v)
+		if err != nil {
+			return corrupt("topic %q: %w", k, err)
+		}
+		metas[name] = tm
+		return nil
+	})
+	return metas, false, err
+}
+
+// scanTopics lists the topics under topics/ that have partition files, with
+// their partition counts. A directory whose name no topic can have, or
+// without partition files, is skipped (logged); a gap in the partition
+// files is ErrCorrupt naming the missing one.
+func (m *MQ) scanTopics() (map[string]int, error) {
+	root := filepath.Join(m.dir, "topics")
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, e := range entries {
+		name := e.Name()
+		if !e.IsDir() {
+			continue
+		}
+		if checkName(name, ErrInvalidTopic) != nil && !isSystemTopic(name) {
+			m.cfg.logger.Warn("not a topic directory, ignored", "dir", filepath.Join(root, name))
+			continue
+		}
+		files, err := os.ReadDir(filepath.Join(root, name))
+		if err != nil {
+			return nil, err
+		}
+		have := map[int]bool{}
+		n := 0
+		for _, f := range files {
+			if i, ok := partitionIndex(f.Name()); ok && f.Type().IsRegular() {
+				have[i] = true
+				n = max(n, i+1)
+			}
+		}
+		for i := 0; i < n; i++ {
+			if !have[i] {
+				return nil, fmt.Errorf("%w: topic %q has partition files up to %d, but %s is missing",
+					ErrCorrupt, name, n-1, m.partitionPath(name, i))
+			}
+		}
+		if n > 0 {
+			out[name] = n
+		}
+	}
+	return out, nil
+}
+
+// isNewer reports whether v is a decimal version above have.
+func isNewer(v []byte, have int) bool {
+	n, err := strconv.Atoi(string(v))
+	return err == nil && n > have && strconv.Itoa(n) == string(v)
+}
+
+// partitionIndex parses a partition file name, "<i>.db" with i in
+// [0, MaxPartitions) written as partitionPath writes it.
+func partitionIndex(file string) (int, bool) {
+	s, ok := strings.CutSuffix(file, ".db")
+	if !ok {
+		return 0, false
+	}
+	i, err := strconv.Atoi(s)
+	if err != nil || i < 0 || i >= MaxPartitions || strconv.Itoa(i) != s {
+		return 0, false
+	}
+	return i, true
+}
+
+// putTopicMeta records topic name.
+func (m *MQ) putTopicMeta(name string, tm topicMeta) error {
+	err := boltsafe.Update(m.meta, func(tx *bolt.Tx) error { return putTopicMetaTx(tx, name, tm) })
+	if err != nil {
+		return fmt.Errorf("mq: record topic %s: %w", name, metaError(err))
+	}
+	return nil
+}
+
+func putTopicMetaTx(tx *bolt.Tx, name string, tm topicMeta) error {
+	return tx.Bucket(bucketTopics).Put([]byte(name), encodeTopicMeta(name, tm))
+}
