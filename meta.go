@@ -1,8 +1,10 @@
 package mq
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"maps"
 	"os"
 	"path/filepath"
@@ -21,7 +23,12 @@ import (
 // buckets:
 //
 //	meta    "version" → the node format, nodeFormat in decimal ASCII ("1")
-//	topics  topic name → topic record, topicMeta in msgpack
+//	topics  topic name → topic record (below)
+//
+// The node format versions the file's layout: its buckets and keys. Each
+// topic record carries its own magic and version, so a record layout can
+// change without a new node format; a file is opened only if its node
+// format is nodeFormat and every record's version is one this code reads.
 //
 // The partition files, <dir>/topics/<topic>/<i>.db, are the ground truth of
 // which topics exist: meta.db adds their type and creation time. Open
@@ -41,38 +48,109 @@ var (
 // nodeFormat is the version of meta.db's layout.
 const nodeFormat = 1
 
+// Topic record, the value under a topic's name in bucket topics:
+//
+//	0   4  magic "MQTP"
+//	4   1  version, topicFormat
+//	5   1  replication type (Type: 1 Single, 2 DoubleWrite, 4 Raft3)
+//	6   4  partitions, uint32 big-endian
+//	10  8  creation time, Unix nanoseconds, int64 big-endian; 0 if unknown
+//	18  4  CRC-32C of the topic's name followed by bytes 0..17
+//
+// The CRC covers the name because bbolt checks nothing in its pages: a
+// flipped byte in a key would otherwise rename a topic.
+//
+// Records written before this layout are msgpack maps {"p": partitions,
+// "t": type, "c": created} (legacyTopicMeta); Open reads them and rewrites
+// them in this layout.
+const (
+	topicMagic      = "MQTP"
+	topicFormat     = 1
+	topicRecordSize = 22
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
 // errNewerFormat marks a layout version this code does not read: a newer
 // node wrote the file, so removing it is not the way out.
 var errNewerFormat = errors.New("written by a newer version")
 
-// topicMeta is the stored description of a topic, the msgpack value under
-// its name in bucket topics.
+// topicMeta is the stored description of a topic.
 type topicMeta struct {
+	Partitions int
+	Type       Type
+	Created    time.Time // zero when unknown: the topic was rebuilt or adopted from its files
+}
+
+// legacyTopicMeta is the topic record of meta.db files written before the
+// explicit layout: a msgpack map keyed by these tags.
+type legacyTopicMeta struct {
 	Partitions int       `msgpack:"p"`
 	Type       Type      `msgpack:"t"`
 	Created    time.Time `msgpack:"c"`
 }
 
-func encodeTopicMeta(_ string, tm topicMeta) []byte {
-	v, _ := msgpack.Marshal(tm)
-	return v
+// encodeTopicMeta returns the record of topic name.
+func encodeTopicMeta(name string, tm topicMeta) []byte {
+	b := make([]byte, topicRecordSize)
+	copy(b, topicMagic)
+	b[4] = topicFormat
+	b[5] = byte(tm.Type)
+	binary.BigEndian.PutUint32(b[6:], uint32(tm.Partitions))
+	var created int64
+	if !tm.Created.IsZero() {
+		created = tm.Created.UnixNano()
+	}
+	binary.BigEndian.PutUint64(b[10:], uint64(created))
+	binary.BigEndian.PutUint32(b[18:], topicCRC(name, b[:18]))
+	return b
 }
 
-// decodeTopicMeta decodes the record of a topic. Its errors describe the
-// damage; the caller wraps them in ErrCorrupt.
-func decodeTopicMeta(_ string, b []byte) (tm topicMeta, err error) {
-	if err := msgpack.Unmarshal(b, &tm); err != nil {
-		return topicMeta{}, err
+func topicCRC(name string, body []byte) uint32 {
+	return crc32.Update(crc32.Checksum([]byte(name), castagnoli), castagnoli, body)
+}
+
+// decodeTopicMeta decodes the record of topic name, in either layout, and
+// reports whether it was the legacy one. Its errors describe the damage;
+// the caller wraps them in ErrCorrupt.
+func decodeTopicMeta(name string, b []byte) (tm topicMeta, legacy bool, err error) {
+	switch {
+	case len(b) >= 5 && string(b[:4]) == topicMagic:
+		if b[4] > topicFormat {
+			return topicMeta{}, false, fmt.Errorf("%w: record version %d, this node reads %d", errNewerFormat, b[4], topicFormat)
+		}
+		if b[4] != topicFormat {
+			return topicMeta{}, false, fmt.Errorf("record version %d", b[4])
+		}
+		if len(b) != topicRecordSize {
+			return topicMeta{}, false, fmt.Errorf("record of %d bytes, want %d", len(b), topicRecordSize)
+		}
+		if got, want := binary.BigEndian.Uint32(b[18:]), topicCRC(name, b[:18]); got != want {
+			return topicMeta{}, false, fmt.Errorf("record checksum %08x, want %08x", got, want)
+		}
+		tm = topicMeta{Partitions: int(binary.BigEndian.Uint32(b[6:])), Type: Type(b[5])}
+		if ns := int64(binary.BigEndian.Uint64(b[10:])); ns != 0 {
+			tm.Created = time.Unix(0, ns)
+		}
+	case len(b) > 0 && len(b) <= 64 && (b[0]&0xf0 == 0x80 || b[0] == 0xde || b[0] == 0xdf):
+		// A msgpack map (fixmap, map16, map32): the legacy record.
+		var lm legacyTopicMeta
+		if err := msgpack.Unmarshal(b, &lm); err != nil {
+			return topicMeta{}, true, fmt.Errorf("legacy record: %v", err)
+		}
+		tm, legacy = topicMeta(lm), true
+	default:
+		return topicMeta{}, false, fmt.Errorf("record of %d bytes is neither the topic layout nor the legacy one", len(b))
 	}
 	if tm.Partitions < 1 || tm.Partitions > MaxPartitions {
-		return topicMeta{}, fmt.Errorf("%d partitions (1..%d)", tm.Partitions, MaxPartitions)
+		return topicMeta{}, legacy, fmt.Errorf("%d partitions (1..%d)", tm.Partitions, MaxPartitions)
 	}
 	switch tm.Type {
 	case Single, DoubleWrite, Raft3:
 	default:
-		return topicMeta{}, fmt.Errorf("replication type %d", tm.Type)
+		return topicMeta{}, legacy, fmt.Errorf("replication type %d", tm.Type)
 	}
-	return tm, nil
+	return tm, legacy, nil
 }
 
 func (m *MQ) metaPath() string { return filepath.Join(m.dir, "meta.db") }
@@ -109,18 +187,19 @@ func (m *MQ) load() error {
 	}
 	var (
 		metas   map[string]topicMeta
-		rebuilt bool // meta.db had no buckets: it is new
+		legacy  []string // records to rewrite in the current layout
+		rebuilt bool     // meta.db had no buckets: it is new
 	)
 	err = boltsafe.View(m.meta, func(tx *bolt.Tx) error {
 		var err error
-		metas, rebuilt, err = m.readMeta(tx)
+		metas, legacy, rebuilt, err = m.readMeta(tx)
 		return err
 	})
 	var adopted []string
 	if err == nil {
 		adopted, err = m.reconcile(metas, onDisk)
 	}
-	if err == nil && (rebuilt || len(adopted) > 0) {
+	if err == nil && (rebuilt || len(legacy) > 0 || len(adopted) > 0) {
 		err = boltsafe.Update(m.meta, func(tx *bolt.Tx) error {
 			if rebuilt {
 				nm, err := tx.CreateBucket(bucketNodeMeta)
@@ -134,7 +213,7 @@ func (m *MQ) load() error {
 					return err
 				}
 			}
-			for _, name := range adopted {
+			for _, name := range slices.Concat(legacy, adopted) {
 				if err := putTopicMetaTx(tx, name, metas[name]); err != nil {
 					return err
 				}
@@ -154,6 +233,9 @@ func (m *MQ) load() error {
 	case len(adopted) > 0:
 		m.cfg.logger.Warn("topics or partitions found on disk but not in meta.db (a crash while creating them): adopted",
 			"file", m.metaPath(), "topics", adopted)
+	}
+	if len(legacy) > 0 {
+		m.cfg.logger.Info("topic records rewritten in the current layout", "file", m.metaPath(), "topics", len(legacy))
 	}
 	for _, name := range slices.Sorted(maps.Keys(metas)) {
 		tm := metas[name]
@@ -198,11 +280,12 @@ func (m *MQ) reconcile(metas map[string]topicMeta, onDisk map[string]int) ([]str
 	return changed, nil
 }
 
-// readMeta checks meta.db's layout and reads its topic records. A file without any bucket is new (bbolt has
+// readMeta checks meta.db's layout and reads its topic records, listing
+// those in the legacy layout. A file without any bucket is new (bbolt has
 // just created it, or it was empty): readMeta reports it as rebuilt, for
 // the caller to give it its buckets. Anything else that is not the layout
 // is ErrCorrupt.
-func (m *MQ) readMeta(tx *bolt.Tx) (metas map[string]topicMeta, rebuilt bool, err error) {
+func (m *MQ) readMeta(tx *bolt.Tx) (metas map[string]topicMeta, legacy []string, rebuilt bool, err error) {
 	path := m.metaPath()
 	corrupt := func(format string, args ...any) error {
 		err := fmt.Errorf(format, args...)
@@ -221,14 +304,14 @@ func (m *MQ) readMeta(tx *bolt.Tx) (metas map[string]topicMeta, rebuilt bool, er
 		return nil
 	})
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
 	if empty {
-		return metas, true, nil
+		return metas, nil, true, nil
 	}
 	nm, tb := tx.Bucket(bucketNodeMeta), tx.Bucket(bucketTopics)
 	if nm == nil || tb == nil {
-		return nil, false, corrupt("bucket %q or %q missing", bucketNodeMeta, bucketTopics)
+		return nil, nil, false, corrupt("bucket %q or %q missing", bucketNodeMeta, bucketTopics)
 	}
 	err = nm.ForEach(func(k, v []byte) error {
 		switch {
@@ -243,24 +326,27 @@ func (m *MQ) readMeta(tx *bolt.Tx) (metas map[string]topicMeta, rebuilt bool, er
 		return nil
 	})
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
 	if nm.Get(keyVersion) == nil {
-		return nil, false, corrupt("no node format")
+		return nil, nil, false, corrupt("no node format")
 	}
 	err = tb.ForEach(func(k, v []byte) error {
 		name := string(k)
 		if v == nil || checkName(name, ErrInvalidTopic) != nil && !isSystemTopic(name) {
 			return corrupt("bad topic entry %q", k)
 		}
-		tm, err := decodeTopicMeta(name, v)
+		tm, old, err := decodeTopicMeta(name, v)
 		if err != nil {
 			return corrupt("topic %q: %w", k, err)
 		}
 		metas[name] = tm
+		if old {
+			legacy = append(legacy, name)
+		}
 		return nil
 	})
-	return metas, false, err
+	return metas, legacy, false, err
 }
 
 // scanTopics lists the topics under topics/ that have partition files, with

@@ -14,7 +14,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/zeze-go/mq"
@@ -456,7 +458,7 @@ func TestOpen_MetaAdopt(t *testing.T) {
 
 // TestOpen_MetaLayout: a meta.db that bbolt reads but whose content is not
 // the node's layout is refused with ErrCorrupt naming the file (and the
-// topic, for a topic record); a node format from a newer node is refused
+// topic, for a topic record); a version from a newer node is refused
 // without advice to remove the file.
 func TestOpen_MetaLayout(t *testing.T) {
 	fixture := closedNode(t, map[string]int{"orders": 2})
@@ -478,9 +480,15 @@ func TestOpen_MetaLayout(t *testing.T) {
 		{"UnknownMetaKey", func(tx *bolt.Tx) error { return tx.Bucket([]byte("meta")).Put([]byte("vers1on"), []byte("1")) }, "vers1on", false},
 		{"DamagedNodeFormat", func(tx *bolt.Tx) error { return tx.Bucket([]byte("meta")).Put([]byte("version"), []byte("q")) }, "node format", false},
 		{"NewerNodeFormat", func(tx *bolt.Tx) error { return tx.Bucket([]byte("meta")).Put([]byte("version"), []byte("2")) }, "node format", true},
+		{"NewerRecord", setRecord(func(r []byte) []byte { r[4] = 2; return r }), `"orders"`, true},
+		{"RecordVersion0", setRecord(func(r []byte) []byte { r[4] = 0; return r }), `"orders"`, false},
+		{"RecordChecksum", setRecord(func(r []byte) []byte { r[9] ^= 1; return r }), `"orders"`, false},
 		{"ShortRecord", setRecord(func(r []byte) []byte { return r[:10] }), `"orders"`, false},
 		{"GarbageRecord", setRecord(func([]byte) []byte { return []byte("hello") }), `"orders"`, false},
 		{"LegacyGarbage", setRecord(func([]byte) []byte { return []byte{0x81, 0xa1, 'p', 0xc1} }), `"orders"`, false},
+		{"RenamedTopic", func(tx *bolt.Tx) error {
+			return topics(tx).Put([]byte("ordets"), topics(tx).Get([]byte("orders")))
+		}, `"ordets"`, false},
 		{"BadTopicName", func(tx *bolt.Tx) error {
 			return topics(tx).Put([]byte("no/such"), topics(tx).Get([]byte("orders")))
 		}, `"no/such"`, false},
@@ -500,4 +508,82 @@ func TestOpen_MetaLayout(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestOpen_MetaLegacy: topic records of the earlier layout (msgpack maps)
+// are read, keep their creation time, and are rewritten in the current
+// layout.
+func TestOpen_MetaLegacy(t *testing.T) {
+	want := map[string]int{"orders": 3, "audit": 1}
+	dir := closedNode(t, want)
+	created := time.Date(2024, 5, 6, 7, 8, 9, 10, time.UTC)
+	editMeta(t, dir, func(tx *bolt.Tx) error {
+		for name, n := range want {
+			// As the first versions of mq.go wrote them.
+			v, err := msgpack.Marshal(struct {
+				Partitions int       `msgpack:"p"`
+				Type       mq.Type   `msgpack:"t"`
+				Created    time.Time `msgpack:"c"`
+			}{n, mq.Single, created})
+			if err != nil {
+				return err
+			}
+			if err := tx.Bucket([]byte("topics")).Put([]byte(name), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if checkMetaOutcome(t, dir, want) != nil {
+		t.Fatal("Open refused legacy records")
+	}
+	for name, n := range want {
+		rec := topicRecord(t, dir, name)
+		if len(rec) != 22 || string(rec[:5]) != "MQTP\x01" || rec[5] != byte(mq.Single) || binary.BigEndian.Uint32(rec[6:]) != uint32(n) {
+			t.Fatalf("record of %s after Open: %x, want the current layout", name, rec)
+		}
+		if got := int64(binary.BigEndian.Uint64(rec[10:])); got != created.UnixNano() {
+			t.Fatalf("record of %s: created %v, want %v", name, time.Unix(0, got).UTC(), created)
+		}
+	}
+}
+
+// TestOpen_MetaEveryByte attacks a small node's meta.db: each byte that
+// bbolt may read (each page up to its last non-zero byte; bbolt zeroes the
+// rest) is inverted in turn, and one in 64 of the others. Open never
+// panics, and either refuses with ErrCorrupt naming meta.db or opens every
+// topic with its partitions and messages. The node runs without its
+// write-ahead log, whose set-up would be most of the time, and which has
+// nothing to do with meta.db.
+func TestOpen_MetaEveryByte(t *testing.T) {
+	want := map[string]int{"orders": 2, "audit": 1}
+	dir := closedNode(t, want)
+	path := filepath.Join(dir, "meta.db")
+	orig, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var opened, refused int
+	for i := range orig {
+		if i%64 != 0 && bytes.IndexFunc(orig[i:(i/boltPage+1)*boltPage], func(r rune) bool { return r != 0 }) < 0 {
+			continue
+		}
+		d := bytes.Clone(orig)
+		d[i] ^= 0xff
+		if err := os.WriteFile(path, d, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ok := t.Run(fmt.Sprintf("Byte%d", i), func(t *testing.T) {
+			if checkMetaOutcome(t, dir, want, mq.WithSyncInterval(time.Hour)) == nil {
+				opened++
+			} else {
+				refused++
+			}
+		})
+		if !ok {
+			t.Fatalf("byte %d (page %d, offset %d) ^ 0xff: see above", i, i/boltPage, i%boltPage)
+		}
+	}
+	t.Logf("%d-byte meta.db, %d flips in %v: %d opened, %d refused", len(orig), opened+refused, time.Since(start), opened, refused)
 }
