@@ -239,7 +239,7 @@ func (m *MQ) load() error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(metas)) {
 		tm := metas[name]
-		t := &topic{name: name, opts: Options{Type: tm.Type}}
+		t := &topic{name: name, opts: Options{Type: tm.Type}, created: tm.Created}
 		m.topics[name] = t
 		for i := 0; i < tm.Partitions; i++ {
 			p, err := m.openPartition(name, i)

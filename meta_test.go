@@ -548,6 +548,34 @@ func TestOpen_MetaLegacy(t *testing.T) {
 	}
 }
 
+// TestMQ_AlterMQKeepsCreated: CreateMQ records the creation time in the
+// current layout and AlterMQ keeps it.
+func TestMQ_AlterMQKeepsCreated(t *testing.T) {
+	dir := t.TempDir()
+	before := time.Now()
+	m, err := mq.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, m, "orders", 1)
+	after := time.Now()
+	time.Sleep(10 * time.Millisecond)
+	if err := m.AlterMQ(context.Background(), "orders", 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rec := topicRecord(t, dir, "orders")
+	if len(rec) != 22 || string(rec[:5]) != "MQTP\x01" || binary.BigEndian.Uint32(rec[6:]) != 4 {
+		t.Fatalf("record %x, want the current layout with 4 partitions", rec)
+	}
+	got := time.Unix(0, int64(binary.BigEndian.Uint64(rec[10:])))
+	if got.Before(before) || got.After(after) {
+		t.Fatalf("created %v, want the CreateMQ call's time, in [%v, %v]", got, before, after)
+	}
+}
+
 // TestOpen_MetaEveryByte attacks a small node's meta.db: each byte that
 // bbolt may read (each page up to its last non-zero byte; bbolt zeroes the
 // rest) is inverted in turn, and one in 64 of the others. Open never

@@ -150,9 +150,10 @@ type MQ struct {
 }
 
 type topic struct {
-	name  string
-	opts  Options
-	parts []partitionLog // replaced, never modified, on AlterMQ; guarded by MQ.mu
+	name    string
+	opts    Options
+	created time.Time      // as recorded in meta.db; zero if unknown
+	parts   []partitionLog // replaced, never modified, on AlterMQ; guarded by MQ.mu
 }
 
 // Open opens the node stored in dir, creating dir if needed, and reopens
@@ -318,7 +319,7 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 	if _, ok := m.topics[name]; ok {
 		return fmt.Errorf("%w: %s", ErrTopicExists, name)
 	}
-	t := &topic{name: name, opts: opts}
+	t := &topic{name: name, opts: opts, created: time.Now()}
 	for i := 0; i < partitions; i++ {
 		p, err := m.openPartition(name, i)
 		if err != nil {
@@ -329,7 +330,7 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 		}
 		t.parts = append(t.parts, p)
 	}
-	if err := m.putTopicMeta(name, topicMeta{Partitions: partitions, Type: opts.Type, Created: time.Now()}); err != nil {
+	if err := m.putTopicMeta(name, topicMeta{Partitions: partitions, Type: opts.Type, Created: t.created}); err != nil {
 		for _, p := range t.parts {
 			p.Close()
 		}
@@ -382,7 +383,7 @@ func (m *MQ) AlterMQ(ctx context.Context, topic string, partitions int) error {
 		}
 		parts = append(parts, p)
 	}
-	if err := m.putTopicMeta(topic, topicMeta{Partitions: partitions, Type: t.opts.Type, Created: time.Now()}); err != nil {
+	if err := m.putTopicMeta(topic, topicMeta{Partitions: partitions, Type: t.opts.Type, Created: t.created}); err != nil {
 		for _, p := range parts[have:] {
 			p.Close()
 		}
