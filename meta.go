@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -350,9 +351,10 @@ func (m *MQ) readMeta(tx *bolt.Tx) (metas map[string]topicMeta, legacy []string,
 }
 
 // scanTopics lists the topics under topics/ that have partition files, with
-// their partition counts. A directory whose name no topic can have, or
-// without partition files, is skipped (logged); a gap in the partition
-// files is ErrCorrupt naming the missing one.
+// their partition counts, following symbolic links. A directory whose name
+// no topic can have is skipped and logged, one without partition files
+// skipped; a gap in the partition files is ErrCorrupt naming the missing
+// one.
 func (m *MQ) scanTopics() (map[string]int, error) {
 	root := filepath.Join(m.dir, "topics")
 	entries, err := os.ReadDir(root)
@@ -362,7 +364,7 @@ func (m *MQ) scanTopics() (map[string]int, error) {
 	out := map[string]int{}
 	for _, e := range entries {
 		name := e.Name()
-		if !e.IsDir() {
+		if !isKind(filepath.Join(root, name), e, fs.ModeDir) {
 			continue
 		}
 		if checkName(name, ErrInvalidTopic) != nil && !isSystemTopic(name) {
@@ -376,7 +378,7 @@ func (m *MQ) scanTopics() (map[string]int, error) {
 		have := map[int]bool{}
 		n := 0
 		for _, f := range files {
-			if i, ok := partitionIndex(f.Name()); ok && f.Type().IsRegular() {
+			if i, ok := partitionIndex(f.Name()); ok && isKind(filepath.Join(root, name, f.Name()), f, 0) {
 				have[i] = true
 				n = max(n, i+1)
 			}
@@ -398,6 +400,20 @@ func (m *MQ) scanTopics() (map[string]int, error) {
 func isNewer(v []byte, have int) bool {
 	n, err := strconv.Atoi(string(v))
 	return err == nil && n > have && strconv.Itoa(n) == string(v)
+}
+
+// isKind reports whether the entry e at path is a directory (kind
+// fs.ModeDir) or a regular file (kind 0), following a symbolic link.
+func isKind(path string, e fs.DirEntry, kind fs.FileMode) bool {
+	t := e.Type()
+	if t&fs.ModeSymlink != 0 {
+		info, err := os.Stat(path)
+		if err != nil {
+			return false
+		}
+		t = info.Mode().Type()
+	}
+	return t == kind
 }
 
 // partitionIndex parses a partition file name, "<i>.db" with i in

@@ -436,6 +436,25 @@ func TestOpen_MetaAdopt(t *testing.T) {
 			t.Fatal("Open refused partition files it should adopt")
 		}
 	})
+	t.Run("Symlinks", func(t *testing.T) {
+		// Partition files and topic directories may live elsewhere.
+		dir := copyNode(t, fixture)
+		elsewhere := t.TempDir()
+		for _, p := range []string{filepath.Join("orders", "1.db"), "audit"} {
+			if err := os.Rename(filepath.Join(dir, "topics", p), filepath.Join(elsewhere, filepath.Base(p))); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(filepath.Join(elsewhere, filepath.Base(p)), filepath.Join(dir, "topics", p)); err != nil {
+				t.Skip("no symbolic links here:", err)
+			}
+		}
+		if err := os.Remove(filepath.Join(dir, "meta.db")); err != nil {
+			t.Fatal(err)
+		}
+		if checkMetaOutcome(t, dir, want) != nil {
+			t.Fatal("Open refused symbolic links")
+		}
+	})
 	for _, tt := range []struct {
 		name, file string
 	}{
