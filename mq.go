@@ -68,9 +68,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vmihailenco/msgpack/v5"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -115,7 +115,9 @@ var (
 	// ErrNoMessage is returned by ReadMessage for an offset that holds no
 	// message: not written yet, or already removed by retention.
 	ErrNoMessage = errors.New("mq: no message at offset")
-	// ErrCorrupt is returned when stored data fails its checksum.
+	// ErrCorrupt is returned when stored data fails its checksum or a file
+	// is damaged (the error names the file), and by Open for a meta.db
+	// written by a newer version.
 	ErrCorrupt = errors.New("mq: corrupt data")
 	// ErrNotInTransaction is returned by PrepareMessage and CommitMessage
 	// when ctx carries no host transaction.
@@ -154,27 +156,11 @@ type MQ struct {
 }
 
 type topic struct {
-	name  string
-	opts  Options
-	parts []partitionLog // replaced, never modified, on AlterMQ; guarded by MQ.mu
+	name    string
+	opts    Options
+	created time.Time      // as recorded in meta.db; zero if unknown
+	parts   []partitionLog // replaced, never modified, on AlterMQ; guarded by MQ.mu
 }
-
-// topicMeta is the stored description of a topic.
-type topicMeta struct {
-	Partitions int       `msgpack:"p"`
-	Type       Type      `msgpack:"t"`
-	Created    time.Time `msgpack:"c"`
-}
-
-var (
-	bucketTopics   = []byte("topics")
-	bucketNodeMeta = []byte("meta")
-	keyVersion     = []byte("version")
-	keyRunID       = []byte("run")
-)
-
-// nodeFormat is the version of the node's metadata file, meta.db.
-const nodeFormat = 1
 
 // Open opens the node stored in dir, creating dir if needed, and reopens
 // every topic, partition and group offset found there. Without cluster
@@ -182,6 +168,11 @@ const nodeFormat = 1
 // writer goroutine and one upkeep goroutine (delayed-message release,
 // retention); each partition a consumer owns runs one delivery goroutine; the
 // transaction checker runs one more. Close stops them all and waits.
+//
+// The topic table is kept in dir/meta.db. Open rebuilds a missing or empty
+// one from the topic directories (dir/topics/<topic>/<i>.db) and says so in
+// the log; it returns ErrCorrupt, naming the file, for a damaged one, which
+// it never overwrites: remove it and Open rebuilds it.
 func Open(dir string, opts ...Option) (*MQ, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -195,9 +186,9 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "topics"), 0o755); err != nil {
 		return nil, fmt.Errorf("mq: open %s: %w", dir, err)
 	}
-	meta, err := bolt.Open(filepath.Join(dir, "meta.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	meta, err := openMeta(dir)
 	if err != nil {
-		return nil, fmt.Errorf("mq: open %s: %w", dir, err)
+		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &MQ{
@@ -231,50 +222,6 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	}
 	m.startBackground()
 	return m, nil
-}
-
-func (m *MQ) load() error {
-	metas := map[string]topicMeta{}
-	err := m.meta.Update(func(tx *bolt.Tx) error {
-		nm, err := tx.CreateBucketIfNotExists(bucketNodeMeta)
-		if err != nil {
-			return err
-		}
-		if v := nm.Get(keyVersion); v == nil {
-			if err := nm.Put(keyVersion, []byte(strconv.Itoa(nodeFormat))); err != nil {
-				return err
-			}
-		} else if string(v) != strconv.Itoa(nodeFormat) {
-			return fmt.Errorf("%w: node format %q", ErrCorrupt, v)
-		}
-		b, err := tx.CreateBucketIfNotExists(bucketTopics)
-		if err != nil {
-			return err
-		}
-		return b.ForEach(func(k, v []byte) error {
-			var tm topicMeta
-			if err := msgpack.Unmarshal(v, &tm); err != nil {
-				return fmt.Errorf("%w: topic %q: %v", ErrCorrupt, k, err)
-			}
-			metas[string(k)] = tm
-			return nil
-		})
-	})
-	if err != nil {
-		return fmt.Errorf("mq: load %s: %w", m.dir, err)
-	}
-	for name, tm := range metas {
-		t := &topic{name: name, opts: Options{Type: tm.Type}}
-		m.topics[name] = t
-		for i := 0; i < tm.Partitions; i++ {
-			p, err := m.openPartition(name, i)
-			if err != nil {
-				return err
-			}
-			t.parts = append(t.parts, p)
-		}
-	}
-	return nil
 }
 
 func (m *MQ) partitionPath(topic string, i int) string {
@@ -373,7 +320,7 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 	if _, ok := m.topics[name]; ok {
 		return fmt.Errorf("%w: %s", ErrTopicExists, name)
 	}
-	t := &topic{name: name, opts: opts}
+	t := &topic{name: name, opts: opts, created: time.Now()}
 	for i := 0; i < partitions; i++ {
 		p, err := m.openPartition(name, i)
 		if err != nil {
@@ -384,7 +331,7 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 		}
 		t.parts = append(t.parts, p)
 	}
-	if err := m.putTopicMeta(name, topicMeta{Partitions: partitions, Type: opts.Type, Created: time.Now()}); err != nil {
+	if err := m.putTopicMeta(name, topicMeta{Partitions: partitions, Type: opts.Type, Created: t.created}); err != nil {
 		for _, p := range t.parts {
 			p.Close()
 		}
@@ -394,16 +341,6 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 	m.maintainPartitions(name, 0, t.parts)
 	m.cfg.logger.Info("topic created", "topic", name, "partitions", partitions, "type", opts.Type)
 	return nil
-}
-
-func (m *MQ) putTopicMeta(name string, tm topicMeta) error {
-	v, err := msgpack.Marshal(tm)
-	if err != nil {
-		return err
-	}
-	return m.meta.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketTopics).Put([]byte(name), v)
-	})
 }
 
 // AlterMQ grows topic to partitions partitions; the new ones start empty.
@@ -447,7 +384,7 @@ func (m *MQ) AlterMQ(ctx context.Context, topic string, partitions int) error {
 		}
 		parts = append(parts, p)
 	}
-	if err := m.putTopicMeta(topic, topicMeta{Partitions: partitions, Type: t.opts.Type, Created: time.Now()}); err != nil {
+	if err := m.putTopicMeta(topic, topicMeta{Partitions: partitions, Type: t.opts.Type, Created: t.created}); err != nil {
 		for _, p := range parts[have:] {
 			p.Close()
 		}
@@ -515,14 +452,14 @@ func checkName(name string, bad error) error {
 	return nil
 }
 
-// translate maps store errors to mq ones.
+// translate maps store and boltsafe errors to mq ones.
 func translate(err error) error {
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, store.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)
-	case errors.Is(err, store.ErrCorrupt):
+	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt):
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	case errors.Is(err, store.ErrDecided):
 		return fmt.Errorf("%w: %v", ErrTxDecided, err)

@@ -1,0 +1,225 @@
+// Package boltsafe opens and uses bbolt files that may be damaged without
+// letting the damage crash the process.
+//
+// bbolt trusts its file: a flipped byte in a page header, a freelist or a
+// branch element makes it panic ("invalid freelist page", "page type is
+// unknown", slice bounds out of range) or read outside its memory map, and
+// a fault there kills the process. This package turns such damage into an
+// error wrapping ErrCorrupt that names the file:
+//
+//   - Open checks the file with its own reader (ReadAt, no memory map, no
+//     panics) before bbolt touches it, under bbolt's file lock: the meta
+//     page bbolt would pick, the freelist, and the B+trees. Files up to
+//     FullCheckBytes, and files without a stored freelist (bbolt walks those
+//     whole at Open anyway), get the full check; larger ones a quick one
+//     (meta, freelist, the root bucket's tree and the top-level buckets'
+//     root pages), with Check for the rest.
+//   - View and Update run bbolt with a deferred recover and
+//     debug.SetPanicOnFault, so damage met later (pages the quick check did
+//     not read, a file changed under the process) returns ErrCorrupt too.
+//
+// bbolt's own tx.Check is not used: it runs in a goroutine of its own, where
+// a panic on a damaged page cannot be recovered, and DB.Open walks a file
+// without a stored freelist the same way, reporting damage with a panic in
+// yet another goroutine. Checking first is what keeps those from running on
+// damage.
+//
+// A missing or empty (0-byte) file is not checked: bbolt creates a new
+// database in it. Callers that must tell a new file from a truncated one
+// look before they open.
+//
+// Not covered: db.Batch (its transactions run in a timer goroutine, where
+// nothing can recover a panic), and damage below the top-level buckets' root
+// pages of a file that got the quick check, which bbolt may meet outside
+// View and Update, or in a way no recover catches (a cycle of pages makes
+// its recursive descent overflow the stack). Run Check on such files first
+// when that matters.
+package boltsafe
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// ErrCorrupt is returned, wrapped with the file's path and what was wrong,
+// when a file is not a bbolt file as bbolt writes it, or bbolt panicked or
+// faulted reading it.
+var ErrCorrupt = errors.New("boltsafe: corrupt file")
+
+// FullCheckBytes is the largest file that Open checks in full. A full check
+// reads every page in use once.
+const FullCheckBytes = 64 << 20
+
+// mode is the mode of the files Open creates.
+const mode = 0o600
+
+// Open opens the bbolt file at path with opts (nil: bbolt's defaults) after
+// checking it, and returns ErrCorrupt naming the file for damage found by
+// the check or met by bbolt while opening. Other errors (a lock held past
+// opts.Timeout, permissions) are returned as bbolt returns them.
+//
+// The check holds a shared lock on the file, so it waits for another
+// process (or another *bolt.DB in this one) that has the file open for
+// writing, like bbolt's own Open, until opts.Timeout (zero: forever); the
+// open after it may wait as long again.
+func Open(path string, opts *bolt.Options) (*bolt.DB, error) {
+	o := bolt.Options{}
+	if opts != nil {
+		o = *opts
+	} else if bolt.DefaultOptions != nil {
+		o = *bolt.DefaultOptions
+	}
+	if info, err := os.Stat(path); err == nil && info.Size() > 0 {
+		s := scopeWritable
+		switch {
+		case info.Size() <= FullCheckBytes:
+			s = scopeFull
+		case o.ReadOnly:
+			s = scopeQuick
+		}
+		ro, err := checkLocked(path, &o, s)
+		if err != nil {
+			return nil, err
+		}
+		// Between this Close and the Open below, only a bbolt writer of
+		// its own may take the file; what it writes is bbolt's own.
+		if err := ro.Close(); err != nil {
+			return nil, err
+		}
+	}
+	return openContained(path, &o)
+}
+
+// Check checks the whole bbolt file at path, as Open does for small files,
+// taking a shared lock on it as a read-only bbolt open does (waiting until
+// opts.Timeout; opts may be nil). It returns nil or an error wrapping
+// ErrCorrupt for damage; the file must exist.
+func Check(path string, opts *bolt.Options) error {
+	o := bolt.Options{}
+	if opts != nil {
+		o = *opts
+	}
+	ro, err := checkLocked(path, &o, scopeFull)
+	if err != nil {
+		return err
+	}
+	return ro.Close()
+}
+
+// checkLocked opens path read-only through bbolt, which takes the shared
+// file lock and validates the meta pages without reading further, then
+// checks the file through a descriptor of its own. It returns the read-only
+// DB, still open and holding the lock, when the file passed.
+func checkLocked(path string, opts *bolt.Options, s scope) (*bolt.DB, error) {
+	ro, err := openContained(path, &bolt.Options{
+		ReadOnly: true,
+		Timeout:  opts.Timeout,
+		PageSize: opts.PageSize,
+		OpenFile: opts.OpenFile,
+	})
+	if err != nil {
+		if errors.Is(err, berrors.ErrTimeout) || errors.Is(err, ErrCorrupt) || errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission) {
+			return nil, err
+		}
+		// bbolt refused the file (invalid meta pages, too small): say why
+		// in our terms if the check can, else pass bbolt's error on.
+		if cerr := checkFile(path, scopeQuick); cerr != nil {
+			return nil, cerr
+		}
+		return nil, err
+	}
+	if err := checkFile(path, s); err != nil {
+		ro.Close()
+		return nil, err
+	}
+	return ro, nil
+}
+
+// checkFile checks the file at path through a descriptor of its own.
+func checkFile(path string, s scope) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	err = check(f, info.Size(), s)
+	if errors.Is(err, errDamage) {
+		return fmt.Errorf("%w: %s: %v", ErrCorrupt, path, strings.ReplaceAll(err.Error(), errDamage.Error()+": ", ""))
+	}
+	return err
+}
+
+// openContained runs bolt.Open, turning a panic in it into ErrCorrupt. A
+// DB whose Open panicked cannot be closed: its descriptor, lock and memory
+// map stay until the process ends (Open's check makes this unreachable for
+// damage present before the call).
+func openContained(path string, opts *bolt.Options) (db *bolt.DB, err error) {
+	defer contain(path, &err, debug.SetPanicOnFault(true))
+	return bolt.Open(path, mode, opts)
+}
+
+// View runs db.View(fn). A panic of bbolt, or a memory fault, inside it
+// (damage met while reading) returns an error wrapping ErrCorrupt naming
+// db's file; a panic of fn's own code is passed on.
+func View(db *bolt.DB, fn func(*bolt.Tx) error) (err error) {
+	defer contain(db.Path(), &err, debug.SetPanicOnFault(true))
+	return db.View(fn)
+}
+
+// Update runs db.Update(fn), containing panics as View does. After an
+// ErrCorrupt from Update, bbolt's in-memory state (its freelist, its write
+// lock) may be inconsistent: stop writing and close the DB.
+func Update(db *bolt.DB, fn func(*bolt.Tx) error) (err error) {
+	defer contain(db.Path(), &err, debug.SetPanicOnFault(true))
+	return db.Update(fn)
+}
+
+// contain is deferred by every bbolt call of this package, with the
+// goroutine's SetPanicOnFault setting from before the call (the deferred
+// call's arguments are evaluated on the way in, so faults panic for the
+// whole call). It restores that setting and turns a panic raised in bbolt's
+// code, or a memory fault, into an error wrapping ErrCorrupt for path.
+// Other panics go on.
+func contain(path string, err *error, onFault bool) {
+	debug.SetPanicOnFault(onFault)
+	r := recover()
+	if r == nil {
+		return
+	}
+	if !fromBolt(r) {
+		panic(r)
+	}
+	*err = fmt.Errorf("%w: %s: bbolt: %v", ErrCorrupt, path, r)
+}
+
+// fromBolt reports whether the panic being recovered, r, is a memory fault
+// or was raised by bbolt's code. Called from a deferred function, it still
+// sees the panicking frames: the first one outside the runtime is where the
+// panic began.
+func fromBolt(r any) bool {
+	if _, ok := r.(interface{ Addr() uintptr }); ok {
+		return true // a fault: bbolt (or fn) read a page that is not there
+	}
+	pcs := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])
+	for {
+		f, more := frames.Next()
+		if !strings.HasPrefix(f.Function, "runtime.") {
+			return strings.HasPrefix(f.Function, "go.etcd.io/bbolt.") || strings.HasPrefix(f.Function, "go.etcd.io/bbolt/")
+		}
+		if !more {
+			return false
+		}
+	}
+}
