@@ -1,15 +1,15 @@
 package store
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"runtime/debug"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/zeze-go/mq/internal/boltsafe"
 )
 
 // The materializer writes durable gens into the file: when MaxPendingBytes/4
@@ -261,90 +261,18 @@ func (p *Partition) contain(err *error) {
 	}
 }
 
-// openBolt opens a partition file, refusing a damaged one with ErrCorrupt
-// instead of letting bbolt panic. The file's freelist is synced on each
-// commit, so opening it reads one page in this goroutine; a file that has
-// none (written by format 1, which did not sync it) is walked first, on a
-// read-only handle, because bbolt rebuilds a missing freelist in a
-// goroutine of its own where a panic could not be contained.
+// openBolt opens a partition file after internal/boltsafe checked it,
+// refusing a damaged one with ErrCorrupt instead of letting bbolt panic. The
+// file's freelist is synced on each commit, so bbolt never rebuilds it in a
+// goroutine of its own at Open (where a panic could not be contained).
 func openBolt(path string) (*bolt.DB, error) {
-	if err := checkBolt(path); err != nil {
-		return nil, err
-	}
-	var db *bolt.DB
-	err := containBolt(path, func() (err error) {
-		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, FreelistType: bolt.FreelistMapType})
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return db, nil
-}
-
-// checkBolt walks every bucket of a file without a synced freelist.
-func checkBolt(path string) error {
-	if !missingFreelist(path) {
-		return nil // bolt.Open reads the freelist, or creates the file, or reports why not
-	}
-	return containBolt(path, func() error {
-		db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		return db.View(func(tx *bolt.Tx) error {
-			return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
-				return b.ForEach(func(k, v []byte) error { return nil })
-			})
-		})
-	})
-}
-
-// missingFreelist reports whether a meta page of the bbolt file at path
-// records no freelist. bbolt's meta page (in the machine's byte order, little
-// endian here): page header (16 bytes), magic, version, page size, flags
-// (4 each), root bucket (16), freelist page id (8) at offset 48.
-func missingFreelist(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	var b [64]byte
-	if _, err := f.ReadAt(b[:], 0); err != nil {
-		return false
-	}
-	noFreelist := func(m []byte) bool { return binary.LittleEndian.Uint64(m[48:]) == ^uint64(0) }
-	if noFreelist(b[:]) {
-		return true
-	}
-	pageSize := int64(binary.LittleEndian.Uint32(b[24:]))
-	if pageSize < 512 || pageSize > 1<<16 {
-		return false // bolt.Open reports the damage
-	}
-	if _, err := f.ReadAt(b[:], pageSize); err != nil {
-		return false
-	}
-	return noFreelist(b[:])
-}
-
-// containBolt runs fn, turning a bbolt panic or fault and bbolt's own
-// damage errors into ErrCorrupt naming path.
-func containBolt(path string, fn func() error) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %s: %v", ErrCorrupt, path, r)
-		}
-	}()
-	err = fn()
+	db, err := boltsafe.Open(path, &bolt.Options{Timeout: time.Second, FreelistType: bolt.FreelistMapType})
 	switch {
 	case err == nil:
-		return nil
-	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum),
+		return db, nil
+	case errors.Is(err, boltsafe.ErrCorrupt), errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum),
 		errors.Is(err, berrors.ErrVersionMismatch), errors.Is(err, berrors.ErrInvalidMapping):
-		return fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 	}
-	return fmt.Errorf("store: open %s: %w", path, err)
+	return nil, fmt.Errorf("store: open %s: %w", path, err)
 }
