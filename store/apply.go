@@ -20,14 +20,40 @@ const (
 
 // view is what a command reads: the gen being built (g), the gens logged but
 // not yet in the file (gens, oldest first), and the file as of a read
-// transaction begun after gens was taken. Whatever a gen in gens holds is
+// transaction begun after gens was taken (on first use: a batch of sends
+// with fresh IDs never reads the file). Whatever a gen in gens holds is
 // either still in gens or already in the file that tx reads.
 type view struct {
+	db   *bolt.DB
 	g    *gen
 	gens []*gen
+	tx   *bolt.Tx
 	bk   [nBuckets]*bolt.Bucket
 
 	scratch Message
+}
+
+// bucket returns bucket b of the view's read transaction, beginning it.
+func (v *view) bucket(b int) *bolt.Bucket {
+	if v.tx == nil {
+		tx, err := v.db.Begin(false)
+		if err != nil {
+			panic(fmt.Sprintf("begin a read transaction: %v", err)) // contained by the writer: the partition fails
+		}
+		v.tx = tx
+		for i, name := range bucketNames {
+			v.bk[i] = tx.Bucket(name)
+		}
+	}
+	return v.bk[b]
+}
+
+// end ends the view's read transaction, if it began one.
+func (v *view) end() {
+	if v.tx != nil {
+		_ = v.tx.Rollback()
+	}
+	*v = view{}
 }
 
 // get returns the current value of key in bucket b (nil when absent).
@@ -40,7 +66,7 @@ func (v *view) get(b int, key string) []byte {
 			return val
 		}
 	}
-	return v.bk[b].Get(bytesOf(key))
+	return v.bucket(b).Get(bytesOf(key))
 }
 
 // scans reports whether c reads a bucket in key order (the log, the delay
@@ -183,7 +209,7 @@ func (v *view) trim(c *Command, res *Result) {
 	if limit == 0 {
 		limit = defaultTrim
 	}
-	cur := v.bk[bLog].Cursor()
+	cur := v.bucket(bLog).Cursor()
 	k, val := cur.First()
 	for ; k != nil; k, val = cur.Next() {
 		byBytes := c.MaxBytes > 0 && st.Bytes > c.MaxBytes
@@ -225,7 +251,7 @@ func (v *view) recordInfo(k, val []byte) (stored int64, id string, ok bool) {
 	if err := decodeRecord(k, val, &v.scratch); err == nil {
 		return v.scratch.StoredAt, v.scratch.ID, true
 	}
-	cur := v.bk[bLog].Cursor()
+	cur := v.bucket(bLog).Cursor()
 	cur.Seek(k)
 	for k2, v2 := cur.Next(); k2 != nil; k2, v2 = cur.Next() {
 		if decodeRecord(k2, v2, &v.scratch) == nil {
@@ -253,7 +279,7 @@ func (v *view) deleteDedupOf(k, val []byte) {
 // deleteDedupAt deletes the dedup entries pointing at offset off. It scans the
 // whole index: it is only for a damaged record, whose ID cannot be read.
 func (v *view) deleteDedupAt(off uint64) {
-	_ = v.bk[bDedup].ForEach(func(k, d []byte) error {
+	_ = v.bucket(bDedup).ForEach(func(k, d []byte) error {
 		if len(d) >= 8 && be.Uint64(d[:8]) == off { // damaged or not: its record is
 
 			v.g.del(bDedup, string(k))
@@ -268,7 +294,7 @@ func (v *view) deleteDedupAt(off uint64) {
 // released and later pruned the same way.
 func (v *view) pruneDedup(c *Command, res *Result, cutoff int64, limit int) {
 	st := &v.g.st
-	cur := v.bk[bLog].Cursor()
+	cur := v.bucket(bLog).Cursor()
 	n := 0
 	for k, val := cur.Seek(u64(st.DedupLow)); k != nil; k, val = cur.Next() {
 		stored, id, ok := v.recordInfo(k, val)
@@ -291,7 +317,7 @@ func (v *view) pruneDedup(c *Command, res *Result, cutoff int64, limit int) {
 }
 
 func (v *view) pruneDecisions(cutoff int64) {
-	_ = v.bk[bTxs].ForEach(func(k, d []byte) error {
+	_ = v.bucket(bTxs).ForEach(func(k, d []byte) error {
 		if d, err := unseal(string(k), d, decisionBytes); err == nil && d != nil && int64(be.Uint64(d[1:])) < cutoff {
 			v.g.del(bTxs, string(k))
 		}
@@ -430,7 +456,7 @@ func (v *view) release(c *Command, res *Result) {
 	if limit == 0 {
 		limit = defaultLimit
 	}
-	cur := v.bk[bDelay].Cursor()
+	cur := v.bucket(bDelay).Cursor()
 	for k, val := cur.First(); k != nil; k, val = cur.Next() {
 		if len(k) != 16 || int64(be.Uint64(k[:8])) > c.Now {
 			break

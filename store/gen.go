@@ -79,9 +79,10 @@ type gen struct {
 	at    time.Time
 }
 
-func newGen(st state) *gen {
+// newGen starts a gen after state st, with room for about size bytes.
+func newGen(st state, size int) *gen {
 	g := &gen{st: st, logBase: st.Next}
-	g.buf = append(make([]byte, 0, 4096), 'Z', 'E', effVersion, 0, 0, 0, 0, 0, 0, 0, 0)
+	g.buf = append(make([]byte, 0, effHeader+stateLen+max(size, 256)), 'Z', 'E', effVersion, 0, 0, 0, 0, 0, 0, 0, 0)
 	return g
 }
 
@@ -121,7 +122,7 @@ func (g *gen) value(enc func([]byte) []byte) span {
 
 func (g *gen) remember(b int, key string, s span) {
 	if g.kv[b] == nil {
-		g.kv[b] = map[string]span{}
+		g.kv[b] = make(map[string]span, max(8, cap(g.buf)/1024))
 	}
 	g.kv[b][key] = s
 }

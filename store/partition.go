@@ -451,12 +451,18 @@ func (p *Partition) process(batch []*request) {
 	b := builder{p: p}
 	defer b.close()
 	for _, r := range batch {
+		for _, c := range r.cmds {
+			b.hint += bound(c)
+		}
+	}
+	for _, r := range batch {
 		if !r.state.CompareAndSwap(reqQueued, reqTaken) {
 			p.recycle(r) // its caller is gone and it was never read
 			continue
 		}
 		for i, c := range r.cmds {
 			r.res[i], r.errs[i] = b.apply(c)
+			b.hint -= bound(c)
 		}
 		r.applied <- struct{}{}
 		b.add(r)
@@ -465,10 +471,10 @@ func (p *Partition) process(batch []*request) {
 
 // builder builds the gens of one batch on the writer goroutine.
 type builder struct {
-	p  *Partition
-	g  *gen
-	v  view
-	tx *bolt.Tx
+	p    *Partition
+	g    *gen
+	v    view
+	hint int // bytes the rest of the batch may add: the next gen's first size
 }
 
 // apply applies c to the current gen, starting or cutting gens as needed.
@@ -519,15 +525,8 @@ func (b *builder) start() error {
 	if err != nil {
 		return err
 	}
-	tx, err := b.p.begin()
-	if err != nil {
-		return err
-	}
-	b.tx, b.g = tx, newGen(b.p.work)
-	b.v = view{g: b.g, gens: gens}
-	for i, name := range bucketNames {
-		b.v.bk[i] = tx.Bucket(name)
-	}
+	b.g = newGen(b.p.work, min(b.hint, maxGenBytes))
+	b.v = view{db: b.p.db, g: b.g, gens: gens}
 	return nil
 }
 
@@ -548,10 +547,8 @@ func (b *builder) submit() {
 }
 
 func (b *builder) end() {
-	if b.tx != nil {
-		_ = b.tx.Rollback()
-	}
-	b.tx, b.g, b.v = nil, nil, view{}
+	b.v.end()
+	b.g = nil
 }
 
 // discard drops the current gen after a panic; its requests fail with err.
@@ -573,12 +570,18 @@ func (b *builder) close() {
 
 // cost bounds the bytes applying c adds to a gen.
 func (v *view) cost(c *Command) int {
+	n := bound(c)
+	if c.Op == OpCommitTx || c.Op == OpPrepare || c.Op == OpTxChecked {
+		n += 2 * len(v.get(bHalf, c.TxID))
+	}
+	return n
+}
+
+// bound is c's cost without the half messages it may read.
+func bound(c *Command) int {
 	n := 64 + len(c.Group) + len(c.TxID) + len(c.Producer)
 	for i := range c.Msgs {
 		n += c.Msgs[i].recordBound() + effectOverhead + len(c.Msgs[i].ID)
-	}
-	if c.Op == OpCommitTx || c.Op == OpPrepare || c.Op == OpTxChecked {
-		n += 2 * len(v.get(bHalf, c.TxID))
 	}
 	return n
 }
@@ -602,16 +605,6 @@ func (p *Partition) room() ([]*gen, error) {
 		p.cond.Wait()
 	}
 	return p.gens, p.failed
-}
-
-// begin starts a read transaction, containing bbolt's panics.
-func (p *Partition) begin() (tx *bolt.Tx, err error) {
-	defer p.contain(&err)
-	tx, err = p.db.Begin(false)
-	if err != nil {
-		return nil, p.fail(fmt.Errorf("%w: %s: %v", ErrFailed, p.path, err))
-	}
-	return tx, nil
 }
 
 func (p *Partition) hasGens() bool {
