@@ -55,7 +55,6 @@ func TestMQ_KeyedOrder(t *testing.T) {
 	type seen struct {
 		mu   sync.Mutex
 		last map[string]int
-		n    int
 		bad  []string
 	}
 	s := &seen{last: map[string]int{}}
