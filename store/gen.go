@@ -69,6 +69,7 @@ type gen struct {
 	hasDue   bool
 	delayDel bool // deletes delay entries (OpRelease)
 	grew     bool // adds to the log or the delay index
+	bulk     bool // holds a command of more than bulkMsgs messages
 	muts     int  // mutations
 
 	// Set by the partition as the gen moves through the log.

@@ -99,6 +99,8 @@ const (
 	maxYields    = 16
 	// maxGenBytes bounds one gen, the payload of one WAL record.
 	maxGenBytes = MaxCommandBytes + 1<<20
+	// bulkMsgs: a command with more messages makes its gen bulk.
+	bulkMsgs = 16
 )
 
 // Options tune a partition. The zero value is durable: every batch is synced
@@ -119,7 +121,7 @@ type Options struct {
 	// The materializer also starts early once MaxPendingBytes/4 are waiting.
 	MaterializeAfter time.Duration
 	// MaxPendingBytes bounds the logged batches not yet in the file; the
-	// writer waits for the materializer beyond it. Default 64 MiB.
+	// writer waits for the materializer beyond it. Default 16 MiB.
 	MaxPendingBytes int
 }
 
@@ -169,7 +171,7 @@ func Open(path string, opts Options) (*Partition, error) {
 		opts.MaterializeAfter = 50 * time.Millisecond
 	}
 	if opts.MaxPendingBytes <= 0 {
-		opts.MaxPendingBytes = 64 << 20
+		opts.MaxPendingBytes = 16 << 20
 	}
 	if opts.WAL != nil && (opts.Stream == "" || len(opts.Stream) > MaxKeyBytes) {
 		return nil, fmt.Errorf("store: a WAL stream needs a name of 1..%d bytes", MaxKeyBytes)
@@ -490,6 +492,9 @@ func (b *builder) apply(c *Command) (res Result, err error) {
 			b.discard(err)
 		}
 	}()
+	if len(c.Msgs) > bulkMsgs {
+		b.g.bulk = true
+	}
 	return b.v.apply(c)
 }
 
@@ -646,12 +651,17 @@ func (p *Partition) submit(g *gen) {
 	p.nextIdx++
 	p.work = g.st
 	p.mu.Lock()
+	// A gen holding a bulk append already amortizes a bbolt commit (and its
+	// fsyncs) over many messages: logging it first would write it twice. It
+	// goes straight into the file when nothing logged is waiting to go
+	// there before it.
+	direct := p.wal == nil || g.bulk && len(p.gens) == 0
 	p.gens = append(p.gens, g)
 	p.waiting = append(p.waiting, g)
 	p.pending += len(g.buf)
 	p.batches++
 	p.mu.Unlock()
-	if p.wal == nil {
+	if direct {
 		err := p.materialize([]*gen{g})
 		p.logged(g, 0, err)
 		return
