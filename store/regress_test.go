@@ -543,3 +543,36 @@ func TestPartition_BoltFailureSticks(t *testing.T) {
 		})
 	}
 }
+
+// TestPartition_ApplyBatch: the batch form applies commands in order in one
+// batch; a command's own error fails that command only.
+func TestPartition_ApplyBatch(t *testing.T) {
+	p, _ := open(t)
+	cmds := []*store.Command{
+		{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg("a")}},
+		{Op: store.OpCommitOffset, Now: t0}, // no group
+		{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg("b"), msg("a")}},
+		{Op: store.OpAppend, Msgs: []store.Message{msg("c")}}, // no Now
+		{Op: store.OpCommitOffset, Now: t0, Group: "g", Offset: 2},
+	}
+	res, errs, err := p.ApplyBatch(context.Background(), cmds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []error{nil, store.ErrBadCommand, nil, store.ErrBadCommand, nil} {
+		if !errors.Is(errs[i], want) || (want == nil) != (errs[i] == nil) {
+			t.Fatalf("command %d: %v, want %v", i, errs[i], want)
+		}
+	}
+	equal(t, "acks", res[2].Acks, []store.Ack{{Offset: 1}, {Offset: 0, Duplicate: true}})
+	if off, ok, _ := p.GroupOffset("g"); !ok || off != 2 {
+		t.Fatalf("group offset %d %v", off, ok)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, _, err := p.ApplyBatch(ctx, cmds); !errors.Is(err, context.Canceled) {
+		t.Fatalf("ApplyBatch with an ended ctx: %v", err)
+	}
+	bodies, _ := readAll(t, p)
+	equal(t, "log", bodies, []string{"body-a", "body-b"})
+}
