@@ -124,8 +124,8 @@ func FuzzDecodeHalf(f *testing.F) {
 // ErrCorrupt, never panics, and what it recovers is what the intact records
 // held.
 func FuzzWALSegment(f *testing.F) {
-	seg := []byte(walMagic)
-	seg = appendFrame(seg, []byte{frameWrite, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 8}, nil, "")
+	seg := []byte(walMagic + "saltsalt")
+	seg = appendFrame(seg, append([]byte{frameWrite}, "saltsalt\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x10"...), nil, "")
 	seg = appendFrame(seg, nil, []byte("payload"), "s")
 	f.Add(seg, 0)
 	f.Add(seg, 20)

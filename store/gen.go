@@ -21,6 +21,8 @@ import (
 // Effect record (a gen's buf, the payload of its WAL record):
 //
 //	'Z' 'E' effVersion
+//	file id  8 bytes: the partition file's (meta "id"), so that records of an
+//	         earlier file of the same stream name are never applied to this one
 //	index    uint64 BE, the partition's Applied once the gen is in the file
 //	mutations, each:
 //	  op     uint8: bucket number << 1, | 1 for a delete
@@ -29,7 +31,7 @@ import (
 //	state    stateLen bytes (state.go), the last bytes of the record
 const (
 	effVersion = 1
-	effHeader  = 3 + 8
+	effHeader  = 3 + 8 + 8
 	// effectOverhead bounds the bytes a message adds to a gen besides its
 	// record and ID: the log put's op, key and length, and its dedup put.
 	effectOverhead = 1 + 1 + 8 + 4 + 1 + 2 + 4 + 16
@@ -80,10 +82,13 @@ type gen struct {
 	at    time.Time
 }
 
-// newGen starts a gen after state st, with room for about size bytes.
-func newGen(st state, size int) *gen {
+// newGen starts a gen of the file id after state st, with room for about
+// size bytes.
+func newGen(id [8]byte, st state, size int) *gen {
 	g := &gen{st: st, logBase: st.Next}
-	g.buf = append(make([]byte, 0, effHeader+stateLen+max(size, 256)), 'Z', 'E', effVersion, 0, 0, 0, 0, 0, 0, 0, 0)
+	g.buf = append(make([]byte, 0, effHeader+stateLen+max(size, 256)), 'Z', 'E', effVersion)
+	g.buf = append(g.buf, id[:]...)
+	g.buf = append(g.buf, 0, 0, 0, 0, 0, 0, 0, 0)
 	return g
 }
 
@@ -96,7 +101,7 @@ func (g *gen) size() int { return len(g.buf) + stateLen }
 func (g *gen) finish(idx uint64) {
 	g.idx = idx
 	g.st.Applied = idx
-	binary.BigEndian.PutUint64(g.buf[3:], idx)
+	binary.BigEndian.PutUint64(g.buf[11:], idx)
 	g.buf = appendState(g.buf, &g.st)
 }
 
@@ -204,7 +209,7 @@ func bytesOf(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)
 // write transaction's buckets) and returns the record's index and state.
 // The values stay in rec, which must outlive the transaction.
 func writeEffects(bks *[nBuckets]*bolt.Bucket, rec []byte) (idx uint64, st state, err error) {
-	idx, muts, st, err := splitEffects(rec)
+	_, idx, muts, st, err := splitEffects(rec)
 	if err != nil {
 		return 0, st, err
 	}
@@ -238,21 +243,22 @@ func writeEffects(bks *[nBuckets]*bolt.Bucket, rec []byte) (idx uint64, st state
 	return idx, st, nil
 }
 
-// splitEffects checks an effect record's frame and returns its index, its
-// mutations and its state.
-func splitEffects(rec []byte) (idx uint64, muts []byte, st state, err error) {
+// splitEffects checks an effect record's frame and returns its file id, its
+// index, its mutations and its state.
+func splitEffects(rec []byte) (id [8]byte, idx uint64, muts []byte, st state, err error) {
 	if len(rec) < effHeader+stateLen || rec[0] != 'Z' || rec[1] != 'E' {
-		return 0, nil, st, fmt.Errorf("%w: effect record of %d bytes", ErrCorrupt, len(rec))
+		return id, 0, nil, st, fmt.Errorf("%w: effect record of %d bytes", ErrCorrupt, len(rec))
 	}
 	if rec[2] != effVersion {
-		return 0, nil, st, fmt.Errorf("%w: effect record version %d, want %d", ErrCorrupt, rec[2], effVersion)
+		return id, 0, nil, st, fmt.Errorf("%w: effect record version %d, want %d", ErrCorrupt, rec[2], effVersion)
 	}
-	idx = binary.BigEndian.Uint64(rec[3:])
+	copy(id[:], rec[3:])
+	idx = binary.BigEndian.Uint64(rec[11:])
 	if err := decodeState(rec[len(rec)-stateLen:], &st); err != nil {
-		return 0, nil, st, err
+		return id, 0, nil, st, err
 	}
 	if st.Applied != idx {
-		return 0, nil, st, fmt.Errorf("%w: effect record %d with state of %d", ErrCorrupt, idx, st.Applied)
+		return id, 0, nil, st, fmt.Errorf("%w: effect record %d with state of %d", ErrCorrupt, idx, st.Applied)
 	}
-	return idx, rec[effHeader : len(rec)-stateLen], st, nil
+	return id, idx, rec[effHeader : len(rec)-stateLen], st, nil
 }

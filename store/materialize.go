@@ -168,12 +168,12 @@ func (p *Partition) replay() error {
 	}
 	applied := p.fileSt.Applied
 	err := p.wal.Recover(p.opts.Stream, applied, func(rec []byte) error {
-		idx, _, _, err := splitEffects(rec)
+		id, idx, _, _, err := splitEffects(rec)
 		if err != nil {
 			return err
 		}
-		if idx <= applied {
-			return nil
+		if id != p.id || idx <= applied {
+			return nil // an earlier file's of the same stream, or already in this one
 		}
 		if idx != applied+1 {
 			return fmt.Errorf("%w: record %d follows %d: the log lost records", ErrCorrupt, idx, applied)

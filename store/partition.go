@@ -30,18 +30,23 @@
 //	groups  group -> committed offset (8 bytes)
 //	delay   deliverAt (8) + seq (8) -> record
 //	dedup   message ID -> offset (8) + stored-at (8)
-//	meta    "version" -> FormatVersion (8 bytes); "state" -> state (state.go)
+//	meta    "version" -> FormatVersion (8 bytes); "state" -> state (state.go);
+//	        "id" -> 8 random bytes naming this file in the WAL's records
 //
 // A record is a CRC32C followed by a msgpack array (message.go).
 package store
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,6 +97,7 @@ var (
 
 	metaVersion = []byte("version")
 	metaState   = []byte("state")
+	metaID      = []byte("id")
 )
 
 const (
@@ -138,6 +144,8 @@ type Partition struct {
 
 	closeMu sync.RWMutex // guards closing; held for reading while enqueuing
 	closing bool
+
+	id [8]byte // the file's id (meta "id"), random, set when the file is made
 
 	// Owned by the writer goroutine.
 	work    state  // the state after the last gen built
@@ -231,6 +239,17 @@ func (p *Partition) load() error {
 			if err := decodeState(s, &p.fileSt); err != nil {
 				return fmt.Errorf("%s: %w", p.path, err)
 			}
+		}
+		switch id := meta.Get(metaID); {
+		case id == nil:
+			_, _ = rand.Read(p.id[:]) // never fails (crypto/rand)
+			if err := meta.Put(metaID, p.id[:]); err != nil {
+				return err
+			}
+		case len(id) == len(p.id):
+			copy(p.id[:], id)
+		default:
+			return fmt.Errorf("%w: %s: file id of %d bytes", ErrCorrupt, p.path, len(id))
 		}
 		if err := meta.Put(metaState, appendState(nil, &p.fileSt)); err != nil {
 			return err
@@ -449,26 +468,75 @@ func (p *Partition) gather(batch []*request) []*request {
 }
 
 // process applies batch's commands into gens and submits them.
+//
+// A caller whose ctx ends waits only until the writer stops reading its
+// commands (the applied signal), never for a disk: the writer waits for room
+// before it takes any request, and before it waits for the materializer (a
+// command that scans the file) it copies the commands it has taken and not
+// yet applied, and signals them applied.
 func (p *Partition) process(batch []*request) {
+	p.room()
+	taken := batch[:0]
+	for _, r := range batch {
+		if r.state.CompareAndSwap(reqQueued, reqTaken) {
+			taken = append(taken, r)
+		} else {
+			p.recycle(r) // its caller is gone and it was never read
+		}
+	}
 	b := builder{p: p}
 	defer b.close()
-	for _, r := range batch {
+	for _, r := range taken {
 		for _, c := range r.cmds {
 			b.hint += bound(c)
 		}
 	}
-	for _, r := range batch {
-		if !r.state.CompareAndSwap(reqQueued, reqTaken) {
-			p.recycle(r) // its caller is gone and it was never read
-			continue
+	released := 0 // taken[:released] were signalled applied
+	for k, r := range taken {
+		if released <= k && b.mustDrain(r) {
+			for _, q := range taken[k:] {
+				q.cmds = cloneCommands(q.cmds)
+				q.applied <- struct{}{}
+			}
+			released = len(taken)
 		}
 		for i, c := range r.cmds {
 			r.res[i], r.errs[i] = b.apply(c)
 			b.hint -= bound(c)
 		}
-		r.applied <- struct{}{}
+		if released <= k {
+			r.applied <- struct{}{}
+		}
 		b.add(r)
 	}
+}
+
+// mustDrain reports whether applying r waits for the materializer.
+func (b *builder) mustDrain(r *request) bool {
+	for _, c := range r.cmds {
+		if scans(c) {
+			return b.g != nil && !b.g.empty() || b.p.hasGens()
+		}
+	}
+	return false
+}
+
+// cloneCommands deep-copies cmds, for a writer about to wait while their
+// caller may stop waiting and reuse them.
+func cloneCommands(cmds []*Command) []*Command {
+	out := make([]*Command, len(cmds))
+	for i, c := range cmds {
+		cc := *c
+		cc.Msgs = make([]Message, len(c.Msgs))
+		for j, m := range c.Msgs {
+			m.Tags = slices.Clone(m.Tags)
+			m.Properties = maps.Clone(m.Properties)
+			m.Body = bytes.Clone(m.Body)
+			cc.Msgs[j] = m
+		}
+		out[i] = &cc
+	}
+	return out
 }
 
 // builder builds the gens of one batch on the writer goroutine.
@@ -481,17 +549,18 @@ type builder struct {
 
 // apply applies c to the current gen, starting or cutting gens as needed.
 func (b *builder) apply(c *Command) (res Result, err error) {
-	if err := b.ready(c); err != nil {
-		return res, err
-	}
 	defer func() {
 		if r := recover(); r != nil {
 			// A library panicked reading the file (bbolt on a damaged
-			// page): the gen is unusable, the partition fails.
+			// page), here or while sizing the command: the gen is
+			// unusable, the partition fails.
 			err = b.p.fail(fmt.Errorf("%w: %s: %v", ErrCorrupt, b.p.path, r))
 			b.discard(err)
 		}
 	}()
+	if err := b.ready(c); err != nil {
+		return res, err
+	}
 	if len(c.Msgs) > bulkMsgs {
 		b.g.bulk = true
 	}
@@ -526,11 +595,11 @@ func (b *builder) ready(c *Command) error {
 // start begins a gen, once the pending bytes leave room, with a view over
 // the gens not yet in the file and a read transaction begun after them.
 func (b *builder) start() error {
-	gens, err := b.p.room()
+	gens, err := b.p.overlay()
 	if err != nil {
 		return err
 	}
-	b.g = newGen(b.p.work, min(b.hint, maxGenBytes))
+	b.g = newGen(b.p.id, b.p.work, min(b.hint, maxGenBytes))
 	b.v = view{db: b.p.db, g: b.g, gens: gens}
 	return nil
 }
@@ -563,8 +632,10 @@ func (b *builder) discard(err error) {
 		defer func() { _ = recover() }()
 		b.end()
 	}()
-	g.failedWith(err)
-	b.p.complete(g)
+	if g != nil {
+		g.failedWith(err)
+		b.p.complete(g)
+	}
 }
 
 func (b *builder) close() {
@@ -600,15 +671,20 @@ func (g *gen) failedWith(err error) {
 	}
 }
 
-// room waits until the gens not yet in the file leave room for another and
-// returns them.
-func (p *Partition) room() ([]*gen, error) {
+// room waits until the gens not yet in the file leave room for a batch.
+func (p *Partition) room() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for p.pending >= p.opts.MaxPendingBytes && p.failed == nil {
 		p.kickLocked()
 		p.cond.Wait()
 	}
+}
+
+// overlay returns the gens not yet in the file, or the partition's failure.
+func (p *Partition) overlay() ([]*gen, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	return p.gens, p.failed
 }
 

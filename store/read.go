@@ -18,6 +18,16 @@ type snapshot struct {
 	st   state  // the acknowledged state
 }
 
+// low returns the first offset a reader of tx may find: the snapshot's Low,
+// or the file's when a trim reached the file after the snapshot was taken.
+func (s *snapshot) low(tx *bolt.Tx) uint64 {
+	var st state
+	if err := decodeState(tx.Bucket(bucketMeta).Get(metaState), &st); err == nil {
+		return maxU64(s.st.Low, st.Low)
+	}
+	return s.st.Low
+}
+
 func (p *Partition) snapshot() snapshot {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -96,7 +106,7 @@ func (p *Partition) Read(from uint64, max int, maxBytes int, dst []Message) ([]M
 		if len(s.gens) > 0 {
 			inFile = min(inFile, s.gens[0].logBase)
 		}
-		off := from
+		off := maxU64(from, s.low(tx))
 		if off < inFile {
 			cur := tx.Bucket(bucketLog).Cursor()
 			for k, v := cur.Seek(u64(off)); off < inFile; k, v = cur.Next() {
@@ -139,6 +149,9 @@ func (p *Partition) Get(offset uint64) (m Message, ok bool, err error) {
 		return m, false, p.closedErr()
 	}
 	err = p.view(func(tx *bolt.Tx) error {
+		if offset < s.low(tx) {
+			return nil
+		}
 		v := s.record(tx.Bucket(bucketLog), offset)
 		if v == nil {
 			return nil
@@ -215,12 +228,13 @@ func (p *Partition) SeekTime(t int64) (uint64, error) {
 	var out uint64
 	err := p.view(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketLog)
+		low := s.low(tx)
 		var ferr error
-		i := sort.Search(int(s.st.Next-s.st.Low), func(i int) bool {
+		i := sort.Search(int(s.st.Next-min(low, s.st.Next)), func(i int) bool {
 			if ferr != nil {
 				return true
 			}
-			off := s.st.Low + uint64(i)
+			off := low + uint64(i)
 			v := s.record(b, off)
 			if v == nil { // the log is dense in [Low, Next): cannot happen
 				ferr = fmt.Errorf("%w: %s: offset %d missing from the log", ErrCorrupt, p.path, off)
@@ -233,7 +247,7 @@ func (p *Partition) SeekTime(t int64) (uint64, error) {
 			}
 			return m.StoredAt >= t
 		})
-		out = s.st.Low + uint64(i)
+		out = low + uint64(i)
 		return ferr
 	})
 	return out, err

@@ -3,6 +3,7 @@ package store
 import (
 	"bufio"
 	"bytes"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -26,33 +27,44 @@ import (
 // they are in its file), and a segment is deleted when nothing in it is
 // needed.
 //
-// Segment file: a header (walMagic) then writes, each a write header frame
-// followed by the frames of its records. A frame is
+// Segment file: a header (walMagic, then a random salt of 8 bytes) then
+// writes, each a write header frame followed by the frames of its records. A
+// frame is
 //
 //	length uint32 BE | crc32c(body) uint32 BE | body
 //	body: type uint8, then
-//	  frameWrite:  write number uint64 BE, synced uint64 BE
+//	  frameWrite:  salt (8), write number uint64 BE, synced uint64 BE
 //	  frameRecord: stream name length uint16 BE, name, payload
 //
 // Records are acknowledged only after a sync covers them, and a write starts
 // only after the one before it was synced, unless SyncInterval is set; a
 // write header's synced is the offset in its segment below which everything
-// was synced when the write began. So after a crash only the bytes past the
-// last synced offset can be torn. A bad frame at offset x of the newest
-// segment is such a torn tail, and is cut, when no intact write header after
-// x says it was synced past x; otherwise, and anywhere in an older segment,
-// it is ErrCorrupt. Segments are zero-filled ahead of the writer, so a clean
-// end of the records reads as a zero length.
+// was synced when the write began. Once a sync returns, a write header
+// (the seal) is written after the records it covered, without a sync of its
+// own; the next write puts its own header there. So after a crash only the
+// bytes past the last synced offset can be torn, and an intact header says
+// where that offset was. A bad frame at offset x of the newest segment is a
+// torn tail, and is cut, when no intact write header after x says the
+// segment was synced past x; otherwise, and anywhere in an older segment, it
+// is ErrCorrupt. The salt, new for each segment, keeps bytes inside a record
+// (a message body can hold anything) from passing for a write header.
+// Segments are zero-filled ahead of the writer, so a clean end of the
+// records reads as a zero length.
 type WAL struct {
 	dir     string
 	fs      FS
 	segSize int64
 	every   time.Duration
 
-	reqs chan *walReq
-	stop chan struct{}
-	done chan struct{}
-	once sync.Once
+	// The appends waiting for the writer. Append never blocks: each
+	// stream's owner bounds what it has in flight (a partition: its
+	// MaxPendingBytes).
+	qmu    sync.Mutex
+	queue  []*walReq
+	queued chan struct{} // cap 1: the queue is not empty
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
 
 	closeMu sync.RWMutex
 	closing bool
@@ -69,10 +81,12 @@ type WAL struct {
 	// The current segment. The writer goroutine owns size, wseq and synced;
 	// extMu guards swapping the files and extending; alloc is read without it.
 	extMu   sync.Mutex
-	f, ext  File         // the writer's handle and the extender's own
-	size    int64        // bytes of header and frames in f
-	wseq    uint64       // writes so far
-	synced  int64        // offset in f below which everything is synced
+	f, ext  File    // the writer's handle and the extender's own
+	size    int64   // bytes of header and frames in f
+	wseq    uint64  // writes so far
+	synced  int64   // offset in f below which everything is synced
+	salt    [8]byte // the segment's, in its header and each write header
+	sealBuf []byte
 	dirty   bool         // written since the last sync (SyncInterval)
 	alloc   atomic.Int64 // bytes of f written (zeros past size)
 	extWake chan struct{}
@@ -109,13 +123,12 @@ type walReq struct {
 const (
 	walMagic       = "ZZMQWAL\x02"
 	walMagicV1     = "ZZMQWAL\x01"
-	walHeaderLen   = int64(len(walMagic))
+	walHeaderLen   = int64(len(walMagic)) + 8 // magic, salt
 	walFrameLen    = 8
 	frameWrite     = 1
 	frameRecord    = 2
-	writeBodyLen   = 1 + 8 + 8
+	writeBodyLen   = 1 + 8 + 8 + 8
 	walSegmentSize = 64 << 20
-	walQueue       = 1024
 	// walMaxFrame bounds a frame: the largest gen and its stream's name.
 	walMaxFrame = maxGenBytes + 1 + 2 + MaxKeyBytes
 	// walChunk is how far a segment is extended with zeros at a time. An
@@ -154,7 +167,7 @@ func OpenWAL(dir string, opts WALOptions) (*WAL, error) {
 		fs:      opts.FS,
 		segSize: opts.SegmentSize,
 		every:   opts.SyncInterval,
-		reqs:    make(chan *walReq, walQueue),
+		queued:  make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 		refs:    map[uint64]int{},
@@ -228,9 +241,10 @@ func (w *WAL) scan(seg uint64, newest bool) error {
 	var hdr [walHeaderLen]byte
 	nr, _ := f.ReadAt(hdr[:], 0)
 	n := int64(nr)
+	magic := string(hdr[:len(walMagic)])
 	switch {
-	case n == walHeaderLen && string(hdr[:]) == walMagic:
-	case n == walHeaderLen && string(hdr[:]) == walMagicV1:
+	case n == walHeaderLen && magic == walMagic:
+	case n >= int64(len(walMagicV1)) && magic == walMagicV1:
 		err := w.scanV1(seg, f, size)
 		if err != nil {
 			f.Close()
@@ -249,6 +263,7 @@ func (w *WAL) scan(seg uint64, newest bool) error {
 		return nil
 	}
 	w.files[seg] = f
+	salt := hdr[len(walMagic):]
 	r := bufio.NewReaderSize(io.NewSectionReader(f, walHeaderLen, size-walHeaderLen), 1<<20)
 	off := int64(walHeaderLen)
 	var body []byte
@@ -279,6 +294,9 @@ func (w *WAL) scan(seg uint64, newest bool) error {
 		if crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(fh[4:]) {
 			break
 		}
+		if body[0] == frameWrite && (len(body) != writeBodyLen || !bytes.Equal(body[1:9], salt)) {
+			break // not a header of this segment: damage
+		}
 		if err := w.index(seg, off, body); err != nil {
 			return err
 		}
@@ -290,7 +308,7 @@ func (w *WAL) scan(seg uint64, newest bool) error {
 	if !newest {
 		return w.corrupt(seg, "damaged frame at %d of %d bytes", off, size)
 	}
-	if later, err := w.syncedPast(seg, f, off, size); err != nil {
+	if later, err := w.syncedPast(f, salt, off, size); err != nil {
 		return err
 	} else if later {
 		return w.corrupt(seg, "damaged frame at %d, followed by writes synced past it", off)
@@ -329,9 +347,10 @@ func (w *WAL) index(seg uint64, off int64, body []byte) error {
 	return w.corrupt(seg, "frame type %d at %d", body[0], off)
 }
 
-// syncedPast reports whether an intact write header after x in seg says the
-// segment was synced past x: then the bad frame at x is damage, not a tear.
-func (w *WAL) syncedPast(seg uint64, f File, x, size int64) (bool, error) {
+// syncedPast reports whether an intact write header of this segment (its
+// salt) after x says the segment was synced past x: then the bad frame at x
+// is damage, not a tear.
+func (w *WAL) syncedPast(f File, salt []byte, x, size int64) (bool, error) {
 	const chunk = 1 << 20
 	sig := []byte{0, 0, 0, writeBodyLen}
 	buf := make([]byte, chunk+walFrameLen+writeBodyLen)
@@ -355,8 +374,9 @@ func (w *WAL) syncedPast(seg uint64, f File, x, size int64) (bool, error) {
 				break
 			}
 			body := fr[walFrameLen : walFrameLen+writeBodyLen]
-			if body[0] == frameWrite && crc32.Checksum(body, castagnoli) == binary.BigEndian.Uint32(fr[4:]) &&
-				int64(binary.BigEndian.Uint64(body[9:])) > x {
+			if body[0] == frameWrite && bytes.Equal(body[1:9], salt) &&
+				crc32.Checksum(body, castagnoli) == binary.BigEndian.Uint32(fr[4:]) &&
+				int64(binary.BigEndian.Uint64(body[17:])) > x {
 				return true, nil
 			}
 		}
@@ -419,13 +439,13 @@ func (w *WAL) scanV1(seg uint64, f File, size int64) error {
 
 // Recover calls fn with each record of stream left by the previous run, in
 // log order, reading one at a time; fn may keep the record. It stops at
-// fn's first error. A stream recovers once; FinishRecovery drops the rest.
+// fn's first error, and may be called again (its records stay until
+// FinishRecovery).
 // applied is the stream's position: records of format 1 at or below it are
 // skipped, and one above it is ErrFormat.
 func (w *WAL) Recover(stream string, applied uint64, fn func(rec []byte) error) error {
 	w.mu.Lock()
-	locs := w.rec[stream]
-	delete(w.rec, stream)
+	locs := w.rec[stream] // kept until FinishRecovery: a failed Recover may be retried
 	w.mu.Unlock()
 	for _, l := range locs {
 		if l.n == 0 {
@@ -471,7 +491,9 @@ func (w *WAL) create(seg uint64) error {
 	if err != nil {
 		return fmt.Errorf("store: wal: %w", err)
 	}
-	_, err = f.WriteAt([]byte(walMagic), 0)
+	var salt [8]byte
+	_, _ = rand.Read(salt[:]) // never fails (crypto/rand)
+	_, err = f.WriteAt(append([]byte(walMagic), salt[:]...), 0)
 	alloc := int64(walHeaderLen)
 	if err == nil {
 		alloc, err = extend(f, alloc, walChunk)
@@ -496,7 +518,7 @@ func (w *WAL) create(seg uint64) error {
 	w.mu.Unlock()
 	w.extMu.Lock()
 	oldF, oldExt := w.f, w.ext
-	w.f, w.ext, w.size, w.synced = f, ext, int64(walHeaderLen), int64(walHeaderLen)
+	w.f, w.ext, w.size, w.synced, w.salt = f, ext, walHeaderLen, walHeaderLen, salt
 	w.alloc.Store(alloc)
 	w.extMu.Unlock()
 	if oldF != nil {
@@ -590,7 +612,13 @@ func (w *WAL) Append(stream string, payload []byte, done func(seg uint64, err er
 		done(0, ErrClosed)
 		return
 	}
-	w.reqs <- &walReq{stream: stream, payload: payload, done: done}
+	w.qmu.Lock()
+	w.queue = append(w.queue, &walReq{stream: stream, payload: payload, done: done})
+	w.qmu.Unlock()
+	select {
+	case w.queued <- struct{}{}:
+	default:
+	}
 	w.closeMu.RUnlock()
 }
 
@@ -629,22 +657,14 @@ func (w *WAL) run() {
 	var prevRecs, queued int
 	for {
 		select {
-		case r := <-w.reqs:
-			batch = append(batch, r)
+		case <-w.queued:
+			batch = w.take(batch)
 		case <-tick:
 			w.syncNow()
 			continue
 		case <-w.stop:
-			for {
-				select {
-				case r := <-w.reqs:
-					batch = append(batch, r)
-					continue
-				default:
-				}
-				break
-			}
-			if len(batch) > 0 {
+			// Close holds closeMu: nothing more is queued.
+			if batch = w.take(batch); len(batch) > 0 {
 				w.write(batch, buf)
 			}
 			w.syncNow()
@@ -652,15 +672,7 @@ func (w *WAL) run() {
 		}
 		for i := range maxYields {
 			n := len(batch)
-		drain:
-			for {
-				select {
-				case r := <-w.reqs:
-					batch = append(batch, r)
-				default:
-					break drain
-				}
-			}
+			batch = w.take(batch)
 			if i > 0 && len(batch) == n {
 				break
 			}
@@ -672,21 +684,35 @@ func (w *WAL) run() {
 		if target := prevRecs + queued; len(batch) < target && prevDur > 0 {
 			deadline := time.Now().Add(min(prevDur/2, time.Millisecond))
 			for len(batch) < target && time.Now().Before(deadline) {
-				select {
-				case r := <-w.reqs:
-					batch = append(batch, r)
-				default:
+				n := len(batch)
+				if batch = w.take(batch); len(batch) == n {
 					runtime.Gosched()
 				}
 			}
 		}
+		if len(batch) == 0 {
+			continue
+		}
 		t0 := time.Now()
 		recs := len(batch)
 		buf = w.write(batch, buf)
-		prevDur, prevRecs, queued = time.Since(t0), recs, len(w.reqs)
+		w.qmu.Lock()
+		queued = len(w.queue)
+		w.qmu.Unlock()
+		prevDur, prevRecs = time.Since(t0), recs
 		clear(batch)
 		batch = batch[:0]
 	}
+}
+
+// take moves the queued appends to batch.
+func (w *WAL) take(batch []*walReq) []*walReq {
+	w.qmu.Lock()
+	defer w.qmu.Unlock()
+	batch = append(batch, w.queue...)
+	clear(w.queue)
+	w.queue = w.queue[:0]
+	return batch
 }
 
 // syncNow syncs what SyncInterval left unsynced.
@@ -705,6 +731,30 @@ func (w *WAL) syncNow() {
 		return
 	}
 	w.dirty, w.synced = false, w.size
+	w.seal()
+}
+
+// appendWriteHeader appends a write header saying the segment is synced
+// below synced.
+func (w *WAL) appendWriteHeader(buf []byte, synced int64) []byte {
+	var h [writeBodyLen]byte
+	h[0] = frameWrite
+	copy(h[1:], w.salt[:])
+	binary.BigEndian.PutUint64(h[9:], w.wseq)
+	binary.BigEndian.PutUint64(h[17:], uint64(synced))
+	return appendFrame(buf, h[:], nil, "")
+}
+
+// seal writes, after the records, a write header saying they are synced;
+// the next write overwrites it with its own. Without it, damage in the last
+// synced write would look like a torn tail. It is not synced itself: a
+// power loss may take it, and the last write with it.
+func (w *WAL) seal() {
+	h := w.appendWriteHeader(w.sealBuf[:0], w.synced)
+	if w.size+int64(len(h)) <= w.alloc.Load() {
+		_, _ = w.f.WriteAt(h, w.size) // a failure shows at the next sync
+	}
+	w.sealBuf = h
 }
 
 // write appends batch's records in one write and (unless SyncInterval) one
@@ -717,15 +767,11 @@ func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 	buf = buf[:0]
 	if err == nil {
 		w.wseq++
-		var h [writeBodyLen]byte
-		h[0] = frameWrite
-		binary.BigEndian.PutUint64(h[1:], w.wseq)
 		synced := w.size
 		if w.every > 0 {
 			synced = w.synced
 		}
-		binary.BigEndian.PutUint64(h[9:], uint64(synced))
-		buf = appendFrame(buf, h[:], nil, "")
+		buf = w.appendWriteHeader(buf, synced)
 		for _, r := range batch {
 			buf = appendFrame(buf, nil, r.payload, r.stream)
 		}
@@ -745,6 +791,7 @@ func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 			w.size += int64(len(buf))
 			if w.every == 0 {
 				w.synced = w.size
+				w.seal()
 			} else {
 				w.dirty = true
 			}
