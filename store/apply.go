@@ -369,6 +369,9 @@ func (v *view) prepare(c *Command, res *Result) error {
 	if h == nil {
 		h = &halfTx{Producer: c.Producer, FirstSeen: c.Now}
 	}
+	if n := v.cost(c); n > MaxCommandBytes {
+		return fmt.Errorf("%w: the half messages of %s would take about %d bytes (max %d)", ErrTooLarge, c.TxID, n, MaxCommandBytes)
+	}
 	key := bytesOf(c.TxID)
 	var recs []byte
 	ends := make([]int, len(c.Msgs))
