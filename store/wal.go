@@ -750,6 +750,12 @@ func (w *WAL) appendWriteHeader(buf []byte, synced int64) []byte {
 // synced write would look like a torn tail. It is not synced itself: a
 // power loss may take it, and the last write with it.
 func (w *WAL) seal() {
+	if w.size >= w.segSize {
+		// The segment is full: the next write starts a new one, which
+		// shows this one was synced. An unsynced seal left here could be
+		// torn by a power loss, in a segment that is no longer the newest.
+		return
+	}
 	h := w.appendWriteHeader(w.sealBuf[:0], w.synced)
 	if w.size+int64(len(h)) <= w.alloc.Load() {
 		_, _ = w.f.WriteAt(h, w.size) // a failure shows at the next sync
