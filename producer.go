@@ -20,7 +20,7 @@ type Message struct {
 	Topic          string            // filled
 	PartitionIndex int               // filled: the partition it was stored in; see ToPartition
 	Offset         int64             // filled: its position in the partition (-1 while delayed)
-	ID             string            // unique id; a time-ordered UUID is filled in when empty
+	ID             string            // unique id, at most MaxIDBytes; a time-ordered UUID is filled in when empty
 	Key            string            // ordering key: same key, same partition, one by one
 	Tags           []string          // matched by tag filters
 	Properties     map[string]string // matched by expression filters
@@ -55,8 +55,15 @@ func (m *Message) ToPartition(i int) *Message {
 	return m
 }
 
+// MaxIDBytes is the longest Message.ID accepted. The ID does not count
+// against MaxMessageBytes (see WithMaxMessageBytes), so a resend of a struct
+// whose ID SendMessage filled in is judged like its first send.
+const MaxIDBytes = 1024
+
+// size is what counts against MaxMessageBytes: body, key, tags and
+// properties.
 func (m *Message) size() int {
-	n := len(m.ID) + len(m.Key) + len(m.Body)
+	n := len(m.Key) + len(m.Body)
 	for _, t := range m.Tags {
 		n += len(t)
 	}
@@ -239,10 +246,14 @@ var (
 	maxNanoTime = time.Unix(0, math.MaxInt64)
 )
 
-// check refuses what the store cannot keep: a Timestamp outside the
-// nanosecond range and a DeliverAt after it. A DeliverAt before the range is in the past: the
+// check refuses what the store cannot keep: an ID over MaxIDBytes (the
+// dedup index keys on it), a Timestamp outside the nanosecond range and a
+// DeliverAt after it. A DeliverAt before the range is in the past: the
 // message is delivered at once (toStore stores no delay).
 func (m *Message) check() error {
+	if len(m.ID) > MaxIDBytes {
+		return fmt.Errorf("ID of %d bytes, limit %d", len(m.ID), MaxIDBytes)
+	}
 	if !m.Timestamp.IsZero() && (m.Timestamp.Before(minNanoTime) || m.Timestamp.After(maxNanoTime)) {
 		return fmt.Errorf("timestamp %v outside %v..%v", m.Timestamp, minNanoTime.UTC(), maxNanoTime.UTC())
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -179,5 +180,60 @@ func TestProducer_TxTimes(t *testing.T) {
 		if n := e.col.count(id); n != 1 {
 			t.Errorf("%s delivered %d times", id, n)
 		}
+	}
+}
+
+// TestProducer_SendMessageSize checks MaxMessageBytes at and one past the
+// limit, counting what its doc says (body, key, tags and properties), and
+// that a resend of the same struct, which now carries its generated ID, is
+// judged like the first send. The ID has a bound of its own: it keys the
+// dedup index, and before MaxIDBytes a 40 000-byte ID was acknowledged and
+// then failed the partition's bbolt write ("key too large").
+func TestProducer_SendMessageSize(t *testing.T) {
+	const limit = 1024
+	m := openNode(t, "", mq.WithMaxMessageBytes(limit))
+	mustCreate(t, m, "t", 1)
+	p, err := m.NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// mixed is n bytes spread over key, tags, properties and body.
+	mixed := func(n int) *mq.Message {
+		return &mq.Message{Key: "kk", Tags: []string{"t1", "t2"}, Properties: map[string]string{"p": "vv"},
+			Body: make([]byte, n-2-4-3)}
+	}
+	cases := []struct {
+		name string
+		msg  *mq.Message
+		want error
+	}{
+		{"BodyAtLimit", &mq.Message{Body: make([]byte, limit)}, nil},
+		{"BodyOnePast", &mq.Message{Body: make([]byte, limit+1)}, mq.ErrMessageTooLarge},
+		{"MixedAtLimit", mixed(limit), nil},
+		{"MixedOnePast", mixed(limit + 1), mq.ErrMessageTooLarge},
+		{"OwnIDAtLimit", &mq.Message{ID: "my-own-id", Body: make([]byte, limit)}, nil},
+		{"LongIDAtLimit", &mq.Message{ID: strings.Repeat("i", mq.MaxIDBytes), Body: make([]byte, limit)}, nil},
+		{"IDOnePast", &mq.Message{ID: strings.Repeat("i", mq.MaxIDBytes+1)}, mq.ErrInvalidMessage},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := p.SendMessage(ctx, tc.msg)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("SendMessage = %v, want %v", err, tc.want)
+			}
+			if tc.want != nil {
+				return
+			}
+			// The same struct again: the same verdict, and the dedup index
+			// finds the first copy.
+			again, err := p.SendMessage(ctx, tc.msg)
+			if err != nil {
+				t.Fatalf("resend of the same struct: %v", err)
+			}
+			if !again[0].Duplicate || again[0].Offset != res[0].Offset {
+				t.Fatalf("resend = %+v, first %+v; want the first copy", again[0], res[0])
+			}
+		})
 	}
 }
