@@ -305,6 +305,9 @@ func (c *Consumer) Listener() Listener { return c.listener }
 // does not wait for that handler, nor for a handler that is itself inside a
 // call to this package that waits (Close, MQ.Close, Seek, ResetOffset): such
 // a handler's goroutine ends, and its offset is committed, when it returns.
+// It does wait for the other handlers, so a handler that waits for another
+// one (on a lock of its own, say) must not call Close, or be waited for by a
+// goroutine that calls it.
 func (c *Consumer) Close() error {
 	r := enter(context.Background())
 	defer r.leave()

@@ -48,6 +48,31 @@ func async(fn func() error) <-chan error {
 	return ch
 }
 
+// eachMode runs fn as a subtest for each consume mode and checks, after
+// each, that no goroutine is left.
+func eachMode(t *testing.T, fn func(t *testing.T, opts []mq.ConsumerOption)) {
+	for _, mode := range consumeModes {
+		t.Run(mode.name, func(t *testing.T) {
+			noLeaks(t)
+			fn(t, mode.opts)
+		})
+	}
+}
+
+// consumeSelf subscribes fn to topic t as group g. fn may use its own
+// consumer: no message reaches it before NewConsumer has returned it.
+func consumeSelf(t testing.TB, m *mq.MQ, fn func(ctx context.Context, c *mq.Consumer, msg *mq.Message) error, opts ...mq.ConsumerOption) *mq.Consumer {
+	t.Helper()
+	var c *mq.Consumer
+	ready := make(chan struct{})
+	defer close(ready)
+	c = consume(t, m, "t", "g", mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
+		<-ready
+		return fn(ctx, c, msg)
+	}), opts...)
+	return c
+}
+
 // partitionFixture is a topic t of parts partitions; partition i holds per
 // messages "p<i>-0", "p<i>-1", ..., all with key "k<i>" (so a key-parallel
 // consumer, too, hands them over one by one).
@@ -86,91 +111,81 @@ var consumeModes = []struct {
 // handler accepts is committed when the handler returns: the group's next
 // consumer starts after it.
 func TestConsumer_CloseFromHandler(t *testing.T) {
-	for _, mode := range consumeModes {
-		t.Run(mode.name, func(t *testing.T) {
-			noLeaks(t)
-			m := partitionFixture(t, 1, 6)
-			closed := make(chan error, 1)
-			var c *mq.Consumer
-			ready := make(chan struct{})
-			var mu sync.Mutex
-			var got []string
-			l := mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
-				<-ready
-				mu.Lock()
-				got = append(got, string(msg.Body))
-				after := len(got) > 3
-				mu.Unlock()
-				if after {
-					t.Errorf("%s delivered after Close", msg.Body)
-				}
-				if string(msg.Body) == "p0-2" {
-					closed <- c.Close()
-				}
-				return nil
-			})
-			c = consume(t, m, "t", "g", l, append(slices.Clone(mode.opts), mq.WithFlowControl(8, 1<<20))...)
-			close(ready)
-			if err := returns(t, closed, "Consumer.Close from its own handler"); err != nil {
-				t.Fatalf("Close = %v", err)
+	eachMode(t, func(t *testing.T, opts []mq.ConsumerOption) {
+		m := partitionFixture(t, 1, 6)
+		closed := make(chan error, 1)
+		var mu sync.Mutex
+		var got []string
+		l := func(_ context.Context, c *mq.Consumer, msg *mq.Message) error {
+			mu.Lock()
+			got = append(got, string(msg.Body))
+			after := len(got) > 3
+			mu.Unlock()
+			if after {
+				t.Errorf("%s delivered after Close", msg.Body)
 			}
-			if err := returns(t, async(c.Close), "a second Close"); err != nil {
-				t.Fatalf("second Close = %v", err)
+			if string(msg.Body) == "p0-2" {
+				closed <- c.Close()
 			}
-			if a := c.Assigned(); len(a) != 0 {
-				t.Errorf("Assigned after Close = %v", a)
-			}
-			s := &sink{}
-			consume(t, m, "t", "g", s)
-			waitFor(t, 5*time.Second, "the rest", func() bool { return s.len() >= 3 })
-			time.Sleep(20 * time.Millisecond)
-			if b := s.bodies(); !slices.Equal(b, []string{"p0-3", "p0-4", "p0-5"}) {
-				t.Errorf("the next consumer got %v, want p0-3..p0-5", b)
-			}
-		})
-	}
+			return nil
+		}
+		c := consumeSelf(t, m, l, append(slices.Clone(opts), mq.WithFlowControl(8, 1<<20))...)
+		if err := returns(t, closed, "Consumer.Close from its own handler"); err != nil {
+			t.Fatalf("Close = %v", err)
+		}
+		if err := returns(t, async(c.Close), "a second Close"); err != nil {
+			t.Fatalf("second Close = %v", err)
+		}
+		if a := c.Assigned(); len(a) != 0 {
+			t.Errorf("Assigned after Close = %v", a)
+		}
+		s := &sink{}
+		consume(t, m, "t", "g", s)
+		waitFor(t, 5*time.Second, "the rest", func() bool { return s.len() >= 3 })
+		time.Sleep(20 * time.Millisecond)
+		if b := s.bodies(); !slices.Equal(b, []string{"p0-3", "p0-4", "p0-5"}) {
+			t.Errorf("the next consumer got %v, want p0-3..p0-5", b)
+		}
+	})
 }
 
 // TestMQ_CloseFromHandler: a handler closes the whole node. Close returns,
 // the node refuses work afterwards, and the handler's goroutine ends when
 // it returns.
 func TestMQ_CloseFromHandler(t *testing.T) {
-	for _, mode := range consumeModes {
-		t.Run(mode.name, func(t *testing.T) {
-			noLeaks(t)
-			dir := t.TempDir()
-			m, err := mq.Open(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustCreate(t, m, "t", 2)
-			closed := make(chan error, 1)
-			var once sync.Once
-			l := mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
-				once.Do(func() { closed <- m.Close() })
-				return nil
-			})
-			publish(t, m, "t", "a", "b")
-			if _, err := m.NewConsumer("t", "g", l, mode.opts...); err != nil {
-				t.Fatal(err)
-			}
-			if err := returns(t, closed, "MQ.Close from a handler"); err != nil {
-				t.Fatalf("Close = %v", err)
-			}
-			if err := m.Close(); err != nil {
-				t.Fatalf("second Close = %v", err)
-			}
-			if _, err := m.NewProducer("t"); !errors.Is(err, mq.ErrClosed) {
-				t.Fatalf("NewProducer after Close = %v, want ErrClosed", err)
-			}
-			// At least once: reopened, the node delivers what was not
-			// committed; "b" at least.
-			m2 := openNode(t, dir)
-			s := &sink{}
-			consume(t, m2, "t", "g", s)
-			waitFor(t, 5*time.Second, "b after the reopen", func() bool { return slices.Contains(s.bodies(), "b") })
+	eachMode(t, func(t *testing.T, opts []mq.ConsumerOption) {
+		dir := t.TempDir()
+		m, err := mq.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustCreate(t, m, "t", 2)
+		closed := make(chan error, 1)
+		var once sync.Once
+		l := mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
+			once.Do(func() { closed <- m.Close() })
+			return nil
 		})
-	}
+		publish(t, m, "t", "a", "b")
+		if _, err := m.NewConsumer("t", "g", l, opts...); err != nil {
+			t.Fatal(err)
+		}
+		if err := returns(t, closed, "MQ.Close from a handler"); err != nil {
+			t.Fatalf("Close = %v", err)
+		}
+		if err := m.Close(); err != nil {
+			t.Fatalf("second Close = %v", err)
+		}
+		if _, err := m.NewProducer("t"); !errors.Is(err, mq.ErrClosed) {
+			t.Fatalf("NewProducer after Close = %v, want ErrClosed", err)
+		}
+		// At least once: reopened, the node delivers what was not
+		// committed; "b" at least.
+		m2 := openNode(t, dir)
+		s := &sink{}
+		consume(t, m2, "t", "g", s)
+		waitFor(t, 5*time.Second, "b after the reopen", func() bool { return slices.Contains(s.bodies(), "b") })
+	})
 }
 
 // TestConsumer_SeekFromHandler calls Seek and ResetOffset from a handler
@@ -193,21 +208,17 @@ func TestConsumer_SeekFromHandler(t *testing.T) {
 func testSeekOtherCtx(t *testing.T, opts []mq.ConsumerOption) {
 	noLeaks(t)
 	m := partitionFixture(t, 1, 10)
-	var c *mq.Consumer
 	seeked := make(chan error, 1)
-	ready := make(chan struct{})
 	var once sync.Once
 	s := &sink{}
-	l := mq.ListenerFunc(func(ctx context.Context, name string, msg *mq.Message) error {
-		<-ready
-		s.OnMessage(ctx, name, msg)
+	l := func(ctx context.Context, c *mq.Consumer, msg *mq.Message) error {
+		s.OnMessage(ctx, "t", msg)
 		if string(msg.Body) == "p0-5" {
 			once.Do(func() { seeked <- c.Seek(context.Background(), mq.SeekOffset(0, 8)) })
 		}
 		return nil
-	})
-	c = consume(t, m, "t", "g", l, append(slices.Clone(opts), mq.WithFlowControl(1, 1<<20))...)
-	close(ready)
+	}
+	consumeSelf(t, m, l, append(slices.Clone(opts), mq.WithFlowControl(1, 1<<20))...)
 	if err := returns(t, seeked, "Seek with another ctx from a handler"); err != nil {
 		t.Fatalf("Seek = %v", err)
 	}
@@ -318,13 +329,10 @@ func testSeekDuringRebalance(t *testing.T, opts []mq.ConsumerOption) {
 func testSeekDuringAlterMQ(t *testing.T, opts []mq.ConsumerOption) {
 	noLeaks(t)
 	m := partitionFixture(t, 1, 20)
-	var c *mq.Consumer
 	var mu sync.Mutex
 	seeks, parts := 0, map[int]bool{}
 	errs := make(chan error, 100)
-	ready := make(chan struct{}) // c is set
-	l := mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
-		<-ready
+	l := func(ctx context.Context, c *mq.Consumer, msg *mq.Message) error {
 		mu.Lock()
 		parts[msg.PartitionIndex] = true
 		again := seeks < 20
@@ -336,9 +344,8 @@ func testSeekDuringAlterMQ(t *testing.T, opts []mq.ConsumerOption) {
 			}
 		}
 		return nil
-	})
-	c = consume(t, m, "t", "g", l, opts...)
-	close(ready)
+	}
+	consumeSelf(t, m, l, opts...)
 	altered := async(func() error {
 		for n := 2; n <= 4; n++ {
 			if err := m.AlterMQ(context.Background(), "t", n); err != nil {
@@ -375,16 +382,13 @@ func testSeekDuringAlterMQ(t *testing.T, opts []mq.ConsumerOption) {
 func testSeekTwoHandlers(t *testing.T, opts []mq.ConsumerOption) {
 	noLeaks(t)
 	m := partitionFixture(t, 2, 4)
-	var c *mq.Consumer
 	var both sync.WaitGroup
 	both.Add(2)
 	seeks := make(chan error, 2)
 	var once [2]sync.Once
 	s := &sink{}
-	ready := make(chan struct{}) // c is set
-	l := mq.ListenerFunc(func(ctx context.Context, name string, msg *mq.Message) error {
-		<-ready
-		s.OnMessage(ctx, name, msg)
+	l := func(ctx context.Context, c *mq.Consumer, msg *mq.Message) error {
+		s.OnMessage(ctx, "t", msg)
 		if b := string(msg.Body); b == "p0-1" || b == "p1-1" {
 			once[msg.PartitionIndex].Do(func() {
 				both.Done()
@@ -393,9 +397,8 @@ func testSeekTwoHandlers(t *testing.T, opts []mq.ConsumerOption) {
 			})
 		}
 		return nil
-	})
-	c = consume(t, m, "t", "g", l, opts...)
-	close(ready)
+	}
+	consumeSelf(t, m, l, opts...)
 	for range 2 {
 		if err := returns(t, seeks, "Seek from two handlers at once"); err != nil {
 			t.Errorf("Seek = %v", err)
@@ -423,48 +426,45 @@ func testSeekTwoHandlers(t *testing.T, opts []mq.ConsumerOption) {
 // new consumer owns the partition once the handler returns, and nothing of
 // the partition is lost.
 func TestMQ_NewConsumerFromHandler(t *testing.T) {
-	for _, mode := range consumeModes {
-		t.Run(mode.name, func(t *testing.T) {
-			noLeaks(t)
-			m := partitionFixture(t, 2, 6)
-			joined := make(chan *mq.Consumer, 1)
-			var once sync.Once
-			var mu sync.Mutex
-			got := map[string]int{}
-			record := func(msg *mq.Message) {
-				mu.Lock()
-				got[string(msg.Body)]++
-				mu.Unlock()
-			}
-			second := mq.ListenerFunc(func(_ context.Context, _ string, msg *mq.Message) error {
-				record(msg)
-				return nil
-			})
-			first := mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
-				record(msg)
-				if string(msg.Body) == "p1-2" {
-					once.Do(func() {
-						c2, err := m.NewConsumer("t", "g", second, mode.opts...)
-						if err != nil {
-							t.Error(err)
-						}
-						joined <- c2
-					})
-				}
-				return nil
-			})
-			consume(t, m, "t", "g", first, mode.opts...)
-			c2 := returns(t, joined, "NewConsumer of the same group from a handler")
-			if c2 == nil {
-				return
-			}
-			t.Cleanup(func() { c2.Close() })
-			waitFor(t, 5*time.Second, "partition 1 at the new consumer", func() bool { return slices.Equal(c2.Assigned(), []int{1}) })
-			waitFor(t, 5*time.Second, "every message", func() bool {
-				mu.Lock()
-				defer mu.Unlock()
-				return len(got) == 12
-			})
+	eachMode(t, func(t *testing.T, opts []mq.ConsumerOption) {
+		m := partitionFixture(t, 2, 6)
+		joined := make(chan *mq.Consumer, 1)
+		var once sync.Once
+		var mu sync.Mutex
+		got := map[string]int{}
+		record := func(msg *mq.Message) {
+			mu.Lock()
+			got[string(msg.Body)]++
+			mu.Unlock()
+		}
+		second := mq.ListenerFunc(func(_ context.Context, _ string, msg *mq.Message) error {
+			record(msg)
+			return nil
 		})
-	}
+		first := mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
+			record(msg)
+			if string(msg.Body) == "p1-2" {
+				once.Do(func() {
+					c2, err := m.NewConsumer("t", "g", second, opts...)
+					if err != nil {
+						t.Error(err)
+					}
+					joined <- c2
+				})
+			}
+			return nil
+		})
+		consume(t, m, "t", "g", first, opts...)
+		c2 := returns(t, joined, "NewConsumer of the same group from a handler")
+		if c2 == nil {
+			return
+		}
+		t.Cleanup(func() { c2.Close() })
+		waitFor(t, 5*time.Second, "partition 1 at the new consumer", func() bool { return slices.Equal(c2.Assigned(), []int{1}) })
+		waitFor(t, 5*time.Second, "every message", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(got) == 12
+		})
+	})
 }
