@@ -411,3 +411,36 @@ func TestConsumer_CloseCancelsHandler(t *testing.T) {
 		waitFor(t, 5*time.Second, "p0-0 again", func() bool { return slices.Contains(s.bodies(), "p0-0") })
 	})
 }
+
+// TestMQ_CloseWhileSeekWaits: a reset waits for a slow handler while the
+// node closes; once the handler returns, both calls return.
+func TestMQ_CloseWhileSeekWaits(t *testing.T) {
+	eachMode(t, func(t *testing.T, opts []mq.ConsumerOption) {
+		m, err := mq.Open(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustCreate(t, m, "t", 2)
+		publish(t, m, "t", "a")
+		entered, release := make(chan struct{}), make(chan struct{})
+		c, err := m.NewConsumer("t", "g", mq.ListenerFunc(func(ctx context.Context, _ string, _ *mq.Message) error {
+			close(entered)
+			<-release
+			return nil
+		}), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		returns(t, entered, "delivery of a")
+		seeked := async(func() error { return c.Seek(context.Background(), mq.SeekFirst()) })
+		closed := async(m.Close)
+		time.Sleep(10 * time.Millisecond) // let both wait for the handler
+		close(release)
+		if err := returns(t, seeked, "Seek while the node closes"); err != nil && !errors.Is(err, mq.ErrClosed) {
+			t.Errorf("Seek = %v, want nil or ErrClosed", err)
+		}
+		if err := returns(t, closed, "MQ.Close while a Seek waits"); err != nil {
+			t.Errorf("Close = %v", err)
+		}
+	})
+}
