@@ -283,19 +283,19 @@ func testSeekDuringRebalance(t *testing.T, opts []mq.ConsumerOption) {
 	entered := make(chan struct{})
 	seeks := make(chan error, 2)
 	var once sync.Once
-	first := mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
+	first := func(ctx context.Context, c *mq.Consumer, msg *mq.Message) error {
 		if msg.PartitionIndex != 1 || string(msg.Body) != "p1-2" {
 			return nil
 		}
 		once.Do(func() {
 			close(entered)
 			<-ctx.Done() // the partition is moving
-			seeks <- m.ResetOffset(ctx, "t", "g", mq.SeekOffset(1, 5))
+			seeks <- c.Seek(ctx, mq.SeekOffset(1, 5))
 			seeks <- m.ResetOffset(context.Background(), "t", "g", mq.SeekOffset(1, 6))
 		})
 		return ctx.Err()
-	})
-	consume(t, m, "t", "g", first, opts...)
+	}
+	consumeSelf(t, m, first, opts...)
 	returns(t, entered, "delivery of p1-2")
 	s := &sink{}
 	joined := make(chan *mq.Consumer, 1)
@@ -306,8 +306,8 @@ func testSeekDuringRebalance(t *testing.T, opts []mq.ConsumerOption) {
 		}
 		joined <- c2
 	}()
-	if err := returns(t, seeks, "ResetOffset with the handler's ctx during a rebalance"); err != nil && !errors.Is(err, context.Canceled) {
-		t.Errorf("ResetOffset = %v, want nil or the ctx's error", err)
+	if err := returns(t, seeks, "Seek with the handler's ctx during a rebalance"); err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("Seek = %v, want nil or the ctx's error", err)
 	}
 	if err := returns(t, seeks, "ResetOffset from a handler during a rebalance"); err != nil {
 		t.Errorf("ResetOffset = %v", err)
