@@ -127,10 +127,10 @@ type queuedReset struct {
 	req *seekReq
 }
 
-// queueReset resolves to in every partition it names, queues the offset
-// for the partition's worker on this node, or writes it when there is none.
-// It holds rebalanceMu, so no worker starts or ends meanwhile, but waits for
-// none.
+// queueReset resolves to in every partition it names, then queues each
+// offset for the partition's worker on this node, or writes it when there is
+// none. It holds rebalanceMu, so no worker starts or ends meanwhile, but
+// waits for none.
 func (g *group) queueReset(ctx context.Context, to Position) ([]queuedReset, error) {
 	g.rebalanceMu.Lock()
 	defer g.rebalanceMu.Unlock()
@@ -141,14 +141,22 @@ func (g *group) queueReset(ctx context.Context, to Position) ([]queuedReset, err
 	if to.kind == posOffset && (to.part < 0 || to.part >= len(parts)) {
 		return nil, fmt.Errorf("%w: partition %d of %s (0..%d)", ErrInvalidPartition, to.part, g.topic, len(parts)-1)
 	}
-	var queued []queuedReset
+	offs := map[int]uint64{} // resolved first: a bad position changes nothing
 	for i, p := range parts {
 		if to.kind == posOffset && i != to.part {
 			continue
 		}
 		off, err := target(p, to)
 		if err != nil {
-			return queued, fmt.Errorf("reset %s/%d for %s: %w", g.topic, i, g.name, err)
+			return nil, fmt.Errorf("reset %s/%d for %s: %w", g.topic, i, g.name, err)
+		}
+		offs[i] = off
+	}
+	var queued []queuedReset
+	for i, p := range parts {
+		off, ok := offs[i]
+		if !ok {
+			continue
 		}
 		if w := g.owners[i]; w != nil {
 			req := &seekReq{offset: off, done: make(chan struct{})}
