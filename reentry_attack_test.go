@@ -444,3 +444,31 @@ func TestMQ_CloseWhileSeekWaits(t *testing.T) {
 		}
 	})
 }
+
+// TestConsumer_CloseStopsBatch: once Close has cancelled a worker, the rest
+// of the batch it read is not handed to the listener (with an ended ctx);
+// Close returns after the handler in progress.
+func TestConsumer_CloseStopsBatch(t *testing.T) {
+	eachMode(t, func(t *testing.T, opts []mq.ConsumerOption) {
+		m := partitionFixture(t, 1, 50)
+		entered := make(chan struct{})
+		var late atomic.Int32
+		c := consume(t, m, "t", "g", mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
+			if ctx.Err() != nil {
+				late.Add(1)
+			}
+			if string(msg.Body) == "p0-5" {
+				close(entered)
+				<-ctx.Done() // Close has cancelled the worker
+			}
+			return nil
+		}), opts...)
+		returns(t, entered, "delivery of p0-5")
+		if err := returns(t, async(c.Close), "Close"); err != nil {
+			t.Fatal(err)
+		}
+		if n := late.Load(); n != 0 {
+			t.Fatalf("%d messages handed to the listener after Close cancelled the worker", n)
+		}
+	})
+}
