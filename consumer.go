@@ -1,13 +1,18 @@
 package mq
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"runtime/debug"
+	"slices"
 	"sort"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/expr-lang/expr/vm"
@@ -28,6 +33,11 @@ import (
 // ctx is cancelled when the consumer closes or loses the partition; a
 // handler that returns ctx's error then is not counted as a failure and the
 // message is delivered again to the partition's next owner.
+//
+// OnMessage may call any method of the package, among them Close of its own
+// consumer, MQ.Close, Seek, ResetOffset and NewConsumer of its own group: a
+// call never waits for the handler that makes it (see Consumer.Close and
+// MQ.ResetOffset).
 type Listener interface {
 	OnMessage(ctx context.Context, mqName string, m *Message) error
 }
@@ -143,8 +153,9 @@ type Consumer struct {
 	// presents them as their original.
 	parent *Consumer
 
-	mu      sync.Mutex // guards workers, closed and retry; taken after group.mu
-	workers map[int]*worker
+	mu      sync.Mutex           // guards workers, live, closed and retry; taken after group.mu and group.rebalanceMu
+	workers map[int]*worker      // the partitions assigned to this consumer
+	live    map[*worker]struct{} // workers not yet ended, assigned or not: Close waits for them
 	closed  bool
 	retry   *Consumer // Concurrent mode: the consumer of the retry topic
 }
@@ -216,7 +227,8 @@ func (m *MQ) subscribe(topic, groupName, offsetName string, listener Listener, c
 	if _, _, err := m.router.partitions(topic); err != nil {
 		return nil, err
 	}
-	c := &Consumer{m: m, topic: topic, groupName: groupName, listener: listener, cfg: cfg, parent: parent, workers: map[int]*worker{}}
+	c := &Consumer{m: m, topic: topic, groupName: groupName, listener: listener, cfg: cfg, parent: parent,
+		workers: map[int]*worker{}, live: map[*worker]struct{}{}}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -238,7 +250,7 @@ func (m *MQ) groupLocked(topic, offsetName string) *group {
 	key := topic + "\x00" + offsetName
 	g := m.groups[key]
 	if g == nil {
-		g = &group{m: m, topic: topic, name: offsetName}
+		g = &group{m: m, topic: topic, name: offsetName, owners: map[int]*worker{}}
 		m.groups[key] = g
 	}
 	return g
@@ -266,7 +278,9 @@ func (c *Consumer) Partition() int {
 	return len(parts)
 }
 
-// Assigned returns the partitions this consumer delivers now, in order.
+// Assigned returns the partitions assigned to this consumer, in order. A
+// partition that just moved here is delivered once its previous owner's
+// handler has returned.
 func (c *Consumer) Assigned() []int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -281,21 +295,41 @@ func (c *Consumer) Assigned() []int {
 // Listener returns the consumer's listener.
 func (c *Consumer) Listener() Listener { return c.listener }
 
-// Close stops delivery, waits for the handlers in progress to return,
-// commits the offsets reached and hands the consumer's partitions to the
-// other consumers of its group. It is idempotent.
+// Close stops delivery, waits for the consumer's goroutines and the handlers
+// in progress to return, commits the offsets reached and hands the
+// consumer's partitions to the other consumers of its group. It is
+// idempotent and safe for concurrent use; every call waits. Afterwards Seek
+// returns ErrClosed.
+//
+// Close may be called from a handler, of this consumer or another. It then
+// does not wait for that handler, nor for a handler that is itself inside a
+// call to this package that waits (Close, MQ.Close, Seek, ResetOffset): such
+// a handler's goroutine ends, and its offset is committed, when it returns.
+// It does wait for the other handlers, so a handler that waits for another
+// one (on a lock of its own, say) must not call Close, or be waited for by a
+// goroutine that calls it.
 func (c *Consumer) Close() error {
+	r := enter(context.Background())
+	defer r.leave()
 	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
-	}
+	first := !c.closed
 	c.closed = true
 	rc := c.retry
 	c.mu.Unlock()
-	c.group.leave(c)
+	if first {
+		c.group.leave(c)
+	}
 	if rc != nil {
 		rc.Close()
+	}
+	c.mu.Lock()
+	live := make([]*worker, 0, len(c.live))
+	for w := range c.live {
+		live = append(live, w)
+	}
+	c.mu.Unlock()
+	for _, w := range live {
+		r.await(context.Background(), w, w.done)
 	}
 	return nil
 }
@@ -306,7 +340,12 @@ type group struct {
 	topic string
 	name  string // offset name: the group, or group@instance when broadcasting
 
-	rebalanceMu sync.Mutex // serializes rebalances and resets; taken before mu
+	// rebalanceMu serializes rebalances and resets and guards owners and
+	// every worker's seeks. It is taken before mu and is never held while
+	// waiting for a worker or a handler: workers chain instead (see
+	// worker.prev).
+	rebalanceMu sync.Mutex
+	owners      map[int]*worker // per partition, its newest worker until that one ends
 
 	mu        sync.Mutex // guards consumers
 	consumers []*Consumer
@@ -318,6 +357,8 @@ func (g *group) members() []*Consumer {
 	return append([]*Consumer(nil), g.consumers...)
 }
 
+// leave removes c from the group, stops its workers (without waiting) and
+// hands its partitions to the others.
 func (g *group) leave(c *Consumer) {
 	g.mu.Lock()
 	for i, x := range g.consumers {
@@ -328,17 +369,23 @@ func (g *group) leave(c *Consumer) {
 	}
 	g.mu.Unlock()
 	g.rebalanceMu.Lock()
-	c.revokeAll()
-	g.rebalanceMu.Unlock()
-	g.rebalance()
+	defer g.rebalanceMu.Unlock()
+	c.revoke(nil)
+	g.rebalanceLocked()
 }
 
-// rebalance assigns partition i to the (i mod n)-th consumer in join order.
-// Partitions that move are stopped first, so no partition ever has two
-// owners delivering at once.
 func (g *group) rebalance() {
 	g.rebalanceMu.Lock()
 	defer g.rebalanceMu.Unlock()
+	g.rebalanceLocked()
+}
+
+// rebalanceLocked assigns partition i to the (i mod n)-th consumer in join
+// order. A partition that moves is stopped at its old owner and started at
+// the new one once the old one has ended, so no partition ever has two
+// owners delivering at once, and nothing here waits for a handler. The
+// caller holds rebalanceMu.
+func (g *group) rebalanceLocked() {
 	_, parts, err := g.m.router.partitions(g.topic)
 	if err != nil {
 		return // node closing or topic gone: nothing to assign
@@ -364,25 +411,24 @@ func (g *group) rebalance() {
 	}
 }
 
-// revoke stops the workers of partitions not in keep and waits for them.
+// revoke stops the workers of partitions not in keep; they end on their
+// own, after their handlers return. The caller holds group.rebalanceMu.
 func (c *Consumer) revoke(keep map[int]bool) {
 	c.mu.Lock()
-	var stop []*worker
+	defer c.mu.Unlock()
 	for p, w := range c.workers {
 		if !keep[p] {
-			stop = append(stop, w)
+			w.cancel()
 			delete(c.workers, p)
 		}
 	}
-	c.mu.Unlock()
-	for _, w := range stop {
-		w.stop()
-	}
 }
 
-func (c *Consumer) revokeAll() { c.revoke(nil) }
-
+// assign starts workers for the partitions in want that c does not run
+// yet, each after the partition's current worker in the group, if any,
+// has ended. The caller holds group.rebalanceMu.
 func (c *Consumer) assign(want map[int]bool, parts []partitionLog) {
+	g := c.group
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -392,38 +438,43 @@ func (c *Consumer) assign(want map[int]bool, parts []partitionLog) {
 		if _, ok := c.workers[p]; ok {
 			continue
 		}
-		w := &worker{c: c, part: p, log: parts[p], done: make(chan struct{}), seek: make(chan *seekReq, 1)}
+		w := &worker{c: c, part: p, log: parts[p], done: make(chan struct{}), wake: make(chan struct{}, 1)}
+		w.prev.Store(g.owners[p])
+		g.owners[p] = w
 		var ctx context.Context
 		ctx, w.cancel = context.WithCancel(context.WithValue(c.m.ctx, workerKey{}, w))
 		c.workers[p] = w
+		c.live[w] = struct{}{}
 		go w.run(ctx)
 	}
 }
 
-// workerKey marks the contexts a worker hands to its handlers, so a reset
-// called from a handler can tell it must not wait for that handler.
+// workerKey marks the contexts a worker hands to its handlers, so a call
+// made with one (even from another goroutine) counts as made by the handler.
 type workerKey struct{}
 
 // worker delivers one partition to one consumer. It alone commits the
 // partition's offset for its group while it runs; resets reach it through
-// seek.
+// seeks.
 type worker struct {
-	c      *Consumer
-	part   int
-	log    partitionLog
+	c    *Consumer
+	part int
+	log  partitionLog
+	// prev is the partition's previous worker in the group, which run waits
+	// for before it starts (then clears prev): one owner at a time.
+	prev   atomic.Pointer[worker]
 	cancel context.CancelFunc
-	done   chan struct{}
-	seek   chan *seekReq // ResetOffset hands new positions here
+	done   chan struct{} // closed when the worker has ended, prev before it
+	held   atomic.Int32  // calls in progress, made by this worker's handlers, that wait
+
+	seeks     []*seekReq    // resets to apply; guarded by group.rebalanceMu
+	wake      chan struct{} // holds a token while seeks is not empty
+	resetting atomic.Bool   // seeks is not empty: key-parallel lanes start no new message
 
 	committed  uint64 // last offset written to the store; owned by run
 	lastCommit time.Time
 	vm         vm.VM         // filter evaluation; owned by run
 	sem        chan struct{} // key-parallel: bounds handlers in flight
-}
-
-func (w *worker) stop() {
-	w.cancel()
-	<-w.done
 }
 
 // errorPause is the wait before a worker tries again after a store error
@@ -435,7 +486,15 @@ const errorPause = time.Second
 const commitEvery = 200 * time.Millisecond
 
 func (w *worker) run(ctx context.Context) {
-	defer close(w.done)
+	defer w.end()
+	defer w.runsHandlers()()
+	if prev := w.prev.Load(); prev != nil {
+		<-prev.done // even when cancelled: w.end must follow prev's last commit
+		w.prev.Store(nil)
+	}
+	if ctx.Err() != nil {
+		return
+	}
 	c := w.c
 	offset, err := w.startOffset(ctx)
 	if err != nil {
@@ -452,15 +511,16 @@ func (w *worker) run(ctx context.Context) {
 	}
 	buf := make([]store.Message, 0, c.cfg.batch)
 	for ctx.Err() == nil {
+		if reqs := w.pollSeeks(); reqs != nil {
+			offset = w.applySeek(reqs, offset)
+			continue
+		}
 		changed := w.log.Changed()
 		buf, err = w.log.Read(offset, c.cfg.batch, c.cfg.batchBytes, buf[:0])
 		if err != nil {
 			w.logger().Error("read failed; retrying", "offset", offset, "err", err)
-			if ok, req := w.wait(ctx, errorPause, w.seek, nil); !ok {
-				if req == nil {
-					return
-				}
-				offset = w.applySeek(req, offset)
+			if ok, reqs := w.wait(ctx, errorPause, w.wake, nil); !ok {
+				offset = w.applySeek(reqs, offset)
 			}
 			continue
 		}
@@ -468,8 +528,8 @@ func (w *worker) run(ctx context.Context) {
 			w.commit(offset)
 			select {
 			case <-changed:
-			case req := <-w.seek:
-				offset = w.applySeek(req, offset)
+			case <-w.wake:
+				offset = w.applySeek(w.claimSeeks(), offset)
 			case <-ctx.Done():
 			}
 			continue
@@ -477,18 +537,16 @@ func (w *worker) run(ctx context.Context) {
 		offset = w.skipGap(offset, buf[0].Offset)
 	batch:
 		for i := range buf {
-			select {
-			case req := <-w.seek:
-				offset = w.applySeek(req, offset)
+			if reqs := w.pollSeeks(); reqs != nil {
+				offset = w.applySeek(reqs, offset)
 				break batch
-			default:
 			}
-			ok, req := true, (*seekReq)(nil)
+			ok, reqs := true, []*seekReq(nil)
 			if w.accept(&buf[i]) {
-				ok, req = w.handle(ctx, &buf[i], w.seek, nil)
+				ok, reqs = w.handle(ctx, &buf[i], w.wake, nil)
 			}
-			if req != nil {
-				offset = w.applySeek(req, offset)
+			if reqs != nil {
+				offset = w.applySeek(reqs, offset)
 				break batch
 			}
 			if !ok {
@@ -556,9 +614,9 @@ func (w *worker) store(ctx context.Context, offset uint64) error {
 
 // handle runs one accepted message through the listener until it is
 // handled, parked in the retry topic or dead-lettered. It returns ok false if
-// ctx ended or stop was closed first, and a seek request that arrived on seek
-// while it waited to retry (the message is then left unhandled).
-func (w *worker) handle(ctx context.Context, sm *store.Message, seek <-chan *seekReq, stop <-chan struct{}) (ok bool, req *seekReq) {
+// ctx ended or stop was closed first, and the resets that arrived (a token
+// on wake) while it waited to retry (the message is then left unhandled).
+func (w *worker) handle(ctx context.Context, sm *store.Message, wake, stop <-chan struct{}) (ok bool, reqs []*seekReq) {
 	c := w.c
 	m := c.present(w.part, sm)
 	for {
@@ -570,6 +628,12 @@ func (w *worker) handle(ctx context.Context, sm *store.Message, seek <-chan *see
 			case <-ctx.Done():
 				return false, nil
 			}
+		}
+		if ctx.Err() != nil { // stopped: deliver nothing more
+			if w.sem != nil {
+				<-w.sem
+			}
+			return false, nil
 		}
 		attempt := *m // the listener may keep what it is given
 		err := w.call(ctx, &attempt)
@@ -586,10 +650,10 @@ func (w *worker) handle(ctx context.Context, sm *store.Message, seek <-chan *see
 		switch {
 		case r >= c.cfg.maxReconsume:
 			topic, cp := w.deadCopy(sm, r, err)
-			return w.settle(ctx, seek, stop, topic, &cp)
+			return w.settle(ctx, wake, stop, topic, &cp)
 		case c.cfg.mode == Concurrent:
 			topic, cp := w.parkCopy(sm, r, err)
-			return w.settle(ctx, seek, stop, topic, &cp)
+			return w.settle(ctx, wake, stop, topic, &cp)
 		}
 		if c.cfg.keyParallel == 0 {
 			// Everything before sm is handled: keep it so while sm waits.
@@ -598,8 +662,8 @@ func (w *worker) handle(ctx context.Context, sm *store.Message, seek <-chan *see
 		d := c.cfg.retryDelay(r)
 		w.c.m.cfg.logger.Warn("message handler failed; redelivering", "topic", m.Topic, "group", c.group.name,
 			"partition", m.PartitionIndex, "offset", m.Offset, "attempt", r+1, "after", d, "err", err)
-		if ok, req := w.wait(ctx, d, seek, stop); !ok {
-			return false, req
+		if ok, reqs := w.wait(ctx, d, wake, stop); !ok {
+			return false, reqs
 		}
 		m.ReconsumeTimes++
 	}
@@ -609,7 +673,7 @@ func (w *worker) handle(ctx context.Context, sm *store.Message, seek <-chan *see
 // topic until it succeeds: a failed message is never dropped, so the
 // partition waits for the store. Every try sends the same ID, so a try that
 // failed late is not stored twice.
-func (w *worker) settle(ctx context.Context, seek <-chan *seekReq, stop <-chan struct{}, topic string, cp *store.Message) (bool, *seekReq) {
+func (w *worker) settle(ctx context.Context, wake, stop <-chan struct{}, topic string, cp *store.Message) (bool, []*seekReq) {
 	for {
 		err := w.c.m.appendSystem(ctx, topic, cp, w.c.m.cfg.clock.Now())
 		if err == nil {
@@ -619,24 +683,30 @@ func (w *worker) settle(ctx context.Context, seek <-chan *seekReq, stop <-chan s
 			return false, nil
 		}
 		w.logger().Error("cannot move a failed message; retrying", "err", err)
-		if ok, req := w.wait(ctx, errorPause, seek, stop); !ok {
-			return false, req
+		if ok, reqs := w.wait(ctx, errorPause, wake, stop); !ok {
+			return false, reqs
 		}
 	}
 }
 
 // wait waits d on the node's clock. It returns ok false if ctx ended, stop
-// was closed or a seek request arrived (returned) first.
-func (w *worker) wait(ctx context.Context, d time.Duration, seek <-chan *seekReq, stop <-chan struct{}) (ok bool, req *seekReq) {
-	select {
-	case <-w.c.m.cfg.clock.After(d):
-		return true, nil
-	case req := <-seek:
-		return false, req
-	case <-stop:
-	case <-ctx.Done():
+// was closed or resets arrived (a token on wake; returned) first.
+func (w *worker) wait(ctx context.Context, d time.Duration, wake, stop <-chan struct{}) (ok bool, reqs []*seekReq) {
+	after := w.c.m.cfg.clock.After(d)
+	for {
+		select {
+		case <-after:
+			return true, nil
+		case <-wake:
+			if reqs := w.claimSeeks(); reqs != nil {
+				return false, reqs
+			}
+		case <-stop:
+			return false, nil
+		case <-ctx.Done():
+			return false, nil
+		}
 	}
-	return false, nil
 }
 
 // call runs the listener, turning a panic into an error.
@@ -647,4 +717,135 @@ func (w *worker) call(ctx context.Context, m *Message) (err error) {
 		}
 	}()
 	return w.c.listener.OnMessage(ctx, m.Topic, m)
+}
+
+// end finishes the worker once run is done with the partition: it applies
+// the resets still queued for it (after its last commit, so they win),
+// gives the partition up and closes done, which starts its successor.
+func (w *worker) end() {
+	g := w.c.group
+	for {
+		g.rebalanceMu.Lock()
+		reqs := w.claimSeeksLocked()
+		if reqs == nil {
+			if g.owners[w.part] == w {
+				delete(g.owners, w.part)
+			}
+		}
+		g.rebalanceMu.Unlock()
+		if reqs == nil {
+			break
+		}
+		w.applySeek(reqs, 0)
+	}
+	w.c.mu.Lock()
+	delete(w.c.live, w)
+	w.c.mu.Unlock()
+	close(w.done)
+}
+
+// Calls from handlers. A handler may call any public method, and a call that
+// waits must not wait for a handler that cannot return before the call
+// does: its own, or one that is itself inside such a call. The goroutines
+// that run handlers are registered with their worker; a call made from one
+// (or with a handler's ctx) holds that worker for its duration, and its
+// waits give up on a worker that is held, directly or through the worker it
+// waits to take over from.
+var (
+	handlerGoroutines sync.Map // goroutine id → the *worker whose handlers it runs
+
+	heldMu      sync.Mutex            // guards heldChanged
+	heldChanged = make(chan struct{}) // closed and replaced whenever a worker's held count changes
+)
+
+// runsHandlers registers the calling goroutine as one that runs w's
+// handlers; the returned func deregisters it.
+func (w *worker) runsHandlers() func() {
+	id := goid()
+	handlerGoroutines.Store(id, w)
+	return func() { handlerGoroutines.Delete(id) }
+}
+
+// goid is the calling goroutine's id, read from the first line of its stack
+// trace ("goroutine 18 [running]:"). Only registrations and public calls
+// that wait pay for it.
+func goid() uint64 {
+	var buf [64]byte
+	b := bytes.TrimPrefix(buf[:runtime.Stack(buf[:], false)], []byte("goroutine "))
+	if i := bytes.IndexByte(b, ' '); i >= 0 {
+		b = b[:i]
+	}
+	id, _ := strconv.ParseUint(string(b), 10, 64)
+	return id
+}
+
+// reentry is a public call in progress; in holds the workers whose handlers
+// made it.
+type reentry struct{ in []*worker }
+
+// enter starts a call that may wait: made from a handler's goroutine, or
+// with a handler's ctx, it holds that handler's worker until leave.
+func enter(ctx context.Context) reentry {
+	var r reentry
+	if v, ok := handlerGoroutines.Load(goid()); ok {
+		r.in = append(r.in, v.(*worker))
+	}
+	if w, _ := ctx.Value(workerKey{}).(*worker); w != nil && !slices.Contains(r.in, w) {
+		r.in = append(r.in, w)
+	}
+	for _, w := range r.in {
+		w.hold(1)
+	}
+	return r
+}
+
+func (r reentry) leave() {
+	for _, w := range r.in {
+		w.hold(-1)
+	}
+}
+
+func (w *worker) hold(d int32) {
+	w.held.Add(d)
+	heldMu.Lock()
+	close(heldChanged)
+	heldChanged = make(chan struct{})
+	heldMu.Unlock()
+}
+
+// blocked reports whether w cannot end, nor answer a reset, before a call
+// made by a handler returns: w, or a worker w waits for, is held.
+func (w *worker) blocked() bool {
+	for x := w; x != nil; x = x.prev.Load() {
+		select {
+		case <-x.done:
+			return false // and so are the ones before it
+		default:
+		}
+		if x.held.Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// await waits until ready (w's done, or its answer to a reset) is closed
+// and reports true, or until ctx ends (its error). A call made from a
+// handler stops waiting, reporting false, once w is blocked.
+func (r reentry) await(ctx context.Context, w *worker, ready <-chan struct{}) (bool, error) {
+	for {
+		heldMu.Lock()
+		changed := heldChanged
+		heldMu.Unlock()
+		if len(r.in) > 0 && w.blocked() {
+			return false, nil
+		}
+		select {
+		case <-ready:
+			return true, nil
+		case <-changed:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
 }

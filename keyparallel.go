@@ -125,9 +125,24 @@ func (w *worker) runParallel(ctx context.Context, offset *uint64) {
 	room := func() bool {
 		return len(window) < c.cfg.batch && (len(window) == 0 || winBytes < c.cfg.batchBytes)
 	}
+	// reset applies the resets queued: it drops the window, once the
+	// handlers in progress have returned, and goes on from the new offset.
+	reset := func() {
+		stopLanes()
+		reqs := w.claimSeeks()
+		advance()
+		window, winBytes = window[:0], 0
+		*offset = w.applySeek(reqs, *offset)
+		next = *offset
+		lanesStop = newStopper(ctx)
+	}
 	tick := time.NewTicker(commitEvery)
 	defer tick.Stop()
 	for ctx.Err() == nil {
+		if len(w.wake) > 0 {
+			reset()
+			continue
+		}
 		var (
 			wake    <-chan struct{}
 			errWait <-chan time.Time
@@ -193,12 +208,8 @@ func (w *worker) runParallel(ctx context.Context, offset *uint64) {
 		case <-wake:
 		case <-errWait:
 		case <-tick.C:
-		case req := <-w.seek:
-			stopLanes()
-			window, winBytes = window[:0], 0
-			*offset = w.applySeek(req, *offset)
-			next = *offset
-			lanesStop = newStopper(ctx)
+		case <-w.wake:
+			reset()
 		case <-ctx.Done():
 		}
 	}
@@ -220,6 +231,7 @@ func newStopper(parent context.Context) *stopper {
 // closed or stop ends; each message handled is reported on done.
 func (w *worker) lane(ctx, stop context.Context, key string, ch <-chan *store.Message, done chan<- laneDone, wg *sync.WaitGroup) {
 	defer wg.Done()
+	defer w.runsHandlers()()
 	for {
 		var sm *store.Message
 		select {
@@ -227,7 +239,7 @@ func (w *worker) lane(ctx, stop context.Context, key string, ch <-chan *store.Me
 		case <-stop.Done():
 			return
 		}
-		if sm == nil || stop.Err() != nil { // closed, or stopped meanwhile
+		if sm == nil || stop.Err() != nil || w.resetting.Load() { // closed, stopped, or about to be
 			return
 		}
 		if ok, _ := w.handle(ctx, sm, nil, stop.Done()); !ok {

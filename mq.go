@@ -95,6 +95,12 @@ var (
 	// ErrMessageTooLarge is returned by SendMessage, before anything is
 	// written, for a message over the node's MaxMessageBytes.
 	ErrMessageTooLarge = errors.New("mq: message too large")
+	// ErrInvalidMessage is returned by SendMessage, PrepareMessage and
+	// CommitMessage, before anything is written, for a message whose ID is
+	// longer than MaxIDBytes, whose Timestamp is outside what int64 Unix
+	// nanoseconds hold (1677-09-21 to 2262-04-11), or whose DeliverAt is
+	// after that range.
+	ErrInvalidMessage = errors.New("mq: invalid message")
 	// ErrUnsupportedType is returned by CreateMQ for a replication type this
 	// node cannot provide (DoubleWrite and Raft3 need a cluster).
 	ErrUnsupportedType = errors.New("mq: replication type not supported here")

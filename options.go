@@ -126,7 +126,8 @@ func WithDedupWindow(d time.Duration) Option {
 }
 
 // WithMaxMessageBytes sets the largest message accepted (body, key, tags and
-// properties together). Default 4 MiB.
+// properties together; the ID is bounded on its own by MaxIDBytes). Default
+// 4 MiB.
 func WithMaxMessageBytes(n int) Option {
 	return func(c *config) error {
 		if n <= 0 || n > 256<<20 {

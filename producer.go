@@ -3,6 +3,7 @@ package mq
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,13 +20,19 @@ type Message struct {
 	Topic          string            // filled
 	PartitionIndex int               // filled: the partition it was stored in; see ToPartition
 	Offset         int64             // filled: its position in the partition (-1 while delayed)
-	ID             string            // unique id; a time-ordered UUID is filled in when empty
+	ID             string            // unique id, at most MaxIDBytes; a time-ordered UUID is filled in when empty
 	Key            string            // ordering key: same key, same partition, one by one
 	Tags           []string          // matched by tag filters
 	Properties     map[string]string // matched by expression filters
 	Body           []byte
-	Timestamp      time.Time // filled with the send time when zero
+	// Timestamp is filled with the send time when zero. Like DeliverAt it is
+	// stored as int64 Unix nanoseconds: a time outside 1677-09-21 to
+	// 2262-04-11 is refused with ErrInvalidMessage.
+	Timestamp time.Time
 	// DeliverAt holds the message back: it is delivered no earlier than this.
+	// A time not after the send, however far in the past, delivers at once
+	// (one before 1677-09-21 is delivered with a zero DeliverAt); one after
+	// 2262-04-11 is refused with ErrInvalidMessage.
 	DeliverAt time.Time
 	// ReconsumeTimes counts earlier failed deliveries (filled on delivery).
 	ReconsumeTimes int
@@ -48,8 +55,15 @@ func (m *Message) ToPartition(i int) *Message {
 	return m
 }
 
+// MaxIDBytes is the longest Message.ID accepted. The ID does not count
+// against MaxMessageBytes (see WithMaxMessageBytes), so a resend of a struct
+// whose ID SendMessage filled in is judged like its first send.
+const MaxIDBytes = store.MaxKeyBytes
+
+// size is what counts against MaxMessageBytes: body, key, tags and
+// properties.
 func (m *Message) size() int {
-	n := len(m.ID) + len(m.Key) + len(m.Body)
+	n := len(m.Key) + len(m.Body)
 	for _, t := range m.Tags {
 		n += len(t)
 	}
@@ -122,8 +136,8 @@ func (p *Producer) Close() error {
 // It returns when every message is durable (see WithSyncInterval) or ctx
 // ends. The messages of one call that go to one partition are appended in one
 // step, in order. The messages are checked before anything is written:
-// ErrNilMessage, ErrMessageTooLarge and ErrInvalidPartition refuse the whole
-// call. After a partial failure (ctx ended, disk error) some partitions may
+// ErrNilMessage, ErrMessageTooLarge, ErrInvalidMessage and
+// ErrInvalidPartition refuse the whole call. After a partial failure (ctx ended, disk error) some partitions may
 // hold their messages: resend the same messages, and their IDs make the
 // resend store each one once.
 //
@@ -196,6 +210,9 @@ func (p *Producer) route(msgs []*Message, n int) error {
 		if s := m.size(); s > limit {
 			return fmt.Errorf("%w: message %d is %d bytes, limit %d", ErrMessageTooLarge, i, s, limit)
 		}
+		if err := m.check(); err != nil {
+			return fmt.Errorf("%w: message %d: %v", ErrInvalidMessage, i, err)
+		}
 		if m.pinned && (m.PartitionIndex < 0 || m.PartitionIndex >= n) {
 			return fmt.Errorf("%w: partition %d of %s (0..%d)", ErrInvalidPartition, m.PartitionIndex, p.topic, n-1)
 		}
@@ -219,6 +236,29 @@ func (p *Producer) route(msgs []*Message, n int) error {
 			m.PartitionIndex = int((p.rr.Add(1) - 1) % uint64(n))
 			m.pinned = true
 		}
+	}
+	return nil
+}
+
+// The times int64 Unix nanoseconds hold, as the store keeps them.
+var (
+	minNanoTime = time.Unix(0, math.MinInt64)
+	maxNanoTime = time.Unix(0, math.MaxInt64)
+)
+
+// check refuses what the store cannot keep: an ID over MaxIDBytes (the
+// dedup index keys on it), a Timestamp outside the nanosecond range and a
+// DeliverAt after it. A DeliverAt before the range is in the past: the
+// message is delivered at once (toStore stores no delay).
+func (m *Message) check() error {
+	if len(m.ID) > MaxIDBytes {
+		return fmt.Errorf("ID of %d bytes, limit %d", len(m.ID), MaxIDBytes)
+	}
+	if !m.Timestamp.IsZero() && (m.Timestamp.Before(minNanoTime) || m.Timestamp.After(maxNanoTime)) {
+		return fmt.Errorf("timestamp %v outside %v..%v", m.Timestamp, minNanoTime.UTC(), maxNanoTime.UTC())
+	}
+	if m.DeliverAt.After(maxNanoTime) {
+		return fmt.Errorf("delivery time %v after %v", m.DeliverAt, maxNanoTime.UTC())
 	}
 	return nil
 }
@@ -270,7 +310,7 @@ func toStore(m *Message) store.Message {
 		Timestamp:      m.Timestamp.UnixNano(),
 		ReconsumeTimes: int32(m.ReconsumeTimes),
 	}
-	if !m.DeliverAt.IsZero() {
+	if !m.DeliverAt.IsZero() && !m.DeliverAt.Before(minNanoTime) { // earlier: past, no delay
 		s.DeliverAt = m.DeliverAt.UnixNano()
 	}
 	return s

@@ -234,7 +234,7 @@ func (w *worker) parkCopy(sm *store.Message, r int, cause error) (topic string, 
 	cp.ReconsumeTimes = int32(r + 1)
 	d := c.cfg.retryDelay(r)
 	if d > 0 {
-		cp.DeliverAt = c.m.cfg.clock.Now().Add(d).UnixNano()
+		cp.DeliverAt = clampNano(c.m.cfg.clock.Now().Add(d)) // a step past 2262 waits until then
 	}
 	c.m.cfg.logger.Warn("message handler failed; parked for retry", "topic", c.topic, "group", c.group.name,
 		"partition", w.part, "offset", sm.Offset, "attempt", r+1, "after", d, "err", cause)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -414,5 +415,38 @@ func TestConsumer_SystemTopics(t *testing.T) {
 		if _, err := m.NewConsumer("t", "g", &sink{}, opt); !errors.Is(err, mq.ErrInvalidOption) {
 			t.Errorf("%s: NewConsumer = %v, want ErrInvalidOption", name, err)
 		}
+	}
+}
+
+// TestConsumer_RetryLadderLongStep: a Concurrent consumer parks a failed
+// message for the longest ladder step a Duration holds. Its due time is past
+// 2262, which int64 nanoseconds cannot hold: it must stay parked (held at
+// the end of the range), not wrap into the past and come back at once.
+func TestConsumer_RetryLadderLongStep(t *testing.T) {
+	m := openNode(t, "")
+	mustCreate(t, m, "t", 1)
+	publish(t, m, "t", "a", "b")
+	s := &sink{fail: func(m *mq.Message, _ []*mq.Message) error {
+		if string(m.Body) == "a" {
+			return errBoom
+		}
+		return nil
+	}}
+	consume(t, m, "t", "g", s, mq.WithConsumeMode(mq.Concurrent), mq.WithRetryLadder(time.Duration(math.MaxInt64)))
+	// "b" is delivered once "a" is parked (one message of a partition at a
+	// time). A fence in the retry topic, taken by this consumer like a parked
+	// copy, comes after anything parked there that was due at once.
+	waitFor(t, 5*time.Second, "b", func() bool { return seen(s.all(), "b") })
+	p, err := m.NewProducer(mq.RetryTopic("g"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence := &mq.Message{Body: []byte("fence"), Properties: map[string]string{mq.PropRetryGroup: "g", mq.PropOriginTopic: "t"}}
+	if _, err := p.SendMessage(context.Background(), fence); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the fence", func() bool { return seen(s.all(), "fence") })
+	if got := s.trace(); got != "a#0,b#0,fence#0" {
+		t.Fatalf("deliveries %s, want a#0,b#0,fence#0", got)
 	}
 }

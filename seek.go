@@ -3,6 +3,7 @@ package mq
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -55,12 +56,13 @@ func (p Position) String() string {
 	return fmt.Sprintf("offset %d/%d", p.part, p.offset)
 }
 
-// seekReq asks a running worker to move to offset; the worker answers on
-// done (buffered) once the offset is committed. The worker's seek channel
-// holds one request, so a reset from its own handler need not wait.
+// seekReq is a reset of one partition queued for the partition's worker,
+// which applies it before it delivers anything more: when it is between
+// messages, or when it ends. done is closed once err is set.
 type seekReq struct {
 	offset uint64
-	done   chan error
+	done   chan struct{}
+	err    error
 }
 
 // ResetOffset moves the committed offset of group in topic's partitions to
@@ -70,7 +72,8 @@ type seekReq struct {
 // running partition finishes the message in its handler (a message waiting
 // to be retried is dropped from the wait), commits the new offset itself
 // and goes on from there, so no message is delivered twice by the reset
-// and no older commit overwrites it.
+// and no older commit overwrites it. A partition moving between consumers
+// takes the reset with it.
 //
 // Messages a Concurrent consumer parked in the group's retry topic are not
 // affected.
@@ -78,47 +81,108 @@ type seekReq struct {
 // It returns ErrNoTopic, ErrInvalidGroup, ErrInvalidPartition,
 // ErrInvalidOffset, ErrClosed, or ctx's error (a running partition may then
 // still move when its handler returns). It waits for the handlers of the
-// group on this node that are running; called from one of them with the
-// ctx it was given, it does not wait for that one: the reset of its
-// partition is applied when it returns, and its own result no longer
-// counts for the group's offset.
+// group on this node that are running. Called from a handler (or with the
+// ctx a handler was given), it does not wait for that handler, nor for one
+// that is itself inside a call to this package that waits: their
+// partitions move when they return, and their own results no longer count
+// for the group's offset.
 func (m *MQ) ResetOffset(ctx context.Context, topic, group string, to Position) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if err := checkOffsetName(group); err != nil {
 		return err
 	}
-	_, parts, err := m.router.partitions(topic)
-	if err != nil {
+	if _, _, err := m.router.partitions(topic); err != nil {
 		return err
-	}
-	if to.kind == posOffset && (to.part < 0 || to.part >= len(parts)) {
-		return fmt.Errorf("%w: partition %d of %s (0..%d)", ErrInvalidPartition, to.part, topic, len(parts)-1)
 	}
 	g, err := m.groupFor(topic, group)
 	if err != nil {
 		return err
 	}
-	// Hold the group still: no worker starts or stops while we reset.
-	g.rebalanceMu.Lock()
-	defer g.rebalanceMu.Unlock()
-	for i, p := range parts {
-		if to.kind == posOffset && i != to.part {
-			continue
-		}
-		off, err := target(p, to)
+	r := enter(ctx)
+	defer r.leave()
+	queued, err := g.queueReset(ctx, to)
+	if err != nil {
+		return err
+	}
+	for _, q := range queued {
+		ok, err := r.await(ctx, q.w, q.req.done)
 		if err != nil {
-			return fmt.Errorf("reset %s/%d for %s: %w", topic, i, group, err)
+			return err
 		}
-		if err := g.moveTo(ctx, i, p, off); err != nil {
-			return fmt.Errorf("reset %s/%d for %s: %w", topic, i, group, err)
+		if ok && q.req.err != nil {
+			return fmt.Errorf("reset %s/%d for %s: %w", topic, q.w.part, group, q.req.err)
 		}
 	}
 	m.cfg.logger.Info("group offset reset", "topic", topic, "group", group, "to", to.String())
 	return nil
 }
 
+// queuedReset is a reset handed to a worker.
+type queuedReset struct {
+	w   *worker
+	req *seekReq
+}
+
+// queueReset resolves to in every partition it names, then queues each
+// offset for the partition's worker on this node, or writes it when there is
+// none. It holds rebalanceMu, so no worker starts or ends meanwhile, but
+// waits for none.
+func (g *group) queueReset(ctx context.Context, to Position) ([]queuedReset, error) {
+	g.rebalanceMu.Lock()
+	defer g.rebalanceMu.Unlock()
+	_, parts, err := g.m.router.partitions(g.topic)
+	if err != nil {
+		return nil, err
+	}
+	if to.kind == posOffset && (to.part < 0 || to.part >= len(parts)) {
+		return nil, fmt.Errorf("%w: partition %d of %s (0..%d)", ErrInvalidPartition, to.part, g.topic, len(parts)-1)
+	}
+	offs := map[int]uint64{} // resolved first: a bad position changes nothing
+	for i, p := range parts {
+		if to.kind == posOffset && i != to.part {
+			continue
+		}
+		off, err := target(p, to)
+		if err != nil {
+			return nil, fmt.Errorf("reset %s/%d for %s: %w", g.topic, i, g.name, err)
+		}
+		offs[i] = off
+	}
+	var queued []queuedReset
+	for i, p := range parts {
+		off, ok := offs[i]
+		if !ok {
+			continue
+		}
+		if w := g.owners[i]; w != nil {
+			req := &seekReq{offset: off, done: make(chan struct{})}
+			w.seeks = append(w.seeks, req)
+			w.resetting.Store(true)
+			select {
+			case w.wake <- struct{}{}:
+			default: // a token is there already
+			}
+			queued = append(queued, queuedReset{w, req})
+			continue
+		}
+		if err := g.m.commitOffset(ctx, p, g.name, off); err != nil {
+			return queued, fmt.Errorf("reset %s/%d for %s: %w", g.topic, i, g.name, err)
+		}
+	}
+	return queued, nil
+}
+
 // Seek moves the consumer's offsets (its OffsetName) in its topic to to; see
-// ResetOffset.
+// ResetOffset. It returns ErrClosed after Close.
 func (c *Consumer) Seek(ctx context.Context, to Position) error {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
 	return c.m.ResetOffset(ctx, c.topic, c.group.name, to)
 }
 
@@ -156,7 +220,7 @@ func target(p partitionLog, to Position) (uint64, error) {
 	case posLast:
 		return st.Next, nil
 	case posTime:
-		off, err := p.SeekTime(to.t.UnixNano())
+		off, err := p.SeekTime(clampNano(to.t))
 		return off, translate(err)
 	}
 	if to.offset > st.Next {
@@ -165,57 +229,66 @@ func target(p partitionLog, to Position) (uint64, error) {
 	return to.offset, nil
 }
 
-// moveTo sets the group's offset in partition i: through the partition's
-// worker when one runs here, else directly. The caller holds rebalanceMu.
-func (g *group) moveTo(ctx context.Context, i int, p partitionLog, off uint64) error {
-	var w *worker
-	for _, c := range g.members() {
-		c.mu.Lock()
-		if x := c.workers[i]; x != nil {
-			w = x
-		}
-		c.mu.Unlock()
+// clampNano is t in Unix nanoseconds, or the nearest end of the int64 range
+// for a time outside it.
+func clampNano(t time.Time) int64 {
+	switch {
+	case t.Before(minNanoTime):
+		return math.MinInt64
+	case t.After(maxNanoTime):
+		return math.MaxInt64
 	}
-	if w != nil {
-		req := &seekReq{offset: off, done: make(chan error, 1)}
-		if self, _ := ctx.Value(workerKey{}).(*worker); self == w {
-			// Called from this partition's own handler, which the worker
-			// waits for: leave the request (the only one, as the caller
-			// holds rebalanceMu) for the worker to apply afterwards.
-			select {
-			case <-w.seek:
-			default:
-			}
-			w.seek <- req
-			return nil
-		}
-		select {
-		case w.seek <- req:
-			select {
-			case err := <-req.done:
-				return err
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		case <-w.done: // stopped on its own (node closing): write directly
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return g.m.commitOffset(ctx, p, g.name, off)
+	return t.UnixNano()
 }
 
-// applySeek commits req's offset for the worker and answers req. It returns
-// the offset to go on from: req's, or cur if the commit failed.
-func (w *worker) applySeek(req *seekReq, cur uint64) uint64 {
+// pollSeeks returns the resets queued for w, if any. Only w's run goroutine
+// takes them.
+func (w *worker) pollSeeks() []*seekReq {
+	if len(w.wake) == 0 {
+		return nil
+	}
+	return w.claimSeeks()
+}
+
+// claimSeeks takes the resets queued for w (nil: none).
+func (w *worker) claimSeeks() []*seekReq {
+	g := w.c.group
+	g.rebalanceMu.Lock()
+	defer g.rebalanceMu.Unlock()
+	return w.claimSeeksLocked()
+}
+
+// claimSeeksLocked is claimSeeks for a caller holding rebalanceMu.
+func (w *worker) claimSeeksLocked() []*seekReq {
+	select {
+	case <-w.wake:
+	default:
+	}
+	reqs := w.seeks
+	w.seeks = nil
+	w.resetting.Store(false)
+	return reqs
+}
+
+// applySeek commits the offset of the last of reqs (the earlier ones were
+// overtaken by it) and answers them all. It returns the offset to go on
+// from: the new one, or cur if there was none or the commit failed.
+func (w *worker) applySeek(reqs []*seekReq, cur uint64) uint64 {
+	if len(reqs) == 0 {
+		return cur
+	}
+	off := reqs[len(reqs)-1].offset
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := w.store(ctx, req.offset)
-	req.done <- err
+	err := w.store(ctx, off)
+	for _, req := range reqs {
+		req.err = err
+		close(req.done)
+	}
 	if err != nil {
 		return cur
 	}
-	w.committed = req.offset
+	w.committed = off
 	w.lastCommit = time.Now()
-	return req.offset
+	return off
 }

@@ -200,3 +200,39 @@ func TestMQ_ResetOffsetFromHandler(t *testing.T) {
 		})
 	}
 }
+
+// TestMQ_ResetOffsetTimeExtremes seeks to times outside what int64 Unix
+// nanoseconds hold: before them is the first message, after them the end.
+func TestMQ_ResetOffsetTimeExtremes(t *testing.T) {
+	year := func(y int) time.Time { return time.Date(y, 1, 1, 0, 0, 0, 0, time.UTC) }
+	all := []string{"m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "m9"}
+	tests := []struct {
+		name string
+		at   time.Time
+		want []string
+	}{
+		{"Zero", time.Time{}, all},
+		{"Year1000", year(1000), all},
+		{"Year1677", year(1677), all},
+		{"Year1969", year(1969), all},
+		{"Year2263", year(2263), nil},
+		{"Year3000", year(3000), nil},
+		{"Year10000", year(10000), nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m, _ := seekFixture(t)
+			if err := m.ResetOffset(context.Background(), "t", "g", mq.SeekTime(tc.at)); err != nil {
+				t.Fatal(err)
+			}
+			publish(t, m, "t", "new")
+			s := &sink{}
+			consume(t, m, "t", "g", s)
+			want := append(slices.Clone(tc.want), "new")
+			waitFor(t, 5*time.Second, "new", func() bool { return slices.Contains(s.bodies(), "new") })
+			if got := s.bodies(); !slices.Equal(got, want) {
+				t.Fatalf("after SeekTime(%v) got %v, want %v", tc.at, got, want)
+			}
+		})
+	}
+}
