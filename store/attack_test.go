@@ -591,9 +591,7 @@ func TestAttack_WALDamageEverywhere(t *testing.T) {
 	for o := int64(0); o < lastWrite; o += 31 {
 		offs = append(offs, o)
 	}
-	for _, o := range []int64{recEnd, recEnd + 3, recEnd + 4096, int64(len(orig)) - 1} { // the zero area
-		offs = append(offs, o)
-	}
+	offs = append(offs, recEnd, recEnd+3, recEnd+4096, int64(len(orig))-1) // the zero area
 	var corrupt, fine int
 	for _, o := range offs {
 		dir := t.TempDir()

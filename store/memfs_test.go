@@ -233,10 +233,9 @@ func (m *memFS) SetBytes(name string, b []byte) {
 }
 
 type memFile struct {
-	fs     *memFS
-	n      *memNode
-	name   string
-	closed bool
+	fs   *memFS
+	n    *memNode
+	name string
 }
 
 func (f *memFile) ReadAt(b []byte, off int64) (int, error) {
