@@ -136,7 +136,7 @@ func decodeTopicMeta(name string, b []byte) (tm topicMeta, legacy bool, err erro
 	case len(b) > 0 && len(b) <= 64 && (b[0]&0xf0 == 0x80 || b[0] == 0xde || b[0] == 0xdf):
 		// A msgpack map (fixmap, map16, map32): the legacy record.
 		var lm legacyTopicMeta
-		if err := msgpack.Unmarshal(b, &lm); err != nil {
+		if err := unmarshalLegacy(b, &lm); err != nil {
 			return topicMeta{}, true, fmt.Errorf("legacy record: %v", err)
 		}
 		tm, legacy = topicMeta(lm), true
@@ -441,4 +441,16 @@ func (m *MQ) putTopicMeta(name string, tm topicMeta) error {
 
 func putTopicMetaTx(tx *bolt.Tx, name string, tm topicMeta) error {
 	return tx.Bucket(bucketTopics).Put([]byte(name), encodeTopicMeta(name, tm))
+}
+
+// unmarshalLegacy decodes a msgpack record of the legacy format. The msgpack
+// library panics on some malformed input (a nil where a time is expected):
+// that is damage too.
+func unmarshalLegacy(b []byte, v any) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("malformed msgpack: %v", r)
+		}
+	}()
+	return msgpack.Unmarshal(b, v)
 }

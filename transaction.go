@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/zeze-go/mq/localtx"
 	"github.com/zeze-go/mq/store"
@@ -776,7 +775,7 @@ func openRow(what, magic string, b []byte) (*rowReader, error) {
 
 // decodeV1 decodes the version 1 row b into v, whose version field is ver.
 func decodeV1(what string, b []byte, v any, ver *int) error {
-	if err := msgpack.Unmarshal(b, v); err != nil {
+	if err := unmarshalLegacy(b, v); err != nil {
 		return fmt.Errorf("%w: %s: neither magic nor a version 1 row: %v", ErrCorrupt, what, err)
 	}
 	if *ver != txFormatV1 {
