@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-
 	"github.com/zeze-go/mq/localtx"
 	"github.com/zeze-go/mq/store"
 )
