@@ -2,8 +2,10 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -166,4 +168,29 @@ func (w *WAL) streams() map[string]bool {
 		out[s] = true
 	}
 	return out
+}
+
+// TestWAL_FormatOneSegment: a format 1 segment's records (frames from byte
+// 8, after its 8-byte header) are found; one not yet applied is ErrFormat.
+func TestWAL_FormatOneSegment(t *testing.T) {
+	dir := t.TempDir()
+	body := []byte{0, 3, 't', '/', '0', 0, 0, 0, 0, 0, 0, 0, 5, 'c', 'm', 'd'}
+	seg := []byte(walMagicV1)
+	seg = binary.BigEndian.AppendUint32(seg, uint32(len(body)))
+	seg = binary.BigEndian.AppendUint32(seg, crc32.Checksum(body, castagnoli))
+	seg = append(seg, body...)
+	if err := os.WriteFile(filepath.Join(dir, "0000000000000001.wal"), seg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w, err := OpenWAL(dir, WALOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Recover("t/0", 5, func([]byte) error { return nil }); err != nil {
+		t.Fatalf("applied record of format 1: %v", err)
+	}
+	if err := w.Recover("t/0", 4, func([]byte) error { return nil }); !errors.Is(err, ErrFormat) {
+		t.Fatalf("unapplied record of format 1: %v, want ErrFormat", err)
+	}
 }

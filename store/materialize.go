@@ -229,11 +229,10 @@ func (p *Partition) barrier() error {
 	return nil
 }
 
-// update runs fn in a write transaction, containing bbolt's panics.
-func (p *Partition) update(fn func(*bolt.Tx) error) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer p.contain(&err)
-	return p.db.Update(fn)
+// update runs fn in a write transaction; a bbolt panic or fault on a
+// damaged page (contained by boltsafe) fails the partition.
+func (p *Partition) update(fn func(*bolt.Tx) error) error {
+	return p.corrupted(boltsafe.Update(p.db, fn))
 }
 
 // view runs fn in a read transaction, containing bbolt's panics.
@@ -243,22 +242,20 @@ func (p *Partition) view(fn func(*bolt.Tx) error) (err error) {
 		return ErrClosed
 	default:
 	}
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer p.contain(&err)
-	err = p.db.View(fn)
+	err = boltsafe.View(p.db, fn)
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		return ErrClosed
 	}
-	return err
+	return p.corrupted(err)
 }
 
-// contain turns a panic of bbolt reading a damaged page (or a fault on its
-// memory map) into an error wrapping ErrCorrupt that names the file, and
-// fails the partition. Deferred by every call into bbolt.
-func (p *Partition) contain(err *error) {
-	if r := recover(); r != nil {
-		*err = p.fail(fmt.Errorf("%w: %s: %v", ErrCorrupt, p.path, r))
+// corrupted fails the partition when err is damage boltsafe met inside
+// bbolt, and returns it as this package's ErrCorrupt.
+func (p *Partition) corrupted(err error) error {
+	if errors.Is(err, boltsafe.ErrCorrupt) {
+		return p.fail(fmt.Errorf("%w: %v", ErrCorrupt, err))
 	}
+	return err
 }
 
 // openBolt opens a partition file after internal/boltsafe checked it,

@@ -23,7 +23,7 @@ type snapshot struct {
 func (s *snapshot) low(tx *bolt.Tx) uint64 {
 	var st state
 	if err := decodeState(tx.Bucket(bucketMeta).Get(metaState), &st); err == nil {
-		return maxU64(s.st.Low, st.Low)
+		return max(s.st.Low, st.Low)
 	}
 	return s.st.Low
 }
@@ -62,7 +62,7 @@ func (s *snapshot) lookup(tx *bolt.Tx, b int, key string) []byte {
 	return tx.Bucket(bucketNames[b]).Get(bytesOf(key))
 }
 
-// Read appends to dst the messages from offset from on, at most max of them
+// Read appends to dst the messages from offset from on, at most limit of them
 // and, past the first, at most maxBytes in all, and returns dst. Offsets below
 // the low watermark are gone (trimmed): reading starts at the first message
 // still stored, and the caller compares offsets to notice the gap.
@@ -70,22 +70,22 @@ func (s *snapshot) lookup(tx *bolt.Tx, b int, key string) []byte {
 // Read stops before a record that fails its checksum, so the messages before
 // it are returned without error; a Read that starts at such a record returns
 // an error wrapping ErrCorrupt (and naming the offset) and dst unchanged.
-func (p *Partition) Read(from uint64, max int, maxBytes int, dst []Message) ([]Message, error) {
-	if max <= 0 {
+func (p *Partition) Read(from uint64, limit int, maxBytes int, dst []Message) ([]Message, error) {
+	if limit <= 0 {
 		return dst, nil
 	}
 	s := p.snapshot()
-	from = maxU64(from, s.st.Low)
+	from = max(from, s.st.Low)
 	err := p.view(func(tx *bolt.Tx) error {
 		bytes, n := 0, 0
 		// emit adds the record v at off; more false stops the read.
-		emit := func(off uint64, v []byte) (more bool, err error) {
+		emit := func(off uint64, k, v []byte) (more bool, err error) {
 			if n > 0 && maxBytes > 0 && bytes+len(v) > maxBytes {
 				return false, nil
 			}
 			dst = append(dst, Message{})
 			m := &dst[len(dst)-1]
-			if err := decodeRecord(u64(off), v, m); err != nil {
+			if err := decodeRecord(k, v, m); err != nil {
 				dst = dst[:len(dst)-1]
 				if n > 0 {
 					return false, nil // the next Read starts here and reports it
@@ -95,7 +95,7 @@ func (p *Partition) Read(from uint64, max int, maxBytes int, dst []Message) ([]M
 			m.Offset = off
 			bytes += len(v)
 			n++
-			return n < max, nil
+			return n < limit, nil
 		}
 		missing := func(off uint64) error {
 			return fmt.Errorf("%w: %s: offset %d missing from the log [%d, %d)", ErrCorrupt, p.path, off, s.st.Low, s.st.Next)
@@ -106,14 +106,14 @@ func (p *Partition) Read(from uint64, max int, maxBytes int, dst []Message) ([]M
 		if len(s.gens) > 0 {
 			inFile = min(inFile, s.gens[0].logBase)
 		}
-		off := maxU64(from, s.low(tx))
+		off := max(from, s.low(tx))
 		if off < inFile {
 			cur := tx.Bucket(bucketLog).Cursor()
 			for k, v := cur.Seek(u64(off)); off < inFile; k, v = cur.Next() {
 				if len(k) != 8 || be.Uint64(k) != off {
 					return missing(off)
 				}
-				more, err := emit(off, v)
+				more, err := emit(off, k, v)
 				if !more || err != nil {
 					return err
 				}
@@ -125,7 +125,9 @@ func (p *Partition) Read(from uint64, max int, maxBytes int, dst []Message) ([]M
 			if v == nil {
 				return missing(off)
 			}
-			more, err := emit(off, v)
+			var k [8]byte
+			be.PutUint64(k[:], off)
+			more, err := emit(off, k[:], v)
 			if !more || err != nil {
 				return err
 			}
@@ -133,13 +135,6 @@ func (p *Partition) Read(from uint64, max int, maxBytes int, dst []Message) ([]M
 		return nil
 	})
 	return dst, err
-}
-
-func maxU64(a, b uint64) uint64 {
-	if a > b {
-		return a
-	}
-	return b
 }
 
 // Get returns the message at offset, or ok false if it is not stored.

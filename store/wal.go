@@ -264,46 +264,19 @@ func (w *WAL) scan(seg uint64, newest bool) error {
 	}
 	w.files[seg] = f
 	salt := hdr[len(walMagic):]
-	r := bufio.NewReaderSize(io.NewSectionReader(f, walHeaderLen, size-walHeaderLen), 1<<20)
-	off := int64(walHeaderLen)
-	var body []byte
-	for off < size {
-		var fh [walFrameLen]byte
-		if _, err := io.ReadFull(r, fh[:]); err != nil {
-			break // a short frame header: torn
-		}
-		l := binary.BigEndian.Uint32(fh[:])
-		if l == 0 {
-			if zero, err := w.allZero(seg, off, size); err != nil {
-				return err
-			} else if zero {
-				return nil // the end of the records: zeros allocated ahead
-			}
-			break
-		}
-		if l > walMaxFrame || int64(l) > size-off-walFrameLen {
-			break
-		}
-		if cap(body) < int(l) {
-			body = make([]byte, l)
-		}
-		body = body[:l]
-		if _, err := io.ReadFull(r, body); err != nil {
-			break
-		}
-		if crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(fh[4:]) {
-			break
-		}
+	off, err := readFrames(f, walHeaderLen, size, func(off int64, body []byte) (bool, error) {
 		if body[0] == frameWrite && (len(body) != writeBodyLen || !bytes.Equal(body[1:9], salt)) {
-			break // not a header of this segment: damage
+			return false, nil // not a header of this segment: damage
 		}
-		if err := w.index(seg, off, body); err != nil {
-			return err
-		}
-		off += walFrameLen + int64(l)
+		return true, w.index(seg, off, body)
+	})
+	if err != nil {
+		return err
 	}
-	if off == size {
-		return nil
+	if zero, err := w.allZero(seg, off, size); err != nil {
+		return err
+	} else if zero {
+		return nil // the end of the records: zeros allocated ahead
 	}
 	if !newest {
 		return w.corrupt(seg, "damaged frame at %d of %d bytes", off, size)
@@ -410,31 +383,50 @@ func (w *WAL) allZero(seg uint64, from, to int64) (bool, error) {
 // scanV1 indexes a segment of format 1, which logged commands: a stream
 // may skip them if its file already holds them, and fails otherwise.
 func (w *WAL) scanV1(seg uint64, f File, size int64) error {
-	r := bufio.NewReaderSize(io.NewSectionReader(f, walHeaderLen, size-walHeaderLen), 1<<20)
-	off := int64(walHeaderLen)
-	var body []byte
-	for off < size {
-		var fh [walFrameLen]byte
-		if _, err := io.ReadFull(r, fh[:]); err != nil {
-			return nil
-		}
-		l := binary.BigEndian.Uint32(fh[:])
-		if l == 0 || l > walMaxFrame || int64(l) > size-off-walFrameLen {
-			return nil // format 1 ended its records with zeros or a torn tail
-		}
-		body = append(body[:0], make([]byte, l)...)
-		if _, err := io.ReadFull(r, body); err != nil || crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(fh[4:]) {
-			return nil
-		}
+	// Format 1 ended its records with zeros or a torn tail: either ends them.
+	_, err := readFrames(f, int64(len(walMagicV1)), size, func(off int64, body []byte) (bool, error) {
 		if len(body) < 2 || len(body) < 2+int(binary.BigEndian.Uint16(body))+8 {
-			return w.corrupt(seg, "format 1 record at %d", off)
+			return false, w.corrupt(seg, "format 1 record at %d", off)
 		}
 		nl := int(binary.BigEndian.Uint16(body))
 		name := string(body[2 : 2+nl])
 		w.rec[name] = append(w.rec[name], walLoc{seg: seg, off: off, legacy: binary.BigEndian.Uint64(body[2+nl:])})
+		return true, nil
+	})
+	return err
+}
+
+// readFrames reads the frames of f from start, one at a time, and calls
+// visit with each intact one's offset and body (valid until the next call).
+// It returns where the intact frames end: size, or the offset of the first
+// frame that is short, of length zero, too long or failing its CRC, or that
+// visit refused.
+func readFrames(f File, start, size int64, visit func(off int64, body []byte) (bool, error)) (int64, error) {
+	r := bufio.NewReaderSize(io.NewSectionReader(f, start, size-start), 1<<20)
+	off := start
+	var body []byte
+	for off < size {
+		var fh [walFrameLen]byte
+		if _, err := io.ReadFull(r, fh[:]); err != nil {
+			return off, nil
+		}
+		l := binary.BigEndian.Uint32(fh[:])
+		if l == 0 || l > walMaxFrame || int64(l) > size-off-walFrameLen {
+			return off, nil
+		}
+		if cap(body) < int(l) {
+			body = make([]byte, l)
+		}
+		body = body[:l]
+		if _, err := io.ReadFull(r, body); err != nil || crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(fh[4:]) {
+			return off, nil
+		}
+		if ok, err := visit(off, body); !ok || err != nil {
+			return off, err
+		}
 		off += walFrameLen + int64(l)
 	}
-	return nil
+	return off, nil
 }
 
 // Recover calls fn with each record of stream left by the previous run, in
