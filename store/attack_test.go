@@ -155,19 +155,27 @@ func (n *crashNode) check(t *testing.T, logs []*partLog, what string) {
 
 func copyFiles(t *testing.T, src, dst string) {
 	t.Helper()
+	if err := copyFlat(src, dst); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// copyFlat copies the files of src into dst.
+func copyFlat(src, dst string) error {
 	ents, err := os.ReadDir(src)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	for _, e := range ents {
 		b, err := os.ReadFile(filepath.Join(src, e.Name()))
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o600); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
+	return nil
 }
 
 // runLoad sends a mixed load to every partition of n until stop, recording

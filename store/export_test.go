@@ -1,9 +1,16 @@
 package store
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/zeze-go/mq/internal/boltsafe"
 )
 
 // Commits returns how many bbolt transactions p committed and how many gens
@@ -55,4 +62,57 @@ func BreakFile(p *Partition) (restore func()) {
 		syscall.Dup2(saved, fd)
 		syscall.Close(saved)
 	}
+}
+
+// AckBeforeSync makes w acknowledge each write before syncing it: a broken
+// build, the negative control of the crash tests. Call it before the first
+// Append.
+func AckBeforeSync(w *WAL) { w.ackEarly = true }
+
+// Dump waits until every gen of p is in its file and returns the file's
+// whole state as text: every pair of every bucket in key order, and the
+// state without Applied (which counts batches, not commands) and without
+// the file's id. Two partitions given the same commands dump the same text
+// however the commands were batched.
+func Dump(p *Partition) (string, error) {
+	if err := p.drain(); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	err := p.view(func(tx *bolt.Tx) error {
+		for _, name := range allBuckets {
+			fmt.Fprintf(&b, "[%s]\n", name)
+			err := tx.Bucket(name).ForEach(func(k, v []byte) error {
+				switch {
+				case bytes.Equal(name, bucketMeta) && bytes.Equal(k, metaID):
+					return nil
+				case bytes.Equal(name, bucketMeta) && bytes.Equal(k, metaState):
+					var st state
+					if err := decodeState(v, &st); err != nil {
+						return err
+					}
+					st.Applied = 0
+					fmt.Fprintf(&b, "state %+v\n", st)
+					return nil
+				}
+				fmt.Fprintf(&b, "%q %q\n", k, v)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return b.String(), err
+}
+
+// SnapshotFile writes to path the partition file as of its last bbolt
+// commit (the one in flight included once its meta page is written), which
+// is what a power loss at this instant leaves of a file bbolt syncs on each
+// commit.
+func SnapshotFile(p *Partition, path string) error {
+	return boltsafe.View(p.db, func(tx *bolt.Tx) error {
+		return tx.CopyFile(path, 0o600)
+	})
 }

@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"bytes"
 	"io"
 	"io/fs"
 	"math/rand/v2"
@@ -25,47 +26,154 @@ type memFS struct {
 	durable map[string]*memNode // entries as of the last SyncDir
 	dirs    map[string]bool
 	crashed bool
-	// fail, if set, is asked before every write, sync and truncate.
+	// fail, if set, is asked before every write, sync, truncate, remove
+	// and directory sync.
 	fail func(op, name string) error
-	ops  int
+	ops  int // those operations so far
+	// crashAt, if positive, crashes the file system at that operation (the
+	// operation fails with EIO and nothing after it reaches the disk):
+	// onCrash gets the image the crash leaves (see Image), made with
+	// crashLoss and crashRng, while the operation waits.
+	crashAt   int
+	crashLoss bool
+	crashRng  *rand.Rand
+	onCrash   func(img *memFS)
 }
 
+// memNode is a file: its current sectors and those as of its last sync,
+// each kept only when it holds a non-zero byte (segments are mostly zeros
+// allocated ahead of the writer).
 type memNode struct {
-	data   []byte
-	synced []byte
-	dirty  []bool // sectors written since the last sync
-	ndirty int
-	list   []int // the dirty sectors
+	data, synced map[int64]*memSector
+	size, ssize  int64
+	dirty        map[int64]bool // sectors written or cut since the last sync
 }
 
-func (n *memNode) mark(from, to int64) {
-	for sec := int(from / 512); sec <= int((to-1)/512); sec++ {
-		for sec >= len(n.dirty) {
-			n.dirty = append(n.dirty, make([]bool, len(n.dirty)+64)...)
-		}
-		if !n.dirty[sec] {
+const sectorSize = 512
+
+type memSector [sectorSize]byte
+
+func newMemNode() *memNode {
+	return &memNode{data: map[int64]*memSector{}, synced: map[int64]*memSector{}, dirty: map[int64]bool{}}
+}
+
+func (n *memNode) writeAt(b []byte, off int64) {
+	for len(b) > 0 {
+		sec, in := off/sectorSize, off%sectorSize
+		k := min(int64(len(b)), sectorSize-in)
+		part := b[:k]
+		if s := n.data[sec]; s != nil {
+			copy(s[in:], part)
 			n.dirty[sec] = true
-			n.ndirty++
-			n.list = append(n.list, sec)
+		} else if !isZero(part) {
+			s = &memSector{}
+			copy(s[in:], part)
+			n.data[sec] = s
+			n.dirty[sec] = true
+		} else if n.synced[sec] != nil {
+			n.dirty[sec] = true // zeros over synced data: the sector is absent now
+		}
+		b, off = b[k:], off+k
+	}
+	n.size = max(n.size, off)
+}
+
+func (n *memNode) readAt(b []byte, off int64) int {
+	if off >= n.size {
+		return 0
+	}
+	b = b[:min(int64(len(b)), n.size-off)]
+	for done := 0; done < len(b); {
+		sec, in := (off+int64(done))/sectorSize, (off+int64(done))%sectorSize
+		k := min(len(b)-done, int(sectorSize-in))
+		if s := n.data[sec]; s != nil {
+			copy(b[done:done+k], s[in:])
+		} else {
+			clear(b[done : done+k])
+		}
+		done += k
+	}
+	return len(b)
+}
+
+func (n *memNode) truncate(size int64) {
+	if size < n.size {
+		for sec := range n.data {
+			if sec*sectorSize >= size {
+				delete(n.data, sec)
+				n.dirty[sec] = true
+			}
+		}
+		if in := size % sectorSize; in != 0 {
+			if s := n.data[size/sectorSize]; s != nil {
+				clear(s[in:])
+				n.dirty[size/sectorSize] = true
+			}
 		}
 	}
+	n.size = size
 }
 
 func (n *memNode) sync() {
-	if len(n.synced) != len(n.data) {
-		s := make([]byte, len(n.data))
-		copy(s, n.synced)
-		n.synced = s
-	}
-	for _, sec := range n.list {
-		n.dirty[sec] = false
-		s, e := sec*512, min(sec*512+512, len(n.data))
-		if s < e {
-			copy(n.synced[s:e], n.data[s:e])
+	for sec := range n.dirty {
+		if s := n.data[sec]; s != nil {
+			c := *s
+			n.synced[sec] = &c
+		} else {
+			delete(n.synced, sec)
 		}
 	}
-	n.ndirty, n.list = 0, n.list[:0]
+	clear(n.dirty)
+	n.ssize = n.size
 }
+
+// crashed returns the node a crash leaves: with powerLoss, the synced
+// sectors and size plus, with rng, a random subset of the unsynced sectors
+// (and perhaps the new size); without, everything written.
+func (n *memNode) crashed(powerLoss bool, rng *rand.Rand) *memNode {
+	out := newMemNode()
+	src, size := n.data, n.size
+	if powerLoss {
+		src, size = n.synced, n.ssize
+	}
+	for sec, s := range src {
+		c := *s
+		out.data[sec] = &c
+	}
+	if powerLoss && rng != nil && (len(n.dirty) > 0 || n.size != n.ssize) {
+		if rng.IntN(2) == 0 {
+			size = n.size
+		}
+		secs := make([]int64, 0, len(n.dirty))
+		for sec := range n.dirty {
+			secs = append(secs, sec)
+		}
+		slices.Sort(secs)
+		for _, sec := range secs {
+			if rng.IntN(2) != 0 {
+				continue
+			}
+			if s := n.data[sec]; s != nil {
+				c := *s
+				out.data[sec] = &c
+			} else {
+				delete(out.data, sec)
+			}
+		}
+	}
+	out.truncate(size)
+	clear(out.dirty)
+	for sec, s := range out.data {
+		c := *s
+		out.synced[sec] = &c
+	}
+	out.ssize = size
+	return out
+}
+
+var zeroSector memSector
+
+func isZero(b []byte) bool { return bytes.Equal(b, zeroSector[:len(b)]) }
 
 func newMemFS() *memFS {
 	return &memFS{files: map[string]*memNode{}, durable: map[string]*memNode{}, dirs: map[string]bool{}}
@@ -76,6 +184,10 @@ func (m *memFS) check(op, name string) error {
 		return syscall.EIO
 	}
 	m.ops++
+	if m.crashAt > 0 && m.ops == m.crashAt {
+		m.crashLocked()
+		return syscall.EIO
+	}
 	if m.fail != nil {
 		return m.fail(op, name)
 	}
@@ -95,7 +207,7 @@ func (m *memFS) OpenFile(name string, flag int, perm fs.FileMode) (store.File, e
 	case !ok && flag&os.O_CREATE == 0:
 		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
 	case !ok:
-		n = &memNode{}
+		n = newMemNode()
 		m.files[name] = n
 	}
 	return &memFile{fs: m, n: n, name: name}, nil
@@ -166,6 +278,42 @@ func (m *memFS) SyncDir(dir string) error {
 func (m *memFS) Image(powerLoss bool, rng *rand.Rand) *memFS {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.imageLocked(powerLoss, rng)
+}
+
+// Ops returns how many writes, syncs, truncates, removes and directory
+// syncs the file system has seen.
+func (m *memFS) Ops() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ops
+}
+
+// CrashAt arms a crash at the n-th operation from now (see crashAt): a
+// power loss, or a process crash (what was written stays).
+func (m *memFS) CrashAt(n int, powerLoss bool, rng *rand.Rand, onCrash func(img *memFS)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.crashAt, m.crashLoss, m.crashRng, m.onCrash = m.ops+n, powerLoss, rng, onCrash
+}
+
+// CrashNow crashes the file system as CrashAt would, unless it crashed.
+func (m *memFS) CrashNow() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.crashed {
+		m.crashLocked()
+	}
+}
+
+func (m *memFS) crashLocked() {
+	img := m.imageLocked(m.crashLoss, m.crashRng)
+	if m.onCrash != nil {
+		m.onCrash(img)
+	}
+}
+
+func (m *memFS) imageLocked(powerLoss bool, rng *rand.Rand) *memFS {
 	m.crashed = true
 	out := newMemFS()
 	for d := range m.dirs {
@@ -175,25 +323,13 @@ func (m *memFS) Image(powerLoss bool, rng *rand.Rand) *memFS {
 	if powerLoss {
 		src = m.durable
 	}
-	for name, n := range src {
-		var b []byte
-		if !powerLoss {
-			b = slices.Clone(n.data)
-		} else {
-			b = slices.Clone(n.synced)
-			if rng != nil && (n.ndirty > 0 || len(n.data) != len(n.synced)) {
-				if rng.IntN(2) == 0 && len(n.data) > len(b) {
-					b = append(b, make([]byte, len(n.data)-len(b))...)
-				}
-				for _, sec := range n.list {
-					s, e := sec*512, min(sec*512+512, len(b), len(n.data))
-					if s < e && rng.IntN(2) == 0 {
-						copy(b[s:e], n.data[s:e])
-					}
-				}
-			}
-		}
-		node := &memNode{data: b, synced: slices.Clone(b)}
+	names := make([]string, 0, len(src))
+	for name := range src {
+		names = append(names, name)
+	}
+	slices.Sort(names) // rng is used in the same order each time
+	for _, name := range names {
+		node := src[name].crashed(powerLoss, rng)
 		out.files[name] = node
 		out.durable[name] = node
 	}
@@ -218,10 +354,13 @@ func (m *memFS) Names(sub string) []string {
 func (m *memFS) Bytes(name string) []byte {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if n, ok := m.files[name]; ok {
-		return slices.Clone(n.data)
+	n, ok := m.files[name]
+	if !ok {
+		return nil
 	}
-	return nil
+	b := make([]byte, n.size)
+	n.readAt(b, 0)
+	return b
 }
 
 // SetBytes replaces a file's contents (current and synced).
@@ -229,7 +368,10 @@ func (m *memFS) SetBytes(name string, b []byte) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := m.files[name]
-	n.data, n.synced, n.dirty, n.ndirty, n.list = slices.Clone(b), slices.Clone(b), nil, 0, nil
+	n.truncate(0)
+	n.writeAt(b, 0)
+	n.size = int64(len(b))
+	n.sync()
 }
 
 type memFile struct {
@@ -244,10 +386,7 @@ func (f *memFile) ReadAt(b []byte, off int64) (int, error) {
 	if f.fs.crashed {
 		return 0, syscall.EIO
 	}
-	if off >= int64(len(f.n.data)) {
-		return 0, io.EOF
-	}
-	n := copy(b, f.n.data[off:])
+	n := f.n.readAt(b, off)
 	if n < len(b) {
 		return n, io.EOF
 	}
@@ -260,13 +399,7 @@ func (f *memFile) WriteAt(b []byte, off int64) (int, error) {
 	if err := f.fs.check("write", f.name); err != nil {
 		return 0, err
 	}
-	if end := off + int64(len(b)); end > int64(len(f.n.data)) {
-		f.n.data = append(f.n.data, make([]byte, end-int64(len(f.n.data)))...)
-	}
-	copy(f.n.data[off:], b)
-	if len(b) > 0 {
-		f.n.mark(off, off+int64(len(b)))
-	}
+	f.n.writeAt(b, off)
 	return len(b), nil
 }
 
@@ -286,11 +419,7 @@ func (f *memFile) Truncate(size int64) error {
 	if err := f.fs.check("truncate", f.name); err != nil {
 		return err
 	}
-	if size < int64(len(f.n.data)) {
-		f.n.data = f.n.data[:size:size]
-	} else {
-		f.n.data = append(f.n.data, make([]byte, size-int64(len(f.n.data)))...)
-	}
+	f.n.truncate(size)
 	return nil
 }
 
@@ -300,7 +429,7 @@ func (f *memFile) Size() (int64, error) {
 	if f.fs.crashed {
 		return 0, syscall.EIO
 	}
-	return int64(len(f.n.data)), nil
+	return f.n.size, nil
 }
 
 func (f *memFile) Close() error { return nil }

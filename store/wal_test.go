@@ -33,24 +33,34 @@ var stalled = store.Options{MaterializeAfter: time.Hour}
 
 func openWALNodeWith(t testing.TB, dir string, opts store.Options) (*walNode, error) {
 	t.Helper()
-	w, err := store.OpenWAL(filepath.Join(dir, "wal"), store.WALOptions{})
+	w, p, err := openWALPartition(filepath.Join(dir, "wal"), store.WALOptions{}, filepath.Join(dir, "0.db"), opts)
 	if err != nil {
-		return nil, err
-	}
-	opts.WAL, opts.Stream = w, "t/0"
-	p, err := store.Open(filepath.Join(dir, "0.db"), opts)
-	if err != nil {
-		w.Close()
-		return nil, err
-	}
-	if err := w.FinishRecovery(); err != nil {
-		p.Close()
-		w.Close()
 		return nil, err
 	}
 	n := &walNode{dir: dir, wal: w, p: p}
 	t.Cleanup(func() { n.close(t) })
 	return n, nil
+}
+
+// openWALPartition opens a WAL and one partition (stream "t/0") behind it,
+// and finishes the WAL's recovery.
+func openWALPartition(walDir string, wopts store.WALOptions, path string, opts store.Options) (*store.WAL, *store.Partition, error) {
+	w, err := store.OpenWAL(walDir, wopts)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts.WAL, opts.Stream = w, "t/0"
+	p, err := store.Open(path, opts)
+	if err != nil {
+		w.Close()
+		return nil, nil, err
+	}
+	if err := w.FinishRecovery(); err != nil {
+		p.Close()
+		w.Close()
+		return nil, nil, err
+	}
+	return w, p, nil
 }
 
 func mustWALNode(t testing.TB, dir string) *walNode {
