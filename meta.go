@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io/fs"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -140,6 +141,16 @@ func decodeTopicMeta(name string, b []byte) (tm topicMeta, legacy bool, err erro
 			return topicMeta{}, true, fmt.Errorf("legacy record: %v", err)
 		}
 		tm, legacy = topicMeta(lm), true
+		// Open rewrites it in the current layout: Created as UnixNano, 0
+		// for unknown.
+		if c := tm.Created; !c.IsZero() {
+			if c.Before(time.Unix(0, math.MinInt64)) || c.After(time.Unix(0, math.MaxInt64)) {
+				return topicMeta{}, true, fmt.Errorf("legacy record: created %v, out of range", c)
+			}
+			if c.UnixNano() == 0 {
+				tm.Created = time.Time{}
+			}
+		}
 	default:
 		return topicMeta{}, false, fmt.Errorf("record of %d bytes is neither the topic layout nor the legacy one", len(b))
 	}

@@ -72,7 +72,10 @@ func unseal(key string, val []byte, n int) ([]byte, error) {
 
 func decodeState(b []byte, s *state) error {
 	if len(b) > 0 && isLegacyMap(b[0]) {
-		return decodeLegacyState(b, s)
+		if err := decodeLegacyState(b, s); err != nil {
+			return err
+		}
+		return checkState(s) // what format 1 held is rewritten in this one
 	}
 	if len(b) != stateLen || b[0] != 'Z' || b[1] != 'S' ||
 		crc32.Checksum(b[:stateLen-4], castagnoli) != binary.BigEndian.Uint32(b[stateLen-4:]) {
@@ -84,6 +87,10 @@ func decodeState(b []byte, s *state) error {
 	u := func(i int) uint64 { return binary.BigEndian.Uint64(b[3+8*i:]) }
 	*s = state{Next: u(0), Low: u(1), Bytes: int64(u(2)), DedupLow: u(3), Applied: u(4),
 		LastStored: int64(u(5)), DelaySeq: u(6), Delayed: int64(u(7))}
+	return checkState(s)
+}
+
+func checkState(s *state) error {
 	if s.Low > s.Next || s.DedupLow > s.Next || s.Bytes < 0 || s.Delayed < 0 {
 		return fmt.Errorf("%w: partition state %+v", ErrCorrupt, *s)
 	}
@@ -210,7 +217,12 @@ func decodeLegacyHalf(b []byte) (*halfTx, error) {
 		case "l":
 			h.LastCheck = r.int()
 		case "c":
-			h.Checks = int(r.int())
+			// the bound decodeHalfValue enforces, as the half is rewritten
+			if c := r.int(); c < 0 || c > 1<<31 {
+				r.fail("%d checks", c)
+			} else {
+				h.Checks = int(c)
+			}
 		case "r":
 			h.Records = nil
 			if n := r.arrayLen(); n > 0 {

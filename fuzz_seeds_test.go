@@ -1,0 +1,121 @@
+package mq
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/metrics"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/zeze-go/mq/store"
+)
+
+// fuzzSeeds returns the seeds of each fuzz target of this package:
+// encodings by the real encoders (and the msgpack library that wrote the
+// legacy records), and edge cases (cut short, lengths claiming more than is
+// there). The targets add them; TestWriteFuzzCorpus writes them to
+// testdata/fuzz.
+func fuzzSeeds() map[string][][]any {
+	msg := store.Message{ID: "id", Key: "k", Tags: []string{"a", "b"}, Properties: map[string]string{"x": "1", "y": ""},
+		Body: []byte("body"), Timestamp: 1 << 62, DeliverAt: -1}
+	marker := encodeMarker([]partRef{{"orders", 3}, {"audit", 0}})
+	row := encodeOutboxRow(partRef{"orders", 3}, &msg)
+	v1m, _ := msgpack.Marshal(&markerV1{V: txFormatV1, Halves: []partRefV1{{Topic: "orders", Part: 1}}})
+	v1r, _ := msgpack.Marshal(&outboxRowV1{V: txFormatV1, Topic: "orders", Part: 2, ID: "id", Body: []byte("b"), Tags: []string{"t"},
+		Properties: map[string]string{"p": "v"}, Timestamp: 5})
+
+	created := time.Unix(1700000000, 5)
+	legacy, _ := msgpack.Marshal(&legacyTopicMeta{Partitions: 2, Type: Raft3, Created: created})
+	far, _ := msgpack.Marshal(&legacyTopicMeta{Partitions: 2, Type: Single, Created: time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)})
+	epoch, _ := msgpack.Marshal(&legacyTopicMeta{Partitions: 2, Type: Single, Created: time.Unix(0, 0)})
+	return map[string][][]any{
+		"FuzzTxRows": {
+			{marker, row},
+			{encodeMarker(nil), encodeOutboxRow(partRef{}, &store.Message{})},
+			{v1m, v1r},
+			{marker[:len(marker)-2], row[:len(row)-9]},
+			{[]byte("ZMQM\x09"), []byte("ZMQO")},
+			{[]byte("ZMQM\x02\xff\xff\xff\xff\x0f"), []byte("ZMQO\x02\x06orders\x03\x02id\x00\x00\x00\xff\xff\xff\xff\x0f")},
+			{[]byte("\x92\x01\xdd\xff\xff\xff\xff"), []byte("\x9b\x01\xdb\xff\xff\xff\xff")},
+			{[]byte("\x92\x01\xdf\xff\xff\xff\xff"), []byte("\x9b\x01\xa1t\x02\xa0\xa0\xdc\xff\xff")},
+			{[]byte("\x92\x01\x91\x92\xc6\xff\xff\xff\xff"), []byte("\x9b\x01\xa1t\x02\xa0\xa0\x90\x80\xc6\xff\xff\xff\xff")},
+		},
+		"FuzzTopicMeta": {
+			{"orders", encodeTopicMeta("orders", topicMeta{Partitions: 3, Type: Single, Created: created})},
+			{"t", encodeTopicMeta("t", topicMeta{Partitions: MaxPartitions, Type: Raft3})},
+			{"orders", encodeTopicMeta("orders", topicMeta{Partitions: 3, Type: Single})[:21]},
+			{"legacy", []byte("\x83\xa1p\x02\xa1t\x01\xa1c\xd7\xff\x00\x00\x00\x00fV\x93\x00")},
+			{"legacy", legacy},
+			{"far", far},
+			{"epoch", epoch},
+			{"legacy", legacy[:len(legacy)-3]},
+			{"huge", []byte("\xdf\xff\xff\xff\xff")},
+			{"huge", []byte("\x81\xa1c\xc7\xff\xff")},
+			{"huge", []byte("\x81\xa1p\xdb\xff\xff\xff\xff")},
+		},
+	}
+}
+
+// addSeeds adds the seeds of f's target.
+func addSeeds(f *testing.F) {
+	seeds, ok := fuzzSeeds()[f.Name()]
+	if !ok {
+		f.Fatalf("no seeds for %s", f.Name())
+	}
+	for _, s := range seeds {
+		f.Add(s...)
+	}
+}
+
+// TestWriteFuzzCorpus writes the seeds to testdata/fuzz/<target>/ in the
+// fuzzer's corpus format, named like the fuzzer names them:
+// ZEZE_WRITE_CORPUS=1 go test -run TestWriteFuzzCorpus . Files already
+// there are kept.
+func TestWriteFuzzCorpus(t *testing.T) {
+	if os.Getenv("ZEZE_WRITE_CORPUS") != "1" {
+		t.Skip("ZEZE_WRITE_CORPUS=1 writes the seed corpus")
+	}
+	for name, list := range fuzzSeeds() {
+		dir := filepath.Join("testdata", "fuzz", name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range list {
+			b := []byte("go test fuzz v1\n")
+			for _, v := range s {
+				switch v := v.(type) {
+				case []byte:
+					b = fmt.Appendf(b, "[]byte(%q)\n", v)
+				case string:
+					b = fmt.Appendf(b, "string(%q)\n", v)
+				default:
+					t.Fatalf("%s: seed value of type %T", name, v)
+				}
+			}
+			path := filepath.Join(dir, fmt.Sprintf("%x", sha256.Sum256(b))[:16])
+			if err := os.WriteFile(path, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// checkAlloc runs fn and fails t if it allocated more than a constant (the
+// heap counter is approximate: small objects are counted a span at a time)
+// plus a small multiple of n, the input's length. A length believed before
+// it is checked allocates gigabytes.
+func checkAlloc(t *testing.T, n int, fn func()) {
+	t.Helper()
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(s)
+	before := s[0].Value.Uint64()
+	fn()
+	metrics.Read(s)
+	if d, budget := s[0].Value.Uint64()-before, 4<<20+256*uint64(n); d > budget {
+		t.Fatalf("decoding %d bytes allocated %d bytes", n, d)
+	}
+}
