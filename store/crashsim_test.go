@@ -486,8 +486,8 @@ func simTempRoot() string {
 }
 
 // simSchedules is how many schedules TestCrashSim runs:
-// ZEZE_CRASHSIM_SCHEDULES, or 2000 (200 with -short; a tenth of that with
-// the race detector, which CI runs besides the full count without it).
+// ZEZE_CRASHSIM_SCHEDULES, or 2000 (200 with -short; a twentieth of that
+// with the race detector, which CI runs besides the full count without it).
 func simSchedules() int {
 	if v, err := strconv.Atoi(os.Getenv("ZEZE_CRASHSIM_SCHEDULES")); err == nil && v > 0 {
 		return v
@@ -497,7 +497,7 @@ func simSchedules() int {
 		n = 200
 	}
 	if raceEnabled {
-		n /= 10
+		n /= 20
 	}
 	return n
 }
