@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -260,7 +261,7 @@ func failure(err error) bool {
 
 // runSim runs schedule c once (early: the broken build that acknowledges
 // before syncing) and returns what went wrong, or nil.
-func runSim(c *simCase, early bool) (ops int, err error) {
+func runSim(c *simCase, early bool) (st simStats, err error) {
 	var notes []string
 	note := func(format string, args ...any) { notes = append(notes, fmt.Sprintf(format, args...)) }
 	defer func() {
@@ -270,14 +271,14 @@ func runSim(c *simCase, early bool) (ops int, err error) {
 	}()
 	root, err := os.MkdirTemp(simTempRoot(), "sim")
 	if err != nil {
-		return 0, err
+		return st, err
 	}
 	defer os.RemoveAll(root)
 	dirs := make([]string, 4)
 	for i := range dirs {
 		dirs[i] = filepath.Join(root, strconv.Itoa(i))
 		if err := os.Mkdir(dirs[i], 0o700); err != nil {
-			return 0, err
+			return st, err
 		}
 	}
 	rng := rand.New(rand.NewPCG(c.seed, 0xc4a5))
@@ -300,7 +301,7 @@ func runSim(c *simCase, early bool) (ops int, err error) {
 	})
 	if err := n.open(mfs, dirs[0], c, simParts, early); err != nil && !isClosed(crashed) {
 		n.close()
-		return 0, fmt.Errorf("open: %w", err)
+		return st, fmt.Errorf("open: %w", err)
 	}
 	var outs [simParts]simOutcome
 	var wg sync.WaitGroup
@@ -337,18 +338,18 @@ func runSim(c *simCase, early bool) (ops int, err error) {
 		}()
 	}
 	wg.Wait()
-	mfs.CrashNow()  // the schedule may end before its crash
-	ops = mfs.Ops() // (and the crash's snapshot is complete)
+	mfs.CrashNow()     // the schedule may end before its crash
+	st.ops = mfs.Ops() // (and the crash's snapshot is complete)
 	note("run 1: crashed at op %d of %d armed, %d partitions snapshotted, acked/issued %v, WAL %v",
-		ops, c.crashOp, n.snapped, outs, img.Names(".wal"))
+		st.ops, c.crashOp, n.snapped, outs, img.Names(".wal"))
 	n.close()
 	if snapErr != nil {
-		return ops, fmt.Errorf("snapshot: %w", snapErr)
+		return st, fmt.Errorf("snapshot: %w", snapErr)
 	}
 
 	// Run 2: the recovery, crashed.
 	if err := copyFlat(dirs[1], dirs[2]); err != nil {
-		return ops, err
+		return st, err
 	}
 	r := &simNode{}
 	var img2 *memFS
@@ -367,42 +368,43 @@ func runSim(c *simCase, early bool) (ops int, err error) {
 	if err == nil && c.recovery < 0 {
 		err = r.wal.FinishRecovery()
 	}
+	st.recoveryFailed = err != nil
 	if err != nil && img2 == nil {
 		r.close()
-		return ops, fmt.Errorf("recovery: %w", err)
+		return st, fmt.Errorf("recovery: %w", err)
 	}
 	img.CrashNow()
 	note("run 2: %d partitions opened, %d snapshotted, error %v, WAL %v", len(r.parts), r.snapped, err, img2.Names(".wal"))
 	r.close()
 	if snap2 != nil {
-		return ops, fmt.Errorf("snapshot 2: %w", snap2)
+		return st, fmt.Errorf("snapshot 2: %w", snap2)
 	}
 
 	// Run 3: a clean recovery, then the check.
 	f := &simNode{}
 	defer f.close()
 	if err := f.open(img2, dirs[2], c, simParts, false); err != nil {
-		return ops, fmt.Errorf("final recovery: %w", err)
+		return st, fmt.Errorf("final recovery: %w", err)
 	}
 	if err := f.wal.FinishRecovery(); err != nil {
-		return ops, fmt.Errorf("final recovery: %w", err)
+		return st, fmt.Errorf("final recovery: %w", err)
 	}
 	for i, p := range f.parts {
 		o := &outs[i]
 		res, errs, dumps, err := simReference(filepath.Join(dirs[3]), cmds[i][:o.issued])
 		if err != nil {
-			return ops, fmt.Errorf("reference: %w", err)
+			return st, fmt.Errorf("reference: %w", err)
 		}
 		os.Remove(filepath.Join(dirs[3], "ref.db"))
 		for k := range o.acked {
 			if fmt.Sprint(o.res[k]) != fmt.Sprint(res[k]) || fmt.Sprint(o.errs[k]) != fmt.Sprint(errs[k]) {
-				return ops, fmt.Errorf("partition %d: command %d (%v) answered %+v, %v; a crash-free partition answers %+v, %v",
+				return st, fmt.Errorf("partition %d: command %d (%v) answered %+v, %v; a crash-free partition answers %+v, %v",
 					i, k, cmds[i][k].Op, o.res[k], o.errs[k], res[k], errs[k])
 			}
 		}
 		got, err := store.Dump(p)
 		if err != nil {
-			return ops, fmt.Errorf("partition %d: dump: %w", i, err)
+			return st, fmt.Errorf("partition %d: dump: %w", i, err)
 		}
 		match := -1
 		for k := o.acked; k <= o.issued; k++ {
@@ -411,22 +413,33 @@ func runSim(c *simCase, early bool) (ops int, err error) {
 				break
 			}
 		}
+		st.acked += o.acked
+		st.unknown += o.issued - o.acked
 		if match < 0 {
-			return ops, fmt.Errorf("partition %d: the recovered state is no prefix of %d..%d commands (%v); against the state after %d:\n%s",
+			return st, fmt.Errorf("partition %d: the recovered state is no prefix of %d..%d commands (%v); against the state after %d:\n%s",
 				i, o.acked, o.issued, opsOf(cmds[i][:o.issued]), o.acked, dumpDiff(dumps[o.acked], got))
 		}
+		st.landed += match - o.acked
 		// Sends work: one more append lands at the end of the log.
-		st := p.Stats()
+		next := p.Stats().Next
 		rs, err := p.Apply(context.Background(), &store.Command{Op: store.OpAppend, Now: t0 + int64(time.Hour),
 			Msgs: []store.Message{{ID: "after", Body: []byte("after")}}})
 		if err != nil {
-			return ops, fmt.Errorf("partition %d: send after recovery: %w", i, err)
+			return st, fmt.Errorf("partition %d: send after recovery: %w", i, err)
 		}
-		if rs.Acks[0].Offset != st.Next {
-			return ops, fmt.Errorf("partition %d: send after recovery at %d, next was %d", i, rs.Acks[0].Offset, st.Next)
+		if rs.Acks[0].Offset != next {
+			return st, fmt.Errorf("partition %d: send after recovery at %d, next was %d", i, rs.Acks[0].Offset, next)
 		}
 	}
-	return ops, nil
+	return st, nil
+}
+
+// simStats counts what one schedule did.
+type simStats struct {
+	ops            int  // writes and syncs before the first crash
+	acked, unknown int  // commands acknowledged; sent but unanswered (or answered with the crash)
+	landed         int  // unanswered commands found applied after recovery
+	recoveryFailed bool // the crash hit the second recovery before it finished
 }
 
 func isClosed(c <-chan struct{}) bool {
@@ -522,18 +535,48 @@ func TestCrashSim(t *testing.T) {
 	}
 	n := simSchedules()
 	base := uint64(time.Now().UnixNano())
-	avg, total, start := 60, 0, time.Now()
+	avg, start := 60, time.Now()
+	var sum simStats
+	kinds := map[string]int{}
 	for i := range n {
 		seed := base + uint64(i)
 		c := newSimCase(seed, avg)
-		ops, err := runSim(c, false)
+		st, err := runSim(c, false)
 		if err != nil {
 			t.Fatalf("schedule %d, seed %d (replay: ZEZE_CRASHSIM_SEED=%d go test -run TestCrashSim ./store): %s: %v", i, seed, seed, c, err)
 		}
-		total += ops
-		avg = max(20, total/(i+1))
+		sum.ops += st.ops
+		sum.acked += st.acked
+		sum.unknown += st.unknown
+		sum.landed += st.landed
+		avg = max(20, sum.ops/(i+1))
+		switch {
+		case c.powerLoss:
+			kinds["power loss"]++
+		case c.wopts.SyncInterval > 0:
+			kinds["process crash, SyncInterval"]++
+		default:
+			kinds["process crash"]++
+		}
+		if c.recovery < 0 {
+			kinds["recovery crashed at a write or sync"]++
+		} else {
+			kinds[fmt.Sprintf("recovery crashed after %d of %d partitions", c.recovery, simParts)]++
+		}
+		if st.recoveryFailed {
+			kinds["recovery failed by its crash"]++
+		}
 	}
-	t.Logf("crash simulation: %d schedules, %d writes and syncs, 0 failures, %v", n, total, time.Since(start).Round(time.Millisecond))
+	t.Logf("crash simulation: %d schedules in %v, 0 failures: %d writes and syncs before the first crash, %d commands acknowledged (all found as answered), %d unanswered of which %d found applied",
+		n, time.Since(start).Round(time.Millisecond), sum.ops, sum.acked, sum.unknown, sum.landed)
+	names := make([]string, 0, len(kinds))
+	for k := range kinds {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		t.Logf("  %-45s %5d", k, kinds[k])
+	}
 }
 
 // TestCrashSim_NegativeControl runs the simulation on a broken build that
@@ -571,3 +614,57 @@ func hasBulk(b []*store.Command) bool {
 }
 
 func (o simOutcome) String() string { return fmt.Sprintf("%d/%d", o.acked, o.issued) }
+
+// TestCrashSim_Batching checks what the simulation's reference relies on: a
+// partition given the same commands reaches the same state, and answers
+// the same, whether they come one by one without a WAL or in batches behind
+// one whose gens go into the file at any moment.
+func TestCrashSim_Batching(t *testing.T) {
+	n := 200
+	if raceEnabled || testing.Short() {
+		n = 20
+	}
+	base := uint64(time.Now().UnixNano())
+	for i := range n {
+		c := newSimCase(base+uint64(i), 60)
+		dir, err := os.MkdirTemp(simTempRoot(), "batching")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		var cmds []*store.Command
+		for _, b := range c.batches[0] {
+			cmds = append(cmds, b...)
+		}
+		res, errs, dumps, err := simReference(dir, cmds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, p, err := openWALPartition("/wal", store.WALOptions{FS: newMemFS()}, filepath.Join(dir, "b.db"), c.popts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := 0
+		for _, b := range c.batches[0] {
+			rs, es, err := p.ApplyBatch(context.Background(), b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range b {
+				if fmt.Sprint(rs[j], es[j]) != fmt.Sprint(res[k], errs[k]) {
+					t.Fatalf("seed %d (%s): command %d (%v) answered %v %v in a batch, %v %v alone", c.seed, c, k, cmds[k].Op, rs[j], es[j], res[k], errs[k])
+				}
+				k++
+			}
+		}
+		got, err := store.Dump(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Close()
+		w.Close()
+		if got != dumps[len(cmds)] {
+			t.Fatalf("seed %d (%s): batched state differs (%v):\n%s", c.seed, c, opsOf(cmds), dumpDiff(dumps[len(cmds)], got))
+		}
+	}
+}

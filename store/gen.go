@@ -57,9 +57,10 @@ type span struct {
 }
 
 type gen struct {
-	idx uint64
-	buf []byte
-	st  state // the working state while built, then the state after the gen
+	idx  uint64
+	buf  []byte
+	st   state // the working state while built, then the state after the gen
+	base state // the state before the gen
 
 	// Lookups by key (half, txs, groups, dedup): the last write of each key.
 	kv [nBuckets]map[string]span
@@ -85,14 +86,17 @@ type gen struct {
 // newGen starts a gen of the file id after state st, with room for about
 // size bytes.
 func newGen(id [8]byte, st state, size int) *gen {
-	g := &gen{st: st, logBase: st.Next}
+	g := &gen{st: st, base: st, logBase: st.Next}
 	g.buf = append(make([]byte, 0, effHeader+stateLen+max(size, 256)), 'Z', 'E', effVersion)
 	g.buf = append(g.buf, id[:]...)
 	g.buf = append(g.buf, 0, 0, 0, 0, 0, 0, 0, 0)
 	return g
 }
 
-func (g *gen) empty() bool { return g.muts == 0 }
+// empty reports whether the gen changes nothing: no mutation and no change
+// of state (a trim whose pruning finds no dedup entry still advances
+// DedupLow, and a replica must end in the same state).
+func (g *gen) empty() bool { return g.muts == 0 && g.st == g.base }
 
 // size is the gen's encoded size so far.
 func (g *gen) size() int { return len(g.buf) + stateLen }

@@ -576,3 +576,42 @@ func TestPartition_ApplyBatch(t *testing.T) {
 	bodies, _ := readAll(t, p)
 	equal(t, "log", bodies, []string{"body-a", "body-b"})
 }
+
+// TestRegress_StateOnlyChangeKept: a command whose only effect is on the
+// partition's state (a dedup prune over records without an ID advances
+// DedupLow and deletes nothing) was dropped as an empty batch when it came
+// alone, and kept when batched with others: two partitions given the same
+// commands ended in different states (found by TestCrashSim).
+func TestRegress_StateOnlyChangeKept(t *testing.T) {
+	ms := int64(time.Millisecond)
+	cmds := []*store.Command{
+		{Op: store.OpAppend, Now: t0 + 4*ms, Msgs: []store.Message{{Body: []byte("no id")}}},
+		{Op: store.OpTrim, Now: t0 + 12*ms, DedupTTL: 2 * ms},
+	}
+	dir := t.TempDir()
+	_, _, alone, err := simReference(dir, cmds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := store.Open(filepath.Join(dir, "batched.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, _, err := p.ApplyBatch(context.Background(), append(cmds, &store.Command{Op: store.OpCommitOffset, Now: t0 + 12*ms, Group: "g"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Apply(context.Background(), &store.Command{Op: store.OpDeleteGroup, Now: t0 + 12*ms, Group: "g"}); err != nil {
+		t.Fatal(err)
+	}
+	batched, err := store.Dump(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if alone[2] != batched {
+		t.Fatalf("the same commands, alone and batched, end in different states:\n%s", dumpDiff(alone[2], batched))
+	}
+	if !strings.Contains(batched, "DedupLow:1") {
+		t.Fatalf("the prune did not advance DedupLow:\n%s", batched)
+	}
+}
