@@ -248,7 +248,8 @@ func (m *MQ) openPartition(topic string, i int) (partitionLog, error) {
 
 // Close stops every consumer, producer and background goroutine of the node,
 // waits for them, flushes and closes every partition file. It is idempotent
-// and returns the first error met.
+// and returns the first error met (ErrStorageFailed for a partition whose
+// log or file could not be written).
 func (m *MQ) Close() error {
 	m.mu.Lock()
 	if m.closed {
@@ -274,7 +275,7 @@ func (m *MQ) Close() error {
 	if cerr := m.meta.Close(); err == nil {
 		err = cerr
 	}
-	return err
+	return translate(err) // a partition's failure is ErrStorageFailed here too
 }
 
 func (m *MQ) closeTopics() error {

@@ -25,7 +25,8 @@
 // damage.
 //
 // A missing or empty (0-byte) file is not checked: bbolt creates a new
-// database in it. Callers that must tell a new file from a truncated one
+// database in it (a missing one through a temporary file linked into place
+// once complete, so that a failed creation leaves nothing behind). Callers that must tell a new file from a truncated one
 // look before they open.
 //
 // Not covered: db.Batch (its transactions run in a timer goroutine, where
@@ -39,7 +40,9 @@ package boltsafe
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -76,7 +79,12 @@ func Open(path string, opts *bolt.Options) (*bolt.DB, error) {
 	} else if bolt.DefaultOptions != nil {
 		o = *bolt.DefaultOptions
 	}
-	if info, err := os.Stat(path); err == nil && info.Size() > 0 {
+	info, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) && !o.ReadOnly {
+		if err := create(path, &o); err != nil {
+			return nil, err
+		}
+	} else if err == nil && info.Size() > 0 {
 		s := scopeWritable
 		switch {
 		case info.Size() <= FullCheckBytes:
@@ -95,6 +103,43 @@ func Open(path string, opts *bolt.Options) (*bolt.DB, error) {
 		}
 	}
 	return openContained(path, &o)
+}
+
+// create makes a new bbolt file at path: bbolt initializes (and syncs) a
+// temporary file, which is then linked into place and the directory
+// synced. A creation that fails half-way (a full disk: bbolt's first pages
+// written in part) then leaves no file at path that the next Open would
+// take for a damaged one. A file that appeared at path meanwhile is kept.
+func create(path string, o *bolt.Options) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, filepath.Base(path)+".*.new")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	if err := f.Close(); err != nil {
+		return err
+	}
+	db, err := openContained(tmp, o)
+	if err != nil {
+		return err
+	}
+	if err := db.Close(); err != nil {
+		return err
+	}
+	if err := os.Link(tmp, path); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Check checks the whole bbolt file at path, as Open does for small files,
