@@ -26,6 +26,10 @@ import (
 
 const simParts = 2
 
+// simOps is about how many writes and syncs a whole schedule makes: the
+// first crash comes at a uniformly random one of 1..simOps*5/4.
+const simOps = 120
+
 // simCase is one schedule: the commands of each partition, in batches, and
 // how the node is tuned and crashed. Everything follows from the seed.
 type simCase struct {
@@ -157,31 +161,32 @@ func simCommands(rng *rand.Rand, part int) [][]*store.Command {
 }
 
 // simReference applies cmds one at a time to a partition no crash touches
-// and returns each command's result and error, and the dump after each
-// prefix: dumps[k] is the state after cmds[:k].
-func simReference(dir string, cmds []*store.Command) (res []store.Result, errs []error, dumps []string, err error) {
+// and returns each command's result and error, and the dumps after the
+// prefixes of from..len(cmds) commands: dumps[k-from] is the state after
+// cmds[:k].
+func simReference(dir string, cmds []*store.Command, from int) (res []store.Result, errs []error, dumps []string, err error) {
 	p, err := store.Open(filepath.Join(dir, "ref.db"), store.Options{})
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	defer p.Close()
-	d, err := store.Dump(p)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	dumps = append(dumps, d)
-	for _, c := range cmds {
-		rs, es, err := p.ApplyBatch(context.Background(), []*store.Command{c})
+	for k := 0; ; k++ {
+		if k >= from {
+			d, err := store.Dump(p)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			dumps = append(dumps, d)
+		}
+		if k == len(cmds) {
+			return res, errs, dumps, nil
+		}
+		rs, es, err := p.ApplyBatch(context.Background(), cmds[k:k+1])
 		if err != nil {
 			return nil, nil, nil, err
 		}
 		res, errs = append(res, rs[0]), append(errs, es[0])
-		if d, err = store.Dump(p); err != nil {
-			return nil, nil, nil, err
-		}
-		dumps = append(dumps, d)
 	}
-	return res, errs, dumps, nil
 }
 
 // simNode is a WAL on a memFS and partitions whose files are in dir.
@@ -338,6 +343,7 @@ func runSim(c *simCase, early bool) (st simStats, err error) {
 		}()
 	}
 	wg.Wait()
+	st.whole = !isClosed(crashed)
 	mfs.CrashNow()     // the schedule may end before its crash
 	st.ops = mfs.Ops() // (and the crash's snapshot is complete)
 	note("run 1: crashed at op %d of %d armed, %d partitions snapshotted, acked/issued %v, WAL %v",
@@ -391,7 +397,7 @@ func runSim(c *simCase, early bool) (st simStats, err error) {
 	}
 	for i, p := range f.parts {
 		o := &outs[i]
-		res, errs, dumps, err := simReference(filepath.Join(dirs[3]), cmds[i][:o.issued])
+		res, errs, dumps, err := simReference(dirs[3], cmds[i][:o.issued], o.acked)
 		if err != nil {
 			return st, fmt.Errorf("reference: %w", err)
 		}
@@ -408,7 +414,7 @@ func runSim(c *simCase, early bool) (st simStats, err error) {
 		}
 		match := -1
 		for k := o.acked; k <= o.issued; k++ {
-			if dumps[k] == got {
+			if dumps[k-o.acked] == got {
 				match = k
 				break
 			}
@@ -417,7 +423,7 @@ func runSim(c *simCase, early bool) (st simStats, err error) {
 		st.unknown += o.issued - o.acked
 		if match < 0 {
 			return st, fmt.Errorf("partition %d: the recovered state is no prefix of %d..%d commands (%v); against the state after %d:\n%s",
-				i, o.acked, o.issued, opsOf(cmds[i][:o.issued]), o.acked, dumpDiff(dumps[o.acked], got))
+				i, o.acked, o.issued, opsOf(cmds[i][:o.issued]), o.acked, dumpDiff(dumps[0], got))
 		}
 		st.landed += match - o.acked
 		// Sends work: one more append lands at the end of the log.
@@ -440,6 +446,7 @@ type simStats struct {
 	acked, unknown int  // commands acknowledged; sent but unanswered (or answered with the crash)
 	landed         int  // unanswered commands found applied after recovery
 	recoveryFailed bool // the crash hit the second recovery before it finished
+	whole          bool // the schedule ended before its crash
 }
 
 func isClosed(c <-chan struct{}) bool {
@@ -526,7 +533,7 @@ func TestCrashSim(t *testing.T) {
 			t.Fatal(err)
 		}
 		for range 20 {
-			c := newSimCase(seed, 60)
+			c := newSimCase(seed, simOps)
 			if _, err := runSim(c, false); err != nil {
 				t.Fatalf("seed %d: %s: %v", seed, c, err)
 			}
@@ -535,12 +542,13 @@ func TestCrashSim(t *testing.T) {
 	}
 	n := simSchedules()
 	base := uint64(time.Now().UnixNano())
-	avg, start := 60, time.Now()
+	start := time.Now()
 	var sum simStats
+	whole := 0
 	kinds := map[string]int{}
 	for i := range n {
 		seed := base + uint64(i)
-		c := newSimCase(seed, avg)
+		c := newSimCase(seed, simOps)
 		st, err := runSim(c, false)
 		if err != nil {
 			t.Fatalf("schedule %d, seed %d (replay: ZEZE_CRASHSIM_SEED=%d go test -run TestCrashSim ./store): %s: %v", i, seed, seed, c, err)
@@ -549,7 +557,9 @@ func TestCrashSim(t *testing.T) {
 		sum.acked += st.acked
 		sum.unknown += st.unknown
 		sum.landed += st.landed
-		avg = max(20, sum.ops/(i+1))
+		if st.whole {
+			whole++
+		}
 		switch {
 		case c.powerLoss:
 			kinds["power loss"]++
@@ -567,8 +577,8 @@ func TestCrashSim(t *testing.T) {
 			kinds["recovery failed by its crash"]++
 		}
 	}
-	t.Logf("crash simulation: %d schedules in %v, 0 failures: %d writes and syncs before the first crash, %d commands acknowledged (all found as answered), %d unanswered of which %d found applied",
-		n, time.Since(start).Round(time.Millisecond), sum.ops, sum.acked, sum.unknown, sum.landed)
+	t.Logf("crash simulation: %d schedules in %v, 0 failures: %d writes and syncs before the first crash (%d schedules ended first), %d commands acknowledged (all found as answered), %d unanswered of which %d found applied",
+		n, time.Since(start).Round(time.Millisecond), sum.ops, whole, sum.acked, sum.unknown, sum.landed)
 	names := make([]string, 0, len(kinds))
 	for k := range kinds {
 		names = append(names, k)
@@ -636,7 +646,7 @@ func TestCrashSim_Batching(t *testing.T) {
 		for _, b := range c.batches[0] {
 			cmds = append(cmds, b...)
 		}
-		res, errs, dumps, err := simReference(dir, cmds)
+		res, errs, dumps, err := simReference(dir, cmds, len(cmds))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -663,8 +673,8 @@ func TestCrashSim_Batching(t *testing.T) {
 		}
 		p.Close()
 		w.Close()
-		if got != dumps[len(cmds)] {
-			t.Fatalf("seed %d (%s): batched state differs (%v):\n%s", c.seed, c, opsOf(cmds), dumpDiff(dumps[len(cmds)], got))
+		if got != dumps[0] {
+			t.Fatalf("seed %d (%s): batched state differs (%v):\n%s", c.seed, c, opsOf(cmds), dumpDiff(dumps[0], got))
 		}
 	}
 }
