@@ -753,10 +753,20 @@ func (w *WAL) seal() {
 		return
 	}
 	h := w.appendWriteHeader(w.sealBuf[:0], w.synced)
-	if w.size+int64(len(h)) <= w.alloc.Load() {
-		_, _ = w.f.WriteAt(h, w.size) // a failure shows at the next sync
-	}
 	w.sealBuf = h
+	end := w.size + int64(len(h))
+	if end <= w.alloc.Load() {
+		_, _ = w.f.WriteAt(h, w.size) // a failure shows at the next sync
+		return
+	}
+	// A large write ended at the end of the file: the seal goes past it,
+	// where the extender writes too. Never skip it: without it damage in
+	// that write would read as a torn tail.
+	w.extMu.Lock()
+	defer w.extMu.Unlock()
+	if _, err := w.f.WriteAt(h, w.size); err == nil && end > w.alloc.Load() {
+		w.alloc.Store(end)
+	}
 }
 
 // write appends batch's records in one write and (unless SyncInterval) one
