@@ -20,6 +20,12 @@ import (
 // every file to its synced contents (optionally keeping a random subset of
 // the unsynced 512-byte sectors, as a power loss can) and the directory to
 // its synced entries. After Crash every operation fails with EIO.
+//
+// Faults behave as on Linux: a write that fails may have landed a prefix
+// (whole pages); a sync that fails loses the sectors it was writing back
+// (they stay readable, as the page cache keeps them, but no later sync
+// writes them: fsyncgate), and every other handle of the file open at the
+// time reports the error at its next sync (errseq). A closed handle fails.
 type memFS struct {
 	mu      sync.Mutex
 	files   map[string]*memNode // current entries
@@ -47,6 +53,7 @@ type memNode struct {
 	data, synced map[int64]*memSector
 	size, ssize  int64
 	dirty        map[int64]bool // sectors written or cut since the last sync
+	wbErr        int            // failed syncs so far (errseq)
 }
 
 const sectorSize = 512
@@ -112,6 +119,14 @@ func (n *memNode) truncate(size int64) {
 		}
 	}
 	n.size = size
+}
+
+// lose forgets what was being written back, as a failed sync does: the
+// sectors stay as they are (the page cache keeps them) but are no longer
+// dirty, so no later sync writes them.
+func (n *memNode) lose() {
+	clear(n.dirty)
+	n.wbErr++
 }
 
 func (n *memNode) sync() {
@@ -210,7 +225,7 @@ func (m *memFS) OpenFile(name string, flag int, perm fs.FileMode) (store.File, e
 		n = newMemNode()
 		m.files[name] = n
 	}
-	return &memFile{fs: m, n: n, name: name}, nil
+	return &memFile{fs: m, n: n, name: name, seen: n.wbErr}, nil
 }
 
 func (m *memFS) ReadDir(dir string) ([]string, error) {
@@ -375,16 +390,29 @@ func (m *memFS) SetBytes(name string, b []byte) {
 }
 
 type memFile struct {
-	fs   *memFS
-	n    *memNode
-	name string
+	fs     *memFS
+	n      *memNode
+	name   string
+	seen   int // n.wbErr reported to this handle
+	closed bool
+}
+
+// use checks that f is open and the file system not crashed.
+func (f *memFile) use() error {
+	switch {
+	case f.closed:
+		return os.ErrClosed
+	case f.fs.crashed:
+		return syscall.EIO
+	}
+	return nil
 }
 
 func (f *memFile) ReadAt(b []byte, off int64) (int, error) {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
-	if f.fs.crashed {
-		return 0, syscall.EIO
+	if err := f.use(); err != nil {
+		return 0, err
 	}
 	n := f.n.readAt(b, off)
 	if n < len(b) {
@@ -396,8 +424,17 @@ func (f *memFile) ReadAt(b []byte, off int64) (int, error) {
 func (f *memFile) WriteAt(b []byte, off int64) (int, error) {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
-	if err := f.fs.check("write", f.name); err != nil {
+	if err := f.use(); err != nil {
 		return 0, err
+	}
+	if err := f.fs.check("write", f.name); err != nil {
+		if f.fs.crashed {
+			return 0, err
+		}
+		// The pages before the one that failed landed.
+		k := max(0, (off+int64(len(b))/2)/4096*4096-off)
+		f.n.writeAt(b[:k], off)
+		return int(k), err
 	}
 	f.n.writeAt(b, off)
 	return len(b), nil
@@ -406,16 +443,30 @@ func (f *memFile) WriteAt(b []byte, off int64) (int, error) {
 func (f *memFile) Sync() error {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
+	if err := f.use(); err != nil {
+		return err
+	}
 	if err := f.fs.check("sync", f.name); err != nil {
+		if !f.fs.crashed {
+			f.n.lose()
+			f.seen = f.n.wbErr
+		}
 		return err
 	}
 	f.n.sync()
+	if f.seen != f.n.wbErr {
+		f.seen = f.n.wbErr
+		return syscall.EIO // another handle's sync failed since this one's last
+	}
 	return nil
 }
 
 func (f *memFile) Truncate(size int64) error {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
+	if err := f.use(); err != nil {
+		return err
+	}
 	if err := f.fs.check("truncate", f.name); err != nil {
 		return err
 	}
@@ -426,10 +477,18 @@ func (f *memFile) Truncate(size int64) error {
 func (f *memFile) Size() (int64, error) {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
-	if f.fs.crashed {
-		return 0, syscall.EIO
+	if err := f.use(); err != nil {
+		return 0, err
 	}
 	return f.n.size, nil
 }
 
-func (f *memFile) Close() error { return nil }
+func (f *memFile) Close() error {
+	f.fs.mu.Lock()
+	defer f.fs.mu.Unlock()
+	if f.closed {
+		return os.ErrClosed
+	}
+	f.closed = true
+	return nil
+}
