@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path"
@@ -30,7 +31,7 @@ type memFS struct {
 	mu      sync.Mutex
 	files   map[string]*memNode // current entries
 	durable map[string]*memNode // entries as of the last SyncDir
-	dirs    map[string]bool
+	dirs    map[string]bool // directory -> its entry in its parent is durable
 	crashed bool
 	// fail, if set, is asked before every write, sync, truncate, remove
 	// and directory sync.
@@ -221,6 +222,8 @@ func (m *memFS) OpenFile(name string, flag int, perm fs.FileMode) (store.File, e
 		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrExist}
 	case !ok && flag&os.O_CREATE == 0:
 		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
+	case !ok && !m.reachable(path.Dir(name)):
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
 	case !ok:
 		n = newMemNode()
 		m.files[name] = n
@@ -233,6 +236,9 @@ func (m *memFS) ReadDir(dir string) ([]string, error) {
 	defer m.mu.Unlock()
 	if m.crashed {
 		return nil, syscall.EIO
+	}
+	if !m.reachable(path.Clean(dir)) {
+		return nil, &fs.PathError{Op: "readdir", Path: dir, Err: fs.ErrNotExist}
 	}
 	var out []string
 	for name := range m.files {
@@ -260,8 +266,18 @@ func (m *memFS) Remove(name string) error {
 func (m *memFS) MkdirAll(dir string, perm fs.FileMode) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.dirs[path.Clean(dir)] = true
+	if m.crashed {
+		return syscall.EIO
+	}
+	for d := path.Clean(dir); d != "/" && d != "." && !m.dirs[d] && !m.hasDir(d); d = path.Dir(d) {
+		m.dirs[d] = false // not durable until its parent is synced
+	}
 	return nil
+}
+
+func (m *memFS) hasDir(d string) bool {
+	_, ok := m.dirs[d]
+	return ok
 }
 
 func (m *memFS) SyncDir(dir string) error {
@@ -271,6 +287,11 @@ func (m *memFS) SyncDir(dir string) error {
 		return err
 	}
 	dir = path.Clean(dir)
+	for d := range m.dirs {
+		if path.Dir(d) == dir {
+			m.dirs[d] = true
+		}
+	}
 	for name := range m.durable {
 		if path.Dir(name) == dir {
 			if _, ok := m.files[name]; !ok {
@@ -331,16 +352,47 @@ func (m *memFS) crashLocked() {
 func (m *memFS) imageLocked(powerLoss bool, rng *rand.Rand) *memFS {
 	m.crashed = true
 	out := newMemFS()
-	for d := range m.dirs {
-		out.dirs[d] = true
-	}
 	src := m.files
 	if powerLoss {
-		src = m.durable
+		// The synced entries; with rng, each unsynced change of an entry
+		// (a file created, removed or replaced, a directory created) may
+		// have reached the disk too, as a journal commit for another file
+		// takes it along.
+		src = maps.Clone(m.durable)
+		var changed []string
+		for name, n := range m.files {
+			if m.durable[name] != n {
+				changed = append(changed, name)
+			}
+		}
+		for name := range m.durable {
+			if _, ok := m.files[name]; !ok {
+				changed = append(changed, name)
+			}
+		}
+		slices.Sort(changed)
+		for _, name := range changed {
+			if rng == nil || rng.IntN(2) != 0 {
+				continue
+			}
+			if n, ok := m.files[name]; ok {
+				src[name] = n
+			} else {
+				delete(src, name)
+			}
+		}
+	}
+	dirs := slices.Sorted(maps.Keys(m.dirs))
+	for _, d := range dirs {
+		if !powerLoss || m.dirs[d] || rng != nil && rng.IntN(2) == 0 {
+			out.dirs[d] = true
+		}
 	}
 	names := make([]string, 0, len(src))
 	for name := range src {
-		names = append(names, name)
+		if out.reachable(path.Dir(name)) {
+			names = append(names, name)
+		}
 	}
 	slices.Sort(names) // rng is used in the same order each time
 	for _, name := range names {
@@ -348,7 +400,22 @@ func (m *memFS) imageLocked(powerLoss bool, rng *rand.Rand) *memFS {
 		out.files[name] = node
 		out.durable[name] = node
 	}
+	for d := range out.dirs {
+		if !out.reachable(d) {
+			delete(out.dirs, d)
+		}
+	}
 	return out
+}
+
+// reachable reports whether directory d and its parents exist.
+func (m *memFS) reachable(d string) bool {
+	for ; d != "/" && d != "."; d = path.Dir(d) {
+		if !m.hasDir(d) {
+			return false
+		}
+	}
+	return true
 }
 
 // Names returns the current file names containing sub.

@@ -68,3 +68,25 @@ func TestReview_LargeWriteSealed(t *testing.T) {
 		}
 	}
 }
+
+// TestReview_WALDirDurable: OpenWAL created its directory and synced the
+// entries in it, never the directory's own entry in its parent: a power
+// loss could take the directory, and every acknowledged record with it.
+func TestReview_WALDirDurable(t *testing.T) {
+	mfs := newMemFS()
+	w, err := store.OpenWAL("/node/wal", store.WALOptions{FS: mfs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendWait(t, w, "s", []byte("acked"))
+	img := mfs.Image(true, nil) // a power loss: only what was synced
+	w.Close()
+	w2, err := store.OpenWAL("/node/wal", store.WALOptions{FS: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Close()
+	if recs := recoverAll(t, w2, "s"); len(recs) != 1 || string(recs[0]) != "acked" {
+		t.Fatalf("after a power loss the WAL holds %q, want the acknowledged record", recs)
+	}
+}

@@ -163,7 +163,7 @@ func OpenWAL(dir string, opts WALOptions) (*WAL, error) {
 	if opts.SyncInterval < 0 {
 		return nil, fmt.Errorf("store: negative WAL sync interval %v", opts.SyncInterval)
 	}
-	if err := opts.FS.MkdirAll(dir, 0o755); err != nil {
+	if err := mkdirDurable(opts.FS, dir); err != nil {
 		return nil, fmt.Errorf("store: wal %s: %w", dir, err)
 	}
 	w := &WAL{
@@ -202,6 +202,28 @@ func OpenWAL(dir string, opts WALOptions) (*WAL, error) {
 	go w.run()
 	go w.extender()
 	return w, nil
+}
+
+// mkdirDurable creates dir and its missing parents, and syncs the parent
+// of each one it created: a directory's entry is durable only then, and a
+// power loss could otherwise take the WAL with every acknowledged record.
+func mkdirDurable(fsys FS, dir string) error {
+	var missing []string
+	for d := path.Clean(dir); d != "/" && d != "."; d = path.Dir(d) {
+		if _, err := fsys.ReadDir(d); !errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		missing = append(missing, d)
+	}
+	if err := fsys.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := fsys.SyncDir(path.Dir(missing[i])); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (w *WAL) segPath(seg uint64) string {
