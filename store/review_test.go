@@ -5,6 +5,7 @@ package store_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/zeze-go/mq/store"
@@ -88,5 +89,36 @@ func TestReview_WALDirDurable(t *testing.T) {
 	defer w2.Close()
 	if recs := recoverAll(t, w2, "s"); len(recs) != 1 || string(recs[0]) != "acked" {
 		t.Fatalf("after a power loss the WAL holds %q, want the acknowledged record", recs)
+	}
+}
+
+// TestReview_DamagedSalt: a damaged byte in the salt of the newest
+// segment's header made every write header of the segment look foreign:
+// the whole segment, acknowledged records and all, was cut as a torn tail.
+func TestReview_DamagedSalt(t *testing.T) {
+	mfs := newMemFS()
+	w, err := store.OpenWAL("/wal", store.WALOptions{FS: mfs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		appendWait(t, w, "s", []byte("acked"))
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	names := mfs.Names(".wal")
+	seg := names[len(names)-1]
+	b := mfs.Bytes(seg)
+	b[10] ^= 1 // the salt: bytes 8..15
+	mfs.SetBytes(seg, b)
+	w2, err := store.OpenWAL("/wal", store.WALOptions{FS: mfs})
+	if err == nil {
+		recs := recoverAll(t, w2, "s")
+		w2.Close()
+		t.Fatalf("a damaged segment header opened without an error: %d of 3 acknowledged records recovered", len(recs))
+	}
+	if !errors.Is(err, store.ErrCorrupt) || !strings.Contains(err.Error(), seg) {
+		t.Fatalf("%v, want ErrCorrupt naming %s", err, seg)
 	}
 }

@@ -292,6 +292,12 @@ func (w *WAL) scan(seg uint64, newest bool) error {
 	salt := hdr[len(walMagic):]
 	off, err := readFrames(f, walHeaderLen, size, func(off int64, body []byte) (bool, error) {
 		if body[0] == frameWrite && (len(body) != writeBodyLen || !bytes.Equal(body[1:9], salt)) {
+			if off == walHeaderLen {
+				// The first write's header, intact: the salt in the
+				// segment header is what is damaged. Cutting here would
+				// drop the whole segment.
+				return false, w.corrupt(seg, "salt of the segment header differs from its first write's")
+			}
 			return false, nil // not a header of this segment: damage
 		}
 		return true, w.index(seg, off, body)
