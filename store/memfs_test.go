@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path"
@@ -20,11 +21,17 @@ import (
 // every file to its synced contents (optionally keeping a random subset of
 // the unsynced 512-byte sectors, as a power loss can) and the directory to
 // its synced entries. After Crash every operation fails with EIO.
+//
+// Faults behave as on Linux: a write that fails may have landed a prefix
+// (whole pages); a sync that fails loses the sectors it was writing back
+// (they stay readable, as the page cache keeps them, but no later sync
+// writes them: fsyncgate), and every other handle of the file open at the
+// time reports the error at its next sync (errseq). A closed handle fails.
 type memFS struct {
 	mu      sync.Mutex
 	files   map[string]*memNode // current entries
 	durable map[string]*memNode // entries as of the last SyncDir
-	dirs    map[string]bool
+	dirs    map[string]bool // directory -> its entry in its parent is durable
 	crashed bool
 	// fail, if set, is asked before every write, sync, truncate, remove
 	// and directory sync.
@@ -47,6 +54,7 @@ type memNode struct {
 	data, synced map[int64]*memSector
 	size, ssize  int64
 	dirty        map[int64]bool // sectors written or cut since the last sync
+	wbErr        int            // failed syncs so far (errseq)
 }
 
 const sectorSize = 512
@@ -112,6 +120,14 @@ func (n *memNode) truncate(size int64) {
 		}
 	}
 	n.size = size
+}
+
+// lose forgets what was being written back, as a failed sync does: the
+// sectors stay as they are (the page cache keeps them) but are no longer
+// dirty, so no later sync writes them.
+func (n *memNode) lose() {
+	clear(n.dirty)
+	n.wbErr++
 }
 
 func (n *memNode) sync() {
@@ -206,11 +222,13 @@ func (m *memFS) OpenFile(name string, flag int, perm fs.FileMode) (store.File, e
 		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrExist}
 	case !ok && flag&os.O_CREATE == 0:
 		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
+	case !ok && !m.reachable(path.Dir(name)):
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
 	case !ok:
 		n = newMemNode()
 		m.files[name] = n
 	}
-	return &memFile{fs: m, n: n, name: name}, nil
+	return &memFile{fs: m, n: n, name: name, seen: n.wbErr}, nil
 }
 
 func (m *memFS) ReadDir(dir string) ([]string, error) {
@@ -218,6 +236,9 @@ func (m *memFS) ReadDir(dir string) ([]string, error) {
 	defer m.mu.Unlock()
 	if m.crashed {
 		return nil, syscall.EIO
+	}
+	if !m.reachable(path.Clean(dir)) {
+		return nil, &fs.PathError{Op: "readdir", Path: dir, Err: fs.ErrNotExist}
 	}
 	var out []string
 	for name := range m.files {
@@ -245,8 +266,18 @@ func (m *memFS) Remove(name string) error {
 func (m *memFS) MkdirAll(dir string, perm fs.FileMode) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.dirs[path.Clean(dir)] = true
+	if m.crashed {
+		return syscall.EIO
+	}
+	for d := path.Clean(dir); d != "/" && d != "." && !m.dirs[d] && !m.hasDir(d); d = path.Dir(d) {
+		m.dirs[d] = false // not durable until its parent is synced
+	}
 	return nil
+}
+
+func (m *memFS) hasDir(d string) bool {
+	_, ok := m.dirs[d]
+	return ok
 }
 
 func (m *memFS) SyncDir(dir string) error {
@@ -256,6 +287,11 @@ func (m *memFS) SyncDir(dir string) error {
 		return err
 	}
 	dir = path.Clean(dir)
+	for d := range m.dirs {
+		if path.Dir(d) == dir {
+			m.dirs[d] = true
+		}
+	}
 	for name := range m.durable {
 		if path.Dir(name) == dir {
 			if _, ok := m.files[name]; !ok {
@@ -316,16 +352,47 @@ func (m *memFS) crashLocked() {
 func (m *memFS) imageLocked(powerLoss bool, rng *rand.Rand) *memFS {
 	m.crashed = true
 	out := newMemFS()
-	for d := range m.dirs {
-		out.dirs[d] = true
-	}
 	src := m.files
 	if powerLoss {
-		src = m.durable
+		// The synced entries; with rng, each unsynced change of an entry
+		// (a file created, removed or replaced, a directory created) may
+		// have reached the disk too, as a journal commit for another file
+		// takes it along.
+		src = maps.Clone(m.durable)
+		var changed []string
+		for name, n := range m.files {
+			if m.durable[name] != n {
+				changed = append(changed, name)
+			}
+		}
+		for name := range m.durable {
+			if _, ok := m.files[name]; !ok {
+				changed = append(changed, name)
+			}
+		}
+		slices.Sort(changed)
+		for _, name := range changed {
+			if rng == nil || rng.IntN(2) != 0 {
+				continue
+			}
+			if n, ok := m.files[name]; ok {
+				src[name] = n
+			} else {
+				delete(src, name)
+			}
+		}
+	}
+	dirs := slices.Sorted(maps.Keys(m.dirs))
+	for _, d := range dirs {
+		if !powerLoss || m.dirs[d] || rng != nil && rng.IntN(2) == 0 {
+			out.dirs[d] = true
+		}
 	}
 	names := make([]string, 0, len(src))
 	for name := range src {
-		names = append(names, name)
+		if out.reachable(path.Dir(name)) {
+			names = append(names, name)
+		}
 	}
 	slices.Sort(names) // rng is used in the same order each time
 	for _, name := range names {
@@ -333,7 +400,22 @@ func (m *memFS) imageLocked(powerLoss bool, rng *rand.Rand) *memFS {
 		out.files[name] = node
 		out.durable[name] = node
 	}
+	for d := range out.dirs {
+		if !out.reachable(d) {
+			delete(out.dirs, d)
+		}
+	}
 	return out
+}
+
+// reachable reports whether directory d and its parents exist.
+func (m *memFS) reachable(d string) bool {
+	for ; d != "/" && d != "."; d = path.Dir(d) {
+		if !m.hasDir(d) {
+			return false
+		}
+	}
+	return true
 }
 
 // Names returns the current file names containing sub.
@@ -375,16 +457,29 @@ func (m *memFS) SetBytes(name string, b []byte) {
 }
 
 type memFile struct {
-	fs   *memFS
-	n    *memNode
-	name string
+	fs     *memFS
+	n      *memNode
+	name   string
+	seen   int // n.wbErr reported to this handle
+	closed bool
+}
+
+// use checks that f is open and the file system not crashed.
+func (f *memFile) use() error {
+	switch {
+	case f.closed:
+		return os.ErrClosed
+	case f.fs.crashed:
+		return syscall.EIO
+	}
+	return nil
 }
 
 func (f *memFile) ReadAt(b []byte, off int64) (int, error) {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
-	if f.fs.crashed {
-		return 0, syscall.EIO
+	if err := f.use(); err != nil {
+		return 0, err
 	}
 	n := f.n.readAt(b, off)
 	if n < len(b) {
@@ -396,8 +491,17 @@ func (f *memFile) ReadAt(b []byte, off int64) (int, error) {
 func (f *memFile) WriteAt(b []byte, off int64) (int, error) {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
-	if err := f.fs.check("write", f.name); err != nil {
+	if err := f.use(); err != nil {
 		return 0, err
+	}
+	if err := f.fs.check("write", f.name); err != nil {
+		if f.fs.crashed {
+			return 0, err
+		}
+		// The pages before the one that failed landed.
+		k := max(0, (off+int64(len(b))/2)/4096*4096-off)
+		f.n.writeAt(b[:k], off)
+		return int(k), err
 	}
 	f.n.writeAt(b, off)
 	return len(b), nil
@@ -406,16 +510,30 @@ func (f *memFile) WriteAt(b []byte, off int64) (int, error) {
 func (f *memFile) Sync() error {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
+	if err := f.use(); err != nil {
+		return err
+	}
 	if err := f.fs.check("sync", f.name); err != nil {
+		if !f.fs.crashed {
+			f.n.lose()
+			f.seen = f.n.wbErr
+		}
 		return err
 	}
 	f.n.sync()
+	if f.seen != f.n.wbErr {
+		f.seen = f.n.wbErr
+		return syscall.EIO // another handle's sync failed since this one's last
+	}
 	return nil
 }
 
 func (f *memFile) Truncate(size int64) error {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
+	if err := f.use(); err != nil {
+		return err
+	}
 	if err := f.fs.check("truncate", f.name); err != nil {
 		return err
 	}
@@ -426,10 +544,18 @@ func (f *memFile) Truncate(size int64) error {
 func (f *memFile) Size() (int64, error) {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
-	if f.fs.crashed {
-		return 0, syscall.EIO
+	if err := f.use(); err != nil {
+		return 0, err
 	}
 	return f.n.size, nil
 }
 
-func (f *memFile) Close() error { return nil }
+func (f *memFile) Close() error {
+	f.fs.mu.Lock()
+	defer f.fs.mu.Unlock()
+	if f.closed {
+		return os.ErrClosed
+	}
+	f.closed = true
+	return nil
+}

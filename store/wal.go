@@ -163,7 +163,7 @@ func OpenWAL(dir string, opts WALOptions) (*WAL, error) {
 	if opts.SyncInterval < 0 {
 		return nil, fmt.Errorf("store: negative WAL sync interval %v", opts.SyncInterval)
 	}
-	if err := opts.FS.MkdirAll(dir, 0o755); err != nil {
+	if err := mkdirDurable(opts.FS, dir); err != nil {
 		return nil, fmt.Errorf("store: wal %s: %w", dir, err)
 	}
 	w := &WAL{
@@ -202,6 +202,28 @@ func OpenWAL(dir string, opts WALOptions) (*WAL, error) {
 	go w.run()
 	go w.extender()
 	return w, nil
+}
+
+// mkdirDurable creates dir and its missing parents, and syncs the parent
+// of each one it created: a directory's entry is durable only then, and a
+// power loss could otherwise take the WAL with every acknowledged record.
+func mkdirDurable(fsys FS, dir string) error {
+	var missing []string
+	for d := path.Clean(dir); d != "/" && d != "."; d = path.Dir(d) {
+		if _, err := fsys.ReadDir(d); !errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		missing = append(missing, d)
+	}
+	if err := fsys.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := fsys.SyncDir(path.Dir(missing[i])); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (w *WAL) segPath(seg uint64) string {
@@ -270,6 +292,12 @@ func (w *WAL) scan(seg uint64, newest bool) error {
 	salt := hdr[len(walMagic):]
 	off, err := readFrames(f, walHeaderLen, size, func(off int64, body []byte) (bool, error) {
 		if body[0] == frameWrite && (len(body) != writeBodyLen || !bytes.Equal(body[1:9], salt)) {
+			if off == walHeaderLen {
+				// The first write's header, intact: the salt in the
+				// segment header is what is damaged. Cutting here would
+				// drop the whole segment.
+				return false, w.corrupt(seg, "salt of the segment header differs from its first write's")
+			}
 			return false, nil // not a header of this segment: damage
 		}
 		return true, w.index(seg, off, body)
@@ -753,10 +781,20 @@ func (w *WAL) seal() {
 		return
 	}
 	h := w.appendWriteHeader(w.sealBuf[:0], w.synced)
-	if w.size+int64(len(h)) <= w.alloc.Load() {
-		_, _ = w.f.WriteAt(h, w.size) // a failure shows at the next sync
-	}
 	w.sealBuf = h
+	end := w.size + int64(len(h))
+	if end <= w.alloc.Load() {
+		_, _ = w.f.WriteAt(h, w.size) // a failure shows at the next sync
+		return
+	}
+	// A large write ended at the end of the file: the seal goes past it,
+	// where the extender writes too. Never skip it: without it damage in
+	// that write would read as a torn tail.
+	w.extMu.Lock()
+	defer w.extMu.Unlock()
+	if _, err := w.f.WriteAt(h, w.size); err == nil && end > w.alloc.Load() {
+		w.alloc.Store(end)
+	}
 }
 
 // write appends batch's records in one write and (unless SyncInterval) one
