@@ -62,7 +62,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -189,7 +188,7 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 			return nil, err
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "topics"), 0o755); err != nil {
+	if err := store.MkdirAll(filepath.Join(dir, "topics")); err != nil {
 		return nil, fmt.Errorf("mq: open %s: %w", dir, err)
 	}
 	meta, err := openMeta(dir)
@@ -236,7 +235,7 @@ func (m *MQ) partitionPath(topic string, i int) string {
 
 func (m *MQ) openPartition(topic string, i int) (partitionLog, error) {
 	path := m.partitionPath(topic, i)
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := store.MkdirAll(filepath.Dir(path)); err != nil {
 		return nil, fmt.Errorf("mq: %s/%d: %w", topic, i, err)
 	}
 	p, err := store.Open(path, store.Options{WAL: m.wal, Stream: topic + "/" + strconv.Itoa(i), MaterializeAfter: m.cfg.materializeAfter})

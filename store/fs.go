@@ -95,3 +95,9 @@ func (f osFile) Size() (int64, error) {
 	}
 	return fi.Size(), nil
 }
+
+// MkdirAll creates dir and its missing parents on the operating system's
+// file system, syncing the parent of each directory it creates: a power
+// loss cannot then take a directory with the synced files in it (POSIX
+// makes a new entry durable only once its directory is synced).
+func MkdirAll(dir string) error { return mkdirDurable(OSFS{}, dir) }

@@ -31,7 +31,7 @@ type memFS struct {
 	mu      sync.Mutex
 	files   map[string]*memNode // current entries
 	durable map[string]*memNode // entries as of the last SyncDir
-	dirs    map[string]bool // directory -> its entry in its parent is durable
+	dirs    map[string]bool     // directory -> its entry in its parent is durable
 	crashed bool
 	// fail, if set, is asked before every write, sync, truncate, remove
 	// and directory sync.
