@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/zeze-go/mq/store"
 )
@@ -147,6 +150,53 @@ func TestWAL_DamagedVersion(t *testing.T) {
 					got = fmt.Sprintf("%d of 10 records", len(bodies))
 				}
 				t.Fatalf("open with version byte %#x: %s (%v), want ErrCorrupt", b[7], got, err)
+			}
+		})
+	}
+}
+
+// TestOpen_DamagedFormatVersion: a partition file's format version that no
+// release writes (a flipped high bit, as a trial found: 0000200000000002)
+// is damage, ErrCorrupt; a plausible newer one stays ErrFormat.
+func TestOpen_DamagedFormatVersion(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		version []byte
+		want    error
+	}{
+		{"HighBit", []byte{0, 0, 0x20, 0, 0, 0, 0, 2}, store.ErrCorrupt},
+		{"Zero", make([]byte, 8), store.ErrCorrupt},
+		{"Short", []byte{2}, store.ErrCorrupt},
+		{"Newer", []byte{0, 0, 0, 0, 0, 0, 0, 3}, store.ErrFormat},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "0.db")
+			p, err := store.Open(path, store.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Close(); err != nil {
+				t.Fatal(err)
+			}
+			db, err := bolt.Open(path, 0o600, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = db.Update(func(tx *bolt.Tx) error {
+				return tx.Bucket([]byte("meta")).Put([]byte("version"), tt.version)
+			})
+			if cerr := db.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err = store.Open(path, store.Options{})
+			if err == nil {
+				p.Close()
+			}
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("Open with version %x: %v, want %v", tt.version, err, tt.want)
 			}
 		})
 	}
