@@ -61,8 +61,9 @@ import (
 const FormatVersion = 2
 
 // maxFormatVersion bounds the format versions a release may write: a
-// stored version of 0 or above it is a damaged value (ErrCorrupt), one
-// between FormatVersion and it a newer release's file (ErrFormat).
+// stored version of 0 or above it is a damaged value (ErrCorrupt, and
+// ErrFormat), one between FormatVersion and it a newer release's file
+// (ErrFormat only).
 const maxFormatVersion = 1 << 16
 
 // Errors returned by this package.
@@ -238,8 +239,9 @@ func (p *Partition) load() error {
 		case v == nil:
 		case len(v) == 8 && (be.Uint64(v) == 1 || be.Uint64(v) == FormatVersion):
 		case len(v) != 8 || be.Uint64(v) == 0 || be.Uint64(v) > maxFormatVersion:
-			// No release writes that: a damaged value, not a newer format.
-			return fmt.Errorf("%w: %s: format version %x", ErrCorrupt, p.path, v)
+			// No release writes that: a damaged value, not a newer
+			// format (still an unsupported version too).
+			return fmt.Errorf("%w: %w: %x in %s", ErrCorrupt, ErrFormat, v, p.path)
 		default:
 			return fmt.Errorf("%w: %x in %s", ErrFormat, v, p.path)
 		}

@@ -195,7 +195,7 @@ func TestOpen_DamagedFormatVersion(t *testing.T) {
 			if err == nil {
 				p.Close()
 			}
-			if !errors.Is(err, tt.want) {
+			if !errors.Is(err, tt.want) || tt.want == store.ErrFormat && errors.Is(err, store.ErrCorrupt) {
 				t.Fatalf("Open with version %x: %v, want %v", tt.version, err, tt.want)
 			}
 		})
