@@ -60,6 +60,12 @@ import (
 // of state.go.
 const FormatVersion = 2
 
+// maxFormatVersion bounds the format versions a release may write: a
+// stored version of 0 or above it is a damaged value (ErrCorrupt, and
+// ErrFormat), one between FormatVersion and it a newer release's file
+// (ErrFormat only).
+const maxFormatVersion = 1 << 16
+
 // Errors returned by this package.
 var (
 	// ErrClosed is returned by every method after Close.
@@ -232,6 +238,10 @@ func (p *Partition) load() error {
 		switch {
 		case v == nil:
 		case len(v) == 8 && (be.Uint64(v) == 1 || be.Uint64(v) == FormatVersion):
+		case len(v) != 8 || be.Uint64(v) == 0 || be.Uint64(v) > maxFormatVersion:
+			// No release writes that: a damaged value, not a newer
+			// format (still an unsupported version too).
+			return fmt.Errorf("%w: %w: %x in %s", ErrCorrupt, ErrFormat, v, p.path)
 		default:
 			return fmt.Errorf("%w: %x in %s", ErrFormat, v, p.path)
 		}

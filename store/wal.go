@@ -47,9 +47,21 @@ import (
 // torn tail, and is cut, when no intact write header after x says the
 // segment was synced past x; otherwise, and anywhere in an older segment, it
 // is ErrCorrupt. The salt, new for each segment, keeps bytes inside a record
-// (a message body can hold anything) from passing for a write header.
+// (a message body can hold anything) from passing for a write header; an
+// intact write header with another salt where a frame starts is damage (the
+// segment header's salt).
 // Segments are zero-filled ahead of the writer, so a clean end of the
 // records reads as a zero length.
+//
+// The size of a segment is extended, and synced, before anything is
+// written past it, and always leaves walTailRoom bytes after the last
+// write (room for its seal and a zero length after that): every byte ever
+// written lies below a durable size, so a crash cannot cut the file inside
+// the records. A frame running past the end of the file, or records ending
+// less than walFrameLen bytes before it, is therefore a truncation, and
+// ErrCorrupt, not a torn tail. Segments of format 2 (walMagicV2), written
+// before this rule, are read without it. A torn tail is cut by zeroing it,
+// so that the size stays one the writer synced.
 type WAL struct {
 	dir     string
 	fs      FS
@@ -125,7 +137,11 @@ type walReq struct {
 }
 
 const (
-	walMagic       = "ZZMQWAL\x02"
+	// walMagic is format 3. Its version byte is 3 bits away from those of
+	// formats 1 and 2, so that a bit or two flipped in it cannot pass for
+	// an older format and be read by that format's rules.
+	walMagic       = "ZZMQWAL\x0c"
+	walMagicV2     = "ZZMQWAL\x02" // format 2: no rule on the size of a segment
 	walMagicV1     = "ZZMQWAL\x01"
 	walHeaderLen   = int64(len(walMagic)) + 8 // magic, salt
 	walFrameLen    = 8
@@ -140,6 +156,9 @@ const (
 	// file system's journal (the size and the new blocks); writing into
 	// blocks already written and synced costs only the data flush.
 	walChunk = 4 << 20
+	// walTailRoom is what the writer keeps allocated (and synced) after
+	// its last write: a seal, then a zero frame length.
+	walTailRoom = walFrameLen + writeBodyLen + walFrameLen
 )
 
 var walZeros = make([]byte, 1<<20)
@@ -268,8 +287,9 @@ func (w *WAL) scan(seg uint64, newest bool) error {
 	nr, _ := f.ReadAt(hdr[:], 0)
 	n := int64(nr)
 	magic := string(hdr[:len(walMagic)])
+	sized := magic == walMagic // the writer kept the size ahead of its writes
 	switch {
-	case n == walHeaderLen && magic == walMagic:
+	case n == walHeaderLen && (sized || magic == walMagicV2):
 	case n >= int64(len(walMagicV1)) && magic == walMagicV1:
 		err := w.scanV1(seg, f, size)
 		if err != nil {
@@ -290,20 +310,19 @@ func (w *WAL) scan(seg uint64, newest bool) error {
 	}
 	w.files[seg] = f
 	salt := hdr[len(walMagic):]
-	off, err := readFrames(f, walHeaderLen, size, func(off int64, body []byte) (bool, error) {
-		if body[0] == frameWrite && (len(body) != writeBodyLen || !bytes.Equal(body[1:9], salt)) {
-			if off == walHeaderLen {
-				// The first write's header, intact: the salt in the
-				// segment header is what is damaged. Cutting here would
-				// drop the whole segment.
-				return false, w.corrupt(seg, "salt of the segment header differs from its first write's")
-			}
-			return false, nil // not a header of this segment: damage
+	off, pastEOF, err := readFrames(f, walHeaderLen, size, func(off int64, body []byte) (bool, error) {
+		if body[0] == frameWrite && len(body) == writeBodyLen && !bytes.Equal(body[1:9], salt) {
+			// Where a frame starts, the writer's bytes or zeros: an
+			// intact write header of no other segment can be there.
+			return false, w.corrupt(seg, "write header at %d has another salt than the segment's header", off)
 		}
 		return true, w.index(seg, off, body)
 	})
 	if err != nil {
 		return err
+	}
+	if sized && (pastEOF || size-off < walFrameLen) {
+		return w.corrupt(seg, "truncated: records end at %d of %d bytes, where the writer kept room", off, size)
 	}
 	if zero, err := w.allZero(seg, off, size); err != nil {
 		return err
@@ -318,15 +337,35 @@ func (w *WAL) scan(seg uint64, newest bool) error {
 	} else if later {
 		return w.corrupt(seg, "damaged frame at %d, followed by writes synced past it", off)
 	}
-	// A torn tail, never acknowledged: cut it.
-	err = f.Truncate(off)
-	if err == nil {
-		err = f.Sync()
-	}
-	if err != nil {
+	// A torn tail, never acknowledged: cut it by zeroing it, which keeps
+	// the size the writer synced (a smaller one would read as a
+	// truncation); a crash while zeroing leaves a shorter torn tail.
+	if err := zeroTail(f, off, size); err != nil {
 		return fmt.Errorf("store: wal: cut torn tail of %s: %w", w.segPath(seg), err)
 	}
 	return nil
+}
+
+// zeroTail writes zeros over the bytes of [from, to) of f that are not
+// zero, and syncs.
+func zeroTail(f File, from, to int64) error {
+	buf := make([]byte, 1<<20)
+	for at := from; at < to; at += int64(len(buf)) {
+		b := buf[:min(int64(len(buf)), to-at)]
+		n, err := f.ReadAt(b, at)
+		if err != nil && err != io.EOF {
+			return err
+		}
+		if bytes.ContainsFunc(b[:n], func(r rune) bool { return r != 0 }) {
+			if _, err := f.WriteAt(walZeros[:n], at); err != nil {
+				return err
+			}
+		}
+		if n < len(b) {
+			break
+		}
+	}
+	return f.Sync()
 }
 
 // index records the frame body at off of seg.
@@ -416,7 +455,7 @@ func (w *WAL) allZero(seg uint64, from, to int64) (bool, error) {
 // may skip them if its file already holds them, and fails otherwise.
 func (w *WAL) scanV1(seg uint64, f File, size int64) error {
 	// Format 1 ended its records with zeros or a torn tail: either ends them.
-	_, err := readFrames(f, int64(len(walMagicV1)), size, func(off int64, body []byte) (bool, error) {
+	_, _, err := readFrames(f, int64(len(walMagicV1)), size, func(off int64, body []byte) (bool, error) {
 		if len(body) < 2 || len(body) < 2+int(binary.BigEndian.Uint16(body))+8 {
 			return false, w.corrupt(seg, "format 1 record at %d", off)
 		}
@@ -432,33 +471,37 @@ func (w *WAL) scanV1(seg uint64, f File, size int64) error {
 // visit with each intact one's offset and body (valid until the next call).
 // It returns where the intact frames end: size, or the offset of the first
 // frame that is short, of length zero, too long or failing its CRC, or that
-// visit refused.
-func readFrames(f File, start, size int64, visit func(off int64, body []byte) (bool, error)) (int64, error) {
+// visit refused; and whether that frame runs past size (its header, or the
+// body its length claims).
+func readFrames(f File, start, size int64, visit func(off int64, body []byte) (bool, error)) (int64, bool, error) {
 	r := bufio.NewReaderSize(io.NewSectionReader(f, start, size-start), 1<<20)
 	off := start
 	var body []byte
 	for off < size {
 		var fh [walFrameLen]byte
 		if _, err := io.ReadFull(r, fh[:]); err != nil {
-			return off, nil
+			return off, !bytes.Equal(fh[:size-off], make([]byte, size-off)), nil
 		}
 		l := binary.BigEndian.Uint32(fh[:])
-		if l == 0 || l > walMaxFrame || int64(l) > size-off-walFrameLen {
-			return off, nil
+		if l == 0 || l > walMaxFrame {
+			return off, false, nil
+		}
+		if int64(l) > size-off-walFrameLen {
+			return off, true, nil
 		}
 		if cap(body) < int(l) {
 			body = make([]byte, l)
 		}
 		body = body[:l]
 		if _, err := io.ReadFull(r, body); err != nil || crc32.Checksum(body, castagnoli) != binary.BigEndian.Uint32(fh[4:]) {
-			return off, nil
+			return off, false, nil
 		}
 		if ok, err := visit(off, body); !ok || err != nil {
-			return off, err
+			return off, false, err
 		}
 		off += walFrameLen + int64(l)
 	}
-	return off, nil
+	return off, false, nil
 }
 
 // Recover calls fn with each record of stream left by the previous run, in
@@ -507,8 +550,10 @@ func (w *WAL) closeFiles() {
 	}
 }
 
-// create starts segment seg: header, zeros ahead, synced with its directory
-// entry before any record is written to it.
+// create starts segment seg: its size, header and zeros ahead, synced with
+// its directory entry before any record is written to it. The size is set
+// first: a crash cannot leave a header in a file shorter than the room
+// after it, which would read as a truncation.
 func (w *WAL) create(seg uint64) error {
 	name := w.segPath(seg)
 	f, err := w.fs.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
@@ -517,7 +562,10 @@ func (w *WAL) create(seg uint64) error {
 	}
 	var salt [8]byte
 	_, _ = rand.Read(salt[:]) // never fails (crypto/rand)
-	_, err = f.WriteAt(append([]byte(walMagic), salt[:]...), 0)
+	err = f.Truncate(walHeaderLen + walChunk)
+	if err == nil {
+		_, err = f.WriteAt(append([]byte(walMagic), salt[:]...), 0)
+	}
 	alloc := int64(walHeaderLen)
 	if err == nil {
 		alloc, err = extend(f, alloc, walChunk)
@@ -782,19 +830,9 @@ func (w *WAL) seal() {
 	}
 	h := w.appendWriteHeader(w.sealBuf[:0], w.synced)
 	w.sealBuf = h
-	end := w.size + int64(len(h))
-	if end <= w.alloc.Load() {
-		_, _ = w.f.WriteAt(h, w.size) // a failure shows at the next sync
-		return
-	}
-	// A large write ended at the end of the file: the seal goes past it,
-	// where the extender writes too. Never skip it: without it damage in
-	// that write would read as a torn tail.
-	w.extMu.Lock()
-	defer w.extMu.Unlock()
-	if _, err := w.f.WriteAt(h, w.size); err == nil && end > w.alloc.Load() {
-		w.alloc.Store(end)
-	}
+	// writeAt keeps walTailRoom allocated after the records: the seal
+	// always fits below the synced size, even after a large write.
+	_, _ = w.f.WriteAt(h, w.size) // a failure shows at the next sync
 }
 
 // write appends batch's records in one write and (unless SyncInterval) one
@@ -862,18 +900,27 @@ func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 }
 
 // writeAt writes buf at the end of the records, extending the segment first
-// when the zeros ahead run short.
+// when the zeros ahead run short: the file's synced size always holds the
+// write and walTailRoom after it (see WAL).
 func (w *WAL) writeAt(buf []byte) (err error) {
 	end := w.size + int64(len(buf))
-	if end <= w.alloc.Load() {
+	if need := end + walTailRoom; need <= w.alloc.Load() {
 		_, err = w.f.WriteAt(buf, w.size)
 	} else {
 		w.extMu.Lock() // the extender writes past alloc too
-		if a := w.alloc.Load(); end-a < walChunk/2 {
+		if a := w.alloc.Load(); need > a {
 			// Extend and sync first, so that the flush covering the
-			// records flushes data only.
+			// records flushes data only, and a crash cannot cut them.
 			var na int64
-			if na, err = extend(w.f, a, walChunk); err == nil {
+			if need-a < walChunk/2 {
+				na, err = extend(w.f, a, walChunk)
+			} else {
+				// A large write is not zero-filled first, which would
+				// write it twice: only its size is set, in chunks.
+				na = a + (need-a+walChunk-1)/walChunk*walChunk
+				err = w.f.Truncate(na)
+			}
+			if err == nil {
 				err = w.f.Sync()
 			}
 			if err == nil {
@@ -881,12 +928,7 @@ func (w *WAL) writeAt(buf []byte) (err error) {
 			}
 		}
 		if err == nil {
-			// A large write is not zero-filled first: that would write
-			// it twice; its flush also commits the new size.
 			_, err = w.f.WriteAt(buf, w.size)
-		}
-		if err == nil && end > w.alloc.Load() {
-			w.alloc.Store(end)
 		}
 		w.extMu.Unlock()
 	}
