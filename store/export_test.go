@@ -116,3 +116,6 @@ func SnapshotFile(p *Partition, path string) error {
 		return tx.CopyFile(path, 0o600)
 	})
 }
+
+// WALChunk is how far the WAL zero-fills a segment at a time.
+const WALChunk = walChunk

@@ -559,3 +559,13 @@ func (f *memFile) Close() error {
 	f.closed = true
 	return nil
 }
+
+// Size returns a file's current size.
+func (m *memFS) Size(name string) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n, ok := m.files[name]; ok {
+		return n.size
+	}
+	return 0
+}

@@ -101,6 +101,7 @@ type WAL struct {
 	sealBuf []byte
 	dirty   bool         // written since the last sync (SyncInterval)
 	alloc   atomic.Int64 // bytes of f written (zeros past size)
+	end     atomic.Int64 // end of the records in f, for the extender
 	extWake chan struct{}
 	extDone chan struct{}
 
@@ -592,6 +593,7 @@ func (w *WAL) create(seg uint64) error {
 	oldF, oldExt := w.f, w.ext
 	w.f, w.ext, w.size, w.synced, w.salt = f, ext, walHeaderLen, walHeaderLen, salt
 	w.alloc.Store(alloc)
+	w.end.Store(walHeaderLen)
 	w.extMu.Unlock()
 	if oldF != nil {
 		oldF.Close()
@@ -616,6 +618,11 @@ func (w *WAL) extender() {
 		}
 		w.extMu.Lock()
 		a := w.alloc.Load()
+		if a-w.end.Load() >= 2*walChunk {
+			// A wake-up queued while it extended: far enough ahead.
+			w.extMu.Unlock()
+			continue
+		}
 		na, err := extend(w.ext, a, walChunk)
 		if err == nil {
 			err = w.ext.Sync()
@@ -932,6 +939,7 @@ func (w *WAL) writeAt(buf []byte) (err error) {
 		}
 		w.extMu.Unlock()
 	}
+	w.end.Store(end)
 	if w.alloc.Load()-end < 2*walChunk {
 		select {
 		case w.extWake <- struct{}{}:

@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -398,4 +399,36 @@ func TestWAL_OutboxCommitReplay(t *testing.T) {
 	}
 	bodies, _ = readAll(t, r.p)
 	equal(t, "after repeats", len(bodies), 3)
+}
+
+// TestWAL_ExtendsBoundedAhead: the zero-filling goroutine keeps a segment
+// allocated at most a few chunks ahead of its records; a wake-up queued
+// while it extended made it extend again, running up to 16 MiB ahead (a full
+// disk then failed the WAL that much early).
+func TestWAL_ExtendsBoundedAhead(t *testing.T) {
+	mfs := newMemFS()
+	w, err := store.OpenWAL("/wal", store.WALOptions{FS: mfs, SegmentSize: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	payload := bytes.Repeat([]byte{7}, 16<<10)
+	worst := int64(0)
+	for i := range 1200 {
+		done := make(chan error, 1)
+		w.Append("s", payload, func(_ uint64, err error) { done <- err })
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		written := int64(i+1) * int64(len(payload)+64)
+		for _, name := range mfs.Names(".wal") {
+			if ahead := mfs.Size(name) - written; ahead > worst {
+				worst = ahead
+			}
+		}
+	}
+	if limit := int64(3*store.WALChunk + 1<<20); worst > limit {
+		t.Fatalf("the segment ran %d MiB ahead of its records, want at most %d", worst>>20, limit>>20)
+	}
+	t.Logf("at most %.1f MiB ahead", float64(worst)/(1<<20))
 }
