@@ -209,10 +209,10 @@ func FuzzWALSegment(f *testing.F) {
 }
 
 // intactRecords returns the payloads of each stream's records in the
-// format 2 segment b, up to its first bad frame.
+// format 2 or 3 segment b, up to its first bad frame.
 func intactRecords(b []byte) map[string][][]byte {
 	out := map[string][][]byte{}
-	if len(b) < int(walHeaderLen) || string(b[:len(walMagic)]) != walMagic {
+	if len(b) < int(walHeaderLen) || string(b[:len(walMagic)]) != walMagic && string(b[:len(walMagic)]) != walMagicV2 {
 		return out
 	}
 	salt := b[len(walMagic):walHeaderLen]

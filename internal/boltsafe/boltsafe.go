@@ -210,7 +210,7 @@ func checkFile(path string, s scope) error {
 // map stay until the process ends (Open's check makes this unreachable for
 // damage present before the call).
 func openContained(path string, opts *bolt.Options) (db *bolt.DB, err error) {
-	defer contain(path, &err, debug.SetPanicOnFault(true))
+	defer contain(func() string { return path }, &err, debug.SetPanicOnFault(true))
 	return bolt.Open(path, mode, opts)
 }
 
@@ -218,7 +218,7 @@ func openContained(path string, opts *bolt.Options) (db *bolt.DB, err error) {
 // (damage met while reading) returns an error wrapping ErrCorrupt naming
 // db's file; a panic of fn's own code is passed on.
 func View(db *bolt.DB, fn func(*bolt.Tx) error) (err error) {
-	defer contain(db.Path(), &err, debug.SetPanicOnFault(true))
+	defer contain(db.Path, &err, debug.SetPanicOnFault(true)) // the path is read only for a panic: Close clears it
 	return db.View(fn)
 }
 
@@ -226,7 +226,7 @@ func View(db *bolt.DB, fn func(*bolt.Tx) error) (err error) {
 // ErrCorrupt from Update, bbolt's in-memory state (its freelist, its write
 // lock) may be inconsistent: stop writing and close the DB.
 func Update(db *bolt.DB, fn func(*bolt.Tx) error) (err error) {
-	defer contain(db.Path(), &err, debug.SetPanicOnFault(true))
+	defer contain(db.Path, &err, debug.SetPanicOnFault(true)) // the path is read only for a panic: Close clears it
 	return db.Update(fn)
 }
 
@@ -236,7 +236,7 @@ func Update(db *bolt.DB, fn func(*bolt.Tx) error) (err error) {
 // whole call). It restores that setting and turns a panic raised in bbolt's
 // code, or a memory fault, into an error wrapping ErrCorrupt for path.
 // Other panics go on.
-func contain(path string, err *error, onFault bool) {
+func contain(path func() string, err *error, onFault bool) {
 	debug.SetPanicOnFault(onFault)
 	r := recover()
 	if r == nil {
@@ -245,7 +245,7 @@ func contain(path string, err *error, onFault bool) {
 	if !fromBolt(r) {
 		panic(r)
 	}
-	*err = fmt.Errorf("%w: %s: bbolt: %v", ErrCorrupt, path, r)
+	*err = fmt.Errorf("%w: %s: bbolt: %v", ErrCorrupt, path(), r)
 }
 
 // fromBolt reports whether the panic being recovered, r, is a memory fault
