@@ -1,16 +1,13 @@
 package mq
 
 import (
-	"crypto/sha256"
-	"fmt"
 	"os"
-	"path/filepath"
-	"runtime/metrics"
 	"testing"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/zeze-go/mq/internal/fuzzseed"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -60,17 +57,6 @@ func fuzzSeeds() map[string][][]any {
 	}
 }
 
-// addSeeds adds the seeds of f's target.
-func addSeeds(f *testing.F) {
-	seeds, ok := fuzzSeeds()[f.Name()]
-	if !ok {
-		f.Fatalf("no seeds for %s", f.Name())
-	}
-	for _, s := range seeds {
-		f.Add(s...)
-	}
-}
-
 // TestWriteFuzzCorpus writes the seeds to testdata/fuzz/<target>/ in the
 // fuzzer's corpus format, named like the fuzzer names them:
 // ZEZE_WRITE_CORPUS=1 go test -run TestWriteFuzzCorpus . Files already
@@ -79,43 +65,5 @@ func TestWriteFuzzCorpus(t *testing.T) {
 	if os.Getenv("ZEZE_WRITE_CORPUS") != "1" {
 		t.Skip("ZEZE_WRITE_CORPUS=1 writes the seed corpus")
 	}
-	for name, list := range fuzzSeeds() {
-		dir := filepath.Join("testdata", "fuzz", name)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for _, s := range list {
-			b := []byte("go test fuzz v1\n")
-			for _, v := range s {
-				switch v := v.(type) {
-				case []byte:
-					b = fmt.Appendf(b, "[]byte(%q)\n", v)
-				case string:
-					b = fmt.Appendf(b, "string(%q)\n", v)
-				default:
-					t.Fatalf("%s: seed value of type %T", name, v)
-				}
-			}
-			path := filepath.Join(dir, fmt.Sprintf("%x", sha256.Sum256(b))[:16])
-			if err := os.WriteFile(path, b, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-}
-
-// checkAlloc runs fn and fails t if it allocated more than a constant (the
-// heap counter is approximate: small objects are counted a span at a time)
-// plus a small multiple of n, the input's length. A length believed before
-// it is checked allocates gigabytes.
-func checkAlloc(t *testing.T, n int, fn func()) {
-	t.Helper()
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-	metrics.Read(s)
-	before := s[0].Value.Uint64()
-	fn()
-	metrics.Read(s)
-	if d, budget := s[0].Value.Uint64()-before, 4<<20+256*uint64(n); d > budget {
-		t.Fatalf("decoding %d bytes allocated %d bytes", n, d)
-	}
+	fuzzseed.WriteCorpus(t, fuzzSeeds())
 }

@@ -3,6 +3,8 @@ package mq
 import (
 	"testing"
 	"time"
+
+	"github.com/zeze-go/mq/internal/fuzzseed"
 )
 
 // TestTopicMeta_EveryBit flips each bit of a topic record in turn: the
@@ -30,14 +32,14 @@ func TestTopicMeta_EveryBit(t *testing.T) {
 // bytes, and a legacy record (which Open rewrites in the current layout)
 // encodes to a record that decodes the same.
 func FuzzTopicMeta(f *testing.F) {
-	addSeeds(f)
+	fuzzseed.Add(f, fuzzSeeds())
 	f.Fuzz(func(t *testing.T, name string, rec []byte) {
 		var (
 			tm     topicMeta
 			legacy bool
 			err    error
 		)
-		checkAlloc(t, len(rec), func() { tm, legacy, err = decodeTopicMeta(name, rec) })
+		fuzzseed.CheckAlloc(t, len(rec), func() { tm, legacy, err = decodeTopicMeta(name, rec) })
 		if err != nil {
 			return
 		}

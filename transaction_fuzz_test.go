@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/zeze-go/mq/internal/fuzzseed"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -13,13 +14,13 @@ import (
 // is ErrCorrupt, little is allocated, and what decodes (in either version)
 // comes back the same from its version 2 encoding.
 func FuzzTxRows(f *testing.F) {
-	addSeeds(f)
+	fuzzseed.Add(f, fuzzSeeds())
 	f.Fuzz(func(t *testing.T, marker, row []byte) {
 		var (
 			halves []partRef
 			err    error
 		)
-		checkAlloc(t, len(marker), func() { halves, err = decodeMarker("tx", marker) })
+		fuzzseed.CheckAlloc(t, len(marker), func() { halves, err = decodeMarker("tx", marker) })
 		switch {
 		case err != nil && !errors.Is(err, ErrCorrupt):
 			t.Fatalf("marker error %v is not ErrCorrupt", err)
@@ -33,7 +34,7 @@ func FuzzTxRows(f *testing.F) {
 			ref partRef
 			m   store.Message
 		)
-		checkAlloc(t, len(row), func() { ref, m, err = decodeOutboxRow("tx", row) })
+		fuzzseed.CheckAlloc(t, len(row), func() { ref, m, err = decodeOutboxRow("tx", row) })
 		switch {
 		case err != nil && !errors.Is(err, ErrCorrupt):
 			t.Fatalf("outbox error %v is not ErrCorrupt", err)

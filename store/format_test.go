@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+
+	"github.com/zeze-go/mq/internal/fuzzseed"
 )
 
 // The layouts below are formats: a change to one of these tests is a
@@ -70,13 +72,13 @@ func TestCommand_RoundTrip(t *testing.T) {
 // FuzzDecodeCommand: no input panics or allocates beyond its length; every
 // error wraps ErrBadCommand; what decodes encodes back to the same command.
 func FuzzDecodeCommand(f *testing.F) {
-	addSeeds(f)
+	fuzzseed.Add(f, fuzzSeeds())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var (
 			c   *Command
 			err error
 		)
-		checkAlloc(t, len(b), func() { c, err = DecodeCommand(b) })
+		fuzzseed.CheckAlloc(t, len(b), func() { c, err = DecodeCommand(b) })
 		if err != nil {
 			if !errors.Is(err, ErrBadCommand) {
 				t.Fatalf("error %v does not wrap ErrBadCommand", err)
@@ -95,12 +97,12 @@ func FuzzDecodeCommand(f *testing.F) {
 // then the payload) decodes the same or is ErrCorrupt, and with a flipped
 // CRC is ErrCorrupt; what decodes encodes to a record that decodes the same.
 func FuzzDecodeRecord(f *testing.F) {
-	addSeeds(f)
+	fuzzseed.Add(f, fuzzSeeds())
 	key := []byte{0, 0, 0, 0, 0, 0, 0, 7}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var m Message
 		var err error
-		checkAlloc(t, len(b), func() { err = decodeMessagePayload(b, &m) })
+		fuzzseed.CheckAlloc(t, len(b), func() { err = decodeMessagePayload(b, &m) })
 		stored := append(binary.BigEndian.AppendUint32(nil, sealCRC(key, b)), b...)
 		var sm Message
 		serr := decodeRecord(key, stored, &sm)
@@ -131,13 +133,13 @@ func FuzzDecodeRecord(f *testing.F) {
 // current format, which format 1's halves are rewritten in) to a half that
 // decodes the same.
 func FuzzDecodeHalf(f *testing.F) {
-	addSeeds(f)
+	fuzzseed.Add(f, fuzzSeeds())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var (
 			h   *halfTx
 			err error
 		)
-		checkAlloc(t, len(b), func() { h, err = decodeHalf(b) })
+		fuzzseed.CheckAlloc(t, len(b), func() { h, err = decodeHalf(b) })
 		if err != nil {
 			if !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("error %v is not ErrCorrupt", err)
@@ -172,7 +174,7 @@ func sameHalf(a, b *halfTx) bool {
 // held: each stream's payloads, in order, of the frames before the first bad
 // one.
 func FuzzWALSegment(f *testing.F) {
-	addSeeds(f)
+	fuzzseed.Add(f, fuzzSeeds())
 	f.Fuzz(func(t *testing.T, b []byte, older int) {
 		dir := t.TempDir()
 		name := "0000000000000001.wal"

@@ -2,7 +2,6 @@ package store
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,12 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime/metrics"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/zeze-go/mq/internal/fuzzseed"
 )
 
 // Every decoder of stored bytes has a FuzzXxx target here or in
@@ -122,17 +122,6 @@ func fuzzSeeds() map[string][][]any {
 	return seeds
 }
 
-// addSeeds adds the seeds of f's target.
-func addSeeds(f *testing.F) {
-	seeds, ok := fuzzSeeds()[f.Name()]
-	if !ok {
-		f.Fatalf("no seeds for %s", f.Name())
-	}
-	for _, s := range seeds {
-		f.Add(s...)
-	}
-}
-
 // TestWriteFuzzCorpus writes the seeds to testdata/fuzz/<target>/ in the
 // fuzzer's corpus format, named like the fuzzer names them, so that CI's
 // fuzzing starts from them: ZEZE_WRITE_CORPUS=1 go test -run
@@ -141,55 +130,7 @@ func TestWriteFuzzCorpus(t *testing.T) {
 	if os.Getenv("ZEZE_WRITE_CORPUS") != "1" {
 		t.Skip("ZEZE_WRITE_CORPUS=1 writes the seed corpus")
 	}
-	writeCorpus(t, fuzzSeeds())
-}
-
-func writeCorpus(t *testing.T, seeds map[string][][]any) {
-	t.Helper()
-	for name, list := range seeds {
-		dir := filepath.Join("testdata", "fuzz", name)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for _, s := range list {
-			b := []byte("go test fuzz v1\n")
-			for _, v := range s {
-				switch v := v.(type) {
-				case []byte:
-					b = fmt.Appendf(b, "[]byte(%q)\n", v)
-				case string:
-					b = fmt.Appendf(b, "string(%q)\n", v)
-				case int:
-					b = fmt.Appendf(b, "int(%d)\n", v)
-				default:
-					t.Fatalf("%s: seed value of type %T", name, v)
-				}
-			}
-			path := filepath.Join(dir, fmt.Sprintf("%x", sha256.Sum256(b))[:16])
-			if err := os.WriteFile(path, b, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-}
-
-// allocBudget is what decoding n bytes may allocate: a constant (the
-// heap counter is approximate: small objects are counted a span at a time)
-// plus a small multiple of n. A length believed before it is checked
-// allocates gigabytes.
-func allocBudget(n int) uint64 { return 4<<20 + 256*uint64(n) }
-
-// checkAlloc runs fn and fails t if it allocated more than allocBudget(n).
-func checkAlloc(t *testing.T, n int, fn func()) {
-	t.Helper()
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-	metrics.Read(s)
-	before := s[0].Value.Uint64()
-	fn()
-	metrics.Read(s)
-	if d := s[0].Value.Uint64() - before; d > allocBudget(n) {
-		t.Fatalf("decoding %d bytes allocated %d bytes", n, d)
-	}
+	fuzzseed.WriteCorpus(t, fuzzSeeds())
 }
 
 // FuzzDecodeState: the partition state decoder (both formats) never
@@ -197,11 +138,11 @@ func checkAlloc(t *testing.T, n int, fn func()) {
 // encodes to a state that decodes the same (for the current format, to the
 // same bytes): format 1's state is rewritten in the current format.
 func FuzzDecodeState(f *testing.F) {
-	addSeeds(f)
+	fuzzseed.Add(f, fuzzSeeds())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var s state
 		var err error
-		checkAlloc(t, len(b), func() { err = decodeState(b, &s) })
+		fuzzseed.CheckAlloc(t, len(b), func() { err = decodeState(b, &s) })
 		if err != nil {
 			if !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("error %v is not ErrCorrupt", err)
@@ -224,7 +165,7 @@ func FuzzDecodeState(f *testing.F) {
 // value that unseals the same (the same bytes, for a sealed one), and a
 // flipped bit in a sealed value, or in its key, is ErrCorrupt.
 func FuzzUnseal(f *testing.F) {
-	addSeeds(f)
+	fuzzseed.Add(f, fuzzSeeds())
 	sizes := [...]int{8, dedupBytes, decisionBytes} // groups, dedup, txs
 	f.Fuzz(func(t *testing.T, key string, val []byte, which int) {
 		n := sizes[uint(which)%uint(len(sizes))]
@@ -308,7 +249,7 @@ func readMutations(muts []byte) ([]mutation, error) {
 // mutations do not parse, and leaves every key it wrote at its last write;
 // the mutations encoded again by gen's own encoder read back the same.
 func FuzzEffects(f *testing.F) {
-	addSeeds(f)
+	fuzzseed.Add(f, fuzzSeeds())
 	// One bbolt file per process (the fuzzer runs several), opened on the
 	// first input; its buckets are created once, and every input's writes
 	// are rolled back.
@@ -346,7 +287,7 @@ func FuzzEffects(f *testing.F) {
 			muts []mutation
 			merr error
 		)
-		checkAlloc(t, len(rec), func() {
+		fuzzseed.CheckAlloc(t, len(rec), func() {
 			id, idx, raw, st, err = splitEffects(rec)
 			if err == nil {
 				muts, merr = readMutations(raw)
@@ -372,7 +313,7 @@ func FuzzEffects(f *testing.F) {
 			widx uint64
 			wst  state
 		)
-		checkAlloc(t, len(rec), func() { widx, wst, err = writeEffects(&bks, rec) })
+		fuzzseed.CheckAlloc(t, len(rec), func() { widx, wst, err = writeEffects(&bks, rec) })
 		switch {
 		case merr != nil:
 			if !errors.Is(err, ErrCorrupt) {
