@@ -1,7 +1,6 @@
 package store_test
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -19,20 +18,16 @@ import (
 // the rest were a torn tail.
 func TestWAL_TruncatedSegment(t *testing.T) {
 	crash := crashedWithTen(t)
-	segs := segments(t, crash)
-	seg := segs[len(segs)-1]
-	b, err := os.ReadFile(seg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	off, frames := walFrameStarts(b)
-	last := frames[len(frames)-2] // the last record; the seal follows it
+	seg, b := newestSegment(t, crash)
+	fr := walFrames(t, b)
+	rec := fr[len(fr)-1] // the last record; the seal follows it
+	last := int(rec.off)
 	cuts := map[string]int{
 		"AfterHeader":    16,
 		"FrameBoundary":  last,
 		"InsideRecord":   last + 10,
 		"InsideFrameLen": last + 2,
-		"AfterLastFrame": off, // the seal's end, no room for the zeros after
+		"AfterLastFrame": last + 8 + len(rec.body) + sealLen, // the seal's end, no room for the zeros after
 	}
 	for name, at := range cuts {
 		t.Run(name, func(t *testing.T) {
@@ -41,17 +36,48 @@ func TestWAL_TruncatedSegment(t *testing.T) {
 			if err := os.Truncate(dir+seg[len(crash):], int64(at)); err != nil {
 				t.Fatal(err)
 			}
-			n, err := openWALNode(t, dir)
-			if !errors.Is(err, store.ErrCorrupt) {
-				got := "an error"
-				if err == nil {
-					bodies, _ := readAll(t, n.p)
-					got = fmt.Sprintf("%d of 10 records", len(bodies))
-				}
-				t.Fatalf("open after a cut at %d: %s (%v), want ErrCorrupt", at, got, err)
-			}
+			wantCorruptOpen(t, dir, fmt.Sprintf("a cut at %d", at))
 		})
 	}
+}
+
+// newestSegment returns the path and the bytes of the newest WAL segment
+// of the node in dir.
+func newestSegment(t *testing.T, dir string) (string, []byte) {
+	t.Helper()
+	segs := segments(t, dir)
+	seg := segs[len(segs)-1]
+	b, err := os.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seg, b
+}
+
+// damageNewest applies damage to the newest WAL segment of the node in dir.
+func damageNewest(t *testing.T, dir string, damage func(b []byte)) {
+	t.Helper()
+	seg, b := newestSegment(t, dir)
+	damage(b)
+	if err := os.WriteFile(seg, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantCorruptOpen opens the node in dir (of crashedWithTen), which must
+// fail with ErrCorrupt; what says what was done to it.
+func wantCorruptOpen(t *testing.T, dir, what string) {
+	t.Helper()
+	n, err := openWALNode(t, dir)
+	if errors.Is(err, store.ErrCorrupt) {
+		return
+	}
+	got := "an error"
+	if err == nil {
+		bodies, _ := readAll(t, n.p)
+		got = fmt.Sprintf("%d of 10 records", len(bodies))
+	}
+	t.Fatalf("open after %s: %s (%v), want ErrCorrupt", what, got, err)
 }
 
 // TestWAL_DamagedSalt: a flipped bit in the salt of the newest segment's
@@ -59,25 +85,8 @@ func TestWAL_TruncatedSegment(t *testing.T) {
 // torn tail at the first write.
 func TestWAL_DamagedSalt(t *testing.T) {
 	crash := crashedWithTen(t)
-	segs := segments(t, crash)
-	seg := segs[len(segs)-1]
-	b, err := os.ReadFile(seg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b[12] ^= 0x10
-	if err := os.WriteFile(seg, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	n, err := openWALNode(t, crash)
-	if !errors.Is(err, store.ErrCorrupt) {
-		got := "an error"
-		if err == nil {
-			bodies, _ := readAll(t, n.p)
-			got = fmt.Sprintf("%d of 10 records", len(bodies))
-		}
-		t.Fatalf("open with a damaged salt: %s (%v), want ErrCorrupt", got, err)
-	}
+	damageNewest(t, crash, func(b []byte) { b[12] ^= 0x10 })
+	wantCorruptOpen(t, crash, "a damaged salt")
 }
 
 // TestWAL_TornTailReopened: a torn tail is cut by zeroing it, so the
@@ -85,18 +94,10 @@ func TestWAL_DamagedSalt(t *testing.T) {
 // finished (a crash during it), it is an older segment that reads clean.
 func TestWAL_TornTailReopened(t *testing.T) {
 	crash := crashedWithTen(t)
-	segs := segments(t, crash)
-	seg := segs[len(segs)-1]
-	b, err := os.ReadFile(seg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, frames := walFrameStarts(b)
-	last := frames[len(frames)-2]
-	clear(b[last+20:]) // the last record and its seal written in part
-	if err := os.WriteFile(seg, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	damageNewest(t, crash, func(b []byte) {
+		fr := walFrames(t, b)
+		clear(b[fr[len(fr)-1].off+20:]) // the last record and its seal written in part
+	})
 	w, err := store.OpenWAL(crash+"/wal", store.WALOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -109,20 +110,6 @@ func TestWAL_TornTailReopened(t *testing.T) {
 	equal(t, "replayed", len(bodies), 9)
 }
 
-// walFrameStarts returns where a segment's frames end and where each starts.
-func walFrameStarts(b []byte) (end int, starts []int) {
-	off := 16
-	for off+8 <= len(b) {
-		l := int(binary.BigEndian.Uint32(b[off:]))
-		if l == 0 || off+8+l > len(b) {
-			break
-		}
-		starts = append(starts, off)
-		off += 8 + l
-	}
-	return off, starts
-}
-
 // TestWAL_DamagedVersion: a bit flipped in the version byte of a segment's
 // magic is a bad header, never an older format read by that format's
 // rules (format 1 would find no records in it, and drop them).
@@ -132,25 +119,8 @@ func TestWAL_DamagedVersion(t *testing.T) {
 		t.Run(fmt.Sprint(bit), func(t *testing.T) {
 			dir := t.TempDir()
 			copyDir(t, crash, dir)
-			segs := segments(t, dir)
-			seg := segs[len(segs)-1]
-			b, err := os.ReadFile(seg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b[7] ^= 1 << bit
-			if err := os.WriteFile(seg, b, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			n, err := openWALNode(t, dir)
-			if !errors.Is(err, store.ErrCorrupt) {
-				got := "an error"
-				if err == nil {
-					bodies, _ := readAll(t, n.p)
-					got = fmt.Sprintf("%d of 10 records", len(bodies))
-				}
-				t.Fatalf("open with version byte %#x: %s (%v), want ErrCorrupt", b[7], got, err)
-			}
+			damageNewest(t, dir, func(b []byte) { b[7] ^= 1 << bit })
+			wantCorruptOpen(t, dir, fmt.Sprintf("flipping bit %d of the version byte", bit))
 		})
 	}
 }

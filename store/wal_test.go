@@ -213,12 +213,7 @@ func TestWAL_TornTail(t *testing.T) {
 	for _, damage := range []string{"cut", "flip", "garbage"} {
 		t.Run(damage, func(t *testing.T) {
 			crash := crashedWithTen(t)
-			segs := segments(t, crash)
-			seg := segs[len(segs)-1]
-			b, err := os.ReadFile(seg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			seg, b := newestSegment(t, crash)
 			end := len(b)
 			for end > 0 && b[end-1] == 0 { // the zeros allocated ahead
 				end--
