@@ -343,45 +343,6 @@ func trialSegment(t *testing.T, dir string) string {
 	return ""
 }
 
-// copyTree copies src to dst, leaving runs of zeros as holes (WAL segments
-// are mostly zeros allocated ahead).
-func copyTree(t *testing.T, src, dst string) {
-	t.Helper()
-	err := filepath.Walk(src, func(path string, info os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, path)
-		to := filepath.Join(dst, rel)
-		if info.IsDir() {
-			return os.MkdirAll(to, 0o755)
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		out, err := os.Create(to)
-		if err != nil {
-			return err
-		}
-		defer out.Close()
-		const blk = 64 << 10
-		for off := 0; off < len(b); off += blk {
-			chunk := b[off:min(off+blk, len(b))]
-			if !bytes.ContainsFunc(chunk, func(r rune) bool { return r != 0 }) {
-				continue
-			}
-			if _, err := out.WriteAt(chunk, int64(off)); err != nil {
-				return err
-			}
-		}
-		return out.Truncate(int64(len(b)))
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // damageFile flips bits in the file at path, or truncates it, and says
 // what it did ("flip ..." or "truncate ..."). Offsets are biased to where
 // damage matters: bbolt's meta pages and data pages; a WAL segment's header

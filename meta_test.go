@@ -100,9 +100,7 @@ func metaBody(topic string, i int) string { return fmt.Sprintf("%s-%d", topic, i
 func copyNode(t testing.TB, src string) string {
 	t.Helper()
 	dst := filepath.Join(t.TempDir(), "node")
-	if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
-		t.Fatal(err)
-	}
+	copyTree(t, src, dst)
 	return dst
 }
 
