@@ -264,17 +264,7 @@ func fillTrialNode(ctx context.Context, m *mq.MQ, ack func(trialAck)) ([]trialAc
 // SIGKILL after its last ack.
 func buildWALPristine(t *testing.T, dir string) []trialAck {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestMQ_CorruptionTrials$", "-test.count=1")
-	cmd.Env = append(os.Environ(), trialWALDirEnv+"="+dir)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, stdout, stderr := startChild(t, "TestMQ_CorruptionTrials", trialWALDirEnv+"="+dir)
 	defer cmd.Wait()
 	defer cmd.Process.Kill()
 	var acks []trialAck

@@ -2,14 +2,12 @@ package mq_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
@@ -126,17 +124,7 @@ func TestMQ_Crash(t *testing.T) {
 // first ack, and returns the acks it printed.
 func runCrashChild(t testing.TB, dir string, cycle int, delay time.Duration) []crashAck {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestMQ_Crash$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashDirEnv+"="+dir, crashCycleEnv+"="+strconv.Itoa(cycle))
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start child: %v", err)
-	}
+	cmd, stdout, stderr := startChild(t, "TestMQ_Crash", crashDirEnv+"="+dir, crashCycleEnv+"="+strconv.Itoa(cycle))
 	killed := false
 	defer func() { // on a failed check: do not leave the child running
 		if !killed {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -218,17 +217,7 @@ func diskFullKey(sender int) string { return "k" + strconv.Itoa(sender) }
 // It fails the test if the child panics, hangs or exits with an error.
 func runDiskFullChild(t *testing.T, dir string, tc diskFullCase) *diskFullOut {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestMQ_DiskFull$", "-test.count=1")
-	cmd.Env = append(os.Environ(), diskFullDirEnv+"="+dir, diskFullCaseEnv+"="+tc.name)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, stdout, stderr := startChild(t, "TestMQ_DiskFull", diskFullDirEnv+"="+dir, diskFullCaseEnv+"="+tc.name)
 	lines := make(chan []string, 1)
 	go func() {
 		var ls []string

@@ -2,7 +2,6 @@ package mq_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -38,17 +37,7 @@ type regressAck struct {
 // acks it printed before it killed itself (SIGKILL: no Close, no flush).
 func runRegressChild(t *testing.T, test, scenario, dir string) []regressAck {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), regressChildEnv+"="+scenario, regressDirEnv+"="+dir)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, out, stderr := startChild(t, test, regressChildEnv+"="+scenario, regressDirEnv+"="+dir)
 	var acks []regressAck
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
@@ -57,7 +46,7 @@ func runRegressChild(t *testing.T, test, scenario, dir string) []regressAck {
 			acks = append(acks, a)
 		}
 	}
-	err = cmd.Wait()
+	err := cmd.Wait()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("child %s: %v, want killed; stderr:\n%s", scenario, err, stderr.String())

@@ -2,12 +2,10 @@ package mq_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,17 +47,7 @@ type walAck struct {
 
 func runWALCrashChild(t *testing.T, dir string, cycle int) []walAck {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestMQ_CrashWALReplay$", "-test.count=1")
-	cmd.Env = append(os.Environ(), walCrashDirEnv+"="+dir, "ZEZE_MQ_WAL_CYCLE="+strconv.Itoa(cycle))
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, stdout, stderr := startChild(t, "TestMQ_CrashWALReplay", walCrashDirEnv+"="+dir, "ZEZE_MQ_WAL_CYCLE="+strconv.Itoa(cycle))
 	lines := make(chan string, 1024)
 	go func() {
 		br := bufio.NewReader(stdout)
