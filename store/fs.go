@@ -100,4 +100,9 @@ func (f osFile) Size() (int64, error) {
 // file system, syncing the parent of each directory it creates: a power
 // loss cannot then take a directory with the synced files in it (POSIX
 // makes a new entry durable only once its directory is synced).
-func MkdirAll(dir string) error { return mkdirDurable(OSFS{}, dir) }
+func MkdirAll(dir string) error {
+	if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+		return nil // the common case (every partition of a topic): no listing
+	}
+	return mkdirDurable(OSFS{}, dir)
+}
