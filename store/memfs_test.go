@@ -35,8 +35,9 @@ type memFS struct {
 	crashed bool
 	// fail, if set, is asked before every write, sync, truncate, remove
 	// and directory sync.
-	fail func(op, name string) error
-	ops  int // those operations so far
+	fail    func(op, name string) error
+	writing []byte // while fail is asked about a write: its bytes
+	ops     int    // those operations so far
 	// crashAt, if positive, crashes the file system at that operation (the
 	// operation fails with EIO and nothing after it reaches the disk):
 	// onCrash gets the image the crash leaves (see Image), made with
@@ -494,7 +495,10 @@ func (f *memFile) WriteAt(b []byte, off int64) (int, error) {
 	if err := f.use(); err != nil {
 		return 0, err
 	}
-	if err := f.fs.check("write", f.name); err != nil {
+	f.fs.writing = b
+	err := f.fs.check("write", f.name)
+	f.fs.writing = nil
+	if err != nil {
 		if f.fs.crashed {
 			return 0, err
 		}
