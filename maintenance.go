@@ -146,8 +146,11 @@ func (u *upkeeper) run(ctx context.Context) {
 		readDue   = true // the delay index may have changed since due was read
 		overBytes bool   // a write took the partition well over its byte limit
 	)
+	// changed is taken before the reads it guards and renewed only once it
+	// fired: a change between a read and the next wait closes the channel
+	// that wait selects on (a fresh channel each turn missed it).
+	changed := u.log.Changed()
 	for ctx.Err() == nil {
-		changed := u.log.Changed() // before reading, so no change is missed
 		now = clk.Now()
 		var err error
 		switch {
@@ -173,6 +176,7 @@ func (u *upkeeper) run(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 			case <-changed:
+				changed = u.log.Changed() // before reading
 				st := u.log.Stats()
 				readDue = st.Delayed != u.seenDelayed
 				overBytes = u.cfg.retentionBytes > 0 && st.Bytes > u.cfg.retentionBytes+u.cfg.retentionBytes/bytesSlack
