@@ -17,6 +17,7 @@ import (
 
 	"github.com/expr-lang/expr/vm"
 
+	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -230,7 +231,7 @@ func (m *MQ) subscribe(topic, groupName, offsetName string, listener Listener, c
 	c := &Consumer{m: m, topic: topic, groupName: groupName, listener: listener, cfg: cfg, parent: parent,
 		workers: map[int]*worker{}, live: map[*worker]struct{}{}}
 	m.mu.Lock()
-	if m.closed {
+	if m.closed.Load() {
 		m.mu.Unlock()
 		return nil, ErrClosed
 	}
@@ -427,7 +428,7 @@ func (c *Consumer) revoke(keep map[int]bool) {
 // assign starts workers for the partitions in want that c does not run
 // yet, each after the partition's current worker in the group, if any,
 // has ended. The caller holds group.rebalanceMu.
-func (c *Consumer) assign(want map[int]bool, parts []partitionLog) {
+func (c *Consumer) assign(want map[int]bool, parts []partition.Partition) {
 	g := c.group
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -459,7 +460,7 @@ type workerKey struct{}
 type worker struct {
 	c    *Consumer
 	part int
-	log  partitionLog
+	log  partition.Partition
 	// prev is the partition's previous worker in the group, which run waits
 	// for before it starts (then clears prev): one owner at a time.
 	prev   atomic.Pointer[worker]

@@ -3,7 +3,6 @@ package mq
 import (
 	"os"
 	"testing"
-	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -25,10 +24,6 @@ func fuzzSeeds() map[string][][]any {
 	v1r, _ := msgpack.Marshal(&outboxRowV1{V: txFormatV1, Topic: "orders", Part: 2, ID: "id", Body: []byte("b"), Tags: []string{"t"},
 		Properties: map[string]string{"p": "v"}, Timestamp: 5})
 
-	created := time.Unix(1700000000, 5)
-	legacy, _ := msgpack.Marshal(&legacyTopicMeta{Partitions: 2, Type: Raft3, Created: created})
-	far, _ := msgpack.Marshal(&legacyTopicMeta{Partitions: 2, Type: Single, Created: time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)})
-	epoch, _ := msgpack.Marshal(&legacyTopicMeta{Partitions: 2, Type: Single, Created: time.Unix(0, 0)})
 	return map[string][][]any{
 		"FuzzTxRows": {
 			{marker, row},
@@ -40,19 +35,6 @@ func fuzzSeeds() map[string][][]any {
 			{[]byte("\x92\x01\xdd\xff\xff\xff\xff"), []byte("\x9b\x01\xdb\xff\xff\xff\xff")},
 			{[]byte("\x92\x01\xdf\xff\xff\xff\xff"), []byte("\x9b\x01\xa1t\x02\xa0\xa0\xdc\xff\xff")},
 			{[]byte("\x92\x01\x91\x92\xc6\xff\xff\xff\xff"), []byte("\x9b\x01\xa1t\x02\xa0\xa0\x90\x80\xc6\xff\xff\xff\xff")},
-		},
-		"FuzzTopicMeta": {
-			{"orders", encodeTopicMeta("orders", topicMeta{Partitions: 3, Type: Single, Created: created})},
-			{"t", encodeTopicMeta("t", topicMeta{Partitions: MaxPartitions, Type: Raft3})},
-			{"orders", encodeTopicMeta("orders", topicMeta{Partitions: 3, Type: Single})[:21]},
-			{"legacy", []byte("\x83\xa1p\x02\xa1t\x01\xa1c\xd7\xff\x00\x00\x00\x00fV\x93\x00")},
-			{"legacy", legacy},
-			{"far", far},
-			{"epoch", epoch},
-			{"legacy", legacy[:len(legacy)-3]},
-			{"huge", []byte("\xdf\xff\xff\xff\xff")},
-			{"huge", []byte("\x81\xa1c\xc7\xff\xff")},
-			{"huge", []byte("\x81\xa1p\xdb\xff\xff\xff\xff")},
 		},
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -94,17 +95,15 @@ func WithMaintenanceInterval(d time.Duration) Option {
 
 // startMaintenance starts the upkeep of every partition opened by Open.
 func (m *MQ) startMaintenance() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for name, t := range m.topics {
-		m.maintainPartitions(name, 0, t.parts)
+	for name, t := range m.topics.All() {
+		m.maintainPartitions(name, 0, t.Parts)
 	}
 }
 
 // maintainPartitions starts the upkeep of parts, the partitions of topic
 // from index first on. CreateMQ and AlterMQ call it for the partitions they
-// add, with m.mu held and the node open, so Close waits for what it starts.
-func (m *MQ) maintainPartitions(topic string, first int, parts []partitionLog) {
+// add, with m.adminMu held and the node open, so Close waits for what it starts.
+func (m *MQ) maintainPartitions(topic string, first int, parts []partition.Partition) {
 	for i, p := range parts {
 		u := &upkeeper{
 			cfg:    &m.cfg,
@@ -118,7 +117,7 @@ func (m *MQ) maintainPartitions(topic string, first int, parts []partitionLog) {
 // upkeeper runs the upkeep of one partition. Its fields are owned by run.
 type upkeeper struct {
 	cfg    *config
-	log    partitionLog
+	log    partition.Partition
 	logger *slog.Logger
 
 	due         int64 // earliest DeliverAt in the delay index (unix ns), if haveDue

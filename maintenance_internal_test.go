@@ -7,19 +7,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/store"
 )
 
 // wakeRaceLog makes a delayed send commit right after the upkeeper reads the
 // delay index, before its next turn.
 type wakeRaceLog struct {
-	partitionLog
+	partition.Partition
 	once   sync.Once
 	inject func()
 }
 
 func (l *wakeRaceLog) NextDue() (int64, bool, error) {
-	due, ok, err := l.partitionLog.NextDue()
+	due, ok, err := l.Partition.NextDue()
 	l.once.Do(l.inject)
 	return due, ok, err
 }
@@ -37,7 +38,7 @@ func TestUpkeep_DelayedSendAfterReadingTheIndex(t *testing.T) {
 	defer p.Close()
 	cfg := defaultConfig()
 	due := cfg.clock.Now().Add(100 * time.Millisecond).UnixNano()
-	log := &wakeRaceLog{partitionLog: p}
+	log := &wakeRaceLog{Partition: partition.NewLocal(p, cfg.clock.Now)}
 	log.inject = func() {
 		_, err := p.Apply(context.Background(), &store.Command{Op: store.OpAppend, Now: cfg.clock.Now().UnixNano(),
 			Msgs: []store.Message{{ID: "late", Body: []byte("due in 100 ms"), DeliverAt: due}}})

@@ -62,14 +62,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/zeze-go/mq/internal/boltsafe"
+	"github.com/zeze-go/mq/internal/meta"
+	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -139,14 +142,14 @@ var (
 )
 
 // MaxPartitions is the largest partition count of a topic.
-const MaxPartitions = 1024
+const MaxPartitions = meta.MaxPartitions
 
 // MQ is a node: the topics stored in one directory. It is safe for
 // concurrent use.
 type MQ struct {
 	dir    string
 	cfg    config
-	meta   *bolt.DB
+	meta   *meta.Store
 	wal    *store.WAL
 	router router
 
@@ -154,17 +157,15 @@ type MQ struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // background goroutines
 
-	mu     sync.Mutex // guards closed, topics, groups; order: MQ.mu before group.mu
-	closed bool
-	topics map[string]*topic
-	groups map[string]*group // topic + "\x00" + group
-}
+	// topics is read without a lock (every send does); adminMu serializes
+	// its changes (CreateMQ, AlterMQ) and Close, which opens no file while
+	// a change is half done. Order: adminMu before mu.
+	topics  *partition.Table
+	adminMu sync.Mutex
+	closed  atomic.Bool
 
-type topic struct {
-	name    string
-	opts    Options
-	created time.Time      // as recorded in meta.db; zero if unknown
-	parts   []partitionLog // replaced, never modified, on AlterMQ; guarded by MQ.mu
+	mu     sync.Mutex        // guards groups; order: MQ.mu before group.mu
+	groups map[string]*group // topic + "\x00" + group
 }
 
 // Open opens the node stored in dir, creating dir if needed, and reopens
@@ -191,9 +192,9 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	if err := store.MkdirAll(filepath.Join(dir, "topics")); err != nil {
 		return nil, fmt.Errorf("mq: open %s: %w", dir, err)
 	}
-	meta, err := openMeta(dir)
+	meta, err := meta.Open(dir, cfg.logger)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("mq: %w", translate(err))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &MQ{
@@ -202,7 +203,7 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 		meta:   meta,
 		ctx:    ctx,
 		cancel: cancel,
-		topics: map[string]*topic{},
+		topics: partition.NewTable(nil),
 		groups: map[string]*group{},
 	}
 	m.router = localRouter{m}
@@ -229,12 +230,44 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	return m, nil
 }
 
-func (m *MQ) partitionPath(topic string, i int) string {
-	return filepath.Join(m.dir, "topics", topic, strconv.Itoa(i)+".db")
+// load opens every topic of the table in meta.db.
+func (m *MQ) load() error {
+	metas, err := m.meta.Load()
+	if err != nil {
+		return fmt.Errorf("mq: %w", translate(err))
+	}
+	topics := make(map[string]*partition.Topic, len(metas))
+	for _, name := range slices.Sorted(maps.Keys(metas)) {
+		tm := metas[name]
+		t := &partition.Topic{Name: name, Type: tm.Type, Created: tm.Created}
+		topics[name] = t // before its partitions, so a failure closes those opened
+		m.topics = partition.NewTable(topics)
+		if t.Parts, err = m.openPartitions(name, 0, tm.Partitions); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-func (m *MQ) openPartition(topic string, i int) (partitionLog, error) {
-	path := m.partitionPath(topic, i)
+// openPartitions opens partitions [from, to) of topic; on error it closes
+// those it opened.
+func (m *MQ) openPartitions(topic string, from, to int) ([]partition.Partition, error) {
+	parts := make([]partition.Partition, 0, to-from)
+	for i := from; i < to; i++ {
+		p, err := m.openPartition(topic, i)
+		if err != nil {
+			for _, p := range parts {
+				p.Close()
+			}
+			return nil, err
+		}
+		parts = append(parts, p)
+	}
+	return parts, nil
+}
+
+func (m *MQ) openPartition(topic string, i int) (partition.Partition, error) {
+	path := meta.PartitionPath(m.dir, topic, i)
 	if err := store.MkdirAll(filepath.Dir(path)); err != nil {
 		return nil, fmt.Errorf("mq: %s/%d: %w", topic, i, err)
 	}
@@ -242,7 +275,7 @@ func (m *MQ) openPartition(topic string, i int) (partitionLog, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mq: %s/%d: %w", topic, i, translate(err))
 	}
-	return p, nil
+	return partition.NewLocal(p, m.cfg.clock.Now), nil
 }
 
 // Close stops every consumer, producer and background goroutine of the node,
@@ -250,12 +283,13 @@ func (m *MQ) openPartition(topic string, i int) (partitionLog, error) {
 // and returns the first error met (ErrStorageFailed for a partition whose
 // log or file could not be written).
 func (m *MQ) Close() error {
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
+	m.adminMu.Lock()
+	first := !m.closed.Swap(true)
+	m.adminMu.Unlock()
+	if !first {
 		return nil
 	}
-	m.closed = true
+	m.mu.Lock()
 	var consumers []*Consumer
 	for _, g := range m.groups {
 		consumers = append(consumers, g.members()...)
@@ -279,8 +313,8 @@ func (m *MQ) Close() error {
 
 func (m *MQ) closeTopics() error {
 	var first error
-	for _, t := range m.topics {
-		for _, p := range t.parts {
+	for _, t := range m.topics.All() {
+		for _, p := range t.Parts {
 			if err := p.Close(); err != nil && first == nil {
 				first = err
 			}
@@ -318,33 +352,25 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
+	m.adminMu.Lock()
+	defer m.adminMu.Unlock()
+	if m.closed.Load() {
 		return ErrClosed
 	}
-	if _, ok := m.topics[name]; ok {
+	if _, ok := m.topics.Get(name); ok {
 		return fmt.Errorf("%w: %s", ErrTopicExists, name)
 	}
-	t := &topic{name: name, opts: opts, created: time.Now()}
-	for i := 0; i < partitions; i++ {
-		p, err := m.openPartition(name, i)
-		if err != nil {
-			for _, p := range t.parts {
-				p.Close()
-			}
-			return err
-		}
-		t.parts = append(t.parts, p)
-	}
-	if err := m.putTopicMeta(name, topicMeta{Partitions: partitions, Type: opts.Type, Created: t.created}); err != nil {
-		for _, p := range t.parts {
-			p.Close()
-		}
+	t := &partition.Topic{Name: name, Type: uint8(opts.Type), Created: time.Now()}
+	var err error
+	if t.Parts, err = m.openPartitions(name, 0, partitions); err != nil {
 		return err
 	}
-	m.topics[name] = t
-	m.maintainPartitions(name, 0, t.parts)
+	if err := m.putTopic(t); err != nil {
+		closeAll(t.Parts)
+		return err
+	}
+	m.topics.Put(t)
+	m.maintainPartitions(name, 0, t.Parts)
 	m.cfg.logger.Info("topic created", "topic", name, "partitions", partitions, "type", opts.Type)
 	return nil
 }
@@ -359,46 +385,41 @@ func (m *MQ) AlterMQ(ctx context.Context, topic string, partitions int) error {
 	if partitions < 1 || partitions > MaxPartitions {
 		return fmt.Errorf("%w: %d partitions (1..%d)", ErrInvalidPartition, partitions, MaxPartitions)
 	}
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
+	m.adminMu.Lock()
+	if m.closed.Load() {
+		m.adminMu.Unlock()
 		return ErrClosed
 	}
-	t, ok := m.topics[topic]
+	t, ok := m.topics.Get(topic)
 	if !ok {
-		m.mu.Unlock()
+		m.adminMu.Unlock()
 		return fmt.Errorf("%w: %s", ErrNoTopic, topic)
 	}
-	have := len(t.parts)
+	have := len(t.Parts)
 	if partitions < have {
-		m.mu.Unlock()
+		m.adminMu.Unlock()
 		return fmt.Errorf("%w: %s has %d, asked %d", ErrPartitionDecrease, topic, have, partitions)
 	}
 	if partitions == have {
-		m.mu.Unlock()
+		m.adminMu.Unlock()
 		return nil
 	}
-	parts := append([]partitionLog(nil), t.parts...)
-	for i := have; i < partitions; i++ {
-		p, err := m.openPartition(topic, i)
-		if err != nil {
-			for _, p := range parts[have:] {
-				p.Close()
-			}
-			m.mu.Unlock()
-			return err
-		}
-		parts = append(parts, p)
-	}
-	if err := m.putTopicMeta(topic, topicMeta{Partitions: partitions, Type: t.opts.Type, Created: t.created}); err != nil {
-		for _, p := range parts[have:] {
-			p.Close()
-		}
-		m.mu.Unlock()
+	added, err := m.openPartitions(topic, have, partitions)
+	if err != nil {
+		m.adminMu.Unlock()
 		return err
 	}
-	t.parts = parts
-	m.maintainPartitions(topic, have, parts[have:])
+	grown := *t
+	grown.Parts = slices.Concat(t.Parts, added)
+	if err := m.putTopic(&grown); err != nil {
+		closeAll(added)
+		m.adminMu.Unlock()
+		return err
+	}
+	m.topics.Put(&grown)
+	m.maintainPartitions(topic, have, added)
+	m.adminMu.Unlock()
+	m.mu.Lock()
 	var groups []*group
 	for _, g := range m.groups {
 		if g.topic == topic {
@@ -415,45 +436,49 @@ func (m *MQ) AlterMQ(ctx context.Context, topic string, partitions int) error {
 
 // Topics returns the names of the node's topics and their partition counts.
 func (m *MQ) Topics() map[string]int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make(map[string]int, len(m.topics))
-	for n, t := range m.topics {
-		out[n] = len(t.parts)
+	if m.closed.Load() {
+		return map[string]int{}
+	}
+	all := m.topics.All()
+	out := make(map[string]int, len(all))
+	for n, t := range all {
+		out[n] = len(t.Parts)
 	}
 	return out
 }
 
-// topic returns the named topic and its current partitions.
-func (m *MQ) topic(name string) (*topic, []partitionLog, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return nil, nil, ErrClosed
+// topic returns the named topic: a snapshot, which AlterMQ replaces and
+// never modifies.
+func (m *MQ) topic(name string) (*partition.Topic, error) {
+	if m.closed.Load() {
+		return nil, ErrClosed
 	}
-	t, ok := m.topics[name]
+	t, ok := m.topics.Get(name)
 	if !ok {
-		return nil, nil, fmt.Errorf("%w: %s", ErrNoTopic, name)
+		return nil, fmt.Errorf("%w: %s", ErrNoTopic, name)
 	}
-	return t, t.parts, nil
+	return t, nil
+}
+
+// putTopic records t in meta.db.
+func (m *MQ) putTopic(t *partition.Topic) error {
+	err := m.meta.Put(t.Name, meta.Topic{Partitions: len(t.Parts), Type: t.Type, Created: t.Created})
+	if err != nil {
+		return fmt.Errorf("mq: %w", translate(err))
+	}
+	return nil
+}
+
+func closeAll(parts []partition.Partition) {
+	for _, p := range parts {
+		p.Close()
+	}
 }
 
 // checkName applies the topic name rules; bad is the error to wrap.
 func checkName(name string, bad error) error {
-	if name == "" || len(name) > 255 {
-		return fmt.Errorf("%w: %q: length %d (1..255)", bad, name, len(name))
-	}
-	if name[0] == '%' {
-		return fmt.Errorf("%w: %q: names starting with %% are reserved", bad, name)
-	}
-	if name == "." || name == ".." {
-		return fmt.Errorf("%w: %q", bad, name)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("%w: %q: character %q", bad, name, c)
-		}
+	if err := meta.CheckName(name); err != nil {
+		return fmt.Errorf("%w: %v", bad, err)
 	}
 	return nil
 }
@@ -465,7 +490,7 @@ func translate(err error) error {
 		return nil
 	case errors.Is(err, store.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)
-	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt):
+	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt), errors.Is(err, meta.ErrCorrupt):
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	case errors.Is(err, store.ErrDecided):
 		return fmt.Errorf("%w: %v", ErrTxDecided, err)

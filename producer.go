@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -265,7 +266,7 @@ func (m *Message) check() error {
 
 var cmdPool = sync.Pool{New: func() any { return &store.Command{} }}
 
-func (p *Producer) sendTo(ctx context.Context, part partitionLog, idx int, msgs []*Message, results []SendResult, now time.Time) error {
+func (p *Producer) sendTo(ctx context.Context, part partition.Partition, idx int, msgs []*Message, results []SendResult, now time.Time) error {
 	// Apply does not read cmd after it returns, whatever ctx did: the
 	// command goes back to the pool then.
 	cmd := cmdPool.Get().(*store.Command)

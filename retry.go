@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -265,7 +266,7 @@ func (m *MQ) appendSystem(ctx context.Context, name string, msg *store.Message, 
 	return m.appendTo(ctx, name, parts, int(hashKey(msg.ID)%uint32(len(parts))), msg, now)
 }
 
-func (m *MQ) appendTo(ctx context.Context, topic string, parts []partitionLog, i int, msg *store.Message, now time.Time) error {
+func (m *MQ) appendTo(ctx context.Context, topic string, parts []partition.Partition, i int, msg *store.Message, now time.Time) error {
 	cmd := store.Command{Op: store.OpAppend, Now: now.UnixNano(), Msgs: []store.Message{*msg}}
 	if _, err := parts[i].Apply(ctx, &cmd); err != nil {
 		return fmt.Errorf("send to %s/%d: %w", topic, i, translate(err))
@@ -314,7 +315,7 @@ func (m *MQ) RedriveDeadLetters(ctx context.Context, group string) (int, error) 
 	return sent, nil
 }
 
-func (m *MQ) redrivePartition(ctx context.Context, dlq string, part int, p partitionLog) (int, error) {
+func (m *MQ) redrivePartition(ctx context.Context, dlq string, part int, p partition.Partition) (int, error) {
 	from, ok, err := p.GroupOffset(redriveOffset)
 	if err != nil {
 		return 0, translate(err)
@@ -349,7 +350,7 @@ func (m *MQ) redrivePartition(ctx context.Context, dlq string, part int, p parti
 	}
 }
 
-func (m *MQ) commitRedrive(p partitionLog, offset uint64) error {
+func (m *MQ) commitRedrive(p partition.Partition, offset uint64) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return m.commitOffset(ctx, p, redriveOffset, offset)

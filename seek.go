@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/zeze-go/mq/internal/partition"
 )
 
 type positionKind int
@@ -205,14 +207,14 @@ func checkOffsetName(name string) error {
 func (m *MQ) groupFor(topic, name string) (*group, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed {
+	if m.closed.Load() {
 		return nil, ErrClosed
 	}
 	return m.groupLocked(topic, name), nil
 }
 
 // target resolves to in one partition.
-func target(p partitionLog, to Position) (uint64, error) {
+func target(p partition.Partition, to Position) (uint64, error) {
 	st := p.Stats()
 	switch to.kind {
 	case posFirst:

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/wire"
 	"github.com/zeze-go/mq/localtx"
 	"github.com/zeze-go/mq/store"
 )
@@ -330,7 +332,7 @@ func (p *Producer) CommitMessage(ctx context.Context, msgs ...*Message) error {
 const txProducer = "local"
 
 // beginTx checks and routes msgs and binds the producer's node to tx.
-func (p *Producer) beginTx(tx localtx.Tx, msgs []*Message) (*openTx, []partitionLog, error) {
+func (p *Producer) beginTx(tx localtx.Tx, msgs []*Message) (*openTx, []partition.Partition, error) {
 	if p.closed.Load() {
 		return nil, nil, ErrClosed
 	}
@@ -554,7 +556,7 @@ func (n *txNode) rollback(ctx context.Context, txid string, refs []partRef) (TxD
 	return standing, err
 }
 
-func (n *txNode) partition(ref partRef) (partitionLog, error) {
+func (n *txNode) partition(ref partRef) (partition.Partition, error) {
 	_, parts, err := n.m.router.partitions(ref.Topic)
 	if err != nil {
 		return nil, err
@@ -774,7 +776,7 @@ func openRow(what, magic string, b []byte) (*rowReader, error) {
 
 // decodeV1 decodes the version 1 row b into v, whose version field is ver.
 func decodeV1(what string, b []byte, v any, ver *int) error {
-	if err := unmarshalLegacy(b, v); err != nil {
+	if err := wire.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("%w: %s: neither magic nor a version 1 row: %v", ErrCorrupt, what, err)
 	}
 	if *ver != txFormatV1 {
@@ -1455,7 +1457,7 @@ func (n *txNode) decided(txid string) TxDecision {
 func (m *MQ) txClosed() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed {
+	if m.closed.Load() {
 		return ErrClosed
 	}
 	return nil

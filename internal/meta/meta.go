@@ -1,4 +1,8 @@
-package mq
+// Package meta keeps a node's topic table: which topics exist, with their
+// partition count, replication type and creation time, in <dir>/meta.db,
+// reconciled with the partition files under <dir>/topics. It also holds the
+// naming rules of topics and groups and where a partition's file lives.
+package meta
 
 import (
 	"encoding/binary"
@@ -6,6 +10,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"log/slog"
 	"maps"
 	"math"
 	"os"
@@ -15,11 +20,74 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vmihailenco/msgpack/v5"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/zeze-go/mq/internal/boltsafe"
+	"github.com/zeze-go/mq/internal/wire"
 )
+
+// ErrCorrupt marks a damaged meta.db, a partition file it lists that is
+// gone, a gap in a topic's partition files, or a file written by a newer
+// version.
+var ErrCorrupt = errors.New("meta: corrupt")
+
+// MaxPartitions is the largest partition count of a topic.
+const MaxPartitions = 1024
+
+// The replication types a topic record may hold (the root's Type values).
+const (
+	typeSingle      = 1
+	typeDoubleWrite = 2
+	typeRaft3       = 4
+)
+
+// System topics: a group's retry and dead-letter topics are named by these
+// prefixes followed by the group.
+const (
+	RetryPrefix      = "%RETRY%"
+	DeadLetterPrefix = "%DLQ%"
+)
+
+// CheckName applies the rules of topic and group names: 1 to 255 bytes of
+// letters, digits, '.', '_' and '-', not "." or "..", not starting with '%'
+// (reserved for system topics).
+func CheckName(name string) error {
+	if name == "" || len(name) > 255 {
+		return fmt.Errorf("%q: length %d (1..255)", name, len(name))
+	}
+	if name[0] == '%' {
+		return fmt.Errorf("%q: names starting with %% are reserved", name)
+	}
+	if name == "." || name == ".." {
+		return fmt.Errorf("%q", name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%q: character %q", name, c)
+		}
+	}
+	return nil
+}
+
+// IsSystemTopic reports whether name is a retry or dead-letter topic name of
+// a valid group.
+func IsSystemTopic(name string) bool {
+	for _, p := range []string{RetryPrefix, DeadLetterPrefix} {
+		if g, ok := strings.CutPrefix(name, p); ok {
+			return CheckName(g) == nil
+		}
+	}
+	return false
+}
+
+// validTopic reports whether a topic may have this name on disk.
+func validTopic(name string) bool { return CheckName(name) == nil || IsSystemTopic(name) }
+
+// PartitionPath is where partition i of topic lives under the node's dir.
+func PartitionPath(dir, topic string, i int) string {
+	return filepath.Join(dir, "topics", topic, strconv.Itoa(i)+".db")
+}
 
 // The node's metadata file, <dir>/meta.db, is a bbolt file with two
 // buckets:
@@ -63,7 +131,7 @@ const nodeFormat = 1
 // flipped byte in a key would otherwise rename a topic.
 //
 // Records written before this layout are msgpack maps {"p": partitions,
-// "t": type, "c": created} (legacyTopicMeta); Open reads them and rewrites
+// "t": type, "c": created} (legacyTopic); Open reads them and rewrites
 // them in this layout.
 const (
 	topicMagic      = "MQTP"
@@ -77,27 +145,27 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // node wrote the file, so removing it is not the way out.
 var errNewerFormat = errors.New("written by a newer version")
 
-// topicMeta is the stored description of a topic.
-type topicMeta struct {
+// Topic is the stored description of a topic.
+type Topic struct {
 	Partitions int
-	Type       Type
+	Type       uint8     // the replication type: 1 Single, 2 DoubleWrite, 4 Raft3
 	Created    time.Time // zero when unknown: the topic was rebuilt or adopted from its files
 }
 
-// legacyTopicMeta is the topic record of meta.db files written before the
+// legacyTopic is the topic record of meta.db files written before the
 // explicit layout: a msgpack map keyed by these tags.
-type legacyTopicMeta struct {
+type legacyTopic struct {
 	Partitions int       `msgpack:"p"`
-	Type       Type      `msgpack:"t"`
+	Type       uint8     `msgpack:"t"`
 	Created    time.Time `msgpack:"c"`
 }
 
-// encodeTopicMeta returns the record of topic name.
-func encodeTopicMeta(name string, tm topicMeta) []byte {
+// encodeTopic returns the record of topic name.
+func encodeTopic(name string, tm Topic) []byte {
 	b := make([]byte, topicRecordSize)
 	copy(b, topicMagic)
 	b[4] = topicFormat
-	b[5] = byte(tm.Type)
+	b[5] = tm.Type
 	binary.BigEndian.PutUint32(b[6:], uint32(tm.Partitions))
 	var created int64
 	if !tm.Created.IsZero() {
@@ -112,107 +180,117 @@ func topicCRC(name string, body []byte) uint32 {
 	return crc32.Update(crc32.Checksum([]byte(name), castagnoli), castagnoli, body)
 }
 
-// decodeTopicMeta decodes the record of topic name, in either layout, and
+// decodeTopic decodes the record of topic name, in either layout, and
 // reports whether it was the legacy one. Its errors describe the damage;
 // the caller wraps them in ErrCorrupt.
-func decodeTopicMeta(name string, b []byte) (tm topicMeta, legacy bool, err error) {
+func decodeTopic(name string, b []byte) (tm Topic, legacy bool, err error) {
 	switch {
 	case len(b) >= 5 && string(b[:4]) == topicMagic:
 		if b[4] > topicFormat {
-			return topicMeta{}, false, fmt.Errorf("%w: record version %d, this node reads %d", errNewerFormat, b[4], topicFormat)
+			return Topic{}, false, fmt.Errorf("%w: record version %d, this node reads %d", errNewerFormat, b[4], topicFormat)
 		}
 		if b[4] != topicFormat {
-			return topicMeta{}, false, fmt.Errorf("record version %d", b[4])
+			return Topic{}, false, fmt.Errorf("record version %d", b[4])
 		}
 		if len(b) != topicRecordSize {
-			return topicMeta{}, false, fmt.Errorf("record of %d bytes, want %d", len(b), topicRecordSize)
+			return Topic{}, false, fmt.Errorf("record of %d bytes, want %d", len(b), topicRecordSize)
 		}
 		if got, want := binary.BigEndian.Uint32(b[18:]), topicCRC(name, b[:18]); got != want {
-			return topicMeta{}, false, fmt.Errorf("record checksum %08x, want %08x", got, want)
+			return Topic{}, false, fmt.Errorf("record checksum %08x, want %08x", got, want)
 		}
-		tm = topicMeta{Partitions: int(binary.BigEndian.Uint32(b[6:])), Type: Type(b[5])}
+		tm = Topic{Partitions: int(binary.BigEndian.Uint32(b[6:])), Type: b[5]}
 		if ns := int64(binary.BigEndian.Uint64(b[10:])); ns != 0 {
 			tm.Created = time.Unix(0, ns)
 		}
 	case len(b) > 0 && len(b) <= 64 && (b[0]&0xf0 == 0x80 || b[0] == 0xde || b[0] == 0xdf):
 		// A msgpack map (fixmap, map16, map32): the legacy record.
-		var lm legacyTopicMeta
-		if err := unmarshalLegacy(b, &lm); err != nil {
-			return topicMeta{}, true, fmt.Errorf("legacy record: %v", err)
+		var lm legacyTopic
+		if err := wire.Unmarshal(b, &lm); err != nil {
+			return Topic{}, true, fmt.Errorf("legacy record: %v", err)
 		}
-		tm, legacy = topicMeta(lm), true
+		tm, legacy = Topic(lm), true
 		// Open rewrites it in the current layout: Created as UnixNano, 0
 		// for unknown.
 		if c := tm.Created; !c.IsZero() {
 			if c.Before(time.Unix(0, math.MinInt64)) || c.After(time.Unix(0, math.MaxInt64)) {
-				return topicMeta{}, true, fmt.Errorf("legacy record: created %v, out of range", c)
+				return Topic{}, true, fmt.Errorf("legacy record: created %v, out of range", c)
 			}
 			if c.UnixNano() == 0 {
 				tm.Created = time.Time{}
 			}
 		}
 	default:
-		return topicMeta{}, false, fmt.Errorf("record of %d bytes is neither the topic layout nor the legacy one", len(b))
+		return Topic{}, false, fmt.Errorf("record of %d bytes is neither the topic layout nor the legacy one", len(b))
 	}
 	if tm.Partitions < 1 || tm.Partitions > MaxPartitions {
-		return topicMeta{}, legacy, fmt.Errorf("%d partitions (1..%d)", tm.Partitions, MaxPartitions)
+		return Topic{}, legacy, fmt.Errorf("%d partitions (1..%d)", tm.Partitions, MaxPartitions)
 	}
 	switch tm.Type {
-	case Single, DoubleWrite, Raft3:
+	case typeSingle, typeDoubleWrite, typeRaft3:
 	default:
-		return topicMeta{}, legacy, fmt.Errorf("replication type %d", tm.Type)
+		return Topic{}, legacy, fmt.Errorf("replication type %d", tm.Type)
 	}
 	return tm, legacy, nil
 }
 
-func (m *MQ) metaPath() string { return filepath.Join(m.dir, "meta.db") }
-
-// openMeta opens meta.db through boltsafe, so that a damaged file is
-// ErrCorrupt naming it rather than a panic.
-func openMeta(dir string) (*bolt.DB, error) {
-	db, err := boltsafe.Open(filepath.Join(dir, "meta.db"), &bolt.Options{Timeout: time.Second})
-	if err != nil {
-		return nil, fmt.Errorf("mq: open %s: %w", dir, metaError(err))
-	}
-	return db, nil
+// Store is the open meta.db of one node. Its methods are not safe for
+// concurrent use: the node serializes changes to its topic table.
+type Store struct {
+	dir  string
+	path string
+	db   *bolt.DB
+	log  *slog.Logger
 }
+
+// Open opens dir/meta.db through boltsafe, so that a damaged file is
+// ErrCorrupt naming it rather than a panic.
+func Open(dir string, log *slog.Logger) (*Store, error) {
+	path := filepath.Join(dir, "meta.db")
+	db, err := boltsafe.Open(path, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dir, metaError(err))
+	}
+	return &Store{dir: dir, path: path, db: db, log: log}, nil
+}
+
+// Close closes meta.db.
+func (s *Store) Close() error { return s.db.Close() }
 
 // rebuildHint ends the errors of a damaged meta.db with the way out.
 const rebuildHint = "; remove meta.db to have Open rebuild it from the topic directories"
 
-// metaError translates an error of meta.db, adding the way out to the
-// damage boltsafe found.
+// metaError adds the way out to the damage boltsafe found.
 func metaError(err error) error {
 	if errors.Is(err, boltsafe.ErrCorrupt) {
-		return fmt.Errorf("%w: %v%s", ErrCorrupt, err, rebuildHint)
+		return fmt.Errorf("%w: %w%s", ErrCorrupt, err, rebuildHint)
 	}
-	return translate(err)
+	return err
 }
 
-// load reads meta.db, reconciles it with the partition files found under
+// Load reads meta.db, reconciles it with the partition files found under
 // topics/ (see the format's comment), writes meta.db only if that changed
-// anything, logs what it rebuilt or adopted, and opens every partition.
-func (m *MQ) load() error {
-	onDisk, err := m.scanTopics()
+// anything, logs what it rebuilt or adopted, and returns the topic table.
+func (s *Store) Load() (map[string]Topic, error) {
+	onDisk, err := s.scanTopics()
 	if err != nil {
-		return fmt.Errorf("mq: load %s: %w", m.dir, err)
+		return nil, fmt.Errorf("load %s: %w", s.dir, err)
 	}
 	var (
-		metas   map[string]topicMeta
+		metas   map[string]Topic
 		legacy  []string // records to rewrite in the current layout
 		rebuilt bool     // meta.db had no buckets: it is new
 	)
-	err = boltsafe.View(m.meta, func(tx *bolt.Tx) error {
+	err = boltsafe.View(s.db, func(tx *bolt.Tx) error {
 		var err error
-		metas, legacy, rebuilt, err = m.readMeta(tx)
+		metas, legacy, rebuilt, err = s.read(tx)
 		return err
 	})
 	var adopted []string
 	if err == nil {
-		adopted, err = m.reconcile(metas, onDisk)
+		adopted, err = s.reconcile(metas, onDisk)
 	}
 	if err == nil && (rebuilt || len(legacy) > 0 || len(adopted) > 0) {
-		err = boltsafe.Update(m.meta, func(tx *bolt.Tx) error {
+		err = boltsafe.Update(s.db, func(tx *bolt.Tx) error {
 			if rebuilt {
 				nm, err := tx.CreateBucket(bucketNodeMeta)
 				if err != nil {
@@ -226,7 +304,7 @@ func (m *MQ) load() error {
 				}
 			}
 			for _, name := range slices.Concat(legacy, adopted) {
-				if err := putTopicMetaTx(tx, name, metas[name]); err != nil {
+				if err := putTx(tx, name, metas[name]); err != nil {
 					return err
 				}
 			}
@@ -234,47 +312,35 @@ func (m *MQ) load() error {
 		})
 	}
 	if err != nil {
-		return fmt.Errorf("mq: load %s: %w", m.dir, metaError(err))
+		return nil, fmt.Errorf("load %s: %w", s.dir, metaError(err))
 	}
 	switch {
 	case rebuilt:
 		if len(metas) > 0 {
-			m.cfg.logger.Warn("meta.db was missing or empty: topic table rebuilt from the topic directories, every topic Single",
-				"file", m.metaPath(), "topics", len(metas))
+			s.log.Warn("meta.db was missing or empty: topic table rebuilt from the topic directories, every topic Single",
+				"file", s.path, "topics", len(metas))
 		}
 	case len(adopted) > 0:
-		m.cfg.logger.Warn("topics or partitions found on disk but not in meta.db (a crash while creating them): adopted",
-			"file", m.metaPath(), "topics", adopted)
+		s.log.Warn("topics or partitions found on disk but not in meta.db (a crash while creating them): adopted",
+			"file", s.path, "topics", adopted)
 	}
 	if len(legacy) > 0 {
-		m.cfg.logger.Info("topic records rewritten in the current layout", "file", m.metaPath(), "topics", len(legacy))
+		s.log.Info("topic records rewritten in the current layout", "file", s.path, "topics", len(legacy))
 	}
-	for _, name := range slices.Sorted(maps.Keys(metas)) {
-		tm := metas[name]
-		t := &topic{name: name, opts: Options{Type: tm.Type}, created: tm.Created}
-		m.topics[name] = t
-		for i := 0; i < tm.Partitions; i++ {
-			p, err := m.openPartition(name, i)
-			if err != nil {
-				return err
-			}
-			t.parts = append(t.parts, p)
-		}
-	}
-	return nil
+	return metas, nil
 }
 
 // reconcile adds to metas the topics and partitions that have files but no
 // record (every topic Single) and returns their names; a recorded
 // partition without its file is ErrCorrupt.
-func (m *MQ) reconcile(metas map[string]topicMeta, onDisk map[string]int) ([]string, error) {
+func (s *Store) reconcile(metas map[string]Topic, onDisk map[string]int) ([]string, error) {
 	var changed []string
 	for _, name := range slices.Sorted(maps.Keys(onDisk)) {
 		n := onDisk[name]
 		tm, ok := metas[name]
 		switch {
 		case !ok:
-			tm = topicMeta{Partitions: n, Type: Single}
+			tm = Topic{Partitions: n, Type: typeSingle}
 		case n > tm.Partitions:
 			tm.Partitions = n
 		default:
@@ -286,27 +352,26 @@ func (m *MQ) reconcile(metas map[string]topicMeta, onDisk map[string]int) ([]str
 	for _, name := range slices.Sorted(maps.Keys(metas)) {
 		if n, tm := onDisk[name], metas[name]; n < tm.Partitions {
 			return nil, fmt.Errorf("%w: %s lists %d partitions of %q, but %s is missing",
-				ErrCorrupt, m.metaPath(), tm.Partitions, name, m.partitionPath(name, n))
+				ErrCorrupt, s.path, tm.Partitions, name, PartitionPath(s.dir, name, n))
 		}
 	}
 	return changed, nil
 }
 
-// readMeta checks meta.db's layout and reads its topic records, listing
-// those in the legacy layout. A file without any bucket is new (bbolt has
-// just created it, or it was empty): readMeta reports it as rebuilt, for
-// the caller to give it its buckets. Anything else that is not the layout
-// is ErrCorrupt.
-func (m *MQ) readMeta(tx *bolt.Tx) (metas map[string]topicMeta, legacy []string, rebuilt bool, err error) {
-	path := m.metaPath()
+// read checks meta.db's layout and reads its topic records, listing those in
+// the legacy layout. A file without any bucket is new (bbolt has just
+// created it, or it was empty): read reports it as rebuilt, for the caller
+// to give it its buckets. Anything else that is not the layout is
+// ErrCorrupt.
+func (s *Store) read(tx *bolt.Tx) (metas map[string]Topic, legacy []string, rebuilt bool, err error) {
 	corrupt := func(format string, args ...any) error {
 		err := fmt.Errorf(format, args...)
 		if errors.Is(err, errNewerFormat) {
-			return fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+			return fmt.Errorf("%w: %s: %v", ErrCorrupt, s.path, err)
 		}
-		return fmt.Errorf("%w: %s: %v%s", ErrCorrupt, path, err, rebuildHint)
+		return fmt.Errorf("%w: %s: %v%s", ErrCorrupt, s.path, err, rebuildHint)
 	}
-	metas = map[string]topicMeta{}
+	metas = map[string]Topic{}
 	empty := true
 	err = tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
 		empty = false
@@ -345,10 +410,10 @@ func (m *MQ) readMeta(tx *bolt.Tx) (metas map[string]topicMeta, legacy []string,
 	}
 	err = tb.ForEach(func(k, v []byte) error {
 		name := string(k)
-		if v == nil || checkName(name, ErrInvalidTopic) != nil && !isSystemTopic(name) {
+		if v == nil || !validTopic(name) {
 			return corrupt("bad topic entry %q", k)
 		}
-		tm, old, err := decodeTopicMeta(name, v)
+		tm, old, err := decodeTopic(name, v)
 		if err != nil {
 			return corrupt("topic %q: %w", k, err)
 		}
@@ -366,8 +431,8 @@ func (m *MQ) readMeta(tx *bolt.Tx) (metas map[string]topicMeta, legacy []string,
 // no topic can have is skipped and logged, one without partition files
 // skipped; a gap in the partition files is ErrCorrupt naming the missing
 // one.
-func (m *MQ) scanTopics() (map[string]int, error) {
-	root := filepath.Join(m.dir, "topics")
+func (s *Store) scanTopics() (map[string]int, error) {
+	root := filepath.Join(s.dir, "topics")
 	entries, err := os.ReadDir(root)
 	if err != nil {
 		return nil, err
@@ -378,8 +443,8 @@ func (m *MQ) scanTopics() (map[string]int, error) {
 		if !isKind(filepath.Join(root, name), e, fs.ModeDir) {
 			continue
 		}
-		if checkName(name, ErrInvalidTopic) != nil && !isSystemTopic(name) {
-			m.cfg.logger.Warn("not a topic directory, ignored", "dir", filepath.Join(root, name))
+		if !validTopic(name) {
+			s.log.Warn("not a topic directory, ignored", "dir", filepath.Join(root, name))
 			continue
 		}
 		files, err := os.ReadDir(filepath.Join(root, name))
@@ -397,7 +462,7 @@ func (m *MQ) scanTopics() (map[string]int, error) {
 		for i := 0; i < n; i++ {
 			if !have[i] {
 				return nil, fmt.Errorf("%w: topic %q has partition files up to %d, but %s is missing",
-					ErrCorrupt, name, n-1, m.partitionPath(name, i))
+					ErrCorrupt, name, n-1, PartitionPath(s.dir, name, i))
 			}
 		}
 		if n > 0 {
@@ -405,6 +470,19 @@ func (m *MQ) scanTopics() (map[string]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// Put records topic name.
+func (s *Store) Put(name string, tm Topic) error {
+	err := boltsafe.Update(s.db, func(tx *bolt.Tx) error { return putTx(tx, name, tm) })
+	if err != nil {
+		return fmt.Errorf("record topic %s: %w", name, metaError(err))
+	}
+	return nil
+}
+
+func putTx(tx *bolt.Tx, name string, tm Topic) error {
+	return tx.Bucket(bucketTopics).Put([]byte(name), encodeTopic(name, tm))
 }
 
 // isNewer reports whether v is a decimal version above have.
@@ -439,117 +517,4 @@ func partitionIndex(file string) (int, bool) {
 		return 0, false
 	}
 	return i, true
-}
-
-// putTopicMeta records topic name.
-func (m *MQ) putTopicMeta(name string, tm topicMeta) error {
-	err := boltsafe.Update(m.meta, func(tx *bolt.Tx) error { return putTopicMetaTx(tx, name, tm) })
-	if err != nil {
-		return fmt.Errorf("mq: record topic %s: %w", name, metaError(err))
-	}
-	return nil
-}
-
-func putTopicMetaTx(tx *bolt.Tx, name string, tm topicMeta) error {
-	return tx.Bucket(bucketTopics).Put([]byte(name), encodeTopicMeta(name, tm))
-}
-
-// unmarshalLegacy decodes a msgpack record of the legacy format. The msgpack
-// library panics on some malformed input (a nil where a time is expected):
-// that is damage too.
-func unmarshalLegacy(b []byte, v any) (err error) {
-	// The library also trusts lengths: an array header claiming 2^32
-	// elements makes it allocate them. Walk the bytes first.
-	if rest, err := skipMsgpack(b, 0); err != nil {
-		return err
-	} else if len(rest) != 0 {
-		return fmt.Errorf("%d bytes after the value", len(rest))
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("malformed msgpack: %v", r)
-		}
-	}()
-	return msgpack.Unmarshal(b, v)
-}
-
-// skipMsgpack returns b after the msgpack value at its start, or an error if
-// the value is cut short, nests deeper than 32, or claims more elements or
-// bytes than b holds.
-func skipMsgpack(b []byte, depth int) ([]byte, error) {
-	errShort := errors.New("short msgpack value")
-	if depth > 32 {
-		return nil, errors.New("msgpack nested too deep")
-	}
-	if len(b) == 0 {
-		return nil, errShort
-	}
-	c, b := b[0], b[1:]
-	size := func(n int) (uint64, []byte, error) {
-		if len(b) < n {
-			return 0, nil, errShort
-		}
-		var v uint64
-		for _, x := range b[:n] {
-			v = v<<8 | uint64(x)
-		}
-		return v, b[n:], nil
-	}
-	var n uint64     // bytes to skip
-	var elems uint64 // values to skip (arrays: n, maps: 2n)
-	var err error
-	switch {
-	case c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3:
-		return b, nil
-	case c&0xe0 == 0xa0:
-		n = uint64(c & 0x1f)
-	case c&0xf0 == 0x90:
-		elems = uint64(c & 0x0f)
-	case c&0xf0 == 0x80:
-		elems = 2 * uint64(c&0x0f)
-	case c == 0xcc || c == 0xd0:
-		n = 1
-	case c == 0xcd || c == 0xd1:
-		n = 2
-	case c == 0xca || c == 0xce || c == 0xd2:
-		n = 4
-	case c == 0xcb || c == 0xcf || c == 0xd3:
-		n = 8
-	case c == 0xd4 || c == 0xd5 || c == 0xd6 || c == 0xd7 || c == 0xd8: // fixext: type, then 1..16 bytes
-		n = 1 + 1<<(c-0xd4)
-	case c == 0xc4 || c == 0xd9:
-		n, b, err = size(1)
-	case c == 0xc5 || c == 0xda:
-		n, b, err = size(2)
-	case c == 0xc6 || c == 0xdb:
-		n, b, err = size(4)
-	case c == 0xc7 || c == 0xc8 || c == 0xc9: // ext 8/16/32: length, type, data
-		n, b, err = size(1 << (c - 0xc7))
-		n++
-	case c == 0xdc:
-		elems, b, err = size(2)
-	case c == 0xdd:
-		elems, b, err = size(4)
-	case c == 0xde:
-		elems, b, err = size(2)
-		elems *= 2
-	case c == 0xdf:
-		elems, b, err = size(4)
-		elems *= 2
-	default:
-		return nil, fmt.Errorf("msgpack code %#x", c)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if n > uint64(len(b)) || elems > uint64(len(b)) {
-		return nil, errShort
-	}
-	b = b[n:]
-	for range elems {
-		if b, err = skipMsgpack(b, depth+1); err != nil {
-			return nil, err
-		}
-	}
-	return b, nil
 }

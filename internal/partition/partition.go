@@ -1,0 +1,100 @@
+// Package partition is the seam between a node's engines (delivery,
+// transactions, upkeep) and the partitions they work on. A partition is
+// anything that applies store commands in one order and answers reads: the
+// local store (Local), an in-memory fake (package fake), and later a client
+// of a partition on another node or a raft group. Each engine declares the
+// few methods it needs as its own interface; Partition is their union, what
+// a topic table holds.
+package partition
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/zeze-go/mq/store"
+)
+
+// Partition is one partition as the node holds it.
+type Partition interface {
+	// Apply runs one store command and returns its result once it is
+	// durable. The partition stamps cmd.Now itself (the proposer's clock)
+	// and no longer reads cmd when Apply returns.
+	Apply(ctx context.Context, cmd *store.Command) (store.Result, error)
+	Read(from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error)
+	Get(offset uint64) (store.Message, bool, error)
+	Stats() store.Stats
+	// Changed returns a channel closed when the log or delay index grows.
+	Changed() <-chan struct{}
+	GroupOffset(group string) (uint64, bool, error)
+	Groups() (map[string]uint64, error)
+	SeekTime(t int64) (uint64, error)
+	NextDue() (int64, bool, error)
+	HalfTxs(fn func(store.HalfTx) bool) error
+	Decision(txid string) (store.Decision, error)
+	Close() error
+}
+
+// Local is a partition stored on this node. It is the partition's only
+// proposer: Apply stamps every command with the node's clock, so the time a
+// command carries is always the owner's, whoever sent it.
+type Local struct {
+	*store.Partition
+	now func() time.Time
+}
+
+var _ Partition = (*Local)(nil)
+
+// NewLocal serves p, stamping commands with now.
+func NewLocal(p *store.Partition, now func() time.Time) *Local {
+	return &Local{Partition: p, now: now}
+}
+
+// Apply stamps cmd.Now and applies cmd.
+func (l *Local) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+	cmd.Now = l.now().UnixNano()
+	return l.Partition.Apply(ctx, cmd)
+}
+
+// Topic is a topic as the node serves it. It is never modified once in a
+// Table: a change makes a new Topic.
+type Topic struct {
+	Name    string
+	Type    uint8     // the replication type (the root's Type)
+	Created time.Time // zero when unknown
+	Parts   []Partition
+}
+
+// Table is the node's topic table: an immutable map swapped whole, so
+// readers (every send) take no lock. Changes are made by one writer at a
+// time (the caller serializes them).
+type Table struct {
+	p atomic.Pointer[map[string]*Topic]
+}
+
+// NewTable returns a table holding topics.
+func NewTable(topics map[string]*Topic) *Table {
+	t := &Table{}
+	t.p.Store(&topics)
+	return t
+}
+
+// Get returns the named topic.
+func (t *Table) Get(name string) (*Topic, bool) {
+	tp, ok := (*t.p.Load())[name]
+	return tp, ok
+}
+
+// All returns the current table; the caller must not modify it.
+func (t *Table) All() map[string]*Topic { return *t.p.Load() }
+
+// Put publishes a table where name is topic, the others unchanged.
+func (t *Table) Put(topic *Topic) {
+	old := *t.p.Load()
+	next := make(map[string]*Topic, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[topic.Name] = topic
+	t.p.Store(&next)
+}
