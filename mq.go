@@ -73,6 +73,7 @@ import (
 	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/upkeep"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -153,6 +154,8 @@ type MQ struct {
 	wal    *store.WAL
 	router router
 
+	upkeep upkeep.Config
+
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // background goroutines
@@ -207,6 +210,9 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 		groups: map[string]*group{},
 	}
 	m.router = localRouter{m}
+	m.upkeep = upkeep.Config{Clock: cfg.clock, Retention: cfg.retention, RetentionBytes: cfg.retentionBytes,
+		DedupWindow: cfg.dedupWindow, DecisionTTL: cfg.decisionTTL, Interval: cfg.maintenanceInterval,
+		DecideTTL: cfg.tx.prune.decideTTL}
 	// One write-ahead log for the node: one fdatasync covers the sends of
 	// every partition (store/wal.go). Whatever the options, Open recovers
 	// what the log holds.

@@ -1,7 +1,8 @@
-package mq
+package upkeep
 
 import (
 	"context"
+	"log/slog"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -36,17 +37,17 @@ func TestUpkeep_DelayedSendAfterReadingTheIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	cfg := defaultConfig()
-	due := cfg.clock.Now().Add(100 * time.Millisecond).UnixNano()
-	log := &wakeRaceLog{Partition: partition.NewLocal(p, cfg.clock.Now)}
+	cfg := Config{Clock: systemClock{}, DedupWindow: time.Minute, DecisionTTL: time.Hour, Interval: 10 * time.Second}
+	due := time.Now().Add(100 * time.Millisecond).UnixNano()
+	log := &wakeRaceLog{Partition: partition.NewLocal(p, time.Now)}
 	log.inject = func() {
-		_, err := p.Apply(context.Background(), &store.Command{Op: store.OpAppend, Now: cfg.clock.Now().UnixNano(),
+		_, err := p.Apply(context.Background(), &store.Command{Op: store.OpAppend, Now: time.Now().UnixNano(),
 			Msgs: []store.Message{{ID: "late", Body: []byte("due in 100 ms"), DeliverAt: due}}})
 		if err != nil {
 			t.Error(err)
 		}
 	}
-	u := &upkeeper{cfg: &cfg, log: log, logger: cfg.logger}
+	u := &upkeeper{cfg: &cfg, log: log, logger: slog.New(slog.DiscardHandler)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -65,3 +66,8 @@ func TestUpkeep_DelayedSendAfterReadingTheIndex(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time                         { return time.Now() }
+func (systemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
