@@ -137,7 +137,9 @@ func (p *Partition) Read(from uint64, limit int, maxBytes int, dst []Message) ([
 	return dst, err
 }
 
-// Get returns the message at offset, or ok false if it is not stored.
+// Get returns the message at offset, or ok false if it is not stored (not
+// written yet, or trimmed). A record missing from the range the log holds is
+// ErrCorrupt.
 func (p *Partition) Get(offset uint64) (m Message, ok bool, err error) {
 	s := p.snapshot()
 	if offset < s.st.Low || offset >= s.st.Next {
@@ -148,8 +150,8 @@ func (p *Partition) Get(offset uint64) (m Message, ok bool, err error) {
 			return nil
 		}
 		v := s.record(tx.Bucket(bucketLog), offset)
-		if v == nil {
-			return nil
+		if v == nil { // the log is dense from its low watermark to Next
+			return fmt.Errorf("%w: %s: offset %d missing from the log [%d, %d)", ErrCorrupt, p.path, offset, s.st.Low, s.st.Next)
 		}
 		ok = true
 		m.Offset = offset
