@@ -3,12 +3,9 @@ package mq
 import (
 	"context"
 	"fmt"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/store"
@@ -221,18 +218,18 @@ func (p *Producer) route(msgs []*Message, n int) error {
 	for _, m := range msgs {
 		idGiven := m.ID != ""
 		if !idGiven {
-			m.ID = newID()
+			m.ID = partition.NewID()
 		}
 		m.freshID = !idGiven
 		m.Topic = p.topic
 		switch {
 		case m.pinned:
 		case m.Key != "":
-			m.PartitionIndex = int(hashKey(m.Key) % uint32(n))
+			m.PartitionIndex = partition.ForKey(m.Key, n)
 		case idGiven:
 			// A caller's own ID routes like a key, so a resend in a new
 			// struct reaches the partition that holds the first copy.
-			m.PartitionIndex = int(hashKey(m.ID) % uint32(n))
+			m.PartitionIndex = partition.ForKey(m.ID, n)
 		default:
 			m.PartitionIndex = int((p.rr.Add(1) - 1) % uint64(n))
 			m.pinned = true
@@ -240,12 +237,6 @@ func (p *Producer) route(msgs []*Message, n int) error {
 	}
 	return nil
 }
-
-// The times int64 Unix nanoseconds hold, as the store keeps them.
-var (
-	minNanoTime = time.Unix(0, math.MinInt64)
-	maxNanoTime = time.Unix(0, math.MaxInt64)
-)
 
 // check refuses what the store cannot keep: an ID over MaxIDBytes (the
 // dedup index keys on it), a Timestamp outside the nanosecond range and a
@@ -255,11 +246,11 @@ func (m *Message) check() error {
 	if len(m.ID) > MaxIDBytes {
 		return fmt.Errorf("ID of %d bytes, limit %d", len(m.ID), MaxIDBytes)
 	}
-	if !m.Timestamp.IsZero() && (m.Timestamp.Before(minNanoTime) || m.Timestamp.After(maxNanoTime)) {
-		return fmt.Errorf("timestamp %v outside %v..%v", m.Timestamp, minNanoTime.UTC(), maxNanoTime.UTC())
+	if !m.Timestamp.IsZero() && (m.Timestamp.Before(partition.MinTime) || m.Timestamp.After(partition.MaxTime)) {
+		return fmt.Errorf("timestamp %v outside %v..%v", m.Timestamp, partition.MinTime.UTC(), partition.MaxTime.UTC())
 	}
-	if m.DeliverAt.After(maxNanoTime) {
-		return fmt.Errorf("delivery time %v after %v", m.DeliverAt, maxNanoTime.UTC())
+	if m.DeliverAt.After(partition.MaxTime) {
+		return fmt.Errorf("delivery time %v after %v", m.DeliverAt, partition.MaxTime.UTC())
 	}
 	return nil
 }
@@ -311,7 +302,7 @@ func toStore(m *Message) store.Message {
 		Timestamp:      m.Timestamp.UnixNano(),
 		ReconsumeTimes: int32(m.ReconsumeTimes),
 	}
-	if !m.DeliverAt.IsZero() && !m.DeliverAt.Before(minNanoTime) { // earlier: past, no delay
+	if !m.DeliverAt.IsZero() && !m.DeliverAt.Before(partition.MinTime) { // earlier: past, no delay
 		s.DeliverAt = m.DeliverAt.UnixNano()
 	}
 	return s
@@ -334,22 +325,4 @@ func fromStore(topic string, partition int, s *store.Message) *Message {
 		m.DeliverAt = time.Unix(0, s.DeliverAt)
 	}
 	return m
-}
-
-// hashKey is 32-bit FNV-1a, inlined to avoid allocating a hash.Hash per send.
-func hashKey(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h ^= uint32(s[i])
-		h *= 16777619
-	}
-	return h
-}
-
-func newID() string {
-	id, err := uuid.NewV7()
-	if err != nil { // the system's random source failed; v4 uses the same one
-		id = uuid.New()
-	}
-	return id.String()
 }

@@ -213,7 +213,7 @@ func (w *worker) failedCopy(sm *store.Message, cause error) store.Message {
 	props[PropLastError] = msg
 	delete(props, PropRetryGroup)
 	return store.Message{
-		ID:         newID(),
+		ID:         partition.NewID(),
 		Key:        sm.Key,
 		Tags:       sm.Tags,
 		Properties: props,
@@ -235,7 +235,7 @@ func (w *worker) parkCopy(sm *store.Message, r int, cause error) (topic string, 
 	cp.ReconsumeTimes = int32(r + 1)
 	d := c.cfg.retryDelay(r)
 	if d > 0 {
-		cp.DeliverAt = clampNano(c.m.cfg.clock.Now().Add(d)) // a step past 2262 waits until then
+		cp.DeliverAt = partition.UnixNano(c.m.cfg.clock.Now().Add(d)) // a step past 2262 waits until then
 	}
 	c.m.cfg.logger.Warn("message handler failed; parked for retry", "topic", c.topic, "group", c.group.name,
 		"partition", w.part, "offset", sm.Offset, "attempt", r+1, "after", d, "err", cause)
@@ -263,7 +263,7 @@ func (m *MQ) appendSystem(ctx context.Context, name string, msg *store.Message, 
 	if err != nil {
 		return err
 	}
-	return m.appendTo(ctx, name, parts, int(hashKey(msg.ID)%uint32(len(parts))), msg, now)
+	return m.appendTo(ctx, name, parts, partition.ForKey(msg.ID, len(parts)), msg, now)
 }
 
 func (m *MQ) appendTo(ctx context.Context, topic string, parts []partition.Partition, i int, msg *store.Message, now time.Time) error {
@@ -380,9 +380,9 @@ func (m *MQ) redriveOne(ctx context.Context, dlq string, part int, sm *store.Mes
 		Timestamp:  sm.Timestamp,
 	}
 	n := len(parts)
-	i := int(hashKey(cp.ID) % uint32(n))
+	i := partition.ForKey(cp.ID, n)
 	if cp.Key != "" {
-		i = int(hashKey(cp.Key) % uint32(n))
+		i = partition.ForKey(cp.Key, n)
 	} else if op, err := strconv.Atoi(props[PropOriginPartition]); err == nil && op >= 0 && op < n {
 		i = op
 	}

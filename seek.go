@@ -3,7 +3,6 @@ package mq
 import (
 	"context"
 	"fmt"
-	"math"
 	"strings"
 	"time"
 
@@ -222,25 +221,13 @@ func target(p partition.Partition, to Position) (uint64, error) {
 	case posLast:
 		return st.Next, nil
 	case posTime:
-		off, err := p.SeekTime(clampNano(to.t))
+		off, err := p.SeekTime(partition.UnixNano(to.t))
 		return off, translate(err)
 	}
 	if to.offset > st.Next {
 		return 0, fmt.Errorf("%w: %d past the end %d", ErrInvalidOffset, to.offset, st.Next)
 	}
 	return to.offset, nil
-}
-
-// clampNano is t in Unix nanoseconds, or the nearest end of the int64 range
-// for a time outside it.
-func clampNano(t time.Time) int64 {
-	switch {
-	case t.Before(minNanoTime):
-		return math.MinInt64
-	case t.After(maxNanoTime):
-		return math.MaxInt64
-	}
-	return t.UnixNano()
 }
 
 // pollSeeks returns the resets queued for w, if any. Only w's run goroutine

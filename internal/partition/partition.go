@@ -9,8 +9,11 @@ package partition
 
 import (
 	"context"
+	"math"
 	"sync/atomic"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/zeze-go/mq/store"
 )
@@ -97,4 +100,43 @@ func (t *Table) Put(topic *Topic) {
 	}
 	next[topic.Name] = topic
 	t.p.Store(&next)
+}
+
+// ForKey is the partition of n that key routes to: 32-bit FNV-1a of the key,
+// inlined to allocate nothing per send. Producers, re-driven dead letters and
+// retry copies all route with it.
+func ForKey(key string, n int) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return int(h % uint32(n))
+}
+
+// NewID returns a new message ID: a UUIDv7, ordered by time.
+func NewID() string {
+	id, err := uuid.NewV7()
+	if err != nil { // the system's random source failed; v4 uses the same one
+		id = uuid.New()
+	}
+	return id.String()
+}
+
+// The range of int64 Unix nanoseconds: 1677-09-21 to 2262-04-11.
+var (
+	MinTime = time.Unix(0, math.MinInt64)
+	MaxTime = time.Unix(0, math.MaxInt64)
+)
+
+// UnixNano is t in Unix nanoseconds, or the nearest end of the int64 range
+// for a time outside it.
+func UnixNano(t time.Time) int64 {
+	switch {
+	case t.Before(MinTime):
+		return math.MinInt64
+	case t.After(MaxTime):
+		return math.MaxInt64
+	}
+	return t.UnixNano()
 }
