@@ -71,6 +71,7 @@ import (
 	"time"
 
 	"github.com/zeze-go/mq/internal/boltsafe"
+	"github.com/zeze-go/mq/internal/delivery"
 	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/upkeep"
@@ -134,6 +135,9 @@ var (
 	// ErrNoQuorum is returned when a replicated partition cannot reach a
 	// quorum before ctx ends.
 	ErrNoQuorum = errors.New("mq: no quorum")
+	// ErrGroupActive is returned by DeleteGroup while a consumer of the
+	// group is open on this node.
+	ErrGroupActive = errors.New("mq: group has consumers")
 	// ErrStorageFailed is returned for every write to a partition after a
 	// write or sync of its log or file failed (an I/O error, a full disk),
 	// until the node is reopened: the outcome of the writes in flight is
@@ -167,8 +171,7 @@ type MQ struct {
 	adminMu sync.Mutex
 	closed  atomic.Bool
 
-	mu     sync.Mutex        // guards groups; order: MQ.mu before group.mu
-	groups map[string]*group // topic + "\x00" + group
+	delivery *delivery.Engine // consumers, groups and their workers
 }
 
 // Open opens the node stored in dir, creating dir if needed, and reopens
@@ -207,9 +210,9 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 		ctx:    ctx,
 		cancel: cancel,
 		topics: partition.NewTable(nil),
-		groups: map[string]*group{},
 	}
 	m.router = localRouter{m}
+	m.delivery = delivery.New(deliveryTopics{m}, cfg.clock, cfg.logger)
 	m.upkeep = upkeep.Config{Clock: cfg.clock, Retention: cfg.retention, RetentionBytes: cfg.retentionBytes,
 		DedupWindow: cfg.dedupWindow, DecisionTTL: cfg.decisionTTL, Interval: cfg.maintenanceInterval,
 		DecideTTL: cfg.tx.prune.decideTTL}
@@ -295,16 +298,7 @@ func (m *MQ) Close() error {
 	if !first {
 		return nil
 	}
-	m.mu.Lock()
-	var consumers []*Consumer
-	for _, g := range m.groups {
-		consumers = append(consumers, g.members()...)
-	}
-	m.mu.Unlock()
-
-	for _, c := range consumers {
-		c.Close()
-	}
+	m.delivery.Close()
 	m.cancel()
 	m.wg.Wait()
 	err := m.closeTopics()
@@ -425,17 +419,7 @@ func (m *MQ) AlterMQ(ctx context.Context, topic string, partitions int) error {
 	m.topics.Put(&grown)
 	m.maintainPartitions(topic, have, added)
 	m.adminMu.Unlock()
-	m.mu.Lock()
-	var groups []*group
-	for _, g := range m.groups {
-		if g.topic == topic {
-			groups = append(groups, g)
-		}
-	}
-	m.mu.Unlock()
-	for _, g := range groups {
-		g.rebalance()
-	}
+	m.delivery.Rebalance(topic)
 	m.cfg.logger.Info("topic altered", "topic", topic, "partitions", partitions)
 	return nil
 }
@@ -498,6 +482,16 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrClosed, err)
 	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt), errors.Is(err, meta.ErrCorrupt):
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	case errors.Is(err, delivery.ErrClosed):
+		return fmt.Errorf("%w: %v", ErrClosed, err)
+	case errors.Is(err, delivery.ErrInvalidPartition):
+		return fmt.Errorf("%w: %v", ErrInvalidPartition, err)
+	case errors.Is(err, delivery.ErrInvalidOffset):
+		return fmt.Errorf("%w: %v", ErrInvalidOffset, err)
+	case errors.Is(err, delivery.ErrGroupActive):
+		return fmt.Errorf("%w: %v", ErrGroupActive, err)
+	case errors.Is(err, delivery.ErrNoOrigin):
+		return fmt.Errorf("%w: %v", ErrNoTopic, err)
 	case errors.Is(err, store.ErrDecided):
 		return fmt.Errorf("%w: %v", ErrTxDecided, err)
 	case errors.Is(err, store.ErrTooLarge):
@@ -515,4 +509,106 @@ func (m *MQ) goFunc(fn func(ctx context.Context)) {
 		defer m.wg.Done()
 		fn(m.ctx)
 	}()
+}
+
+// startBackground starts the node's background goroutines (each through
+// goFunc, so Close cancels and waits for them).
+func (m *MQ) startBackground() {
+	m.startMaintenance() // maintenance.go: delay release, retention, dedup pruning
+	m.startTxChecker()   // transaction.go: check-back of undecided half messages
+}
+
+// startMaintenance starts the upkeep of every partition opened by Open.
+func (m *MQ) startMaintenance() {
+	for name, t := range m.topics.All() {
+		m.maintainPartitions(name, 0, t.Parts)
+	}
+}
+
+// maintainPartitions starts the upkeep of parts, the partitions of topic
+// from index first on. CreateMQ and AlterMQ call it for the partitions they
+// add, with m.adminMu held and the node open, so Close waits for what it starts.
+func (m *MQ) maintainPartitions(topic string, first int, parts []partition.Partition) {
+	for i, p := range parts {
+		logger := m.cfg.logger.With("topic", topic, "partition", first+i)
+		m.goFunc(func(ctx context.Context) { upkeep.Run(ctx, p, &m.upkeep, logger) })
+	}
+}
+
+// router resolves a topic to its partitions. localRouter serves the topics
+// stored by this node; a cluster router will resolve placement through the
+// metadata group and hand out remote or replicated partitions.
+type router interface {
+	partitions(topic string) (Options, []partition.Partition, error)
+}
+
+type localRouter struct{ m *MQ }
+
+func (r localRouter) partitions(name string) (Options, []partition.Partition, error) {
+	t, err := r.m.topic(name)
+	if err != nil {
+		return Options{}, nil, err
+	}
+	return Options{Type: Type(t.Type)}, t.Parts, nil
+}
+
+// forEachPart runs fn for every item, in parallel when there are several,
+// and returns the first error.
+func forEachPart[T any](items []T, fn func(T) error) error {
+	if len(items) == 1 {
+		return fn(items[0])
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	for _, it := range items {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(it); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// ReadMessage returns the message stored at offset in one partition of
+// topic, without a consumer and without touching any group's offset. It is
+// meant for inspection (mqadmin, tests): consumers read in order and are
+// faster for bulk reads.
+//
+// It returns ErrNoTopic, ErrInvalidPartition (partition out of range),
+// ErrNoMessage (no message at offset), ErrCorrupt (the stored record fails
+// its checksum: the bytes on disk are not the message that was written),
+// ErrClosed, or ctx's error.
+func (m *MQ) ReadMessage(ctx context.Context, topic string, partition int, offset int64) (*Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	_, parts, err := m.router.partitions(topic)
+	if err != nil {
+		return nil, err
+	}
+	if partition < 0 || partition >= len(parts) {
+		return nil, fmt.Errorf("%w: partition %d of %s (0..%d)", ErrInvalidPartition, partition, topic, len(parts)-1)
+	}
+	if offset < 0 {
+		return nil, fmt.Errorf("%w: %s/%d offset %d", ErrNoMessage, topic, partition, offset)
+	}
+	sm, ok, err := parts[partition].Get(uint64(offset))
+	if err != nil {
+		return nil, fmt.Errorf("read %s/%d at %d: %w", topic, partition, offset, translate(err))
+	}
+	if !ok {
+		return nil, fmt.Errorf("%w: %s/%d offset %d", ErrNoMessage, topic, partition, offset)
+	}
+	return fromStore(topic, partition, &sm), nil
 }

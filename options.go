@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/zeze-go/mq/internal/delivery"
+	"github.com/zeze-go/mq/internal/partition"
 )
 
 // Type says how a topic's partitions are replicated. Values follow the draft.
@@ -158,6 +161,265 @@ func WithClock(clk Clock) Option {
 			return fmt.Errorf("%w: nil clock", ErrInvalidOption)
 		}
 		c.clock = clk
+		return nil
+	}
+}
+
+// ConsumerOption configures NewConsumer.
+type ConsumerOption func(*consumerConfig) error
+
+// consumerConfig is what the consumer options set: the delivery engine's
+// configuration of one consumer.
+type consumerConfig = delivery.Config
+
+func defaultConsumerConfig() consumerConfig {
+	return consumerConfig{
+		Start:        delivery.StartFirst,
+		Ladder:       DefaultRetryLadder(),
+		MaxReconsume: DefaultMaxReconsumeTimes,
+		Batch:        DefaultFlowMessages,
+		BatchBytes:   DefaultFlowBytes,
+	}
+}
+
+// WithStartPosition sets where a group with no committed offset starts.
+func WithStartPosition(s StartPosition) ConsumerOption {
+	return func(c *consumerConfig) error {
+		switch s {
+		case StartFirst:
+			c.Start = delivery.StartFirst
+		case StartLast:
+			c.Start = delivery.StartLast
+		default:
+			return fmt.Errorf("%w: start position %d", ErrInvalidOption, s)
+		}
+		return nil
+	}
+}
+
+// WithStartTime starts a group with no committed offset, in each
+// partition, at the first message stored at or after t (the end of the
+// partition when there is none). It replaces WithStartPosition.
+func WithStartTime(t time.Time) ConsumerOption {
+	return func(c *consumerConfig) error {
+		c.Start, c.StartTime = delivery.StartTime, partition.UnixNano(t)
+		return nil
+	}
+}
+
+// WithRetryPause replaces the retry ladder with a constant pause d before
+// every redelivery. It is WithRetryLadder(d).
+func WithRetryPause(d time.Duration) ConsumerOption {
+	return func(c *consumerConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: retry pause %v", ErrInvalidOption, d)
+		}
+		c.Ladder = []time.Duration{d}
+		return nil
+	}
+}
+
+// WithFlowControl bounds what a consumer holds in memory per partition: at
+// most messages messages and, past the first message, bytes bytes (a single
+// message larger than bytes is still delivered). Defaults DefaultFlowMessages
+// (256) and DefaultFlowBytes (1 MiB). A backlog of any length costs no more
+// than this: messages are read from the partition file as they are handled.
+// With WithKeyParallel the bound is the sliding window: a key blocked on a
+// failing message holds the window's head, and reading stops once the window
+// is full.
+func WithFlowControl(messages, bytes int) ConsumerOption {
+	return func(c *consumerConfig) error {
+		if messages <= 0 || bytes <= 0 {
+			return fmt.Errorf("%w: flow control %d messages, %d bytes", ErrInvalidOption, messages, bytes)
+		}
+		c.Batch, c.BatchBytes = messages, bytes
+		return nil
+	}
+}
+
+// WithConsumeMode sets what a failing message does to its partition.
+// Default Orderly.
+func WithConsumeMode(mode ConsumeMode) ConsumerOption {
+	return func(c *consumerConfig) error {
+		if mode != Orderly && mode != Concurrent {
+			return fmt.Errorf("%w: consume mode %d", ErrInvalidOption, int(mode))
+		}
+		c.Concurrent = mode == Concurrent
+		return nil
+	}
+}
+
+// WithRetryLadder sets the waits before each retry of a failing message:
+// steps[i] before retry i+1, the last step repeating when MaxReconsumeTimes
+// is larger. A zero step retries at once. Default DefaultRetryLadder.
+func WithRetryLadder(steps ...time.Duration) ConsumerOption {
+	return func(c *consumerConfig) error {
+		if len(steps) == 0 {
+			return fmt.Errorf("%w: empty retry ladder", ErrInvalidOption)
+		}
+		for _, d := range steps {
+			if d < 0 {
+				return fmt.Errorf("%w: retry step %v", ErrInvalidOption, d)
+			}
+		}
+		c.Ladder = append([]time.Duration(nil), steps...)
+		return nil
+	}
+}
+
+// WithMaxReconsumeTimes sets how many times a failing message is retried
+// before it is moved to the group's dead-letter topic; 0 dead-letters it at
+// its first failure. Default DefaultMaxReconsumeTimes (16).
+func WithMaxReconsumeTimes(n int) ConsumerOption {
+	return func(c *consumerConfig) error {
+		if n < 0 {
+			return fmt.Errorf("%w: max reconsume times %d", ErrInvalidOption, n)
+		}
+		c.MaxReconsume = n
+		return nil
+	}
+}
+
+// WithKeyParallel lets one partition hand messages with different keys to
+// the listener in parallel, at most n at a time; messages with the same key
+// stay one by one, in offset order, and each message without a key is a key
+// of its own. The committed offset advances past a message only once every
+// earlier message of the partition is done (a sliding window, bounded by
+// WithFlowControl), so a restart redelivers at most the window. In Orderly
+// mode a failing message blocks only its own key while it is retried; the
+// other keys go on until the window is full. Default: off (one message of a
+// partition at a time).
+func WithKeyParallel(n int) ConsumerOption {
+	return func(c *consumerConfig) error {
+		if n < 1 {
+			return fmt.Errorf("%w: key parallelism %d", ErrInvalidOption, n)
+		}
+		c.KeyParallel = n
+		return nil
+	}
+}
+
+// WithBroadcast makes the consumer a broadcasting member of its group: it
+// gets every message of every partition, whatever other consumers of the
+// group (on this node or others) get, and keeps its own offsets under the
+// name group@instance (see Consumer.OffsetName).
+//
+// instance names the consumer and follows the group name rules. A consumer
+// that opens again with the same group and instance, after a Close or a
+// restart of the node, resumes where that instance stopped; a new instance
+// starts at the start position (WithStartPosition). Consumers on this node
+// that share group and instance share those offsets and divide the
+// partitions between them, like a clustering group. To reset a
+// broadcasting consumer, pass its OffsetName to ResetOffset.
+func WithBroadcast(instance string) ConsumerOption {
+	return func(c *consumerConfig) error {
+		if err := checkName(instance, ErrInvalidOption); err != nil {
+			return fmt.Errorf("broadcast instance: %w", err)
+		}
+		c.Instance = instance
+		return nil
+	}
+}
+
+// WithTags keeps only the messages that carry at least one of the tags in
+// list, written "TagA || TagB" as in RocketMQ; "*" or "" keeps every message.
+// Messages filtered out advance the group's offset without reaching
+// OnMessage. With WithFilter too, a message must pass both.
+func WithTags(list string) ConsumerOption {
+	return func(c *consumerConfig) error {
+		f, err := c.Filter.WithTags(list)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidOption, err)
+		}
+		c.Filter = f
+		return nil
+	}
+}
+
+// WithFilter keeps only the messages for which expression is true. The
+// expression is in the expr-lang/expr language and sees Tags ([]string),
+// Properties (map[string]string; a missing key reads as "") and Key
+// (string), for example
+//
+//	"TagA" in Tags && Properties["region"] == "eu"
+//
+// It is compiled once, by NewConsumer, which returns an error wrapping
+// ErrInvalidOption for an expression that does not compile or is not
+// boolean. An expression that fails while it runs on a message (a bad
+// conversion of a property, say) counts as false, and the failure is logged.
+// Messages filtered out advance the group's offset without reaching
+// OnMessage.
+func WithFilter(expression string) ConsumerOption {
+	return func(c *consumerConfig) error {
+		f, err := c.Filter.WithExpression(expression)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidOption, err)
+		}
+		c.Filter = f
+		return nil
+	}
+}
+
+// WithRetention deletes, from the head of each partition, the messages
+// stored more than d ago, consumed or not (RocketMQ's fileReservedTime).
+// Zero keeps messages whatever their age. Default 48 hours. A group whose
+// offset falls below the new head skips forward to it; its consumer logs how
+// many messages it lost. Retention also bounds the dedup window: a deleted
+// message's ID is forgotten with it.
+func WithRetention(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("%w: retention %v", ErrInvalidOption, d)
+		}
+		c.retention = d
+		return nil
+	}
+}
+
+// WithRetentionBytes deletes the oldest messages of each partition while its
+// records take more than n bytes; the limit is per partition. Zero, the
+// default, sets no size limit. bbolt reuses the freed pages, so a partition
+// file stops growing at about its limit, but it does not shrink.
+func WithRetentionBytes(n int64) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("%w: retention bytes %d", ErrInvalidOption, n)
+		}
+		c.retentionBytes = n
+		return nil
+	}
+}
+
+// WithDecisionTTL sets how long each partition remembers whether a
+// transaction committed or rolled back, so that a late repeat of the
+// decision changes nothing. Default 24 hours. A decision is forgotten within
+// an hour after its TTL, and never in the first hour after Open. It is kept
+// longer while a host store may still hold the marker of a committed
+// transaction (its clean-up failed, or the store could not be listed since
+// Open): the sweep that finds such a marker relies on the decision not to
+// publish the transaction twice.
+func WithDecisionTTL(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: decision TTL %v", ErrInvalidOption, d)
+		}
+		c.decisionTTL = d
+		return nil
+	}
+}
+
+// WithMaintenanceInterval sets how often each partition checks its
+// retention limits and prunes expired dedup entries. Default 10 seconds. A
+// check that finds nothing to delete writes nothing. A message ID is
+// forgotten between one dedup window and one window plus this interval
+// after its message was stored. Delayed messages do not depend on it: they
+// are released when due.
+func WithMaintenanceInterval(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: maintenance interval %v", ErrInvalidOption, d)
+		}
+		c.maintenanceInterval = d
 		return nil
 	}
 }

@@ -1455,8 +1455,6 @@ func (n *txNode) decided(txid string) TxDecision {
 
 // txClosed returns ErrClosed after Close.
 func (m *MQ) txClosed() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.closed.Load() {
 		return ErrClosed
 	}

@@ -25,11 +25,15 @@ type Partition interface {
 	// and no longer reads cmd when Apply returns.
 	Apply(ctx context.Context, cmd *store.Command) (store.Result, error)
 	Read(from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error)
+	// Fetch is Read that waits until a message at or after from is in the
+	// log, ctx ends (ctx.Err()) or the partition closes (store.ErrClosed).
+	Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error)
 	Get(offset uint64) (store.Message, bool, error)
 	Stats() store.Stats
 	// Changed returns a channel closed when the log or delay index grows.
 	Changed() <-chan struct{}
 	GroupOffset(group string) (uint64, bool, error)
+	Group(name string) (store.GroupState, bool, error)
 	Groups() (map[string]uint64, error)
 	SeekTime(t int64) (uint64, error)
 	NextDue() (int64, bool, error)

@@ -1,0 +1,325 @@
+package delivery
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/zeze-go/mq/internal/meta"
+)
+
+// Consumer is one member of a group on this node.
+type Consumer struct {
+	e         *Engine
+	topic     string
+	groupName string // the user's group; group.name is the offset name
+	group     *group
+	handler   Handler
+	cfg       Config
+	// parent is set on the consumer of %RETRY%<group> that a Concurrent
+	// consumer starts: it takes only its parent's parked messages and
+	// presents them as their original.
+	parent *Consumer
+
+	mu      sync.Mutex           // guards workers, live, closed and retry
+	workers map[int]*worker      // the partitions assigned to this consumer
+	live    map[*worker]struct{} // workers not yet ended, assigned or not: Close waits for them
+	closed  bool
+	retry   *Consumer // Concurrent mode: the consumer of the retry topic
+}
+
+// Subscribe adds a consumer of topic to group and starts delivering at
+// once; a Concurrent consumer also consumes the group's retry topic.
+func (e *Engine) Subscribe(topic, groupName string, h Handler, cfg Config) (*Consumer, error) {
+	if meta.IsSystemTopic(topic) {
+		if err := e.topics.EnsureSystem(topic); err != nil {
+			return nil, err
+		}
+	}
+	offsetName := groupName
+	if cfg.Instance != "" {
+		offsetName = groupName + "@" + cfg.Instance
+	}
+	c, err := e.subscribe(topic, groupName, offsetName, h, cfg, nil)
+	if err != nil || !cfg.Concurrent {
+		return c, err
+	}
+	rt := meta.RetryPrefix + groupName
+	if err := e.topics.EnsureSystem(rt); err != nil {
+		c.Close()
+		return nil, err
+	}
+	rcfg := cfg
+	rcfg.Filter, rcfg.Start, rcfg.Instance = nil, StartFirst, ""
+	rc, err := e.subscribe(rt, groupName, offsetName+"%"+topic, h, rcfg, c)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.retry = rc
+	c.mu.Unlock()
+	if closed {
+		rc.Close()
+	}
+	return c, nil
+}
+
+// subscribe registers a consumer in the group for (topic, offsetName) and
+// rebalances the group.
+func (e *Engine) subscribe(topic, groupName, offsetName string, h Handler, cfg Config, parent *Consumer) (*Consumer, error) {
+	if _, err := e.topics.Partitions(topic); err != nil {
+		return nil, err
+	}
+	c := &Consumer{e: e, topic: topic, groupName: groupName, handler: h, cfg: cfg, parent: parent,
+		workers: map[int]*worker{}, live: map[*worker]struct{}{}}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, ErrClosed
+	}
+	k := groupKey{topic, offsetName}
+	g := e.groups[k]
+	if g == nil {
+		g = &group{e: e, topic: topic, name: offsetName, owners: map[int]*worker{}}
+		e.groups[k] = g
+	}
+	c.group = g
+	g.mu.Lock()
+	g.consumers = append(g.consumers, c)
+	g.mu.Unlock()
+	e.mu.Unlock()
+	g.rebalance()
+	return c, nil
+}
+
+// OffsetName is the name the consumer's offsets are stored under.
+func (c *Consumer) OffsetName() string { return c.group.name }
+
+// Assigned returns the partitions assigned to this consumer, in order.
+func (c *Consumer) Assigned() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]int, 0, len(c.workers))
+	for p := range c.workers {
+		out = append(out, p)
+	}
+	sort.Ints(out)
+	return out
+}
+
+// Closed reports whether Close was called.
+func (c *Consumer) Closed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// Close stops delivery, waits for the consumer's goroutines and the
+// handlers in progress, which commit the offsets they reached, and hands
+// the consumer's partitions to the other consumers of its group. Called
+// from a handler (of any consumer), it does not wait for that handler, nor
+// for one that is itself inside a call that waits (reentry.go).
+func (c *Consumer) Close() error {
+	r := enter(context.Background())
+	defer r.leave()
+	c.close(r)
+	return nil
+}
+
+func (c *Consumer) close(r reentry) {
+	c.mu.Lock()
+	first := !c.closed
+	c.closed = true
+	rc := c.retry
+	c.mu.Unlock()
+	if first {
+		c.group.leave(c)
+	}
+	if rc != nil {
+		rc.close(r)
+	}
+	c.mu.Lock()
+	live := make([]*worker, 0, len(c.live))
+	for w := range c.live {
+		live = append(live, w)
+	}
+	c.mu.Unlock()
+	for _, w := range live {
+		r.await(context.Background(), w, w.done)
+	}
+}
+
+// group is the set of consumers of one (topic, offset name) on this node,
+// and its local coordinator: it assigns partition i to the (i mod n)-th
+// consumer in join order. A coordinator for a cluster will assign across
+// nodes; the claims (store.OpClaim) keep two owners on different nodes from
+// both committing.
+type group struct {
+	e     *Engine
+	topic string
+	name  string // offset name: the group, or group@instance when broadcasting
+
+	// rebalanceMu serializes rebalances and guards owners. It is taken
+	// before mu and is never held while waiting for a worker or a handler:
+	// workers chain instead (see worker.prev).
+	rebalanceMu sync.Mutex
+	owners      map[int]*worker // per partition, its newest worker until that one ends
+
+	mu        sync.Mutex // guards consumers
+	consumers []*Consumer
+}
+
+func (g *group) members() []*Consumer {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]*Consumer(nil), g.consumers...)
+}
+
+// leave removes c from the group, stops its workers (without waiting) and
+// hands its partitions to the others.
+func (g *group) leave(c *Consumer) {
+	g.mu.Lock()
+	for i, x := range g.consumers {
+		if x == c {
+			g.consumers = append(g.consumers[:i], g.consumers[i+1:]...)
+			break
+		}
+	}
+	g.mu.Unlock()
+	g.rebalanceMu.Lock()
+	c.revoke(nil)
+	g.rebalanceLocked()
+	g.rebalanceMu.Unlock()
+	g.e.forget(g)
+}
+
+// Rebalance reassigns the partitions of every group of topic on this node
+// (AlterMQ grew it).
+func (e *Engine) Rebalance(topic string) {
+	e.mu.Lock()
+	var gs []*group
+	for k, g := range e.groups {
+		if k.topic == topic {
+			gs = append(gs, g)
+		}
+	}
+	e.mu.Unlock()
+	for _, g := range gs {
+		g.rebalance()
+	}
+}
+
+func (g *group) rebalance() {
+	g.rebalanceMu.Lock()
+	defer g.rebalanceMu.Unlock()
+	g.rebalanceLocked()
+}
+
+// rebalanceLocked assigns the partitions. A partition that moves is stopped
+// at its old owner and started at the new one once the old one has ended,
+// so no partition ever has two owners delivering at once, and nothing here
+// waits for a handler. The caller holds rebalanceMu.
+func (g *group) rebalanceLocked() {
+	parts, err := g.e.topics.Partitions(g.topic)
+	if err != nil {
+		return // node closing or topic gone: nothing to assign
+	}
+	cons := g.members()
+	want := make(map[*Consumer]map[int]bool, len(cons))
+	for _, c := range cons {
+		want[c] = map[int]bool{}
+	}
+	for i := range parts {
+		if len(cons) > 0 {
+			want[cons[i%len(cons)]][i] = true
+		}
+	}
+	for _, c := range cons {
+		c.revoke(want[c])
+	}
+	if g.e.ctx.Err() != nil {
+		return
+	}
+	for _, c := range cons {
+		c.assign(want[c], parts)
+	}
+}
+
+// hint tells the worker of partition part, if it runs here, that the
+// group's offset there was reset.
+func (g *group) hint(part int) {
+	g.rebalanceMu.Lock()
+	defer g.rebalanceMu.Unlock()
+	for w := g.owners[part]; w != nil; w = w.prev.Load() {
+		w.hint()
+	}
+}
+
+// forget drops g from the engine once it has no consumers and no workers,
+// so groups used once (broadcast instances, names given to a reset) do not
+// stay in memory.
+func (e *Engine) forget(g *group) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	g.rebalanceMu.Lock()
+	defer g.rebalanceMu.Unlock()
+	if len(g.owners) == 0 && len(g.members()) == 0 && e.groups[groupKey{g.topic, g.name}] == g {
+		delete(e.groups, groupKey{g.topic, g.name})
+	}
+}
+
+// revoke stops the workers of partitions not in keep; they end on their
+// own, after their handlers return. The caller holds group.rebalanceMu.
+func (c *Consumer) revoke(keep map[int]bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for p, w := range c.workers {
+		if !keep[p] {
+			w.cancel()
+			delete(c.workers, p)
+		}
+	}
+}
+
+// assign starts workers for the partitions in want that c does not run
+// yet, each after the partition's current worker in the group, if any,
+// has ended. The caller holds group.rebalanceMu.
+func (c *Consumer) assign(want map[int]bool, parts []Partition) {
+	g := c.group
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	for p := range want {
+		if _, ok := c.workers[p]; ok {
+			continue
+		}
+		w := newWorker(c, p, parts[p])
+		w.prev.Store(g.owners[p])
+		g.owners[p] = w
+		var ctx context.Context
+		ctx, w.cancel = context.WithCancel(context.WithValue(c.e.ctx, workerKey{}, w))
+		c.workers[p] = w
+		c.live[w] = struct{}{}
+		c.e.spawn(func() { w.run(ctx) })
+	}
+}
+
+// CheckOffsetName accepts a group name or group@instance.
+func CheckOffsetName(name string) error {
+	g, inst, found := strings.Cut(name, "@")
+	if err := meta.CheckName(g); err != nil {
+		return err
+	}
+	if found {
+		if err := meta.CheckName(inst); err != nil {
+			return fmt.Errorf("%w (instance of %q)", err, name)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,354 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/expr-lang/expr/vm"
+
+	"github.com/zeze-go/mq/store"
+)
+
+// workerKey marks the contexts a worker hands to its handlers, so a call
+// made with one (even from another goroutine) counts as made by the handler.
+type workerKey struct{}
+
+// worker delivers one partition to one consumer.
+type worker struct {
+	c    *Consumer
+	part int
+	p    Partition
+	// prev is the partition's previous worker in the group, which run waits
+	// for before it starts (then clears prev): one owner at a time.
+	prev   atomic.Pointer[worker]
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the worker has ended, prev before it
+	held   atomic.Int32  // calls in progress, made by this worker's handlers, that wait
+
+	// A reset of the group's offset here (Engine.Reset) sets moved and
+	// cancels the current fetch, so the worker claims the partition again
+	// before it delivers anything more.
+	moved    atomic.Bool
+	fetchMu  sync.Mutex
+	fetchCtx context.Context    // what fetches wait with until the next claim
+	unfetch  context.CancelFunc // cancels fetchCtx
+	wake     chan struct{}      // a token when moved was set: ends a retry wait
+
+	gen        uint64 // the generation of the worker's claim; owned by run
+	committed  uint64 // last offset written to the store; owned by run
+	lastCommit time.Time
+	vm         vm.VM         // filter evaluation; owned by run
+	sem        chan struct{} // key-parallel: bounds handlers in flight
+}
+
+func newWorker(c *Consumer, part int, p Partition) *worker {
+	return &worker{c: c, part: part, p: p, done: make(chan struct{}), wake: make(chan struct{}, 1)}
+}
+
+// errorPause is the wait before a worker tries again after a store error
+// (a failed claim or read, or a failed move to the retry or dead-letter
+// topic).
+const errorPause = time.Second
+
+// commitEvery bounds how long a handled message may wait for its offset to be
+// committed while its partition is busy.
+const commitEvery = 200 * time.Millisecond
+
+func (w *worker) run(ctx context.Context) {
+	defer w.end()
+	defer w.runsHandlers()()
+	if prev := w.prev.Load(); prev != nil {
+		<-prev.done // even when cancelled: w starts after prev's last commit
+		w.prev.Store(nil)
+	}
+	offset, ok := w.claim(ctx)
+	if !ok {
+		return
+	}
+	defer func() { w.commit(offset) }()
+	if w.c.cfg.KeyParallel > 0 {
+		w.runParallel(ctx, &offset)
+		return
+	}
+	cfg := &w.c.cfg
+	buf := make([]store.Message, 0, cfg.Batch)
+	for ctx.Err() == nil {
+		if w.moved.Load() {
+			if offset, ok = w.claim(ctx); !ok {
+				return
+			}
+			continue
+		}
+		var err error
+		buf, err = w.fetch(ctx, offset, cfg.Batch, cfg.BatchBytes, buf[:0])
+		if err != nil {
+			if ctx.Err() == nil && !w.moved.Load() {
+				w.logger().Error("read failed; retrying", "offset", offset, "err", err)
+				w.wait(ctx, errorPause, nil)
+			}
+			continue
+		}
+		offset = w.skipGap(offset, buf[0].Offset)
+		for i := range buf {
+			if w.moved.Load() {
+				break
+			}
+			if w.accept(&buf[i]) && !w.handle(ctx, &buf[i], nil) {
+				break // stopped, or moved while the message waited to be retried
+			}
+			offset = buf[i].Offset + 1
+			if time.Since(w.lastCommit) > commitEvery {
+				w.commit(offset)
+			}
+		}
+		clear(buf)
+		w.commit(offset)
+	}
+}
+
+// claim takes the partition for the group (store.OpClaim) and returns the
+// offset to deliver from: the group's committed offset, or the start
+// position for a new group. It tries again after a pause while the store
+// fails, and reports false once ctx ends.
+func (w *worker) claim(ctx context.Context) (uint64, bool) {
+	for ctx.Err() == nil {
+		w.armFetch(ctx)
+		w.moved.Store(false)
+		select {
+		case <-w.wake:
+		default:
+		}
+		res, err := w.p.Apply(ctx, w.claimCommand())
+		if err == nil {
+			w.gen, w.committed, w.lastCommit = res.Generation, res.Offset, time.Now()
+			return res.Offset, true
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		w.logger().Error("cannot claim the partition; retrying", "err", err, "retry", errorPause)
+		w.wait(ctx, errorPause, nil)
+	}
+	return 0, false
+}
+
+func (w *worker) claimCommand() *store.Command {
+	cmd := &store.Command{Op: store.OpClaim, Group: w.c.group.name}
+	switch w.c.cfg.Start {
+	case StartLast:
+		cmd.Start = store.StartLast
+	case StartTime:
+		off, err := w.p.SeekTime(w.c.cfg.StartTime)
+		if err != nil { // the claim starts a new group at the first message
+			w.logger().Warn("cannot find the start time; a new group starts at the first message", "err", err)
+			cmd.Start = store.StartFirst
+			break
+		}
+		cmd.Start, cmd.Offset = store.StartAt, off
+	default:
+		cmd.Start = store.StartFirst
+	}
+	return cmd
+}
+
+// armFetch gives the next fetches a wait that a reset can cut short.
+func (w *worker) armFetch(ctx context.Context) {
+	w.fetchMu.Lock()
+	defer w.fetchMu.Unlock()
+	if w.unfetch != nil {
+		w.unfetch()
+	}
+	var fctx context.Context
+	fctx, w.unfetch = context.WithCancel(ctx)
+	w.fetchCtx = fctx
+}
+
+// hint tells w that the group's offset moved: it claims again before it
+// delivers anything more.
+func (w *worker) hint() {
+	w.moved.Store(true)
+	w.fetchMu.Lock()
+	if w.unfetch != nil {
+		w.unfetch()
+	}
+	w.fetchMu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// fetch waits for messages from offset on.
+func (w *worker) fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error) {
+	w.fetchMu.Lock()
+	fctx := w.fetchCtx
+	w.fetchMu.Unlock()
+	return w.p.Fetch(fctx, from, max, maxBytes, dst)
+}
+
+// skipGap logs messages that retention removed before this group read them
+// and returns where reading resumes.
+func (w *worker) skipGap(offset, first uint64) uint64 {
+	if first > offset {
+		w.logger().Warn("messages removed by retention before delivery", "from", offset, "to", first, "lost", first-offset)
+		return first
+	}
+	return offset
+}
+
+func (w *worker) logger() *slog.Logger {
+	return w.c.e.log.With("topic", w.c.topic, "group", w.c.group.name, "partition", w.part)
+}
+
+// commit stores offset as the group's, under the worker's claim. A refused
+// commit (another owner, or a reset, took the partition) sets moved: the
+// worker claims again if it still runs.
+func (w *worker) commit(offset uint64) {
+	if offset == w.committed {
+		return
+	}
+	// Commit even while stopping: the offset must reach the store.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmd := store.Command{Op: store.OpCommitOffset, Group: w.c.group.name, Offset: offset, Generation: w.gen}
+	_, err := w.p.Apply(ctx, &cmd)
+	switch {
+	case err == nil:
+		w.committed = offset
+		w.lastCommit = time.Now()
+	case errors.Is(err, store.ErrStaleGeneration):
+		w.moved.Store(true)
+		w.committed = offset // nothing more to commit under this claim
+	case !errors.Is(err, store.ErrClosed):
+		w.logger().Error("offset commit failed", "err", err)
+	}
+}
+
+// handle runs one accepted message through the handler until it is
+// handled, parked in the retry topic or dead-lettered. It returns false if
+// ctx ended, stop was closed or the group's offset moved first (the message
+// is then left unhandled).
+func (w *worker) handle(ctx context.Context, sm *store.Message, stop <-chan struct{}) bool {
+	c := w.c
+	d := c.present(w.part, sm)
+	for {
+		if w.sem != nil { // key-parallel: bound the handlers in flight
+			select {
+			case w.sem <- struct{}{}:
+			case <-stop:
+				return false
+			case <-ctx.Done():
+				return false
+			}
+		}
+		if ctx.Err() != nil { // stopped: deliver nothing more
+			if w.sem != nil {
+				<-w.sem
+			}
+			return false
+		}
+		err := w.call(ctx, d)
+		if w.sem != nil {
+			<-w.sem
+		}
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		r := d.ReconsumeTimes
+		switch {
+		case r >= c.cfg.MaxReconsume:
+			topic, cp := w.deadCopy(sm, r, err)
+			return w.settle(ctx, stop, topic, &cp)
+		case c.cfg.Concurrent:
+			topic, cp := w.parkCopy(sm, r, err)
+			return w.settle(ctx, stop, topic, &cp)
+		}
+		if c.cfg.KeyParallel == 0 {
+			// Everything before sm is handled: keep it so while sm waits.
+			w.commit(sm.Offset)
+		}
+		pause := c.cfg.retryDelay(r)
+		w.logger().Warn("message handler failed; redelivering", "offset", sm.Offset, "attempt", r+1, "after", pause, "err", err)
+		if !w.wait(ctx, pause, stop) {
+			return false
+		}
+		d = c.present(w.part, sm)
+		d.ReconsumeTimes = r + 1
+	}
+}
+
+// settle appends cp, a failed message's copy, to the retry or dead-letter
+// topic until it succeeds: a failed message is never dropped, so the
+// partition waits for the store. Every try sends the same ID, so a try that
+// failed late is not stored twice.
+func (w *worker) settle(ctx context.Context, stop <-chan struct{}, topic string, cp *store.Message) bool {
+	for {
+		err := w.c.e.appendSystem(ctx, topic, cp)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		w.logger().Error("cannot move a failed message; retrying", "err", err)
+		if !w.wait(ctx, errorPause, stop) {
+			return false
+		}
+	}
+}
+
+// wait waits d on the node's clock. It returns false if ctx ended, stop was
+// closed or the group's offset moved (a reset) first.
+func (w *worker) wait(ctx context.Context, d time.Duration, stop <-chan struct{}) bool {
+	after := w.c.e.clock.After(d)
+	select {
+	case <-after:
+		return !w.moved.Load()
+	case <-w.wake:
+		return false
+	case <-stop:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// call runs the handler, turning a panic into an error.
+func (w *worker) call(ctx context.Context, d *Delivery) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("mq: OnMessage panicked: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return w.c.handler(ctx, d)
+}
+
+// end finishes the worker once run is done with the partition: it gives
+// the partition up and closes done, which starts its successor.
+func (w *worker) end() {
+	w.fetchMu.Lock()
+	if w.unfetch != nil {
+		w.unfetch()
+	}
+	w.fetchMu.Unlock()
+	g := w.c.group
+	g.rebalanceMu.Lock()
+	if g.owners[w.part] == w {
+		delete(g.owners, w.part)
+	}
+	g.rebalanceMu.Unlock()
+	w.c.mu.Lock()
+	delete(w.c.live, w)
+	w.c.mu.Unlock()
+	close(w.done)
+	w.c.e.forget(g)
+}
