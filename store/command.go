@@ -92,6 +92,9 @@ type Command struct {
 	MaxBytes  int64  // OpTrim: 0 keeps all
 	DedupTTL  int64  // OpTrim: ns; 0 keeps dedup entries
 	DecideTTL int64  // OpTrim: ns; 0 keeps transaction decisions
+
+	Generation uint64 // TEMP stand-in (issue9-store): OpCommitOffset
+	Start      Start  // TEMP stand-in (issue9-store): OpClaim
 }
 
 // Result is what applying a command produced. A send is acknowledged with
@@ -112,6 +115,10 @@ type Result struct {
 	// OpRollbackTx (or OpPrepare, which then fails with ErrDecided) arrives
 	// after the first decision; the command changed nothing.
 	Previous Decision
+
+	Offset     uint64 // TEMP stand-in (issue9-store): OpClaim, OpResetOffset
+	Generation uint64 // TEMP stand-in (issue9-store): OpClaim, OpResetOffset
+	Found      bool   // TEMP stand-in (issue9-store): OpClaim had a record
 }
 
 // Ack is where one appended message went.
