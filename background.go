@@ -4,5 +4,5 @@ package mq
 // goFunc, so Close cancels and waits for them).
 func (m *MQ) startBackground() {
 	m.startMaintenance() // maintenance.go: delay release, retention, dedup pruning
-	m.startTxChecker()   // transaction.go: check-back of undecided half messages
+	m.startTxChecker()   // transaction.go, internal/txn: check-back, sweep, forgetter
 }

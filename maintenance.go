@@ -137,7 +137,7 @@ func (u *upkeeper) run(ctx context.Context) {
 	now := clk.Now()
 	u.nextCheck = now // at once: catch up on what expired while the node was down
 	// Decisions are first pruned an hour after Open, and only those that
-	// no host marker may need (pruneGuard, transaction.go).
+	// no host marker may need (txn.PruneGuard).
 	u.nextFull = now.Add(fullTrimEvery)
 	var (
 		timer     <-chan time.Time // fires at timerAt; nil when none is pending
@@ -273,8 +273,8 @@ func (u *upkeeper) trim(ctx context.Context, now time.Time) error {
 	}
 	full := !now.Before(u.nextFull)
 	if full {
-		// No decision goes while a host marker may need it (transaction.go).
-		cmd.DecideTTL = int64(cfg.tx.prune.decideTTL(now, cfg.decisionTTL))
+		// No decision goes while a host marker may need it (txn.PruneGuard).
+		cmd.DecideTTL = int64(cfg.tx.prune.DecideTTL(now, cfg.decisionTTL))
 	}
 	deleted := 0
 	for {

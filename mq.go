@@ -73,6 +73,7 @@ import (
 	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/txn"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -483,14 +484,15 @@ func checkName(name string, bad error) error {
 	return nil
 }
 
-// translate maps store and boltsafe errors to mq ones.
+// translate maps store, boltsafe, meta and txn errors to mq ones.
 func translate(err error) error {
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, store.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)
-	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt), errors.Is(err, meta.ErrCorrupt):
+	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt), errors.Is(err, meta.ErrCorrupt),
+		errors.Is(err, txn.ErrCorrupt):
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	case errors.Is(err, store.ErrDecided):
 		return fmt.Errorf("%w: %v", ErrTxDecided, err)

@@ -2,7 +2,6 @@ package mq
 
 import (
 	"context"
-	"sync"
 
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/store"
@@ -31,32 +30,4 @@ func (m *MQ) commitOffset(ctx context.Context, p partition.Partition, group stri
 	cmd := store.Command{Op: store.OpCommitOffset, Now: m.cfg.clock.Now().UnixNano(), Group: group, Offset: off}
 	_, err := p.Apply(ctx, &cmd)
 	return translate(err)
-}
-
-// forEachPart runs fn for every item, in parallel when there are several,
-// and returns the first error.
-func forEachPart[T any](items []T, fn func(T) error) error {
-	if len(items) == 1 {
-		return fn(items[0])
-	}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-	)
-	for _, it := range items {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := fn(it); err != nil {
-				mu.Lock()
-				if first == nil {
-					first = err
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	return first
 }
