@@ -74,6 +74,7 @@ import (
 	"github.com/zeze-go/mq/internal/delivery"
 	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/txn"
 	"github.com/zeze-go/mq/internal/upkeep"
 	"github.com/zeze-go/mq/store"
 )
@@ -215,7 +216,7 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	m.delivery = delivery.New(deliveryTopics{m}, cfg.clock, cfg.logger)
 	m.upkeep = upkeep.Config{Clock: cfg.clock, Retention: cfg.retention, RetentionBytes: cfg.retentionBytes,
 		DedupWindow: cfg.dedupWindow, DecisionTTL: cfg.decisionTTL, Interval: cfg.maintenanceInterval,
-		DecideTTL: cfg.tx.prune.decideTTL}
+		DecideTTL: cfg.tx.prune.DecideTTL}
 	// One write-ahead log for the node: one fdatasync covers the sends of
 	// every partition (store/wal.go). Whatever the options, Open recovers
 	// what the log holds.
@@ -473,14 +474,15 @@ func checkName(name string, bad error) error {
 	return nil
 }
 
-// translate maps store and boltsafe errors to mq ones.
+// translate maps store, boltsafe, meta and txn errors to mq ones.
 func translate(err error) error {
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, store.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)
-	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt), errors.Is(err, meta.ErrCorrupt):
+	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt), errors.Is(err, meta.ErrCorrupt),
+		errors.Is(err, txn.ErrCorrupt):
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	case errors.Is(err, delivery.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)
@@ -514,8 +516,8 @@ func (m *MQ) goFunc(fn func(ctx context.Context)) {
 // startBackground starts the node's background goroutines (each through
 // goFunc, so Close cancels and waits for them).
 func (m *MQ) startBackground() {
-	m.startMaintenance() // maintenance.go: delay release, retention, dedup pruning
-	m.startTxChecker()   // transaction.go: check-back of undecided half messages
+	m.startMaintenance() // internal/upkeep: delay release, retention, dedup pruning
+	m.startTxChecker()   // transaction.go, internal/txn: check-back, sweep, forgetter
 }
 
 // startMaintenance starts the upkeep of every partition opened by Open.
@@ -550,34 +552,6 @@ func (r localRouter) partitions(name string) (Options, []partition.Partition, er
 		return Options{}, nil, err
 	}
 	return Options{Type: Type(t.Type)}, t.Parts, nil
-}
-
-// forEachPart runs fn for every item, in parallel when there are several,
-// and returns the first error.
-func forEachPart[T any](items []T, fn func(T) error) error {
-	if len(items) == 1 {
-		return fn(items[0])
-	}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-	)
-	for _, it := range items {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := fn(it); err != nil {
-				mu.Lock()
-				if first == nil {
-					first = err
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	return first
 }
 
 // ReadMessage returns the message stored at offset in one partition of

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/zeze-go/mq/internal/fanout"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/store"
 )
@@ -202,7 +203,7 @@ func (p *Producer) send(ctx context.Context, msgs []*Message, results []SendResu
 	for _, idx := range byPart {
 		groups = append(groups, idx)
 	}
-	return forEachPart(groups, func(idx []int) error {
+	return fanout.Each(groups, func(idx []int) error {
 		part := msgs[idx[0]].PartitionIndex
 		sub := make([]*Message, len(idx))
 		subRes := make([]SendResult, len(idx))

@@ -38,6 +38,7 @@ var ErrStaleGeneration = errors.New("store: stale generation")
 type GroupState struct {
 	Offset, Generation uint64
 	Updated            int64 // Now of the last change
+	Reset              bool  // TEMP: the generation was taken by OpResetOffset, and no claim since
 }
 
 // Group returns group's record (stand-in: the offset only).

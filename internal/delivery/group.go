@@ -285,6 +285,20 @@ func (c *Consumer) revoke(keep map[int]bool) {
 	}
 }
 
+// lose stops w, whose partition another owner claimed, and drops it from
+// the consumer's assignment.
+func (c *Consumer) lose(w *worker) {
+	g := c.group
+	g.rebalanceMu.Lock()
+	defer g.rebalanceMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.workers[w.part] == w {
+		delete(c.workers, w.part)
+	}
+	w.cancel()
+}
+
 // assign starts workers for the partitions in want that c does not run
 // yet, each after the partition's current worker in the group, if any,
 // has ended. The caller holds group.rebalanceMu.

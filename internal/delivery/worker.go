@@ -223,11 +223,26 @@ func (w *worker) commit(offset uint64) {
 		w.committed = offset
 		w.lastCommit = time.Now()
 	case errors.Is(err, store.ErrStaleGeneration):
-		w.moved.Store(true)
 		w.committed = offset // nothing more to commit under this claim
+		w.fenced()
 	case !errors.Is(err, store.ErrClosed):
 		w.logger().Error("offset commit failed", "err", err)
 	}
+}
+
+// fenced handles a refused commit. A reset took the partition (or the
+// group was deleted): the worker claims it again and goes on from the
+// offset stored. Another owner claimed it (a coordinator gave it to a
+// consumer elsewhere before this one knew): the worker stops, and the
+// partition is delivered by the newer owner alone.
+func (w *worker) fenced() {
+	gs, ok, err := w.p.Group(w.c.group.name)
+	if err == nil && ok && !gs.Reset {
+		w.logger().Warn("partition claimed by another owner; this consumer stops delivering it", "generation", w.gen, "owner", gs.Generation)
+		w.c.lose(w)
+		return
+	}
+	w.moved.Store(true)
 }
 
 // handle runs one accepted message through the handler until it is

@@ -26,6 +26,7 @@ const (
 	fullTrimEvery = time.Hour   // an unconditional OpTrim, the only one that prunes transaction decisions
 	upkeepRetry   = time.Second // pause after a failed store command
 	bytesSlack    = 16          // a write taking a partition 1/16 over its byte limit trims at once
+	decideSlack   = time.Minute // added to the decision TTL: the stamp comes after the guard's now
 )
 
 // Partition is what the upkeep needs of the partition it keeps; only the
@@ -224,11 +225,14 @@ func (u *upkeeper) trim(ctx context.Context, now time.Time) error {
 	full := !now.Before(u.nextFull)
 	if full {
 		// No decision goes while a host marker may need it (Config.DecideTTL).
+		// The partition stamps the command later than now: decideSlack
+		// keeps that delay from moving the cutoff past what the guard
+		// allowed.
 		ttl := cfg.DecisionTTL
 		if cfg.DecideTTL != nil {
 			ttl = cfg.DecideTTL(now, ttl)
 		}
-		cmd.DecideTTL = int64(ttl)
+		cmd.DecideTTL = int64(ttl + decideSlack)
 	}
 	deleted := 0
 	for {

@@ -188,7 +188,8 @@ func (p *Partition) apply(c *store.Command) (res store.Result, err error) {
 		if c.Generation != g.Generation {
 			return res, fmt.Errorf("%w: group %s is at generation %d, not %d", store.ErrStaleGeneration, c.Group, g.Generation, c.Generation)
 		}
-		p.groups[c.Group] = store.GroupState{Offset: c.Offset, Generation: g.Generation, Updated: c.Now}
+		g.Offset, g.Updated = c.Offset, c.Now
+		p.groups[c.Group] = g
 	case store.OpDeleteGroup:
 		delete(p.groups, c.Group)
 	case store.OpClaim:
@@ -196,9 +197,9 @@ func (p *Partition) apply(c *store.Command) (res store.Result, err error) {
 		if !ok {
 			g.Offset = p.start(c)
 		}
-		res.Offset, res.Generation, res.Found = g.Offset, p.newGroup(c, g.Offset), ok
+		res.Offset, res.Generation, res.Found = g.Offset, p.newGroup(c, g.Offset, false), ok
 	case store.OpResetOffset:
-		res.Offset, res.Generation = c.Offset, p.newGroup(c, c.Offset)
+		res.Offset, res.Generation = c.Offset, p.newGroup(c, c.Offset, true)
 	case store.OpTrim:
 		p.trim(c, &res)
 	case store.OpPrepare:
@@ -230,10 +231,11 @@ func (p *Partition) start(c *store.Command) uint64 {
 	return c.Offset
 }
 
-// newGroup gives c.Group the record at offset under a new generation.
-func (p *Partition) newGroup(c *store.Command, offset uint64) uint64 {
+// newGroup gives c.Group the record at offset under a new generation,
+// taken by a reset or a claim.
+func (p *Partition) newGroup(c *store.Command, offset uint64, reset bool) uint64 {
 	p.generation++
-	p.groups[c.Group] = store.GroupState{Offset: offset, Generation: p.generation, Updated: c.Now}
+	p.groups[c.Group] = store.GroupState{Offset: offset, Generation: p.generation, Updated: c.Now, Reset: reset}
 	return p.generation
 }
 

@@ -1,4 +1,4 @@
-package mq
+package txn
 
 import (
 	"errors"
@@ -17,7 +17,7 @@ func FuzzTxRows(f *testing.F) {
 	fuzzseed.Add(f, fuzzSeeds())
 	f.Fuzz(func(t *testing.T, marker, row []byte) {
 		var (
-			halves []partRef
+			halves []Ref
 			err    error
 		)
 		fuzzseed.CheckAlloc(t, len(marker), func() { halves, err = decodeMarker("tx", marker) })
@@ -31,7 +31,7 @@ func FuzzTxRows(f *testing.F) {
 			}
 		}
 		var (
-			ref partRef
+			ref Ref
 			m   store.Message
 		)
 		fuzzseed.CheckAlloc(t, len(row), func() { ref, m, err = decodeOutboxRow("tx", row) })

@@ -1,4 +1,4 @@
-package mq
+package txn
 
 import (
 	"os"
@@ -18,8 +18,8 @@ import (
 func fuzzSeeds() map[string][][]any {
 	msg := store.Message{ID: "id", Key: "k", Tags: []string{"a", "b"}, Properties: map[string]string{"x": "1", "y": ""},
 		Body: []byte("body"), Timestamp: 1 << 62, DeliverAt: -1}
-	marker := encodeMarker([]partRef{{"orders", 3}, {"audit", 0}})
-	row := encodeOutboxRow(partRef{"orders", 3}, &msg)
+	marker := encodeMarker([]Ref{{"orders", 3}, {"audit", 0}})
+	row := encodeOutboxRow(Ref{"orders", 3}, &msg)
 	v1m, _ := msgpack.Marshal(&markerV1{V: txFormatV1, Halves: []partRefV1{{Topic: "orders", Part: 1}}})
 	v1r, _ := msgpack.Marshal(&outboxRowV1{V: txFormatV1, Topic: "orders", Part: 2, ID: "id", Body: []byte("b"), Tags: []string{"t"},
 		Properties: map[string]string{"p": "v"}, Timestamp: 5})
@@ -27,7 +27,7 @@ func fuzzSeeds() map[string][][]any {
 	return map[string][][]any{
 		"FuzzTxRows": {
 			{marker, row},
-			{encodeMarker(nil), encodeOutboxRow(partRef{}, &store.Message{})},
+			{encodeMarker(nil), encodeOutboxRow(Ref{}, &store.Message{})},
 			{v1m, v1r},
 			{marker[:len(marker)-2], row[:len(row)-9]},
 			{[]byte("ZMQM\x09"), []byte("ZMQO")},
@@ -41,8 +41,8 @@ func fuzzSeeds() map[string][][]any {
 
 // TestWriteFuzzCorpus writes the seeds to testdata/fuzz/<target>/ in the
 // fuzzer's corpus format, named like the fuzzer names them:
-// ZEZE_WRITE_CORPUS=1 go test -run TestWriteFuzzCorpus . Files already
-// there are kept.
+// ZEZE_WRITE_CORPUS=1 go test -run TestWriteFuzzCorpus ./internal/txn.
+// Files already there are kept.
 func TestWriteFuzzCorpus(t *testing.T) {
 	if os.Getenv("ZEZE_WRITE_CORPUS") != "1" {
 		t.Skip("ZEZE_WRITE_CORPUS=1 writes the seed corpus")

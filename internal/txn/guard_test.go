@@ -1,4 +1,4 @@
-package mq
+package txn
 
 import (
 	"testing"
@@ -18,32 +18,32 @@ func TestPruneGuard_DecideTTL(t *testing.T) {
 	later := t0.Add(5 * ttl)
 	for _, c := range []struct {
 		name string
-		run  func(g *pruneGuard, clk *fixedClock)
+		run  func(g *PruneGuard, clk *fixedClock)
 		want time.Duration
 	}{
-		{"NotSwept", func(g *pruneGuard, clk *fixedClock) {}, 0},
+		{"NotSwept", func(g *PruneGuard, clk *fixedClock) {}, 0},
 		{"NoHolds", sweptEmpty, ttl},
-		{"HeldFromNow", func(g *pruneGuard, clk *fixedClock) {
+		{"HeldFromNow", func(g *PruneGuard, clk *fixedClock) {
 			sweptEmpty(g, clk)
 			g.hold("tx", clk, decidedFromNow) // at t0: decisions from t0 on stay
 		}, 5 * ttl},
-		{"HeldAnyTime", func(g *pruneGuard, clk *fixedClock) {
+		{"HeldAnyTime", func(g *PruneGuard, clk *fixedClock) {
 			sweptEmpty(g, clk)
 			g.hold("tx", clk, decidedAnyTime)
 		}, 0},
-		{"HeldKeepsItsAge", func(g *pruneGuard, clk *fixedClock) {
+		{"HeldKeepsItsAge", func(g *PruneGuard, clk *fixedClock) {
 			sweptEmpty(g, clk)
 			g.hold("tx", clk, decidedFromNow)
 			clk.now = t0.Add(ttl)
 			g.hold("tx", clk, decidedAnyTime) // the sweep finds it again
 			g.hold("tx", clk, decidedFromNow)
 		}, 5 * ttl},
-		{"Released", func(g *pruneGuard, clk *fixedClock) {
+		{"Released", func(g *PruneGuard, clk *fixedClock) {
 			sweptEmpty(g, clk)
 			g.hold("tx", clk, decidedAnyTime)
 			g.release([]string{"tx"})
 		}, ttl},
-		{"SweptGone", func(g *pruneGuard, clk *fixedClock) {
+		{"SweptGone", func(g *PruneGuard, clk *fixedClock) {
 			g.hold("gone", clk, decidedAnyTime)
 			g.hold("listed", clk, decidedFromNow)
 			tok := g.sweepStart()
@@ -51,47 +51,47 @@ func TestPruneGuard_DecideTTL(t *testing.T) {
 			g.hold("new", clk, decidedFromNow) // after the sweep began: not seen by it
 			g.swept(tok, map[string]bool{"listed": true})
 		}, 5 * ttl},
-		{"SweptKeepsNewer", func(g *pruneGuard, clk *fixedClock) {
+		{"SweptKeepsNewer", func(g *PruneGuard, clk *fixedClock) {
 			tok := g.sweepStart()
 			g.hold("new", clk, decidedAnyTime)
 			g.swept(tok, nil)
 		}, 0},
-		{"Learned", func(g *pruneGuard, clk *fixedClock) {
+		{"Learned", func(g *PruneGuard, clk *fixedClock) {
 			sweptEmpty(g, clk)
 			g.learned()
 		}, 0},
-		{"LearnedDuringSweep", func(g *pruneGuard, clk *fixedClock) {
+		{"LearnedDuringSweep", func(g *PruneGuard, clk *fixedClock) {
 			tok := g.sweepStart()
 			g.learned()
 			g.swept(tok, nil)
 		}, 0},
-		{"LearnedThenSwept", func(g *pruneGuard, clk *fixedClock) {
+		{"LearnedThenSwept", func(g *PruneGuard, clk *fixedClock) {
 			g.learned()
 			sweptEmpty(g, clk)
 		}, ttl},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			g := defaultTxConfig().prune
+			g := NewPruneGuard()
 			clk := &fixedClock{now: t0}
 			c.run(g, clk)
-			if got := g.decideTTL(later, ttl); got != c.want {
-				t.Errorf("decideTTL = %v, want %v", got, c.want)
+			if got := g.DecideTTL(later, ttl); got != c.want {
+				t.Errorf("DecideTTL = %v, want %v", got, c.want)
 			}
 		})
 	}
 }
 
-func sweptEmpty(g *pruneGuard, _ *fixedClock) { g.swept(g.sweepStart(), nil) }
+func sweptEmpty(g *PruneGuard, _ *fixedClock) { g.swept(g.sweepStart(), nil) }
 
 // TestPruneGuard_HoldRace: a trim that computed its TTL before a hold
 // spares the held transaction's decisions, which record a later time.
 func TestPruneGuard_HoldRace(t *testing.T) {
 	const ttl = time.Hour
-	g := defaultTxConfig().prune
+	g := NewPruneGuard()
 	sweptEmpty(g, nil)
 	clk := &fixedClock{now: time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)}
 	trimNow := clk.now
-	d := g.decideTTL(trimNow, ttl)
+	d := g.DecideTTL(trimNow, ttl)
 	decided := g.hold("tx", clk, decidedFromNow)
 	if cutoff := trimNow.Add(-d); !decided.After(cutoff) && !decided.Equal(cutoff) {
 		t.Errorf("decision at %v falls before the trim's cutoff %v", decided, cutoff)

@@ -1,0 +1,333 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/zeze-go/mq/internal/partition/fake"
+	"github.com/zeze-go/mq/store"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// stamped is a fake partition behind a proposer that stamps Now, as the
+// node's partitions are.
+type stamped struct{ *fake.Partition }
+
+func (s stamped) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+	cmd.Now = time.Now().UnixNano()
+	return s.Partition.Apply(ctx, cmd)
+}
+
+// table is a topic table of fake partitions, shared by the engines of a
+// test as the nodes of a cluster would share them.
+type table struct {
+	mu     sync.Mutex
+	topics map[string][]Partition
+}
+
+func newTable() *table { return &table{topics: map[string][]Partition{}} }
+
+func (t *table) add(name string, n int) []*fake.Partition {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []*fake.Partition
+	var parts []Partition
+	for range n {
+		p := fake.New()
+		out = append(out, p)
+		parts = append(parts, stamped{p})
+	}
+	t.topics[name] = parts
+	return out
+}
+
+func (t *table) Partitions(topic string) ([]Partition, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	parts, ok := t.topics[topic]
+	if !ok {
+		return nil, fmt.Errorf("no topic %s", topic)
+	}
+	return parts, nil
+}
+
+func (t *table) EnsureSystem(name string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.topics[name]; !ok {
+		t.topics[name] = []Partition{stamped{fake.New()}}
+	}
+	return nil
+}
+
+type sysClock struct{}
+
+func (sysClock) Now() time.Time                         { return time.Now() }
+func (sysClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+func newEngine(t *testing.T, tb *table) *Engine {
+	e := New(tb, sysClock{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func testConfig() Config {
+	return Config{Ladder: []time.Duration{time.Millisecond}, MaxReconsume: 3, Batch: 16, BatchBytes: 1 << 20}
+}
+
+func send(t *testing.T, p *fake.Partition, from, n int) {
+	t.Helper()
+	cmd := store.Command{Op: store.OpAppend, Now: time.Now().UnixNano()}
+	for i := from; i < from+n; i++ {
+		cmd.Msgs = append(cmd.Msgs, store.Message{ID: strconv.Itoa(i), Body: []byte(strconv.Itoa(i))})
+	}
+	if _, err := p.Apply(context.Background(), &cmd); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// log records what each consumer was handed, in order.
+type log struct {
+	mu  sync.Mutex
+	got map[string][]uint64
+	all chan uint64
+}
+
+func newLog() *log { return &log{got: map[string][]uint64{}, all: make(chan uint64, 1<<16)} }
+
+func (l *log) handler(name string, gate <-chan struct{}) Handler {
+	return func(ctx context.Context, d *Delivery) error {
+		if gate != nil {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		l.mu.Lock()
+		l.got[name] = append(l.got[name], d.Offset)
+		l.mu.Unlock()
+		l.all <- d.Offset
+		return nil
+	}
+}
+
+func (l *log) of(name string) []uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]uint64(nil), l.got[name]...)
+}
+
+// waitFor reads offsets from l.all until every offset in [from, to) was
+// seen.
+func (l *log) waitFor(t *testing.T, from, to uint64) {
+	t.Helper()
+	seen := map[uint64]bool{}
+	deadline := time.After(10 * time.Second)
+	for uint64(len(seen)) < to-from {
+		select {
+		case off := <-l.all:
+			if off >= from && off < to {
+				seen[off] = true
+			}
+		case <-deadline:
+			t.Fatalf("only %d of the offsets [%d, %d) delivered", len(seen), from, to)
+		}
+	}
+}
+
+func committed(t *testing.T, p *fake.Partition, group string) store.GroupState {
+	t.Helper()
+	gs, _, err := p.Group(group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gs
+}
+
+// TestEngine_TwoGenerations: two nodes' consumers of one group own one
+// partition at once, as when a coordinator moves it before the old owner
+// knows. The newer claim fences the older: the older consumer's next
+// commit is refused, it stops delivering, and the group's offset is never
+// moved back by it. Every message is delivered, each consumer's deliveries
+// are in offset order, and after the handover only the new owner delivers.
+func TestEngine_TwoGenerations(t *testing.T) {
+	tb := newTable()
+	p := tb.add("orders", 1)[0]
+	l := newLog()
+	a := newEngine(t, tb)
+	if _, err := a.Subscribe("orders", "billing", l.handler("a", nil), testConfig()); err != nil {
+		t.Fatal(err)
+	}
+	send(t, p, 0, 50)
+	l.waitFor(t, 0, 50)
+	genA := committed(t, p, "billing").Generation
+
+	gate := make(chan struct{})
+	b := newEngine(t, tb)
+	if _, err := b.Subscribe("orders", "billing", l.handler("b", gate), testConfig()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for committed(t, p, "billing").Generation == genA {
+		if time.Now().After(deadline) {
+			t.Fatal("the second consumer never claimed the partition")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	genB := committed(t, p, "billing").Generation
+	// a delivers 50..59 (b is held at its gate), then its commit is refused.
+	send(t, p, 50, 10)
+	deadline = time.Now().Add(5 * time.Second)
+	for len(l.of("a")) < 60 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a delivered %d of 60 before its commit", len(l.of("a")))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // a's commit of 60 is refused by now
+	if gs := committed(t, p, "billing"); gs.Generation != genB || gs.Offset > 50 {
+		t.Fatalf("after a's stale commit the group is at %+v, want generation %d at offset <= 50", gs, genB)
+	}
+	close(gate)
+	send(t, p, 60, 40)
+	l.waitFor(t, 60, 100)
+	deadline = time.Now().Add(5 * time.Second)
+	for committed(t, p, "billing").Offset != 100 {
+		if time.Now().After(deadline) {
+			t.Fatalf("group at %+v, want offset 100", committed(t, p, "billing"))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := len(l.of("a")); n != 60 {
+		t.Fatalf("a delivered %d messages after it was fenced (60 before)", n-60)
+	}
+	for _, name := range []string{"a", "b"} {
+		got := l.of(name)
+		for i := 1; i < len(got); i++ {
+			if got[i] <= got[i-1] {
+				t.Fatalf("%s delivered %d after %d", name, got[i], got[i-1])
+			}
+		}
+	}
+	if got := l.of("b"); len(got) == 0 || got[0] != 50 {
+		t.Fatalf("b started at %v, want 50 (the offset a had committed when b claimed)", got[:min(len(got), 3)])
+	}
+}
+
+// TestEngine_ClaimRetries: a worker whose claim fails (a store error)
+// tries again after a pause instead of leaving its partition assigned and
+// undelivered (issue 9, defect 6).
+func TestEngine_ClaimRetries(t *testing.T) {
+	tb := newTable()
+	p := tb.add("orders", 1)[0]
+	send(t, p, 0, 3)
+	p.FailNext(errors.New("disk on fire"))
+	l := newLog()
+	e := newEngine(t, tb)
+	c, err := e.Subscribe("orders", "billing", l.handler("a", nil), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.waitFor(t, 0, 3)
+	if got := c.Assigned(); len(got) != 1 {
+		t.Fatalf("assigned %v", got)
+	}
+}
+
+// TestEngine_ResetDuringClose: a reset that runs while a consumer closes,
+// its handler still inside a message, wins: the closing worker's last
+// commit is refused (issue 9, defect 1).
+func TestEngine_ResetDuringClose(t *testing.T) {
+	tb := newTable()
+	p := tb.add("orders", 1)[0]
+	send(t, p, 0, 10)
+	inside := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	e := newEngine(t, tb)
+	c, err := e.Subscribe("orders", "billing", func(ctx context.Context, d *Delivery) error {
+		once.Do(func() { close(inside) })
+		<-release
+		return nil
+	}, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-inside
+	closed := make(chan struct{})
+	go func() {
+		c.Close()
+		close(closed)
+	}()
+	time.Sleep(20 * time.Millisecond) // Close has left the group and waits for the handler
+	if err := e.Reset(context.Background(), "orders", "billing", Position{Kind: PosOffset, Offset: 5}); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	<-closed
+	if gs := committed(t, p, "billing"); gs.Offset != 5 {
+		t.Fatalf("after the reset to 5 and the close, the group is at %d", gs.Offset)
+	}
+}
+
+// TestEngine_SeekFromHandlers: handlers of two partitions of one group
+// reset the group at the same time; neither waits for the other (issue 9,
+// defect 2: each waited for the other partition's worker, inside its
+// handler).
+func TestEngine_SeekFromHandlers(t *testing.T) {
+	tb := newTable()
+	parts := tb.add("orders", 2)
+	for _, p := range parts {
+		send(t, p, 0, 5)
+	}
+	e := newEngine(t, tb)
+	var (
+		both  sync.WaitGroup
+		once  [2]sync.Once
+		errs  = make(chan error, 2)
+		ready = make(chan struct{})
+	)
+	both.Add(2)
+	go func() { both.Wait(); close(ready) }()
+	_, err := e.Subscribe("orders", "billing", func(ctx context.Context, d *Delivery) error {
+		once[d.Partition].Do(func() {
+			both.Done()
+			<-ready // both handlers are inside
+			errs <- e.Reset(ctx, "orders", "billing", Position{Kind: PosLast})
+		})
+		return nil
+	}, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("two handlers resetting their group deadlocked")
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, p := range parts {
+		for committed(t, p, "billing").Offset != 5 {
+			if time.Now().After(deadline) {
+				t.Fatalf("group at %+v after the reset to the end", committed(t, p, "billing"))
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}

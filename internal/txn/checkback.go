@@ -1,0 +1,273 @@
+package txn
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/zeze-go/mq/localtx"
+	"github.com/zeze-go/mq/store"
+)
+
+// checkLoop sweeps the host stores at start and every few check periods,
+// and checks back undecided half messages in between.
+func (n *Node) checkLoop(ctx context.Context) {
+	clk := n.cfg.Clock
+	every := min(max(n.cfg.CheckAfter/4, time.Millisecond), time.Second)
+	sweepEvery := 5 * n.cfg.CheckAfter
+	n.sweep(ctx)
+	lastSweep := clk.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-clk.After(every):
+		}
+		n.checkBack(ctx)
+		if now := clk.Now(); now.Sub(lastSweep) >= sweepEvery {
+			n.sweep(ctx)
+			lastSweep = now
+		}
+	}
+}
+
+// sweep commits the transactions whose marker is still in a host store (a
+// crash came between the host's commit and the queue's, or the clean-up
+// did not happen yet) and forgets them. Every marker it lists is held in
+// the PruneGuard: its decision may be from an earlier run, of unknown age.
+// A sweep that listed every store tells the guard which markers are gone.
+func (n *Node) sweep(ctx context.Context) {
+	const page = 256
+	guard := n.cfg.Prune
+	start := guard.sweepStart()
+	listed := map[string]bool{}
+	complete := true
+	for _, s := range n.storeList() {
+		after := ""
+		for {
+			if ctx.Err() != nil {
+				return
+			}
+			recs, err := s.Committed(ctx, after, page)
+			if err != nil {
+				if ctx.Err() == nil {
+					n.cfg.Logger.Warn("cannot list committed transactions", "err", err)
+				}
+				complete = false
+				break
+			}
+			for _, rec := range recs {
+				after = rec.TxID
+				listed[rec.TxID] = true
+				if n.isOpen(rec.TxID) { // its commit hook is on it
+					continue
+				}
+				guard.hold(rec.TxID, n.cfg.Clock, decidedAnyTime)
+				if n.publish(ctx, rec) {
+					n.forgetLater(s, rec.TxID)
+				}
+			}
+			if len(recs) < page {
+				break
+			}
+		}
+	}
+	if complete {
+		guard.swept(start, listed)
+	}
+}
+
+// publish commits a committed transaction found in a host store, held
+// already, and reports whether its marker may be forgotten.
+func (n *Node) publish(ctx context.Context, rec localtx.Record) bool {
+	plan, err := planOf(rec)
+	if err != nil {
+		n.cfg.Logger.Error("cannot read a committed transaction's marker; left in place", "tx", rec.TxID, "err", err)
+		return false
+	}
+	if _, err := n.commit(ctx, rec.TxID, plan); err != nil {
+		if ctx.Err() == nil {
+			n.cfg.Logger.Warn("cannot publish a committed transaction yet", "tx", rec.TxID, "err", err)
+		}
+		return false
+	}
+	return true
+}
+
+// halfInfo gathers the half messages of one transaction across partitions.
+// The transaction's check count is the highest of its partitions' (a
+// partition whose prepare landed after a check lags behind).
+type halfInfo struct {
+	parts     []Ref
+	checks    []int // per part
+	messages  int
+	firstSeen int64
+	lastCheck int64
+	maxChecks int
+}
+
+// halves scans every partition's undecided transactions.
+func (n *Node) halves() (map[string]*halfInfo, error) {
+	out := map[string]*halfInfo{}
+	var err error
+	n.eachPartition(func(ref Ref, part Partition) bool {
+		err = part.HalfTxs(func(h store.HalfTx) bool {
+			hi := out[h.TxID]
+			if hi == nil {
+				hi = &halfInfo{firstSeen: h.FirstSeen}
+				out[h.TxID] = hi
+			}
+			hi.parts = append(hi.parts, ref)
+			hi.checks = append(hi.checks, h.Checks)
+			hi.messages += h.Messages
+			hi.firstSeen = min(hi.firstSeen, h.FirstSeen)
+			hi.lastCheck = max(hi.lastCheck, h.LastCheck)
+			hi.maxChecks = max(hi.maxChecks, h.Checks)
+			return true
+		})
+		if err != nil {
+			err = fmt.Errorf("half messages of %s/%d: %w", ref.Topic, ref.Part, err)
+		}
+		return err == nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// eachPartition calls fn for every partition of every topic until fn
+// returns false. Topics gone or closed meanwhile are passed over.
+func (n *Node) eachPartition(fn func(Ref, Partition) bool) {
+	for name, count := range n.cfg.Topics.Topics() {
+		for i := range count {
+			part, err := n.cfg.Topics.Partition(name, i)
+			if err != nil {
+				break // closed or gone
+			}
+			if !fn(Ref{Topic: name, Part: i}, part) {
+				return
+			}
+		}
+	}
+}
+
+// due says whether the transaction, not yet parked, waited long enough for
+// its next check-back.
+func (n *Node) due(hi *halfInfo) bool {
+	cfg := &n.cfg
+	if hi.maxChecks >= cfg.MaxChecks {
+		return false
+	}
+	now := n.cfg.Clock.Now().UnixNano()
+	if now-hi.firstSeen < int64(cfg.CheckAfter) {
+		return false
+	}
+	if hi.maxChecks == 0 {
+		return true
+	}
+	wait := max(cfg.CheckAfter, time.Minute)
+	if hi.maxChecks-1 < 32 {
+		wait = min(cfg.CheckAfter<<(hi.maxChecks-1), wait)
+	}
+	return now-hi.lastCheck >= int64(wait)
+}
+
+// checkBack asks the host stores about the transactions whose half messages
+// are due, and commits, rolls back or counts an unanswered check.
+func (n *Node) checkBack(ctx context.Context) {
+	all, err := n.halves()
+	if err != nil {
+		if ctx.Err() == nil {
+			n.cfg.Logger.Warn("check-back cannot list half messages", "err", err)
+		}
+		return
+	}
+	for txid, hi := range all {
+		if ctx.Err() != nil {
+			return
+		}
+		if n.due(hi) {
+			n.checkOne(ctx, txid, hi)
+		}
+	}
+}
+
+func (n *Node) checkOne(ctx context.Context, txid string, hi *halfInfo) {
+	log := n.cfg.Logger
+	st, rec, owner := n.ask(ctx, txid)
+	switch st {
+	case localtx.Committed:
+		plan, err := planOf(rec)
+		if err != nil {
+			log.Error("check-back cannot read the marker", "tx", txid, "err", err)
+			return
+		}
+		for _, p := range hi.parts {
+			if _, ok := plan[p]; !ok {
+				plan[p] = nil
+			}
+		}
+		n.cfg.Prune.hold(txid, n.cfg.Clock, decidedAnyTime)
+		if _, err := n.commit(ctx, txid, plan); err != nil {
+			log.Warn("check-back commit failed", "tx", txid, "err", err)
+			return
+		}
+		log.Info("check-back committed a transaction", "tx", txid)
+		n.forgetLater(owner, txid)
+	case localtx.RolledBack:
+		if _, err := n.rollback(ctx, txid, hi.parts); err != nil {
+			log.Warn("check-back rollback failed", "tx", txid, "err", err)
+			return
+		}
+		log.Info("check-back rolled back a transaction", "tx", txid)
+	default:
+		// Count the check on the partitions at the transaction's count, so
+		// the count grows by one per unanswered check.
+		checks := 0
+		for i, ref := range hi.parts {
+			if hi.checks[i] < hi.maxChecks {
+				continue
+			}
+			part, err := n.cfg.Topics.Partition(ref.Topic, ref.Part)
+			if err != nil {
+				continue
+			}
+			cmd := &store.Command{Op: store.OpTxChecked, TxID: txid}
+			res, err := part.Apply(ctx, cmd)
+			if err != nil {
+				return
+			}
+			checks = max(checks, res.Count)
+		}
+		if checks >= n.cfg.MaxChecks {
+			log.Warn("transaction parked: no answer from the check-back; decide it with ResolveTx",
+				"tx", txid, "checks", checks)
+		}
+	}
+}
+
+// ask asks every host store about txid: committed if one has its marker,
+// unknown if one says it is running or cannot answer (or none is known),
+// rolled back otherwise. It returns the store that answered committed.
+func (n *Node) ask(ctx context.Context, txid string) (localtx.State, localtx.Record, localtx.Store) {
+	stores := n.storeList()
+	if len(stores) == 0 {
+		return localtx.Unknown, localtx.Record{}, nil
+	}
+	answer := localtx.RolledBack
+	for _, s := range stores {
+		st, rec, err := s.Check(ctx, txid)
+		if err != nil {
+			n.cfg.Logger.Warn("check-back failed", "tx", txid, "err", err)
+			st = localtx.Unknown
+		}
+		switch st {
+		case localtx.Committed:
+			return st, rec, s
+		case localtx.Unknown:
+			answer = localtx.Unknown
+		}
+	}
+	return answer, localtx.Record{}, nil
+}
