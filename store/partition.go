@@ -166,6 +166,7 @@ type Partition struct {
 	changed          chan struct{} // closed when a durable gen adds to the log or the delay index
 	pending          int           // bytes of gens not yet in the file
 	failed           error         // sticky: wraps ErrFailed or ErrCorrupt
+	down             chan struct{} // closed when failed is set
 	kick             bool          // materialize now
 	matStop          bool          // Close: materialize what is durable and exit
 	matDone          bool
@@ -202,6 +203,7 @@ func Open(path string, opts Options) (*Partition, error) {
 		reqs:    make(chan *request, opts.QueueDepth),
 		stop:    make(chan struct{}),
 		changed: make(chan struct{}),
+		down:    make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 	}
 	p.cond = sync.NewCond(&p.mu)
@@ -716,11 +718,18 @@ func (p *Partition) fail(err error) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.failed == nil {
-		p.failed = err
+		p.failLocked(err)
 		p.cond.Broadcast()
 		p.wakeLocked()
 	}
 	return p.failed
+}
+
+// failLocked sets the partition's failure, the first one, and wakes the
+// readers waiting for an append (Fetch). p.mu is held.
+func (p *Partition) failLocked(err error) {
+	p.failed = err
+	close(p.down)
 }
 
 // submit hands g to the write-ahead log (or, without one, writes it into
@@ -772,7 +781,7 @@ func (p *Partition) logged(g *gen, seg uint64, err error) {
 	g.done = true
 	if err != nil {
 		if p.failed == nil {
-			p.failed = fmt.Errorf("%w: %s: %w", ErrFailed, p.path, err)
+			p.failLocked(fmt.Errorf("%w: %s: %w", ErrFailed, p.path, err))
 		}
 		p.cond.Broadcast()
 	} else {

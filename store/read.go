@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"fmt"
 	"sort"
 
@@ -135,6 +136,34 @@ func (p *Partition) Read(from uint64, limit int, maxBytes int, dst []Message) ([
 		return nil
 	})
 	return dst, err
+}
+
+// Fetch is Read that waits: when no message at or after from is stored
+// yet, it waits until one is, ctx ends (ctx.Err()), or the partition
+// closes (ErrClosed). Delayed messages are not stored until released. It
+// returns at once, like Read, when max is not positive; when the partition
+// has failed (ErrFailed, ErrCorrupt) and nothing is stored, with its
+// failure, as nothing can be appended until it is reopened.
+func (p *Partition) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []Message) ([]Message, error) {
+	n := len(dst)
+	for {
+		changed := p.Changed() // before the read: a later append closes it
+		out, err := p.Read(from, max, maxBytes, dst)
+		if err != nil || len(out) > n || max <= 0 {
+			return out, err
+		}
+		if err := p.failure(); err != nil {
+			return dst, err // failed before the read: nothing more comes
+		}
+		select {
+		case <-p.down: // read once more, then return the failure
+		case <-changed:
+		case <-ctx.Done():
+			return dst, ctx.Err()
+		case <-p.stop:
+			return dst, ErrClosed
+		}
+	}
 }
 
 // Get returns the message at offset, or ok false if it is not stored.
