@@ -27,10 +27,12 @@
 //	log     big-endian offset -> record
 //	half    txid -> half messages of an undecided transaction (state.go)
 //	txs     txid -> decision (1 byte) + decided-at (8 bytes), kept DecideTTL
-//	groups  group -> committed offset (8 bytes)
+//	groups  group -> offset, generation, updated (state.go; before format 3:
+//	        the committed offset alone, 8 bytes)
 //	delay   deliverAt (8) + seq (8) -> record
 //	dedup   message ID -> offset (8) + stored-at (8)
-//	meta    "version" -> FormatVersion (8 bytes); "state" -> state (state.go);
+//	meta    "version" -> FormatVersion (8 bytes); "state" -> state (state.go,
+//	        with the groups' generation counter);
 //	        "id" -> 8 random bytes naming this file in the WAL's records
 //
 // A record is a CRC32C followed by a msgpack array (message.go).
@@ -57,8 +59,10 @@ import (
 // FormatVersion is the on-disk format of a partition file, stored in meta.
 // Format 1 stored state and half transactions as msgpack maps; Open reads
 // them and upgrades the file to format 2, which stores both in the layouts
-// of state.go.
-const FormatVersion = 2
+// of state.go. Format 3 adds group generations: state version 2 and group
+// records of layout 'Z' 'G'. Open reads older files as they are (a group
+// value of 8 bytes, and 4 of seal, is generation 0) and marks them 3.
+const FormatVersion = 3
 
 // maxFormatVersion bounds the format versions a release may write: a
 // stored version of 0 or above it is a damaged value (ErrCorrupt, and
@@ -77,8 +81,14 @@ var (
 	ErrFormat = errors.New("store: unsupported format version")
 	// ErrDecided is returned by OpPrepare for a transaction already decided.
 	ErrDecided = errors.New("store: transaction already decided")
+	// ErrStaleGeneration is returned by OpCommitOffset when its Generation
+	// is not the group's: a claim or a reset fenced the committer. The
+	// command changed nothing.
+	ErrStaleGeneration = errors.New("store: stale generation")
 	// ErrBadCommand is returned for a command that is not valid: an unknown
-	// Op, a zero Now, a missing group or txid, a key over MaxKeyBytes.
+	// Op, a zero Now, a missing group or txid, a key over MaxKeyBytes, a
+	// Start or Generation on an op that takes none, a claim or reset once
+	// every generation was handed out.
 	ErrBadCommand = errors.New("store: bad command")
 	// ErrTooLarge is returned, before anything is written, for a command
 	// whose effects would exceed MaxCommandBytes.
@@ -239,7 +249,7 @@ func (p *Partition) load() error {
 		v := meta.Get(metaVersion)
 		switch {
 		case v == nil:
-		case len(v) == 8 && (be.Uint64(v) == 1 || be.Uint64(v) == FormatVersion):
+		case len(v) == 8 && be.Uint64(v) >= 1 && be.Uint64(v) <= FormatVersion:
 		case len(v) != 8 || be.Uint64(v) == 0 || be.Uint64(v) > maxFormatVersion:
 			// No release writes that: a damaged value, not a newer
 			// format (still an unsupported version too).
@@ -344,8 +354,8 @@ func (p *Partition) Apply(ctx context.Context, cmd *Command) (Result, error) {
 
 // ApplyBatch applies cmds in order, in one batch, and returns each one's
 // result and error (nil slices with the error when none could be applied).
-// A command's own error (ErrBadCommand, ErrDecided, ErrTooLarge) fails only
-// that command. It waits as Apply does.
+// A command's own error (ErrBadCommand, ErrDecided, ErrStaleGeneration,
+// ErrTooLarge) fails only that command. It waits as Apply does.
 func (p *Partition) ApplyBatch(ctx context.Context, cmds []*Command) ([]Result, []error, error) {
 	r := requestPool.Get().(*request)
 	r.cmds, r.res, r.errs = cmds, make([]Result, len(cmds)), make([]error, len(cmds))

@@ -199,34 +199,38 @@ func (p *Partition) closedErr() error {
 	}
 }
 
-// GroupOffset returns group's committed offset, or ok false for a group that
-// never committed.
-func (p *Partition) GroupOffset(group string) (offset uint64, ok bool, err error) {
+// Group returns the record of group name, or ok false for a group without
+// one.
+func (p *Partition) Group(name string) (g GroupState, ok bool, err error) {
 	s := p.snapshot()
 	err = p.view(func(tx *bolt.Tx) error {
-		v, err := unseal(group, s.lookup(tx, bGroups, group), 8)
-		if v != nil {
-			offset, ok = be.Uint64(v), true
-		}
-		if err != nil {
+		var err error
+		if g, ok, err = decodeGroup(name, s.lookup(tx, bGroups, name)); err != nil {
 			return fmt.Errorf("%s: group %w", p.path, err)
 		}
 		return nil
 	})
-	return offset, ok, err
+	return g, ok, err
 }
 
-// Groups returns every group's committed offset.
-func (p *Partition) Groups() (map[string]uint64, error) {
-	out := map[string]uint64{}
+// GroupOffset returns group's committed offset, or ok false for a group that
+// never committed.
+func (p *Partition) GroupOffset(group string) (offset uint64, ok bool, err error) {
+	g, ok, err := p.Group(group)
+	return g.Offset, ok, err
+}
+
+// GroupStates returns every group's record.
+func (p *Partition) GroupStates() (map[string]GroupState, error) {
+	out := map[string]GroupState{}
 	s := p.snapshot()
 	err := p.view(func(tx *bolt.Tx) error {
 		add := func(k string, v []byte) error {
-			v, err := unseal(k, v, 8)
+			g, _, err := decodeGroup(k, v)
 			if err != nil {
 				return fmt.Errorf("%s: group %w", p.path, err)
 			}
-			out[k] = be.Uint64(v)
+			out[k] = g
 			return nil
 		}
 		err := tx.Bucket(bucketGroups).ForEach(func(k, v []byte) error { return add(string(k), v) })
@@ -241,6 +245,16 @@ func (p *Partition) Groups() (map[string]uint64, error) {
 		}
 		return err
 	})
+	return out, err
+}
+
+// Groups returns every group's committed offset.
+func (p *Partition) Groups() (map[string]uint64, error) {
+	states, err := p.GroupStates()
+	out := make(map[string]uint64, len(states))
+	for k, g := range states {
+		out[k] = g.Offset
+	}
 	return out, err
 }
 
