@@ -75,9 +75,9 @@ func (v *view) get(b int, key string) []byte {
 func scans(c *Command) bool { return c.Op == OpTrim || c.Op == OpRelease }
 
 // apply runs c against the view, adding its effects to v.g, and returns its
-// result. An error wrapping ErrBadCommand, ErrDecided, ErrTooLarge or
-// ErrCorrupt is the command's own: it is found before c writes anything, so
-// v.g is as before.
+// result. An error wrapping ErrBadCommand, ErrDecided, ErrStaleGeneration,
+// ErrTooLarge or ErrCorrupt is the command's own: it is found before c
+// writes anything, so v.g is as before.
 func (v *view) apply(c *Command) (Result, error) {
 	var res Result
 	if err := c.check(); err != nil {
@@ -93,10 +93,14 @@ func (v *view) apply(c *Command) (Result, error) {
 			v.append(c.Now, c.Msgs[i], &res.Acks[i])
 		}
 	case OpCommitOffset:
-		v.g.putWith(bGroups, c.Group, func(dst []byte) []byte {
-			return appendSealed(dst, c.Group, be.AppendUint64(nil, c.Offset))
-		})
+		return res, v.commitOffset(c, &res)
+	case OpClaim:
+		return res, v.claim(c, &res)
+	case OpResetOffset:
+		res.Found = v.get(bGroups, c.Group) != nil // a damaged record is reset too
+		return res, v.fence(c, GroupState{Offset: c.Offset}, &res)
 	case OpDeleteGroup:
+		res.Found = v.get(bGroups, c.Group) != nil
 		v.g.del(bGroups, c.Group)
 	case OpTrim:
 		v.trim(c, &res)
@@ -119,6 +123,69 @@ func (v *view) apply(c *Command) (Result, error) {
 		v.g.putWith(bHalf, c.TxID, func(dst []byte) []byte { return appendHalf(dst, h) })
 	}
 	return res, nil
+}
+
+// group returns the record of group name (ok false: none); a damaged one
+// is the command's ErrCorrupt.
+func (v *view) group(name string) (GroupState, bool, error) {
+	return decodeGroup(name, v.get(bGroups, name))
+}
+
+// putGroup stores g as the record of c's group and reports it in res.
+func (v *view) putGroup(c *Command, g GroupState, res *Result) {
+	v.g.putWith(bGroups, c.Group, func(dst []byte) []byte { return appendGroup(dst, c.Group, &g) })
+	res.Offset, res.Generation = g.Offset, g.Generation
+}
+
+// commitOffset sets the offset of a group whose generation c carries.
+func (v *view) commitOffset(c *Command, res *Result) error {
+	g, found, err := v.group(c.Group)
+	if err != nil {
+		return err
+	}
+	res.Found = found
+	if c.Generation != g.Generation { // a group without a record is at 0
+		res.Offset, res.Generation = g.Offset, g.Generation
+		return fmt.Errorf("%w: commit to group %q with generation %d, the group is at %d",
+			ErrStaleGeneration, c.Group, c.Generation, g.Generation)
+	}
+	g.Offset, g.Updated = c.Offset, c.Now
+	v.putGroup(c, g, res)
+	return nil
+}
+
+// claim gives c's group a new generation; a group without a record starts
+// where c.Start says, from the state as this command finds it.
+func (v *view) claim(c *Command, res *Result) error {
+	g, found, err := v.group(c.Group)
+	if err != nil {
+		return err
+	}
+	res.Found = found
+	if !found {
+		switch c.Start {
+		case StartFirst:
+			g.Offset = v.g.st.Low
+		case StartLast:
+			g.Offset = v.g.st.Next
+		default:
+			g.Offset = c.Offset
+		}
+	}
+	return v.fence(c, g, res)
+}
+
+// fence stores g as the record of c's group with the partition's next
+// generation. Generations are never reused: at the last one it refuses.
+func (v *view) fence(c *Command, g GroupState, res *Result) error {
+	st := &v.g.st
+	if st.GroupGen == math.MaxUint64 {
+		return fmt.Errorf("%w: op %d: the partition has handed out every group generation", ErrBadCommand, c.Op)
+	}
+	st.GroupGen++
+	g.Generation, g.Updated = st.GroupGen, c.Now
+	v.putGroup(c, g, res)
+	return nil
 }
 
 // checkDedup fails, before anything is written, when the dedup entry of a

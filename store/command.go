@@ -19,7 +19,10 @@ const (
 	// message's DeliverAt is after Now). Messages whose ID is in the dedup
 	// index are acknowledged with their first offset and stored once.
 	OpAppend Op = 1
-	// OpCommitOffset sets Group's committed offset to Offset.
+	// OpCommitOffset sets Group's committed offset to Offset, if Generation
+	// is the group's generation (0 for a group without a record, which it
+	// then creates); otherwise it fails with ErrStaleGeneration and changes
+	// nothing.
 	OpCommitOffset Op = 2
 	// OpTrim deletes the head of the log: records stored before
 	// Now-MaxAge, and the oldest records while the log holds more than
@@ -38,10 +41,29 @@ const (
 	OpRelease Op = 7
 	// OpTxChecked records one check-back of TxID that found no answer.
 	OpTxChecked Op = 8
-	// OpDeleteGroup removes Group's committed offset.
+	// OpDeleteGroup removes Group's record. The partition's generation
+	// counter keeps its value: a later claim never reuses a generation.
 	OpDeleteGroup Op = 9
+	// OpClaim takes ownership of Group: it gets a new generation, which its
+	// commits must carry. A group without a record starts at the offset
+	// Start names; one with a record keeps its offset.
+	OpClaim Op = 10
+	// OpResetOffset sets Group's offset to Offset (creating the record if
+	// absent) with a new generation, fencing whoever owned the group.
+	OpResetOffset Op = 11
 
-	maxOp = OpDeleteGroup
+	maxOp = OpResetOffset
+)
+
+// Start is where OpClaim puts a group that has no record yet. Values are
+// part of the replicated format.
+type Start uint8
+
+// Start positions, computed when the claim is applied.
+const (
+	StartAt    Start = 0 // Command.Offset
+	StartFirst Start = 1 // the log's low offset: the oldest message still stored
+	StartLast  Start = 2 // the log's next offset: only messages appended later
 )
 
 // Decision is the recorded outcome of a transaction in one partition.
@@ -80,21 +102,20 @@ const (
 // ErrBadCommand. The store
 // reads Msgs while it applies the command and never after Apply returns.
 type Command struct {
-	Op        Op
-	Now       int64 // unix ns, non-zero
-	Msgs      []Message
-	Group     string
-	Offset    uint64
-	TxID      string
-	Producer  string // the node that prepared TxID (OpPrepare)
-	Limit     int    // OpRelease, OpTrim: most messages moved or deleted; 0: the default
-	MaxAge    int64  // OpTrim: ns; 0 keeps all
-	MaxBytes  int64  // OpTrim: 0 keeps all
-	DedupTTL  int64  // OpTrim: ns; 0 keeps dedup entries
-	DecideTTL int64  // OpTrim: ns; 0 keeps transaction decisions
-
-	Generation uint64 // TEMP stand-in (issue9-store): OpCommitOffset
-	Start      Start  // TEMP stand-in (issue9-store): OpClaim
+	Op         Op
+	Now        int64 // unix ns, non-zero
+	Msgs       []Message
+	Group      string
+	Offset     uint64
+	Generation uint64 // OpCommitOffset: the committer's generation (0: unfenced, before any claim)
+	Start      Start  // OpClaim: where a group without a record starts
+	TxID       string
+	Producer   string // the node that prepared TxID (OpPrepare)
+	Limit      int    // OpRelease, OpTrim: most messages moved or deleted; 0: the default
+	MaxAge     int64  // OpTrim: ns; 0 keeps all
+	MaxBytes   int64  // OpTrim: 0 keeps all
+	DedupTTL   int64  // OpTrim: ns; 0 keeps dedup entries
+	DecideTTL  int64  // OpTrim: ns; 0 keeps transaction decisions
 }
 
 // Result is what applying a command produced. A send is acknowledged with
@@ -115,10 +136,14 @@ type Result struct {
 	// OpRollbackTx (or OpPrepare, which then fails with ErrDecided) arrives
 	// after the first decision; the command changed nothing.
 	Previous Decision
-
-	Offset     uint64 // TEMP stand-in (issue9-store): OpClaim, OpResetOffset
-	Generation uint64 // TEMP stand-in (issue9-store): OpClaim, OpResetOffset
-	Found      bool   // TEMP stand-in (issue9-store): OpClaim had a record
+	// Offset and Generation are Group's record after OpCommitOffset,
+	// OpClaim or OpResetOffset: for a commit refused with
+	// ErrStaleGeneration, the record that refused it.
+	Offset     uint64
+	Generation uint64
+	// Found reports that Group had a record before OpCommitOffset, OpClaim,
+	// OpResetOffset or OpDeleteGroup.
+	Found bool
 }
 
 // Ack is where one appended message went.
@@ -143,8 +168,14 @@ func (c *Command) check() error {
 	if c.Limit < 0 || c.MaxAge < 0 || c.MaxBytes < 0 || c.DedupTTL < 0 || c.DecideTTL < 0 {
 		return fmt.Errorf("%w: negative limit", ErrBadCommand)
 	}
+	if c.Start > StartLast || c.Start != StartAt && c.Op != OpClaim {
+		return fmt.Errorf("%w: op %d with start %d", ErrBadCommand, c.Op, c.Start)
+	}
+	if c.Generation != 0 && c.Op != OpCommitOffset {
+		return fmt.Errorf("%w: op %d with a generation", ErrBadCommand, c.Op)
+	}
 	switch c.Op {
-	case OpCommitOffset, OpDeleteGroup:
+	case OpCommitOffset, OpDeleteGroup, OpClaim, OpResetOffset:
 		if c.Group == "" {
 			return fmt.Errorf("%w: op %d without group", ErrBadCommand, c.Op)
 		}
@@ -186,13 +217,15 @@ func (c *Command) check() error {
 //	now     int64 BE
 //	offset  uint64 BE
 //	limit, max age, max bytes, dedup TTL, decide TTL: uvarint each
+//	generation uvarint, start uint8 (since version 2; version 1 has
+//	        neither, and decodes with both zero)
 //	group, txid, producer: uvarint length + bytes each
 //	count   uvarint, then each message: uvarint length + its record
 //	        payload (message.go's msgpack array) + flags byte (1: FreshID)
 const (
 	cmdMagic0  = 'Z'
 	cmdMagic1  = 'C'
-	cmdVersion = 1
+	cmdVersion = 2
 	cmdFixed   = 4 + 8 + 8
 )
 
@@ -206,6 +239,8 @@ func AppendCommand(dst []byte, c *Command) []byte {
 	dst = binary.AppendUvarint(dst, uint64(c.MaxBytes))
 	dst = binary.AppendUvarint(dst, uint64(c.DedupTTL))
 	dst = binary.AppendUvarint(dst, uint64(c.DecideTTL))
+	dst = binary.AppendUvarint(dst, c.Generation)
+	dst = append(dst, byte(c.Start))
 	dst = appendString(dst, c.Group)
 	dst = appendString(dst, c.TxID)
 	dst = appendString(dst, c.Producer)
@@ -260,8 +295,9 @@ func decodeCommand(b []byte) (*Command, error) {
 	if b[0] != cmdMagic0 || b[1] != cmdMagic1 {
 		return nil, errors.New("bad magic")
 	}
-	if b[2] != cmdVersion {
-		return nil, fmt.Errorf("version %d, want %d", b[2], cmdVersion)
+	version := b[2]
+	if version != 1 && version != cmdVersion {
+		return nil, fmt.Errorf("version %d, want 1 or %d", version, cmdVersion)
 	}
 	c := &Command{Op: Op(b[3])}
 	c.Now = int64(binary.BigEndian.Uint64(b[4:]))
@@ -278,6 +314,10 @@ func decodeCommand(b []byte) (*Command, error) {
 			return nil, errors.New("duration out of range")
 		}
 		*f = int64(v)
+	}
+	if version >= 2 {
+		c.Generation = r.uvarint()
+		c.Start = Start(r.byte())
 	}
 	c.Group = r.str()
 	c.TxID = r.str()

@@ -70,7 +70,8 @@ func (c *simCase) String() string {
 
 // simCommands returns a random command sequence for partition i, in
 // batches: appends with repeated IDs, delayed messages and releases,
-// offset commits and group deletes, trims, and transactions prepared then
+// claims, resets, offset commits (with the group's generation, a stale one
+// or none) and group deletes, trims, and transactions prepared then
 // committed, rolled back, checked or left open.
 func simCommands(rng *rand.Rand, part int) [][]*store.Command {
 	now := t0
@@ -78,6 +79,21 @@ func simCommands(rng *rand.Rand, part int) [][]*store.Command {
 	var batch []*store.Command
 	var open []string // prepared, undecided
 	ids, txs := 0, 0
+	// The generations the commands hand out, as the partition will: one
+	// counter, and each group's current one (absent: no record, which
+	// accepts 0). A commit picks the current one, an older or a newer one.
+	var counter uint64
+	owner := map[string]uint64{}
+	generation := func(g string) uint64 {
+		switch cur := owner[g]; rng.IntN(4) {
+		case 0, 1:
+			return cur
+		case 2:
+			return uint64(rng.IntN(int(counter) + 1)) // mostly stale
+		default:
+			return counter + 1 // never handed out yet
+		}
+	}
 	msgs := func(n int) []store.Message {
 		ms := make([]store.Message, n)
 		for k := range ms {
@@ -105,7 +121,8 @@ func simCommands(rng *rand.Rand, part int) [][]*store.Command {
 	for range n {
 		now += int64(1+rng.IntN(5)) * int64(time.Millisecond)
 		var c *store.Command
-		switch r := rng.IntN(20); {
+		grp := "g" + strconv.Itoa(rng.IntN(2))
+		switch r := rng.IntN(23); {
 		case r < 9:
 			k := 1 + rng.IntN(4)
 			if rng.IntN(15) == 0 {
@@ -113,9 +130,17 @@ func simCommands(rng *rand.Rand, part int) [][]*store.Command {
 			}
 			c = &store.Command{Op: store.OpAppend, Msgs: msgs(k)}
 		case r < 11:
-			c = &store.Command{Op: store.OpCommitOffset, Group: "g" + strconv.Itoa(rng.IntN(2)), Offset: uint64(rng.IntN(100))}
+			c = &store.Command{Op: store.OpCommitOffset, Group: grp, Offset: uint64(rng.IntN(100)), Generation: generation(grp)}
 		case r == 11:
-			c = &store.Command{Op: store.OpDeleteGroup, Group: "g" + strconv.Itoa(rng.IntN(2))}
+			c = &store.Command{Op: store.OpDeleteGroup, Group: grp}
+			delete(owner, grp)
+		case r >= 20:
+			c = &store.Command{Op: store.OpClaim, Group: grp, Start: store.Start(rng.IntN(3)), Offset: uint64(rng.IntN(100))}
+			if r == 22 {
+				c = &store.Command{Op: store.OpResetOffset, Group: grp, Offset: uint64(rng.IntN(100))}
+			}
+			counter++
+			owner[grp] = counter
 		case r == 12:
 			c = &store.Command{Op: store.OpTrim, MaxBytes: int64(rng.IntN(40 << 10)), DedupTTL: int64(rng.IntN(100)) * int64(time.Millisecond),
 				DecideTTL: int64(rng.IntN(100)) * int64(time.Millisecond), Limit: rng.IntN(20)}
@@ -421,6 +446,13 @@ func runSim(c *simCase, early bool) (st simStats, err error) {
 		}
 		st.acked += o.acked
 		st.unknown += o.issued - o.acked
+		for k := range o.acked {
+			if errors.Is(o.errs[k], store.ErrStaleGeneration) {
+				st.stale++
+			} else if cmds[i][k].Op == store.OpCommitOffset && cmds[i][k].Generation > 0 {
+				st.fenced++
+			}
+		}
 		if match < 0 {
 			return st, fmt.Errorf("partition %d: the recovered state is no prefix of %d..%d commands (%v); against the state after %d:\n%s",
 				i, o.acked, o.issued, opsOf(cmds[i][:o.issued]), o.acked, dumpDiff(dumps[0], got))
@@ -436,6 +468,17 @@ func runSim(c *simCase, early bool) (st simStats, err error) {
 		if rs.Acks[0].Offset != next {
 			return st, fmt.Errorf("partition %d: send after recovery at %d, next was %d", i, rs.Acks[0].Offset, next)
 		}
+		// Claims continue the generations of the recovered prefix.
+		want := uint64(1)
+		for k, c := range cmds[i][:match] {
+			if (c.Op == store.OpClaim || c.Op == store.OpResetOffset) && errs[k] == nil {
+				want++
+			}
+		}
+		rs, err = p.Apply(context.Background(), &store.Command{Op: store.OpClaim, Now: t0 + int64(time.Hour), Group: "after"})
+		if err != nil || rs.Generation != want {
+			return st, fmt.Errorf("partition %d: claim after recovery: generation %d, %v; want %d", i, rs.Generation, err, want)
+		}
 	}
 	return st, nil
 }
@@ -445,6 +488,7 @@ type simStats struct {
 	ops            int  // writes and syncs before the first crash
 	acked, unknown int  // commands acknowledged; sent but unanswered (or answered with the crash)
 	landed         int  // unanswered commands found applied after recovery
+	stale, fenced  int  // acknowledged commits refused as stale; applied with a generation above 0
 	recoveryFailed bool // the crash hit the second recovery before it finished
 	whole          bool // the schedule ended before its crash
 }
@@ -557,6 +601,8 @@ func TestCrashSim(t *testing.T) {
 		sum.acked += st.acked
 		sum.unknown += st.unknown
 		sum.landed += st.landed
+		sum.stale += st.stale
+		sum.fenced += st.fenced
 		if st.whole {
 			whole++
 		}
@@ -577,8 +623,8 @@ func TestCrashSim(t *testing.T) {
 			kinds["recovery failed by its crash"]++
 		}
 	}
-	t.Logf("crash simulation: %d schedules in %v, 0 failures: %d writes and syncs before the first crash (%d schedules ended first), %d commands acknowledged (all found as answered), %d unanswered of which %d found applied",
-		n, time.Since(start).Round(time.Millisecond), sum.ops, whole, sum.acked, sum.unknown, sum.landed)
+	t.Logf("crash simulation: %d schedules in %v, 0 failures: %d writes and syncs before the first crash (%d schedules ended first), %d commands acknowledged (all found as answered), %d unanswered of which %d found applied; %d fenced commits applied, %d refused as stale",
+		n, time.Since(start).Round(time.Millisecond), sum.ops, whole, sum.acked, sum.unknown, sum.landed, sum.fenced, sum.stale)
 	names := make([]string, 0, len(kinds))
 	for k := range kinds {
 		names = append(names, k)

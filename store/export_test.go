@@ -72,8 +72,9 @@ func AckBeforeSync(w *WAL) { w.ackEarly = true }
 // Dump waits until every gen of p is in its file and returns the file's
 // whole state as text: every pair of every bucket in key order, and the
 // state without Applied (which counts batches, not commands) and without
-// the file's id. Two partitions given the same commands dump the same text
-// however the commands were batched.
+// the file's id; group records decoded (with their length: the layout).
+// Two partitions given the same commands dump the same text however the
+// commands were batched.
 func Dump(p *Partition) (string, error) {
 	if err := p.drain(); err != nil {
 		return "", err
@@ -94,6 +95,11 @@ func Dump(p *Partition) (string, error) {
 					st.Applied = 0
 					fmt.Fprintf(&b, "state %+v\n", st)
 					return nil
+				case bytes.Equal(name, bucketGroups):
+					if g, _, err := decodeGroup(string(k), v); err == nil {
+						fmt.Fprintf(&b, "%q %+v (%d bytes)\n", k, g, len(v))
+						return nil
+					}
 				}
 				fmt.Fprintf(&b, "%q %q\n", k, v)
 				return nil
@@ -115,6 +121,17 @@ func SnapshotFile(p *Partition, path string) error {
 	return boltsafe.View(p.db, func(tx *bolt.Tx) error {
 		return tx.CopyFile(path, 0o600)
 	})
+}
+
+// StateWithGroupGen returns the partition state value v with the group
+// generation counter set to gen.
+func StateWithGroupGen(v []byte, gen uint64) ([]byte, error) {
+	var st state
+	if err := decodeState(v, &st); err != nil {
+		return nil, err
+	}
+	st.GroupGen = gen
+	return appendState(nil, &st), nil
 }
 
 // WALChunk is how far the WAL zero-fills a segment at a time.

@@ -18,11 +18,12 @@ import (
 // format change, and needs a new version.
 
 func TestState_Layout(t *testing.T) {
-	s := state{Next: 9, Low: 2, Bytes: 3, DedupLow: 4, Applied: 5, LastStored: 6, DelaySeq: 7, Delayed: 8}
+	s := state{Next: 9, Low: 2, Bytes: 3, DedupLow: 4, Applied: 5, LastStored: 6, DelaySeq: 7, Delayed: 8, GroupGen: 10}
 	b := appendState(nil, &s)
-	const want = "5a5301" +
+	const want = "5a5302" +
 		"0000000000000009" + "0000000000000002" + "0000000000000003" + "0000000000000004" +
-		"0000000000000005" + "0000000000000006" + "0000000000000007" + "0000000000000008"
+		"0000000000000005" + "0000000000000006" + "0000000000000007" + "0000000000000008" +
+		"000000000000000a"
 	if got := hex.EncodeToString(b[:len(b)-4]); got != want {
 		t.Fatalf("state layout\n got %s\nwant %s", got, want)
 	}
@@ -34,12 +35,121 @@ func TestState_Layout(t *testing.T) {
 		nil,
 		b[:len(b)-1],
 		append(bytes.Clone(b), 0),
-		func() []byte { c := bytes.Clone(b); c[2] = 2; return c }(), // unknown version
+		func() []byte { c := bytes.Clone(b); c[2] = 3; return c }(), // unknown version
+		func() []byte { c := bytes.Clone(b); c[2] = 1; return c }(), // version 1 is shorter
 		func() []byte { c := bytes.Clone(b); c[10] ^= 1; return c }(),
 	} {
 		if err := decodeState(bad, &back); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("decodeState(%x) = %v, want ErrCorrupt", bad, err)
 		}
+	}
+}
+
+// TestState_LayoutV1: the state before group generations (files and
+// effect records of format 2) reads with GroupGen 0.
+func TestState_LayoutV1(t *testing.T) {
+	v1, _ := hex.DecodeString("5a5301" +
+		"0000000000000009" + "0000000000000002" + "0000000000000003" + "0000000000000004" +
+		"0000000000000005" + "0000000000000006" + "0000000000000007" + "0000000000000008")
+	v1 = binary.BigEndian.AppendUint32(v1, crc32.Checksum(v1, castagnoli))
+	want := state{Next: 9, Low: 2, Bytes: 3, DedupLow: 4, Applied: 5, LastStored: 6, DelaySeq: 7, Delayed: 8}
+	if !bytes.Equal(appendStateV1(nil, &want), v1) {
+		t.Fatal("appendStateV1 is not the version 1 layout")
+	}
+	var s state
+	if err := decodeState(v1, &s); err != nil || s != want {
+		t.Fatalf("version 1 state = %+v, %v; want %+v", s, err, want)
+	}
+	if err := decodeState(append(bytes.Clone(v1), make([]byte, 8)...), &s); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("version 1 state of version 2's length: %v, want ErrCorrupt", err)
+	}
+}
+
+// TestEffects_VersionOne: an effect record of version 1 (written before
+// group generations, ending with a version 1 state) splits and writes as
+// before; a version 2 record must end with a version 2 state.
+func TestEffects_VersionOne(t *testing.T) {
+	st := state{Next: 1, Bytes: 5, Applied: 8, LastStored: 6}
+	fid := [8]byte{'f', 'i', 'l', 'e', 'i', 'd', 0, 1}
+	v1 := effectRecordV1(fid, st, "g", appendSealed(nil, "g", be.AppendUint64(nil, 7)))
+	id, idx, muts, got, err := splitEffects(v1)
+	if err != nil || id != fid || idx != 8 || got != st {
+		t.Fatalf("split: %q %d %+v, %v", id, idx, got, err)
+	}
+	m, err := readMutations(muts)
+	if err != nil || len(m) != 1 || m[0].b != bGroups || string(m[0].key) != "g" {
+		t.Fatalf("mutations: %+v, %v", m, err)
+	}
+	if g, ok, err := decodeGroup("g", m[0].val); err != nil || !ok || g != (GroupState{Offset: 7}) {
+		t.Fatalf("group value of a version 1 record: %+v %v %v", g, ok, err)
+	}
+	v2 := bytes.Clone(v1)
+	v2[2] = effVersion
+	if _, _, _, _, err := splitEffects(v2); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("version 2 record with a version 1 state: %v, want ErrCorrupt", err)
+	}
+}
+
+// TestGroup_Layout: the group record of format 3, and those before it.
+func TestGroup_Layout(t *testing.T) {
+	g := GroupState{Offset: 1, Generation: 2, Updated: 3}
+	b := appendGroup(nil, "g", &g)
+	const want = "5a4701" + "0000000000000001" + "0000000000000002" + "0000000000000003"
+	if got := hex.EncodeToString(b[:len(b)-sealLen]); got != want {
+		t.Fatalf("group layout\n got %s\nwant %s", got, want)
+	}
+	for _, tt := range []struct {
+		name string
+		val  []byte
+		want GroupState
+		ok   bool
+	}{
+		{"Current", b, g, true},
+		{"Absent", nil, GroupState{}, false},
+		{"Format1", be.AppendUint64(nil, 7), GroupState{Offset: 7}, true},
+		{"Format2", appendSealed(nil, "g", be.AppendUint64(nil, 7)), GroupState{Offset: 7}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok, err := decodeGroup("g", tt.val)
+			if err != nil || ok != tt.ok || got != tt.want {
+				t.Fatalf("decodeGroup(%x) = %+v, %v, %v; want %+v, %v", tt.val, got, ok, err, tt.want, tt.ok)
+			}
+		})
+	}
+	for _, bad := range [][]byte{
+		b[:len(b)-sealLen], // unsealed: format 3 always seals
+		b[:len(b)-1],
+		func() []byte { c := bytes.Clone(b); c[5] ^= 1; return c }(),
+		appendSealed(nil, "g", append([]byte{'Z', 'G', 2}, make([]byte, 24)...)), // unknown version
+		appendSealed(nil, "g", append([]byte{'Z', 'H', 1}, make([]byte, 24)...)),
+		{},
+	} {
+		if _, ok, err := decodeGroup("g", bad); !errors.Is(err, ErrCorrupt) || ok {
+			t.Errorf("decodeGroup(%x) = %v, %v; want ErrCorrupt", bad, ok, err)
+		}
+	}
+	if _, _, err := decodeGroup("h", b); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a record read under another key: %v, want ErrCorrupt", err)
+	}
+}
+
+// TestCommand_Layout: version 2's bytes, and version 1's, which decode
+// with Generation and Start zero.
+func TestCommand_Layout(t *testing.T) {
+	c := &Command{Op: OpClaim, Now: 1, Offset: 2, Generation: 0x81, Start: StartLast, Group: "g"}
+	const want = "5a43020a" + "0000000000000001" + "0000000000000002" + "0000000000" + // limit..decide TTL
+		"8101" + "02" + "0167" + "00" + "00" + "00"
+	if got := hex.EncodeToString(AppendCommand(nil, c)); got != want {
+		t.Fatalf("command layout\n got %s\nwant %s", got, want)
+	}
+	v1, _ := hex.DecodeString("5a430102" + "0000000000000001" + "0000000000000007" + "0000000000" + "0167" + "00" + "00" + "00")
+	got, err := DecodeCommand(v1)
+	want1 := &Command{Op: OpCommitOffset, Now: 1, Offset: 7, Group: "g"}
+	if err != nil || !reflect.DeepEqual(got, want1) {
+		t.Fatalf("version 1 command = %+v, %v; want %+v", got, err, want1)
+	}
+	if _, err := DecodeCommand(append([]byte("ZC\x03"), v1[3:]...)); !errors.Is(err, ErrBadCommand) {
+		t.Fatalf("version 3: %v, want ErrBadCommand", err)
 	}
 }
 
@@ -51,6 +161,10 @@ func TestCommand_RoundTrip(t *testing.T) {
 		{Op: OpTrim, Now: 3, Limit: 10, MaxAge: 11, MaxBytes: 12, DedupTTL: 13, DecideTTL: 14},
 		{Op: OpPrepare, Now: 4, TxID: "tx", Producer: "node", Msgs: []Message{{Body: []byte{}}, {}}},
 		{Op: OpCommitTx, Now: 5, TxID: "tx"},
+		{Op: OpCommitOffset, Now: 6, Group: "g", Offset: 3, Generation: 1<<64 - 1},
+		{Op: OpClaim, Now: 7, Group: "g", Start: StartFirst},
+		{Op: OpResetOffset, Now: 8, Group: "g", Offset: 9},
+		{Op: OpClaim, Now: 9, Start: 255}, // decodes; check refuses it
 	}
 	for _, c := range cmds {
 		b := AppendCommand(nil, c)

@@ -88,6 +88,9 @@ func fuzzSeeds() map[string][][]any {
 		return appendState(b, &s)
 	}
 
+	v1rec := effectRecordV1(id, state{Next: 1, Bytes: 5, Applied: 8, LastStored: 6}, "g", appendSealed(nil, "g", be.AppendUint64(nil, 7)))
+	group := appendGroup(nil, "g", &GroupState{Offset: 1, Generation: 2, Updated: 3})
+
 	seg := []byte(walMagic + "saltsalt")
 	seg = appendFrame(seg, append([]byte{frameWrite}, "saltsalt\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x10"...), nil, "")
 	seg = appendFrame(seg, nil, []byte("payload"), "s")
@@ -100,18 +103,32 @@ func fuzzSeeds() map[string][][]any {
 			{AppendCommand(nil, &Command{Op: OpCommitOffset, Now: 1, Group: "g", Offset: 7})},
 			{AppendCommand(nil, &Command{Op: OpTrim, Now: 3, Limit: 10, MaxAge: 11, MaxBytes: 12, DedupTTL: 13, DecideTTL: 14})},
 			{[]byte("ZC\x01\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\xff\x0f")},
-			{[]byte("ZC\x01\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x05\xdd\xff\xff\xff\xff\x00")}},
+			{[]byte("ZC\x01\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x05\xdd\xff\xff\xff\xff\x00")},
+			// version 1 (no generation, no start), and version 2's group ops
+			{[]byte("ZC\x01\x02\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x07\x00\x00\x00\x00\x00\x01g\x00\x00\x00")},
+			{AppendCommand(nil, &Command{Op: OpCommitOffset, Now: 1, Group: "g", Offset: 7, Generation: 1<<64 - 1})},
+			{AppendCommand(nil, &Command{Op: OpClaim, Now: 1, Group: "g", Offset: 7, Start: StartLast})},
+			{AppendCommand(nil, &Command{Op: OpResetOffset, Now: 1, Group: "g", Offset: 7})},
+			// a generation of 11 varint bytes, a start of 255, a cut start
+			{[]byte("ZC\x02\x02\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x07\x00\x00\x00\x00\x00\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x00\x01g\x00\x00\x00")},
+			{[]byte("ZC\x02\x0a\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x07\x00\x00\x00\x00\x00\x05\xff\x01g\x00\x00\x00")},
+			{[]byte("ZC\x02\x0a\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x07\x00\x00\x00\x00\x00\x05")}},
 		"FuzzDecodeState": {{stb}, {appendState(nil, &state{})}, {stb[:len(stb)-1]}, {v1}, {v1low}, {v1[:len(v1)-2]},
+			{appendStateV1(nil, &st)}, {appendStateV1(nil, &state{})},
 			{[]byte("\xdf\xff\xff\xff\xff")}, {[]byte("\x81\xdb\xff\xff\xff\xff")}, {[]byte("\x81\xa4Next\xcf\xff\xff\xff\xff\xff\xff\xff\xff")}},
 		"FuzzDecodeHalf": {{half}, {half[:len(half)-1]}, {v1h}, {v1hNeg}, {v1h[:len(v1h)-3]},
 			{[]byte{0x85, 0xa1, 'r', 0xdd, 0xff, 0xff, 0xff, 0xff}}, {[]byte("\x81\xa1r\x91\xc6\xff\xff\xff\xff")},
 			{append(bytes.Clone(half[:19]), "\x00\x00\xff\xff\xff\xff\x0f"...)}},
 		"FuzzUnseal": {{"a", appendSealed(nil, "a", make([]byte, 8)), 0}, {"id", appendSealed(nil, "id", make([]byte, dedupBytes)), 1},
 			{"tx", appendSealed(nil, "tx", []byte{1, 0, 0, 0, 0, 0, 0, 0, 9}), 2}, {"tx", []byte{2, 0, 0, 0, 0, 0, 0, 0, 9}, 2},
-			{"x", []byte{}, 0}, {"x", []byte("\xff\xff\xff\xff"), 1}},
+			{"x", []byte{}, 0}, {"x", []byte("\xff\xff\xff\xff"), 1}, {"g", group, 3}},
+		"FuzzDecodeGroup": {{"g", group}, {"g", group[:groupBytes]}, {"g", group[:len(group)-1]}, {"h", group},
+			{"g", be.AppendUint64(nil, 7)}, {"g", appendSealed(nil, "g", be.AppendUint64(nil, 7))}, {"g", []byte{}},
+			{"g", appendSealed(nil, "g", append([]byte("ZG\x02"), make([]byte, 24)...))}},
 		"FuzzEffects": {{g.buf}, {empty.buf}, {g.buf[:len(g.buf)-1]}, {g.buf[:effHeader+3]},
 			{effects("\xff\x01k")}, {effects("\x00\xff\xff\xff\xff\x0f")}, {effects("\x00\x01k\xff\xff\xff\xff")},
-			{effects("\x0a\x00")}, {effects("\x03\x01k\x02\x01k\x00\x00\x00\x01v")}},
+			{effects("\x0a\x00")}, {effects("\x03\x01k\x02\x01k\x00\x00\x00\x01v")},
+			{v1rec}, {v1rec[:len(v1rec)-1]}, {append([]byte("ZE\x02"), v1rec[3:]...)}},
 		"FuzzWALSegment": {{seg, 0}, {seg, 1}, {seg[:len(seg)-3], 0}, {[]byte(walMagicV1), 0}, {make([]byte, 64), 0},
 			{append([]byte(walMagic+"saltsalt"), "\xff\xff\xff\xff\x00\x00\x00\x00"...), 0}},
 	}
@@ -135,8 +152,9 @@ func TestWriteFuzzCorpus(t *testing.T) {
 
 // FuzzDecodeState: the partition state decoder (both formats) never
 // panics, refuses with ErrCorrupt, allocates little, and what it decodes
-// encodes to a state that decodes the same (for the current format, to the
-// same bytes): format 1's state is rewritten in the current format.
+// encodes to a state that decodes the same (for the current version, to the
+// same bytes): format 1's state, and version 1, are rewritten in the
+// current one.
 func FuzzDecodeState(f *testing.F) {
 	fuzzseed.Add(f, fuzzSeeds())
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -150,7 +168,7 @@ func FuzzDecodeState(f *testing.F) {
 			return
 		}
 		enc := appendState(nil, &s)
-		if !isLegacyMap(b[0]) && !bytes.Equal(enc, b) {
+		if !isLegacyMap(b[0]) && b[2] == stateVersion && !bytes.Equal(enc, b) { // older versions are rewritten in this one
 			t.Fatalf("%x decodes to %+v, which encodes to %x", b, s, enc)
 		}
 		var again state
@@ -166,7 +184,7 @@ func FuzzDecodeState(f *testing.F) {
 // flipped bit in a sealed value, or in its key, is ErrCorrupt.
 func FuzzUnseal(f *testing.F) {
 	fuzzseed.Add(f, fuzzSeeds())
-	sizes := [...]int{8, dedupBytes, decisionBytes} // groups, dedup, txs
+	sizes := [...]int{8, dedupBytes, decisionBytes, groupBytes} // groups before format 3, dedup, txs, groups
 	f.Fuzz(func(t *testing.T, key string, val []byte, which int) {
 		n := sizes[uint(which)%uint(len(sizes))]
 		body, err := unseal(key, val, n)
@@ -206,6 +224,66 @@ func FuzzUnseal(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzDecodeGroup: a group value decodes, is absent (nil only) or is
+// ErrCorrupt, never a panic; what decodes encodes to a record that decodes
+// the same (to the same bytes, for the current layout).
+func FuzzDecodeGroup(f *testing.F) {
+	fuzzseed.Add(f, fuzzSeeds())
+	f.Fuzz(func(t *testing.T, key string, val []byte) {
+		var (
+			g   GroupState
+			ok  bool
+			err error
+		)
+		fuzzseed.CheckAlloc(t, len(val), func() { g, ok, err = decodeGroup(key, val) })
+		switch {
+		case err != nil:
+			if !errors.Is(err, ErrCorrupt) || ok {
+				t.Fatalf("error %v (ok %v) is not ErrCorrupt", err, ok)
+			}
+			return
+		case !ok:
+			if val != nil {
+				t.Fatalf("%x decodes as absent", val)
+			}
+			return
+		}
+		enc := appendGroup(nil, key, &g)
+		if len(val) == groupBytes+sealLen && !bytes.Equal(enc, val) {
+			t.Fatalf("%x decodes to %+v, which encodes to %x", val, g, enc)
+		}
+		if again, ok, err := decodeGroup(key, enc); err != nil || !ok || again != g {
+			t.Fatalf("re-encoded %+v decodes to %+v, %v, %v", g, again, ok, err)
+		}
+	})
+}
+
+// appendStateV1 is the state encoder before group generations (version
+// 1), kept to write what older releases wrote.
+func appendStateV1(dst []byte, s *state) []byte {
+	start := len(dst)
+	dst = append(dst, 'Z', 'S', 1)
+	for _, v := range [...]uint64{s.Next, s.Low, uint64(s.Bytes), s.DedupLow, s.Applied,
+		uint64(s.LastStored), s.DelaySeq, uint64(s.Delayed)} {
+		dst = binary.BigEndian.AppendUint64(dst, v)
+	}
+	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// effectRecordV1 is an effect record of version 1, as older releases
+// logged them, of file id and state st (its Applied the index) putting val
+// under key in the groups bucket.
+func effectRecordV1(id [8]byte, st state, key string, val []byte) []byte {
+	b := append([]byte{'Z', 'E', 1}, id[:]...)
+	b = binary.BigEndian.AppendUint64(b, st.Applied)
+	b = append(b, byte(bGroups<<1))
+	b = binary.AppendUvarint(b, uint64(len(key)))
+	b = append(b, key...)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(val)))
+	b = append(b, val...)
+	return appendStateV1(b, &st)
 }
 
 // mutation is one write of an effect record, as the test reads them.

@@ -29,8 +29,12 @@ import (
 //	  key    uvarint length + bytes
 //	  value  (puts only) uint32 BE length + bytes
 //	state    stateLen bytes (state.go), the last bytes of the record
+//
+// Version 1 (before group generations) ends with a state of version 1
+// (stateLenV1 bytes); replay reads both. decodeState refuses a state whose
+// version does not match its length, so a record's state is never misread.
 const (
-	effVersion = 1
+	effVersion = 2
 	effHeader  = 3 + 8 + 8
 	// effectOverhead bounds the bytes a message adds to a gen besides its
 	// record and ID: the log put's op, key and length, and its dedup put.
@@ -250,19 +254,27 @@ func writeEffects(bks *[nBuckets]*bolt.Bucket, rec []byte) (idx uint64, st state
 // splitEffects checks an effect record's frame and returns its file id, its
 // index, its mutations and its state.
 func splitEffects(rec []byte) (id [8]byte, idx uint64, muts []byte, st state, err error) {
-	if len(rec) < effHeader+stateLen || rec[0] != 'Z' || rec[1] != 'E' {
+	if len(rec) < 3 || rec[0] != 'Z' || rec[1] != 'E' {
 		return id, 0, nil, st, fmt.Errorf("%w: effect record of %d bytes", ErrCorrupt, len(rec))
 	}
-	if rec[2] != effVersion {
-		return id, 0, nil, st, fmt.Errorf("%w: effect record version %d, want %d", ErrCorrupt, rec[2], effVersion)
+	n := stateLen
+	switch rec[2] {
+	case effVersion:
+	case 1:
+		n = stateLenV1
+	default:
+		return id, 0, nil, st, fmt.Errorf("%w: effect record version %d, want 1 or %d", ErrCorrupt, rec[2], effVersion)
+	}
+	if len(rec) < effHeader+n {
+		return id, 0, nil, st, fmt.Errorf("%w: effect record of %d bytes", ErrCorrupt, len(rec))
 	}
 	copy(id[:], rec[3:])
 	idx = binary.BigEndian.Uint64(rec[11:])
-	if err := decodeState(rec[len(rec)-stateLen:], &st); err != nil {
+	if err := decodeState(rec[len(rec)-n:], &st); err != nil {
 		return id, 0, nil, st, err
 	}
 	if st.Applied != idx {
 		return id, 0, nil, st, fmt.Errorf("%w: effect record %d with state of %d", ErrCorrupt, idx, st.Applied)
 	}
-	return id, idx, rec[effHeader : len(rec)-stateLen], st, nil
+	return id, idx, rec[effHeader : len(rec)-n], st, nil
 }

@@ -27,10 +27,12 @@
 //	log     big-endian offset -> record
 //	half    txid -> half messages of an undecided transaction (state.go)
 //	txs     txid -> decision (1 byte) + decided-at (8 bytes), kept DecideTTL
-//	groups  group -> committed offset (8 bytes)
+//	groups  group -> offset, generation, updated (state.go; before format 3:
+//	        the committed offset alone, 8 bytes)
 //	delay   deliverAt (8) + seq (8) -> record
 //	dedup   message ID -> offset (8) + stored-at (8)
-//	meta    "version" -> FormatVersion (8 bytes); "state" -> state (state.go);
+//	meta    "version" -> FormatVersion (8 bytes); "state" -> state (state.go,
+//	        with the groups' generation counter);
 //	        "id" -> 8 random bytes naming this file in the WAL's records
 //
 // A record is a CRC32C followed by a msgpack array (message.go).
@@ -57,8 +59,10 @@ import (
 // FormatVersion is the on-disk format of a partition file, stored in meta.
 // Format 1 stored state and half transactions as msgpack maps; Open reads
 // them and upgrades the file to format 2, which stores both in the layouts
-// of state.go.
-const FormatVersion = 2
+// of state.go. Format 3 adds group generations: state version 2 and group
+// records of layout 'Z' 'G'. Open reads older files as they are (a group
+// value of 8 bytes, and 4 of seal, is generation 0) and marks them 3.
+const FormatVersion = 3
 
 // maxFormatVersion bounds the format versions a release may write: a
 // stored version of 0 or above it is a damaged value (ErrCorrupt, and
@@ -77,8 +81,14 @@ var (
 	ErrFormat = errors.New("store: unsupported format version")
 	// ErrDecided is returned by OpPrepare for a transaction already decided.
 	ErrDecided = errors.New("store: transaction already decided")
+	// ErrStaleGeneration is returned by OpCommitOffset when its Generation
+	// is not the group's: a claim or a reset fenced the committer. The
+	// command changed nothing.
+	ErrStaleGeneration = errors.New("store: stale generation")
 	// ErrBadCommand is returned for a command that is not valid: an unknown
-	// Op, a zero Now, a missing group or txid, a key over MaxKeyBytes.
+	// Op, a zero Now, a missing group or txid, a key over MaxKeyBytes, a
+	// Start or Generation on an op that takes none, a claim or reset once
+	// every generation was handed out.
 	ErrBadCommand = errors.New("store: bad command")
 	// ErrTooLarge is returned, before anything is written, for a command
 	// whose effects would exceed MaxCommandBytes.
@@ -166,6 +176,7 @@ type Partition struct {
 	changed          chan struct{} // closed when a durable gen adds to the log or the delay index
 	pending          int           // bytes of gens not yet in the file
 	failed           error         // sticky: wraps ErrFailed or ErrCorrupt
+	down             chan struct{} // closed when failed is set
 	kick             bool          // materialize now
 	matStop          bool          // Close: materialize what is durable and exit
 	matDone          bool
@@ -202,6 +213,7 @@ func Open(path string, opts Options) (*Partition, error) {
 		reqs:    make(chan *request, opts.QueueDepth),
 		stop:    make(chan struct{}),
 		changed: make(chan struct{}),
+		down:    make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 	}
 	p.cond = sync.NewCond(&p.mu)
@@ -237,7 +249,7 @@ func (p *Partition) load() error {
 		v := meta.Get(metaVersion)
 		switch {
 		case v == nil:
-		case len(v) == 8 && (be.Uint64(v) == 1 || be.Uint64(v) == FormatVersion):
+		case len(v) == 8 && be.Uint64(v) >= 1 && be.Uint64(v) <= FormatVersion:
 		case len(v) != 8 || be.Uint64(v) == 0 || be.Uint64(v) > maxFormatVersion:
 			// No release writes that: a damaged value, not a newer
 			// format (still an unsupported version too).
@@ -342,8 +354,8 @@ func (p *Partition) Apply(ctx context.Context, cmd *Command) (Result, error) {
 
 // ApplyBatch applies cmds in order, in one batch, and returns each one's
 // result and error (nil slices with the error when none could be applied).
-// A command's own error (ErrBadCommand, ErrDecided, ErrTooLarge) fails only
-// that command. It waits as Apply does.
+// A command's own error (ErrBadCommand, ErrDecided, ErrStaleGeneration,
+// ErrTooLarge) fails only that command. It waits as Apply does.
 func (p *Partition) ApplyBatch(ctx context.Context, cmds []*Command) ([]Result, []error, error) {
 	r := requestPool.Get().(*request)
 	r.cmds, r.res, r.errs = cmds, make([]Result, len(cmds)), make([]error, len(cmds))
@@ -716,11 +728,18 @@ func (p *Partition) fail(err error) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.failed == nil {
-		p.failed = err
+		p.failLocked(err)
 		p.cond.Broadcast()
 		p.wakeLocked()
 	}
 	return p.failed
+}
+
+// failLocked sets the partition's failure, the first one, and wakes the
+// readers waiting for an append (Fetch). p.mu is held.
+func (p *Partition) failLocked(err error) {
+	p.failed = err
+	close(p.down)
 }
 
 // submit hands g to the write-ahead log (or, without one, writes it into
@@ -772,7 +791,7 @@ func (p *Partition) logged(g *gen, seg uint64, err error) {
 	g.done = true
 	if err != nil {
 		if p.failed == nil {
-			p.failed = fmt.Errorf("%w: %s: %w", ErrFailed, p.path, err)
+			p.failLocked(fmt.Errorf("%w: %s: %w", ErrFailed, p.path, err))
 		}
 		p.cond.Broadcast()
 	} else {

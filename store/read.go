@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"fmt"
 	"sort"
 
@@ -137,6 +138,34 @@ func (p *Partition) Read(from uint64, limit int, maxBytes int, dst []Message) ([
 	return dst, err
 }
 
+// Fetch is Read that waits: when no message at or after from is stored
+// yet, it waits until one is, ctx ends (ctx.Err()), or the partition
+// closes (ErrClosed). Delayed messages are not stored until released. It
+// returns at once, like Read, when max is not positive; when the partition
+// has failed (ErrFailed, ErrCorrupt) and nothing is stored, with its
+// failure, as nothing can be appended until it is reopened.
+func (p *Partition) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []Message) ([]Message, error) {
+	n := len(dst)
+	for {
+		changed := p.Changed() // before the read: a later append closes it
+		out, err := p.Read(from, max, maxBytes, dst)
+		if err != nil || len(out) > n || max <= 0 {
+			return out, err
+		}
+		if err := p.failure(); err != nil {
+			return dst, err // failed before the read: nothing more comes
+		}
+		select {
+		case <-p.down: // read once more, then return the failure
+		case <-changed:
+		case <-ctx.Done():
+			return dst, ctx.Err()
+		case <-p.stop:
+			return dst, ErrClosed
+		}
+	}
+}
+
 // Get returns the message at offset, or ok false if it is not stored (not
 // written yet, or trimmed). A record missing from the range the log holds is
 // ErrCorrupt.
@@ -172,34 +201,38 @@ func (p *Partition) closedErr() error {
 	}
 }
 
-// GroupOffset returns group's committed offset, or ok false for a group that
-// never committed.
-func (p *Partition) GroupOffset(group string) (offset uint64, ok bool, err error) {
+// Group returns the record of group name, or ok false for a group without
+// one.
+func (p *Partition) Group(name string) (g GroupState, ok bool, err error) {
 	s := p.snapshot()
 	err = p.view(func(tx *bolt.Tx) error {
-		v, err := unseal(group, s.lookup(tx, bGroups, group), 8)
-		if v != nil {
-			offset, ok = be.Uint64(v), true
-		}
-		if err != nil {
+		var err error
+		if g, ok, err = decodeGroup(name, s.lookup(tx, bGroups, name)); err != nil {
 			return fmt.Errorf("%s: group %w", p.path, err)
 		}
 		return nil
 	})
-	return offset, ok, err
+	return g, ok, err
 }
 
-// Groups returns every group's committed offset.
-func (p *Partition) Groups() (map[string]uint64, error) {
-	out := map[string]uint64{}
+// GroupOffset returns group's committed offset, or ok false for a group that
+// never committed.
+func (p *Partition) GroupOffset(group string) (offset uint64, ok bool, err error) {
+	g, ok, err := p.Group(group)
+	return g.Offset, ok, err
+}
+
+// GroupStates returns every group's record.
+func (p *Partition) GroupStates() (map[string]GroupState, error) {
+	out := map[string]GroupState{}
 	s := p.snapshot()
 	err := p.view(func(tx *bolt.Tx) error {
 		add := func(k string, v []byte) error {
-			v, err := unseal(k, v, 8)
+			g, _, err := decodeGroup(k, v)
 			if err != nil {
 				return fmt.Errorf("%s: group %w", p.path, err)
 			}
-			out[k] = be.Uint64(v)
+			out[k] = g
 			return nil
 		}
 		err := tx.Bucket(bucketGroups).ForEach(func(k, v []byte) error { return add(string(k), v) })
@@ -214,6 +247,16 @@ func (p *Partition) Groups() (map[string]uint64, error) {
 		}
 		return err
 	})
+	return out, err
+}
+
+// Groups returns every group's committed offset.
+func (p *Partition) Groups() (map[string]uint64, error) {
+	states, err := p.GroupStates()
+	out := make(map[string]uint64, len(states))
+	for k, g := range states {
+		out[k] = g.Offset
+	}
 	return out, err
 }
 

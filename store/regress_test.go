@@ -382,6 +382,9 @@ func exercise(path string) (err error) {
 	if _, _, err := p.GroupOffset("g"); err != nil {
 		return err
 	}
+	if _, err := p.GroupStates(); err != nil {
+		return err
+	}
 	if err := p.HalfTxs(func(store.HalfTx) bool { return true }); err != nil {
 		return err
 	}

@@ -22,30 +22,45 @@ type state struct {
 	LastStored int64  // StoredAt of the newest record; StoredAt never decreases
 	DelaySeq   uint64 // sequence of the newest delayed message
 	Delayed    int64  // messages in the delay index
+	GroupGen   uint64 // the last group generation handed out (OpClaim, OpResetOffset)
 }
 
-// State layout: 'Z' 'S', version 1, then the eight fields of state in
+// State layout: 'Z' 'S', the version, then the fields of state in
 // declaration order, each 8 bytes big-endian, then a crc32c of the bytes
-// before it.
+// before it. Version 1 has the first eight fields (no GroupGen, read as 0);
+// version 2 all nine.
 const (
-	stateVersion = 1
-	stateLen     = 3 + 8*8 + 4
+	stateVersion = 2
+	stateLen     = 3 + 9*8 + 4
+	stateLenV1   = 3 + 8*8 + 4
 )
 
 func appendState(dst []byte, s *state) []byte {
 	start := len(dst)
 	dst = append(dst, 'Z', 'S', stateVersion)
 	for _, v := range [...]uint64{s.Next, s.Low, uint64(s.Bytes), s.DedupLow, s.Applied,
-		uint64(s.LastStored), s.DelaySeq, uint64(s.Delayed)} {
+		uint64(s.LastStored), s.DelaySeq, uint64(s.Delayed), s.GroupGen} {
 		dst = binary.BigEndian.AppendUint64(dst, v)
 	}
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
 
-// Small values (dedup: offset and stored-at; groups: offset; txs: decision
-// and decided-at) end with crc32c(key || value) since format 2: bbolt checks
-// no data page, and a flipped byte would read as a wrong offset. Format 1's
-// values, without it, are read as they are.
+// stateLenOf returns the length of a state of version v, 0 for an unknown
+// version.
+func stateLenOf(v byte) int {
+	switch v {
+	case 1:
+		return stateLenV1
+	case stateVersion:
+		return stateLen
+	}
+	return 0
+}
+
+// Small values (dedup: offset and stored-at; groups: the group record;
+// txs: decision and decided-at) end with crc32c(key || value) since format
+// 2: bbolt checks no data page, and a flipped byte would read as a wrong
+// offset. Format 1's values, without it, are read as they are.
 const sealLen = 4
 
 func appendSealed(dst []byte, key string, v []byte) []byte {
@@ -70,6 +85,54 @@ func unseal(key string, val []byte, n int) ([]byte, error) {
 	return nil, fmt.Errorf("%w: value of %q: %d bytes failing their check", ErrCorrupt, key, len(val))
 }
 
+// GroupState is a consumer group's record in one partition.
+type GroupState struct {
+	Offset     uint64 // the committed offset
+	Generation uint64 // the owner's: OpCommitOffset must carry it
+	Updated    int64  // Now of the command that last changed the record; 0 before format 3
+}
+
+// Group layout (format 3): 'Z' 'G', groupVersion, offset, generation,
+// updated (8 bytes BE each), sealed. Formats 1 and 2 stored the offset
+// alone (8 bytes; sealed in format 2): generation 0, updated 0.
+const (
+	groupVersion = 1
+	groupBytes   = 3 + 3*8
+	groupBytesV0 = 8
+)
+
+// appendGroup appends the sealed record g of group key.
+func appendGroup(dst []byte, key string, g *GroupState) []byte {
+	var b [groupBytes]byte
+	b[0], b[1], b[2] = 'Z', 'G', groupVersion
+	binary.BigEndian.PutUint64(b[3:], g.Offset)
+	binary.BigEndian.PutUint64(b[11:], g.Generation)
+	binary.BigEndian.PutUint64(b[19:], uint64(g.Updated))
+	return appendSealed(dst, key, b[:])
+}
+
+// decodeGroup returns the record val of group key, ok false for an absent
+// one, or ErrCorrupt.
+func decodeGroup(key string, val []byte) (g GroupState, ok bool, err error) {
+	n := groupBytesV0
+	if len(val) == groupBytes+sealLen {
+		n = groupBytes // never unsealed: format 3 always seals
+	}
+	b, err := unseal(key, val, n)
+	if b == nil || err != nil {
+		return g, false, err
+	}
+	if n == groupBytesV0 {
+		return GroupState{Offset: binary.BigEndian.Uint64(b)}, true, nil
+	}
+	if b[0] != 'Z' || b[1] != 'G' || b[2] != groupVersion {
+		return g, false, fmt.Errorf("%w: value of %q: group layout %x", ErrCorrupt, key, b[:3])
+	}
+	g = GroupState{Offset: binary.BigEndian.Uint64(b[3:]), Generation: binary.BigEndian.Uint64(b[11:]),
+		Updated: int64(binary.BigEndian.Uint64(b[19:]))}
+	return g, true, nil
+}
+
 func decodeState(b []byte, s *state) error {
 	if len(b) > 0 && isLegacyMap(b[0]) {
 		if err := decodeLegacyState(b, s); err != nil {
@@ -77,16 +140,22 @@ func decodeState(b []byte, s *state) error {
 		}
 		return checkState(s) // what format 1 held is rewritten in this one
 	}
-	if len(b) != stateLen || b[0] != 'Z' || b[1] != 'S' ||
-		crc32.Checksum(b[:stateLen-4], castagnoli) != binary.BigEndian.Uint32(b[stateLen-4:]) {
+	if len(b) < 3 || b[0] != 'Z' || b[1] != 'S' {
 		return fmt.Errorf("%w: partition state of %d bytes", ErrCorrupt, len(b))
 	}
-	if b[2] != stateVersion {
-		return fmt.Errorf("%w: partition state version %d, want %d", ErrCorrupt, b[2], stateVersion)
+	n := stateLenOf(b[2])
+	if n == 0 {
+		return fmt.Errorf("%w: partition state version %d, want 1 or %d", ErrCorrupt, b[2], stateVersion)
+	}
+	if len(b) != n || crc32.Checksum(b[:n-4], castagnoli) != binary.BigEndian.Uint32(b[n-4:]) {
+		return fmt.Errorf("%w: partition state of %d bytes", ErrCorrupt, len(b))
 	}
 	u := func(i int) uint64 { return binary.BigEndian.Uint64(b[3+8*i:]) }
 	*s = state{Next: u(0), Low: u(1), Bytes: int64(u(2)), DedupLow: u(3), Applied: u(4),
 		LastStored: int64(u(5)), DelaySeq: u(6), Delayed: int64(u(7))}
+	if n == stateLen {
+		s.GroupGen = u(8)
+	}
 	return checkState(s)
 }
 

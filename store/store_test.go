@@ -795,12 +795,7 @@ func TestOpen_FormatVersion(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, path := open(t)
-			appendAt(t, p, t0, msg("a"))
-			if err := p.Close(); err != nil {
-				t.Fatal(err)
-			}
-			updateBolt(t, path, func(tx *bolt.Tx) error {
+			path := rewritten(t, func(tx *bolt.Tx) error {
 				return tx.Bucket([]byte("meta")).Put([]byte("version"), tt.version)
 			})
 			p, err := store.Open(path, store.Options{})
@@ -827,6 +822,20 @@ func be64(v uint64) []byte {
 	b := make([]byte, 8)
 	binary.BigEndian.PutUint64(b, v)
 	return b
+}
+
+// rewritten returns the path of a closed partition file holding one
+// message, changed by fn in a write transaction: a file as another release,
+// or damage, left it.
+func rewritten(t testing.TB, fn func(*bolt.Tx) error) string {
+	t.Helper()
+	p, path := open(t)
+	appendAt(t, p, t0, msg("a"))
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	updateBolt(t, path, fn)
+	return path
 }
 
 // updateBolt runs fn in a write transaction on the closed partition file.

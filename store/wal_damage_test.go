@@ -137,7 +137,7 @@ func TestOpen_DamagedFormatVersion(t *testing.T) {
 		{"HighBit", []byte{0, 0, 0x20, 0, 0, 0, 0, 2}, store.ErrCorrupt},
 		{"Zero", make([]byte, 8), store.ErrCorrupt},
 		{"Short", []byte{2}, store.ErrCorrupt},
-		{"Newer", []byte{0, 0, 0, 0, 0, 0, 0, 3}, store.ErrFormat},
+		{"Newer", be64(store.FormatVersion + 1), store.ErrFormat},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "0.db")
