@@ -176,14 +176,14 @@ func (v *view) claim(c *Command, res *Result) error {
 }
 
 // fence stores g as the record of c's group with the partition's next
-// generation. Generations are never reused: at the last one it refuses.
+// generation, marked Reset when a reset took it. Generations are never reused: at the last one it refuses.
 func (v *view) fence(c *Command, g GroupState, res *Result) error {
 	st := &v.g.st
 	if st.GroupGen == math.MaxUint64 {
 		return fmt.Errorf("%w: op %d: the partition has handed out every group generation", ErrBadCommand, c.Op)
 	}
 	st.GroupGen++
-	g.Generation, g.Updated = st.GroupGen, c.Now
+	g.Generation, g.Updated, g.Reset = st.GroupGen, c.Now, c.Op == OpResetOffset
 	v.putGroup(c, g, res)
 	return nil
 }

@@ -337,20 +337,30 @@ func (p *Partition) HalfTxs(fn func(HalfTx) bool) error {
 	if err := p.barrier(); err != nil {
 		return err
 	}
-	return p.view(func(tx *bolt.Tx) error {
+	// fn runs after the read transaction: an Apply from fn would otherwise
+	// wait for it (bbolt's remap, when the file grows), and it for fn.
+	var all []HalfTx
+	err := p.view(func(tx *bolt.Tx) error {
 		cur := tx.Bucket(bucketHalf).Cursor()
 		for k, v := cur.First(); k != nil; k, v = cur.Next() {
 			h, err := decodeHalf(v)
 			if err != nil {
 				return fmt.Errorf("%s: %s: %w", p.path, k, err)
 			}
-			if !fn(HalfTx{TxID: string(k), Producer: h.Producer, FirstSeen: h.FirstSeen,
-				LastCheck: h.LastCheck, Checks: h.Checks, Messages: len(h.Records)}) {
-				return nil
-			}
+			all = append(all, HalfTx{TxID: string(k), Producer: h.Producer, FirstSeen: h.FirstSeen,
+				LastCheck: h.LastCheck, Checks: h.Checks, Messages: len(h.Records)})
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	for _, h := range all {
+		if !fn(h) {
+			break
+		}
+	}
+	return nil
 }
 
 // Decision returns the recorded decision for txid (Undecided if none, or if

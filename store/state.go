@@ -90,15 +90,23 @@ type GroupState struct {
 	Offset     uint64 // the committed offset
 	Generation uint64 // the owner's: OpCommitOffset must carry it
 	Updated    int64  // Now of the command that last changed the record; 0 before format 3
+	// Reset reports that the generation was taken by OpResetOffset and no
+	// claim came since: an owner whose commit was refused claims again and
+	// goes on from Offset, while one refused after another claim has lost
+	// the partition.
+	Reset bool
 }
 
 // Group layout (format 3): 'Z' 'G', groupVersion, offset, generation,
-// updated (8 bytes BE each), sealed. Formats 1 and 2 stored the offset
-// alone (8 bytes; sealed in format 2): generation 0, updated 0.
+// updated (8 bytes BE each), flags (1: Reset), sealed. Version 1 had no
+// flags byte. Formats 1 and 2 stored the offset alone (8 bytes; sealed in
+// format 2): generation 0, updated 0.
 const (
-	groupVersion = 1
-	groupBytes   = 3 + 3*8
+	groupVersion = 2
+	groupBytes   = 3 + 3*8 + 1
+	groupBytesV1 = 3 + 3*8
 	groupBytesV0 = 8
+	groupReset   = 1 // flags bit
 )
 
 // appendGroup appends the sealed record g of group key.
@@ -108,6 +116,9 @@ func appendGroup(dst []byte, key string, g *GroupState) []byte {
 	binary.BigEndian.PutUint64(b[3:], g.Offset)
 	binary.BigEndian.PutUint64(b[11:], g.Generation)
 	binary.BigEndian.PutUint64(b[19:], uint64(g.Updated))
+	if g.Reset {
+		b[27] = groupReset
+	}
 	return appendSealed(dst, key, b[:])
 }
 
@@ -115,8 +126,11 @@ func appendGroup(dst []byte, key string, g *GroupState) []byte {
 // one, or ErrCorrupt.
 func decodeGroup(key string, val []byte) (g GroupState, ok bool, err error) {
 	n := groupBytesV0
-	if len(val) == groupBytes+sealLen {
-		n = groupBytes // never unsealed: format 3 always seals
+	switch len(val) { // format 3 always seals
+	case groupBytes + sealLen:
+		n = groupBytes
+	case groupBytesV1 + sealLen:
+		n = groupBytesV1
 	}
 	b, err := unseal(key, val, n)
 	if b == nil || err != nil {
@@ -125,11 +139,16 @@ func decodeGroup(key string, val []byte) (g GroupState, ok bool, err error) {
 	if n == groupBytesV0 {
 		return GroupState{Offset: binary.BigEndian.Uint64(b)}, true, nil
 	}
-	if b[0] != 'Z' || b[1] != 'G' || b[2] != groupVersion {
+	version := byte(groupVersion)
+	if n == groupBytesV1 {
+		version = 1
+	}
+	if b[0] != 'Z' || b[1] != 'G' || b[2] != version || n == groupBytes && b[27]&^groupReset != 0 {
 		return g, false, fmt.Errorf("%w: value of %q: group layout %x", ErrCorrupt, key, b[:3])
 	}
 	g = GroupState{Offset: binary.BigEndian.Uint64(b[3:]), Generation: binary.BigEndian.Uint64(b[11:]),
 		Updated: int64(binary.BigEndian.Uint64(b[19:]))}
+	g.Reset = n == groupBytes && b[27]&groupReset != 0
 	return g, true, nil
 }
 

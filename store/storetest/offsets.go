@@ -121,7 +121,7 @@ var offsetTests = []test{
 		if res.Generation <= owner.Generation || res.Offset != 0 {
 			t.Fatalf("reset: Generation %d, Offset %d; want above %d, 0", res.Generation, res.Offset, owner.Generation)
 		}
-		want := store.GroupState{Offset: 0, Generation: res.Generation, Updated: t0 + 10*sec}
+		want := store.GroupState{Offset: 0, Generation: res.Generation, Updated: t0 + 10*sec, Reset: true}
 		equal(t, "Group after reset", group(t, p, "g"), want)
 		applyErr(t, p, commitOffset("g", 5, owner.Generation), store.ErrStaleGeneration)
 		equal(t, "Group after the fenced owner's commit", group(t, p, "g"), want)
@@ -131,6 +131,9 @@ var offsetTests = []test{
 		c := claim(t, p, t0+60*sec, "g", store.StartAt, 0, res.Generation)
 		if !c.Found || c.Offset != 1 {
 			t.Fatalf("claim after reset: Found %v, Offset %d", c.Found, c.Offset)
+		}
+		if group(t, p, "g").Reset {
+			t.Fatal("Group after a claim still marked Reset")
 		}
 	}},
 	{"DeleteThenClaim", func(t *testing.T, p Partition) {
