@@ -7,6 +7,7 @@ import (
 
 	"github.com/zeze-go/mq/internal/delivery"
 	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/localtx"
 )
 
 // Type says how a topic's partitions are replicated. Values follow the draft.
@@ -164,6 +165,120 @@ func WithClock(clk Clock) Option {
 		return nil
 	}
 }
+
+// WithRetention deletes, from the head of each partition, the messages
+// stored more than d ago, consumed or not (RocketMQ's fileReservedTime).
+// Zero keeps messages whatever their age. Default 48 hours. A group whose
+// offset falls below the new head skips forward to it; its consumer logs how
+// many messages it lost. Retention also bounds the dedup window: a deleted
+// message's ID is forgotten with it.
+func WithRetention(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("%w: retention %v", ErrInvalidOption, d)
+		}
+		c.retention = d
+		return nil
+	}
+}
+
+// WithRetentionBytes deletes the oldest messages of each partition while its
+// records take more than n bytes; the limit is per partition. Zero, the
+// default, sets no size limit. bbolt reuses the freed pages, so a partition
+// file stops growing at about its limit, but it does not shrink.
+func WithRetentionBytes(n int64) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("%w: retention bytes %d", ErrInvalidOption, n)
+		}
+		c.retentionBytes = n
+		return nil
+	}
+}
+
+// WithDecisionTTL sets how long each partition remembers whether a
+// transaction committed or rolled back, so that a late repeat of the
+// decision changes nothing. Default 24 hours. A decision is forgotten within
+// an hour after its TTL, and never in the first hour after Open. It is kept
+// longer while a host store may still hold the marker of a committed
+// transaction (its clean-up failed, or the store could not be listed since
+// Open): the sweep that finds such a marker relies on the decision not to
+// publish the transaction twice.
+func WithDecisionTTL(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: decision TTL %v", ErrInvalidOption, d)
+		}
+		c.decisionTTL = d
+		return nil
+	}
+}
+
+// WithMaintenanceInterval sets how often each partition checks its
+// retention limits and prunes expired dedup entries. Default 10 seconds. A
+// check that finds nothing to delete writes nothing. A message ID is
+// forgotten between one dedup window and one window plus this interval
+// after its message was stored. Delayed messages do not depend on it: they
+// are released when due.
+func WithMaintenanceInterval(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: maintenance interval %v", ErrInvalidOption, d)
+		}
+		c.maintenanceInterval = d
+		return nil
+	}
+}
+
+// WithTxCheckAfter sets how long half messages may stay undecided before
+// the node asks the host store about their transaction (the check-back);
+// later checks back off from there (doubling, at most a minute apart unless
+// d is longer). Default 6s.
+func WithTxCheckAfter(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: tx check after %v", ErrInvalidOption, d)
+		}
+		c.tx.checkAfter = d
+		return nil
+	}
+}
+
+// WithTxMaxChecks sets how many check-backs may answer "still running"
+// before the transaction is parked: listed by UnresolvedTxs, checked no
+// more, and left for ResolveTx. Default 15.
+func WithTxMaxChecks(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("%w: tx max checks %d", ErrInvalidOption, n)
+		}
+		c.tx.maxChecks = n
+		return nil
+	}
+}
+
+// WithLocalTx gives the node the host store whose transactions send
+// messages (a *localtx.Bolt or *localtx.SQL), for the check-back and to
+// publish, at start, the messages of transactions that committed just
+// before a crash. Give every such store, once each; a store used by a
+// transaction is also learned for the rest of the run. Without it, half
+// messages left by a crash are parked for the operator.
+func WithLocalTx(s localtx.Store) Option {
+	return func(c *config) error {
+		if s == nil {
+			return fmt.Errorf("%w: nil local tx store", ErrInvalidOption)
+		}
+		c.tx.stores = append(c.tx.stores, s)
+		return nil
+	}
+}
+
+// ProducerOption configures NewProducer. There are none yet; the type keeps
+// the signature stable.
+type ProducerOption func(*producerConfig) error
+
+// producerConfig is what the producer options set.
+type producerConfig struct{}
 
 // ConsumerOption configures NewConsumer.
 type ConsumerOption func(*consumerConfig) error
@@ -356,70 +471,6 @@ func WithFilter(expression string) ConsumerOption {
 			return fmt.Errorf("%w: %v", ErrInvalidOption, err)
 		}
 		c.Filter = f
-		return nil
-	}
-}
-
-// WithRetention deletes, from the head of each partition, the messages
-// stored more than d ago, consumed or not (RocketMQ's fileReservedTime).
-// Zero keeps messages whatever their age. Default 48 hours. A group whose
-// offset falls below the new head skips forward to it; its consumer logs how
-// many messages it lost. Retention also bounds the dedup window: a deleted
-// message's ID is forgotten with it.
-func WithRetention(d time.Duration) Option {
-	return func(c *config) error {
-		if d < 0 {
-			return fmt.Errorf("%w: retention %v", ErrInvalidOption, d)
-		}
-		c.retention = d
-		return nil
-	}
-}
-
-// WithRetentionBytes deletes the oldest messages of each partition while its
-// records take more than n bytes; the limit is per partition. Zero, the
-// default, sets no size limit. bbolt reuses the freed pages, so a partition
-// file stops growing at about its limit, but it does not shrink.
-func WithRetentionBytes(n int64) Option {
-	return func(c *config) error {
-		if n < 0 {
-			return fmt.Errorf("%w: retention bytes %d", ErrInvalidOption, n)
-		}
-		c.retentionBytes = n
-		return nil
-	}
-}
-
-// WithDecisionTTL sets how long each partition remembers whether a
-// transaction committed or rolled back, so that a late repeat of the
-// decision changes nothing. Default 24 hours. A decision is forgotten within
-// an hour after its TTL, and never in the first hour after Open. It is kept
-// longer while a host store may still hold the marker of a committed
-// transaction (its clean-up failed, or the store could not be listed since
-// Open): the sweep that finds such a marker relies on the decision not to
-// publish the transaction twice.
-func WithDecisionTTL(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: decision TTL %v", ErrInvalidOption, d)
-		}
-		c.decisionTTL = d
-		return nil
-	}
-}
-
-// WithMaintenanceInterval sets how often each partition checks its
-// retention limits and prunes expired dedup entries. Default 10 seconds. A
-// check that finds nothing to delete writes nothing. A message ID is
-// forgotten between one dedup window and one window plus this interval
-// after its message was stored. Delayed messages do not depend on it: they
-// are released when due.
-func WithMaintenanceInterval(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: maintenance interval %v", ErrInvalidOption, d)
-		}
-		c.maintenanceInterval = d
 		return nil
 	}
 }

@@ -102,14 +102,11 @@ type SendResult struct {
 // Producer sends messages to one topic. It is safe for concurrent use.
 type Producer struct {
 	m      *MQ
+	cfg    producerConfig
 	topic  string
 	rr     atomic.Uint64
 	closed atomic.Bool
 }
-
-// ProducerOption configures NewProducer. There are none yet; the type keeps
-// the signature stable.
-type ProducerOption func(*Producer) error
 
 // NewProducer returns a producer for topic, or ErrNoTopic.
 func (m *MQ) NewProducer(topic string, opts ...ProducerOption) (*Producer, error) {
@@ -121,7 +118,7 @@ func (m *MQ) NewProducer(topic string, opts ...ProducerOption) (*Producer, error
 		if o == nil {
 			return nil, fmt.Errorf("%w: nil producer option", ErrInvalidOption)
 		}
-		if err := o(p); err != nil {
+		if err := o(&p.cfg); err != nil {
 			return nil, err
 		}
 	}

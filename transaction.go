@@ -81,49 +81,6 @@ func defaultTxConfig() txConfig {
 	return txConfig{checkAfter: 6 * time.Second, maxChecks: 15, prune: txn.NewPruneGuard()}
 }
 
-// WithTxCheckAfter sets how long half messages may stay undecided before
-// the node asks the host store about their transaction (the check-back);
-// later checks back off from there (doubling, at most a minute apart unless
-// d is longer). Default 6s.
-func WithTxCheckAfter(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: tx check after %v", ErrInvalidOption, d)
-		}
-		c.tx.checkAfter = d
-		return nil
-	}
-}
-
-// WithTxMaxChecks sets how many check-backs may answer "still running"
-// before the transaction is parked: listed by UnresolvedTxs, checked no
-// more, and left for ResolveTx. Default 15.
-func WithTxMaxChecks(n int) Option {
-	return func(c *config) error {
-		if n < 1 {
-			return fmt.Errorf("%w: tx max checks %d", ErrInvalidOption, n)
-		}
-		c.tx.maxChecks = n
-		return nil
-	}
-}
-
-// WithLocalTx gives the node the host store whose transactions send
-// messages (a *localtx.Bolt or *localtx.SQL), for the check-back and to
-// publish, at start, the messages of transactions that committed just
-// before a crash. Give every such store, once each; a store used by a
-// transaction is also learned for the rest of the run. Without it, half
-// messages left by a crash are parked for the operator.
-func WithLocalTx(s localtx.Store) Option {
-	return func(c *config) error {
-		if s == nil {
-			return fmt.Errorf("%w: nil local tx store", ErrInvalidOption)
-		}
-		c.tx.stores = append(c.tx.stores, s)
-		return nil
-	}
-}
-
 // startTxChecker starts the transaction engine: its check-back and sweep
 // goroutine and its forgetter (internal/txn).
 func (m *MQ) startTxChecker() {
