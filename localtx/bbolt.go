@@ -157,6 +157,17 @@ func (b *Bolt) Tx(ctx context.Context) *bolt.Tx {
 // after a failed fsync: close the DB and reopen it. Every Run of a batch
 // whose commit failed gets its own reading.
 //
+// A commit hook that fails does not undo the commit, and Run returns nil
+// all the same: the transaction committed. This is what happens when the
+// queue cannot publish a committed transaction's messages (its own storage
+// failed, or it is closing): its hook logs a warning on the node's logger
+// and leaves the transaction's marker and outbox rows in this DB, and the
+// node publishes them later from there, at its next sweep (every five
+// TxCheckAfter, and at its next start) or, for half messages, at their
+// check-back. The messages are late, not lost; until then the transaction
+// stays listed by Committed. A hook that panics makes Run panic after the
+// other hooks ran, though the transaction committed.
+//
 // Run returns fn's error, or the commit's.
 func (b *Bolt) Run(ctx context.Context, fn func(ctx context.Context) error) error {
 	if b.Tx(ctx) != nil {
