@@ -18,11 +18,13 @@ type BoltOptions struct {
 // Bolt is the adapter over the host's own bbolt DB: the queue's marker and
 // outbox buckets live in that DB and are written in the same bbolt
 // transaction as the host's business data. It is safe for concurrent use;
-// like any bbolt DB it runs one write transaction at a time.
+// like any bbolt DB it runs one write transaction at a time, which
+// concurrent Runs share (see Run).
 type Bolt struct {
 	db   *bolt.DB
 	opts BoltOptions
 
+	group  boltGroup
 	commit func(*bolt.Tx) error // commits a transaction; nil: (*bolt.Tx).Commit. Set only by tests.
 }
 
@@ -42,7 +44,7 @@ func NewBolt(db *bolt.DB, opts BoltOptions) (*Bolt, error) {
 	if err != nil {
 		return nil, fmt.Errorf("localtx: bolt buckets: %w", err)
 	}
-	return &Bolt{db: db, opts: opts}, nil
+	return &Bolt{db: db, opts: opts, group: boltGroup{lead: make(chan struct{}, 1)}}, nil
 }
 
 // BoltTx is one attempt of Bolt.Run. It is bound to the context given to
@@ -75,20 +77,20 @@ func (t *BoltTx) Put(bucket, key, value []byte) error {
 	return nil
 }
 
-// Bolt returns the bbolt write transaction.
+// Bolt returns the bbolt write transaction, which the other Runs of the
+// batch share: use it only inside Run's function, and never commit or roll
+// it back.
 func (t *BoltTx) Bolt() *bolt.Tx { return t.tx }
 
 // Store returns the adapter that began the transaction.
 func (t *BoltTx) Store() Store { return t.store }
 
-func (t *BoltTx) commitTx() error {
-	if c := t.store.commit; c != nil {
-		return c(t.tx)
+func (b *Bolt) commitTx(tx *bolt.Tx) error {
+	if b.commit != nil {
+		return b.commit(tx)
 	}
-	return t.tx.Commit()
+	return tx.Commit()
 }
-
-func (t *BoltTx) rollbackTx() error { return t.tx.Rollback() }
 
 // outcome reads back whether bbolt wrote the transaction's meta page. Not
 // written (the marker is absent, or without a marker the DB's meta is older
@@ -115,7 +117,8 @@ func (t *BoltTx) outcome(context.Context) (State, error) {
 	return st, nil
 }
 
-// Tx returns the bbolt transaction that Run bound to ctx, or nil outside Run.
+// Tx returns the bbolt transaction that Run bound to ctx, or nil outside Run;
+// see BoltTx.Bolt.
 func (b *Bolt) Tx(ctx context.Context) *bolt.Tx {
 	if t, ok := ctx.Value(ctxKey{}).(*BoltTx); ok && t.store == b {
 		return t.tx
@@ -130,6 +133,20 @@ func (b *Bolt) Tx(ctx context.Context) *bolt.Tx {
 // ErrRedo the attempt is rolled back and fn runs again in a new transaction.
 // Inside a transaction of this adapter, Run joins it and just calls fn.
 //
+// Concurrent Runs share one bbolt transaction and one commit (one fsync):
+// their functions run one after another, each in its caller's goroutine,
+// and each Run keeps its own ID, hooks and outcome. A function sees the
+// writes of the functions that ran before it in the shared transaction, as
+// if they had committed. bbolt cannot undo one function's writes alone, so
+// when a function fails, the functions that ran before it run again in a
+// new transaction: a re-run, like a redo, is a new attempt (its earlier
+// one's rollback hooks run), but it does not count against MaxAttempts. A
+// function may thus run more than once without asking for it: keep effects
+// outside the transaction in hooks. When ctx ends before fn's turn, Run
+// returns ctx.Err() and fn does not run; once fn ran, Run waits for the
+// commit. Run does not wait for other callers: a lone caller commits at
+// once.
+//
 // When bbolt's Commit returns an error, Run reads back whether bbolt wrote
 // the transaction's meta page. If not, nothing committed: the rollback hooks
 // run and Run returns the commit's error. If it did, only the fsync after
@@ -137,20 +154,26 @@ func (b *Bolt) Tx(ctx context.Context) *bolt.Tx {
 // loss, so Run runs the WhileUnknown hooks and returns an error wrapping
 // ErrCommitUnknown. The queue then follows what the DB shows (its
 // check-back reads it like any reader), but bbolt is not safe to write
-// after a failed fsync: close the DB and reopen it.
+// after a failed fsync: close the DB and reopen it. Every Run of a batch
+// whose commit failed gets its own reading.
+//
+// A commit hook that fails does not undo the commit, and Run returns nil
+// all the same: the transaction committed. This is what happens when the
+// queue cannot publish a committed transaction's messages (its own storage
+// failed, or it is closing): its hook logs a warning on the node's logger
+// and leaves the transaction's marker and outbox rows in this DB, and the
+// node publishes them later from there, at its next sweep (every five
+// TxCheckAfter, and at its next start) or, for half messages, at their
+// check-back. The messages are late, not lost; until then the transaction
+// stays listed by Committed. A hook that panics makes Run panic after the
+// other hooks ran, though the transaction committed.
 //
 // Run returns fn's error, or the commit's.
 func (b *Bolt) Run(ctx context.Context, fn func(ctx context.Context) error) error {
 	if b.Tx(ctx) != nil {
 		return fn(ctx)
 	}
-	return run(ctx, b.opts.MaxAttempts, func(a *attempt) (hostTx, error) {
-		tx, err := b.db.Begin(true)
-		if err != nil {
-			return nil, fmt.Errorf("localtx: begin: %w", err)
-		}
-		return &BoltTx{attempt: a, tx: tx, txid: tx.ID(), store: b}, nil
-	}, fn)
+	return redo(b.opts.MaxAttempts, func() error { return b.try(ctx, fn) })
 }
 
 // Check answers the check-back of txid; see Store.
@@ -224,12 +247,16 @@ func (b *Bolt) Committed(_ context.Context, after string, max int) ([]Record, er
 	return out, nil
 }
 
-// Forget deletes the markers and outbox rows of txids; see Store.
-func (b *Bolt) Forget(_ context.Context, txids []string) error {
+// Forget deletes the markers and outbox rows of txids; see Store. It joins
+// the group commit of Run (inside a transaction of Run, that transaction),
+// so the clean-up adds no commit of its own while Runs are busy; like Run
+// it returns ctx.Err() when ctx ends before its turn.
+func (b *Bolt) Forget(ctx context.Context, txids []string) error {
 	if len(txids) == 0 {
 		return nil
 	}
-	err := b.db.Update(func(tx *bolt.Tx) error {
+	err := b.Run(ctx, func(ctx context.Context) error {
+		tx := b.Tx(ctx)
 		mb, ob := tx.Bucket(MarkerBucket), tx.Bucket(OutboxBucket)
 		for _, id := range txids {
 			if mb != nil {

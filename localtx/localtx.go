@@ -327,33 +327,48 @@ func runHooks(hooks []func()) {
 	}
 }
 
-// hostTx is an adapter's begun transaction.
-type hostTx interface {
-	Tx
-	commitTx() error
-	rollbackTx() error
-	// outcome reads back, after commitTx returned an error, whether the
+// outcomer is a transaction whose outcome can be read back after its
+// commit returned an error.
+type outcomer interface {
+	// outcome reads back, after the commit returned an error, whether the
 	// transaction committed: Committed or RolledBack when the store says
 	// so; Unknown with an error when the store could not answer now (Run
 	// asks again); Unknown without one when it can never tell.
 	outcome(ctx context.Context) (State, error)
 }
 
-// run is the managed transaction shared by the adapters: begin, bind, call
-// fn, commit or roll back, then run the hooks of the outcome; redo while fn
-// asks for it, up to attempts times.
+// hostTx is an adapter's begun transaction.
+type hostTx interface {
+	Tx
+	outcomer
+	commitTx() error
+	rollbackTx() error
+}
+
+// run is the managed transaction of an adapter whose Runs each have a
+// transaction of their own: begin, bind, call fn, commit or roll back, then
+// run the hooks of the outcome; redo while fn asks for it, up to attempts
+// times.
 func run(ctx context.Context, attempts int, begin func(a *attempt) (hostTx, error), fn func(context.Context) error) error {
-	if attempts <= 0 {
-		attempts = DefaultMaxAttempts
-	}
-	for n := 1; ; n++ {
+	return redo(attempts, func() error {
 		a := newAttempt()
 		tx, err := begin(a)
 		if err != nil {
 			a.end(RolledBack)
 			return err
 		}
-		err = once(ctx, tx, a, fn)
+		return once(ctx, tx, a, fn)
+	})
+}
+
+// redo calls try until it returns an error that does not wrap ErrRedo, up
+// to attempts times.
+func redo(attempts int, try func() error) error {
+	if attempts <= 0 {
+		attempts = DefaultMaxAttempts
+	}
+	for n := 1; ; n++ {
+		err := try()
 		if !errors.Is(err, ErrRedo) {
 			return err
 		}
@@ -396,6 +411,12 @@ func once(ctx context.Context, tx hostTx, a *attempt, fn func(context.Context) e
 	_ = tx.rollbackTx() // releases whatever the failed commit still holds
 	st, rerr := settle(ctx, tx)
 	runHooks(a.end(st))
+	return commitError(st, cerr, rerr)
+}
+
+// commitError is Run's error after its commit failed with cerr and the
+// outcome read back was st (rerr: why it could not be read).
+func commitError(st State, cerr, rerr error) error {
 	switch {
 	case st == Committed:
 		return nil
@@ -418,14 +439,21 @@ const (
 // with backoff while the store cannot answer, until ctx ends or settleFor
 // passes. The first try runs even when ctx has ended already: a commit that
 // failed because ctx ended is still worth one look.
-func settle(ctx context.Context, tx hostTx) (State, error) {
+func settle(ctx context.Context, tx outcomer) (State, error) {
 	deadline := time.Now().Add(settleFor)
-	try := func(ctx context.Context) (State, error) {
-		ctx, cancel := context.WithDeadline(ctx, deadline)
-		defer cancel()
-		return tx.outcome(ctx)
-	}
-	st, err := try(context.WithoutCancel(ctx))
+	st, err := readBack(context.WithoutCancel(ctx), tx, deadline)
+	return settleFrom(ctx, tx, deadline, st, err)
+}
+
+// readBack is one try of settle.
+func readBack(ctx context.Context, tx outcomer, deadline time.Time) (State, error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	return tx.outcome(ctx)
+}
+
+// settleFrom goes on with settle after its first try answered st, err.
+func settleFrom(ctx context.Context, tx outcomer, deadline time.Time, st State, err error) (State, error) {
 	for pause := settlePause; err != nil; pause = min(2*pause, time.Second) {
 		t := time.NewTimer(pause)
 		select {
@@ -437,7 +465,7 @@ func settle(ctx context.Context, tx hostTx) (State, error) {
 		if time.Now().After(deadline) {
 			return Unknown, err
 		}
-		st, err = try(ctx)
+		st, err = readBack(ctx, tx, deadline)
 	}
 	return st, nil
 }

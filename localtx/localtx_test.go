@@ -40,6 +40,7 @@ func TestAdapter(t *testing.T) {
 		{"Check", testCheck},
 		{"CommittedAndForget", testCommittedAndForget},
 		{"BadOutboxKey", testBadOutboxKey},
+		{"HookPanics", testHookPanics},
 	}
 	for _, name := range txtest.Names {
 		t.Run(name, func(t *testing.T) {
@@ -330,6 +331,39 @@ func testBadOutboxKey(t *testing.T, h *txtest.Host) {
 	})
 	if !errors.Is(err, localtx.ErrOutboxKey) {
 		t.Errorf("Put(bad outbox key) = %v, want ErrOutboxKey", err)
+	}
+}
+
+// testHookPanics: a commit hook that fails does not undo the commit. One
+// that panics makes Run panic, after the other hooks ran.
+func testHookPanics(t *testing.T, h *txtest.Host) {
+	var ev events
+	var id string
+	func() {
+		defer func() {
+			if r := recover(); r != "hook" {
+				t.Errorf("recovered %v, want the hook's panic", r)
+			}
+		}()
+		h.Run(context.Background(), func(ctx context.Context) error {
+			tx := bind(t, ctx)
+			id = tx.ID()
+			tx.WhileCommit(func() { panic("hook") })
+			tx.WhileCommit(ev.hook("commit2"))
+			if err := tx.Put(localtx.MarkerBucket, []byte(id), []byte("m")); err != nil {
+				return err
+			}
+			return h.Put(ctx, "k", "v")
+		})
+	}()
+	if want := (events{"commit2"}); !reflect.DeepEqual(ev, want) {
+		t.Errorf("hooks %v, want %v", ev, want)
+	}
+	if _, ok := mustGet(t, h, "k"); !ok {
+		t.Error("business row missing: the hook undid the commit")
+	}
+	if st, _, err := h.Store.Check(context.Background(), id); err != nil || st != localtx.Committed {
+		t.Errorf("Check = %v, %v; want committed", st, err)
 	}
 }
 

@@ -215,6 +215,10 @@ func (s *SQL) Tx(ctx context.Context) *sql.Tx {
 // marker, it runs the WhileUnknown hooks and returns an error wrapping
 // ErrCommitUnknown and the commit's error.
 //
+// As with Bolt.Run, a commit hook that fails (the queue could not publish)
+// does not undo the commit and Run returns nil: the queue publishes the
+// transaction later from the marker and outbox rows it left; see Bolt.Run.
+//
 // Run returns fn's error, or the commit's.
 func (s *SQL) Run(ctx context.Context, fn func(ctx context.Context) error) error {
 	if s.Tx(ctx) != nil {
