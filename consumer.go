@@ -129,6 +129,10 @@ const (
 	// PropRetryGroup is the offset name of the consumer that parked the
 	// message in a retry topic; only that consumer takes it back.
 	PropRetryGroup = delivery.PropRetryGroup
+	// PropReconsumeTimes is, on a dead letter, the failed deliveries of the
+	// group that gave up on it (decimal). The group consuming the
+	// dead-letter topic counts its own: its ReconsumeTimes starts at 0.
+	PropReconsumeTimes = delivery.PropReconsumeTimes
 )
 
 // RetryTopic returns the name of group's retry topic, "%RETRY%<group>".
@@ -176,6 +180,9 @@ func (m *MQ) NewConsumer(topic, groupName string, listener Listener, opts ...Con
 		if err := o(&cfg); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.Instance != "" {
+		cfg.Refresh = m.cfg.broadcastTTL / 4 // see WithBroadcastOffsetTTL
 	}
 	c := &Consumer{m: m, topic: topic, groupName: groupName, listener: listener}
 	dc, err := m.delivery.Subscribe(topic, groupName, c.handle, cfg)
@@ -320,7 +327,7 @@ func (c *Consumer) Seek(ctx context.Context, to Position) error {
 
 // DeleteGroup removes the offsets of group (a consumer's OffsetName) from
 // every partition of topic, so a consumer of it starts again at its start
-// position, and the store keeps nothing of it. It returns ErrGroupActive
+// position, and the store keeps nothing of it. It returns ErrGroupInUse
 // while a consumer of the group is open on this node, and ErrNoTopic,
 // ErrInvalidGroup, ErrClosed or ctx's error.
 func (m *MQ) DeleteGroup(ctx context.Context, topic, group string) error {
@@ -368,7 +375,7 @@ func (m *MQ) Lag(topic, group string) ([]PartitionLag, error) {
 
 // RedriveDeadLetters sends group's dead letters back to the topics they came
 // from (Properties[PropOriginTopic]) as new messages: ReconsumeTimes starts
-// again at 0, LAST_ERROR and RETRY_GROUP are dropped, and consumers see the
+// again at 0, LAST_ERROR, RETRY_GROUP and RECONSUME_TIMES are dropped, and consumers see the
 // original ID (PropOriginID). Keyed messages are routed by key; others go
 // back to their original partition. It returns how many it sent.
 //

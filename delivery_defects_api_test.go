@@ -1,14 +1,6 @@
-//go:build issue9api
-
 package mq_test
 
-// Issue 9, defect 5: group state never shrinks. These tests are written
-// against an API that does not exist yet, so they are kept out of the build
-// by the issue9api tag:
-//
-//	go test -tags issue9api -run TestDefect5 .
-//
-// The expected API:
+// Issue 9, defect 5: group state never shrinks. The API:
 //
 //	func (m *MQ) DeleteGroup(ctx context.Context, topic, group string) error
 //	func WithBroadcastOffsetTTL(d time.Duration) Option
@@ -79,6 +71,7 @@ func TestDefect5_DeleteGroup(t *testing.T) {
 	}
 	last := &sink{}
 	consume(t, m, "t", "g", last, mq.WithStartPosition(mq.StartLast))
+	started(t, m, "t", "g")
 	send("new")
 	waitFor(t, defectTimeout, "the new messages", func() bool { return last.len() == 2 })
 	for _, msg := range last.all() {
@@ -103,14 +96,35 @@ func TestDefect5_BroadcastOffsetTTL(t *testing.T) {
 	publish(t, m, "t", "m1") // the idle instance would resume here
 
 	clk.Advance(2 * time.Hour) // fires the upkeep's timers
-	// No API tells when the upkeep has run: give it a moment.
-	time.Sleep(200 * time.Millisecond)
+	waitFor(t, defectTimeout, "the instance's offsets removed", func() bool {
+		lags, err := m.Lag("t", "g@i1")
+		return err == nil && !lags[0].Known
+	})
 
 	again := &sink{}
 	consume(t, m, "t", "g", again, mq.WithBroadcast("i1"), mq.WithStartPosition(mq.StartLast))
+	started(t, m, "t", "g@i1")
 	publish(t, m, "t", "m2")
 	waitFor(t, defectTimeout, "m2", func() bool { return seen(again.all(), "m2") })
 	if got := again.bodies(); got[0] != "m2" {
 		t.Fatalf("the expired instance resumed: got %v, want [m2]", got)
 	}
+}
+
+// started waits until group has an offset in every partition of topic: its
+// consumers have claimed them, so their start position is fixed.
+func started(t *testing.T, m *mq.MQ, topic, group string) {
+	t.Helper()
+	waitFor(t, defectTimeout, group+" started", func() bool {
+		lags, err := m.Lag(topic, group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range lags {
+			if !l.Known {
+				return false
+			}
+		}
+		return true
+	})
 }

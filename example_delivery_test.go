@@ -45,7 +45,7 @@ func ExampleMQ_RedriveDeadLetters() {
 		}))
 	defer ops.Close()
 	d := <-dead
-	fmt.Println(d.Topic, string(d.Body), d.ReconsumeTimes, d.Properties[mq.PropOriginTopic], d.Properties[mq.PropLastError])
+	fmt.Println(d.Topic, string(d.Body), d.Properties[mq.PropReconsumeTimes], d.Properties[mq.PropOriginTopic], d.Properties[mq.PropLastError])
 
 	<-fixed
 	fixed <- true

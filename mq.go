@@ -136,9 +136,9 @@ var (
 	// ErrNoQuorum is returned when a replicated partition cannot reach a
 	// quorum before ctx ends.
 	ErrNoQuorum = errors.New("mq: no quorum")
-	// ErrGroupActive is returned by DeleteGroup while a consumer of the
+	// ErrGroupInUse is returned by DeleteGroup while a consumer of the
 	// group is open on this node.
-	ErrGroupActive = errors.New("mq: group has consumers")
+	ErrGroupInUse = errors.New("mq: group in use")
 	// ErrStorageFailed is returned for every write to a partition after a
 	// write or sync of its log or file failed (an I/O error, a full disk),
 	// until the node is reopened: the outcome of the writes in flight is
@@ -216,7 +216,7 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	m.delivery = delivery.New(deliveryTopics{m}, cfg.clock, cfg.logger)
 	m.upkeep = upkeep.Config{Clock: cfg.clock, Retention: cfg.retention, RetentionBytes: cfg.retentionBytes,
 		DedupWindow: cfg.dedupWindow, DecisionTTL: cfg.decisionTTL, Interval: cfg.maintenanceInterval,
-		DecideTTL: cfg.tx.prune.DecideTTL}
+		DecideTTL: cfg.tx.prune.DecideTTL, BroadcastTTL: cfg.broadcastTTL}
 	// One write-ahead log for the node: one fdatasync covers the sends of
 	// every partition (store/wal.go). Whatever the options, Open recovers
 	// what the log holds.
@@ -490,8 +490,8 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrInvalidPartition, err)
 	case errors.Is(err, delivery.ErrInvalidOffset):
 		return fmt.Errorf("%w: %v", ErrInvalidOffset, err)
-	case errors.Is(err, delivery.ErrGroupActive):
-		return fmt.Errorf("%w: %v", ErrGroupActive, err)
+	case errors.Is(err, delivery.ErrGroupInUse):
+		return fmt.Errorf("%w: %v", ErrGroupInUse, err)
 	case errors.Is(err, delivery.ErrNoOrigin):
 		return fmt.Errorf("%w: %v", ErrNoTopic, err)
 	case errors.Is(err, store.ErrDecided):

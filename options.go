@@ -67,6 +67,7 @@ type config struct {
 	retentionBytes      int64         // per partition; 0: no size limit
 	decisionTTL         time.Duration
 	maintenanceInterval time.Duration
+	broadcastTTL        time.Duration // 0: broadcast offsets are kept forever
 
 	// Transactions (transaction.go).
 	tx txConfig
@@ -82,6 +83,7 @@ func defaultConfig() config {
 		retention:           48 * time.Hour,
 		decisionTTL:         24 * time.Hour,
 		maintenanceInterval: 10 * time.Second,
+		broadcastTTL:        7 * 24 * time.Hour,
 
 		tx: defaultTxConfig(),
 	}
@@ -269,6 +271,22 @@ func WithLocalTx(s localtx.Store) Option {
 			return fmt.Errorf("%w: nil local tx store", ErrInvalidOption)
 		}
 		c.tx.stores = append(c.tx.stores, s)
+		return nil
+	}
+}
+
+// WithBroadcastOffsetTTL removes the offsets of a broadcast instance
+// (group@instance, see WithBroadcast) from a partition once they have not
+// changed for d: the instance was closed for good and its name is not used
+// again. An instance opened again later starts at its start position. A
+// running instance stores its offsets at least every d/4, so it keeps them
+// however idle its partitions are. Zero keeps them forever. Default 7 days.
+func WithBroadcastOffsetTTL(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("%w: broadcast offset TTL %v", ErrInvalidOption, d)
+		}
+		c.broadcastTTL = d
 		return nil
 	}
 }

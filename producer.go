@@ -283,8 +283,7 @@ func (p *Producer) sendTo(ctx context.Context, part partition.Partition, idx int
 		*cmd = store.Command{Msgs: cmd.Msgs[:0]}
 		cmdPool.Put(cmd)
 	}()
-	cmd.Op = store.OpAppend
-	cmd.Now = now.UnixNano()
+	cmd.Op = store.OpAppend // the partition stamps Now
 	for _, m := range msgs {
 		if m.Timestamp.IsZero() {
 			m.Timestamp = now

@@ -101,6 +101,15 @@ func (v *view) apply(c *Command) (Result, error) {
 		return res, v.fence(c, GroupState{Offset: c.Offset}, &res)
 	case OpDeleteGroup:
 		res.Found = v.get(bGroups, c.Group) != nil
+		if c.MaxAge > 0 { // only an idle record: one of unknown age (0) is kept
+			g, found, err := v.group(c.Group)
+			if err != nil || !found || g.Updated == 0 || g.Updated >= c.Now-c.MaxAge {
+				return res, err
+			}
+		}
+		if res.Found {
+			res.Count = 1
+		}
 		v.g.del(bGroups, c.Group)
 	case OpTrim:
 		v.trim(c, &res)

@@ -41,7 +41,9 @@ const (
 	OpRelease Op = 7
 	// OpTxChecked records one check-back of TxID that found no answer.
 	OpTxChecked Op = 8
-	// OpDeleteGroup removes Group's record. The partition's generation
+	// OpDeleteGroup removes Group's record (Result.Count 1), or with
+	// MaxAge only a record last changed before Now-MaxAge (one of unknown
+	// age, written before format 3, is kept). The partition's generation
 	// counter keeps its value: a later claim never reuses a generation.
 	OpDeleteGroup Op = 9
 	// OpClaim takes ownership of Group: it gets a new generation, which its
@@ -112,7 +114,7 @@ type Command struct {
 	TxID       string
 	Producer   string // the node that prepared TxID (OpPrepare)
 	Limit      int    // OpRelease, OpTrim: most messages moved or deleted; 0: the default
-	MaxAge     int64  // OpTrim: ns; 0 keeps all
+	MaxAge     int64  // OpTrim: ns; 0 keeps all. OpDeleteGroup: only a record unchanged for longer
 	MaxBytes   int64  // OpTrim: 0 keeps all
 	DedupTTL   int64  // OpTrim: ns; 0 keeps dedup entries
 	DecideTTL  int64  // OpTrim: ns; 0 keeps transaction decisions
@@ -127,8 +129,9 @@ type Result struct {
 	// the transaction decided already.
 	Acks []Ack
 	// Count is the number of messages moved (OpRelease, OpCommitTx),
-	// stored (OpPrepare), deleted (OpTrim, OpRollbackTx), or the checks
-	// counted so far (OpTxChecked).
+	// stored (OpPrepare), deleted (OpTrim, OpRollbackTx; OpDeleteGroup: 1
+	// when it removed the record), or the checks counted so far
+	// (OpTxChecked).
 	Count int
 	// More reports that OpRelease or OpTrim stopped at Limit with work left.
 	More bool

@@ -21,6 +21,7 @@ const (
 	PropOriginID        = "ORIGIN_MSG_ID"
 	PropLastError       = "LAST_ERROR"
 	PropRetryGroup      = "RETRY_GROUP"
+	PropReconsumeTimes  = "RECONSUME_TIMES"
 
 	maxLastErr = 1024
 	// savedPrefix keeps, on a parked copy, the original's own value of a
@@ -152,6 +153,7 @@ func (w *worker) deadCopy(sm *store.Message, r int, cause error) (topic string, 
 		}
 	}
 	cp.ReconsumeTimes = int32(r + 1)
+	cp.Properties[PropReconsumeTimes] = strconv.Itoa(r + 1)
 	w.logger().Error("message handler failed too often; dead-lettered", "offset", sm.Offset, "attempts", r+1, "err", cause)
 	return meta.DeadLetterPrefix + c.groupName, cp
 }

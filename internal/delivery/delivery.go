@@ -50,7 +50,7 @@ var (
 	ErrClosed           = errors.New("delivery: closed")
 	ErrInvalidPartition = errors.New("delivery: invalid partition")
 	ErrInvalidOffset    = errors.New("delivery: invalid offset")
-	ErrGroupActive      = errors.New("delivery: group has consumers")
+	ErrGroupInUse       = errors.New("delivery: group in use")
 )
 
 // Partition is what delivery needs of a partition.
@@ -115,6 +115,7 @@ type Config struct {
 	Filter       *Filter         // nil: every message
 	Batch        int             // messages held per partition at a time
 	BatchBytes   int             // bytes held per partition at a time
+	Refresh      time.Duration   // store the offset again after this long idle (0: never)
 }
 
 // retryDelay is the wait before retry r+1.

@@ -58,7 +58,7 @@ func (w *worker) reader(reqs <-chan fetchReq, resps chan<- fetchResp) {
 	var buf []store.Message
 	for r := range reqs {
 		var err error
-		buf, err = w.fetch(context.Background(), r.from, r.max, r.maxBytes, buf[:0])
+		buf, err = w.fetch(r.from, r.max, r.maxBytes, buf[:0], false)
 		resps <- fetchResp{msgs: append([]store.Message(nil), buf...), err: err}
 		clear(buf)
 	}
@@ -207,6 +207,9 @@ func (w *worker) runParallel(ctx context.Context, offset *uint64) {
 		advance()
 		if len(window) == 0 || time.Since(w.lastCommit) > commitEvery {
 			w.commit(*offset)
+		}
+		if r := cfg.Refresh; r > 0 && time.Since(w.lastCommit) > r {
+			w.store(*offset) // idle: keep the record fresh (see fetch)
 		}
 		select {
 		case r := <-resps:

@@ -98,6 +98,7 @@ func (e *Engine) redriveOne(ctx context.Context, dlq string, part int, sm *store
 	props := maps.Clone(sm.Properties)
 	delete(props, PropLastError)
 	delete(props, PropRetryGroup)
+	delete(props, PropReconsumeTimes)
 	if props[PropOriginID] == "" {
 		props[PropOriginID] = sm.ID
 	}

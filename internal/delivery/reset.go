@@ -88,7 +88,7 @@ func target(p Partition, to Position) (uint64, error) {
 }
 
 // DeleteGroup removes the offsets stored under name in every partition of
-// topic. It refuses (ErrGroupActive) while the group has consumers on this
+// topic. It refuses (ErrGroupInUse) while the group has consumers on this
 // node; a consumer that joins meanwhile claims its partitions again and
 // starts at its start position.
 func (e *Engine) DeleteGroup(ctx context.Context, topic, name string) error {
@@ -101,7 +101,7 @@ func (e *Engine) DeleteGroup(ctx context.Context, topic, name string) error {
 	active := g != nil && len(g.members()) > 0
 	e.mu.Unlock()
 	if active {
-		return fmt.Errorf("%w: %s of %s", ErrGroupActive, name, topic)
+		return fmt.Errorf("%w: %s of %s", ErrGroupInUse, name, topic)
 	}
 	for i, p := range parts {
 		if _, err := p.Apply(ctx, &store.Command{Op: store.OpDeleteGroup, Group: name}); err != nil {

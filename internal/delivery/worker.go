@@ -41,6 +41,8 @@ type worker struct {
 	wake     chan struct{}      // a token when moved was set: ends a retry wait
 
 	gen        uint64 // the generation of the worker's claim; owned by run
+	resume     bool   // the next claim starts a missing record at resumeAt; owned by run
+	resumeAt   uint64
 	committed  uint64 // last offset written to the store; owned by run
 	lastCommit time.Time
 	vm         vm.VM         // filter evaluation; owned by run
@@ -86,7 +88,7 @@ func (w *worker) run(ctx context.Context) {
 			continue
 		}
 		var err error
-		buf, err = w.fetch(ctx, offset, cfg.Batch, cfg.BatchBytes, buf[:0])
+		buf, err = w.fetch(offset, cfg.Batch, cfg.BatchBytes, buf[:0], true)
 		if err != nil {
 			if ctx.Err() == nil && !w.moved.Load() {
 				w.logger().Error("read failed; retrying", "offset", offset, "err", err)
@@ -140,6 +142,11 @@ func (w *worker) claim(ctx context.Context) (uint64, bool) {
 
 func (w *worker) claimCommand() *store.Command {
 	cmd := &store.Command{Op: store.OpClaim, Group: w.c.group.name}
+	if w.resume {
+		w.resume = false
+		cmd.Start, cmd.Offset = store.StartAt, w.resumeAt
+		return cmd
+	}
 	switch w.c.cfg.Start {
 	case StartLast:
 		cmd.Start = store.StartLast
@@ -184,12 +191,26 @@ func (w *worker) hint() {
 	}
 }
 
-// fetch waits for messages from offset on.
-func (w *worker) fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error) {
+// fetch waits for messages from offset on. With Config.Refresh, a worker
+// idle that long stores its offset again (touch), so the record of a
+// running broadcast instance never looks abandoned to the upkeep.
+func (w *worker) fetch(from uint64, max, maxBytes int, dst []store.Message, touch bool) ([]store.Message, error) {
 	w.fetchMu.Lock()
 	fctx := w.fetchCtx
 	w.fetchMu.Unlock()
-	return w.p.Fetch(fctx, from, max, maxBytes, dst)
+	r := w.c.cfg.Refresh
+	if r <= 0 || !touch {
+		return w.p.Fetch(fctx, from, max, maxBytes, dst)
+	}
+	for {
+		tctx, cancel := context.WithTimeout(fctx, r)
+		out, err := w.p.Fetch(tctx, from, max, maxBytes, dst)
+		cancel()
+		if err == nil || fctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return out, err
+		}
+		w.store(from)
+	}
 }
 
 // skipGap logs messages that retention removed before this group read them
@@ -210,9 +231,13 @@ func (w *worker) logger() *slog.Logger {
 // commit (another owner, or a reset, took the partition) sets moved: the
 // worker claims again if it still runs.
 func (w *worker) commit(offset uint64) {
-	if offset == w.committed {
-		return
+	if offset != w.committed {
+		w.store(offset)
 	}
+}
+
+// store writes offset, even when it is the one committed already.
+func (w *worker) store(offset uint64) {
 	// Commit even while stopping: the offset must reach the store.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -237,10 +262,15 @@ func (w *worker) commit(offset uint64) {
 // partition is delivered by the newer owner alone.
 func (w *worker) fenced() {
 	gs, ok, err := w.p.Group(w.c.group.name)
-	if err == nil && ok && !gs.Reset {
+	switch {
+	case err == nil && ok && !gs.Reset:
 		w.logger().Warn("partition claimed by another owner; this consumer stops delivering it", "generation", w.gen, "owner", gs.Generation)
 		w.c.lose(w)
 		return
+	case err == nil && !ok:
+		// The record is gone (the upkeep took a broadcast instance for
+		// idle): claim it again where this worker is.
+		w.resumeAt, w.resume = w.committed, true
 	}
 	w.moved.Store(true)
 }

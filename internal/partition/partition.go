@@ -21,7 +21,7 @@ import (
 // Partition is one partition as the node holds it.
 type Partition interface {
 	// Apply runs one store command and returns its result once it is
-	// durable. The partition stamps cmd.Now itself (the proposer's clock)
+	// durable. The partition stamps a zero cmd.Now (the proposer's clock)
 	// and no longer reads cmd when Apply returns.
 	Apply(ctx context.Context, cmd *store.Command) (store.Result, error)
 	Read(from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error)
@@ -34,6 +34,7 @@ type Partition interface {
 	Changed() <-chan struct{}
 	GroupOffset(group string) (uint64, bool, error)
 	Group(name string) (store.GroupState, bool, error)
+	GroupStates() (map[string]store.GroupState, error)
 	Groups() (map[string]uint64, error)
 	SeekTime(t int64) (uint64, error)
 	NextDue() (int64, bool, error)
@@ -43,8 +44,10 @@ type Partition interface {
 }
 
 // Local is a partition stored on this node. It is the partition's only
-// proposer: Apply stamps every command with the node's clock, so the time a
-// command carries is always the owner's, whoever sent it.
+// proposer: Apply stamps a command that carries no time with the node's
+// clock, so producers and consumers never choose it. Only the engines that
+// run where the proposer is (the upkeep) stamp their own commands, with the
+// time they decided at.
 type Local struct {
 	*store.Partition
 	now func() time.Time
@@ -57,9 +60,11 @@ func NewLocal(p *store.Partition, now func() time.Time) *Local {
 	return &Local{Partition: p, now: now}
 }
 
-// Apply stamps cmd.Now and applies cmd.
+// Apply stamps cmd.Now, unless set, and applies cmd.
 func (l *Local) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
-	cmd.Now = l.now().UnixNano()
+	if cmd.Now == 0 {
+		cmd.Now = l.now().UnixNano()
+	}
 	return l.Partition.Apply(ctx, cmd)
 }
 

@@ -1,9 +1,10 @@
 // Package upkeep runs the upkeep of a partition on the node that owns it:
 // one goroutine per partition releases delayed messages when they fall due
 // and deletes what retention, the dedup window and the transaction decision
-// TTL let go. Both are store commands (OpRelease, OpTrim), stamped by the
-// partition's proposer, so a replicated partition computes the same result
-// on every replica.
+// TTL let go. Both are store commands (OpRelease, OpTrim); the upkeep runs
+// only where the partition's proposer is and stamps them with the time it
+// decided at (the transaction guard's cutoff is relative to it), so a
+// replicated partition computes the same result on every replica.
 //
 // An idle partition costs nothing: the upkeeper sleeps until the earliest
 // DeliverAt in the delay index or its next retention check, and a check
@@ -15,6 +16,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/zeze-go/mq/store"
@@ -26,7 +28,6 @@ const (
 	fullTrimEvery = time.Hour   // an unconditional OpTrim, the only one that prunes transaction decisions
 	upkeepRetry   = time.Second // pause after a failed store command
 	bytesSlack    = 16          // a write taking a partition 1/16 over its byte limit trims at once
-	decideSlack   = time.Minute // added to the decision TTL: the stamp comes after the guard's now
 )
 
 // Partition is what the upkeep needs of the partition it keeps; only the
@@ -38,6 +39,7 @@ type Partition interface {
 	Changed() <-chan struct{}
 	NextDue() (int64, bool, error)
 	Get(offset uint64) (store.Message, bool, error)
+	GroupStates() (map[string]store.GroupState, error)
 }
 
 // Clock is the node's source of time.
@@ -54,6 +56,9 @@ type Config struct {
 	DedupWindow    time.Duration
 	DecisionTTL    time.Duration
 	Interval       time.Duration // between retention checks
+	// BroadcastTTL removes the offsets of a broadcast instance
+	// (group@instance) unchanged for longer; 0 keeps them.
+	BroadcastTTL time.Duration
 	// DecideTTL returns the TTL to prune transaction decisions with at
 	// now, given DecisionTTL: the transaction engine keeps a decision while
 	// a host marker may need it. Nil uses DecisionTTL.
@@ -159,7 +164,7 @@ func (u *upkeeper) readDue() error {
 // release moves every message due at now into the log, in (DeliverAt,
 // arrival) order.
 func (u *upkeeper) release(ctx context.Context, now time.Time) error {
-	cmd := store.Command{Op: store.OpRelease, Limit: releaseLimit}
+	cmd := store.Command{Op: store.OpRelease, Now: now.UnixNano(), Limit: releaseLimit}
 	for {
 		res, err := u.log.Apply(ctx, &cmd)
 		if err != nil {
@@ -171,13 +176,47 @@ func (u *upkeeper) release(ctx context.Context, now time.Time) error {
 	}
 }
 
-// check trims the partition if a trim would delete something now.
+// check trims the partition if a trim would delete something now, and
+// removes the offsets of broadcast instances gone for longer than their TTL.
 func (u *upkeeper) check(ctx context.Context, now time.Time) error {
+	if err := u.expireGroups(ctx, now); err != nil {
+		return err
+	}
 	want, err := u.trimWanted(now)
 	if err != nil || !want {
 		return err
 	}
 	return u.trim(ctx, now)
+}
+
+// expireGroups removes the records of broadcast instances idle for longer
+// than BroadcastTTL. The age is compared inside the command (OpDeleteGroup
+// with MaxAge), so a running instance that refreshed its record meanwhile
+// keeps it. A running instance refreshes it well within the TTL.
+func (u *upkeeper) expireGroups(ctx context.Context, now time.Time) error {
+	ttl := u.cfg.BroadcastTTL
+	if ttl <= 0 {
+		return nil
+	}
+	groups, err := u.log.GroupStates()
+	if err != nil {
+		return fmt.Errorf("list groups: %w", err)
+	}
+	cutoff := now.Add(-ttl).UnixNano()
+	for name, g := range groups {
+		if !strings.Contains(name, "@") || g.Updated == 0 || g.Updated >= cutoff {
+			continue
+		}
+		cmd := store.Command{Op: store.OpDeleteGroup, Now: now.UnixNano(), Group: name, MaxAge: int64(ttl)}
+		res, err := u.log.Apply(ctx, &cmd)
+		if err != nil {
+			return fmt.Errorf("remove idle broadcast offsets %s: %w", name, err)
+		}
+		if res.Count > 0 {
+			u.logger.Info("offsets of an idle broadcast instance removed", "group", name, "idle", now.Sub(time.Unix(0, g.Updated)))
+		}
+	}
+	return nil
 }
 
 // trimWanted tells from the committed stats and the head record whether an
@@ -217,6 +256,7 @@ func (u *upkeeper) trim(ctx context.Context, now time.Time) error {
 	cfg := u.cfg
 	cmd := store.Command{
 		Op:       store.OpTrim,
+		Now:      now.UnixNano(), // the guard's cutoff is relative to it
 		Limit:    trimLimit,
 		MaxAge:   int64(cfg.Retention),
 		MaxBytes: cfg.RetentionBytes,
@@ -225,14 +265,11 @@ func (u *upkeeper) trim(ctx context.Context, now time.Time) error {
 	full := !now.Before(u.nextFull)
 	if full {
 		// No decision goes while a host marker may need it (Config.DecideTTL).
-		// The partition stamps the command later than now: decideSlack
-		// keeps that delay from moving the cutoff past what the guard
-		// allowed.
 		ttl := cfg.DecisionTTL
 		if cfg.DecideTTL != nil {
 			ttl = cfg.DecideTTL(now, ttl)
 		}
-		cmd.DecideTTL = int64(ttl + decideSlack)
+		cmd.DecideTTL = int64(ttl)
 	}
 	deleted := 0
 	for {
@@ -245,7 +282,7 @@ func (u *upkeeper) trim(ctx context.Context, now time.Time) error {
 			break
 		}
 	}
-	u.prunedTo = cmd.Now - cmd.DedupTTL // Now as the proposer stamped it
+	u.prunedTo = cmd.Now - cmd.DedupTTL
 	if full {
 		u.nextFull = now.Add(fullTrimEvery)
 	}

@@ -136,6 +136,23 @@ var offsetTests = []test{
 			t.Fatal("Group after a claim still marked Reset")
 		}
 	}},
+	{"DeleteIdle", func(t *testing.T, p Partition) {
+		claim(t, p, t0, "g", store.StartAt, 3, 0)
+		res := apply(t, p, &store.Command{Op: store.OpDeleteGroup, Now: t0 + 10*sec, Group: "g", MaxAge: 10 * sec})
+		if res.Count != 0 || !res.Found {
+			t.Fatalf("delete of a record exactly MaxAge old: Count %d, Found %v; want it kept", res.Count, res.Found)
+		}
+		equal(t, "offset", group(t, p, "g").Offset, uint64(3))
+		res = apply(t, p, &store.Command{Op: store.OpDeleteGroup, Now: t0 + 10*sec + 1, Group: "g", MaxAge: 10 * sec})
+		if res.Count != 1 {
+			t.Fatalf("delete of an idle record: Count %d, want 1", res.Count)
+		}
+		noGroup(t, p, "g")
+		res = apply(t, p, &store.Command{Op: store.OpDeleteGroup, Now: t0, Group: "g", MaxAge: sec})
+		if res.Count != 0 || res.Found {
+			t.Fatalf("delete of no record: Count %d, Found %v", res.Count, res.Found)
+		}
+	}},
 	{"DeleteThenClaim", func(t *testing.T, p Partition) {
 		old := claim(t, p, t0, "g", store.StartAt, 3, 0)
 		other := claim(t, p, t0, "other", store.StartAt, 0, old.Generation)

@@ -191,7 +191,12 @@ func (p *Partition) apply(c *store.Command) (res store.Result, err error) {
 		g.Offset, g.Updated = c.Offset, c.Now
 		p.groups[c.Group] = g
 	case store.OpDeleteGroup:
-		delete(p.groups, c.Group)
+		g, ok := p.groups[c.Group]
+		res.Found = ok
+		if ok && (c.MaxAge == 0 || g.Updated != 0 && g.Updated < c.Now-c.MaxAge) {
+			delete(p.groups, c.Group)
+			res.Count = 1
+		}
 	case store.OpClaim:
 		g, ok := p.groups[c.Group]
 		if !ok {
