@@ -1,0 +1,200 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/zeze-go/mq/internal/partition/fake"
+	"github.com/zeze-go/mq/store"
+)
+
+// gated is a stamped fake partition whose resets and claims a test can
+// hold: beforeReset blocks an OpResetOffset before it is applied,
+// afterReset after it is applied (before Apply returns), and blockClaims
+// makes OpClaim wait for its ctx.
+type gated struct {
+	stamped
+	beforeReset chan struct{} // nil: no wait
+	resetIn     chan struct{} // gets a token when a reset reaches the gate
+	afterReset  chan struct{} // nil: no wait
+	blockClaims atomic.Bool
+}
+
+func (g *gated) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+	if cmd.Op == store.OpClaim && g.blockClaims.Load() {
+		<-ctx.Done()
+		return store.Result{}, ctx.Err()
+	}
+	if cmd.Op == store.OpResetOffset && g.beforeReset != nil {
+		g.resetIn <- struct{}{}
+		<-g.beforeReset
+	}
+	res, err := g.stamped.Apply(ctx, cmd)
+	if cmd.Op == store.OpResetOffset && g.afterReset != nil {
+		g.resetIn <- struct{}{}
+		<-g.afterReset
+	}
+	return res, err
+}
+
+func gatedTable(name string) (*table, *fake.Partition, *gated) {
+	tb := newTable()
+	p := fake.New()
+	g := &gated{stamped: stamped{p}, resetIn: make(chan struct{}, 1)}
+	tb.topics[name] = []Partition{g}
+	return tb, p, g
+}
+
+func sendKeys(t *testing.T, p *fake.Partition, keys ...string) {
+	t.Helper()
+	cmd := store.Command{Op: store.OpAppend, Now: time.Now().UnixNano()}
+	for _, k := range keys {
+		cmd.Msgs = append(cmd.Msgs, store.Message{Key: k, Body: []byte(k)})
+	}
+	if _, err := p.Apply(context.Background(), &cmd); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitGroupState(t *testing.T, p *fake.Partition, what string, cond func(store.GroupState) bool) store.GroupState {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		gs := committed(t, p, "billing")
+		if cond(gs) {
+			return gs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: group at %+v", what, gs)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestReviewKeyParallelDeliversAfterReset: with key-parallel delivery, a
+// lane whose message waits for a handler slot (KeyParallel bounds them)
+// calls its handler after a reset moved the group past it. Promise: a
+// running consumer moves to the reset before it delivers its next message.
+func TestReviewKeyParallelDeliversAfterReset(t *testing.T) {
+	tb := newTable()
+	p := tb.add("orders", 1)[0]
+	sendKeys(t, p, "A", "B") // offsets 0 (key A) and 1 (key B)
+	inside := make(chan struct{})
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var got []uint64
+	cfg := testConfig()
+	cfg.KeyParallel = 1
+	e := newEngine(t, tb)
+	c, err := e.Subscribe("orders", "billing", func(ctx context.Context, d *Delivery) error {
+		mu.Lock()
+		got = append(got, d.Offset)
+		n := len(got)
+		mu.Unlock()
+		if n == 1 {
+			close(inside)
+			<-release
+		}
+		return nil
+	}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-inside
+	time.Sleep(50 * time.Millisecond) // B's lane waits for the handler slot
+	if err := e.Reset(context.Background(), "orders", "billing", Position{Kind: PosLast}); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	time.Sleep(300 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 {
+		t.Fatalf("after a reset to the end (offset 2), the consumer still delivered %v: offset 1 reached its handler after the reset", got)
+	}
+}
+
+// TestReviewResetRacingFirstClaim: Reset looks the group up once, before
+// it applies the resets; a consumer that subscribes meanwhile and claims
+// before the reset is applied gets no hint, and delivers from its old
+// position after Reset returned.
+func TestReviewResetRacingFirstClaim(t *testing.T) {
+	tb, p, g := gatedTable("orders")
+	send(t, p, 0, 5)
+	g.beforeReset = make(chan struct{})
+	e := newEngine(t, tb)
+	resetDone := make(chan error, 1)
+	go func() {
+		resetDone <- e.Reset(context.Background(), "orders", "billing", Position{Kind: PosFirst})
+	}()
+	<-g.resetIn // Reset resolved the offsets and looked the group up: none yet
+	l := newLog()
+	c, err := e.Subscribe("orders", "billing", l.handler("a", nil), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l.waitFor(t, 0, 5)
+	waitGroupState(t, p, "first pass", func(gs store.GroupState) bool { return gs.Offset == 5 })
+	close(g.beforeReset)
+	if err := <-resetDone; err != nil {
+		t.Fatal(err)
+	}
+	// The reset (to 0) is done and the consumer runs: its next delivery
+	// must come from offset 0.
+	send(t, p, 5, 1)
+	select {
+	case off := <-l.all:
+		if off != 0 {
+			t.Fatalf("after ResetOffset(first) returned, the running consumer delivered offset %d before moving to 0", off)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("nothing delivered after the reset")
+	}
+}
+
+// TestReviewCloseDuringReclaimRewinds: a worker told of a reset that it
+// has already taken (it re-claimed after its commit was refused, before
+// the hint arrived) claims again; when Close ends that claim, run's
+// deferred commit stores offset 0 (claim's failure value) under the
+// worker's valid generation, rewinding the group to the start.
+func TestReviewCloseDuringReclaimRewinds(t *testing.T) {
+	tb, p, g := gatedTable("orders")
+	send(t, p, 0, 10)
+	l := newLog()
+	e := newEngine(t, tb)
+	c, err := e.Subscribe("orders", "billing", l.handler("a", nil), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.waitFor(t, 0, 10)
+	waitGroupState(t, p, "first pass", func(gs store.GroupState) bool { return gs.Offset == 10 })
+	g.afterReset = make(chan struct{})
+	resetDone := make(chan error, 1)
+	go func() {
+		resetDone <- e.Reset(context.Background(), "orders", "billing", Position{Kind: PosLast})
+	}()
+	<-g.resetIn // applied (offset 10, a new generation), not yet hinted
+	resetGen := committed(t, p, "billing").Generation
+	send(t, p, 10, 1) // the worker handles 10, its commit is refused, it re-claims
+	waitGroupState(t, p, "re-claim after the refused commit", func(gs store.GroupState) bool {
+		return gs.Generation > resetGen && gs.Offset == 11
+	})
+	g.blockClaims.Store(true)
+	close(g.afterReset) // the hint: the worker claims again, and waits
+	if err := <-resetDone; err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	c.Close()
+	if gs := committed(t, p, "billing"); gs.Offset != 11 {
+		t.Fatalf("after Close the group is at offset %d (%+v), want 11: nothing handled 0..10 again", gs.Offset, gs)
+	}
+}
+
+var _ = errors.New
