@@ -22,12 +22,24 @@ type gated struct {
 	resetIn     chan struct{} // gets a token when a reset reaches the gate
 	afterReset  chan struct{} // nil: no wait
 	blockClaims atomic.Bool
+	// blockCommits makes OpCommitOffset signal commitIn and wait for
+	// commitGate.
+	blockCommits atomic.Bool
+	commitIn     chan struct{}
+	commitGate   chan struct{}
 }
 
 func (g *gated) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
 	if cmd.Op == store.OpClaim && g.blockClaims.Load() {
 		<-ctx.Done()
 		return store.Result{}, ctx.Err()
+	}
+	if cmd.Op == store.OpCommitOffset && g.blockCommits.Load() {
+		select {
+		case g.commitIn <- struct{}{}:
+		default:
+		}
+		<-g.commitGate
 	}
 	if cmd.Op == store.OpResetOffset && g.beforeReset != nil {
 		g.resetIn <- struct{}{}
@@ -44,7 +56,7 @@ func (g *gated) Apply(ctx context.Context, cmd *store.Command) (store.Result, er
 func gatedTable(name string) (*table, *fake.Partition, *gated) {
 	tb := newTable()
 	p := fake.New()
-	g := &gated{stamped: stamped{p}, resetIn: make(chan struct{}, 1)}
+	g := &gated{stamped: stamped{p}, resetIn: make(chan struct{}, 1), commitIn: make(chan struct{}, 1)}
 	tb.topics[name] = []Partition{g}
 	return tb, p, g
 }
@@ -75,20 +87,25 @@ func waitGroupState(t *testing.T, p *fake.Partition, what string, cond func(stor
 	}
 }
 
-// TestReviewKeyParallelDeliversAfterReset: with key-parallel delivery, a
-// lane whose message waits for a handler slot (KeyParallel bounds them)
-// calls its handler after a reset moved the group past it. Promise: a
-// running consumer moves to the reset before it delivers its next message.
+// TestReviewKeyParallelDeliversAfterReset: with key-parallel delivery, the
+// lanes whose messages wait for a handler slot (KeyParallel bounds them)
+// check for a reset only before they wait; the reset reaches them through
+// the worker's goroutine (stopLanes). While that goroutine is busy (here: in
+// an offset write to a slow store), a slot that frees up after Reset
+// returned goes to a message from before the reset. Promise: a running
+// consumer moves to the reset before it delivers its next message.
 func TestReviewKeyParallelDeliversAfterReset(t *testing.T) {
-	tb := newTable()
-	p := tb.add("orders", 1)[0]
-	sendKeys(t, p, "A", "B") // offsets 0 (key A) and 1 (key B)
+	tb, p, g := gatedTable("orders")
+	// Eight keys, one handler slot: the first message's handler holds the
+	// slot, the other seven lanes wait for it.
+	sendKeys(t, p, "A", "B", "C", "D", "E", "F", "G", "H")
 	inside := make(chan struct{})
 	release := make(chan struct{})
 	var mu sync.Mutex
 	var got []uint64
 	cfg := testConfig()
 	cfg.KeyParallel = 1
+	cfg.Refresh = 50 * time.Millisecond // the worker writes its offset while its lanes wait
 	e := newEngine(t, tb)
 	c, err := e.Subscribe("orders", "billing", func(ctx context.Context, d *Delivery) error {
 		mu.Lock()
@@ -106,16 +123,22 @@ func TestReviewKeyParallelDeliversAfterReset(t *testing.T) {
 	}
 	defer c.Close()
 	<-inside
-	time.Sleep(50 * time.Millisecond) // B's lane waits for the handler slot
+	time.Sleep(20 * time.Millisecond) // the other lanes wait for the handler slot
+	g.commitGate = make(chan struct{})
+	g.blockCommits.Store(true)
+	<-g.commitIn // the worker's goroutine is inside a (slow) offset write
 	if err := e.Reset(context.Background(), "orders", "billing", Position{Kind: PosLast}); err != nil {
 		t.Fatal(err)
 	}
-	close(release)
-	time.Sleep(300 * time.Millisecond)
+	close(release) // the handler in progress returns after the reset
+	time.Sleep(100 * time.Millisecond)
+	g.blockCommits.Store(false)
+	close(g.commitGate)
+	time.Sleep(200 * time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()
 	if len(got) != 1 {
-		t.Fatalf("after a reset to the end (offset 2), the consumer still delivered %v: offset 1 reached its handler after the reset", got)
+		t.Fatalf("after ResetOffset(last) returned (offset 8), the consumer still delivered %v: messages from before the reset reached the handler", got)
 	}
 }
 
