@@ -2,7 +2,6 @@ package delivery
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -219,5 +218,3 @@ func TestReviewCloseDuringReclaimRewinds(t *testing.T) {
 		t.Fatalf("after Close the group is at offset %d (%+v), want 11: nothing handled 0..10 again", gs.Offset, gs)
 	}
 }
-
-var _ = errors.New
