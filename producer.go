@@ -26,7 +26,9 @@ type Message struct {
 	Body           []byte
 	// Timestamp is filled with the send time when zero. Like DeliverAt it is
 	// stored as int64 Unix nanoseconds: a time outside 1677-09-21 to
-	// 2262-04-11 is refused with ErrInvalidMessage.
+	// 2262-04-11 is refused with ErrInvalidMessage. A consumer gets it back
+	// as time.Unix(0, ns): the same instant (compare with Equal), in the
+	// local time zone, without the monotonic clock reading.
 	Timestamp time.Time
 	// DeliverAt holds the message back: it is delivered no earlier than this.
 	// A time not after the send, however far in the past, delivers at once

@@ -76,6 +76,9 @@ func (c *Consumer) present(part int, sm *store.Message) *Delivery {
 			}
 		}
 	}
+	if len(m.Properties) == 0 {
+		m.Properties = nil // as the original was stored
+	}
 	m.Offset = d.Offset
 	return d
 }
@@ -89,16 +92,15 @@ func (w *worker) failedCopy(sm *store.Message, cause error) store.Message {
 	c := w.c
 	props := make(map[string]string, len(sm.Properties)+6)
 	maps.Copy(props, sm.Properties)
-	if c.parent == nil { // a first failure: record where the message lives
-		set := func(k, v string) {
+	if c.parent == nil { // a first failure: keep the original's own values, record where it lives
+		for _, k := range parkProps {
 			if old, ok := props[k]; ok {
 				props[savedPrefix+k] = old
 			}
-			props[k] = v
 		}
-		set(PropOriginTopic, c.topic)
-		set(PropOriginPartition, strconv.Itoa(w.part))
-		set(PropOriginOffset, strconv.FormatUint(sm.Offset, 10))
+		props[PropOriginTopic] = c.topic
+		props[PropOriginPartition] = strconv.Itoa(w.part)
+		props[PropOriginOffset] = strconv.FormatUint(sm.Offset, 10)
 		if sm.DeliverAt != 0 {
 			props[savedDeliverAt] = strconv.FormatInt(sm.DeliverAt, 10)
 		}

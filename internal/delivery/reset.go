@@ -52,9 +52,6 @@ func (e *Engine) Reset(ctx context.Context, topic, name string, to Position) err
 		}
 		offs[i] = off
 	}
-	e.mu.Lock()
-	g := e.groups[groupKey{topic, name}]
-	e.mu.Unlock()
 	for i, p := range parts {
 		off, ok := offs[i]
 		if !ok {
@@ -63,6 +60,11 @@ func (e *Engine) Reset(ctx context.Context, topic, name string, to Position) err
 		if _, err := p.Apply(ctx, &store.Command{Op: store.OpResetOffset, Group: name, Offset: off}); err != nil {
 			return fmt.Errorf("reset %s/%d for %s: %w", topic, i, name, err)
 		}
+		// The group as it is now: one created since the reset began has a
+		// worker that may have claimed before the reset was stored.
+		e.mu.Lock()
+		g := e.groups[groupKey{topic, name}]
+		e.mu.Unlock()
 		if g != nil {
 			g.hint(i)
 		}

@@ -82,9 +82,11 @@ func (w *worker) run(ctx context.Context) {
 	buf := make([]store.Message, 0, cfg.Batch)
 	for ctx.Err() == nil {
 		if w.moved.Load() {
-			if offset, ok = w.claim(ctx); !ok {
+			off, ok := w.claim(ctx)
+			if !ok {
 				return
 			}
+			offset = off
 			continue
 		}
 		var err error
@@ -179,12 +181,17 @@ func (w *worker) armFetch(ctx context.Context) {
 // hint tells w that the group's offset moved: it claims again before it
 // delivers anything more.
 func (w *worker) hint() {
-	w.moved.Store(true)
 	w.fetchMu.Lock()
 	if w.unfetch != nil {
 		w.unfetch()
 	}
 	w.fetchMu.Unlock()
+	w.markMoved()
+}
+
+// markMoved makes w claim again: a retry wait ends at once.
+func (w *worker) markMoved() {
+	w.moved.Store(true)
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -272,7 +279,7 @@ func (w *worker) fenced() {
 		// idle): claim it again where this worker is.
 		w.resumeAt, w.resume = w.committed, true
 	}
-	w.moved.Store(true)
+	w.markMoved()
 }
 
 // handle runs one accepted message through the handler until it is
@@ -292,7 +299,7 @@ func (w *worker) handle(ctx context.Context, sm *store.Message, stop <-chan stru
 				return false
 			}
 		}
-		if ctx.Err() != nil { // stopped: deliver nothing more
+		if ctx.Err() != nil || w.moved.Load() { // stopped or reset: deliver nothing more
 			if w.sem != nil {
 				<-w.sem
 			}
