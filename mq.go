@@ -177,10 +177,14 @@ type MQ struct {
 
 // Open opens the node stored in dir, creating dir if needed, and reopens
 // every topic, partition and group offset found there. Without cluster
-// options the node is standalone: it opens no port. Each partition runs one
-// writer goroutine and one upkeep goroutine (delayed-message release,
-// retention); each partition a consumer owns runs one delivery goroutine; the
-// transaction checker runs one more. Close stops them all and waits.
+// options the node is standalone: it opens no port. Each partition runs a
+// writer goroutine, a materializer (which moves what the write-ahead log
+// holds into the partition file) and an upkeep goroutine (delayed-message
+// release, retention); the write-ahead log runs a writer and a segment
+// pre-allocator; the transaction engine runs its check-back loop and its
+// forgetter; each partition a consumer owns runs one delivery goroutine
+// (see NewConsumer). Close stops them all and waits (docs/DESIGN.md §3 has
+// the order).
 //
 // The topic table is kept in dir/meta.db. Open rebuilds a missing or empty
 // one from the topic directories (dir/topics/<topic>/<i>.db) and says so in
@@ -213,7 +217,7 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 		topics: partition.NewTable(nil),
 	}
 	m.router = localRouter{m}
-	m.delivery = delivery.New(deliveryTopics{m}, cfg.clock, cfg.logger)
+	m.delivery = delivery.New(deliveryTopics{m}, cfg.clock, cfg.logger, nil)
 	m.upkeep = upkeep.Config{Clock: cfg.clock, Retention: cfg.retention, RetentionBytes: cfg.retentionBytes,
 		DedupWindow: cfg.dedupWindow, DecisionTTL: cfg.decisionTTL, Interval: cfg.maintenanceInterval,
 		DecideTTL: cfg.tx.prune.DecideTTL, BroadcastTTL: cfg.broadcastTTL}

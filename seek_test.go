@@ -236,3 +236,85 @@ func TestMQ_ResetOffsetTimeExtremes(t *testing.T) {
 		})
 	}
 }
+
+// TestConsumer_StartTime: a new group WithStartTime starts, in each
+// partition, at the first message stored at or after the time; a time
+// after every message starts at the end, one before all at the first.
+func TestConsumer_StartTime(t *testing.T) {
+	m := openNode(t, "")
+	mustCreate(t, m, "t", 1)
+	publish(t, m, "t", "a", "b")
+	time.Sleep(5 * time.Millisecond)
+	at := time.Now()
+	time.Sleep(5 * time.Millisecond)
+	publish(t, m, "t", "c", "d")
+	s := &sink{}
+	consume(t, m, "t", "g", s, mq.WithStartTime(at))
+	waitFor(t, 5*time.Second, "c and d", func() bool { return s.len() == 2 })
+	if got := s.bodies(); !slices.Equal(got, []string{"c", "d"}) {
+		t.Fatalf("WithStartTime got %v, want [c d]", got)
+	}
+	early := &sink{}
+	consume(t, m, "t", "early", early, mq.WithStartTime(time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC)))
+	waitFor(t, 5*time.Second, "every message", func() bool { return early.len() == 4 })
+	late := &sink{}
+	consume(t, m, "t", "late", late, mq.WithStartTime(time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)))
+	waitFor(t, 5*time.Second, "late started", func() bool {
+		lags, err := m.Lag("t", "late")
+		return err == nil && lags[0].Known && lags[0].Committed == 4
+	})
+	if late.len() != 0 {
+		t.Fatalf("a start time after every message delivered %v", late.bodies())
+	}
+}
+
+// TestMQ_Lag: a group's backlog per partition, before it consumed (not
+// Known, from the oldest message), once it caught up (0) and after more
+// sends with its consumer closed.
+func TestMQ_Lag(t *testing.T) {
+	ctx := context.Background()
+	m := openNode(t, "")
+	mustCreate(t, m, "t", 2)
+	p, err := m.NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(part, n int) {
+		for range n {
+			if _, err := p.SendMessage(ctx, (&mq.Message{Body: []byte("x")}).ToPartition(part)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	send(0, 5)
+	send(1, 3)
+	lags, err := m.Lag("t", "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []mq.PartitionLag{{Partition: 0, Next: 5, Lag: 5}, {Partition: 1, Next: 3, Lag: 3}}
+	if !slices.Equal(lags, want) {
+		t.Fatalf("Lag before consuming = %+v, want %+v", lags, want)
+	}
+	c := consume(t, m, "t", "g", &sink{})
+	waitFor(t, 5*time.Second, "the group caught up", func() bool {
+		lags, err := m.Lag("t", "g")
+		return err == nil && lags[0].Lag == 0 && lags[1].Lag == 0 && lags[0].Known && lags[1].Known
+	})
+	c.Close()
+	send(1, 2)
+	lags, err = m.Lag("t", "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = []mq.PartitionLag{{Partition: 0, Committed: 5, Known: true, Next: 5}, {Partition: 1, Committed: 3, Known: true, Next: 5, Lag: 2}}
+	if !slices.Equal(lags, want) {
+		t.Fatalf("Lag after 2 more sends = %+v, want %+v", lags, want)
+	}
+	if _, err := m.Lag("t", "%bad"); !errors.Is(err, mq.ErrInvalidGroup) {
+		t.Fatalf("Lag of a bad group name = %v, want ErrInvalidGroup", err)
+	}
+	if _, err := m.Lag("nope", "g"); !errors.Is(err, mq.ErrNoTopic) {
+		t.Fatalf("Lag of a missing topic = %v, want ErrNoTopic", err)
+	}
+}

@@ -128,6 +128,7 @@ type Engine struct {
 	topics Topics
 	clock  Clock
 	log    *slog.Logger
+	coord  Coordinator
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -140,10 +141,13 @@ type Engine struct {
 
 type groupKey struct{ topic, name string }
 
-// New returns the delivery engine of a node.
-func New(topics Topics, clock Clock, log *slog.Logger) *Engine {
+// New returns the delivery engine of a node; coord nil is Local.
+func New(topics Topics, clock Clock, log *slog.Logger, coord Coordinator) *Engine {
+	if coord == nil {
+		coord = Local{}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Engine{topics: topics, clock: clock, log: log, ctx: ctx, cancel: cancel, groups: map[groupKey]*group{}}
+	return &Engine{topics: topics, clock: clock, log: log, coord: coord, ctx: ctx, cancel: cancel, groups: map[groupKey]*group{}}
 }
 
 // spawn runs fn on a goroutine owned by the engine: Close waits for it.

@@ -75,8 +75,10 @@ type sysClock struct{}
 func (sysClock) Now() time.Time                         { return time.Now() }
 func (sysClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
-func newEngine(t *testing.T, tb *table) *Engine {
-	e := New(tb, sysClock{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+func newEngine(t *testing.T, tb *table) *Engine { return newEngineWith(t, tb, nil) }
+
+func newEngineWith(t *testing.T, tb *table, coord Coordinator) *Engine {
+	e := New(tb, sysClock{}, slog.New(slog.NewTextHandler(io.Discard, nil)), coord)
 	t.Cleanup(e.Close)
 	return e
 }
@@ -329,5 +331,61 @@ func TestEngine_SeekFromHandlers(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
+	}
+}
+
+// only is a coordinator that gives this node's members part alone, as a
+// cluster-wide one would when the other partitions live with consumers on
+// other nodes.
+type only struct{ part int }
+
+func (o only) Share(_, _ string, members, _ int) [][]int {
+	out := make([][]int, members)
+	if members > 0 {
+		out[0] = []int{o.part}
+	}
+	return out
+}
+
+// TestEngine_Coordinator: the engine delivers what its coordinator assigns,
+// and nothing else.
+func TestEngine_Coordinator(t *testing.T) {
+	tb := newTable()
+	parts := tb.add("orders", 3)
+	for _, p := range parts {
+		send(t, p, 0, 4)
+	}
+	l := newLog()
+	e := newEngineWith(t, tb, only{part: 1})
+	c, err := e.Subscribe("orders", "billing", l.handler("a", nil), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.waitFor(t, 0, 4)
+	if got := c.Assigned(); len(got) != 1 || got[0] != 1 {
+		t.Fatalf("assigned %v, want [1]", got)
+	}
+	time.Sleep(20 * time.Millisecond)
+	for i, p := range parts {
+		_, claimed, _ := p.Group("billing")
+		if claimed != (i == 1) {
+			t.Fatalf("partition %d claimed %v", i, claimed)
+		}
+	}
+	if got := len(l.of("a")); got != 4 {
+		t.Fatalf("delivered %d messages, want partition 1's 4", got)
+	}
+}
+
+// TestLocal_Share: the local coordinator divides n partitions among the
+// members in turn, and gives none to no member.
+func TestLocal_Share(t *testing.T) {
+	got := Local{}.Share("t", "g", 3, 7)
+	want := [][]int{{0, 3, 6}, {1, 4}, {2, 5}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Share(3, 7) = %v, want %v", got, want)
+	}
+	if got := (Local{}).Share("t", "g", 0, 4); len(got) != 0 {
+		t.Fatalf("Share(0, 4) = %v", got)
 	}
 }

@@ -153,11 +153,34 @@ func (c *Consumer) close(r reentry) {
 	}
 }
 
-// group is the set of consumers of one (topic, offset name) on this node,
-// and its local coordinator: it assigns partition i to the (i mod n)-th
-// consumer in join order. A coordinator for a cluster will assign across
-// nodes; the claims (store.OpClaim) keep two owners on different nodes from
-// both committing.
+// Coordinator decides which consumer owns which partition of a group. The
+// local one (the default) divides the partitions among the group's
+// consumers on this node. One for a cluster will divide them among the
+// consumers of every node, and call Engine.Rebalance when a node's share
+// changes; the claims (store.OpClaim) keep two owners on different nodes
+// from both committing while the nodes learn of a change.
+type Coordinator interface {
+	// Share returns, for each of the group's members consumers on this
+	// node (in join order), the partitions of the topic's partitions it
+	// owns.
+	Share(topic, group string, members, partitions int) [][]int
+}
+
+// Local is the coordinator of a standalone node: partition i goes to the
+// (i mod members)-th consumer.
+type Local struct{}
+
+// Share implements Coordinator.
+func (Local) Share(_, _ string, members, partitions int) [][]int {
+	out := make([][]int, members)
+	for i := 0; members > 0 && i < partitions; i++ {
+		out[i%members] = append(out[i%members], i)
+	}
+	return out
+}
+
+// group is the set of consumers of one (topic, offset name) on this node.
+// Its partitions are assigned by the engine's Coordinator.
 type group struct {
 	e     *Engine
 	topic string
@@ -230,12 +253,15 @@ func (g *group) rebalanceLocked() {
 	}
 	cons := g.members()
 	want := make(map[*Consumer]map[int]bool, len(cons))
-	for _, c := range cons {
+	shares := g.e.coord.Share(g.topic, g.name, len(cons), len(parts))
+	for i, c := range cons {
 		want[c] = map[int]bool{}
-	}
-	for i := range parts {
-		if len(cons) > 0 {
-			want[cons[i%len(cons)]][i] = true
+		if i < len(shares) {
+			for _, p := range shares[i] {
+				if p >= 0 && p < len(parts) {
+					want[c][p] = true
+				}
+			}
 		}
 	}
 	for _, c := range cons {
