@@ -1,13 +1,13 @@
 package store_test
 
 import (
-	"math"
-
 	"context"
 	"errors"
-	bolt "go.etcd.io/bbolt"
+	"math"
 	"path/filepath"
 	"testing"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/zeze-go/mq/store"
 )
