@@ -2,15 +2,15 @@ package mq_test
 
 import (
 	"bytes"
-	"path/filepath"
-
 	"context"
 	"errors"
 	"fmt"
-	bolt "go.etcd.io/bbolt"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/zeze-go/mq"
 )
@@ -171,7 +171,6 @@ func TestReview2_AlterDuringReset(t *testing.T) {
 // deleted. The upkeep lists every group record for the broadcast TTL
 // (default on) and gives up the whole check, trim included, on the damage.
 func TestReview2_DamagedGroupStallsRetention(t *testing.T) {
-	ctx := context.Background()
 	dir := t.TempDir()
 	m, err := mq.Open(dir)
 	if err != nil {
@@ -222,6 +221,5 @@ func TestReview2_DamagedGroupStallsRetention(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	_ = ctx
 	t.Fatalf("retention never ran: %+v (3 messages stored long before a retention of 1ms)", lags)
 }
