@@ -175,14 +175,14 @@ func TestPartition_ResetOffset(t *testing.T) {
 	if _, err := commit(p, "g", owner, 3); !errors.Is(err, store.ErrStaleGeneration) {
 		t.Fatalf("the fenced owner's commit: %v, want ErrStaleGeneration", err)
 	}
-	equal(t, "record after the fenced commit", group(t, p, "g"), store.GroupState{Offset: 0, Generation: res.Generation, Updated: t0 + sec})
+	equal(t, "record after the fenced commit", group(t, p, "g"), store.GroupState{Offset: 0, Generation: res.Generation, Updated: t0 + sec, Reset: true})
 	if _, err := commit(p, "g", res.Generation, 1); err != nil {
 		t.Fatalf("commit with the reset's generation: %v", err)
 	}
 	// A reset of a group without a record creates it.
 	res = apply(t, p, &store.Command{Op: store.OpResetOffset, Group: "new", Offset: 9})
 	equal(t, "reset of a new group", res, store.Result{Offset: 9, Generation: owner + 2})
-	equal(t, "new record", group(t, p, "new"), store.GroupState{Offset: 9, Generation: owner + 2, Updated: t0})
+	equal(t, "new record", group(t, p, "new"), store.GroupState{Offset: 9, Generation: owner + 2, Updated: t0, Reset: true})
 }
 
 // TestPartition_DeleteGroup_Generations: after a delete, a claim's

@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 
 	bolt "go.etcd.io/bbolt"
@@ -222,31 +224,41 @@ func (p *Partition) GroupOffset(group string) (offset uint64, ok bool, err error
 	return g.Offset, ok, err
 }
 
-// GroupStates returns every group's record.
+// GroupStates returns every group's record. A damaged record (one the log
+// has not replaced since) is left out, and the error, wrapping ErrCorrupt,
+// names the first of them: the good records are returned with it.
 func (p *Partition) GroupStates() (map[string]GroupState, error) {
 	out := map[string]GroupState{}
+	damaged := map[string]error{}
 	s := p.snapshot()
 	err := p.view(func(tx *bolt.Tx) error {
-		add := func(k string, v []byte) error {
+		put := func(k string, v []byte) {
 			g, _, err := decodeGroup(k, v)
 			if err != nil {
-				return fmt.Errorf("%s: group %w", p.path, err)
+				delete(out, k)
+				damaged[k] = err
+				return
 			}
 			out[k] = g
-			return nil
+			delete(damaged, k)
 		}
-		err := tx.Bucket(bucketGroups).ForEach(func(k, v []byte) error { return add(string(k), v) })
+		tx.Bucket(bucketGroups).ForEach(func(k, v []byte) error { put(string(k), v); return nil })
 		for _, g := range s.gens {
 			for k, sp := range g.kv[bGroups] {
 				if sp.del {
 					delete(out, k)
-				} else if err == nil {
-					err = add(k, g.buf[sp.off:sp.off+sp.n])
+					delete(damaged, k)
+				} else {
+					put(k, g.buf[sp.off:sp.off+sp.n])
 				}
 			}
 		}
-		return err
+		return nil
 	})
+	if err == nil && len(damaged) > 0 {
+		first := slices.Min(slices.Collect(maps.Keys(damaged)))
+		err = fmt.Errorf("%s: group %w (%d damaged records)", p.path, damaged[first], len(damaged))
+	}
 	return out, err
 }
 

@@ -179,8 +179,9 @@ func (u *upkeeper) release(ctx context.Context, now time.Time) error {
 // check trims the partition if a trim would delete something now, and
 // removes the offsets of broadcast instances gone for longer than their TTL.
 func (u *upkeeper) check(ctx context.Context, now time.Time) error {
-	if err := u.expireGroups(ctx, now); err != nil {
-		return err
+	if err := u.expireGroups(ctx, now); err != nil && ctx.Err() == nil {
+		// A damaged group record must not stop retention: go on to trim.
+		u.logger.Warn("removing idle broadcast offsets failed", "err", err)
 	}
 	want, err := u.trimWanted(now)
 	if err != nil || !want {
@@ -198,9 +199,9 @@ func (u *upkeeper) expireGroups(ctx context.Context, now time.Time) error {
 	if ttl <= 0 {
 		return nil
 	}
-	groups, err := u.log.GroupStates()
-	if err != nil {
-		return fmt.Errorf("list groups: %w", err)
+	groups, listErr := u.log.GroupStates() // the good records, even with damaged ones
+	if listErr != nil {
+		listErr = fmt.Errorf("list groups: %w", listErr)
 	}
 	cutoff := now.Add(-ttl).UnixNano()
 	for name, g := range groups {
@@ -216,7 +217,7 @@ func (u *upkeeper) expireGroups(ctx context.Context, now time.Time) error {
 			u.logger.Info("offsets of an idle broadcast instance removed", "group", name, "idle", now.Sub(time.Unix(0, g.Updated)))
 		}
 	}
-	return nil
+	return listErr
 }
 
 // trimWanted tells from the committed stats and the head record whether an
