@@ -42,19 +42,23 @@ func (e *Engine) Subscribe(topic, groupName string, h Handler, cfg Config) (*Con
 	if cfg.Instance != "" {
 		offsetName = groupName + "@" + cfg.Instance
 	}
+	rt := meta.RetryPrefix + groupName
+	if cfg.Concurrent { // before anything is delivered: a failure leaves nothing behind
+		if err := e.topics.EnsureSystem(rt); err != nil {
+			return nil, err
+		}
+	}
 	c, err := e.subscribe(topic, groupName, offsetName, h, cfg, nil)
 	if err != nil || !cfg.Concurrent {
 		return c, err
-	}
-	rt := meta.RetryPrefix + groupName
-	if err := e.topics.EnsureSystem(rt); err != nil {
-		c.Close()
-		return nil, err
 	}
 	rcfg := cfg
 	rcfg.Filter, rcfg.Start, rcfg.Instance = nil, StartFirst, ""
 	rc, err := e.subscribe(rt, groupName, offsetName+"%"+topic, h, rcfg, c)
 	if err != nil {
+		if c.Closed() { // closed meanwhile (a handler closed the node): c is what was asked for
+			return c, nil
+		}
 		c.Close()
 		return nil, err
 	}
