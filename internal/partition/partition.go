@@ -24,18 +24,16 @@ type Partition interface {
 	// durable. The partition stamps a zero cmd.Now (the proposer's clock)
 	// and no longer reads cmd when Apply returns.
 	Apply(ctx context.Context, cmd *store.Command) (store.Result, error)
-	Read(from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error)
-	// Fetch is Read that waits until a message at or after from is in the
-	// log, ctx ends (ctx.Err()) or the partition closes (store.ErrClosed).
+	// Fetch reads up to max messages from from on, maxBytes in all past
+	// the first, waiting until one is in the log, ctx ends (ctx.Err()) or
+	// the partition closes (store.ErrClosed).
 	Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error)
 	Get(offset uint64) (store.Message, bool, error)
 	Stats() store.Stats
 	// Changed returns a channel closed when the log or delay index grows.
 	Changed() <-chan struct{}
-	GroupOffset(group string) (uint64, bool, error)
 	Group(name string) (store.GroupState, bool, error)
 	GroupStates() (map[string]store.GroupState, error)
-	Groups() (map[string]uint64, error)
 	SeekTime(t int64) (uint64, error)
 	NextDue() (int64, bool, error)
 	HalfTxs(fn func(store.HalfTx) bool) error
