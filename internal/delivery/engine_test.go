@@ -173,6 +173,15 @@ func TestEngine_TwoGenerations(t *testing.T) {
 	}
 	send(t, p, 0, 50)
 	l.waitFor(t, 0, 50)
+	// a's commit of 50 must land before b claims; refused, it would fence
+	// a before 50..59 exist, which is correct but not what this test is for.
+	deadline := time.Now().Add(5 * time.Second)
+	for committed(t, p, "billing").Offset != 50 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a never committed 50: group at %+v", committed(t, p, "billing"))
+		}
+		time.Sleep(time.Millisecond)
+	}
 	genA := committed(t, p, "billing").Generation
 
 	gate := make(chan struct{})
@@ -180,7 +189,7 @@ func TestEngine_TwoGenerations(t *testing.T) {
 	if _, err := b.Subscribe("orders", "billing", l.handler("b", gate), testConfig()); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline = time.Now().Add(5 * time.Second)
 	for committed(t, p, "billing").Generation == genA {
 		if time.Now().After(deadline) {
 			t.Fatal("the second consumer never claimed the partition")
