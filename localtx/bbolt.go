@@ -173,7 +173,7 @@ func (b *Bolt) Run(ctx context.Context, fn func(ctx context.Context) error) erro
 	if b.Tx(ctx) != nil {
 		return fn(ctx)
 	}
-	return redo(b.opts.MaxAttempts, func() error { return b.try(ctx, fn) })
+	return redo(ctx, b.opts.MaxAttempts, nil, func() error { return b.try(ctx, fn) })
 }
 
 // Check answers the check-back of txid; see Store.

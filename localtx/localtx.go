@@ -56,6 +56,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -347,40 +348,62 @@ type hostTx interface {
 
 // run is the managed transaction of an adapter whose Runs each have a
 // transaction of their own: begin, bind, call fn, commit or roll back, then
-// run the hooks of the outcome; redo while fn asks for it, up to attempts
+// run the hooks of the outcome; redo while fn asks for it or the store
+// refuses the attempt with an error retryable reports, up to attempts
 // times.
-func run(ctx context.Context, attempts int, begin func(a *attempt) (hostTx, error), fn func(context.Context) error) error {
-	return redo(attempts, func() error {
+func run(ctx context.Context, attempts int, retryable func(error) bool, begin func(a *attempt) (hostTx, error), fn func(context.Context) error) error {
+	return redo(ctx, attempts, retryable, func() error {
 		a := newAttempt()
 		tx, err := begin(a)
 		if err != nil {
 			a.end(RolledBack)
 			return err
 		}
-		return once(ctx, tx, a, fn)
+		return once(ctx, tx, a, fn, retryable)
 	})
 }
 
-// redo calls try until it returns an error that does not wrap ErrRedo, up
-// to attempts times.
-func redo(attempts int, try func() error) error {
+// How long redo pauses before an attempt, at most: the first redo up to
+// redoPause, doubling with each attempt up to redoPauseMax, each pause
+// drawn at random below its bound (so that transactions that keep
+// conflicting spread out).
+const (
+	redoPause    = 2 * time.Millisecond
+	redoPauseMax = 250 * time.Millisecond
+)
+
+// redo calls try until it returns an error that neither wraps ErrRedo nor
+// is one retryable (nil: none) reports, up to attempts times, pausing
+// before each new attempt. It gives up, returning the last error, when
+// ctx ends during a pause.
+func redo(ctx context.Context, attempts int, retryable func(error) bool, try func() error) error {
 	if attempts <= 0 {
 		attempts = DefaultMaxAttempts
 	}
+	bound := redoPause
 	for n := 1; ; n++ {
 		err := try()
-		if !errors.Is(err, ErrRedo) {
+		if err == nil || !errors.Is(err, ErrRedo) && (retryable == nil || !retryable(err)) {
 			return err
 		}
 		if n == attempts {
 			return fmt.Errorf("localtx: gave up after %d attempts: %w", n, err)
 		}
+		t := time.NewTimer(mrand.N(bound) + 1)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("localtx: gave up after %d attempts (%w): %w", n, context.Cause(ctx), err)
+		case <-t.C:
+		}
+		bound = min(2*bound, redoPauseMax)
 	}
 }
 
 // once runs one attempt. A panic in fn (or runtime.Goexit) rolls back, runs
-// the rollback hooks and goes on panicking.
-func once(ctx context.Context, tx hostTx, a *attempt, fn func(context.Context) error) (err error) {
+// the rollback hooks and goes on panicking. A commit error that retryable
+// reports is a rollback by the store.
+func once(ctx context.Context, tx hostTx, a *attempt, fn func(context.Context) error, retryable func(error) bool) (err error) {
 	finished := false
 	defer func() {
 		if finished {
@@ -405,10 +428,15 @@ func once(ctx context.Context, tx hostTx, a *attempt, fn func(context.Context) e
 		runHooks(a.end(Committed))
 		return nil
 	}
+	_ = tx.rollbackTx() // releases whatever the failed commit still holds
+	if retryable != nil && retryable(cerr) {
+		// The server answered: it rolled the transaction back.
+		runHooks(a.end(RolledBack))
+		return fmt.Errorf("localtx: commit: %w", cerr)
+	}
 	// The commit may have happened anyway (a reply lost with the
 	// connection, a failed fsync): the outcome is read back from the store
 	// while the attempt still counts as running, so the check-back waits.
-	_ = tx.rollbackTx() // releases whatever the failed commit still holds
 	st, rerr := settle(ctx, tx)
 	runHooks(a.end(st))
 	return commitError(st, cerr, rerr)

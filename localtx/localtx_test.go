@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -383,10 +384,27 @@ func TestNewSQL(t *testing.T) {
 		opts localtx.SQLOptions
 		ok   bool
 	}{
-		{"OK", localtx.SQLOptions{}, true},
-		{"Postgres", localtx.SQLOptions{Placeholder: localtx.Dollar, BlobType: "BYTEA"}, true},
-		{"BadTable", localtx.SQLOptions{MarkerTable: "x; DROP TABLE y"}, false},
-		{"BadPlaceholder", localtx.SQLOptions{Placeholder: 7}, false},
+		{"SQLite", localtx.SQLOptions{Dialect: localtx.SQLite}, true},
+		{"PostgreSQL", localtx.SQLOptions{Dialect: localtx.PostgreSQL}, true},
+		{"MySQL", localtx.SQLOptions{Dialect: localtx.MySQL}, true},
+		{"NoDialect", localtx.SQLOptions{}, false},
+		{"BadDialect", localtx.SQLOptions{Dialect: 9}, false},
+		{"ReservedWords", localtx.SQLOptions{Dialect: localtx.PostgreSQL, MarkerTable: "order", OutboxTable: "select"}, true},
+		{"Schema", localtx.SQLOptions{Dialect: localtx.PostgreSQL, MarkerTable: "app.order"}, true},
+		{"ThreeParts", localtx.SQLOptions{Dialect: localtx.PostgreSQL, MarkerTable: "a.b.c"}, false},
+		{"EmptyPart", localtx.SQLOptions{Dialect: localtx.PostgreSQL, MarkerTable: "app."}, false},
+		{"BadTable", localtx.SQLOptions{Dialect: localtx.SQLite, MarkerTable: "x; DROP TABLE y"}, false},
+		{"QuoteInName", localtx.SQLOptions{Dialect: localtx.MySQL, MarkerTable: "a`b"}, false},
+		{"DigitFirst", localtx.SQLOptions{Dialect: localtx.SQLite, MarkerTable: "1x"}, false},
+		{"LongName", localtx.SQLOptions{Dialect: localtx.SQLite, MarkerTable: strings.Repeat("x", 64)}, false},
+		{"SameTables", localtx.SQLOptions{Dialect: localtx.SQLite, MarkerTable: "t", OutboxTable: "t"}, false},
+		{"MySQLBlobTooSmall", localtx.SQLOptions{Dialect: localtx.MySQL, BlobType: "BLOB"}, false},
+		{"MySQLMediumBlobTooSmall", localtx.SQLOptions{Dialect: localtx.MySQL, BlobType: "mediumblob", MaxRowBytes: 32 << 20}, false},
+		{"MySQLBlobSmallRows", localtx.SQLOptions{Dialect: localtx.MySQL, BlobType: "BLOB", MaxRowBytes: 60000}, true},
+		{"UnknownType", localtx.SQLOptions{Dialect: localtx.MySQL, BlobType: "VARBINARY(100)"}, true},
+		{"BadType", localtx.SQLOptions{Dialect: localtx.MySQL, BlobType: "BLOB; DROP TABLE y"}, false},
+		{"NegativeRowBytes", localtx.SQLOptions{Dialect: localtx.SQLite, MaxRowBytes: -1}, false},
+		{"NegativeAttempts", localtx.SQLOptions{Dialect: localtx.SQLite, MaxAttempts: -1}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := localtx.NewSQL(&sql.DB{}, c.opts)
@@ -394,6 +412,9 @@ func TestNewSQL(t *testing.T) {
 				t.Errorf("NewSQL = %v, want ok %v", err, c.ok)
 			}
 		})
+	}
+	if _, err := localtx.NewSQL(nil, localtx.SQLOptions{Dialect: localtx.SQLite}); err == nil {
+		t.Error("NewSQL of a nil DB succeeded")
 	}
 }
 

@@ -4,108 +4,141 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
 
-// Placeholder is how a SQL dialect writes query parameters.
-type Placeholder int
-
-// Placeholders.
-const (
-	// Question writes ?, as SQLite and MySQL do (the default).
-	Question Placeholder = iota
-	// Dollar writes $1, $2, ..., as PostgreSQL does.
-	Dollar
-)
-
-// SQLOptions tune a SQL adapter. The zero value suits SQLite and MySQL.
+// SQLOptions tune a SQL adapter. Dialect is required.
 type SQLOptions struct {
+	// Dialect is the database: SQLite, PostgreSQL or MySQL (also for
+	// MariaDB). It sets the parameter style, the quoting of table names,
+	// the column types of CreateTables and the errors that redo a
+	// transaction.
+	Dialect Dialect
 	// MarkerTable is the table of markers, one row per transaction that
-	// sent messages; default "mq_tx_marker".
+	// sent messages; default "mq_tx_marker". A name may be schema.table;
+	// each part is quoted, so reserved words are fine.
 	MarkerTable string
 	// OutboxTable is the table of outbox rows; default "mq_tx_outbox".
 	OutboxTable string
-	// Placeholder is the dialect's parameter style; default Question.
-	Placeholder Placeholder
-	// BlobType is the column type of the stored bytes used by CreateTables;
-	// default "BLOB" (PostgreSQL: "BYTEA", MySQL: "LONGBLOB").
+	// BlobType overrides the dialect's column type of stored bytes (SQLite
+	// BLOB, PostgreSQL BYTEA, MySQL LONGBLOB) used by CreateTables.
 	BlobType string
+	// MaxRowBytes is the largest marker or outbox row the tables must
+	// hold; default DefaultMaxRowBytes. NewSQL refuses a column type the
+	// dialect knows to hold less (MySQL's BLOB holds 64 KiB). Raise it
+	// with the node's WithMaxMessageBytes.
+	MaxRowBytes int64
 	// TxOptions are passed to BeginTx.
 	TxOptions *sql.TxOptions
 	// MaxAttempts bounds the attempts of Run when its function asks for a
-	// redo; zero means DefaultMaxAttempts.
+	// redo or the database refuses the transaction with a retryable error;
+	// zero means DefaultMaxAttempts.
 	MaxAttempts int
+	// Retryable reports further errors (from the function's statements or
+	// from the commit) after which the server has rolled the transaction
+	// back and Run should run it again, beside the dialect's own:
+	// serialization failures and deadlocks (PostgreSQL 40001, 40P01),
+	// deadlocks and lock wait timeouts (MySQL 1213, 1205), SQLite's busy
+	// and locked.
+	Retryable func(err error) bool
 }
+
+// DefaultMaxRowBytes is the default SQLOptions.MaxRowBytes: a message of
+// the node's default size limit (4 MiB) with room for its envelope.
+const DefaultMaxRowBytes = 4<<20 + 64<<10
+
+// ErrRowTooLarge is returned by Put for a row larger than its column holds,
+// before anything is sent: a server not in strict mode would truncate it.
+var ErrRowTooLarge = errors.New("localtx: row too large for its column")
 
 // SQL is the adapter over database/sql: the queue's marker and outbox rows
 // are written to two tables in the same SQL transaction as the host's
-// business rows. The SQL is plain (no upserts, no RETURNING), for SQLite,
-// PostgreSQL and MySQL. It is safe for concurrent use.
+// business rows. It is safe for concurrent use.
 type SQL struct {
-	db   *sql.DB
-	opts SQLOptions
+	db        *sql.DB
+	opts      SQLOptions
+	dialect   *dialect
+	maxRow    int64 // what a stored-bytes column holds; 0: unknown
+	retryable func(error) bool
 
-	insMarker, updMarker, insOutbox   string
-	getMarker, getOutbox, listMarkers string
-	delMarker, delOutbox              string
-	createMarker, createOutbox        string
+	insMarker, updMarker, insOutbox string
+	getMarker                       string
+	committed                       string // with the number of ids to read
+	createMarker, createOutbox      string
+	marker, outbox                  string // quoted table names
 }
 
 var _ Store = (*SQL)(nil)
 
-// NewSQL returns an adapter over db. It checks the table names (letters,
-// digits, '_' and '.') but creates nothing; see CreateTables. The adapter
-// does not own db.
+// NewSQL returns an adapter over db. It checks the options but creates
+// nothing; see CreateTables. The adapter does not own db.
 func NewSQL(db *sql.DB, opts SQLOptions) (*SQL, error) {
+	d, ok := dialects[opts.Dialect]
+	if !ok {
+		return nil, fmt.Errorf("localtx: SQLOptions.Dialect %v: want localtx.SQLite, localtx.PostgreSQL or localtx.MySQL", opts.Dialect)
+	}
+	if db == nil {
+		return nil, errors.New("localtx: NewSQL of a nil *sql.DB")
+	}
 	if opts.MarkerTable == "" {
 		opts.MarkerTable = "mq_tx_marker"
 	}
 	if opts.OutboxTable == "" {
 		opts.OutboxTable = "mq_tx_outbox"
 	}
-	if opts.BlobType == "" {
-		opts.BlobType = "BLOB"
+	if opts.MaxRowBytes == 0 {
+		opts.MaxRowBytes = DefaultMaxRowBytes
 	}
-	for _, n := range []string{opts.MarkerTable, opts.OutboxTable, opts.BlobType} {
-		if !identifier(n) {
-			return nil, fmt.Errorf("localtx: bad SQL identifier %q", n)
-		}
+	if opts.MaxRowBytes < 0 {
+		return nil, fmt.Errorf("localtx: SQLOptions.MaxRowBytes %d", opts.MaxRowBytes)
 	}
-	if opts.Placeholder != Question && opts.Placeholder != Dollar {
-		return nil, fmt.Errorf("localtx: bad placeholder %d", opts.Placeholder)
+	if opts.MaxAttempts < 0 {
+		return nil, fmt.Errorf("localtx: SQLOptions.MaxAttempts %d", opts.MaxAttempts)
 	}
-	s := &SQL{db: db, opts: opts}
-	m, o := opts.MarkerTable, opts.OutboxTable
+	m, err := d.quoteName(opts.MarkerTable)
+	if err != nil {
+		return nil, err
+	}
+	o, err := d.quoteName(opts.OutboxTable)
+	if err != nil {
+		return nil, err
+	}
+	if m == o {
+		return nil, fmt.Errorf("localtx: marker and outbox tables are both %s", m)
+	}
+	blob, holds, err := d.blobType(opts.BlobType)
+	if err != nil {
+		return nil, err
+	}
+	if holds != 0 && holds < opts.MaxRowBytes {
+		return nil, fmt.Errorf("localtx: a %s column of %s holds %d bytes, less than MaxRowBytes %d: use %s",
+			blob, d.name, holds, opts.MaxRowBytes, d.blob)
+	}
+	s := &SQL{db: db, opts: opts, dialect: &d, maxRow: holds, marker: m, outbox: o}
+	s.retryable = d.retryable
+	if extra := opts.Retryable; extra != nil {
+		s.retryable = func(err error) bool { return d.retryable(err) || extra(err) }
+	}
 	s.insMarker = s.q("INSERT INTO " + m + " (txid, body) VALUES (?, ?)")
 	s.updMarker = s.q("UPDATE " + m + " SET body = ? WHERE txid = ?")
 	s.insOutbox = s.q("INSERT INTO " + o + " (txid, seq, body) VALUES (?, ?, ?)")
 	s.getMarker = s.q("SELECT body FROM " + m + " WHERE txid = ?")
-	s.getOutbox = s.q("SELECT body FROM " + o + " WHERE txid = ? ORDER BY seq")
-	s.listMarkers = s.q("SELECT txid FROM " + m + " WHERE txid > ? ORDER BY txid")
-	s.delMarker = s.q("DELETE FROM " + m + " WHERE txid = ?")
-	s.delOutbox = s.q("DELETE FROM " + o + " WHERE txid = ?")
-	s.createMarker = "CREATE TABLE IF NOT EXISTS " + m + " (txid VARCHAR(128) NOT NULL PRIMARY KEY, body " + opts.BlobType + " NOT NULL)"
-	s.createOutbox = "CREATE TABLE IF NOT EXISTS " + o + " (txid VARCHAR(128) NOT NULL, seq BIGINT NOT NULL, body " + opts.BlobType + " NOT NULL, PRIMARY KEY (txid, seq))"
+	// One statement, so one snapshot: a page of markers with their outbox
+	// rows, in id and write order.
+	s.committed = s.q("SELECT k.txid, k.body, o.seq, o.body FROM (SELECT txid, body FROM " + m +
+		" WHERE txid > ? ORDER BY txid LIMIT ?) k LEFT JOIN " + o + " o ON o.txid = k.txid ORDER BY k.txid, o.seq")
+	s.createMarker = "CREATE TABLE IF NOT EXISTS " + m + " (txid " + d.key + " NOT NULL PRIMARY KEY, body " + blob + " NOT NULL)"
+	s.createOutbox = "CREATE TABLE IF NOT EXISTS " + o + " (txid " + d.key + " NOT NULL, seq BIGINT NOT NULL, body " + blob + " NOT NULL, PRIMARY KEY (txid, seq))"
 	return s, nil
 }
 
-func identifier(s string) bool {
-	if s == "" || len(s) > 128 {
-		return false
-	}
-	for _, c := range s {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.') {
-			return false
-		}
-	}
-	return true
-}
-
-// q rewrites the ? of query in the adapter's placeholder style.
+// q rewrites the ? of query in the dialect's parameter style.
 func (s *SQL) q(query string) string {
-	if s.opts.Placeholder == Question {
+	if !s.dialect.dollar {
 		return query
 	}
 	var b strings.Builder
@@ -118,6 +151,25 @@ func (s *SQL) q(query string) string {
 		}
 		b.WriteRune(c)
 	}
+	return b.String()
+}
+
+// in returns the list "(?, ?, ...)" of n parameters, in the dialect's
+// style, for a statement with no other parameters.
+func (s *SQL) in(n int) string {
+	var b strings.Builder
+	b.WriteByte('(')
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if s.dialect.dollar {
+			b.WriteString("$" + strconv.Itoa(i+1))
+		} else {
+			b.WriteByte('?')
+		}
+	}
+	b.WriteByte(')')
 	return b.String()
 }
 
@@ -135,28 +187,29 @@ func (s *SQL) CreateTables(ctx context.Context) error {
 // function; SQL.Tx returns its *sql.Tx for business writes.
 type SQLTx struct {
 	*attempt
-	ctx    context.Context
-	tx     *sql.Tx
-	store  *SQL
-	marked bool // the marker row exists in this transaction
+	ctx   context.Context
+	tx    *sql.Tx
+	store *SQL
+	// markers holds the last body written under each marker key in this
+	// transaction: a later Put of the key updates its row.
+	markers map[string][]byte
 }
 
 var _ Tx = (*SQLTx)(nil)
 
 // Put writes the queue's marker or outbox row inside the transaction. Other
-// buckets return ErrBucket: write business rows with the *sql.Tx.
+// buckets return ErrBucket: write business rows with the *sql.Tx. A row
+// larger than its column holds returns ErrRowTooLarge.
 func (t *SQLTx) Put(bucket, key, value []byte) error {
 	s := t.store
+	if s.maxRow != 0 && int64(len(value)) > s.maxRow {
+		return fmt.Errorf("%w: %d bytes, the column holds %d", ErrRowTooLarge, len(value), s.maxRow)
+	}
 	switch {
 	case bytes.Equal(bucket, MarkerBucket):
-		q, args := s.insMarker, []any{string(key), value}
-		if t.marked {
-			q, args = s.updMarker, []any{value, string(key)}
-		}
-		if _, err := t.tx.ExecContext(t.ctx, q, args...); err != nil {
+		if err := t.putMarker(string(key), value); err != nil {
 			return fmt.Errorf("localtx: marker: %w", err)
 		}
-		t.marked = true
 		t.wrote(bucket, key)
 		return nil
 	case bytes.Equal(bucket, OutboxBucket):
@@ -170,6 +223,35 @@ func (t *SQLTx) Put(bucket, key, value []byte) error {
 		return nil
 	}
 	return fmt.Errorf("%w: %q", ErrBucket, bucket)
+}
+
+// putMarker inserts the marker row of key, or updates the one this
+// transaction inserted. An update that changes nothing is not sent (MySQL
+// would count no affected row); one that affects no row is an error.
+func (t *SQLTx) putMarker(key string, value []byte) error {
+	s := t.store
+	prev, ok := t.markers[key]
+	if !ok {
+		if _, err := t.tx.ExecContext(t.ctx, s.insMarker, key, value); err != nil {
+			return err
+		}
+	} else {
+		if bytes.Equal(prev, value) {
+			return nil
+		}
+		res, err := t.tx.ExecContext(t.ctx, s.updMarker, value, key)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return fmt.Errorf("update of %q affected %d rows (%v), want 1", key, n, err)
+		}
+	}
+	if t.markers == nil {
+		t.markers = map[string][]byte{}
+	}
+	t.markers[key] = bytes.Clone(value)
+	return nil
 }
 
 // SQL returns the SQL transaction.
@@ -202,18 +284,24 @@ func (s *SQL) Tx(ctx context.Context) *sql.Tx {
 // Run runs fn in a SQL transaction bound to ctx (see FromContext and
 // SQL.Tx). It commits when fn returns nil and rolls back when fn returns an
 // error or panics (the panic goes on after the rollback); then the hooks of
-// the outcome run, before Run returns. When fn returns an error wrapping
-// ErrRedo the attempt is rolled back and fn runs again in a new transaction.
-// Inside a transaction of this adapter, Run joins it and just calls fn.
+// the outcome run, before Run returns. Inside a transaction of this
+// adapter, Run joins it and just calls fn.
 //
-// A COMMIT that returns an error may have committed. When the transaction
-// wrote its marker (the queue sent messages), Run reads the outcome back
-// from the marker row (see Check), trying again with backoff while the
-// database cannot answer, until ctx ends (one try at least, a minute at
-// most): committed, it runs the commit hooks and returns nil; rolled back,
-// the rollback hooks and the commit's error. Otherwise, or without a
-// marker, it runs the WhileUnknown hooks and returns an error wrapping
-// ErrCommitUnknown and the commit's error.
+// The attempt runs again, in a new transaction, after a pause with jitter
+// that grows with each attempt, when fn returns an error wrapping ErrRedo
+// or a retryable error of the database (see SQLOptions.Retryable; fn may
+// return its statements' errors as they are, wrapped or not), and when the
+// commit fails with a retryable error: the server rolled it back. The
+// rollback hooks of that attempt run and its commit hooks are dropped.
+//
+// A COMMIT that fails otherwise may have committed (the reply lost with
+// the connection). When the transaction wrote its marker (the queue sent
+// messages), Run reads the outcome back from the marker row (see Check),
+// trying again with backoff while the database cannot answer, until ctx
+// ends (one try at least, a minute at most): committed, it runs the commit
+// hooks and returns nil; rolled back, the rollback hooks and the commit's
+// error. Otherwise, or without a marker, it runs the WhileUnknown hooks
+// and returns an error wrapping ErrCommitUnknown and the commit's error.
 //
 // As with Bolt.Run, a commit hook that fails (the queue could not publish)
 // does not undo the commit and Run returns nil: the queue publishes the
@@ -224,7 +312,7 @@ func (s *SQL) Run(ctx context.Context, fn func(ctx context.Context) error) error
 	if s.Tx(ctx) != nil {
 		return fn(ctx)
 	}
-	return run(ctx, s.opts.MaxAttempts, func(a *attempt) (hostTx, error) {
+	return run(ctx, s.opts.MaxAttempts, s.retryable, func(a *attempt) (hostTx, error) {
 		tx, err := s.db.BeginTx(ctx, s.opts.TxOptions)
 		if err != nil {
 			return nil, fmt.Errorf("localtx: begin: %w", err)
@@ -257,7 +345,7 @@ func (s *SQL) Check(ctx context.Context, txid string) (State, Record, error) {
 // probe that succeeds means rolled back; one that fails means committed if
 // the row is there now, and otherwise that the store cannot answer.
 func (s *SQL) outcomeOf(ctx context.Context, txid string) (State, Record, error) {
-	rec, ok, err := s.record(ctx, s.db, txid)
+	rec, ok, err := s.record(ctx, txid)
 	if err != nil {
 		return Unknown, Record{}, err
 	}
@@ -268,7 +356,7 @@ func (s *SQL) outcomeOf(ctx context.Context, txid string) (State, Record, error)
 	if perr == nil {
 		return RolledBack, Record{}, nil
 	}
-	if rec, ok, err := s.record(ctx, s.db, txid); err == nil && ok {
+	if rec, ok, err := s.record(ctx, txid); err == nil && ok {
 		return Committed, rec, nil
 	}
 	return Unknown, Record{}, fmt.Errorf("probe of the marker: %w", perr)
@@ -285,74 +373,76 @@ func (s *SQL) probe(ctx context.Context, txid string) error {
 	return err
 }
 
-type queryer interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+// record reads the marker and outbox rows of txid.
+func (s *SQL) record(ctx context.Context, txid string) (Record, bool, error) {
+	recs, err := s.page(ctx, s.q("SELECT k.txid, k.body, o.seq, o.body FROM "+s.marker+" k LEFT JOIN "+s.outbox+
+		" o ON o.txid = k.txid WHERE k.txid = ? ORDER BY o.seq"), 0, txid)
+	if err != nil || len(recs) == 0 {
+		return Record{}, false, err
+	}
+	return recs[0], true, nil
 }
 
-func (s *SQL) record(ctx context.Context, db queryer, txid string) (Record, bool, error) {
-	var marker []byte
-	err := db.QueryRowContext(ctx, s.getMarker, txid).Scan(&marker)
-	if err == sql.ErrNoRows {
-		return Record{}, false, nil
-	}
-	if err != nil {
-		return Record{}, false, err
-	}
-	rec := Record{TxID: txid, Marker: marker}
-	rows, err := db.QueryContext(ctx, s.getOutbox, txid)
-	if err != nil {
-		return Record{}, false, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var b []byte
-		if err := rows.Scan(&b); err != nil {
-			return Record{}, false, err
-		}
-		rec.Outbox = append(rec.Outbox, b)
-	}
-	return rec, true, rows.Err()
-}
+// maxPageBytes bounds the bytes of one page of Committed (beyond its last
+// record): a page of many large outboxes would otherwise be held at once.
+const maxPageBytes = 16 << 20
 
 // Committed returns the records of committed transactions not yet
-// forgotten; see Store.
+// forgotten, in pages of at most max records and about maxPageBytes; see
+// Store.
 func (s *SQL) Committed(ctx context.Context, after string, max int) ([]Record, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	if max <= 0 {
+		return nil, nil
+	}
+	recs, err := s.page(ctx, s.committed, maxPageBytes, after, int64(max))
 	if err != nil {
 		return nil, fmt.Errorf("localtx: committed: %w", err)
 	}
-	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, s.listMarkers, after)
-	if err != nil {
-		return nil, fmt.Errorf("localtx: committed: %w", err)
-	}
-	var ids []string
-	for rows.Next() && len(ids) < max {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("localtx: committed: %w", err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Close(); err != nil {
-		return nil, fmt.Errorf("localtx: committed: %w", err)
-	}
-	out := make([]Record, 0, len(ids))
-	for _, id := range ids {
-		rec, ok, err := s.record(ctx, tx, id)
-		if err != nil {
-			return nil, fmt.Errorf("localtx: committed: %w", err)
-		}
-		if ok {
-			out = append(out, rec)
-		}
-	}
-	return out, nil
+	return recs, nil
 }
 
-// Forget deletes the markers and outbox rows of txids; see Store.
+// page runs query, whose rows are (txid, marker, seq, outbox row) ordered
+// by txid and seq (seq and the row NULL for a transaction without outbox),
+// and gathers them into records. With maxBytes, it stops before a record
+// that begins past maxBytes.
+func (s *SQL) page(ctx context.Context, query string, maxBytes int, args ...any) ([]Record, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Record
+	size := 0
+	for rows.Next() {
+		var (
+			id          string
+			marker, row []byte
+			seq         sql.NullInt64
+		)
+		if err := rows.Scan(&id, &marker, &seq, &row); err != nil {
+			return nil, err
+		}
+		if len(out) == 0 || out[len(out)-1].TxID != id {
+			if maxBytes > 0 && size >= maxBytes {
+				break
+			}
+			out = append(out, Record{TxID: id, Marker: marker})
+			size += len(marker)
+		}
+		if seq.Valid {
+			r := &out[len(out)-1]
+			r.Outbox = append(r.Outbox, row)
+			size += len(row)
+		}
+	}
+	return out, rows.Err()
+}
+
+// forgetChunk bounds the ids of one DELETE of Forget.
+const forgetChunk = 256
+
+// Forget deletes the markers and outbox rows of txids, in one transaction;
+// see Store.
 func (s *SQL) Forget(ctx context.Context, txids []string) error {
 	if len(txids) == 0 {
 		return nil
@@ -362,12 +452,15 @@ func (s *SQL) Forget(ctx context.Context, txids []string) error {
 		return fmt.Errorf("localtx: forget: %w", err)
 	}
 	defer tx.Rollback()
-	for _, id := range txids {
-		if _, err := tx.ExecContext(ctx, s.delOutbox, id); err != nil {
-			return fmt.Errorf("localtx: forget: %w", err)
+	for ids := range slices.Chunk(txids, forgetChunk) {
+		args := make([]any, len(ids))
+		for i, id := range ids {
+			args[i] = id
 		}
-		if _, err := tx.ExecContext(ctx, s.delMarker, id); err != nil {
-			return fmt.Errorf("localtx: forget: %w", err)
+		for _, table := range []string{s.outbox, s.marker} {
+			if _, err := tx.ExecContext(ctx, "DELETE FROM "+table+" WHERE txid IN "+s.in(len(ids)), args...); err != nil {
+				return fmt.Errorf("localtx: forget: %w", err)
+			}
 		}
 	}
 	if err := tx.Commit(); err != nil {

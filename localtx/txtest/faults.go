@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"modernc.org/sqlite"
+
+	"github.com/zeze-go/mq/localtx"
 )
 
 // CommitFault is what the next COMMIT of a FaultySQLite host does.
@@ -102,7 +104,10 @@ func (f *Faults) commit(tx driver.Tx) error {
 func FaultySQLite(t testing.TB, path string) (*Host, *Faults) {
 	t.Helper()
 	f := &Faults{}
-	return sqlHost(t, sql.OpenDB(&faultConnector{dsn: sqliteDSN(path), f: f})), f
+	db := sql.OpenDB(&faultConnector{dsn: sqliteDSN(path), f: f})
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	return sqlHost(t, "sqlite", db, localtx.SQLite, "app_mq", nil), f
 }
 
 type faultConnector struct {

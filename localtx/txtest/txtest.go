@@ -4,13 +4,18 @@ package txtest
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"errors"
+	"os"
 	"path/filepath"
 	"sort"
 	"testing"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	bolt "go.etcd.io/bbolt"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
@@ -33,16 +38,23 @@ type Host struct {
 	Markers func() (int, error)
 }
 
-// Names of the adapters returned by All, in order.
-var Names = []string{"bolt", "sqlite"}
+// Names of the adapters returned by All, in order: bbolt, SQLite, and the
+// SQL adapter on a PostgreSQL and a MySQL/MariaDB server (see Server).
+var Names = []string{"bolt", "sqlite", "postgres", "mysql"}
 
-// All opens every adapter over new stores in t.TempDir(), closed at cleanup.
+// All opens every adapter over new stores, closed at cleanup.
 func All(t testing.TB) []*Host {
 	t.Helper()
-	return []*Host{Bolt(t, filepath.Join(t.TempDir(), "host.db")), SQLite(t, filepath.Join(t.TempDir(), "host.sqlite"))}
+	var hosts []*Host
+	for _, name := range Names {
+		hosts = append(hosts, Open(t, name, filepath.Join(t.TempDir(), "host")))
+	}
+	return hosts
 }
 
-// Open opens the adapter named name (one of Names) over path.
+// Open opens the adapter named name (one of Names) over path: a bbolt or
+// SQLite file, or, on a server, tables named after path (the same path
+// opens the same tables, in this process or another).
 func Open(t testing.TB, name, path string) *Host {
 	t.Helper()
 	switch name {
@@ -50,6 +62,8 @@ func Open(t testing.TB, name, path string) *Host {
 		return Bolt(t, path)
 	case "sqlite":
 		return SQLite(t, path)
+	case "postgres", "mysql":
+		return Server(t, name, path)
 	}
 	t.Fatalf("txtest: no adapter %q", name)
 	return nil
@@ -121,32 +135,117 @@ func SQLite(t testing.TB, path string) *Host {
 	if err != nil {
 		t.Fatalf("txtest: %v", err)
 	}
-	return sqlHost(t, db)
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	return sqlHost(t, "sqlite", db, localtx.SQLite, "app_mq", nil)
 }
 
 func sqliteDSN(path string) string {
 	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)"
 }
 
-// sqlHost sets up db as an SQLite host DB with the SQL adapter and closes it
-// at cleanup.
-func sqlHost(t testing.TB, db *sql.DB) *Host {
+// The environment that points the tests at database servers (.ci/servers
+// starts both and prints it).
+const (
+	// PostgresEnv holds a pgx DSN of a PostgreSQL database the tests may
+	// create tables in.
+	PostgresEnv = "ZEZE_PG_DSN"
+	// MySQLEnv holds a go-sql-driver/mysql DSN of a MySQL or MariaDB
+	// database.
+	MySQLEnv = "ZEZE_MYSQL_DSN"
+	// RequiredEnv set to "required" makes a server not configured or not
+	// reachable a test failure instead of a skip (CI sets it).
+	RequiredEnv = "ZEZE_SQL_SERVERS"
+)
+
+// servers are the server adapters: driver, DSN variable, dialect.
+var servers = map[string]struct {
+	driver, env string
+	dialect     localtx.Dialect
+}{
+	"postgres": {"pgx", PostgresEnv, localtx.PostgreSQL},
+	"mysql":    {"mysql", MySQLEnv, localtx.MySQL},
+}
+
+// ServerDB opens the database of server ("postgres" or "mysql") named by
+// its environment variable, closed at cleanup. Without the variable, or
+// when the server does not answer, the test is skipped, saying so, unless
+// RequiredEnv is "required": then it fails.
+func ServerDB(t testing.TB, server string) (*sql.DB, localtx.Dialect) {
 	t.Helper()
-	db.SetMaxOpenConns(1)
+	srv, ok := servers[server]
+	if !ok {
+		t.Fatalf("txtest: no server %q", server)
+	}
+	unavailable := func(format string, args ...any) {
+		t.Helper()
+		if os.Getenv(RequiredEnv) == "required" {
+			t.Fatalf("txtest: %s=required: "+format, append([]any{RequiredEnv}, args...)...)
+		}
+		t.Skipf("txtest: skipped: "+format+" (.ci/servers starts the servers)", args...)
+	}
+	dsn := os.Getenv(srv.env)
+	if dsn == "" {
+		unavailable("%s is not set", srv.env)
+	}
+	db, err := sql.Open(srv.driver, dsn)
+	if err != nil {
+		unavailable("%s: %v", srv.env, err)
+	}
+	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(4)
 	t.Cleanup(func() { db.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		unavailable("%s server at %s: %v", server, srv.env, err)
+	}
+	return db, srv.dialect
+}
+
+// Server opens the SQL adapter on server ("postgres" or "mysql", see
+// ServerDB) over tables named after path. The tables are dropped at
+// cleanup.
+func Server(t testing.TB, server, path string) *Host {
+	t.Helper()
+	db, dialect := ServerDB(t, server)
+	sum := sha256.Sum256([]byte(path))
+	prefix := "t" + hex.EncodeToString(sum[:6])
+	t.Cleanup(func() {
+		for _, table := range []string{prefix + "_business", prefix + "_marker", prefix + "_outbox"} {
+			db.Exec("DROP TABLE IF EXISTS " + table)
+		}
+	})
+	return sqlHost(t, server, db, dialect, prefix, nil)
+}
+
+// sqlHost sets up db as a host DB with the SQL adapter: a business table
+// and the adapter's tables, named after prefix. opts, if not nil, edits
+// the adapter's options.
+func sqlHost(t testing.TB, name string, db *sql.DB, dialect localtx.Dialect, prefix string, opts func(*localtx.SQLOptions)) *Host {
+	t.Helper()
 	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS business (k VARCHAR(200) PRIMARY KEY, v TEXT NOT NULL)"); err != nil {
+	business := prefix + "_business"
+	if _, err := db.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+business+" (k VARCHAR(200) PRIMARY KEY, v TEXT NOT NULL)"); err != nil {
 		t.Fatalf("txtest: %v", err)
 	}
-	a, err := localtx.NewSQL(db, localtx.SQLOptions{MarkerTable: "app_mq_marker", OutboxTable: "app_mq_outbox"})
+	o := localtx.SQLOptions{Dialect: dialect, MarkerTable: prefix + "_marker", OutboxTable: prefix + "_outbox"}
+	if opts != nil {
+		opts(&o)
+	}
+	a, err := localtx.NewSQL(db, o)
 	if err != nil {
 		t.Fatalf("txtest: %v", err)
 	}
 	if err := a.CreateTables(ctx); err != nil {
 		t.Fatalf("txtest: %v", err)
 	}
+	p1, p2 := "?", "?"
+	if dialect == localtx.PostgreSQL {
+		p1, p2 = "$1", "$2"
+	}
 	return &Host{
-		Name:  "sqlite",
+		Name:  name,
 		Store: a,
 		Run:   a.Run,
 		Put: func(ctx context.Context, key, value string) error {
@@ -154,19 +253,19 @@ func sqlHost(t testing.TB, db *sql.DB) *Host {
 			if tx == nil {
 				return errors.New("txtest: not in a transaction")
 			}
-			_, err := tx.ExecContext(ctx, "INSERT INTO business (k, v) VALUES (?, ?)", key, value)
+			_, err := tx.ExecContext(ctx, "INSERT INTO "+business+" (k, v) VALUES ("+p1+", "+p2+")", key, value)
 			return err
 		},
 		Get: func(key string) (string, bool, error) {
 			var v string
-			err := db.QueryRow("SELECT v FROM business WHERE k = ?", key).Scan(&v)
+			err := db.QueryRow("SELECT v FROM "+business+" WHERE k = "+p1, key).Scan(&v)
 			if err == sql.ErrNoRows {
 				return "", false, nil
 			}
 			return v, err == nil, err
 		},
 		Keys: func() ([]string, error) {
-			rows, err := db.Query("SELECT k FROM business")
+			rows, err := db.Query("SELECT k FROM " + business)
 			if err != nil {
 				return nil, err
 			}
@@ -183,7 +282,7 @@ func sqlHost(t testing.TB, db *sql.DB) *Host {
 			return keys, rows.Err()
 		},
 		Markers: func() (n int, err error) {
-			err = db.QueryRow("SELECT COUNT(*) FROM app_mq_marker").Scan(&n)
+			err = db.QueryRow("SELECT COUNT(*) FROM " + o.MarkerTable).Scan(&n)
 			return n, err
 		},
 	}
