@@ -94,7 +94,9 @@ type Store interface {
 	// while it is running.
 	Check(ctx context.Context, txid string) (State, Record, error)
 	// Committed returns the records of at most max committed transactions
-	// whose marker is still present, with ids after after, in id order.
+	// whose marker is still present, with ids after after, in the store's
+	// id order (the same order for every call). It may return fewer than
+	// max, to bound a page's bytes; none means there are no more.
 	Committed(ctx context.Context, after string, max int) ([]Record, error)
 	// Forget deletes the markers and outbox rows of txids in one transaction.
 	Forget(ctx context.Context, txids []string) error
