@@ -22,3 +22,9 @@ func Waiting(b *Bolt) int {
 
 // MaxBatch bounds the members of one batch.
 const MaxBatch = maxBatch
+
+// Retryable reports whether the dialect d redoes a transaction after err.
+func Retryable(d Dialect, err error) bool {
+	x := dialects[d]
+	return x.retryable(err)
+}

@@ -375,7 +375,8 @@ const (
 )
 
 // redo calls try until it returns an error that neither wraps ErrRedo nor
-// is one retryable (nil: none) reports, up to attempts times, pausing
+// is one retryable (nil: none) reports, or one that wraps ErrCommitUnknown
+// (whatever else it wraps), up to attempts times, pausing
 // before each new attempt. It gives up, returning the last error, when
 // ctx ends during a pause.
 func redo(ctx context.Context, attempts int, retryable func(error) bool, try func() error) error {
@@ -385,7 +386,10 @@ func redo(ctx context.Context, attempts int, retryable func(error) bool, try fun
 	bound := redoPause
 	for n := 1; ; n++ {
 		err := try()
-		if err == nil || !errors.Is(err, ErrRedo) && (retryable == nil || !retryable(err)) {
+		if err == nil || errors.Is(err, ErrCommitUnknown) { // never redo what may have committed
+			return err
+		}
+		if !errors.Is(err, ErrRedo) && (retryable == nil || !retryable(err)) {
 			return err
 		}
 		if n == attempts {

@@ -100,14 +100,18 @@ func (f *Faults) commit(tx driver.Tx) error {
 }
 
 // FaultySQLite is SQLite over a database/sql driver whose faults the test
-// sets with the returned Faults.
-func FaultySQLite(t testing.TB, path string) (*Host, *Faults) {
+// sets with the returned Faults. opts, if any, edit the adapter's options.
+func FaultySQLite(t testing.TB, path string, opts ...func(*localtx.SQLOptions)) (*Host, *Faults) {
 	t.Helper()
 	f := &Faults{}
 	db := sql.OpenDB(&faultConnector{dsn: sqliteDSN(path), f: f})
 	db.SetMaxOpenConns(1)
 	t.Cleanup(func() { db.Close() })
-	return sqlHost(t, "sqlite", db, localtx.SQLite, "app_mq", nil), f
+	return sqlHost(t, "sqlite", db, localtx.SQLite, "app_mq", func(o *localtx.SQLOptions) {
+		for _, edit := range opts {
+			edit(o)
+		}
+	}), f
 }
 
 type faultConnector struct {
