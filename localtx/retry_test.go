@@ -212,7 +212,6 @@ func TestSQL_SecondMarkerKey(t *testing.T) {
 	}
 }
 
-
 // TestRun_NoRedoOfUnknown: an error that says a commit may have happened
 // is never redone, whatever else it wraps: a redo could commit twice.
 func TestRun_NoRedoOfUnknown(t *testing.T) {
