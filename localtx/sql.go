@@ -66,8 +66,7 @@ type SQL struct {
 	retryable func(error) bool
 
 	insMarker, updMarker, insOutbox string
-	getMarker                       string
-	committed                       string // with the number of ids to read
+	getRecord, committed            string // one transaction's rows; a page of them
 	createMarker, createOutbox      string
 	marker, outbox                  string // quoted table names
 }
@@ -126,7 +125,8 @@ func NewSQL(db *sql.DB, opts SQLOptions) (*SQL, error) {
 	s.insMarker = s.q("INSERT INTO " + m + " (txid, body) VALUES (?, ?)")
 	s.updMarker = s.q("UPDATE " + m + " SET body = ? WHERE txid = ?")
 	s.insOutbox = s.q("INSERT INTO " + o + " (txid, seq, body) VALUES (?, ?, ?)")
-	s.getMarker = s.q("SELECT body FROM " + m + " WHERE txid = ?")
+	s.getRecord = s.q("SELECT k.txid, k.body, o.seq, o.body FROM " + m + " k LEFT JOIN " + o +
+		" o ON o.txid = k.txid WHERE k.txid = ? ORDER BY o.seq")
 	// One statement, so one snapshot: a page of markers with their outbox
 	// rows, in id and write order.
 	s.committed = s.q("SELECT k.txid, k.body, o.seq, o.body FROM (SELECT txid, body FROM " + m +
@@ -375,8 +375,7 @@ func (s *SQL) probe(ctx context.Context, txid string) error {
 
 // record reads the marker and outbox rows of txid.
 func (s *SQL) record(ctx context.Context, txid string) (Record, bool, error) {
-	recs, err := s.page(ctx, s.q("SELECT k.txid, k.body, o.seq, o.body FROM "+s.marker+" k LEFT JOIN "+s.outbox+
-		" o ON o.txid = k.txid WHERE k.txid = ? ORDER BY o.seq"), 0, txid)
+	recs, err := s.page(ctx, s.getRecord, 0, txid)
 	if err != nil || len(recs) == 0 {
 		return Record{}, false, err
 	}
