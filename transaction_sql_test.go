@@ -87,6 +87,7 @@ func TestTransaction_Concurrent(t *testing.T) {
 	const workers = 16
 	for _, adapter := range txtest.Names {
 		t.Run(adapter, func(t *testing.T) {
+			t.Parallel() // the servers' commits wait on their fsyncs, not on this process
 			each := 200
 			if adapter == "bolt" || adapter == "sqlite" {
 				each = 50
