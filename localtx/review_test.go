@@ -1,0 +1,266 @@
+package localtx_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/zeze-go/mq/localtx"
+	"github.com/zeze-go/mq/localtx/txtest"
+)
+
+// reviewAdapter opens a SQL adapter over fresh tables of server.
+func reviewAdapter(t *testing.T, db *sql.DB, dialect localtx.Dialect, edit func(*localtx.SQLOptions)) (*localtx.SQL, localtx.Dialect) {
+	t.Helper()
+	o := localtx.SQLOptions{Dialect: dialect, MarkerTable: uniqueTable(t, db, "rv_marker"), OutboxTable: uniqueTable(t, db, "rv_outbox")}
+	if edit != nil {
+		edit(&o)
+	}
+	a, err := localtx.NewSQL(db, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CreateTables(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return a, dialect
+}
+
+// TestReview_CheckBlocksOnLockedMarker: a session left over from an
+// earlier run of the process (its client died with the transaction open,
+// the server has not noticed yet) holds the uncommitted marker row of a
+// transaction. The node's check-back asks Check about it with the node's
+// context, which has no deadline. Check's probe INSERT waits for that lock
+// with no bound of its own: on PostgreSQL forever (no lock_timeout), on
+// MariaDB innodb_lock_wait_timeout (50 s), so one such transaction stalls
+// the node's single check-back/sweep loop.
+func TestReview_CheckBlocksOnLockedMarker(t *testing.T) {
+	for _, server := range serverNames {
+		t.Run(server, func(t *testing.T) {
+			db, dialect := txtest.ServerDB(t, server)
+			marker, outbox := uniqueTable(t, db, "rv_lock_marker"), uniqueTable(t, db, "rv_lock_outbox")
+			a, err := localtx.NewSQL(db, localtx.SQLOptions{Dialect: dialect, MarkerTable: marker, OutboxTable: outbox})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if err := a.CreateTables(ctx); err != nil {
+				t.Fatal(err)
+			}
+			const txid = "00000000deadbeef-1" // an earlier run's id: not running here
+			orphan, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer orphan.Rollback()
+			if _, err := orphan.ExecContext(ctx, "INSERT INTO "+marker+" (txid, body) VALUES ("+ph(dialect, 1)+", "+ph(dialect, 2)+")", txid, []byte("m")); err != nil {
+				t.Fatal(err)
+			}
+			type answer struct {
+				st  localtx.State
+				err error
+			}
+			done := make(chan answer, 1)
+			start := time.Now()
+			go func() {
+				st, _, err := a.Check(ctx, txid) // the node's ctx: no deadline
+				done <- answer{st, err}
+			}()
+			select {
+			case a := <-done:
+				t.Logf("Check answered %v, %v after %v", a.st, a.err, time.Since(start))
+			case <-time.After(10 * time.Second):
+				t.Errorf("Check(%s) has not answered after 10s: it waits on another session's row lock with no bound", txid)
+				orphan.Rollback()
+				a := <-done
+				t.Logf("after the orphan rolled back: %v, %v (%v)", a.st, a.err, time.Since(start))
+			}
+		})
+	}
+}
+
+// TestReview_MySQLNonStrictTruncation: DESIGN says Put refuses a row
+// larger than its column "so a server in non-strict mode cannot truncate
+// it". With BlobType "BLOB(100)" (MySQL makes it a TINYBLOB, 255 bytes),
+// NewSQL accepts the default MaxRowBytes (4 MiB) since it does not know
+// the type, and Put sends a 1000-byte row that MariaDB in non-strict mode
+// cuts to 255 bytes: Run returns nil and Committed returns the cut row.
+// The id column (VARCHAR(128)) is not checked either: a 200-byte marker
+// key is stored cut to 128 bytes.
+func TestReview_MySQLNonStrictTruncation(t *testing.T) {
+	db, dialect := txtest.ServerDB(t, "mysql")
+	db.SetMaxOpenConns(1) // the session's sql_mode holds for every statement
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "SET SESSION sql_mode = ''"); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := reviewAdapter(t, db, dialect, func(o *localtx.SQLOptions) { o.BlobType = "BLOB(100)" })
+	row := bytes.Repeat([]byte{7}, 1000)
+	var id string
+	err := a.Run(ctx, func(ctx context.Context) error {
+		tx, _ := localtx.FromContext(ctx)
+		id = tx.ID()
+		if err := tx.Put(localtx.MarkerBucket, []byte(id), []byte("m")); err != nil {
+			return err
+		}
+		return tx.Put(localtx.OutboxBucket, localtx.OutboxKey(id, 0), row)
+	})
+	if err == nil {
+		recs, err := a.Committed(ctx, "", 10)
+		if err != nil || len(recs) != 1 || len(recs[0].Outbox) != 1 {
+			t.Fatalf("Committed = %v, %v", recs, err)
+		}
+		if got := len(recs[0].Outbox[0]); got != len(row) {
+			t.Errorf("BLOB(100): Run = nil, and the %d-byte outbox row came back with %d bytes", len(row), got)
+		}
+	} else if !errors.Is(err, localtx.ErrRowTooLarge) {
+		t.Logf("BLOB(100): Run = %v", err)
+	}
+
+	b, _ := reviewAdapter(t, db, dialect, nil)
+	long := string(bytes.Repeat([]byte{'k'}, 200))
+	err = b.Run(ctx, func(ctx context.Context) error {
+		tx, _ := localtx.FromContext(ctx)
+		return tx.Put(localtx.MarkerBucket, []byte(long), []byte("m"))
+	})
+	if err == nil {
+		recs, err := b.Committed(ctx, "", 10)
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("Committed = %v, %v", recs, err)
+		}
+		if len(recs[0].TxID) != len(long) {
+			t.Errorf("a %d-byte marker key: Put = nil, and Committed lists it as a %d-byte id", len(long), len(recs[0].TxID))
+		}
+	}
+}
+
+// TestReview_EmptyAndNilValues: Put of an empty and of a nil value, on
+// every adapter: they should behave alike (Bolt stores both).
+func TestReview_EmptyAndNilValues(t *testing.T) {
+	for _, name := range txtest.Names {
+		t.Run(name, func(t *testing.T) {
+			h := txtest.Open(t, name, filepath.Join(t.TempDir(), "host"))
+			ctx := context.Background()
+			for _, v := range []struct {
+				what  string
+				value []byte
+			}{{"empty", []byte{}}, {"nil", nil}} {
+				var id string
+				err := h.Run(ctx, func(ctx context.Context) error {
+					tx, _ := localtx.FromContext(ctx)
+					id = tx.ID()
+					if err := tx.Put(localtx.MarkerBucket, []byte(id), v.value); err != nil {
+						return err
+					}
+					return tx.Put(localtx.OutboxBucket, localtx.OutboxKey(id, 0), v.value)
+				})
+				if err != nil {
+					t.Errorf("%s value: Run = %v", v.what, err)
+					continue
+				}
+				st, rec, err := h.Store.Check(ctx, id)
+				if err != nil || st != localtx.Committed || len(rec.Outbox) != 1 {
+					t.Errorf("%s value: Check = %v %+v %v", v.what, st, rec, err)
+				}
+				h.Store.Forget(ctx, []string{id})
+			}
+		})
+	}
+}
+
+// TestReview_CommittedConsistent: Committed, paging while transactions of
+// 5 outbox rows commit and others are forgotten, never returns a record
+// with a partial outbox, nor one twice in a pass, and always pages in
+// increasing id order.
+func TestReview_CommittedConsistent(t *testing.T) {
+	for _, name := range []string{"sqlite", "postgres", "mysql"} {
+		t.Run(name, func(t *testing.T) {
+			h := txtest.Open(t, name, filepath.Join(t.TempDir(), "host"))
+			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+			defer cancel()
+			var wg sync.WaitGroup
+			var committed atomic.Int64
+			ids := make(chan string, 10000)
+			for w := 0; w < 4; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for ctx.Err() == nil {
+						err := h.Run(ctx, func(ctx context.Context) error {
+							tx, _ := localtx.FromContext(ctx)
+							if err := tx.Put(localtx.MarkerBucket, []byte(tx.ID()), []byte("m")); err != nil {
+								return err
+							}
+							for i := range 5 {
+								if err := tx.Put(localtx.OutboxBucket, localtx.OutboxKey(tx.ID(), uint64(i)), []byte(fmt.Sprint(i))); err != nil {
+									return err
+								}
+							}
+							ids <- tx.ID()
+							return nil
+						})
+						if err == nil {
+							committed.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Add(1)
+			go func() { // forgets what committed, in batches
+				defer wg.Done()
+				var batch []string
+				for ctx.Err() == nil {
+					select {
+					case id := <-ids:
+						batch = append(batch, id)
+						if len(batch) >= 7 {
+							h.Store.Forget(ctx, batch)
+							batch = nil
+						}
+					case <-ctx.Done():
+					}
+				}
+			}()
+			passes := 0
+			for ctx.Err() == nil {
+				after, seen := "", map[string]bool{}
+				for {
+					recs, err := h.Store.Committed(ctx, after, 3)
+					if err != nil {
+						if ctx.Err() == nil {
+							t.Errorf("Committed: %v", err)
+						}
+						break
+					}
+					if len(recs) == 0 {
+						break
+					}
+					for _, r := range recs {
+						if r.TxID <= after && name != "mysql" {
+							t.Errorf("Committed(%q) returned %q, not after it", after, r.TxID)
+						}
+						if seen[r.TxID] {
+							t.Errorf("%s listed twice in one pass", r.TxID)
+						}
+						seen[r.TxID] = true
+						if len(r.Outbox) != 5 {
+							t.Errorf("%s listed with %d outbox rows, want 5", r.TxID, len(r.Outbox))
+						}
+						after = r.TxID
+					}
+				}
+				passes++
+			}
+			cancel()
+			wg.Wait()
+			t.Logf("%d passes, %d transactions", passes, committed.Load())
+		})
+	}
+}
