@@ -264,3 +264,69 @@ func TestReview_CommittedConsistent(t *testing.T) {
 		})
 	}
 }
+
+// TestReview_Holds: things that hold (kept as regression checks): Forget
+// of many ids with duplicates, empty and unknown ones; Committed with a
+// huge max; a panic in the attempt after a redo.
+func TestReview_Holds(t *testing.T) {
+	for _, name := range []string{"sqlite", "postgres", "mysql"} {
+		t.Run(name, func(t *testing.T) {
+			h := txtest.Open(t, name, filepath.Join(t.TempDir(), "host"))
+			ctx := context.Background()
+			var real []string
+			for range 3 {
+				if err := h.Run(ctx, func(ctx context.Context) error {
+					tx, _ := localtx.FromContext(ctx)
+					real = append(real, tx.ID())
+					return tx.Put(localtx.MarkerBucket, []byte(tx.ID()), []byte("m"))
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			recs, err := h.Store.Committed(ctx, "", int(^uint(0)>>1))
+			if err != nil || len(recs) != 3 {
+				t.Errorf("Committed(max int) = %d records, %v", len(recs), err)
+			}
+			ids := []string{"", "", "nope"}
+			for i := range 1000 {
+				ids = append(ids, fmt.Sprintf("x-%d", i), real[i%2])
+			}
+			if err := h.Store.Forget(ctx, ids); err != nil {
+				t.Fatalf("Forget: %v", err)
+			}
+			if n, err := h.Markers(); err != nil || n != 1 {
+				t.Errorf("after Forget: %d markers (%v), want 1", n, err)
+			}
+
+			var ev []string
+			attempts := 0
+			func() {
+				defer func() {
+					if r := recover(); r != "boom" {
+						t.Errorf("recovered %v, want boom", r)
+					}
+				}()
+				h.Run(ctx, func(ctx context.Context) error {
+					attempts++
+					tx, _ := localtx.FromContext(ctx)
+					n := attempts
+					tx.WhileCommit(func() { ev = append(ev, fmt.Sprint("commit", n)) })
+					tx.WhileRollback(func() { ev = append(ev, fmt.Sprint("rollback", n)) })
+					if err := tx.Put(localtx.MarkerBucket, []byte(tx.ID()), []byte("m")); err != nil {
+						return err
+					}
+					if attempts == 1 {
+						return localtx.ErrRedo
+					}
+					panic("boom")
+				})
+			}()
+			if fmt.Sprint(ev) != "[rollback1 rollback2]" || attempts != 2 {
+				t.Errorf("hooks %v after %d attempts", ev, attempts)
+			}
+			if n, _ := h.Markers(); n != 1 {
+				t.Errorf("%d markers after the panic, want 1", n)
+			}
+		})
+	}
+}
