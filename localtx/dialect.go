@@ -31,11 +31,16 @@ type dialect struct {
 	quote  byte   // quotes an identifier
 	blob   string // the default column type of stored bytes
 	// blobs maps a column type of stored bytes (upper case) to the bytes
-	// it holds.
+	// it holds; sized, if set, tells it for types with a size.
 	blobs map[string]int64
-	// key is the column type of transaction ids: compared byte by byte,
-	// whatever the database's collation.
+	sized func(typ string) int64
+	// key is the column type of transaction ids (maxKeyBytes of them):
+	// compared byte by byte, whatever the database's collation.
 	key string
+	// strict: the server refuses a value too long for its column (MySQL
+	// outside strict mode truncates it), so a column type of unknown
+	// capacity may be used.
+	strict bool
 	// retryable reports whether err, from a statement or a commit, means
 	// that the server rolled the transaction back and it may run again.
 	retryable func(err error) bool
@@ -43,21 +48,24 @@ type dialect struct {
 
 var dialects = map[Dialect]dialect{
 	SQLite: {
-		name: "SQLite", quote: '"', blob: "BLOB", key: "VARCHAR(128)",
+		name: "SQLite", quote: '"', blob: "BLOB", key: "VARCHAR(128)", strict: true, // SQLite never truncates
 		// SQLite's default length limit, SQLITE_MAX_LENGTH.
 		blobs:     map[string]int64{"BLOB": 1e9},
 		retryable: sqliteRetryable,
 	},
 	PostgreSQL: {
-		name: "PostgreSQL", dollar: true, quote: '"', blob: "BYTEA", key: `VARCHAR(128) COLLATE "C"`,
+		name: "PostgreSQL", dollar: true, quote: '"', blob: "BYTEA", key: `VARCHAR(128) COLLATE "C"`, strict: true,
 		blobs:     map[string]int64{"BYTEA": 1<<30 - 1},
 		retryable: postgresRetryable,
 	},
 	MySQL: {
-		name: "MySQL", quote: '`', blob: "LONGBLOB", key: "VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin",
+		// VARBINARY: ascii_bin would pad with spaces ("x" = "x ").
+		name: "MySQL", quote: '`', blob: "LONGBLOB", key: "VARBINARY(128)",
 		blobs: map[string]int64{
 			"TINYBLOB": 1<<8 - 1, "BLOB": 1<<16 - 1, "MEDIUMBLOB": 1<<24 - 1, "LONGBLOB": 1<<32 - 1,
+			"LONG VARBINARY": 1<<24 - 1,
 		},
+		sized:     mysqlSized,
 		retryable: mysqlRetryable,
 	},
 }
@@ -100,8 +108,14 @@ func identifier(s string) bool {
 	return true
 }
 
+// maxKeyBytes is what the id columns hold; the node's transaction ids
+// are shorter.
+const maxKeyBytes = 128
+
 // blobType returns the column type of stored bytes and what it holds
-// (zero when the dialect does not know the type: the server enforces it).
+// (zero when the dialect does not know the type and its server refuses
+// what does not fit). On a server that truncates, a type of unknown
+// capacity is refused.
 func (x *dialect) blobType(typ string) (string, int64, error) {
 	if typ == "" {
 		typ = x.blob
@@ -111,7 +125,33 @@ func (x *dialect) blobType(typ string) (string, int64, error) {
 			return "", 0, fmt.Errorf("localtx: column type %q: want letters, digits, '_', ' ', '(' and ')'", typ)
 		}
 	}
-	return typ, x.blobs[strings.ToUpper(strings.TrimSpace(typ))], nil
+	norm := strings.Join(strings.Fields(strings.ToUpper(typ)), " ")
+	holds := x.blobs[norm]
+	if holds == 0 && x.sized != nil {
+		holds = x.sized(norm)
+	}
+	if holds == 0 && !x.strict {
+		return "", 0, fmt.Errorf("localtx: column type %q: %s may truncate a value too long for it, and its size is not known here: use %s", typ, x.name, x.blob)
+	}
+	return typ, holds, nil
+}
+
+// mysqlSized is what MySQL's sized types hold: BLOB(n) is the smallest
+// BLOB type that holds n bytes, VARBINARY(n) holds n.
+func mysqlSized(typ string) int64 {
+	var n int64
+	if _, err := fmt.Sscanf(typ, "BLOB(%d)", &n); err == nil && n >= 0 && typ == fmt.Sprintf("BLOB(%d)", n) {
+		for _, c := range []int64{1<<8 - 1, 1<<16 - 1, 1<<24 - 1, 1<<32 - 1} {
+			if n <= c {
+				return c
+			}
+		}
+		return 0
+	}
+	if _, err := fmt.Sscanf(typ, "VARBINARY(%d)", &n); err == nil && n > 0 && typ == fmt.Sprintf("VARBINARY(%d)", n) {
+		return n
+	}
+	return 0
 }
 
 // sqliteRetryable: SQLITE_BUSY and SQLITE_LOCKED, with their extended

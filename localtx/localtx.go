@@ -25,9 +25,12 @@
 //		return p.CommitMessage(ctx, &mq.Message{Body: b}) // published at commit
 //	})
 //
-// Whether a transaction is running is known to the process that runs it:
-// each node checks back only the half messages it stored, so a host store
-// may be shared by several processes, each with its own node.
+// Whether a transaction is running is known to the process that runs it,
+// and each node checks back only the half messages it stored; but a node
+// publishes and forgets every committed transaction it finds in its store
+// after a crash. So each node needs a store of its own: several processes
+// sharing one SQL database give each node its own tables (MarkerTable,
+// OutboxTable).
 //
 // # Commit errors
 //
@@ -357,7 +360,11 @@ type hostTx interface {
 // run the hooks of the outcome; redo while fn asks for it or the store
 // refuses the attempt with an error retryable reports, up to attempts
 // times.
-func run(ctx context.Context, attempts int, retryable func(error) bool, begin func(a *attempt) (hostTx, error), fn func(context.Context) error) error {
+//
+// refused reports the commit errors that are a rollback by the store for
+// certain (the server answered with one); any other commit error is read
+// back (settle), and redone only when that says rolled back.
+func run(ctx context.Context, attempts int, retryable, refused func(error) bool, begin func(a *attempt) (hostTx, error), fn func(context.Context) error) error {
 	return redo(ctx, attempts, retryable, func() error {
 		a := newAttempt()
 		tx, err := begin(a)
@@ -365,7 +372,7 @@ func run(ctx context.Context, attempts int, retryable func(error) bool, begin fu
 			a.end(RolledBack)
 			return err
 		}
-		return once(ctx, tx, a, fn, retryable)
+		return once(ctx, tx, a, fn, refused)
 	})
 }
 
@@ -411,9 +418,9 @@ func redo(ctx context.Context, attempts int, retryable func(error) bool, try fun
 }
 
 // once runs one attempt. A panic in fn (or runtime.Goexit) rolls back, runs
-// the rollback hooks and goes on panicking. A commit error that retryable
+// the rollback hooks and goes on panicking. A commit error that refused
 // reports is a rollback by the store.
-func once(ctx context.Context, tx hostTx, a *attempt, fn func(context.Context) error, retryable func(error) bool) (err error) {
+func once(ctx context.Context, tx hostTx, a *attempt, fn func(context.Context) error, refused func(error) bool) (err error) {
 	finished := false
 	defer func() {
 		if finished {
@@ -439,7 +446,7 @@ func once(ctx context.Context, tx hostTx, a *attempt, fn func(context.Context) e
 		return nil
 	}
 	_ = tx.rollbackTx() // releases whatever the failed commit still holds
-	if retryable != nil && retryable(cerr) {
+	if refused != nil && refused(cerr) {
 		// The server answered: it rolled the transaction back.
 		runHooks(a.end(RolledBack))
 		return fmt.Errorf("localtx: commit: %w", cerr)

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // SQLOptions tune a SQL adapter. Dialect is required.
@@ -38,12 +39,13 @@ type SQLOptions struct {
 	// redo or the database refuses the transaction with a retryable error;
 	// zero means DefaultMaxAttempts.
 	MaxAttempts int
-	// Retryable reports further errors (from the function's statements or
-	// from the commit) after which the server has rolled the transaction
-	// back and Run should run it again, beside the dialect's own:
-	// serialization failures and deadlocks (PostgreSQL 40001, 40P01),
-	// deadlocks and lock wait timeouts (MySQL 1213, 1205), SQLite's busy
-	// and locked.
+	// Retryable reports further errors after which Run should run the
+	// transaction again, beside the dialect's own: serialization failures
+	// and deadlocks (PostgreSQL 40001, 40P01), deadlocks and lock wait
+	// timeouts (MySQL 1213, 1205), SQLite's busy and locked. It is asked
+	// about the function's errors, and about a commit's error only once the
+	// marker row says the commit did not happen: a commit error (a lost
+	// connection, say) does not tell by itself.
 	Retryable func(err error) bool
 }
 
@@ -205,8 +207,14 @@ func (t *SQLTx) Put(bucket, key, value []byte) error {
 	if s.maxRow != 0 && int64(len(value)) > s.maxRow {
 		return fmt.Errorf("%w: %d bytes, the column holds %d", ErrRowTooLarge, len(value), s.maxRow)
 	}
+	if value == nil {
+		value = []byte{} // the columns are NOT NULL; bbolt stores nil as empty too
+	}
 	switch {
 	case bytes.Equal(bucket, MarkerBucket):
+		if len(key) > maxKeyBytes {
+			return fmt.Errorf("%w: a marker key of %d bytes, the column holds %d", ErrRowTooLarge, len(key), maxKeyBytes)
+		}
 		if err := t.putMarker(string(key), value); err != nil {
 			return fmt.Errorf("localtx: marker: %w", err)
 		}
@@ -216,6 +224,9 @@ func (t *SQLTx) Put(bucket, key, value []byte) error {
 		txid, seq, ok := ParseOutboxKey(key)
 		if !ok {
 			return fmt.Errorf("%w: %q", ErrOutboxKey, key)
+		}
+		if len(txid) > maxKeyBytes {
+			return fmt.Errorf("%w: an outbox key of %d bytes, the column holds %d", ErrRowTooLarge, len(txid), maxKeyBytes)
 		}
 		if _, err := t.tx.ExecContext(t.ctx, s.insOutbox, txid, int64(seq), value); err != nil {
 			return fmt.Errorf("localtx: outbox: %w", err)
@@ -312,7 +323,7 @@ func (s *SQL) Run(ctx context.Context, fn func(ctx context.Context) error) error
 	if s.Tx(ctx) != nil {
 		return fn(ctx)
 	}
-	return run(ctx, s.opts.MaxAttempts, s.retryable, func(a *attempt) (hostTx, error) {
+	return run(ctx, s.opts.MaxAttempts, s.retryable, s.dialect.retryable, func(a *attempt) (hostTx, error) {
 		tx, err := s.db.BeginTx(ctx, s.opts.TxOptions)
 		if err != nil {
 			return nil, fmt.Errorf("localtx: begin: %w", err)
@@ -362,8 +373,15 @@ func (s *SQL) outcomeOf(ctx context.Context, txid string) (State, Record, error)
 	return Unknown, Record{}, fmt.Errorf("probe of the marker: %w", perr)
 }
 
+// probeFor bounds the wait of a probe: another session holding the marker
+// row (a commit in flight, or a session that hangs) makes it wait, and the
+// check-back must not stall on one transaction.
+const probeFor = 5 * time.Second
+
 // probe inserts the marker row of txid in a transaction it rolls back.
 func (s *SQL) probe(ctx context.Context, txid string) error {
+	ctx, cancel := context.WithTimeout(ctx, probeFor)
+	defer cancel()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
