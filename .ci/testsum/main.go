@@ -47,6 +47,8 @@ func main() {
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
 	buffered := map[string][]string{} // package/test -> output lines so far
+	recent := map[string][]string{}   // package -> its last lines, whichever test printed them
+	shown := map[string]bool{}        // packages a failed test's output was printed for
 	var passed, skipped []string
 	failed := false
 	in := bufio.NewScanner(os.Stdin)
@@ -67,6 +69,11 @@ func main() {
 				continue
 			}
 			buffered[key] = append(buffered[key], e.Output)
+			r := append(recent[e.Package], e.Output)
+			if len(r) > 400 {
+				r = r[len(r)-200:]
+			}
+			recent[e.Package] = r
 		case "pass":
 			passed = append(passed, e.Test)
 			delete(buffered, key)
@@ -75,6 +82,16 @@ func main() {
 			delete(buffered, key)
 		case "fail":
 			failed = true
+			if e.Test == "" && !shown[e.Package] {
+				// The package failed with no test failing: its binary died
+				// (a timeout, a panic); its last lines tell why.
+				for _, line := range recent[e.Package] {
+					fmt.Fprint(out, line)
+				}
+			}
+			if e.Test != "" {
+				shown[e.Package] = true
+			}
 			for _, line := range buffered[key] {
 				if !strings.HasPrefix(line, "=== ") {
 					fmt.Fprint(out, line)
