@@ -31,13 +31,17 @@ const (
 	txCrashAPIEnv     = "ZEZE_MQ_TXCRASH_API"     // "prepare" or "commit"
 	txCrashPointEnv   = "ZEZE_MQ_TXCRASH_POINT"   // "a", "b" or "c"
 	txCrashCycleEnv   = "ZEZE_MQ_TXCRASH_CYCLE"
-	txCrashCyclesEnv  = "ZEZE_MQ_TXCRASH_CYCLES" // cycles per cell; default 50 (10 with -short)
-	txCrashTopic      = "txcrash"
+	// txCrashCyclesEnv sets the cycles per cell; by default 50 on bbolt
+	// (10 with -short) and 10 on a server.
+	txCrashCyclesEnv = "ZEZE_MQ_TXCRASH_CYCLES"
+	txCrashTopic     = "txcrash"
 )
 
 // txCrashAdapters are the host adapters of the matrix, as txtest names
-// them.
-var txCrashAdapters = []string{"bolt"}
+// them: bbolt, and the SQL adapter on a PostgreSQL and a MySQL/MariaDB
+// server (skipped, saying so, when txtest.ServerDB finds none configured,
+// failed when ZEZE_SQL_SERVERS=required).
+var txCrashAdapters = []string{"bolt", "postgres", "mysql"}
 
 // txCrashPoints maps a cell's point to the transaction hook where the child
 // kills itself:
@@ -51,28 +55,38 @@ var txCrashPoints = map[string]string{"a": "sent", "b": "local-committed", "c": 
 
 // TestTransaction_CrashMatrix kills a transacting child process with
 // SIGKILL at each crash point, for PrepareMessage and for CommitMessage,
-// many cycles per cell on one directory, then reopens it and checks
-// against the host store: no message of an uncommitted transaction is
-// visible, none of a committed one is lost, none is stored twice. Each
-// host adapter has its cells, named adapter/api/point.
+// many cycles per cell on one directory (and, on a server, one set of
+// tables), then reopens them and checks against the host store: no
+// message of an uncommitted transaction is visible, none of a committed
+// one is lost, none is stored twice. Each host adapter has its cells,
+// named adapter/api/point.
 func TestTransaction_CrashMatrix(t *testing.T) {
 	if dir := os.Getenv(txCrashDirEnv); dir != "" {
 		cycle, _ := strconv.Atoi(os.Getenv(txCrashCycleEnv))
 		txCrashChild(t, dir, os.Getenv(txCrashAdapterEnv), os.Getenv(txCrashAPIEnv), os.Getenv(txCrashPointEnv), cycle) // never returns
 	}
-	cycles := 50
-	if testing.Short() {
-		cycles = 10
-	}
+	override := 0
 	if s := os.Getenv(txCrashCyclesEnv); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
 			t.Fatalf("%s=%q: want a positive number", txCrashCyclesEnv, s)
 		}
-		cycles = n
+		override = n
 	}
 	for _, adapter := range txCrashAdapters {
 		t.Run(adapter, func(t *testing.T) {
+			cycles := 10 // a server's cycles are slower; keep the suite fast
+			if adapter == "bolt" {
+				if !testing.Short() {
+					cycles = 50
+				}
+			} else {
+				// Skip (or fail) here, once, before any child runs.
+				txtest.ServerDB(t, adapter)
+			}
+			if override != 0 {
+				cycles = override
+			}
 			t.Parallel()
 			for _, api := range []string{"prepare", "commit"} {
 				for _, point := range []string{"a", "b", "c"} {
@@ -90,6 +104,11 @@ func TestTransaction_CrashMatrix(t *testing.T) {
 func runTxCrashCell(t *testing.T, adapter, api, point string, cycles int) {
 	start := time.Now()
 	dir := t.TempDir()
+	if adapter != "bolt" {
+		// Opened here too (the tables are created before the first child)
+		// so that they are dropped at the end even when a cycle fails.
+		txtest.Open(t, adapter, txCrashHostPath(dir))
+	}
 	for cycle := 1; cycle <= cycles; cycle++ {
 		runTxCrashChild(t, dir, adapter, api, point, cycle)
 	}
@@ -107,7 +126,8 @@ func runTxCrashCell(t *testing.T, adapter, api, point string, cycles int) {
 	}
 }
 
-// txCrashHostPath is the host store of the cell in dir, for txtest.Open.
+// txCrashHostPath is the host store of the cell in dir: a bbolt file, or
+// the name the server's tables are named after.
 func txCrashHostPath(dir string) string { return filepath.Join(dir, "host") }
 
 // runTxCrashChild runs one cycle and checks that the child killed itself.
