@@ -39,8 +39,8 @@ const (
 
 // txCrashAdapters are the host adapters of the matrix, as txtest names
 // them: bbolt, and the SQL adapter on a PostgreSQL and a MySQL/MariaDB
-// server (skipped, saying so, when txtest.ServerDB finds none configured,
-// failed when ZEZE_SQL_SERVERS=required).
+// server (a server's cells are skipped, saying so, when txtest finds it
+// not configured, and fail when ZEZE_SQL_SERVERS=required).
 var txCrashAdapters = []string{"bolt", "postgres", "mysql"}
 
 // txCrashPoints maps a cell's point to the transaction hook where the child
@@ -74,41 +74,35 @@ func TestTransaction_CrashMatrix(t *testing.T) {
 		override = n
 	}
 	for _, adapter := range txCrashAdapters {
-		t.Run(adapter, func(t *testing.T) {
-			cycles := 10 // a server's cycles are slower; keep the suite fast
-			if adapter == "bolt" {
-				if !testing.Short() {
-					cycles = 50
-				}
-			} else {
-				// Skip (or fail) here, once, before any child runs.
-				txtest.ServerDB(t, adapter)
+		cycles := 10 // a server's cycles are slower; keep the suite fast
+		if adapter == "bolt" && !testing.Short() {
+			cycles = 50
+		}
+		if override != 0 {
+			cycles = override
+		}
+		for _, api := range []string{"prepare", "commit"} {
+			for _, point := range []string{"a", "b", "c"} {
+				// One level, as the cells were before the adapters: go
+				// test -v lists each at the same depth.
+				t.Run(adapter+"/"+api+"/"+point, func(t *testing.T) {
+					runTxCrashCell(t, adapter, api, point, cycles)
+				})
 			}
-			if override != 0 {
-				cycles = override
-			}
-			t.Parallel()
-			for _, api := range []string{"prepare", "commit"} {
-				for _, point := range []string{"a", "b", "c"} {
-					t.Run(api+"/"+point, func(t *testing.T) {
-						t.Parallel()
-						runTxCrashCell(t, adapter, api, point, cycles)
-					})
-				}
-			}
-		})
+		}
 	}
 }
 
 // runTxCrashCell runs the cycles of one cell, then verifies.
 func runTxCrashCell(t *testing.T, adapter, api, point string, cycles int) {
-	start := time.Now()
 	dir := t.TempDir()
 	if adapter != "bolt" {
-		// Opened here too (the tables are created before the first child)
-		// so that they are dropped at the end even when a cycle fails.
+		// Skips (or fails) before any child runs. The tables, created
+		// here, are dropped at the end even when a cycle fails.
 		txtest.Open(t, adapter, txCrashHostPath(dir))
 	}
+	t.Parallel()
+	start := time.Now()
 	for cycle := 1; cycle <= cycles; cycle++ {
 		runTxCrashChild(t, dir, adapter, api, point, cycle)
 	}
