@@ -17,23 +17,31 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/zeze-go/mq"
 	"github.com/zeze-go/mq/localtx"
+	"github.com/zeze-go/mq/localtx/txtest"
 )
 
 // The transaction crash matrix re-executes the test binary as a child that
 // runs a few transactions and then SIGKILLs itself at one point of one more
 // transaction. These variables select the child mode and its cell.
 const (
-	txCrashDirEnv    = "ZEZE_MQ_TXCRASH_DIR"
-	txCrashAPIEnv    = "ZEZE_MQ_TXCRASH_API"   // "prepare" or "commit"
-	txCrashPointEnv  = "ZEZE_MQ_TXCRASH_POINT" // "a", "b" or "c"
-	txCrashCycleEnv  = "ZEZE_MQ_TXCRASH_CYCLE"
-	txCrashCyclesEnv = "ZEZE_MQ_TXCRASH_CYCLES" // cycles per cell; default 50 (10 with -short)
+	txCrashDirEnv     = "ZEZE_MQ_TXCRASH_DIR"
+	txCrashAdapterEnv = "ZEZE_MQ_TXCRASH_ADAPTER" // one of txCrashAdapters
+	txCrashAPIEnv     = "ZEZE_MQ_TXCRASH_API"     // "prepare" or "commit"
+	txCrashPointEnv   = "ZEZE_MQ_TXCRASH_POINT"   // "a", "b" or "c"
+	txCrashCycleEnv   = "ZEZE_MQ_TXCRASH_CYCLE"
+	// txCrashCyclesEnv sets the cycles per cell; by default 50 on bbolt
+	// (10 with -short) and 10 on a server.
+	txCrashCyclesEnv = "ZEZE_MQ_TXCRASH_CYCLES"
 	txCrashTopic     = "txcrash"
 )
+
+// txCrashAdapters are the host adapters of the matrix, as txtest names
+// them: bbolt, and the SQL adapter on a PostgreSQL and a MySQL/MariaDB
+// server (a server's cells are skipped, saying so, when txtest finds it
+// not configured, and fail when ZEZE_SQL_SERVERS=required).
+var txCrashAdapters = []string{"bolt", "postgres", "mysql"}
 
 // txCrashPoints maps a cell's point to the transaction hook where the child
 // kills itself:
@@ -47,55 +55,80 @@ var txCrashPoints = map[string]string{"a": "sent", "b": "local-committed", "c": 
 
 // TestTransaction_CrashMatrix kills a transacting child process with
 // SIGKILL at each crash point, for PrepareMessage and for CommitMessage,
-// many cycles per cell on one directory, then reopens the directory and
-// checks against the host store: no message of an uncommitted transaction
-// is visible, none of a committed one is lost, none is stored twice.
+// many cycles per cell on one directory (and, on a server, one set of
+// tables), then reopens them and checks against the host store: no
+// message of an uncommitted transaction is visible, none of a committed
+// one is lost, none is stored twice. Each host adapter has its cells,
+// named adapter/api/point.
 func TestTransaction_CrashMatrix(t *testing.T) {
 	if dir := os.Getenv(txCrashDirEnv); dir != "" {
 		cycle, _ := strconv.Atoi(os.Getenv(txCrashCycleEnv))
-		txCrashChild(dir, os.Getenv(txCrashAPIEnv), os.Getenv(txCrashPointEnv), cycle) // never returns
+		txCrashChild(t, dir, os.Getenv(txCrashAdapterEnv), os.Getenv(txCrashAPIEnv), os.Getenv(txCrashPointEnv), cycle) // never returns
 	}
-	cycles := 50
-	if testing.Short() {
-		cycles = 10
-	}
+	override := 0
 	if s := os.Getenv(txCrashCyclesEnv); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
 			t.Fatalf("%s=%q: want a positive number", txCrashCyclesEnv, s)
 		}
-		cycles = n
+		override = n
 	}
-	for _, api := range []string{"prepare", "commit"} {
-		for _, point := range []string{"a", "b", "c"} {
-			t.Run(api+"/"+point, func(t *testing.T) {
-				t.Parallel()
-				start := time.Now()
-				dir := t.TempDir()
-				for cycle := 1; cycle <= cycles; cycle++ {
-					runTxCrashChild(t, dir, api, point, cycle)
-				}
-				r := verifyTxCrash(t, dir)
-				t.Logf("%s/%s: %d cycles in %v: invisible-uncommitted=%d lost-committed=%d duplicates=%d (committed txs %d, messages seen %d)",
-					api, point, cycles, time.Since(start).Round(time.Millisecond),
-					r.invisibleUncommitted, r.lostCommitted, r.duplicates, r.committed, r.seen)
-				if r.invisibleUncommitted != 0 || r.lostCommitted != 0 || r.duplicates != 0 {
-					t.Errorf("%s/%s: invisible-uncommitted=%d lost-committed=%d duplicates=%d, want all 0; %s",
-						api, point, r.invisibleUncommitted, r.lostCommitted, r.duplicates, r.detail)
-				}
-				if r.committed < 2*cycles {
-					t.Errorf("%d committed transactions, want at least %d", r.committed, 2*cycles)
-				}
-			})
+	for _, adapter := range txCrashAdapters {
+		cycles := 10 // a server's cycles are slower; keep the suite fast
+		if adapter == "bolt" && !testing.Short() {
+			cycles = 50
+		}
+		if override != 0 {
+			cycles = override
+		}
+		for _, api := range []string{"prepare", "commit"} {
+			for _, point := range []string{"a", "b", "c"} {
+				// One level, as the cells were before the adapters: go
+				// test -v lists each at the same depth.
+				t.Run(adapter+"/"+api+"/"+point, func(t *testing.T) {
+					runTxCrashCell(t, adapter, api, point, cycles)
+				})
+			}
 		}
 	}
 }
 
+// runTxCrashCell runs the cycles of one cell, then verifies.
+func runTxCrashCell(t *testing.T, adapter, api, point string, cycles int) {
+	dir := t.TempDir()
+	if adapter != "bolt" {
+		// Skips (or fails) before any child runs. The tables, created
+		// here, are dropped at the end even when a cycle fails.
+		txtest.Open(t, adapter, txCrashHostPath(dir))
+	}
+	t.Parallel()
+	start := time.Now()
+	for cycle := 1; cycle <= cycles; cycle++ {
+		runTxCrashChild(t, dir, adapter, api, point, cycle)
+	}
+	r := verifyTxCrash(t, dir, adapter)
+	cell := adapter + "/" + api + "/" + point
+	t.Logf("%s: %d cycles in %v: invisible-uncommitted=%d lost-committed=%d duplicates=%d (committed txs %d, messages seen %d)",
+		cell, cycles, time.Since(start).Round(time.Millisecond),
+		r.invisibleUncommitted, r.lostCommitted, r.duplicates, r.committed, r.seen)
+	if r.invisibleUncommitted != 0 || r.lostCommitted != 0 || r.duplicates != 0 {
+		t.Errorf("%s: invisible-uncommitted=%d lost-committed=%d duplicates=%d, want all 0; %s",
+			cell, r.invisibleUncommitted, r.lostCommitted, r.duplicates, r.detail)
+	}
+	if r.committed < 2*cycles {
+		t.Errorf("%d committed transactions, want at least %d", r.committed, 2*cycles)
+	}
+}
+
+// txCrashHostPath is the host store of the cell in dir: a bbolt file, or
+// the name the server's tables are named after.
+func txCrashHostPath(dir string) string { return filepath.Join(dir, "host") }
+
 // runTxCrashChild runs one cycle and checks that the child killed itself.
-func runTxCrashChild(t *testing.T, dir, api, point string, cycle int) {
+func runTxCrashChild(t *testing.T, dir, adapter, api, point string, cycle int) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestTransaction_CrashMatrix$", "-test.count=1")
-	cmd.Env = append(os.Environ(), txCrashDirEnv+"="+dir, txCrashAPIEnv+"="+api,
+	cmd.Env = append(os.Environ(), txCrashDirEnv+"="+dir, txCrashAdapterEnv+"="+adapter, txCrashAPIEnv+"="+api,
 		txCrashPointEnv+"="+point, txCrashCycleEnv+"="+strconv.Itoa(cycle))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -109,44 +142,30 @@ func runTxCrashChild(t *testing.T, dir, api, point string, cycle int) {
 	case <-time.After(60 * time.Second):
 		cmd.Process.Kill()
 		<-done
-		t.Fatalf("%s/%s cycle %d: child still running after 60s:\n%s", api, point, cycle, out.String())
+		t.Fatalf("%s/%s/%s cycle %d: child still running after 60s:\n%s", adapter, api, point, cycle, out.String())
 	}
 	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
 	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("%s/%s cycle %d: child ended with %v, want killed by its SIGKILL:\n%s", api, point, cycle, cmd.ProcessState, out.String())
+		t.Fatalf("%s/%s/%s cycle %d: child ended with %v, want killed by its SIGKILL:\n%s", adapter, api, point, cycle, cmd.ProcessState, out.String())
 	}
 }
 
-var txCrashBusiness = []byte("business")
-
-// txCrashChild opens the host DB and the node in dir, runs two committed
-// transactions and a rolled back one, then one more that kills the process
-// at point. Each transaction writes a business row named after it and sends
-// one message to each of the topic's two partitions, with IDs label-0 and
-// label-1.
-func txCrashChild(dir, api, point string, cycle int) {
+// txCrashChild opens the host store of adapter and the node in dir, runs
+// two committed transactions and a rolled back one, then one more that
+// kills the process at point. Each transaction writes a business row named
+// after it and sends one message to each of the topic's two partitions,
+// with IDs label-0 and label-1. A host that cannot be opened fails the
+// test: the child exits instead of being killed.
+func txCrashChild(t *testing.T, dir, adapter, api, point string, cycle int) {
 	fail := func(err error) {
-		fmt.Fprintf(os.Stderr, "child %s/%s cycle %d: %v\n", api, point, cycle, err)
+		fmt.Fprintf(os.Stderr, "child %s/%s/%s cycle %d: %v\n", adapter, api, point, cycle, err)
 		os.Exit(3)
 	}
 	hook, ok := txCrashPoints[point]
 	if !ok || (api != "prepare" && api != "commit") {
 		fail(fmt.Errorf("bad cell %q/%q", api, point))
 	}
-	db, err := bolt.Open(filepath.Join(dir, "host.db"), 0o600, &bolt.Options{Timeout: 5 * time.Second})
-	if err != nil {
-		fail(err)
-	}
-	if err := db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(txCrashBusiness)
-		return err
-	}); err != nil {
-		fail(err)
-	}
-	host, err := localtx.NewBolt(db, localtx.BoltOptions{})
-	if err != nil {
-		fail(err)
-	}
+	host := txtest.Open(t, adapter, txCrashHostPath(dir))
 	var crashID atomic.Value // the id of the transaction to die in
 	crashID.Store("")
 	async := point == "c" && cycle%2 == 0
@@ -170,7 +189,7 @@ func txCrashChild(dir, api, point string, cycle int) {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
 	}
-	m, err := mq.Open(filepath.Join(dir, "mq"), mq.WithLocalTx(host), mq.WithTxCheckAfter(20*time.Millisecond), mq.WithTxTestHook(hookFn))
+	m, err := mq.Open(filepath.Join(dir, "mq"), mq.WithLocalTx(host.Store), mq.WithTxCheckAfter(20*time.Millisecond), mq.WithTxTestHook(hookFn))
 	if err != nil {
 		fail(err)
 	}
@@ -192,7 +211,7 @@ func txCrashChild(dir, api, point string, cycle int) {
 				tx, _ := localtx.FromContext(ctx)
 				crashID.Store(tx.ID())
 			}
-			if err := host.Tx(ctx).Bucket(txCrashBusiness).Put([]byte(label), []byte("1")); err != nil {
+			if err := host.Put(ctx, label, "1"); err != nil {
 				return err
 			}
 			a := (&mq.Message{ID: label + "-0", Body: []byte(label)}).ToPartition(0)
@@ -225,21 +244,14 @@ type txCrashResult struct {
 	detail                                          string
 }
 
-// verifyTxCrash reopens dir after the last kill, lets the node repair what
-// the crashes left (sweep and check-back), reads every message with a new
-// group and compares with the committed business rows.
-func verifyTxCrash(t *testing.T, dir string) txCrashResult {
+// verifyTxCrash reopens the host store of adapter and the node in dir
+// after the last kill, lets the node repair what the crashes left (sweep
+// and check-back), reads every message with a new group and compares with
+// the committed business rows.
+func verifyTxCrash(t *testing.T, dir, adapter string) txCrashResult {
 	t.Helper()
-	db, err := bolt.Open(filepath.Join(dir, "host.db"), 0o600, &bolt.Options{Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	host, err := localtx.NewBolt(db, localtx.BoltOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := mq.Open(filepath.Join(dir, "mq"), mq.WithLocalTx(host), mq.WithTxCheckAfter(10*time.Millisecond))
+	host := txtest.Open(t, adapter, txCrashHostPath(dir))
+	m, err := mq.Open(filepath.Join(dir, "mq"), mq.WithLocalTx(host.Store), mq.WithTxCheckAfter(10*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,20 +265,20 @@ func verifyTxCrash(t *testing.T, dir string) txCrashResult {
 		if err != nil {
 			t.Fatal(err)
 		}
-		markers := 0
-		db.View(func(tx *bolt.Tx) error {
-			markers = tx.Bucket(localtx.MarkerBucket).Stats().KeyN
-			return nil
-		})
+		markers, err := host.Markers()
+		if err != nil {
+			t.Fatal(err)
+		}
 		return n == 0 && markers == 0
 	})
+	keys, err := host.Keys()
+	if err != nil {
+		t.Fatal(err)
+	}
 	committed := map[string]bool{}
-	db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(txCrashBusiness).ForEach(func(k, _ []byte) error {
-			committed[string(k)] = true
-			return nil
-		})
-	})
+	for _, k := range keys {
+		committed[k] = true
+	}
 	col := collect(t, m, txCrashTopic, "verify")
 	fence(t, m, col, txCrashTopic)
 	var r txCrashResult
