@@ -159,12 +159,14 @@ const (
 )
 
 // servers are the server adapters: driver, DSN variable, dialect.
-var servers = map[string]struct {
-	driver, env string
-	dialect     localtx.Dialect
-}{
+var servers = map[string]serverSpec{
 	"postgres": {"pgx", PostgresEnv, localtx.PostgreSQL},
 	"mysql":    {"mysql", MySQLEnv, localtx.MySQL},
+}
+
+type serverSpec struct {
+	driver, env string
+	dialect     localtx.Dialect
 }
 
 // ServerDB opens the database of server ("postgres" or "mysql") named by
@@ -173,34 +175,59 @@ var servers = map[string]struct {
 // RequiredEnv is "required": then it fails.
 func ServerDB(t testing.TB, server string) (*sql.DB, localtx.Dialect) {
 	t.Helper()
+	srv, dsn := serverDSN(t, server)
+	return openServer(t, server, dsn), srv.dialect
+}
+
+// unavailable skips the test, or fails it when RequiredEnv is "required".
+func unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv(RequiredEnv) == "required" {
+		t.Fatalf("txtest: %s=required: "+format, append([]any{RequiredEnv}, args...)...)
+	}
+	t.Skipf("txtest: skipped: "+format+" (.ci/servers starts the servers)", args...)
+}
+
+// serverDSN returns the server adapter named server and the DSN its
+// environment variable holds (see ServerDB).
+func serverDSN(t testing.TB, server string) (serverSpec, string) {
+	t.Helper()
 	srv, ok := servers[server]
 	if !ok {
 		t.Fatalf("txtest: no server %q", server)
 	}
-	unavailable := func(format string, args ...any) {
-		t.Helper()
-		if os.Getenv(RequiredEnv) == "required" {
-			t.Fatalf("txtest: %s=required: "+format, append([]any{RequiredEnv}, args...)...)
-		}
-		t.Skipf("txtest: skipped: "+format+" (.ci/servers starts the servers)", args...)
-	}
 	dsn := os.Getenv(srv.env)
 	if dsn == "" {
-		unavailable("%s is not set", srv.env)
+		unavailable(t, "%s is not set", srv.env)
 	}
-	db, err := sql.Open(srv.driver, dsn)
+	return srv, dsn
+}
+
+// openServer opens dsn with the driver of server, closed at cleanup, and
+// waits for the server to answer (see ServerDB).
+func openServer(t testing.TB, server, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open(servers[server].driver, dsn)
 	if err != nil {
-		unavailable("%s: %v", srv.env, err)
+		unavailable(t, "%s: %v", servers[server].env, err)
 	}
+	return pingServer(t, server, db)
+}
+
+// pingServer sets up db, a server's database, closed at cleanup, and waits
+// for the server to answer (see ServerDB).
+func pingServer(t testing.TB, server string, db *sql.DB) *sql.DB {
+	t.Helper()
+	srv := servers[server]
 	db.SetMaxOpenConns(16)
 	db.SetMaxIdleConns(4)
 	t.Cleanup(func() { db.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := db.PingContext(ctx); err != nil {
-		unavailable("%s server at %s: %v", server, srv.env, err)
+		unavailable(t, "%s server at %s: %v", server, srv.env, err)
 	}
-	return db, srv.dialect
+	return db
 }
 
 // Server opens the SQL adapter on server ("postgres" or "mysql", see
@@ -209,6 +236,12 @@ func ServerDB(t testing.TB, server string) (*sql.DB, localtx.Dialect) {
 func Server(t testing.TB, server, path string) *Host {
 	t.Helper()
 	db, dialect := ServerDB(t, server)
+	return serverHost(t, server, db, dialect, path)
+}
+
+// serverHost is Server over db.
+func serverHost(t testing.TB, server string, db *sql.DB, dialect localtx.Dialect, path string) *Host {
+	t.Helper()
 	sum := sha256.Sum256([]byte(path))
 	prefix := "t" + hex.EncodeToString(sum[:6])
 	t.Cleanup(func() {
