@@ -2,10 +2,16 @@ package localtx_test
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
+	"io"
+	"net"
 	"path/filepath"
 	"reflect"
+	"syscall"
 	"testing"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/zeze-go/mq/localtx"
 	"github.com/zeze-go/mq/localtx/txtest"
@@ -89,4 +95,61 @@ func wrapped(err error) []error {
 		return []error{u.Unwrap()}
 	}
 	return nil
+}
+
+// connLost is what a host would pass as SQLOptions.Retryable to "run the
+// transaction again when the connection was lost": right for a statement,
+// which rolled back with the connection, but not for a COMMIT.
+func connLost(err error) bool {
+	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, net.ErrClosed)
+}
+
+// TestSQL_LostCommitRetryable: the server commits and the reply is lost
+// with the connection, on an adapter whose Retryable matches lost
+// connections. The commit's error is read back from the marker, not taken
+// for a rollback: one attempt, the commit hooks, one business row, one
+// marker (found by review: the transaction committed twice).
+func TestSQL_LostCommitRetryable(t *testing.T) {
+	for _, server := range serverNames {
+		t.Run(server, func(t *testing.T) {
+			db, dialect, p := txtest.ProxiedServerDB(t, server)
+			business := uniqueTable(t, db, "lost_biz")
+			ctx := context.Background()
+			if _, err := db.ExecContext(ctx, "CREATE TABLE "+business+" (k VARCHAR(64) NOT NULL)"); err != nil {
+				t.Fatal(err)
+			}
+			a, _ := reviewAdapter(t, db, dialect, func(o *localtx.SQLOptions) { o.Retryable = connLost })
+			attempts := 0
+			var hooks []string
+			err := a.Run(ctx, func(ctx context.Context) error {
+				attempts++
+				tx, _ := localtx.FromContext(ctx)
+				tx.WhileCommit(func() { hooks = append(hooks, "commit") })
+				tx.WhileRollback(func() { hooks = append(hooks, "rollback") })
+				if _, err := a.Tx(ctx).ExecContext(ctx, "INSERT INTO "+business+" (k) VALUES ("+ph(dialect, 1)+")", "order-1"); err != nil {
+					return err
+				}
+				if err := tx.Put(localtx.MarkerBucket, []byte(tx.ID()), []byte("m")); err != nil {
+					return err
+				}
+				if attempts == 1 {
+					p.DropNextCommitReply()
+				}
+				return nil
+			})
+			if n := len(p.Cuts()); n != 1 {
+				t.Fatalf("the proxy cut %d commits, want 1", n)
+			}
+			var rows int
+			if err := db.QueryRow("SELECT COUNT(*) FROM " + business).Scan(&rows); err != nil {
+				t.Fatal(err)
+			}
+			recs, _ := a.Committed(ctx, "", 10)
+			if err != nil || rows != 1 || len(recs) != 1 || attempts != 1 || len(hooks) != 1 || hooks[0] != "commit" {
+				t.Errorf("Run = %v after %d attempts, hooks %v, %d business rows, %d markers; want nil, 1, [commit], 1, 1", err, attempts, hooks, rows, len(recs))
+			}
+		})
+	}
 }

@@ -108,17 +108,18 @@ func TestSQL_RetryableStatement(t *testing.T) {
 	}
 }
 
-// TestSQL_RetryableCommit: a COMMIT the server refuses with a retryable
-// error rolled back, even without a marker to read back: Run runs the
-// function again, and a non-retryable refusal is not redone.
+// TestSQL_RetryableCommit: a COMMIT the server refuses with an error of
+// the dialect's retryable classes rolled back, even without a marker to
+// read back: Run runs the function again. An error only the host's own
+// Retryable matches says nothing about the commit by itself: without a
+// marker it is unknown, and it is not redone.
 func TestSQL_RetryableCommit(t *testing.T) {
 	h, f := txtest.FaultySQLite(t, filepath.Join(t.TempDir(), "h.sqlite"), func(o *localtx.SQLOptions) {
 		o.Retryable = func(err error) bool { return errors.Is(err, errConflict) }
 	})
 	attempts := 0
 	var ev events
-	f.NextCommit(txtest.CommitFailed, fmt.Errorf("commit: %w", errConflict), false)
-	err := h.Run(context.Background(), func(ctx context.Context) error {
+	fn := func(ctx context.Context) error {
 		tx := bind(t, ctx)
 		attempts++
 		tx.WhileCommit(ev.hook(fmt.Sprintf("commit%d", attempts)))
@@ -128,7 +129,9 @@ func TestSQL_RetryableCommit(t *testing.T) {
 		}
 		// No marker: only the error tells that the commit did not happen.
 		return h.Put(ctx, fmt.Sprintf("k%d", attempts), "v")
-	})
+	}
+	f.NextCommit(txtest.CommitFailed, fmt.Errorf("commit: %w", sqliteCode(5)), false) // SQLITE_BUSY
+	err := h.Run(context.Background(), fn)
 	if err != nil || attempts != 2 {
 		t.Fatalf("Run = %v after %d attempts, want nil after 2", err, attempts)
 	}
@@ -137,6 +140,16 @@ func TestSQL_RetryableCommit(t *testing.T) {
 	}
 	if keys, err := h.Keys(); err != nil || !reflect.DeepEqual(keys, []string{"k2"}) {
 		t.Errorf("business rows %v (%v), want [k2]", keys, err)
+	}
+
+	attempts, ev = 0, nil
+	f.NextCommit(txtest.CommitLostReply, fmt.Errorf("commit: %w", errConflict), false)
+	err = h.Run(context.Background(), fn)
+	if !errors.Is(err, localtx.ErrCommitUnknown) || attempts != 1 {
+		t.Errorf("Run = %v after %d attempts, want ErrCommitUnknown after 1", err, attempts)
+	}
+	if want := (events{"unknown1"}); !reflect.DeepEqual(ev, want) {
+		t.Errorf("hooks %v, want %v", ev, want)
 	}
 
 	errRefused := errors.New("refused")
