@@ -65,6 +65,7 @@ func main() {
 			if e.Test == "" { // the package's own lines: ok, FAIL, build errors
 				if !strings.HasPrefix(e.Output, "=== ") && !strings.HasPrefix(e.Output, "--- PASS") && !strings.HasPrefix(e.Output, "PASS\n") {
 					fmt.Fprint(out, e.Output)
+					out.Flush() // a package's result shows as it comes
 				}
 				continue
 			}
