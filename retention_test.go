@@ -304,10 +304,10 @@ func TestRetention_DecisionTTL(t *testing.T) {
 		t.Fatalf("decision forgotten before its TTL: %v", d)
 	}
 	clk.Advance(2 * time.Hour) // past the TTL and the hourly full trim
-	// Under load the first trim past the TTL sometimes keeps it and the next
-	// hourly full trim prunes it (not yet explained; a sweep holding the
-	// transaction at an unknown age would do it). A minute a poll reaches
-	// that trim in seconds.
+	// The node lets go of the transaction just after its Forget returns,
+	// which the wait above cannot see: a trim in between keeps the decision
+	// (seen under load) and the next hourly full trim prunes it. A minute a
+	// poll reaches that trim in seconds.
 	waitFor(t, 20*time.Second, "the decision to be pruned", func() bool {
 		clk.Advance(time.Minute)
 		d, err := m.ResolveTx(ctx, txid, mq.TxRollback)
