@@ -120,7 +120,7 @@ func TestSQL_LostCommitRetryable(t *testing.T) {
 			if _, err := db.ExecContext(ctx, "CREATE TABLE "+business+" (k VARCHAR(64) NOT NULL)"); err != nil {
 				t.Fatal(err)
 			}
-			a, _ := reviewAdapter(t, db, dialect, func(o *localtx.SQLOptions) { o.Retryable = connLost })
+			a := serverAdapter(t, db, dialect, func(o *localtx.SQLOptions) { o.Retryable = connLost })
 			attempts := 0
 			var hooks []string
 			err := a.Run(ctx, func(ctx context.Context) error {

@@ -3,7 +3,6 @@ package localtx_test
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -15,23 +14,6 @@ import (
 	"github.com/zeze-go/mq/localtx"
 	"github.com/zeze-go/mq/localtx/txtest"
 )
-
-// reviewAdapter opens a SQL adapter over fresh tables of server.
-func reviewAdapter(t *testing.T, db *sql.DB, dialect localtx.Dialect, edit func(*localtx.SQLOptions)) (*localtx.SQL, localtx.Dialect) {
-	t.Helper()
-	o := localtx.SQLOptions{Dialect: dialect, MarkerTable: uniqueTable(t, db, "rv_marker"), OutboxTable: uniqueTable(t, db, "rv_outbox")}
-	if edit != nil {
-		edit(&o)
-	}
-	a, err := localtx.NewSQL(db, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.CreateTables(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return a, dialect
-}
 
 // TestReview_CheckBlocksOnLockedMarker: a session left over from an
 // earlier run of the process (its client died with the transaction open,
@@ -45,15 +27,9 @@ func TestReview_CheckBlocksOnLockedMarker(t *testing.T) {
 	for _, server := range serverNames {
 		t.Run(server, func(t *testing.T) {
 			db, dialect := txtest.ServerDB(t, server)
-			marker, outbox := uniqueTable(t, db, "rv_lock_marker"), uniqueTable(t, db, "rv_lock_outbox")
-			a, err := localtx.NewSQL(db, localtx.SQLOptions{Dialect: dialect, MarkerTable: marker, OutboxTable: outbox})
-			if err != nil {
-				t.Fatal(err)
-			}
+			marker := uniqueTable(t, db, "rv_lock_marker")
+			a := serverAdapter(t, db, dialect, func(o *localtx.SQLOptions) { o.MarkerTable = marker })
 			ctx := context.Background()
-			if err := a.CreateTables(ctx); err != nil {
-				t.Fatal(err)
-			}
 			const txid = "00000000deadbeef-1" // an earlier run's id: not running here
 			orphan, err := db.BeginTx(ctx, nil)
 			if err != nil {
@@ -104,7 +80,7 @@ func TestReview_MySQLNonStrictTruncation(t *testing.T) {
 	if _, err := localtx.NewSQL(db, localtx.SQLOptions{Dialect: dialect, BlobType: "BLOB(100)"}); err == nil {
 		t.Error("NewSQL took BLOB(100) for 4 MiB rows")
 	}
-	a, _ := reviewAdapter(t, db, dialect, func(o *localtx.SQLOptions) { o.BlobType, o.MaxRowBytes = "BLOB(100)", 255 })
+	a := serverAdapter(t, db, dialect, func(o *localtx.SQLOptions) { o.BlobType, o.MaxRowBytes = "BLOB(100)", 255 })
 	row := bytes.Repeat([]byte{7}, 1000)
 	err := a.Run(ctx, func(ctx context.Context) error {
 		tx, _ := localtx.FromContext(ctx)
@@ -120,7 +96,7 @@ func TestReview_MySQLNonStrictTruncation(t *testing.T) {
 		t.Errorf("Committed = %v, %v; want nothing", recs, err)
 	}
 
-	b, _ := reviewAdapter(t, db, dialect, nil)
+	b := serverAdapter(t, db, dialect, nil)
 	long := string(bytes.Repeat([]byte{'k'}, 200))
 	err = b.Run(ctx, func(ctx context.Context) error {
 		tx, _ := localtx.FromContext(ctx)

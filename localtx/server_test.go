@@ -31,6 +31,39 @@ func uniqueTable(t *testing.T, db *sql.DB, base string) string {
 
 var tableSeq atomic.Int64
 
+// serverAdapter opens a SQL adapter on db over new tables, dropped at
+// cleanup, and creates them; edit, if not nil, edits the options first.
+func serverAdapter(t *testing.T, db *sql.DB, dialect localtx.Dialect, edit func(*localtx.SQLOptions)) *localtx.SQL {
+	t.Helper()
+	o := localtx.SQLOptions{Dialect: dialect, MarkerTable: uniqueTable(t, db, "rv_marker"), OutboxTable: uniqueTable(t, db, "rv_outbox")}
+	if edit != nil {
+		edit(&o)
+	}
+	a, err := localtx.NewSQL(db, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CreateTables(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// commitRecord runs a transaction on a that writes its marker and one
+// outbox row, and returns its id.
+func commitRecord(ctx context.Context, a *localtx.SQL, row []byte) (string, error) {
+	var id string
+	err := a.Run(ctx, func(ctx context.Context) error {
+		tx, _ := localtx.FromContext(ctx)
+		id = tx.ID()
+		if err := tx.Put(localtx.MarkerBucket, []byte(id), []byte("m")); err != nil {
+			return err
+		}
+		return tx.Put(localtx.OutboxBucket, localtx.OutboxKey(id, 0), row)
+	})
+	return id, err
+}
+
 // ph is the n-th parameter in dialect d.
 func ph(d localtx.Dialect, n int) string {
 	if d == localtx.PostgreSQL {
@@ -53,23 +86,9 @@ func TestServer_ReservedTableNames(t *testing.T) {
 				db.Exec("DROP TABLE IF EXISTS " + q + n + q)
 				t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS " + q + n + q) })
 			}
-			a, err := localtx.NewSQL(db, localtx.SQLOptions{Dialect: dialect, MarkerTable: "order", OutboxTable: "select"})
-			if err != nil {
-				t.Fatal(err)
-			}
+			a := serverAdapter(t, db, dialect, func(o *localtx.SQLOptions) { o.MarkerTable, o.OutboxTable = "order", "select" })
 			ctx := context.Background()
-			if err := a.CreateTables(ctx); err != nil {
-				t.Fatal(err)
-			}
-			var id string
-			err = a.Run(ctx, func(ctx context.Context) error {
-				tx, _ := localtx.FromContext(ctx)
-				id = tx.ID()
-				if err := tx.Put(localtx.MarkerBucket, []byte(id), []byte("m")); err != nil {
-					return err
-				}
-				return tx.Put(localtx.OutboxBucket, localtx.OutboxKey(id, 0), []byte("row"))
-			})
+			id, err := commitRecord(ctx, a, []byte("row"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -103,23 +122,8 @@ func TestServer_RowTooLarge(t *testing.T) {
 		maxRow  int64
 		tooLong bool
 	}{{"BLOB", 60_000, true}, {"", 0, false}} {
-		marker, outbox := uniqueTable(t, db, "big_marker"), uniqueTable(t, db, "big_outbox")
-		a, err := localtx.NewSQL(db, localtx.SQLOptions{Dialect: dialect, MarkerTable: marker, OutboxTable: outbox, BlobType: c.blob, MaxRowBytes: c.maxRow})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := a.CreateTables(ctx); err != nil {
-			t.Fatal(err)
-		}
-		var id string
-		err = a.Run(ctx, func(ctx context.Context) error {
-			tx, _ := localtx.FromContext(ctx)
-			id = tx.ID()
-			if err := tx.Put(localtx.MarkerBucket, []byte(id), []byte("m")); err != nil {
-				return err
-			}
-			return tx.Put(localtx.OutboxBucket, localtx.OutboxKey(id, 0), row)
-		})
+		a := serverAdapter(t, db, dialect, func(o *localtx.SQLOptions) { o.BlobType, o.MaxRowBytes = c.blob, c.maxRow })
+		_, err := commitRecord(ctx, a, row)
 		if c.tooLong {
 			if !errors.Is(err, localtx.ErrRowTooLarge) {
 				t.Errorf("%s: Run = %v, want ErrRowTooLarge", c.blob, err)
@@ -149,17 +153,10 @@ func TestServer_CommitTimeConflict(t *testing.T) {
 	if _, err := db.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1, 0), (2, 0)"); err != nil {
 		t.Fatal(err)
 	}
-	a, err := localtx.NewSQL(db, localtx.SQLOptions{Dialect: dialect, MarkerTable: uniqueTable(t, db, "m"), OutboxTable: uniqueTable(t, db, "o"),
-		TxOptions: &sql.TxOptions{Isolation: sql.LevelSerializable}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.CreateTables(ctx); err != nil {
-		t.Fatal(err)
-	}
+	a := serverAdapter(t, db, dialect, func(o *localtx.SQLOptions) { o.TxOptions = &sql.TxOptions{Isolation: sql.LevelSerializable} })
 	var ev events
 	attempts := 0
-	err = a.Run(ctx, func(ctx context.Context) error {
+	err := a.Run(ctx, func(ctx context.Context) error {
 		attempts++
 		tx := a.Tx(ctx)
 		lt, _ := localtx.FromContext(ctx)
@@ -226,14 +223,7 @@ func TestServer_Contention(t *testing.T) {
 			if dialect == localtx.MySQL {
 				iso, read = sql.LevelRepeatableRead, read+" LOCK IN SHARE MODE"
 			}
-			a, err := localtx.NewSQL(db, localtx.SQLOptions{Dialect: dialect, MarkerTable: uniqueTable(t, db, "m"), OutboxTable: uniqueTable(t, db, "o"),
-				TxOptions: &sql.TxOptions{Isolation: iso}}) // the default attempts
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := a.CreateTables(ctx); err != nil {
-				t.Fatal(err)
-			}
+			a := serverAdapter(t, db, dialect, func(o *localtx.SQLOptions) { o.TxOptions = &sql.TxOptions{Isolation: iso} }) // the default attempts
 			var attempts, commits atomic.Int64
 			var wg sync.WaitGroup
 			errs := make(chan error, workers*each)

@@ -159,20 +159,7 @@ func (s *SQL) q(query string) string {
 // in returns the list "(?, ?, ...)" of n parameters, in the dialect's
 // style, for a statement with no other parameters.
 func (s *SQL) in(n int) string {
-	var b strings.Builder
-	b.WriteByte('(')
-	for i := range n {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		if s.dialect.dollar {
-			b.WriteString("$" + strconv.Itoa(i+1))
-		} else {
-			b.WriteByte('?')
-		}
-	}
-	b.WriteByte(')')
-	return b.String()
+	return s.q("(" + strings.Repeat("?, ", n-1) + "?)")
 }
 
 // CreateTables creates the marker and outbox tables when they do not exist.
