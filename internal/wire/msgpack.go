@@ -1,5 +1,6 @@
 // Package wire holds the encodings shared by the node's formats: the safe
-// decoding of msgpack values (the records of earlier formats).
+// decoding of msgpack values (the records of earlier formats) and the
+// length-prefixed frames of node-to-node connections.
 package wire
 
 import (
