@@ -1,0 +1,66 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"testing"
+
+	"github.com/zeze-go/mq/internal/fuzzseed"
+)
+
+func helloSeeds() [][]byte {
+	h := hello{nonce: freshNonce(), id: "node-1", mac: [macSize]byte{1, 2, 3}}
+	long := hello{id: string(bytes.Repeat([]byte("x"), MaxNodeIDLen))}
+	return [][]byte{
+		h.marshal(false), h.marshal(true), long.marshal(false),
+		[]byte("\xdd\xff\xff\xff\xff"), []byte("\xdf\xff\xff\xff\xff"), []byte("\xdb\xff\xff\xff\xff"), []byte("\xc6\xff\xff\xff\xff"),
+	}
+}
+
+// FuzzParseHello: a hello parses only at its two sizes, never panics, and
+// what parses encodes back to the same bytes.
+func FuzzParseHello(f *testing.F) {
+	for _, s := range helloSeeds() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var h hello
+		var err error
+		fuzzseed.CheckAlloc(t, len(b), func() { h, err = parseHello(b) })
+		if err != nil {
+			return
+		}
+		if enc := h.marshal(len(b) == listenHelloSize); !bytes.Equal(enc, b) {
+			t.Fatalf("%x parses to %+v, which encodes to %x", b, h, enc)
+		}
+	})
+}
+
+// fuzzPeer plays the dialer's bytes from in and drops what is written.
+type fuzzPeer struct{ r io.Reader }
+
+func (p fuzzPeer) Read(b []byte) (int, error)  { return p.r.Read(b) }
+func (p fuzzPeer) Write(b []byte) (int, error) { return len(b), nil }
+
+// FuzzHandshakeListener: the listener's side, fed any bytes as the
+// dialer's, never panics, allocates little, and never accepts (the bytes
+// cannot hold a proof over the listener's fresh nonce).
+func FuzzHandshakeListener(f *testing.F) {
+	for _, s := range helloSeeds() {
+		f.Add(s)
+		f.Add(append(s, bytes.Repeat([]byte{0xff}, finishSize)...))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var err error
+		fuzzseed.CheckAlloc(t, len(b), func() {
+			_, _, err = handshakeListener(fuzzPeer{bytes.NewReader(b)}, nil, "b", secret, func(Proto) bool { return true })
+		})
+		if err == nil {
+			t.Fatalf("%x accepted", b)
+		}
+		if len(b) >= dialHelloSize+finishSize && !errors.Is(err, ErrHandshake) && !errors.Is(err, errMalformed) {
+			t.Fatalf("%x: error %v is neither a failed proof nor malformed", b, err)
+		}
+	})
+}

@@ -1,0 +1,178 @@
+package transport
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"math/big"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var secret = []byte("0123456789abcdef-cluster")
+
+// testCA is a certificate authority made in memory.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pool *x509.CertPool
+}
+
+func newCA(t testing.TB) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "test cluster CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &testCA{cert: cert, key: key, pool: pool}
+}
+
+// leaf returns a certificate for both TLS roles naming dnsNames.
+func (ca *testCA) leaf(t testing.TB, dnsNames ...string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: "node"},
+		DNSNames:     dnsNames,
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// tlsFor returns ServerTLS and ClientTLS presenting cert and trusting ca.
+func (ca *testCA) tlsFor(cert tls.Certificate) (server, client *tls.Config) {
+	return &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.pool},
+		&tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.pool}
+}
+
+// listen starts a transport on 127.0.0.1:0 that Cleanup closes.
+func listen(t testing.TB, cfg Config) *Transport {
+	t.Helper()
+	cfg.Bind = "127.0.0.1:0"
+	if cfg.Secret == nil {
+		cfg.Secret = secret
+	}
+	tr, err := Listen(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := tr.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return tr
+}
+
+// acceptor accepts p's connections on tr until Close and records them.
+type acceptor struct {
+	l    net.Listener
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	got  []*Conn // guarded by mu
+	next chan *Conn
+}
+
+func accept(t testing.TB, tr *Transport, p Proto) *acceptor {
+	t.Helper()
+	l, err := tr.Listener(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &acceptor{l: l, next: make(chan *Conn, 16)}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				if !errors.Is(err, net.ErrClosed) {
+					t.Errorf("accept: %v", err)
+				}
+				return
+			}
+			a.mu.Lock()
+			a.got = append(a.got, c.(*Conn))
+			a.mu.Unlock()
+			a.next <- c.(*Conn)
+		}
+	}()
+	t.Cleanup(a.close)
+	return a
+}
+
+func (a *acceptor) close() {
+	a.l.Close()
+	a.wg.Wait()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.got {
+		c.Close()
+	}
+}
+
+func (a *acceptor) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.got)
+}
+
+// waitClosed fails t unless the peer closes c within d; it returns what c
+// read before.
+func waitClosed(t testing.TB, c net.Conn, d time.Duration) []byte {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	var got []byte
+	buf := make([]byte, 512)
+	for {
+		n, err := c.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("peer did not close within %v", d)
+			}
+			return got
+		}
+	}
+}
