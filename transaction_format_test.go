@@ -44,7 +44,7 @@ func TestTransaction_RowFormat(t *testing.T) {
 	str := func(s string) []byte { return append([]byte{byte(len(s))}, s...) }
 	cat := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
 	be := func(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
-	wantMarker := cat([]byte("ZMQM\x02"), []byte{1}, str("orders"), []byte{1})
+	wantMarker := cat([]byte("ZMQM\x03"), str(""), []byte{1}, str("orders"), []byte{1}) // a standalone node: no owner
 	wantRow := cat([]byte("ZMQO\x02"), str("orders"), []byte{0}, str("out-0"), str("k0"),
 		[]byte{1}, str("t"), []byte{2}, str("a"), str("1"), str("b"), str("2"),
 		str("out"), be(0x0102030405060708), be(0))

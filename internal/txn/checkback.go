@@ -58,6 +58,9 @@ func (n *Node) sweep(ctx context.Context) {
 			}
 			for _, rec := range recs {
 				after = rec.TxID
+				if !n.owns(rec) { // another node's: that node publishes it
+					continue
+				}
 				listed[rec.TxID] = true
 				if n.isOpen(rec.TxID) { // its commit hook is on it
 					continue
@@ -75,6 +78,15 @@ func (n *Node) sweep(ctx context.Context) {
 	if complete {
 		guard.swept(start, listed)
 	}
+}
+
+// owns reports whether the node publishes the transaction of rec: one whose
+// marker names this node or no node; a standalone node (no id) publishes
+// every one, its stores being its own. A marker that cannot be read is the
+// node's, so that publish reports it.
+func (n *Node) owns(rec localtx.Record) bool {
+	owner, _, err := decodeMarker(rec.TxID, rec.Marker)
+	return err != nil || owner == "" || n.cfg.NodeID == "" || owner == n.cfg.NodeID
 }
 
 // publish commits a committed transaction found in a host store, held

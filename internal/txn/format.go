@@ -25,7 +25,7 @@ type txPlan map[Ref][]store.Message
 
 // planOf decodes a host store's record into what committing it does.
 func planOf(rec localtx.Record) (txPlan, error) {
-	halves, err := decodeMarker(rec.TxID, rec.Marker)
+	_, halves, err := decodeMarker(rec.TxID, rec.Marker)
 	if err != nil {
 		return nil, err
 	}
@@ -45,27 +45,33 @@ func planOf(rec localtx.Record) (txPlan, error) {
 
 // The marker and outbox rows the node writes through LocalTx.Put live in the
 // host's store, maybe longer than this build: each starts with a magic and
-// a version. Version 2 is this layout, where n is a uvarint, str a uvarint
-// length and that many bytes, and i64 8 bytes big-endian:
+// a version. These are the layouts written, where n is a uvarint, str a
+// uvarint length and that many bytes, and i64 8 bytes big-endian:
 //
-//	marker:     "ZMQM" 2 count:n {topic:str partition:n}...
-//	            (the partitions holding half messages)
+//	marker:     "ZMQM" 3 owner:str count:n {topic:str partition:n}...
+//	            (the node that wrote it, "" for a standalone node; the
+//	            partitions holding half messages)
 //	outbox row: "ZMQO" 2 topic:str partition:n id:str key:str
 //	            tags:n {tag:str}... properties:n {key:str value:str}...
 //	            body:str timestamp:i64 deliverAt:i64
 //
-// with properties in key order. Version 1 rows, written before the magic,
+// with properties in key order. A version 2 marker is version 3 without the
+// owner (any node publishes it). Version 1 rows, written before the magic,
 // are msgpack arrays whose first element is 1 (markerV1, outboxRowV1); they
 // are still read. Anything else is ErrCorrupt.
 const (
-	txMarkerMagic = "ZMQM"
-	txOutboxMagic = "ZMQO"
-	txFormat      = 2 // the version written
-	txFormatV1    = 1 // msgpack arrays, read only
+	txMarkerMagic  = "ZMQM"
+	txOutboxMagic  = "ZMQO"
+	txMarkerFormat = 3 // the marker version written
+	txOutboxFormat = 2 // the outbox version written; the marker's before owners
+	txFormatV1     = 1 // msgpack arrays, read only
 )
 
-func encodeMarker(halves []Ref) []byte {
-	b := append([]byte(txMarkerMagic), txFormat)
+// encodeMarker is the marker of a transaction of node owner ("" standalone)
+// with half messages in halves.
+func encodeMarker(owner string, halves []Ref) []byte {
+	b := append([]byte(txMarkerMagic), txMarkerFormat)
+	b = appendStr(b, owner)
 	b = binary.AppendUvarint(b, uint64(len(halves)))
 	for _, h := range halves {
 		b = appendStr(b, h.Topic)
@@ -75,7 +81,7 @@ func encodeMarker(halves []Ref) []byte {
 }
 
 func encodeOutboxRow(ref Ref, m *store.Message) []byte {
-	b := append([]byte(txOutboxMagic), txFormat)
+	b := append([]byte(txOutboxMagic), txOutboxFormat)
 	b = appendStr(b, ref.Topic)
 	b = binary.AppendUvarint(b, uint64(ref.Part))
 	b = appendStr(b, m.ID)
@@ -127,40 +133,44 @@ type outboxRowV1 struct {
 	DeliverAt  int64
 }
 
-// decodeMarker returns the partitions listed by the marker b of txid.
-func decodeMarker(txid string, b []byte) ([]Ref, error) {
+// decodeMarker returns the owner of the marker b of txid ("" when any node
+// may publish it) and the partitions it lists.
+func decodeMarker(txid string, b []byte) (owner string, halves []Ref, err error) {
 	what := "marker of " + txid
-	r, err := openRow(what, txMarkerMagic, b)
+	r, version, err := openRow(what, txMarkerMagic, b, txMarkerFormat, txOutboxFormat)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	if r == nil {
 		var mk markerV1
 		if err := decodeV1(what, b, &mk, &mk.V); err != nil {
-			return nil, err
+			return "", nil, err
 		}
 		halves := make([]Ref, len(mk.Halves))
 		for i, h := range mk.Halves {
 			if h.Part < 0 {
-				return nil, fmt.Errorf("%w: %s: partition %d", ErrCorrupt, what, h.Part)
+				return "", nil, fmt.Errorf("%w: %s: partition %d", ErrCorrupt, what, h.Part)
 			}
 			halves[i] = Ref{Topic: h.Topic, Part: h.Part}
 		}
-		return halves, nil
+		return "", halves, nil
 	}
-	halves := make([]Ref, r.count())
+	if version == txMarkerFormat {
+		owner = r.str()
+	}
+	halves = make([]Ref, r.count())
 	for i := range halves {
 		halves[i].Topic = r.str()
 		halves[i].Part = r.part()
 	}
-	return halves, r.end(what)
+	return owner, halves, r.end(what)
 }
 
 // decodeOutboxRow returns the partition and message of the outbox row b of
 // txid.
 func decodeOutboxRow(txid string, b []byte) (Ref, store.Message, error) {
 	what := "outbox of " + txid
-	r, err := openRow(what, txOutboxMagic, b)
+	r, _, err := openRow(what, txOutboxMagic, b, txOutboxFormat)
 	if err != nil {
 		return Ref{}, store.Message{}, err
 	}
@@ -213,21 +223,22 @@ func decodeOutboxRow(txid string, b []byte) (Ref, store.Message, error) {
 	return ref, m, r.end(what)
 }
 
-// openRow checks the magic and version of row b, named what in errors. It
-// returns a reader of the fields of a version 2 row, or nil for a row
-// without the magic, which may be of version 1.
-func openRow(what, magic string, b []byte) (*rowReader, error) {
+// openRow checks the magic and version of row b, named what in errors,
+// against the versions read (the one written first). It returns a reader of
+// the fields after the version and the version, or nil for a row without
+// the magic, which may be of version 1.
+func openRow(what, magic string, b []byte, versions ...byte) (*rowReader, byte, error) {
 	rest, ok := bytes.CutPrefix(b, []byte(magic))
 	if !ok {
-		return nil, nil
+		return nil, 0, nil
 	}
 	if len(rest) == 0 {
-		return nil, fmt.Errorf("%w: %s: no format version after the magic", ErrCorrupt, what)
+		return nil, 0, fmt.Errorf("%w: %s: no format version after the magic", ErrCorrupt, what)
 	}
-	if rest[0] != txFormat {
-		return nil, unknownFormat(what, int(rest[0]))
+	if !bytes.Contains(versions, rest[:1]) {
+		return nil, 0, unknownFormat(what, int(rest[0]))
 	}
-	return &rowReader{b: rest[1:]}, nil
+	return &rowReader{b: rest[1:]}, rest[0], nil
 }
 
 // decodeV1 decodes the version 1 row b into v, whose version field is ver.
@@ -242,10 +253,10 @@ func decodeV1(what string, b []byte, v any, ver *int) error {
 }
 
 func unknownFormat(what string, v int) error {
-	return fmt.Errorf("%w: %s: format version %d, this build reads %d and %d", ErrCorrupt, what, v, txFormatV1, txFormat)
+	return fmt.Errorf("%w: %s: format version %d, unknown to this build", ErrCorrupt, what, v)
 }
 
-// rowReader reads the fields of a version 2 row. The first error sticks and
+// rowReader reads the fields of a row after its version. The first error sticks and
 // later reads return zero values.
 type rowReader struct {
 	b   []byte

@@ -18,7 +18,7 @@ import (
 func fuzzSeeds() map[string][][]any {
 	msg := store.Message{ID: "id", Key: "k", Tags: []string{"a", "b"}, Properties: map[string]string{"x": "1", "y": ""},
 		Body: []byte("body"), Timestamp: 1 << 62, DeliverAt: -1}
-	marker := encodeMarker([]Ref{{"orders", 3}, {"audit", 0}})
+	marker := encodeMarker("node-1", []Ref{{"orders", 3}, {"audit", 0}})
 	row := encodeOutboxRow(Ref{"orders", 3}, &msg)
 	v1m, _ := msgpack.Marshal(&markerV1{V: txFormatV1, Halves: []partRefV1{{Topic: "orders", Part: 1}}})
 	v1r, _ := msgpack.Marshal(&outboxRowV1{V: txFormatV1, Topic: "orders", Part: 2, ID: "id", Body: []byte("b"), Tags: []string{"t"},
@@ -27,7 +27,8 @@ func fuzzSeeds() map[string][][]any {
 	return map[string][][]any{
 		"FuzzTxRows": {
 			{marker, row},
-			{encodeMarker(nil), encodeOutboxRow(Ref{}, &store.Message{})},
+			{encodeMarker("", nil), encodeOutboxRow(Ref{}, &store.Message{})},
+			{[]byte("ZMQM\x02\x01\x06orders\x03"), row}, // version 2: no owner
 			{v1m, v1r},
 			{marker[:len(marker)-2], row[:len(row)-9]},
 			{[]byte("ZMQM\x09"), []byte("ZMQO")},

@@ -91,6 +91,12 @@ type Config struct {
 	// synced); markers are kept two intervals after their decision.
 	SyncInterval time.Duration
 
+	// NodeID names the node in a cluster ("" for a standalone node). It is
+	// written into each transaction's marker: a node's sweep publishes only
+	// its own transactions' markers (and those without an owner), so nodes
+	// may share a host store's tables.
+	NodeID string
+
 	Topics Topics
 	// Prune is the guard the upkeep reads; it exists before the Node.
 	Prune  *PruneGuard
@@ -150,6 +156,7 @@ type Message struct {
 // openTx is what the node knows of a transaction that sent messages.
 type openTx struct {
 	id    string
+	owner string        // the node's id, written into the marker
 	store localtx.Store // the transaction's own store; nil if it does not say
 
 	mu     sync.Mutex // guards the fields below
@@ -159,9 +166,18 @@ type openTx struct {
 	marked int    // len(halves) when the marker was last written; -1: never
 }
 
-// txProducer is recorded as the producer of half messages. A standalone
-// node checks back all of them; a cluster will name its nodes.
-const txProducer = "local"
+// standaloneProducer is recorded as the producer of the half messages of a
+// node without an id (a standalone node), which checks back all of them.
+const standaloneProducer = "local"
+
+// producer is what the node records as the producer of its half messages:
+// its id, or standaloneProducer.
+func (n *Node) producer() string {
+	if n.cfg.NodeID == "" {
+		return standaloneProducer
+	}
+	return n.cfg.NodeID
+}
 
 // hook calls the test hook, if a test set one.
 func (n *Node) hook(point, txid string) {
@@ -203,7 +219,7 @@ func (n *Node) Prepare(ctx context.Context, tx localtx.Tx, topic string, msgs []
 		if err != nil {
 			return err
 		}
-		cmd := &store.Command{Op: store.OpPrepare, TxID: ot.id, Producer: txProducer, Msgs: byPart[i]}
+		cmd := &store.Command{Op: store.OpPrepare, TxID: ot.id, Producer: n.producer(), Msgs: byPart[i]}
 		if _, err := part.Apply(ctx, cmd); err != nil {
 			return fmt.Errorf("prepare to %s/%d: %w", topic, i, err)
 		}
@@ -265,7 +281,7 @@ func (n *Node) bind(tx localtx.Tx) (*openTx, error) {
 		n.mu.Unlock()
 		return ot, nil
 	}
-	ot = &openTx{id: id, outbox: map[Ref][]store.Message{}, marked: -1}
+	ot = &openTx{id: id, owner: n.cfg.NodeID, outbox: map[Ref][]store.Message{}, marked: -1}
 	if s, ok := tx.(interface{ Store() localtx.Store }); ok {
 		ot.store = s.Store()
 		n.learn(ot.store)
@@ -329,7 +345,7 @@ func (ot *openTx) writeMarker(tx localtx.Tx) error {
 		return nil
 	}
 	halves := len(ot.halves)
-	v := encodeMarker(ot.halves)
+	v := encodeMarker(ot.owner, ot.halves)
 	ot.mu.Unlock()
 	if err := tx.Put(localtx.MarkerBucket, []byte(ot.id), v); err != nil {
 		return fmt.Errorf("mq: marker of %s: %w", ot.id, err)
