@@ -40,6 +40,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/zeze-go/mq/store"
@@ -129,6 +130,7 @@ type Engine struct {
 	clock  Clock
 	log    *slog.Logger
 	coord  Coordinator
+	ids    atomic.Uint64 // the last Consumer.ID given
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -348,9 +349,9 @@ func TestEngine_SeekFromHandlers(t *testing.T) {
 // other nodes.
 type only struct{ part int }
 
-func (o only) Share(_, _ string, members, _ int) [][]int {
-	out := make([][]int, members)
-	if members > 0 {
+func (o only) Share(_, _ string, members []uint64, _ int) [][]int {
+	out := make([][]int, len(members))
+	if len(members) > 0 {
 		out[0] = []int{o.part}
 	}
 	return out
@@ -389,12 +390,115 @@ func TestEngine_Coordinator(t *testing.T) {
 // TestLocal_Share: the local coordinator divides n partitions among the
 // members in turn, and gives none to no member.
 func TestLocal_Share(t *testing.T) {
-	got := Local{}.Share("t", "g", 3, 7)
+	got := Local{}.Share("t", "g", []uint64{1, 2, 3}, 7)
 	want := [][]int{{0, 3, 6}, {1, 4}, {2, 5}}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("Share(3, 7) = %v, want %v", got, want)
 	}
-	if got := (Local{}).Share("t", "g", 0, 4); len(got) != 0 {
+	if got := (Local{}).Share("t", "g", nil, 4); len(got) != 0 {
 		t.Fatalf("Share(0, 4) = %v", got)
+	}
+}
+
+// handoff is a coordinator shared by two engines ("nodes") as a cluster's
+// is: partition 0 of the group belongs to node a until moved, then to node
+// b, but only once a reported (Stopper) that it no longer delivers it.
+type handoff struct {
+	mu      sync.Mutex
+	moved   bool // the coordinator decided to move the partition to b
+	stopped bool // a reported it stopped delivering the partition
+	engines map[string]*Engine
+}
+
+type handoffNode struct {
+	h    *handoff
+	name string
+}
+
+func (n handoffNode) Share(_, _ string, members []uint64, _ int) [][]int {
+	n.h.mu.Lock()
+	defer n.h.mu.Unlock()
+	out := make([][]int, len(members))
+	owner := "a"
+	if n.h.moved {
+		owner = ""
+		if n.h.stopped {
+			owner = "b"
+		}
+	}
+	if len(members) > 0 && owner == n.name {
+		out[0] = []int{0}
+	}
+	return out
+}
+
+func (n handoffNode) Stopped(topic, _ string, part int) {
+	if n.name != "a" || part != 0 {
+		return
+	}
+	n.h.mu.Lock()
+	n.h.stopped = n.h.moved
+	b := n.h.engines["b"]
+	n.h.mu.Unlock()
+	go b.Rebalance(topic) // Stopped must not block: a cluster's proposes
+}
+
+// TestEngine_Handoff: a coordinator that implements Stopper hears when the
+// old owner's worker has ended (after its last commit), and only then gives
+// the partition to a consumer of another engine. The two never run a
+// handler at once, the new owner starts at the old one's committed offset,
+// and every message is delivered once.
+func TestEngine_Handoff(t *testing.T) {
+	tb := newTable()
+	p := tb.add("orders", 1)[0]
+	h := &handoff{engines: map[string]*Engine{}}
+	a := newEngineWith(t, tb, handoffNode{h, "a"})
+	b := newEngineWith(t, tb, handoffNode{h, "b"})
+	h.engines["a"], h.engines["b"] = a, b
+
+	var active atomic.Int32 // handlers running, on either engine
+	var overlap atomic.Bool
+	release := make(chan struct{})
+	l := newLog()
+	slow := func(name string) Handler {
+		inner := l.handler(name, nil)
+		return func(ctx context.Context, d *Delivery) error {
+			if active.Add(1) > 1 {
+				overlap.Store(true)
+			}
+			defer active.Add(-1)
+			if name == "a" && d.Offset == 5 {
+				<-release // a is inside a handler when the move is decided
+			}
+			return inner(context.Background(), d)
+		}
+	}
+	if _, err := a.Subscribe("orders", "billing", slow("a"), testConfig()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Subscribe("orders", "billing", slow("b"), testConfig()); err != nil {
+		t.Fatal(err)
+	}
+	send(t, p, 0, 10)
+	l.waitFor(t, 0, 5)
+	h.mu.Lock()
+	h.moved = true
+	h.mu.Unlock()
+	a.Rebalance("orders") // a stops its worker; b gets nothing yet
+	b.Rebalance("orders")
+	time.Sleep(20 * time.Millisecond)
+	if got := l.of("b"); len(got) != 0 {
+		t.Fatalf("b delivered %v while a's handler was running", got)
+	}
+	close(release)
+	l.waitFor(t, 5, 10)
+	if overlap.Load() {
+		t.Fatal("handlers of a and b ran at once")
+	}
+	if got, want := fmt.Sprint(l.of("a")), "[0 1 2 3 4 5]"; got != want {
+		t.Fatalf("a delivered %s, want %s", got, want)
+	}
+	if got, want := fmt.Sprint(l.of("b")), "[6 7 8 9]"; got != want {
+		t.Fatalf("b delivered %s, want %s (from a's committed offset)", got, want)
 	}
 }

@@ -13,6 +13,7 @@ import (
 // Consumer is one member of a group on this node.
 type Consumer struct {
 	e         *Engine
+	id        uint64 // unique in the engine: the coordinator's name for it
 	topic     string
 	groupName string // the user's group; group.name is the offset name
 	group     *group
@@ -78,7 +79,7 @@ func (e *Engine) subscribe(topic, groupName, offsetName string, h Handler, cfg C
 	if _, err := e.topics.Partitions(topic); err != nil {
 		return nil, err
 	}
-	c := &Consumer{e: e, topic: topic, groupName: groupName, handler: h, cfg: cfg, parent: parent,
+	c := &Consumer{e: e, id: e.ids.Add(1), topic: topic, groupName: groupName, handler: h, cfg: cfg, parent: parent,
 		workers: map[int]*worker{}, live: map[*worker]struct{}{}}
 	e.mu.Lock()
 	if e.closed {
@@ -99,6 +100,10 @@ func (e *Engine) subscribe(topic, groupName, offsetName string, h Handler, cfg C
 	g.rebalance()
 	return c, nil
 }
+
+// ID is the consumer's name for the engine's Coordinator: unique among the
+// engine's consumers, never reused.
+func (c *Consumer) ID() uint64 { return c.id }
 
 // OffsetName is the name the consumer's offsets are stored under.
 func (c *Consumer) OffsetName() string { return c.group.name }
@@ -159,15 +164,28 @@ func (c *Consumer) close(r reentry) {
 
 // Coordinator decides which consumer owns which partition of a group. The
 // local one (the default) divides the partitions among the group's
-// consumers on this node. One for a cluster will divide them among the
-// consumers of every node, and call Engine.Rebalance when a node's share
+// consumers on this node. One for a cluster divides them among the
+// consumers of every node, and calls Engine.Rebalance when a node's share
 // changes; the claims (store.OpClaim) keep two owners on different nodes
 // from both committing while the nodes learn of a change.
 type Coordinator interface {
-	// Share returns, for each of the group's members consumers on this
-	// node (in join order), the partitions of the topic's partitions it
-	// owns.
-	Share(topic, group string, members, partitions int) [][]int
+	// Share returns, for each of members (the IDs of the group's consumers
+	// on this node, in join order), the partitions of the topic's
+	// partitions it owns. It is called with the group's rebalance lock
+	// held: it must not block or call the Engine.
+	Share(topic, group string, members []uint64, partitions int) [][]int
+}
+
+// Stopper is implemented by a Coordinator that must know when this node
+// has stopped delivering a partition of a group: a cluster coordinator
+// gives a partition to a consumer on another node only then (or once this
+// node is gone), so no partition is delivered on two nodes at once.
+type Stopper interface {
+	// Stopped reports that part of group is no longer delivered here: its
+	// worker ended, after its last commit, and no other consumer of the
+	// group on this node took it. It is called without the engine's locks
+	// and must not block.
+	Stopped(topic, group string, part int)
 }
 
 // Local is the coordinator of a standalone node: partition i goes to the
@@ -175,10 +193,10 @@ type Coordinator interface {
 type Local struct{}
 
 // Share implements Coordinator.
-func (Local) Share(_, _ string, members, partitions int) [][]int {
-	out := make([][]int, members)
-	for i := 0; members > 0 && i < partitions; i++ {
-		out[i%members] = append(out[i%members], i)
+func (Local) Share(_, _ string, members []uint64, partitions int) [][]int {
+	out := make([][]int, len(members))
+	for i := 0; len(members) > 0 && i < partitions; i++ {
+		out[i%len(members)] = append(out[i%len(members)], i)
 	}
 	return out
 }
@@ -257,7 +275,11 @@ func (g *group) rebalanceLocked() {
 	}
 	cons := g.members()
 	want := make(map[*Consumer]map[int]bool, len(cons))
-	shares := g.e.coord.Share(g.topic, g.name, len(cons), len(parts))
+	ids := make([]uint64, len(cons))
+	for i, c := range cons {
+		ids[i] = c.id
+	}
+	shares := g.e.coord.Share(g.topic, g.name, ids, len(parts))
 	for i, c := range cons {
 		want[c] = map[int]bool{}
 		if i < len(shares) {

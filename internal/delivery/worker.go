@@ -394,7 +394,8 @@ func (w *worker) end() {
 	w.fetchMu.Unlock()
 	g := w.c.group
 	g.rebalanceMu.Lock()
-	if g.owners[w.part] == w {
+	last := g.owners[w.part] == w
+	if last {
 		delete(g.owners, w.part)
 	}
 	g.rebalanceMu.Unlock()
@@ -402,5 +403,8 @@ func (w *worker) end() {
 	delete(w.c.live, w)
 	w.c.mu.Unlock()
 	close(w.done)
+	if s, ok := w.c.e.coord.(Stopper); ok && last {
+		s.Stopped(g.topic, g.name, w.part)
+	}
 	w.c.e.forget(g)
 }
