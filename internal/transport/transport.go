@@ -63,6 +63,9 @@ var (
 	ErrUnknownProto = errors.New("transport: unknown protocol")
 	// ErrProtoTaken is returned by Listener for a protocol already served.
 	ErrProtoTaken = errors.New("transport: protocol already has a listener")
+	// ErrLinkDown is returned by Dial, and logged for an accepted
+	// connection, when the peer's link is cut by SetLinkDown.
+	ErrLinkDown = errors.New("transport: link down")
 )
 
 // Config configures a Transport.
@@ -112,6 +115,7 @@ type Transport struct {
 	pending   map[net.Conn]struct{} // guarded by mu: accepted, not yet handed over
 	listeners map[Proto]*listener   // guarded by mu
 	closed    bool                  // guarded by mu
+	links     links                 // guarded by mu: live connections per peer, SetLinkDown's cuts
 
 	closeOnce sync.Once
 	closeErr  error
@@ -286,19 +290,24 @@ func (t *Transport) serve(raw net.Conn) {
 		}
 		return
 	}
+	if err := t.admit(c); err != nil {
+		raw.Close()
+		t.log.Warn("transport: refused connection", "remote", raw.RemoteAddr(), "peer", c.peer, "err", err)
+		return
+	}
 	t.mu.Lock()
 	l := t.listeners[c.proto]
 	t.mu.Unlock()
 	if l == nil { // closed since the handshake
-		raw.Close()
+		c.Close()
 		return
 	}
 	select {
 	case l.ch <- c:
 	case <-l.done:
-		raw.Close()
+		c.Close()
 	case <-t.ctx.Done():
-		raw.Close()
+		c.Close()
 	}
 }
 
@@ -330,7 +339,7 @@ func (t *Transport) handshakeAccepted(raw net.Conn) (*Conn, error) {
 	if err := raw.SetDeadline(time.Time{}); err != nil {
 		return nil, err
 	}
-	return &Conn{Conn: rw, peer: peer, proto: p, maxFrame: t.cfg.MaxFrameBytes}, nil
+	return &Conn{Conn: rw, t: t, peer: peer, proto: p, maxFrame: t.cfg.MaxFrameBytes}, nil
 }
 
 // Dial connects to the node at addr and runs the handshake for protocol p.
@@ -365,6 +374,10 @@ func (t *Transport) Dial(ctx context.Context, addr string, p Proto) (*Conn, erro
 		raw.Close()
 		return nil, err
 	}
+	if err := t.admit(c); err != nil {
+		raw.Close()
+		return nil, t.dialErr(ctx, addr, err)
+	}
 	return c, nil
 }
 
@@ -392,7 +405,7 @@ func (t *Transport) handshakeDialed(ctx context.Context, raw net.Conn, p Proto) 
 	if err != nil {
 		return nil, err
 	}
-	return &Conn{Conn: rw, peer: peer, proto: p, maxFrame: t.cfg.MaxFrameBytes}, nil
+	return &Conn{Conn: rw, t: t, peer: peer, proto: p, maxFrame: t.cfg.MaxFrameBytes}, nil
 }
 
 // Close stops accepting, closes connections still in their handshake or
@@ -471,6 +484,7 @@ func (l *listener) Addr() net.Addr { return l.t.Addr() }
 // Conn is an authenticated connection.
 type Conn struct {
 	net.Conn
+	t        *Transport // nil only in tests
 	peer     string
 	proto    Proto
 	maxFrame int
@@ -479,6 +493,14 @@ type Conn struct {
 // PeerID is the node id the peer proved (and, with TLS, its certificate
 // names).
 func (c *Conn) PeerID() string { return c.peer }
+
+// Close closes the connection.
+func (c *Conn) Close() error {
+	if c.t != nil {
+		c.t.release(c)
+	}
+	return c.Conn.Close()
+}
 
 // Proto is the connection's protocol.
 func (c *Conn) Proto() Proto { return c.proto }

@@ -1,0 +1,589 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/hashicorp/yamux"
+)
+
+// The raft stream header, written by the dialer at the start of every
+// stream, before raft's own bytes:
+//
+//	[uvarint n][group id, n bytes]     1 <= n <= MaxGroupIDLen
+//
+// The uvarint is minimal (one byte below 128, two up to 255); anything
+// else closes the stream. The header has no version of its own: another
+// layout would come with another protocol byte (this one is ProtoRaft's).
+const (
+	MaxGroupIDLen = 255
+	maxHeaderLen  = 2 + MaxGroupIDLen
+)
+
+// Defaults and bounds of the raft mux.
+const (
+	// DefaultHeaderTimeout bounds reading a stream's header.
+	DefaultHeaderTimeout = 5 * time.Second
+	// DefaultKeepAlive is the yamux keepalive interval, and how long a
+	// ping or a write to the connection may take before the session is
+	// dropped (and redialed by the next Dial).
+	DefaultKeepAlive = 10 * time.Second
+	// DefaultRaftDialTimeout bounds a layer's Dial when raft passes no
+	// timeout.
+	DefaultRaftDialTimeout = 10 * time.Second
+	// MaxQueuedStreams bounds a layer's streams waiting for its Accept;
+	// further ones are closed (raft redials).
+	MaxQueuedStreams = 16
+	// maxHeaderReads bounds an inbound session's streams still in their
+	// header; further ones are closed.
+	maxHeaderReads = 64
+)
+
+var (
+	// ErrGroupTaken is returned by Layer for a group that already has one.
+	ErrGroupTaken = errors.New("transport: raft group already has a layer")
+	// ErrUnknownNode is returned by a layer's Dial when Resolve does not
+	// know the node.
+	ErrUnknownNode = errors.New("transport: unknown node")
+	// ErrWrongPeer is returned by a layer's Dial when the node at the
+	// resolved address proves another id than the one dialed.
+	ErrWrongPeer = errors.New("transport: address answered as another node")
+)
+
+var errBadHeader = errors.New("bad raft stream header")
+
+// RaftMuxConfig configures a RaftMux.
+type RaftMuxConfig struct {
+	// Resolve is the address book: a node id to its current address. raft
+	// ServerAddress values are node ids, because a node's address may
+	// change when it restarts; the mux resolves them on every Dial.
+	// Required; called without the mux's locks held.
+	Resolve func(nodeID string) (addr string, ok bool)
+	// Logger receives refused streams and yamux's lines (at Debug); nil is
+	// silent.
+	Logger *slog.Logger
+	// HeaderTimeout bounds reading an inbound stream's header
+	// (DefaultHeaderTimeout if zero).
+	HeaderTimeout time.Duration
+	// KeepAlive is the yamux keepalive interval and connection write
+	// timeout (DefaultKeepAlive if zero).
+	KeepAlive time.Duration
+}
+
+// RaftMux carries many raft groups between nodes over the transport's
+// ProtoRaft connections: one outbound yamux session per peer node, one
+// inbound session per accepted connection, a stream per raft connection
+// starting with its group's header. Each group gets a RaftLayer, a
+// raft.StreamLayer for raft.NewNetworkTransport. Safe for concurrent use.
+//
+// Lock order: RaftMux.mu and RaftLayer.mu are never held together, and
+// neither is held while calling yamux, the Transport or Resolve.
+type RaftMux struct {
+	t      *Transport
+	cfg    RaftMuxConfig
+	log    *slog.Logger
+	ycfg   *yamux.Config
+	ln     net.Listener
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	closed  bool                        // guarded by mu
+	layers  map[string]*RaftLayer       // guarded by mu
+	peers   map[string]*peer            // guarded by mu: outbound sessions by node id
+	inbound map[*yamux.Session]struct{} // guarded by mu
+
+	closeOnce sync.Once
+}
+
+// peer is the outbound session to one node.
+type peer struct {
+	dialing chan struct{}  // one dialer at a time; a channel so waiters honour their timeout
+	sess    *yamux.Session // guarded by RaftMux.mu
+	addr    string         // guarded by RaftMux.mu: where sess was dialed
+}
+
+// NewRaftMux takes t's ProtoRaft listener and starts the goroutine that
+// accepts its connections; each becomes a yamux session with a goroutine
+// accepting its streams, and each stream a goroutine until its header is
+// read. Close stops and waits for all of them.
+func NewRaftMux(t *Transport, cfg RaftMuxConfig) (*RaftMux, error) {
+	if cfg.Resolve == nil {
+		return nil, errors.New("transport: RaftMuxConfig.Resolve is required")
+	}
+	if cfg.HeaderTimeout <= 0 {
+		cfg.HeaderTimeout = DefaultHeaderTimeout
+	}
+	if cfg.KeepAlive <= 0 {
+		cfg.KeepAlive = DefaultKeepAlive
+	}
+	m := &RaftMux{
+		t:       t,
+		cfg:     cfg,
+		log:     cfg.Logger,
+		layers:  make(map[string]*RaftLayer),
+		peers:   make(map[string]*peer),
+		inbound: make(map[*yamux.Session]struct{}),
+	}
+	if m.log == nil {
+		m.log = slog.New(slog.DiscardHandler)
+	}
+	m.ycfg = yamux.DefaultConfig()
+	m.ycfg.KeepAliveInterval = cfg.KeepAlive
+	m.ycfg.ConnectionWriteTimeout = cfg.KeepAlive
+	m.ycfg.StreamOpenTimeout = 3 * cfg.KeepAlive
+	m.ycfg.StreamCloseTimeout = 6 * cfg.KeepAlive
+	m.ycfg.LogOutput = nil
+	m.ycfg.Logger = yamuxLogger{m.log}
+	if err := yamux.VerifyConfig(m.ycfg); err != nil {
+		return nil, fmt.Errorf("transport: %w", err)
+	}
+	var err error
+	if m.ln, err = t.Listener(ProtoRaft); err != nil {
+		return nil, err
+	}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.goFunc(m.acceptLoop)
+	return m, nil
+}
+
+// goFunc runs fn in a goroutine that Close waits for.
+func (m *RaftMux) goFunc(fn func()) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		fn()
+	}()
+}
+
+// Layer registers group and returns its stream layer. It returns
+// ErrGroupTaken if the group has a layer that is not closed, or ErrClosed
+// after Close.
+func (m *RaftMux) Layer(group string) (*RaftLayer, error) {
+	if len(group) == 0 || len(group) > MaxGroupIDLen {
+		return nil, fmt.Errorf("transport: raft group id of %d bytes, want 1..%d", len(group), MaxGroupIDLen)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
+	if m.layers[group] != nil {
+		return nil, fmt.Errorf("%w: %q", ErrGroupTaken, group)
+	}
+	l := &RaftLayer{
+		m:       m,
+		group:   group,
+		queue:   make(chan *stream, MaxQueuedStreams),
+		done:    make(chan struct{}),
+		streams: make(map[*stream]struct{}),
+	}
+	m.layers[group] = l
+	return l, nil
+}
+
+// Close closes every session and layer (and so every stream), gives back
+// the ProtoRaft listener and waits for the mux's goroutines. Dial and
+// Accept return ErrClosed afterwards. Safe to call more than once.
+func (m *RaftMux) Close() error {
+	m.closeOnce.Do(func() {
+		m.mu.Lock()
+		m.closed = true
+		m.cancel()
+		var sessions []*yamux.Session
+		for _, p := range m.peers {
+			if p.sess != nil {
+				sessions = append(sessions, p.sess)
+			}
+		}
+		for s := range m.inbound {
+			sessions = append(sessions, s)
+		}
+		layers := make([]*RaftLayer, 0, len(m.layers))
+		for _, l := range m.layers {
+			layers = append(layers, l)
+		}
+		m.mu.Unlock()
+		m.ln.Close()
+		for _, s := range sessions {
+			s.Close()
+		}
+		for _, l := range layers {
+			l.Close()
+		}
+		m.wg.Wait()
+	})
+	return nil
+}
+
+func (m *RaftMux) acceptLoop() {
+	for {
+		nc, err := m.ln.Accept()
+		if err != nil {
+			// Only the listener's or the transport's Close end it.
+			if m.ctx.Err() == nil {
+				m.log.Warn("transport: raft listener closed", "err", err)
+			}
+			return
+		}
+		c := nc.(*Conn)
+		s, err := yamux.Server(c, m.ycfg)
+		if err != nil { // only a bad config, checked in NewRaftMux
+			c.Close()
+			continue
+		}
+		m.mu.Lock()
+		closed := m.closed
+		if !closed {
+			m.inbound[s] = struct{}{}
+		}
+		m.mu.Unlock()
+		if closed {
+			s.Close()
+			return
+		}
+		m.goFunc(func() { m.serveSession(s, c.PeerID()) })
+	}
+}
+
+// serveSession accepts s's streams until s dies, each read by a goroutine
+// of its own so a stalled header holds back nothing else.
+func (m *RaftMux) serveSession(s *yamux.Session, peerID string) {
+	defer func() {
+		m.mu.Lock()
+		delete(m.inbound, s)
+		m.mu.Unlock()
+		s.Close()
+	}()
+	reading := make(chan struct{}, maxHeaderReads)
+	for {
+		ys, err := s.AcceptStream()
+		if err != nil {
+			return
+		}
+		select {
+		case reading <- struct{}{}:
+		default:
+			m.log.Warn("transport: refused raft stream: too many headers in progress", "peer", peerID, "limit", maxHeaderReads)
+			ys.Close()
+			continue
+		}
+		m.goFunc(func() {
+			defer func() { <-reading }()
+			m.route(ys, peerID)
+		})
+	}
+}
+
+// route reads ys's header and queues it for its group's Accept, or closes it.
+func (m *RaftMux) route(ys *yamux.Stream, peerID string) {
+	err := ys.SetReadDeadline(time.Now().Add(m.cfg.HeaderTimeout))
+	var group string
+	if err == nil {
+		group, err = readStreamHeader(ys)
+	}
+	if err == nil {
+		err = ys.SetReadDeadline(time.Time{})
+	}
+	if err != nil {
+		if m.ctx.Err() == nil {
+			m.log.Warn("transport: refused raft stream", "peer", peerID, "err", err)
+		}
+		ys.Close()
+		return
+	}
+	m.mu.Lock()
+	l := m.layers[group]
+	m.mu.Unlock()
+	if l == nil {
+		// A group not (yet) started here: raft retries.
+		m.log.Debug("transport: raft stream for an unknown group", "peer", peerID, "group", group)
+		ys.Close()
+		return
+	}
+	if !l.queueStream(&stream{Stream: ys, l: l, peer: peerID}) {
+		m.log.Warn("transport: refused raft stream: layer closed or its queue full", "peer", peerID, "group", group)
+		ys.Close()
+	}
+}
+
+// dial opens a stream of l's group to node id and writes its header.
+func (m *RaftMux) dial(l *RaftLayer, id string, timeout time.Duration) (net.Conn, error) {
+	if timeout <= 0 {
+		timeout = DefaultRaftDialTimeout
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, timeout)
+	defer cancel()
+	sess, err := m.session(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("transport: raft group %q: dial %s: %w", l.group, id, err)
+	}
+	ys, err := sess.OpenStream()
+	if err != nil {
+		return nil, fmt.Errorf("transport: raft group %q: dial %s: %w", l.group, id, err)
+	}
+	s := &stream{Stream: ys, l: l, peer: id}
+	if !l.track(s) {
+		ys.Close()
+		return nil, ErrClosed
+	}
+	deadline, _ := ctx.Deadline()
+	err = ys.SetWriteDeadline(deadline)
+	if err == nil {
+		_, err = ys.Write(appendStreamHeader(make([]byte, 0, maxHeaderLen), l.group))
+	}
+	if err == nil {
+		err = ys.SetWriteDeadline(time.Time{})
+	}
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("transport: raft group %q: dial %s: %w", l.group, id, err)
+	}
+	return s, nil
+}
+
+// session returns the live outbound session to node id, dialing one if
+// there is none, it died, or the node's address changed.
+func (m *RaftMux) session(ctx context.Context, id string) (*yamux.Session, error) {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, ErrClosed
+	}
+	p := m.peers[id]
+	if p == nil {
+		p = &peer{dialing: make(chan struct{}, 1)}
+		m.peers[id] = p
+	}
+	m.mu.Unlock()
+	select {
+	case p.dialing <- struct{}{}:
+	case <-ctx.Done():
+		return nil, m.ctxErr(ctx)
+	}
+	defer func() { <-p.dialing }()
+
+	addr, ok := m.cfg.Resolve(id)
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownNode, id)
+	}
+	m.mu.Lock()
+	old, oldAddr := p.sess, p.addr
+	m.mu.Unlock()
+	if old != nil && !old.IsClosed() && oldAddr == addr {
+		return old, nil
+	}
+	if old != nil {
+		old.Close() // dead, or the node moved
+	}
+	c, err := m.t.Dial(ctx, addr, ProtoRaft)
+	if err != nil {
+		return nil, err
+	}
+	if c.PeerID() != id {
+		c.Close()
+		return nil, fmt.Errorf("%w: %s is %q", ErrWrongPeer, addr, c.PeerID())
+	}
+	s, err := yamux.Client(c, m.ycfg)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	m.mu.Lock()
+	closed := m.closed
+	if !closed {
+		p.sess, p.addr = s, addr
+	}
+	m.mu.Unlock()
+	if closed {
+		s.Close()
+		return nil, ErrClosed
+	}
+	return s, nil
+}
+
+func (m *RaftMux) ctxErr(ctx context.Context) error {
+	if m.ctx.Err() != nil {
+		return ErrClosed
+	}
+	return ctx.Err()
+}
+
+// RaftLayer is one raft group's raft.StreamLayer on a RaftMux: its Accept
+// returns the group's inbound streams, its Dial opens streams of the
+// group to other nodes (ServerAddress values are node ids). Safe for
+// concurrent use.
+type RaftLayer struct {
+	m     *RaftMux
+	group string
+	queue chan *stream  // inbound streams waiting for Accept
+	done  chan struct{} // closed by Close
+
+	mu      sync.Mutex
+	closed  bool                 // guarded by mu
+	streams map[*stream]struct{} // guarded by mu: every open stream, queued, accepted or dialed
+
+	closeOnce sync.Once
+}
+
+var _ raft.StreamLayer = (*RaftLayer)(nil)
+
+// Accept waits for the group's next inbound stream. It returns ErrClosed
+// (wrapping net.ErrClosed) after the layer's or the mux's Close.
+func (l *RaftLayer) Accept() (net.Conn, error) {
+	select {
+	case s := <-l.queue:
+		return s, nil
+	case <-l.done:
+		return nil, fmt.Errorf("%w: %w", ErrClosed, net.ErrClosed)
+	}
+}
+
+// Dial opens a stream of the group to node string(address). timeout (or
+// DefaultRaftDialTimeout if zero) bounds resolving, dialing a session if
+// there is no live one, and writing the header; the mux's Close ends it.
+// It returns ErrUnknownNode, ErrWrongPeer, ErrClosed, or the dial's error.
+func (l *RaftLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	select {
+	case <-l.done:
+		return nil, ErrClosed
+	default:
+	}
+	return l.m.dial(l, string(address), timeout)
+}
+
+// Close unregisters the group (its streams are then refused), ends Accept
+// and closes every stream of the group, so raft's connection goroutines
+// on both ends return. Safe to call more than once.
+func (l *RaftLayer) Close() error {
+	l.closeOnce.Do(func() {
+		l.m.mu.Lock()
+		if l.m.layers[l.group] == l {
+			delete(l.m.layers, l.group)
+		}
+		l.m.mu.Unlock()
+		l.mu.Lock()
+		l.closed = true
+		close(l.done)
+		streams := l.streams
+		l.streams = nil
+		for len(l.queue) > 0 { // all of them are in streams too
+			<-l.queue
+		}
+		l.mu.Unlock()
+		for s := range streams {
+			s.Stream.Close()
+		}
+	})
+	return nil
+}
+
+// Addr is this node's id: raft takes it as its local ServerAddress.
+func (l *RaftLayer) Addr() net.Addr { return nodeAddr(l.m.t.NodeID()) }
+
+// queueStream hands s to Accept; false if the layer is closed or its
+// queue is full.
+func (l *RaftLayer) queueStream(s *stream) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	select {
+	case l.queue <- s:
+		l.streams[s] = struct{}{}
+		return true
+	default:
+		return false
+	}
+}
+
+// track records a dialed stream; false if the layer is closed.
+func (l *RaftLayer) track(s *stream) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.streams[s] = struct{}{}
+	return true
+}
+
+func (l *RaftLayer) forget(s *stream) {
+	l.mu.Lock()
+	delete(l.streams, s)
+	l.mu.Unlock()
+}
+
+// stream is a yamux stream of one group, addressed by node ids.
+type stream struct {
+	*yamux.Stream
+	l    *RaftLayer
+	peer string
+}
+
+// Close closes the stream and forgets it in its layer.
+func (s *stream) Close() error {
+	s.l.forget(s)
+	return s.Stream.Close()
+}
+
+func (s *stream) LocalAddr() net.Addr  { return nodeAddr(s.l.m.t.NodeID()) }
+func (s *stream) RemoteAddr() net.Addr { return nodeAddr(s.peer) }
+
+// nodeAddr is a node id as a net.Addr.
+type nodeAddr string
+
+func (a nodeAddr) Network() string { return "zeze-mq" }
+func (a nodeAddr) String() string  { return string(a) }
+
+// appendStreamHeader appends group's header (layout above MaxGroupIDLen).
+func appendStreamHeader(b []byte, group string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(group)))
+	return append(b, group...)
+}
+
+// readStreamHeader reads one stream header from r, and not a byte more.
+func readStreamHeader(r io.Reader) (string, error) {
+	var b [MaxGroupIDLen]byte
+	if _, err := io.ReadFull(r, b[:1]); err != nil {
+		return "", fmt.Errorf("%w: %w", errBadHeader, err)
+	}
+	n := int(b[0])
+	if n >= 0x80 {
+		if _, err := io.ReadFull(r, b[1:2]); err != nil {
+			return "", fmt.Errorf("%w: %w", errBadHeader, err)
+		}
+		if b[1] == 0 || b[1] >= 0x80 {
+			return "", fmt.Errorf("%w: length %#x %#x is not a minimal two-byte uvarint", errBadHeader, b[0], b[1])
+		}
+		n = n&0x7f | int(b[1])<<7
+	}
+	if n == 0 || n > MaxGroupIDLen {
+		return "", fmt.Errorf("%w: group id of %d bytes, want 1..%d", errBadHeader, n, MaxGroupIDLen)
+	}
+	if _, err := io.ReadFull(r, b[:n]); err != nil {
+		return "", fmt.Errorf("%w: %w", errBadHeader, err)
+	}
+	return string(b[:n]), nil
+}
+
+// yamuxLogger sends yamux's lines to the mux's logger at Debug: they are
+// about sessions ending, which the mux redials.
+type yamuxLogger struct{ l *slog.Logger }
+
+func (y yamuxLogger) Print(v ...any) { y.l.Debug(strings.TrimSpace(fmt.Sprint(v...))) }
+func (y yamuxLogger) Printf(format string, v ...any) {
+	y.l.Debug(strings.TrimSpace(fmt.Sprintf(format, v...)))
+}
+func (y yamuxLogger) Println(v ...any) { y.l.Debug(strings.TrimSpace(fmt.Sprintln(v...))) }
