@@ -327,12 +327,12 @@ func (cn *clientConn) readLoop() {
 		if ch == nil {
 			continue // its call gave up
 		}
-		ch <- decodeReply(f)
+		ch <- frameReply(f)
 	}
 }
 
-// decodeReply turns a reply frame into what its call returns.
-func decodeReply(f wire.Frame) reply {
+// frameReply turns a reply frame into what its call returns.
+func frameReply(f wire.Frame) reply {
 	switch f.Op {
 	case opReply:
 		return reply{payload: append([]byte{}, f.Payload...)}

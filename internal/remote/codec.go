@@ -123,6 +123,17 @@ func (d *decoder) bytes() []byte {
 	return out
 }
 
+// count reads a count of elements taking at least min bytes each, refusing
+// one the bytes left cannot hold.
+func (d *decoder) count(min int) uint64 {
+	n := d.uvarint()
+	if d.err == nil && n > uint64(len(d.b)/min) {
+		d.fail(fmt.Errorf("%d elements in %d bytes", n, len(d.b)))
+		return 0
+	}
+	return n
+}
+
 // str reads a string of at most max bytes.
 func (d *decoder) str(max int) string {
 	b := d.bytes()
@@ -199,10 +210,7 @@ func appendResult(dst []byte, r *store.Result) []byte {
 
 func (d *decoder) result() store.Result {
 	var r store.Result
-	n := d.uvarint()
-	if d.err == nil && n > uint64(len(d.b))/2 { // an ack takes two bytes at least
-		d.fail(fmt.Errorf("%d acks in %d bytes", n, len(d.b)))
-	}
+	n := d.count(2) // an ack takes two bytes at least
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		off := d.uvarint()
 		f := d.byte()
