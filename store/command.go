@@ -329,10 +329,10 @@ func decodeCommand(b []byte) (*Command, error) {
 	if r.err == nil && n > uint64(len(r.b)) { // every message takes at least a byte
 		return nil, fmt.Errorf("%d messages in %d bytes", n, len(r.b))
 	}
-	if n > 0 {
-		c.Msgs = make([]Message, n)
-	}
-	for i := range c.Msgs {
+	// Msgs grows as messages decode: a count is believed only as far as
+	// the messages are there, so a frame claiming millions of messages
+	// costs what it holds, not what it claims.
+	for i := uint64(0); i < n && r.err == nil; i++ {
 		rec := r.bytes()
 		flags := r.byte()
 		if r.err != nil {
@@ -341,10 +341,12 @@ func decodeCommand(b []byte) (*Command, error) {
 		if flags > 1 {
 			return nil, fmt.Errorf("message %d: flags %#x", i, flags)
 		}
-		if err := decodeMessagePayload(rec, &c.Msgs[i]); err != nil {
+		c.Msgs = append(c.Msgs, Message{})
+		m := &c.Msgs[len(c.Msgs)-1]
+		if err := decodeMessagePayload(rec, m); err != nil {
 			return nil, fmt.Errorf("message %d: %v", i, err)
 		}
-		c.Msgs[i].FreshID = flags == 1
+		m.FreshID = flags == 1
 	}
 	if r.err != nil {
 		return nil, r.err

@@ -110,6 +110,22 @@ func appendMessage(dst []byte, m *Message) []byte {
 	return mpInt32(dst, m.ReconsumeTimes)
 }
 
+// AppendMessage appends m's record payload to dst: every stored field but
+// Offset (the log key) and FreshID (a command's input), in the record
+// layout above without its CRC. Another node decodes it with DecodeMessage.
+func AppendMessage(dst []byte, m *Message) []byte { return appendMessage(dst, m) }
+
+// DecodeMessage decodes a payload written by AppendMessage, all of b, into
+// m; Offset is left as it was and FreshID false. Body is a copy. Malformed
+// input returns an error wrapping ErrCorrupt; nothing is allocated beyond
+// what b's length allows.
+func DecodeMessage(b []byte, m *Message) error {
+	if err := decodeMessagePayload(b, m); err != nil {
+		return fmt.Errorf("%w: message: %v", ErrCorrupt, err)
+	}
+	return nil
+}
+
 // decodeRecord checks the CRC of value (stored under key) and decodes it.
 // Every field of m is set; Body is a copy.
 func decodeRecord(key, value []byte, m *Message) error {
@@ -138,17 +154,17 @@ func decodeMessagePayload(b []byte, m *Message) error {
 	}
 	m.ID = r.str()
 	m.Key = r.str()
+	// Tags and Properties grow as their elements decode (a count is only
+	// checked against the bytes left, one byte an element, while a string
+	// header takes 16 and a map entry more).
 	m.Tags = nil
-	if nt := r.arrayLen(); nt > 0 {
-		m.Tags = make([]string, nt)
-		for i := range m.Tags {
-			m.Tags[i] = r.str()
-		}
+	for nt := r.arrayLen(); nt > 0 && r.err == nil; nt-- {
+		m.Tags = append(m.Tags, r.str())
 	}
 	m.Properties = nil
 	if np := r.mapLen(); np > 0 {
-		m.Properties = make(map[string]string, np)
-		for range np {
+		m.Properties = make(map[string]string, min(np, 8))
+		for ; np > 0 && r.err == nil; np-- {
 			k := r.str()
 			m.Properties[k] = r.str()
 		}

@@ -1,0 +1,376 @@
+package remote
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zeze-go/mq/internal/transport"
+	"github.com/zeze-go/mq/internal/wire"
+)
+
+// Defaults of ClientConfig's zero values.
+const (
+	DefaultDialTimeout       = 10 * time.Second
+	DefaultClientWriteTimout = 30 * time.Second
+)
+
+// ClientConfig configures a Client. Zero values take the defaults.
+type ClientConfig struct {
+	// MaxFrameBytes is the largest request sent: the transport's
+	// MaxFrameBytes (wire.DefaultMaxFrameBytes if zero). A larger one
+	// fails with wire.ErrFrameTooLarge before anything is written.
+	MaxFrameBytes int
+	// DialTimeout bounds one dial (DefaultDialTimeout if zero).
+	DialTimeout time.Duration
+	// WriteTimeout bounds the writing of one request
+	// (DefaultClientWriteTimout if zero); a write that does not finish
+	// breaks the connection.
+	WriteTimeout time.Duration
+}
+
+// Client calls one peer over one connection at a time: it dials on the
+// first call, and again on the first call after the connection broke.
+// Concurrent calls are pipelined on the connection, each frame carrying a
+// request id; a writer goroutine writes them in turn and a reader goroutine
+// hands each reply to its call. Safe for concurrent use.
+//
+// Lock order: Client.mu, then clientConn.mu.
+type Client struct {
+	dial   func(ctx context.Context) (*transport.Conn, error)
+	cfg    ClientConfig
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	nextID atomic.Uint64
+	bufs   sync.Pool // *[]byte request frames
+
+	mu      sync.Mutex
+	cn      *clientConn // guarded by mu: the connection, nil when none
+	dialing *dialing    // guarded by mu: the dial in progress, nil when none
+	closed  bool        // guarded by mu
+
+	closeOnce sync.Once
+}
+
+// dialing is one dial; cn and err are set before done is closed.
+type dialing struct {
+	done chan struct{}
+	cn   *clientConn
+	err  error
+}
+
+// NewClient returns a client that connects with dial. dial gets a ctx that
+// ends at cfg.DialTimeout or Close; it typically calls
+// (*transport.Transport).Dial(ctx, addr, transport.ProtoRPC) and checks the
+// peer's id. Nothing is dialed until the first Call. Close waits for the
+// goroutines a connection starts (a dialer, a reader and a writer).
+func NewClient(dial func(ctx context.Context) (*transport.Conn, error), cfg ClientConfig) *Client {
+	if cfg.MaxFrameBytes <= 0 {
+		cfg.MaxFrameBytes = wire.DefaultMaxFrameBytes
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultClientWriteTimout
+	}
+	c := &Client{dial: dial, cfg: cfg}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	return c
+}
+
+// MaxFrameBytes is the largest frame the client sends.
+func (c *Client) MaxFrameBytes() int { return c.cfg.MaxFrameBytes }
+
+// goFunc runs fn in a goroutine that Close waits for; the caller holds c.mu
+// and has checked c.closed, or runs in such a goroutine.
+func (c *Client) goFunc(fn func()) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		fn()
+	}()
+}
+
+// Call sends req as op and returns the reply's payload (the caller's). It
+// returns when the reply arrives; ctx's error as soon as ctx ends (a reply
+// arriving later is dropped, and the peer is asked to cancel the handler);
+// an error wrapping ErrUnavailable when the connection cannot be dialed or
+// breaks first: the request may then have run on the peer. A handler's
+// error comes back as an *Error that errors.Is its sentinel. After Close,
+// Call returns ErrClosed.
+func (c *Client) Call(ctx context.Context, op uint16, req []byte) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if op < FirstOp {
+		return nil, fmt.Errorf("remote: call of reserved op %d", op)
+	}
+	if n := wire.FrameHeaderSize + len(req); n > c.cfg.MaxFrameBytes {
+		return nil, fmt.Errorf("%w: request of %d bytes, limit %d", wire.ErrFrameTooLarge, n, c.cfg.MaxFrameBytes)
+	}
+	for attempt := 0; ; attempt++ {
+		cn, err := c.conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		id := c.nextID.Add(1)
+		ch := make(chan reply, 1)
+		if err := cn.register(id, ch); err != nil {
+			if attempt == 0 { // broke before this call used it: nothing was sent
+				continue
+			}
+			return nil, err
+		}
+		return c.roundTrip(ctx, cn, id, op, req, ch)
+	}
+}
+
+func (c *Client) roundTrip(ctx context.Context, cn *clientConn, id uint64, op uint16, req []byte, ch chan reply) ([]byte, error) {
+	bp, _ := c.bufs.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	*bp, _ = wire.AppendFrame((*bp)[:0], wire.Frame{ReqID: id, Op: op, Payload: req}, c.cfg.MaxFrameBytes)
+	select {
+	case cn.reqs <- bp: // the writer owns *bp now, and puts it back
+	case <-ctx.Done():
+		cn.unregister(id)
+		c.putBuf(bp)
+		return nil, ctx.Err()
+	case <-cn.done:
+		c.putBuf(bp)
+		return nil, cn.failure() // not written
+	}
+	select {
+	case r := <-ch:
+		return r.payload, r.err
+	case <-ctx.Done():
+		if cn.unregister(id) {
+			select {
+			case cn.cancels <- id:
+			default: // the writer is behind: the handler runs to its end
+			}
+		}
+		return nil, ctx.Err()
+	}
+}
+
+func (c *Client) putBuf(bp *[]byte) {
+	if cap(*bp) <= wbufKeep {
+		c.bufs.Put(bp)
+	}
+}
+
+// conn returns the connection, dialing it if there is none.
+func (c *Client) conn(ctx context.Context) (*clientConn, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if cn := c.cn; cn != nil {
+		c.mu.Unlock()
+		return cn, nil
+	}
+	d := c.dialing
+	if d == nil {
+		d = &dialing{done: make(chan struct{})}
+		c.dialing = d
+		c.goFunc(func() { c.dialOnce(d) })
+	}
+	c.mu.Unlock()
+	select {
+	case <-d.done:
+		return d.cn, d.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// dialOnce dials for d and, on success, starts the connection's reader and
+// writer.
+func (c *Client) dialOnce(d *dialing) {
+	defer close(d.done)
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
+	tc, err := c.dial(ctx)
+	cancel()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dialing = nil
+	switch {
+	case c.closed:
+		if tc != nil {
+			tc.Close()
+		}
+		d.err = ErrClosed
+		return
+	case err != nil:
+		d.err = fmt.Errorf("%w: dial: %w", ErrUnavailable, err)
+		return
+	}
+	cn := &clientConn{
+		c:       c,
+		tc:      tc,
+		reqs:    make(chan *[]byte),
+		cancels: make(chan uint64, 64),
+		done:    make(chan struct{}),
+		pending: make(map[uint64]chan reply),
+	}
+	c.cn, d.cn = cn, cn
+	c.goFunc(cn.readLoop)
+	c.goFunc(cn.writeLoop)
+}
+
+// Close fails the calls in flight (with an error wrapping ErrClosed and
+// ErrUnavailable), closes the connection and waits for the client's
+// goroutines. Safe to call more than once and concurrently with Call.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		cn := c.cn
+		c.cn = nil
+		c.mu.Unlock()
+		c.cancel()
+		if cn != nil {
+			cn.fail(fmt.Errorf("%w: %w", ErrUnavailable, ErrClosed))
+		}
+		c.wg.Wait()
+	})
+	return nil
+}
+
+// reply is what a call receives.
+type reply struct {
+	payload []byte
+	err     error
+}
+
+// clientConn is one connection of a Client.
+type clientConn struct {
+	c       *Client
+	tc      *transport.Conn
+	reqs    chan *[]byte  // frames for the writer
+	cancels chan uint64   // ids of calls given up, for the writer
+	done    chan struct{} // closed when the connection broke
+
+	mu      sync.Mutex
+	pending map[uint64]chan reply // guarded by mu; nil once broken
+	err     error                 // guarded by mu: why it broke
+}
+
+func (cn *clientConn) register(id uint64, ch chan reply) error {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.pending == nil {
+		return cn.err
+	}
+	cn.pending[id] = ch
+	return nil
+}
+
+// unregister forgets call id; false if it was not pending (its reply or
+// the failure came).
+func (cn *clientConn) unregister(id uint64) bool {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	_, ok := cn.pending[id]
+	delete(cn.pending, id)
+	return ok
+}
+
+func (cn *clientConn) failure() error {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	return cn.err
+}
+
+// fail breaks the connection once: every pending call gets err, which
+// wraps ErrUnavailable.
+func (cn *clientConn) fail(err error) {
+	cn.mu.Lock()
+	if cn.pending == nil {
+		cn.mu.Unlock()
+		return
+	}
+	pending := cn.pending
+	cn.pending, cn.err = nil, err
+	close(cn.done)
+	cn.mu.Unlock()
+	cn.tc.Close()
+	for _, ch := range pending {
+		ch <- reply{err: err}
+	}
+	cn.c.mu.Lock()
+	if cn.c.cn == cn {
+		cn.c.cn = nil
+	}
+	cn.c.mu.Unlock()
+}
+
+func (cn *clientConn) readLoop() {
+	fr := cn.tc.FrameReader()
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			cn.fail(fmt.Errorf("%w: read: %w", ErrUnavailable, err))
+			return
+		}
+		cn.mu.Lock()
+		ch := cn.pending[f.ReqID]
+		delete(cn.pending, f.ReqID)
+		cn.mu.Unlock()
+		if ch == nil {
+			continue // its call gave up
+		}
+		ch <- frameReply(f)
+	}
+}
+
+// frameReply turns a reply frame into what its call returns.
+func frameReply(f wire.Frame) reply {
+	switch f.Op {
+	case opReply:
+		return reply{payload: append([]byte{}, f.Payload...)}
+	case opError:
+		e, err := decodeError(f.Payload)
+		if err != nil {
+			return reply{err: err}
+		}
+		return reply{err: e}
+	}
+	return reply{err: fmt.Errorf("%w: reply with op %d", ErrProtocol, f.Op)}
+}
+
+func (cn *clientConn) writeLoop() {
+	var cbuf []byte
+	for {
+		var err error
+		select {
+		case bp := <-cn.reqs:
+			err = cn.write(*bp)
+			cn.c.putBuf(bp)
+		case id := <-cn.cancels:
+			cbuf, _ = wire.AppendFrame(cbuf[:0], wire.Frame{ReqID: id, Op: opCancel}, cn.c.cfg.MaxFrameBytes)
+			err = cn.write(cbuf)
+		case <-cn.done:
+			return
+		}
+		if err != nil {
+			cn.fail(fmt.Errorf("%w: write: %w", ErrUnavailable, err))
+			return
+		}
+	}
+}
+
+func (cn *clientConn) write(b []byte) error {
+	if err := cn.tc.SetWriteDeadline(time.Now().Add(cn.c.cfg.WriteTimeout)); err != nil {
+		return err
+	}
+	_, err := cn.tc.Write(b)
+	return err
+}
