@@ -1,0 +1,198 @@
+package cluster
+
+import (
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/zeze-go/mq/internal/wire"
+)
+
+// A command's encoding, the data of one raft log entry:
+//
+//	[1] cmdMagic
+//	[1] cmdVersion
+//	[1] kind (kindRegisterNode …)
+//	[…] the command struct as a msgpack array, fields in declaration order
+//
+// New fields go at the end of a struct with a new version; a decoder refuses
+// versions it does not know (a newer node's entry is corruption to an older
+// one, so nodes are upgraded before new commands are proposed).
+const (
+	cmdMagic   = 0xC1 // never the first byte of a msgpack value
+	cmdVersion = 1
+)
+
+// Command kinds, the third byte of an encoded command.
+const (
+	kindRegisterNode = 1 + iota
+	kindNodeDown
+	kindCreateTopic
+	kindAlterTopic
+	kindJoinGroup
+	kindLeaveGroup
+	kindReleased
+	kindSetACL
+)
+
+// Command is one mutation of the metadata state: one of RegisterNode,
+// NodeDown, CreateTopic, AlterTopic, JoinGroup, LeaveGroup, Released,
+// SetACL. A command carries inputs only; what it does is decided by Apply
+// from the state, identically on every node.
+type Command interface {
+	kind() byte
+}
+
+// RegisterNode adds a node or updates its address. A node marked down comes
+// back up with a new session. Voter records whether the node is a raft voter
+// of the metadata group (the leader decides, see Meta.AddNode).
+type RegisterNode struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	ID       string
+	Addr     string
+	Voter    bool
+}
+
+// NodeDown marks a node down, proposed by the leader when the node's
+// session expires. Its consumer-group members leave their groups; its
+// partitions keep their placement. A NodeDown for an older Session than the
+// node's current one is refused with ErrStaleSession.
+type NodeDown struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	ID       string
+	Session  uint64
+}
+
+// CreateTopic creates a topic and places its partitions. Type is the
+// replication type (TypeSingle, TypeDoubleWrite, TypeRaft3); Replicas is the
+// replica count per partition, 0 for the type's own (1, 2 or 3). Now (unix
+// ns) is stamped by the proposer.
+type CreateTopic struct {
+	_msgpack   struct{} `msgpack:",as_array"`
+	Name       string
+	Partitions int
+	Type       uint8
+	Replicas   int
+	Now        int64
+}
+
+// AlterTopic raises a topic's partition count, placing only the added
+// partitions. The same count is a no-op; a lower one is ErrPartitionDecrease.
+type AlterTopic struct {
+	_msgpack   struct{} `msgpack:",as_array"`
+	Name       string
+	Partitions int
+}
+
+// JoinGroup adds member Member, running on node Node, to consumer group
+// Group of Topic and rebalances the group. Joining again from the same node
+// changes nothing.
+type JoinGroup struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Topic    string
+	Group    string
+	Member   string
+	Node     string
+}
+
+// LeaveGroup removes a member from its group: its partitions are free at
+// once (the member has stopped) and the group is rebalanced.
+type LeaveGroup struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Topic    string
+	Group    string
+	Member   string
+}
+
+// Released is the second step of moving a partition: Member, from which the
+// partition is being revoked, has stopped consuming it (and committed its
+// offsets). Generation is the group generation at which the member saw the
+// revocation; it must not be older than the revocation itself.
+type Released struct {
+	_msgpack   struct{} `msgpack:",as_array"`
+	Topic      string
+	Group      string
+	Partition  int
+	Member     string
+	Generation uint64
+}
+
+// SetACL replaces the access rules. An empty list disables access control.
+type SetACL struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Rules    []Rule
+}
+
+func (RegisterNode) kind() byte { return kindRegisterNode }
+func (NodeDown) kind() byte     { return kindNodeDown }
+func (CreateTopic) kind() byte  { return kindCreateTopic }
+func (AlterTopic) kind() byte   { return kindAlterTopic }
+func (JoinGroup) kind() byte    { return kindJoinGroup }
+func (LeaveGroup) kind() byte   { return kindLeaveGroup }
+func (Released) kind() byte     { return kindReleased }
+func (SetACL) kind() byte       { return kindSetACL }
+
+// EncodeCommand returns c's encoding (the layout above).
+func EncodeCommand(c Command) ([]byte, error) {
+	body, err := msgpack.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("encode %T: %w", c, err)
+	}
+	return append([]byte{cmdMagic, cmdVersion, c.kind()}, body...), nil
+}
+
+// DecodeCommand decodes an encoded command. Damaged or foreign bytes return
+// ErrCorrupt; what is decoded is not yet checked against the limits, which
+// Apply does.
+func DecodeCommand(b []byte) (Command, error) {
+	if len(b) < 4 {
+		return nil, fmt.Errorf("%w: command of %d bytes", ErrCorrupt, len(b))
+	}
+	if b[0] != cmdMagic || b[1] != cmdVersion {
+		return nil, fmt.Errorf("%w: command magic/version %#x %d", ErrCorrupt, b[0], b[1])
+	}
+	var c Command
+	var err error
+	switch k, body := b[2], b[3:]; k {
+	case kindRegisterNode:
+		c, err = decodeAs[RegisterNode](body)
+	case kindNodeDown:
+		c, err = decodeAs[NodeDown](body)
+	case kindCreateTopic:
+		c, err = decodeAs[CreateTopic](body)
+	case kindAlterTopic:
+		c, err = decodeAs[AlterTopic](body)
+	case kindJoinGroup:
+		c, err = decodeAs[JoinGroup](body)
+	case kindLeaveGroup:
+		c, err = decodeAs[LeaveGroup](body)
+	case kindReleased:
+		c, err = decodeAs[Released](body)
+	case kindSetACL:
+		c, err = decodeAs[SetACL](body)
+	default:
+		return nil, fmt.Errorf("%w: command kind %d", ErrCorrupt, k)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// decodeAs decodes body as a T, which must be a msgpack array (never a map
+// of field names).
+func decodeAs[T any](body []byte) (T, error) {
+	var v T
+	if !isArray(body) {
+		return v, fmt.Errorf("%w: %T is not a msgpack array", ErrCorrupt, v)
+	}
+	if err := wire.Unmarshal(body, &v); err != nil {
+		return v, fmt.Errorf("%w: %T: %v", ErrCorrupt, v, err)
+	}
+	return v, nil
+}
+
+// isArray reports whether b starts with a msgpack array header.
+func isArray(b []byte) bool {
+	return len(b) > 0 && (b[0]&0xf0 == 0x90 || b[0] == 0xdc || b[0] == 0xdd)
+}

@@ -1,0 +1,100 @@
+package cluster
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+)
+
+// fsm is the metadata group's raft.FSM. Raft calls Apply, Snapshot and
+// Restore from one goroutine; readers load the current State without a lock.
+type fsm struct {
+	cur atomic.Pointer[State]
+	log *slog.Logger
+}
+
+var _ raft.FSM = (*fsm)(nil)
+
+func newFSM(log *slog.Logger) *fsm {
+	f := &fsm{log: log}
+	f.cur.Store(newState())
+	return f
+}
+
+// state returns the current State.
+func (f *fsm) state() *State { return f.cur.Load() }
+
+// applyResponse is what fsm.Apply returns to raft's ApplyFuture.
+type applyResponse struct {
+	res Result
+	err error
+}
+
+// applyCommand applies c at log index index and publishes the new State.
+func (f *fsm) applyCommand(index uint64, c Command) (Result, error) {
+	next, res, err := f.state().apply(index, c)
+	if err != nil {
+		return res, err
+	}
+	f.publish(next)
+	return res, nil
+}
+
+// publish makes s the current State and wakes the watchers of the old one.
+func (f *fsm) publish(s *State) {
+	s.changed = make(chan struct{})
+	old := f.cur.Swap(s)
+	close(old.changed)
+}
+
+// Apply implements raft.FSM.
+func (f *fsm) Apply(l *raft.Log) any {
+	c, err := DecodeCommand(l.Data)
+	if err != nil {
+		// Every node refuses the same bytes alike.
+		f.log.Error("metadata log entry does not decode", "index", l.Index, "err", err)
+		return applyResponse{Result{Index: l.Index}, err}
+	}
+	res, err := f.applyCommand(l.Index, c)
+	return applyResponse{res, err}
+}
+
+// Snapshot implements raft.FSM: the current State is immutable, so the
+// snapshot is the pointer, encoded in Persist.
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	return fsmSnapshot{f.state()}, nil
+}
+
+// Restore implements raft.FSM.
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return fmt.Errorf("read metadata snapshot: %w", err)
+	}
+	s, err := DecodeSnapshot(b)
+	if err != nil {
+		return err
+	}
+	f.publish(s)
+	return nil
+}
+
+type fsmSnapshot struct{ s *State }
+
+func (fs fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	b, err := EncodeSnapshot(fs.s)
+	if err == nil {
+		_, err = sink.Write(b)
+	}
+	if err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("persist metadata snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (fsmSnapshot) Release() {}

@@ -1,0 +1,472 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+)
+
+// MaxVoters is the number of raft voters of the metadata group; further
+// nodes join as nonvoters.
+const MaxVoters = 5
+
+// DefaultSessionTimeout is MetaConfig.SessionTimeout's default.
+const DefaultSessionTimeout = 5 * time.Second
+
+// MetaConfig configures OpenMeta. NodeID, Dir and Transport are required;
+// zero durations take raft's defaults.
+type MetaConfig struct {
+	NodeID    string         // this node's id ([A-Za-z0-9._-], 1..64 bytes)
+	Dir       string         // raft.db (log and stable store) and snapshots/
+	Transport raft.Transport // the group's network; LocalAddr is this node's address
+	Logger    *slog.Logger   // raft's logs and ours; nil for none
+
+	// Bootstrap makes this node, if it has no raft state yet, the single
+	// voter of a new group (the first seed). Without state and without
+	// Bootstrap the node waits to be added by the leader.
+	Bootstrap bool
+
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	CommitTimeout      time.Duration
+	SnapshotThreshold  uint64 // log entries between snapshots
+	TrailingLogs       uint64 // log entries kept after a snapshot
+
+	// SessionTimeout is how long the leader waits for a node's heartbeat
+	// before it marks the node down (DefaultSessionTimeout if 0).
+	SessionTimeout time.Duration
+}
+
+// Meta is this node's member of the metadata raft group: the replicated
+// State, proposals on the leader, and, while leader, the node sessions.
+// Safe for concurrent use.
+//
+// Lock order: lifeMu, then sessMu; neither is held across a raft call that
+// waits.
+type Meta struct {
+	id      string
+	addr    string
+	log     *slog.Logger
+	timeout time.Duration // session timeout
+	raft    *raft.Raft
+	fsm     *fsm
+	store   *raftboltdb.BoltStore
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the session loop and the waiters of raft futures
+
+	lifeMu sync.Mutex
+	closed bool // guarded by lifeMu; no wg.Add once set
+
+	closeOnce sync.Once
+	closeErr  error
+
+	sessMu   sync.Mutex
+	sessTerm uint64             // guarded by sessMu: the term sessions belong to
+	sessions map[string]session // guarded by sessMu: node id → its session here
+}
+
+// session is what the leader knows of a node's session: when it last heard
+// from it, in leader memory only.
+type session struct {
+	last    time.Time
+	session uint64
+}
+
+// OpenMeta opens (or bootstraps) this node's member of the metadata group
+// and starts raft and the session loop, one goroutine that, while this node
+// leads, marks nodes down whose heartbeats stopped and registers this node
+// itself. Close stops both.
+func OpenMeta(cfg MetaConfig) (*Meta, error) {
+	if err := checkNodeID(cfg.NodeID); err != nil {
+		return nil, err
+	}
+	if cfg.Dir == "" || cfg.Transport == nil {
+		return nil, fmt.Errorf("%w: MetaConfig needs Dir and Transport", ErrInvalid)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	conf := raft.DefaultConfig()
+	conf.LocalID = raft.ServerID(cfg.NodeID)
+	conf.Logger = newHCLogger(log, "raft")
+	conf.NoLegacyTelemetry = true
+	if cfg.HeartbeatTimeout > 0 {
+		conf.HeartbeatTimeout = cfg.HeartbeatTimeout
+		conf.LeaderLeaseTimeout = min(conf.LeaderLeaseTimeout, cfg.HeartbeatTimeout)
+		conf.ElectionTimeout = max(conf.ElectionTimeout, cfg.HeartbeatTimeout)
+	}
+	if cfg.ElectionTimeout > 0 {
+		conf.ElectionTimeout = cfg.ElectionTimeout
+	}
+	if cfg.LeaderLeaseTimeout > 0 {
+		conf.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	}
+	if cfg.CommitTimeout > 0 {
+		conf.CommitTimeout = cfg.CommitTimeout
+	}
+	if cfg.SnapshotThreshold > 0 {
+		conf.SnapshotThreshold = cfg.SnapshotThreshold
+	}
+	if cfg.TrailingLogs > 0 {
+		conf.TrailingLogs = cfg.TrailingLogs
+	}
+	if err := raft.ValidateConfig(conf); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	timeout := cfg.SessionTimeout
+	if timeout <= 0 {
+		timeout = DefaultSessionTimeout
+	}
+
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("metadata dir: %w", err)
+	}
+	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")})
+	if err != nil {
+		return nil, fmt.Errorf("open metadata log: %w", err)
+	}
+	m := &Meta{
+		id:       cfg.NodeID,
+		addr:     string(cfg.Transport.LocalAddr()),
+		log:      log,
+		timeout:  timeout,
+		fsm:      newFSM(log),
+		store:    store,
+		sessions: map[string]session{},
+	}
+	m.raft, err = func() (*raft.Raft, error) {
+		snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, newHCLogger(log, "raft-snapshots"))
+		if err != nil {
+			return nil, fmt.Errorf("open metadata snapshots: %w", err)
+		}
+		existing, err := raft.HasExistingState(store, store, snaps)
+		if err != nil {
+			return nil, fmt.Errorf("metadata state: %w", err)
+		}
+		if cfg.Bootstrap && !existing {
+			boot := raft.Configuration{Servers: []raft.Server{{
+				Suffrage: raft.Voter, ID: conf.LocalID, Address: cfg.Transport.LocalAddr(),
+			}}}
+			if err := raft.BootstrapCluster(conf, store, store, snaps, cfg.Transport, boot); err != nil {
+				return nil, fmt.Errorf("bootstrap metadata group: %w", err)
+			}
+		}
+		r, err := raft.NewRaft(conf, m.fsm, store, store, snaps, cfg.Transport)
+		if err != nil {
+			return nil, fmt.Errorf("start metadata raft: %w", err)
+		}
+		return r, nil
+	}()
+	if err != nil {
+		_ = store.Close()
+		return nil, err
+	}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.sessionLoop()
+	}()
+	return m, nil
+}
+
+// Close stops the session loop and raft, waits for them and closes the log.
+// It is idempotent and safe to call concurrently; afterwards Propose,
+// AddNode and Heartbeat return ErrClosed, and State returns the last state.
+func (m *Meta) Close() error {
+	m.closeOnce.Do(func() {
+		m.lifeMu.Lock()
+		m.closed = true
+		m.lifeMu.Unlock()
+		m.cancel()
+		// Shutdown fails every pending future, which ends their waiters.
+		err := m.raft.Shutdown().Error()
+		m.wg.Wait()
+		if e := m.store.Close(); err == nil && e != nil {
+			err = fmt.Errorf("close metadata log: %w", e)
+		}
+		m.closeErr = err
+	})
+	return m.closeErr
+}
+
+// enter registers one more goroutine with wg, or reports false once Close
+// has begun.
+func (m *Meta) enter() bool {
+	m.lifeMu.Lock()
+	defer m.lifeMu.Unlock()
+	if m.closed {
+		return false
+	}
+	m.wg.Add(1)
+	return true
+}
+
+func (m *Meta) isClosed() bool {
+	m.lifeMu.Lock()
+	defer m.lifeMu.Unlock()
+	return m.closed
+}
+
+// State returns the current state, immutable; State().Changed() is closed
+// when a newer one is published.
+func (m *Meta) State() *State { return m.fsm.state() }
+
+// Watch returns a channel closed on the next applied change (then call
+// Watch or State again). To read a state and wait for the next one without
+// a gap, use State().Changed().
+func (m *Meta) Watch() <-chan struct{} { return m.fsm.state().Changed() }
+
+// Leader returns the metadata leader's node id and address, empty if none is
+// known.
+func (m *Meta) Leader() (id, addr string) {
+	a, i := m.raft.LeaderWithID()
+	return string(i), string(a)
+}
+
+// IsLeader reports whether this node is the metadata leader.
+func (m *Meta) IsLeader() bool { return m.raft.State() == raft.Leader }
+
+func (m *Meta) notLeader() error {
+	id, addr := m.Leader()
+	return &NotLeaderError{LeaderID: id, LeaderAddr: addr}
+}
+
+// Propose applies c through the group and returns its Result or the error
+// Apply returned (ErrTopicExists, ErrNoTopic, …). It blocks until c is
+// applied on this node, ctx ends or Meta closes. Other errors:
+// *NotLeaderError (ErrNotLeader) off the leader, with nothing applied;
+// ErrUnknownOutcome when leadership was lost while committing or ctx ended
+// after c was handed to raft; ErrClosed.
+func (m *Meta) Propose(ctx context.Context, c Command) (Result, error) {
+	b, err := EncodeCommand(c)
+	if err != nil {
+		return Result{}, err
+	}
+	if m.isClosed() {
+		return Result{}, ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	if m.raft.State() != raft.Leader {
+		return Result{}, m.notLeader()
+	}
+	var f raft.ApplyFuture
+	err = m.wait(ctx, func() raft.Future {
+		f = m.raft.Apply(b, enqueueTimeout(ctx))
+		return f
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	resp, ok := f.Response().(applyResponse)
+	if !ok {
+		return Result{}, fmt.Errorf("%w: response %T", ErrUnknownOutcome, f.Response())
+	}
+	return resp.res, resp.err
+}
+
+// enqueueTimeout is how long raft may take to accept an entry: ctx's
+// deadline, or no limit.
+func enqueueTimeout(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return max(time.Until(d), time.Millisecond)
+	}
+	return 0
+}
+
+// wait starts start's raft call and waits for its future, which a goroutine
+// owned by m watches so that ctx can end the wait; Close ends it by shutting
+// raft down.
+func (m *Meta) wait(ctx context.Context, start func() raft.Future) error {
+	if !m.enter() {
+		return ErrClosed
+	}
+	f := start()
+	done := make(chan error, 1)
+	go func() {
+		defer m.wg.Done()
+		done <- f.Error()
+	}()
+	select {
+	case err := <-done:
+		return m.raftErr(err)
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %w", ErrUnknownOutcome, ctx.Err())
+	}
+}
+
+// raftErr translates an error of a raft future. Unknown errors are unknown
+// outcomes: an entry raft accepted may have been committed.
+func (m *Meta) raftErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		return fmt.Errorf("%w (%v)", m.notLeader(), err)
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		return fmt.Errorf("cluster: not proposed: %w (%v)", context.DeadlineExceeded, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return fmt.Errorf("%w: %w (%v)", ErrUnknownOutcome, ErrClosed, err)
+	default:
+		return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
+	}
+}
+
+// AddNode registers a node on the leader: it joins the raft configuration
+// as a voter while the group has fewer than MaxVoters, else as a nonvoter,
+// then RegisterNode records it (up, with a new session if it was down).
+// Calling it again for a known node is how a node comes back up. It blocks
+// like Propose and returns its errors.
+func (m *Meta) AddNode(ctx context.Context, id, addr string) error {
+	if err := checkNodeID(id); err != nil {
+		return err
+	}
+	if m.isClosed() {
+		return ErrClosed
+	}
+	if m.raft.State() != raft.Leader {
+		return m.notLeader()
+	}
+	cf := m.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return m.raftErr(err)
+	}
+	voters, found := 0, (*raft.Server)(nil)
+	for _, srv := range cf.Configuration().Servers {
+		if srv.Suffrage == raft.Voter {
+			voters++
+		}
+		if string(srv.ID) == id {
+			found = &srv
+		}
+	}
+	voter := voters < MaxVoters
+	if found != nil {
+		voter = found.Suffrage == raft.Voter
+	}
+	if found == nil || string(found.Address) != addr {
+		err := m.wait(ctx, func() raft.Future {
+			if voter {
+				return m.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, enqueueTimeout(ctx))
+			}
+			return m.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, enqueueTimeout(ctx))
+		})
+		if err != nil {
+			return fmt.Errorf("add %s to the metadata group: %w", id, err)
+		}
+	}
+	if _, err := m.Propose(ctx, RegisterNode{ID: id, Addr: addr, Voter: voter}); err != nil {
+		return fmt.Errorf("register %s: %w", id, err)
+	}
+	return nil
+}
+
+// Heartbeat records, on the leader, that node id is alive. It returns
+// ErrNotLeader off the leader, ErrNoNode for a node never registered and
+// ErrNodeDown for a node marked down (it registers again with AddNode).
+// Heartbeats are leader memory, not log entries.
+func (m *Meta) Heartbeat(id string) error {
+	if m.isClosed() {
+		return ErrClosed
+	}
+	if m.raft.State() != raft.Leader {
+		return m.notLeader()
+	}
+	term := m.raft.CurrentTerm()
+	nd, ok := m.State().Node(id)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %q", ErrNoNode, id)
+	case !nd.Up:
+		return fmt.Errorf("%w: %s", ErrNodeDown, id)
+	}
+	m.sessMu.Lock()
+	defer m.sessMu.Unlock()
+	m.resetSessions(term)
+	m.sessions[id] = session{last: time.Now(), session: nd.Session}
+	return nil
+}
+
+// resetSessions starts every session afresh when term is a new leadership:
+// a new leader gives every node a full timeout. sessMu is held.
+func (m *Meta) resetSessions(term uint64) {
+	if m.sessTerm != term {
+		m.sessTerm = term
+		clear(m.sessions)
+	}
+}
+
+// sessionLoop runs checkSessions on a ticker, and at once when this node
+// becomes leader, until Close.
+func (m *Meta) sessionLoop() {
+	t := time.NewTicker(min(max(m.timeout/10, 5*time.Millisecond), 200*time.Millisecond))
+	defer t.Stop()
+	leaderCh := m.raft.LeaderCh()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		case <-leaderCh:
+		}
+		m.checkSessions(time.Now())
+	}
+}
+
+// checkSessions, on the leader, registers this node if the state does not
+// have it up at its address, and proposes NodeDown for every other up node
+// not heard from within the session timeout. Failed proposals are retried on
+// the next tick.
+func (m *Meta) checkSessions(now time.Time) {
+	if m.raft.State() != raft.Leader {
+		return
+	}
+	term := m.raft.CurrentTerm()
+	s := m.State()
+	var expired []NodeDown
+	m.sessMu.Lock()
+	m.resetSessions(term)
+	for _, nd := range s.Nodes() {
+		if nd.ID == m.id || !nd.Up {
+			delete(m.sessions, nd.ID)
+			continue
+		}
+		se, ok := m.sessions[nd.ID]
+		if !ok || se.session != nd.Session {
+			m.sessions[nd.ID] = session{last: now, session: nd.Session}
+			continue
+		}
+		if now.Sub(se.last) > m.timeout {
+			expired = append(expired, NodeDown{ID: nd.ID, Session: nd.Session})
+		}
+	}
+	m.sessMu.Unlock()
+
+	ctx, cancel := context.WithTimeout(m.ctx, m.timeout)
+	defer cancel()
+	if self, ok := s.Node(m.id); !ok || !self.Up || self.Addr != m.addr || !self.Voter {
+		if _, err := m.Propose(ctx, RegisterNode{ID: m.id, Addr: m.addr, Voter: true}); err != nil {
+			m.log.Warn("metadata leader cannot register itself", "node", m.id, "err", err)
+		}
+	}
+	for _, c := range expired {
+		m.log.Info("node session expired", "node", c.ID, "session", c.Session)
+		if _, err := m.Propose(ctx, c); err != nil && !errors.Is(err, ErrStaleSession) {
+			m.log.Warn("cannot mark node down", "node", c.ID, "err", err)
+		}
+	}
+}

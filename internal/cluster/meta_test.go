@@ -1,0 +1,531 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// waitFor is the deadline of every wait in these tests: generous, since the
+// machine is small and shared and -race slows raft down; a healthy run
+// takes a fraction of it.
+const waitFor = 30 * time.Second
+
+// testCluster is a metadata group on raft's in-memory transport; node i is
+// "n<i>", its address is its id.
+type testCluster struct {
+	t       testing.TB
+	session time.Duration
+	mu      sync.Mutex // guards the maps: the heartbeat goroutine reads metas
+	dirs    map[string]string
+	trans   map[string]*raft.InmemTransport
+	metas   map[string]*Meta
+	logs    map[string]*captureHandler
+}
+
+func newTestCluster(t testing.TB, session time.Duration) *testCluster {
+	c := &testCluster{
+		t:       t,
+		session: session,
+		dirs:    map[string]string{},
+		trans:   map[string]*raft.InmemTransport{},
+		metas:   map[string]*Meta{},
+		logs:    map[string]*captureHandler{},
+	}
+	t.Cleanup(func() {
+		for _, id := range c.open() {
+			c.stop(id)
+		}
+	})
+	return c
+}
+
+// start opens node id (from its directory if it ran before) on a new
+// transport connected both ways to every running node.
+func (c *testCluster) start(id string, bootstrap bool) *Meta {
+	c.t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	dir, ok := c.dirs[id]
+	if !ok {
+		dir = c.t.TempDir()
+		c.dirs[id] = dir
+	}
+	_, tr := raft.NewInmemTransport(raft.ServerAddress(id))
+	for peer, ptr := range c.trans {
+		tr.Connect(raft.ServerAddress(peer), ptr)
+		ptr.Connect(raft.ServerAddress(id), tr)
+	}
+	c.trans[id] = tr
+	h := &captureHandler{}
+	c.logs[id] = h
+	m, err := OpenMeta(MetaConfig{
+		NodeID:             id,
+		Dir:                dir,
+		Transport:          tr,
+		Logger:             slog.New(h),
+		Bootstrap:          bootstrap,
+		HeartbeatTimeout:   100 * time.Millisecond,
+		ElectionTimeout:    100 * time.Millisecond,
+		LeaderLeaseTimeout: 50 * time.Millisecond,
+		CommitTimeout:      5 * time.Millisecond,
+		TrailingLogs:       4,
+		SessionTimeout:     c.session,
+	})
+	if err != nil {
+		c.t.Fatalf("open %s: %v", id, err)
+	}
+	c.metas[id] = m
+	return m
+}
+
+// stop closes node id and cuts it off the others' transports.
+func (c *testCluster) stop(id string) {
+	c.t.Helper()
+	c.mu.Lock()
+	m := c.metas[id]
+	delete(c.metas, id)
+	tr := c.trans[id]
+	delete(c.trans, id)
+	for _, ptr := range c.trans {
+		ptr.Disconnect(raft.ServerAddress(id))
+	}
+	c.mu.Unlock()
+	if err := m.Close(); err != nil {
+		c.t.Errorf("close %s: %v", id, err)
+	}
+	_ = tr.Close()
+}
+
+func (c *testCluster) open() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ids []string
+	for id := range c.metas {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func (c *testCluster) meta(id string) *Meta {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.metas[id]
+}
+
+// leader waits for a running node that is the leader and has applied its
+// own registration.
+func (c *testCluster) leader() *Meta {
+	c.t.Helper()
+	var m *Meta
+	eventually(c.t, "a leader", func() bool {
+		for _, id := range c.open() {
+			if x := c.meta(id); x != nil && x.IsLeader() {
+				if n, ok := x.State().Node(id); ok && n.Up {
+					m = x
+					return true
+				}
+			}
+		}
+		return false
+	})
+	return m
+}
+
+// propose applies cmd on whichever node leads, retrying while leadership
+// moves (an unknown outcome is retried too, so cmd must be safe to repeat
+// or the test must accept its error).
+func (c *testCluster) propose(cmd Command) (Result, error) {
+	c.t.Helper()
+	var res Result
+	var err error
+	eventually(c.t, fmt.Sprintf("%T applied", cmd), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		res, err = c.leader().Propose(ctx, cmd)
+		return !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrUnknownOutcome)
+	})
+	return res, err
+}
+
+func (c *testCluster) mustPropose(cmd Command) Result {
+	c.t.Helper()
+	res, err := c.propose(cmd)
+	if err != nil {
+		c.t.Fatalf("%T %+v: %v", cmd, cmd, err)
+	}
+	return res
+}
+
+// addNode starts node id and adds it through the leader.
+func (c *testCluster) addNode(id string) *Meta {
+	c.t.Helper()
+	m := c.start(id, false)
+	eventually(c.t, "add "+id, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := c.leader().AddNode(ctx, id, id)
+		return err == nil
+	})
+	return m
+}
+
+// synced waits until every running node's state encodes like want's.
+func (c *testCluster) synced(want *Meta) {
+	c.t.Helper()
+	eventually(c.t, "states equal", func() bool {
+		w, err := EncodeSnapshot(want.State())
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		for _, id := range c.open() {
+			g, err := EncodeSnapshot(c.meta(id).State())
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			if !bytes.Equal(g, w) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// eventually polls cond until it holds or waitFor passes.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// captureHandler keeps the messages logged through it.
+type captureHandler struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *captureHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *captureHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.msgs = append(h.msgs, r.Message)
+	return nil
+}
+func (h *captureHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *captureHandler) WithGroup(string) slog.Handler      { return h }
+
+func (h *captureHandler) logged(msg string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Contains(h.msgs, msg)
+}
+
+func TestMeta_Cluster(t *testing.T) {
+	c := newTestCluster(t, time.Hour)
+	c.start("n1", true)
+	l := c.leader()
+	if id, addr := l.Leader(); id != "n1" || addr != "n1" {
+		t.Fatalf("leader %s at %s", id, addr)
+	}
+	c.addNode("n2")
+	c.addNode("n3")
+	res := c.mustPropose(CreateTopic{Name: "t", Partitions: 3, Type: TypeRaft3, Now: 7})
+	if len(res.Topic.Parts) != 3 {
+		t.Fatalf("result %+v", res)
+	}
+	c.synced(l)
+	for _, id := range []string{"n2", "n3"} {
+		tp, ok := c.meta(id).State().Topic("t")
+		if !ok || len(tp.Parts) != 3 || tp.Created != 7 {
+			t.Fatalf("%s: topic %+v %t", id, tp, ok)
+		}
+	}
+	if _, err := c.propose(CreateTopic{Name: "t", Partitions: 3, Type: TypeRaft3}); !errors.Is(err, ErrTopicExists) {
+		t.Fatalf("second create: %v", err)
+	}
+	// raft's own logs go through the slog bridge.
+	if !c.logs["n1"].logged("entering leader state") {
+		t.Error("raft's log did not reach the slog logger")
+	}
+
+	t.Run("ErrNotLeader", func(t *testing.T) {
+		var f *Meta
+		for _, id := range c.open() {
+			if m := c.meta(id); !m.IsLeader() {
+				f = m
+			}
+		}
+		lid, laddr := c.leader().Leader()
+		_, err := f.Propose(context.Background(), CreateTopic{Name: "u", Partitions: 1, Type: TypeSingle})
+		var nl *NotLeaderError
+		if !errors.Is(err, ErrNotLeader) || !errors.As(err, &nl) || nl.LeaderID != lid || nl.LeaderAddr != laddr {
+			t.Fatalf("propose on a follower: %v", err)
+		}
+		if err := f.AddNode(context.Background(), "n9", "n9"); !errors.Is(err, ErrNotLeader) {
+			t.Fatalf("AddNode on a follower: %v", err)
+		}
+		if err := f.Heartbeat("n1"); !errors.Is(err, ErrNotLeader) {
+			t.Fatalf("Heartbeat on a follower: %v", err)
+		}
+	})
+
+	t.Run("LeaderKilled", func(t *testing.T) {
+		old := c.leader()
+		oldID, _ := old.Leader()
+		c.stop(oldID)
+		nl := c.leader()
+		if id, _ := nl.Leader(); id == oldID {
+			t.Fatalf("leader still %s", id)
+		}
+		c.mustPropose(CreateTopic{Name: "after-kill", Partitions: 1, Type: TypeSingle})
+
+		// The old leader restarts from its directory and catches up.
+		c.start(oldID, true) // has state: Bootstrap does nothing
+		c.synced(c.leader())
+		if _, ok := c.meta(oldID).State().Topic("after-kill"); !ok {
+			t.Fatal("restarted node lacks the topic created while it was down")
+		}
+	})
+}
+
+// TestMeta_Restart stops a follower after it took a snapshot, moves the
+// leader's log past a snapshot of its own (so the follower needs
+// InstallSnapshot), restarts the follower and checks it reaches the same
+// state.
+func TestMeta_Restart(t *testing.T) {
+	c := newTestCluster(t, time.Hour)
+	c.start("n1", true)
+	c.leader()
+	c.addNode("n2")
+	c.addNode("n3")
+	c.mustPropose(CreateTopic{Name: "a", Partitions: 2, Type: TypeSingle})
+	c.mustPropose(JoinGroup{Topic: "a", Group: "g", Member: "m1", Node: "n2"})
+	c.synced(c.leader())
+
+	f := "n3"
+	if id, _ := c.leader().Leader(); id == f {
+		f = "n2"
+	}
+	if err := c.meta(f).raft.Snapshot().Error(); err != nil {
+		t.Fatalf("snapshot on %s: %v", f, err)
+	}
+	c.stop(f)
+	for i := range 10 {
+		c.mustPropose(CreateTopic{Name: fmt.Sprintf("b%d", i), Partitions: 1, Type: TypeSingle})
+	}
+	c.mustPropose(SetACL{Rules: []Rule{{Identity: "*", Topic: "*", Rights: RightConsume}}})
+	if err := c.leader().raft.Snapshot().Error(); err != nil {
+		t.Fatalf("snapshot on the leader: %v", err)
+	}
+	m := c.start(f, false)
+	if !c.logs[f].logged("restored from snapshot") {
+		t.Errorf("%s did not restore its own snapshot at start", f)
+	}
+	c.synced(c.leader())
+	if !c.logs[f].logged("copied to local snapshot") {
+		t.Errorf("%s caught up without installing the leader's snapshot", f)
+	}
+	if len(m.State().Topics()) != 11 || len(m.State().ACL()) != 1 {
+		t.Fatalf("restarted %s: topics %v acl %v", f, m.State().Topics(), m.State().ACL())
+	}
+}
+
+// TestMeta_SessionExpiry: nodes heartbeat the leader; when n3 stops, the
+// leader marks it down, its group member leaves and its partitions go to
+// the member on n2, while n3's placement stays. AddNode brings it back.
+func TestMeta_SessionExpiry(t *testing.T) {
+	c := newTestCluster(t, time.Second)
+	c.start("n1", true)
+	c.leader()
+	c.addNode("n2")
+	c.addNode("n3")
+
+	var silent sync.Map // node id → true: no heartbeats
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+			for _, id := range c.open() {
+				m := c.meta(id)
+				if m == nil || !m.IsLeader() {
+					continue
+				}
+				for _, n := range []string{"n1", "n2", "n3"} {
+					if _, ok := silent.Load(n); !ok {
+						_ = m.Heartbeat(n)
+					}
+				}
+			}
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+
+	c.mustPropose(CreateTopic{Name: "t", Partitions: 4, Type: TypeSingle})
+	c.mustPropose(JoinGroup{Topic: "t", Group: "g", Member: "m2", Node: "n2"})
+	c.mustPropose(JoinGroup{Topic: "t", Group: "g", Member: "m3", Node: "n3"})
+	// m2's node hands over what is revoked from it.
+	s := c.leader().State()
+	gen, rev := s.Revoking("t", "g", "m2")
+	for _, p := range rev {
+		c.mustPropose(Released{Topic: "t", Group: "g", Partition: p, Member: "m2", Generation: gen})
+	}
+	s = c.leader().State()
+	if _, p := s.Assignment("t", "g", "m3"); len(p) != 2 {
+		t.Fatalf("m3 owns %v", p)
+	}
+	before, _ := s.Topic("t")
+
+	// Heartbeats keep n3 up well past the timeout.
+	time.Sleep(2 * time.Second)
+	if n, _ := c.leader().State().Node("n3"); !n.Up {
+		t.Fatal("n3 marked down while heartbeating")
+	}
+
+	silent.Store("n3", true)
+	eventually(t, "n3 marked down", func() bool {
+		n, _ := c.leader().State().Node("n3")
+		return !n.Up
+	})
+	s = c.leader().State()
+	if _, p := s.Assignment("t", "g", "m2"); !slices.Equal(p, []int{0, 1, 2, 3}) {
+		t.Fatalf("m2 owns %v after n3 went down", p)
+	}
+	if g, _ := s.Group("t", "g"); len(g.Members) != 1 {
+		t.Fatalf("members %v", g.Members)
+	}
+	after, _ := s.Topic("t")
+	if !slices.EqualFunc(replicas(before), replicas(after), slices.Equal) {
+		t.Fatalf("placement moved: %v → %v", replicas(before), replicas(after))
+	}
+	if err := c.leader().Heartbeat("n3"); !errors.Is(err, ErrNodeDown) {
+		t.Fatalf("heartbeat of a down node: %v", err)
+	}
+	if err := c.leader().Heartbeat("n9"); !errors.Is(err, ErrNoNode) {
+		t.Fatalf("heartbeat of an unknown node: %v", err)
+	}
+
+	// n3 registers again: up, with a new session.
+	silent.Delete("n3")
+	eventually(t, "n3 re-added", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return c.leader().AddNode(ctx, "n3", "n3") == nil
+	})
+	if n, _ := c.leader().State().Node("n3"); !n.Up || n.Session != 2 {
+		t.Fatalf("n3 %+v", n)
+	}
+}
+
+// TestMeta_Voters: a sixth node joins as a nonvoter.
+func TestMeta_Voters(t *testing.T) {
+	c := newTestCluster(t, time.Hour)
+	c.start("n1", true)
+	c.leader()
+	for i := 2; i <= 6; i++ {
+		c.addNode(fmt.Sprintf("n%d", i))
+	}
+	cf := c.leader().raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		t.Fatal(err)
+	}
+	var voters, nonvoters []string
+	for _, srv := range cf.Configuration().Servers {
+		if srv.Suffrage == raft.Voter {
+			voters = append(voters, string(srv.ID))
+		} else {
+			nonvoters = append(nonvoters, string(srv.ID))
+		}
+	}
+	slices.Sort(voters)
+	if !slices.Equal(voters, []string{"n1", "n2", "n3", "n4", "n5"}) || !slices.Equal(nonvoters, []string{"n6"}) {
+		t.Fatalf("voters %v nonvoters %v", voters, nonvoters)
+	}
+	c.synced(c.leader())
+	for _, n := range c.leader().State().Nodes() {
+		if n.Voter != (n.ID != "n6") || !n.Up {
+			t.Fatalf("node %+v", n)
+		}
+	}
+}
+
+func TestMeta_Close(t *testing.T) {
+	c := newTestCluster(t, time.Hour)
+	m := c.start("n1", true)
+	c.leader()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := m.Propose(ctx, CreateTopic{Name: "t", Partitions: 1, Type: TypeSingle}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled ctx: %v", err)
+	}
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.Close(); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if _, err := m.Propose(context.Background(), CreateTopic{Name: "t", Partitions: 1, Type: TypeSingle}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("propose after close: %v", err)
+	}
+	if err := m.AddNode(context.Background(), "n2", "n2"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("AddNode after close: %v", err)
+	}
+	if err := m.Heartbeat("n1"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Heartbeat after close: %v", err)
+	}
+	if _, ok := m.State().Node("n1"); !ok {
+		t.Fatal("State after close lost the last state")
+	}
+}
+
+func TestOpenMeta_Invalid(t *testing.T) {
+	_, tr := raft.NewInmemTransport("")
+	defer tr.Close()
+	for _, tc := range []struct {
+		name string
+		cfg  MetaConfig
+	}{
+		{"NoID", MetaConfig{Dir: t.TempDir(), Transport: tr}},
+		{"BadID", MetaConfig{NodeID: "a/b", Dir: t.TempDir(), Transport: tr}},
+		{"NoDir", MetaConfig{NodeID: "a", Transport: tr}},
+		{"NoTransport", MetaConfig{NodeID: "a", Dir: t.TempDir()}},
+		{"LeaseAboveHeartbeat", MetaConfig{NodeID: "a", Dir: t.TempDir(), Transport: tr,
+			HeartbeatTimeout: 100 * time.Millisecond, LeaderLeaseTimeout: time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if m, err := OpenMeta(tc.cfg); !errors.Is(err, ErrInvalid) {
+				if m != nil {
+					m.Close()
+				}
+				t.Fatalf("err %v", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,240 @@
+package cluster
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// A snapshot of the state, the content of a raft snapshot:
+//
+//	[4] snapMagic "ZMMS"
+//	[1] snapVersion
+//	[…] snapV1 as a msgpack array: every list sorted by its key, so equal
+//	    states encode to equal bytes
+//
+// The decoder checks what Apply keeps true (sorted unique keys, limits,
+// replicas and members on known nodes, owners that are members), so a
+// damaged snapshot is ErrCorrupt and never a state Apply could not reach.
+const (
+	snapMagic   = "ZMMS"
+	snapVersion = 1
+)
+
+type snapV1 struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Index    uint64
+	Nodes    []snapNode
+	Topics   []snapTopic
+	Groups   []snapGroup
+	ACL      []Rule
+}
+
+type snapNode struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	ID       string
+	Addr     string
+	Voter    bool
+	Up       bool
+	Joined   uint64
+	Session  uint64
+}
+
+type snapTopic struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Name     string
+	Type     uint8
+	Created  int64
+	Parts    []snapPart
+}
+
+type snapPart struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Replicas []string
+	Leader   string
+	Epoch    uint64
+}
+
+type snapGroup struct {
+	_msgpack   struct{} `msgpack:",as_array"`
+	Topic      string
+	Group      string
+	Generation uint64
+	Members    []snapMember // sorted by ID
+	Owners     []string     // one per partition of the topic
+	Revoking   []snapRevoke // sorted by Partition
+}
+
+type snapMember struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	ID       string
+	Node     string
+	Joined   uint64
+}
+
+type snapRevoke struct {
+	_msgpack  struct{} `msgpack:",as_array"`
+	Partition int
+	Since     uint64
+}
+
+// EncodeSnapshot returns the encoding of s (the layout above).
+func EncodeSnapshot(s *State) ([]byte, error) {
+	v := snapV1{Index: s.index, ACL: s.acl}
+	for _, n := range s.Nodes() {
+		v.Nodes = append(v.Nodes, snapNode{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session})
+	}
+	for _, name := range s.Topics() {
+		t := s.topics[name]
+		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created}
+		for _, p := range t.Parts {
+			st.Parts = append(st.Parts, snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch})
+		}
+		v.Topics = append(v.Topics, st)
+	}
+	keys := slices.SortedFunc(maps.Keys(s.groups), compareKeys)
+	for _, k := range keys {
+		g := s.groups[k]
+		sg := snapGroup{Topic: k.Topic, Group: k.Group, Generation: g.Generation, Owners: g.Owners}
+		for _, id := range slices.Sorted(maps.Keys(g.Members)) {
+			m := g.Members[id]
+			sg.Members = append(sg.Members, snapMember{ID: id, Node: m.Node, Joined: m.Joined})
+		}
+		for _, p := range slices.Sorted(maps.Keys(g.Revoking)) {
+			sg.Revoking = append(sg.Revoking, snapRevoke{Partition: p, Since: g.Revoking[p]})
+		}
+		v.Groups = append(v.Groups, sg)
+	}
+	body, err := msgpack.Marshal(&v)
+	if err != nil {
+		return nil, fmt.Errorf("encode snapshot: %w", err)
+	}
+	return append(append([]byte(snapMagic), snapVersion), body...), nil
+}
+
+func compareKeys(a, b GroupKey) int {
+	if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Group, b.Group)
+}
+
+// DecodeSnapshot decodes an encoded snapshot into a State, or returns
+// ErrCorrupt.
+func DecodeSnapshot(b []byte) (*State, error) {
+	if len(b) < len(snapMagic)+2 || string(b[:len(snapMagic)]) != snapMagic {
+		return nil, fmt.Errorf("%w: not a metadata snapshot", ErrCorrupt)
+	}
+	if b[len(snapMagic)] != snapVersion {
+		return nil, fmt.Errorf("%w: snapshot version %d", ErrCorrupt, b[len(snapMagic)])
+	}
+	v, err := decodeAs[snapV1](b[len(snapMagic)+1:])
+	if err != nil {
+		return nil, err
+	}
+	s, err := v.state()
+	if err != nil {
+		return nil, fmt.Errorf("%w: snapshot: %v", ErrCorrupt, err)
+	}
+	return s, nil
+}
+
+// state builds and checks the State of a decoded snapshot.
+func (v *snapV1) state() (*State, error) {
+	s := newState()
+	s.index = v.Index
+	for i, n := range v.Nodes {
+		if err := checkNodeID(n.ID); err != nil {
+			return nil, err
+		}
+		if i > 0 && v.Nodes[i-1].ID >= n.ID {
+			return nil, fmt.Errorf("node %q out of order", n.ID)
+		}
+		if n.Addr == "" || len(n.Addr) > MaxNameLen || n.Session == 0 {
+			return nil, fmt.Errorf("node %s: address %q, session %d", n.ID, n.Addr, n.Session)
+		}
+		s.nodes[n.ID] = Node{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session}
+	}
+	for i, t := range v.Topics {
+		if err := checkName("topic", t.Name); err != nil {
+			return nil, err
+		}
+		if i > 0 && v.Topics[i-1].Name >= t.Name {
+			return nil, fmt.Errorf("topic %q out of order", t.Name)
+		}
+		if t.Type != TypeSingle && t.Type != TypeDoubleWrite && t.Type != TypeRaft3 {
+			return nil, fmt.Errorf("topic %s: type %d", t.Name, t.Type)
+		}
+		if len(t.Parts) < 1 || len(t.Parts) > MaxPartitions {
+			return nil, fmt.Errorf("topic %s: %d partitions", t.Name, len(t.Parts))
+		}
+		tp := Topic{Name: t.Name, Type: t.Type, Created: t.Created, Parts: make([]Partition, len(t.Parts))}
+		for j, p := range t.Parts {
+			if len(p.Replicas) < 1 || len(p.Replicas) > MaxReplicas || len(p.Replicas) != len(t.Parts[0].Replicas) {
+				return nil, fmt.Errorf("topic %s/%d: %d replicas", t.Name, j, len(p.Replicas))
+			}
+			for k, id := range p.Replicas {
+				if _, ok := s.nodes[id]; !ok || slices.Contains(p.Replicas[:k], id) {
+					return nil, fmt.Errorf("topic %s/%d: replica %q", t.Name, j, id)
+				}
+			}
+			if !slices.Contains(p.Replicas, p.Leader) {
+				return nil, fmt.Errorf("topic %s/%d: leader %q", t.Name, j, p.Leader)
+			}
+			tp.Parts[j] = Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch}
+		}
+		s.topics[t.Name] = tp
+	}
+	for i, sg := range v.Groups {
+		k := GroupKey{sg.Topic, sg.Group}
+		if err := checkName("group", sg.Group); err != nil {
+			return nil, err
+		}
+		if i > 0 && compareKeys(GroupKey{v.Groups[i-1].Topic, v.Groups[i-1].Group}, k) >= 0 {
+			return nil, fmt.Errorf("group %s/%s out of order", sg.Topic, sg.Group)
+		}
+		t, ok := s.topics[sg.Topic]
+		if !ok || len(sg.Owners) != len(t.Parts) || len(sg.Members) > MaxMembers {
+			return nil, fmt.Errorf("group %s/%s: %d owners, %d members", sg.Topic, sg.Group, len(sg.Owners), len(sg.Members))
+		}
+		g := Group{Generation: sg.Generation, Members: map[string]Member{}, Owners: sg.Owners, Revoking: map[int]uint64{}}
+		for j, m := range sg.Members {
+			if err := checkName("member", m.ID); err != nil {
+				return nil, err
+			}
+			if j > 0 && sg.Members[j-1].ID >= m.ID {
+				return nil, fmt.Errorf("group %s/%s: member %q out of order", sg.Topic, sg.Group, m.ID)
+			}
+			if nd, ok := s.nodes[m.Node]; !ok || !nd.Up {
+				return nil, fmt.Errorf("group %s/%s: member %s on node %q", sg.Topic, sg.Group, m.ID, m.Node)
+			}
+			g.Members[m.ID] = Member{Node: m.Node, Joined: m.Joined}
+		}
+		for p, o := range sg.Owners {
+			if _, ok := g.Members[o]; o != "" && !ok || o == "" && len(g.Members) > 0 {
+				return nil, fmt.Errorf("group %s/%s: partition %d owner %q", sg.Topic, sg.Group, p, o)
+			}
+		}
+		for j, r := range sg.Revoking {
+			if r.Partition < 0 || r.Partition >= len(sg.Owners) || sg.Owners[r.Partition] == "" ||
+				j > 0 && sg.Revoking[j-1].Partition >= r.Partition || r.Since == 0 || r.Since > sg.Generation {
+				return nil, fmt.Errorf("group %s/%s: revoking %d since %d", sg.Topic, sg.Group, r.Partition, r.Since)
+			}
+			g.Revoking[r.Partition] = r.Since
+		}
+		s.groups[k] = g
+	}
+	if len(v.ACL) > MaxRules {
+		return nil, fmt.Errorf("%d ACL rules", len(v.ACL))
+	}
+	for _, r := range v.ACL {
+		if err := checkRule(r); err != nil {
+			return nil, err
+		}
+	}
+	s.acl = v.ACL
+	return s, nil
+}
