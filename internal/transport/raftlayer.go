@@ -482,6 +482,9 @@ func (l *RaftLayer) Close() error {
 		}
 		l.mu.Unlock()
 		for s := range streams {
+			// Close alone only stops our writes: the deadline ends
+			// raft's reads and writes on this end too.
+			_ = s.Stream.SetDeadline(time.Unix(1, 0))
 			s.Stream.Close()
 		}
 	})
