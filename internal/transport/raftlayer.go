@@ -116,7 +116,9 @@ type peer struct {
 // NewRaftMux takes t's ProtoRaft listener and starts the goroutine that
 // accepts its connections; each becomes a yamux session with a goroutine
 // accepting its streams, and each stream a goroutine until its header is
-// read. Close stops and waits for all of them.
+// read. Close stops and waits for all of them. It returns ErrProtoTaken if
+// t's ProtoRaft listener is taken, or ErrClosed after t's Close. The mux
+// does not own t: close the mux first, then t.
 func NewRaftMux(t *Transport, cfg RaftMuxConfig) (*RaftMux, error) {
 	if cfg.Resolve == nil {
 		return nil, errors.New("transport: RaftMuxConfig.Resolve is required")
@@ -482,6 +484,9 @@ func (l *RaftLayer) Close() error {
 		}
 		l.mu.Unlock()
 		for s := range streams {
+			// Close alone only stops our writes: the deadline ends
+			// raft's reads and writes on this end too.
+			_ = s.Stream.SetDeadline(time.Unix(1, 0))
 			s.Stream.Close()
 		}
 	})

@@ -587,6 +587,60 @@ func TestRaftLayer_Queue(t *testing.T) {
 	wg.Wait()
 }
 
+// TestRaftLayer_Close: closing a layer ends reads on its streams at both
+// ends, accepted and dialed, while the mux and its sessions live on.
+func TestRaftLayer_Close(t *testing.T) {
+	verifyNone(t)
+	b := newBook()
+	a, c := newNode(t, b, "a", RaftMuxConfig{}), newNode(t, b, "c", RaftMuxConfig{})
+	la, lc := layer(t, a, "g"), layer(t, c, "g")
+	other, otherC := layer(t, a, "other"), layer(t, c, "other")
+	dialed, err := lc.Dial("a", waitFor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dialed.Close()
+	accepted, err := la.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer accepted.Close()
+	out, err := la.Dial("c", waitFor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	in, err := lc.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	errc := make(chan error, 4)
+	for _, s := range []net.Conn{dialed, accepted, out, in} {
+		go func() {
+			_, err := s.Read(make([]byte, 1))
+			errc <- err
+		}()
+	}
+	la.Close()
+	for range 4 {
+		if err := <-errc; err == nil {
+			t.Fatal("read a byte from a closed layer's stream")
+		}
+	}
+	// The sessions carry the other group still.
+	s, err := otherC.Dial("a", waitFor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := other.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Close()
+}
+
 // TestRaftMux_CloseRace: both muxes close while streams are dialed and
 // accepted in both directions.
 func TestRaftMux_CloseRace(t *testing.T) {
