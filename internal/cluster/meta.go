@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,8 +27,14 @@ const DefaultSessionTimeout = 5 * time.Second
 type MetaConfig struct {
 	NodeID    string         // this node's id ([A-Za-z0-9._-], 1..64 bytes)
 	Dir       string         // raft.db (log and stable store) and snapshots/
-	Transport raft.Transport // the group's network; LocalAddr is this node's address
-	Logger    *slog.Logger   // raft's logs and ours; nil for none
+	Transport raft.Transport // the group's network; LocalAddr is this node's raft address
+	// RaftAddr is the raft address of node id registered at addr: addr if
+	// nil. Over a transport.RaftMux it is the id, which the mux resolves.
+	RaftAddr func(id, addr string) raft.ServerAddress
+	// Addr is the address recorded for this node when it registers itself
+	// as leader (its advertised RPC address); "" for the raft address.
+	Addr   string
+	Logger *slog.Logger // raft's logs and ours; nil for none
 
 	// Bootstrap makes this node, if it has no raft state yet, the single
 	// voter of a new group (the first seed). Without state and without
@@ -53,13 +60,14 @@ type MetaConfig struct {
 // Lock order: lifeMu, then sessMu; neither is held across a raft call that
 // waits.
 type Meta struct {
-	id      string
-	addr    string
-	log     *slog.Logger
-	timeout time.Duration // session timeout
-	raft    *raft.Raft
-	fsm     *fsm
-	store   *raftboltdb.BoltStore
+	id       string
+	addr     string
+	raftAddr func(id, addr string) raft.ServerAddress
+	log      *slog.Logger
+	timeout  time.Duration // session timeout
+	raft     *raft.Raft
+	fsm      *fsm
+	store    *raftboltdb.BoltStore
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -139,7 +147,8 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 	}
 	m := &Meta{
 		id:       cfg.NodeID,
-		addr:     string(cfg.Transport.LocalAddr()),
+		addr:     cmp.Or(cfg.Addr, string(cfg.Transport.LocalAddr())),
+		raftAddr: cfg.RaftAddr,
 		log:      log,
 		timeout:  timeout,
 		fsm:      newFSM(log),
@@ -358,19 +367,25 @@ func (m *Meta) AddNode(ctx context.Context, id, addr string) error {
 	if found != nil {
 		voter = found.Suffrage == raft.Voter
 	}
-	if found == nil || string(found.Address) != addr {
+	// The address first: the leader's raft dials the node by id as soon
+	// as it is in the configuration, through the address book.
+	if _, err := m.Propose(ctx, RegisterNode{ID: id, Addr: addr, Voter: voter}); err != nil {
+		return fmt.Errorf("register %s: %w", id, err)
+	}
+	raddr := raft.ServerAddress(addr)
+	if m.raftAddr != nil {
+		raddr = m.raftAddr(id, addr)
+	}
+	if found == nil || found.Address != raddr {
 		err := m.wait(ctx, func() raft.Future {
 			if voter {
-				return m.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, enqueueTimeout(ctx))
+				return m.raft.AddVoter(raft.ServerID(id), raddr, 0, enqueueTimeout(ctx))
 			}
-			return m.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, enqueueTimeout(ctx))
+			return m.raft.AddNonvoter(raft.ServerID(id), raddr, 0, enqueueTimeout(ctx))
 		})
 		if err != nil {
 			return fmt.Errorf("add %s to the metadata group: %w", id, err)
 		}
-	}
-	if _, err := m.Propose(ctx, RegisterNode{ID: id, Addr: addr, Voter: voter}); err != nil {
-		return fmt.Errorf("register %s: %w", id, err)
 	}
 	return nil
 }

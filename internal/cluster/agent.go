@@ -1,0 +1,462 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/internal/transport"
+	"github.com/zeze-go/mq/store"
+)
+
+// AgentConfig configures OpenAgent.
+type AgentConfig struct {
+	ID        string   // the node id: 1..64 of [A-Za-z0-9._-]
+	Dir       string   // the metadata group's raft log and snapshots
+	Bind      string   // the TCP address to listen on
+	Advertise string   // the address other nodes dial; "" for the bound one
+	Seeds     []string // addresses of nodes to join through; none: start a new cluster
+	Secret    []byte   // the cluster secret
+
+	// ServerTLS and ClientTLS, both or neither, turn on mutual TLS.
+	ServerTLS, ClientTLS *tls.Config
+
+	SessionTimeout   time.Duration // DefaultSessionTimeout if zero
+	HandshakeTimeout time.Duration // transport.DefaultHandshakeTimeout if zero
+	MaxFrameBytes    int           // wire.DefaultMaxFrameBytes if zero
+
+	// Raft timing of the metadata group; zero takes raft's defaults.
+	HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout time.Duration
+
+	// Partitions finds the partition this node serves to other nodes.
+	Partitions func(topic string, index int) (partition.Partition, error)
+	// CheckTx answers another node's check-back of a transaction this
+	// node prepared: its decision, or store.Undecided while it runs.
+	CheckTx func(ctx context.Context, txid string) (store.Decision, error)
+
+	Logger *slog.Logger // nil: silent
+}
+
+// Agent is this process's member of a cluster: its port, its member of the
+// metadata group, the RPC service it offers and the clients of its peers.
+// Safe for concurrent use.
+//
+// Lock order: Agent.mu, then nothing.
+type Agent struct {
+	cfg     AgentConfig
+	log     *slog.Logger
+	timeout time.Duration // session timeout
+	addr    string        // advertised
+
+	tr   *transport.Transport
+	mux  *transport.RaftMux
+	meta *Meta
+	srv  *remote.Server
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// lastAck is when (unix ns, by this node's clock) the last heartbeat
+	// the metadata leader acknowledged was sent: the node's session is
+	// valid until lastAck + timeout at the leader, so this node stops
+	// owning partitions of groups at lastAck + timeout - margin.
+	lastAck atomic.Int64
+
+	mu      sync.Mutex                // guards peers, seeds and closed
+	peers   map[string]*remote.Client // by node id
+	seeds   map[string]*remote.Client // by address
+	closed  bool
+	closeMu sync.Mutex // serializes Close
+	done    bool       // guarded by closeMu
+}
+
+// errNoAddress is a dial to a node whose address the metadata group does not
+// know (yet).
+var errNoAddress = errors.New("cluster: no address known for node")
+
+// metaGroup is the raft group id of the metadata group on the port.
+const metaGroup = "meta"
+
+// OpenAgent listens on cfg.Bind, opens this node's member of the metadata
+// group (bootstrapping a new cluster when cfg.Seeds is empty and Dir holds
+// no state), serves RPC and starts the session loop, which registers the
+// node through the metadata leader and heartbeats its session. Close stops
+// everything.
+func OpenAgent(cfg AgentConfig) (*Agent, error) {
+	if err := checkNodeID(cfg.ID); err != nil {
+		return nil, err
+	}
+	if cfg.Partitions == nil || cfg.CheckTx == nil {
+		return nil, fmt.Errorf("%w: AgentConfig needs Partitions and CheckTx", ErrInvalid)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	n := &Agent{cfg: cfg, log: log.With("node", cfg.ID), timeout: cfg.SessionTimeout,
+		peers: map[string]*remote.Client{}, seeds: map[string]*remote.Client{}}
+	if n.timeout <= 0 {
+		n.timeout = DefaultSessionTimeout
+	}
+	var err error
+	n.tr, err = transport.Listen(transport.Config{NodeID: cfg.ID, Bind: cfg.Bind, Secret: cfg.Secret,
+		ServerTLS: cfg.ServerTLS, ClientTLS: cfg.ClientTLS, HandshakeTimeout: cfg.HandshakeTimeout,
+		MaxFrameBytes: cfg.MaxFrameBytes, Logger: n.log})
+	if err != nil {
+		return nil, err
+	}
+	n.addr = cfg.Advertise
+	if n.addr == "" {
+		n.addr = n.tr.Addr().String()
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			n.closeParts()
+		}
+	}()
+	if n.mux, err = transport.NewRaftMux(n.tr, transport.RaftMuxConfig{Resolve: n.resolve, Logger: n.log}); err != nil {
+		return nil, err
+	}
+	layer, err := n.mux.Layer(metaGroup)
+	if err != nil {
+		return nil, err
+	}
+	rt := raft.NewNetworkTransport(layer, 3, 10*time.Second, io.Discard)
+	n.meta, err = OpenMeta(MetaConfig{NodeID: cfg.ID, Addr: n.addr, RaftAddr: raftAddrIsID, Dir: filepath.Clean(cfg.Dir), Transport: rt,
+		Logger: n.log, Bootstrap: len(cfg.Seeds) == 0, SessionTimeout: n.timeout,
+		HeartbeatTimeout: cfg.HeartbeatTimeout, ElectionTimeout: cfg.ElectionTimeout,
+		LeaderLeaseTimeout: cfg.LeaderLeaseTimeout})
+	if err != nil {
+		rt.Close()
+		return nil, err
+	}
+	l, err := n.tr.Listener(transport.ProtoRPC)
+	if err != nil {
+		return nil, err
+	}
+	n.srv = remote.NewServer(l, remote.ServerConfig{MaxFrameBytes: cfg.MaxFrameBytes, Logger: n.log})
+	remote.ServePartitions(n.srv, cfg.Partitions)
+	n.srv.Handle(opWhoLeads, n.handleWhoLeads)
+	n.srv.Handle(opJoin, n.handleJoin)
+	n.srv.Handle(opHeartbeat, n.handleHeartbeat)
+	n.srv.Handle(opPropose, n.handlePropose)
+	n.srv.Handle(opCheckTx, n.handleCheckTx)
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		n.sessionLoop()
+	}()
+	ok = true
+	return n, nil
+}
+
+// raftAddrIsID is the raft address of a node over the RaftMux: its id.
+func raftAddrIsID(id, _ string) raft.ServerAddress { return raft.ServerAddress(id) }
+
+// ID is the node's id.
+func (n *Agent) ID() string { return n.cfg.ID }
+
+// Addr is the address the node advertises.
+func (n *Agent) Addr() string { return n.addr }
+
+// Meta is the node's member of the metadata group.
+func (n *Agent) Meta() *Meta { return n.meta }
+
+// Transport is the node's port (for fault tests: SetLinkDown).
+func (n *Agent) Transport() *transport.Transport { return n.tr }
+
+// SessionValid reports whether the node's session is surely still valid at
+// the metadata leader: a heartbeat it acknowledged was sent less than the
+// session timeout (less a margin for clock rates) ago. A node whose
+// session may have expired stops delivering to its consumers, since the
+// leader may have given their partitions to others.
+func (n *Agent) SessionValid() bool {
+	last := n.lastAck.Load()
+	margin := n.timeout / 5
+	return last != 0 && time.Since(time.Unix(0, last)) < n.timeout-margin
+}
+
+// Close stops the session loop, the RPC service, the metadata member and
+// the port, closes the peers' clients and waits for every goroutine. It is
+// idempotent.
+func (n *Agent) Close() error {
+	n.closeMu.Lock()
+	defer n.closeMu.Unlock()
+	if n.done {
+		return nil
+	}
+	n.done = true
+	n.cancel()
+	n.wg.Wait()
+	return n.closeParts()
+}
+
+// closeParts closes what OpenAgent opened, in reverse.
+func (n *Agent) closeParts() error {
+	n.mu.Lock()
+	n.closed = true
+	clients := make([]*remote.Client, 0, len(n.peers)+len(n.seeds))
+	for _, c := range n.peers {
+		clients = append(clients, c)
+	}
+	for _, c := range n.seeds {
+		clients = append(clients, c)
+	}
+	n.mu.Unlock()
+	for _, c := range clients {
+		c.Close()
+	}
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if n.srv != nil {
+		keep(n.srv.Close())
+	}
+	if n.meta != nil {
+		keep(n.meta.Close())
+	}
+	if n.mux != nil {
+		keep(n.mux.Close())
+	}
+	keep(n.tr.Close())
+	return first
+}
+
+// resolve is the address book of the port's raft streams and RPC clients:
+// a node id to the address the metadata group records for it.
+func (n *Agent) resolve(id string) (string, bool) {
+	if id == n.cfg.ID {
+		return n.addr, true
+	}
+	if n.meta == nil {
+		return "", false
+	}
+	nd, ok := n.meta.State().Node(id)
+	if !ok || nd.Addr == "" {
+		return "", false
+	}
+	return nd.Addr, true
+}
+
+// Peer returns the RPC client of node id, dialing it (at the address the
+// metadata group has for it then) when first used and after a break.
+func (n *Agent) Peer(id string) (*remote.Client, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil, ErrClosed
+	}
+	if c, ok := n.peers[id]; ok {
+		return c, nil
+	}
+	c := remote.NewClient(func(ctx context.Context) (*transport.Conn, error) {
+		addr, ok := n.resolve(id)
+		if !ok {
+			return nil, fmt.Errorf("%w: %s", errNoAddress, id)
+		}
+		return n.dial(ctx, addr, id)
+	}, remote.ClientConfig{MaxFrameBytes: n.cfg.MaxFrameBytes})
+	n.peers[id] = c
+	return c, nil
+}
+
+// seed returns the RPC client of the node at addr, whatever its id.
+func (n *Agent) seed(addr string) (*remote.Client, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil, ErrClosed
+	}
+	if c, ok := n.seeds[addr]; ok {
+		return c, nil
+	}
+	c := remote.NewClient(func(ctx context.Context) (*transport.Conn, error) {
+		return n.dial(ctx, addr, "")
+	}, remote.ClientConfig{MaxFrameBytes: n.cfg.MaxFrameBytes})
+	n.seeds[addr] = c
+	return c, nil
+}
+
+// dial connects to addr for RPC and checks, unless want is empty, that the
+// node there is want.
+func (n *Agent) dial(ctx context.Context, addr, want string) (*transport.Conn, error) {
+	c, err := n.tr.Dial(ctx, addr, transport.ProtoRPC)
+	if err != nil {
+		return nil, err
+	}
+	if want != "" && c.PeerID() != want {
+		c.Close()
+		return nil, fmt.Errorf("%w: %s answers as %s, not %s", errNoAddress, addr, c.PeerID(), want)
+	}
+	return c, nil
+}
+
+// sessionLoop registers the node through the metadata leader until that
+// succeeds, then heartbeats its session every quarter of the session
+// timeout, registering again when the leader says the node was marked
+// down.
+func (n *Agent) sessionLoop() {
+	registered := false
+	every := max(n.timeout/4, 5*time.Millisecond)
+	for {
+		ctx, cancel := context.WithTimeout(n.ctx, n.timeout)
+		sent := time.Now()
+		var err error
+		if !registered {
+			err = n.register(ctx)
+			registered = err == nil
+		} else {
+			err = n.heartbeat(ctx)
+			if errors.Is(err, ErrNodeDown) || errors.Is(err, ErrNoNode) {
+				n.log.Warn("metadata leader marked this node down; registering again", "err", err)
+				registered = false
+			}
+		}
+		cancel()
+		if err == nil {
+			n.lastAck.Store(sent.UnixNano())
+		} else if n.ctx.Err() == nil {
+			n.log.Debug("session", "registered", registered, "err", err)
+		}
+		wait := every
+		if !registered {
+			wait = min(every, 100*time.Millisecond)
+		}
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (n *Agent) register(ctx context.Context) error {
+	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Addr: n.addr})
+	if err != nil {
+		return err
+	}
+	_, err = n.toLeader(ctx, opJoin, req)
+	return err
+}
+
+func (n *Agent) heartbeat(ctx context.Context) error {
+	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Addr: n.addr})
+	if err != nil {
+		return err
+	}
+	_, err = n.toLeader(ctx, opHeartbeat, req)
+	return err
+}
+
+// Propose applies c through the metadata leader, wherever it is, and
+// returns its result. It retries while no leader is known or leadership
+// moves, until ctx ends; ErrUnknownOutcome means c may have been applied.
+func (n *Agent) Propose(ctx context.Context, c Command) (Result, error) {
+	req, err := EncodeCommand(c)
+	if err != nil {
+		return Result{}, err
+	}
+	resp, err := n.toLeader(ctx, opPropose, req)
+	if err != nil {
+		return Result{}, err
+	}
+	var r resultMsg
+	if err := decodeMsg(resp, &r); err != nil {
+		return Result{}, err
+	}
+	return r.result(), nil
+}
+
+// toLeader calls op on the metadata leader: this node's own handler when it
+// leads, else the leader's over RPC. Without a known leader it asks the
+// seeds who leads. It retries, backing off, while no leader answers, until
+// ctx ends (then ErrNoQuorum-like: the last error, wrapping ctx's).
+func (n *Agent) toLeader(ctx context.Context, op uint16, req []byte) ([]byte, error) {
+	pause := 5 * time.Millisecond
+	var last error
+	for attempt := 0; ; attempt++ {
+		resp, err := n.callLeader(ctx, op, req, attempt)
+		if err == nil || !retryable(err) {
+			return resp, err
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (last: %v)", ctx.Err(), last)
+		case <-n.ctx.Done():
+			return nil, ErrClosed
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 250*time.Millisecond)
+	}
+}
+
+func (n *Agent) callLeader(ctx context.Context, op uint16, req []byte, attempt int) ([]byte, error) {
+	if n.meta.IsLeader() {
+		return n.handle(ctx, n.cfg.ID, op, req)
+	}
+	id, _ := n.meta.Leader()
+	if id != "" && id != n.cfg.ID {
+		if _, ok := n.resolve(id); ok {
+			c, err := n.Peer(id)
+			if err != nil {
+				return nil, err
+			}
+			return c.Call(ctx, op, req)
+		}
+	}
+	// No leader known here: ask a seed who leads, then call it.
+	if len(n.cfg.Seeds) == 0 {
+		return nil, &NotLeaderError{}
+	}
+	s, err := n.seed(n.cfg.Seeds[attempt%len(n.cfg.Seeds)])
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.Call(ctx, opWhoLeads, nil)
+	if err != nil {
+		return nil, err
+	}
+	var who whoLeads
+	if err := decodeMsg(resp, &who); err != nil {
+		return nil, err
+	}
+	if who.ID == "" || who.Addr == "" {
+		return nil, &NotLeaderError{}
+	}
+	if who.ID == n.cfg.ID { // stale: this node led once
+		return nil, &NotLeaderError{}
+	}
+	c, err := n.seed(who.Addr)
+	if err != nil {
+		return nil, err
+	}
+	return c.Call(ctx, op, req)
+}
+
+// retryable reports whether a call to the leader may succeed if repeated:
+// no leader, or it could not be reached. An unknown outcome is not: the
+// caller decides.
+func retryable(err error) bool {
+	var ne net.Error
+	return errors.Is(err, ErrNotLeader) || errors.Is(err, remote.ErrUnavailable) ||
+		errors.Is(err, transport.ErrHandshake) || errors.Is(err, errNoAddress) || errors.As(err, &ne)
+}

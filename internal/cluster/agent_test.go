@@ -1,0 +1,147 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/store"
+)
+
+var testSecret = []byte("agent-test-secret-0123456789")
+
+// agents is a cluster of agents on 127.0.0.1 in one process.
+type agents struct {
+	t    testing.TB
+	dirs map[string]string
+	all  map[string]*Agent
+	seed string
+}
+
+func noPartitions(string, int) (partition.Partition, error) { return nil, ErrNoTopic }
+func noTx(context.Context, string) (store.Decision, error)   { return store.Undecided, nil }
+
+func (a *agents) start(id string, seeds ...string) *Agent {
+	a.t.Helper()
+	dir, ok := a.dirs[id]
+	if !ok {
+		dir = filepath.Join(a.t.TempDir(), id)
+		a.dirs[id] = dir
+	}
+	ag, err := OpenAgent(AgentConfig{ID: id, Dir: dir, Bind: "127.0.0.1:0", Seeds: seeds, Secret: testSecret,
+		SessionTimeout: time.Second, HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+		LeaderLeaseTimeout: 100 * time.Millisecond, Partitions: noPartitions, CheckTx: noTx, Logger: discardLogger()})
+	if err != nil {
+		a.t.Fatalf("open agent %s: %v", id, err)
+	}
+	a.all[id] = ag
+	a.t.Cleanup(func() { ag.Close() })
+	return ag
+}
+
+func newAgents(t testing.TB, n int) *agents {
+	a := &agents{t: t, dirs: map[string]string{}, all: map[string]*Agent{}}
+	first := a.start("n1")
+	a.seed = first.Addr()
+	for i := 2; i <= n; i++ {
+		a.start(fmt.Sprintf("n%d", i), a.seed)
+	}
+	eventually(t, "every node up everywhere", func() bool { return a.allUp(n) })
+	return a
+}
+
+// allUp reports whether every open agent's state has n nodes up.
+func (a *agents) allUp(n int) bool {
+	for _, ag := range a.all {
+		up := 0
+		for _, nd := range ag.Meta().State().Nodes() {
+			if nd.Up {
+				up++
+			}
+		}
+		if up != n {
+			return false
+		}
+	}
+	return true
+}
+
+func (a *agents) leader() *Agent {
+	for _, ag := range a.all {
+		if ag.Meta().IsLeader() {
+			return ag
+		}
+	}
+	return nil
+}
+
+// TestAgent_Cluster: three agents on loopback TCP form one metadata group
+// through a seed; a proposal from any node reaches the leader; the leader
+// killed, a new one takes proposals within a few election timeouts; a node
+// restarting on its data (and a new port) rejoins, and a silent node is
+// marked down.
+func TestAgent_Cluster(t *testing.T) {
+	a := newAgents(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for id, ag := range a.all {
+		name := "t-" + id
+		r, err := ag.Propose(ctx, CreateTopic{Name: name, Partitions: 3, Type: TypeSingle, Now: time.Now().UnixNano()})
+		if err != nil {
+			t.Fatalf("create from %s: %v", id, err)
+		}
+		if len(r.Topic.Parts) != 3 {
+			t.Fatalf("create from %s placed %+v", id, r.Topic)
+		}
+	}
+	for id, ag := range a.all {
+		eventually(t, "topics on "+id, func() bool { return len(ag.Meta().State().Topics()) == 3 })
+		if !ag.SessionValid() {
+			t.Fatalf("%s: session not valid", id)
+		}
+	}
+	_, err := a.all["n2"].Propose(ctx, CreateTopic{Name: "t-n1", Partitions: 1, Type: TypeSingle, Now: 1})
+	if !errors.Is(err, ErrTopicExists) {
+		t.Fatalf("create of an existing topic: %v, want ErrTopicExists", err)
+	}
+
+	// The leader killed: the others go on.
+	old := a.leader()
+	if old == nil {
+		t.Fatal("no leader")
+	}
+	oldID := old.ID()
+	old.Close()
+	delete(a.all, oldID)
+	var survivor *Agent
+	for _, ag := range a.all {
+		survivor = ag
+	}
+	start := time.Now()
+	if _, err := survivor.Propose(ctx, CreateTopic{Name: "after", Partitions: 2, Type: TypeSingle, Now: time.Now().UnixNano()}); err != nil {
+		t.Fatalf("create after the leader died: %v", err)
+	}
+	t.Logf("created %v after the leader's death", time.Since(start))
+	eventually(t, "the dead leader marked down", func() bool {
+		nd, ok := survivor.Meta().State().Node(oldID)
+		return ok && !nd.Up
+	})
+
+	// It restarts on its data, on a new port (the seed it names is another
+	// node: its own old address is gone), and rejoins.
+	back := a.start(oldID, a.all[firstKey(a.all)].Addr())
+	eventually(t, "the restarted node up", func() bool { return a.allUp(3) })
+	eventually(t, "the restarted node has the topics", func() bool { return len(back.Meta().State().Topics()) == 4 })
+	eventually(t, "the restarted node's session", back.SessionValid)
+}
+
+func firstKey(m map[string]*Agent) string {
+	for k := range m {
+		return k
+	}
+	return ""
+}

@@ -1,0 +1,272 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/internal/wire"
+	"github.com/zeze-go/mq/store"
+)
+
+// The cluster's RPC ops, beside remote's partition ops. Requests and
+// replies are msgpack arrays of the fixed structs below (field order is the
+// format; a field is only ever appended), decoded with wire.Unmarshal,
+// which checks every length against the bytes there before allocating.
+const (
+	opWhoLeads  = remote.FirstOp + 64 // → whoLeads
+	opJoin      = remote.FirstOp + 65 // joinReq → nothing: the leader registered the node
+	opHeartbeat = remote.FirstOp + 66 // joinReq → nothing: the leader renewed its session
+	opPropose   = remote.FirstOp + 67 // EncodeCommand → resultMsg
+	opCheckTx   = remote.FirstOp + 68 // checkTxReq → checkTxResp
+)
+
+// Error codes of the metadata group's errors on the wire.
+func init() {
+	for i, err := range []error{ErrNotLeader, ErrUnknownOutcome, ErrInvalid, ErrTopicExists, ErrNoTopic,
+		ErrPartitionDecrease, ErrNotEnoughNodes, ErrNoNode, ErrNodeDown, ErrStaleSession, ErrNoGroup,
+		ErrNoMember, ErrMemberExists, ErrNotRevoking, ErrDenied, ErrClosed} {
+		remote.RegisterError(remote.FirstUserCode+uint16(i), err)
+	}
+}
+
+// ErrDenied is returned for a call the caller's identity has no right to
+// make under the cluster's ACL.
+var ErrDenied = errors.New("cluster: denied by ACL")
+
+type whoLeads struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	ID       string
+	Addr     string
+}
+
+type joinReq struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	ID       string
+	Addr     string
+}
+
+type checkTxReq struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	TxID     string
+}
+
+type checkTxResp struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Decision uint8
+}
+
+// resultMsg is a Result on the wire.
+type resultMsg struct {
+	_msgpack   struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Index      uint64
+	Generation uint64
+	Session    uint64
+	Name       string
+	Type       uint8
+	Created    int64
+	Parts      []partMsg
+}
+
+type partMsg struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Replicas []string
+	Leader   string
+	Epoch    uint64
+}
+
+func toResultMsg(r Result) *resultMsg {
+	m := &resultMsg{Index: r.Index, Generation: r.Generation, Session: r.Session,
+		Name: r.Topic.Name, Type: r.Topic.Type, Created: r.Topic.Created}
+	for _, p := range r.Topic.Parts {
+		m.Parts = append(m.Parts, partMsg{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch})
+	}
+	return m
+}
+
+func (m *resultMsg) result() Result {
+	r := Result{Index: m.Index, Generation: m.Generation, Session: m.Session,
+		Topic: Topic{Name: m.Name, Type: m.Type, Created: m.Created}}
+	for _, p := range m.Parts {
+		r.Topic.Parts = append(r.Topic.Parts, Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch})
+	}
+	return r
+}
+
+func encodeMsg(v any) ([]byte, error) { return msgpack.Marshal(v) }
+
+func decodeMsg(b []byte, v any) error {
+	if err := wire.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	return nil
+}
+
+// handle runs a leader op for peer: a node's call, or this node's own.
+func (n *Agent) handle(ctx context.Context, peer string, op uint16, req []byte) ([]byte, error) {
+	switch op {
+	case opJoin:
+		return n.handleJoin(ctx, peer, req)
+	case opHeartbeat:
+		return n.handleHeartbeat(ctx, peer, req)
+	case opPropose:
+		return n.handlePropose(ctx, peer, req)
+	}
+	return nil, fmt.Errorf("%w: op %d", ErrInvalid, op)
+}
+
+func (n *Agent) handleWhoLeads(_ context.Context, _ string, _ []byte) ([]byte, error) {
+	id, _ := n.meta.Leader()
+	w := whoLeads{ID: id}
+	if id != "" {
+		w.Addr, _ = n.resolve(id)
+	}
+	return encodeMsg(&w)
+}
+
+// handleJoin registers the calling node (AddNode) on the leader. A node
+// registers only itself: the id is the peer's, which the handshake (and
+// TLS) proved.
+func (n *Agent) handleJoin(ctx context.Context, peer string, req []byte) ([]byte, error) {
+	var j joinReq
+	if err := decodeMsg(req, &j); err != nil {
+		return nil, err
+	}
+	if j.ID != peer {
+		return nil, fmt.Errorf("%w: node %s cannot register %s", ErrDenied, peer, j.ID)
+	}
+	return nil, n.meta.AddNode(ctx, j.ID, j.Addr)
+}
+
+func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]byte, error) {
+	var j joinReq
+	if err := decodeMsg(req, &j); err != nil {
+		return nil, err
+	}
+	if j.ID != peer {
+		return nil, fmt.Errorf("%w: node %s cannot heartbeat for %s", ErrDenied, peer, j.ID)
+	}
+	if nd, ok := n.meta.State().Node(j.ID); ok && nd.Up && nd.Addr != j.Addr {
+		return nil, fmt.Errorf("%w: %s moved to %s", ErrNodeDown, j.ID, j.Addr) // registers again
+	}
+	if j.ID == n.cfg.ID { // the leader itself: it is alive, and registers itself
+		return nil, nil
+	}
+	return nil, n.meta.Heartbeat(j.ID)
+}
+
+// handlePropose applies a command on the leader for peer, if the ACL
+// allows it: topic changes need Admin on the topic, group membership
+// Consume on it and may name only the peer's own node; nodes are registered
+// by joining, marked down by the leader alone.
+func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]byte, error) {
+	c, err := DecodeCommand(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.authorize(peer, c); err != nil {
+		n.log.Warn("refused", "identity", peer, "command", fmt.Sprintf("%T", c), "err", err)
+		return nil, err
+	}
+	r, err := n.meta.Propose(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	return encodeMsg(toResultMsg(r))
+}
+
+func (n *Agent) authorize(peer string, c Command) error {
+	s := n.meta.State()
+	deny := func(topic string, right Rights) error {
+		if s.Allowed(peer, topic, right) {
+			return nil
+		}
+		return fmt.Errorf("%w: %s may not %s %s", ErrDenied, peer, rightName(right), topic)
+	}
+	switch c := c.(type) {
+	case CreateTopic:
+		return deny(c.Name, RightAdmin)
+	case AlterTopic:
+		return deny(c.Name, RightAdmin)
+	case SetACL:
+		return deny("*", RightAdmin)
+	case JoinGroup:
+		if c.Node != peer {
+			return fmt.Errorf("%w: node %s cannot add a member on %s", ErrDenied, peer, c.Node)
+		}
+		return deny(c.Topic, RightConsume)
+	case LeaveGroup:
+		if !ownMember(peer, c.Member) {
+			return fmt.Errorf("%w: node %s cannot remove member %s", ErrDenied, peer, c.Member)
+		}
+		return nil
+	case Released:
+		if !ownMember(peer, c.Member) {
+			return fmt.Errorf("%w: node %s cannot release for member %s", ErrDenied, peer, c.Member)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: %T is the leader's own", ErrDenied, c)
+}
+
+// MemberName is the group member name of consumer id on node: the node's
+// id, a slash, the consumer's number on that node.
+func MemberName(node string, consumer uint64) string {
+	return fmt.Sprintf("%s/%d", node, consumer)
+}
+
+func ownMember(node, member string) bool {
+	return len(member) > len(node) && member[:len(node)] == node && member[len(node)] == '/'
+}
+
+func rightName(r Rights) string {
+	switch r {
+	case RightProduce:
+		return "produce to"
+	case RightConsume:
+		return "consume from"
+	case RightAdmin:
+		return "administer"
+	}
+	return fmt.Sprintf("rights %#x on", uint8(r))
+}
+
+// handleCheckTx answers a check-back of a transaction this node prepared.
+func (n *Agent) handleCheckTx(ctx context.Context, _ string, req []byte) ([]byte, error) {
+	var q checkTxReq
+	if err := decodeMsg(req, &q); err != nil {
+		return nil, err
+	}
+	d, err := n.cfg.CheckTx(ctx, q.TxID)
+	if err != nil {
+		return nil, err
+	}
+	return encodeMsg(&checkTxResp{Decision: uint8(d)})
+}
+
+// CheckTx asks node, the preparer of txid, for its decision.
+func (n *Agent) CheckTx(ctx context.Context, node, txid string) (store.Decision, error) {
+	c, err := n.Peer(node)
+	if err != nil {
+		return store.Undecided, err
+	}
+	req, err := encodeMsg(&checkTxReq{TxID: txid})
+	if err != nil {
+		return store.Undecided, err
+	}
+	resp, err := c.Call(ctx, opCheckTx, req)
+	if err != nil {
+		return store.Undecided, err
+	}
+	var r checkTxResp
+	if err := decodeMsg(resp, &r); err != nil {
+		return store.Undecided, err
+	}
+	if r.Decision > uint8(store.RolledBack) {
+		return store.Undecided, fmt.Errorf("%w: decision %d", ErrCorrupt, r.Decision)
+	}
+	return store.Decision(r.Decision), nil
+}
