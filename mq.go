@@ -139,6 +139,9 @@ var (
 	// ErrGroupInUse is returned by DeleteGroup while a consumer of the
 	// group is open on this node.
 	ErrGroupInUse = errors.New("mq: group in use")
+	// ErrDenied is returned when the cluster's ACL does not allow this
+	// node the call (see SetACL).
+	ErrDenied = errors.New("mq: denied by the cluster's ACL")
 	// ErrStorageFailed is returned for every write to a partition after a
 	// write or sync of its log or file failed (an I/O error, a full disk),
 	// until the node is reopened: the outcome of the writes in flight is
@@ -173,6 +176,7 @@ type MQ struct {
 	closed  atomic.Bool
 
 	delivery *delivery.Engine // consumers, groups and their workers
+	cluster  *clusterNode     // nil for a standalone node
 }
 
 // Open opens the node stored in dir, creating dir if needed, and reopens
@@ -217,7 +221,6 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 		topics: partition.NewTable(nil),
 	}
 	m.router = localRouter{m}
-	m.delivery = delivery.New(deliveryTopics{m}, cfg.clock, cfg.logger, nil)
 	m.upkeep = upkeep.Config{Clock: cfg.clock, Retention: cfg.retention, RetentionBytes: cfg.retentionBytes,
 		DedupWindow: cfg.dedupWindow, DecisionTTL: cfg.decisionTTL, Interval: cfg.maintenanceInterval,
 		DecideTTL: cfg.tx.prune.DecideTTL, BroadcastTTL: cfg.broadcastTTL}
@@ -229,11 +232,25 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 		cancel()
 		return nil, fmt.Errorf("mq: open %s: %w", dir, translate(err))
 	}
-	err = m.load()
+	if cfg.cluster == nil {
+		err = m.load()
+	} else {
+		err = m.openCluster() // the topics come from the metadata group
+	}
 	if err == nil {
 		err = m.wal.FinishRecovery() // every partition has replayed its records
 	}
+	if err == nil {
+		var coord delivery.Coordinator // standalone: delivery.Local
+		if m.cluster != nil {
+			coord = m.cluster.coord
+		}
+		m.delivery = delivery.New(deliveryTopics{m}, cfg.clock, cfg.logger, coord)
+	}
 	if err != nil {
+		if m.cluster != nil {
+			m.cluster.agent.Close()
+		}
 		m.closeTopics()
 		m.wal.Close()
 		meta.Close()
@@ -306,7 +323,13 @@ func (m *MQ) Close() error {
 	m.delivery.Close()
 	m.cancel()
 	m.wg.Wait()
-	err := m.closeTopics()
+	var err error
+	if m.cluster != nil { // before the partitions: it serves them
+		err = m.cluster.agent.Close()
+	}
+	if cerr := m.closeTopics(); err == nil {
+		err = cerr
+	}
 	if cerr := m.wal.Close(); err == nil {
 		err = cerr
 	}
@@ -350,12 +373,21 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 	switch opts.Type {
 	case Single:
 	case DoubleWrite, Raft3:
+		if m.cluster != nil {
+			return fmt.Errorf("%w: %v is not built yet", ErrUnsupportedType, opts.Type)
+		}
 		return fmt.Errorf("%w: %v on a standalone node", ErrUnsupportedType, opts.Type)
 	default:
 		return fmt.Errorf("%w: %v", ErrUnsupportedType, opts.Type)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if m.cluster != nil {
+		if m.closed.Load() {
+			return ErrClosed
+		}
+		return m.cluster.createTopic(ctx, name, partitions, opts)
 	}
 	m.adminMu.Lock()
 	defer m.adminMu.Unlock()
@@ -389,6 +421,12 @@ func (m *MQ) AlterMQ(ctx context.Context, topic string, partitions int) error {
 	}
 	if partitions < 1 || partitions > MaxPartitions {
 		return fmt.Errorf("%w: %d partitions (1..%d)", ErrInvalidPartition, partitions, MaxPartitions)
+	}
+	if m.cluster != nil {
+		if m.closed.Load() {
+			return ErrClosed
+		}
+		return m.cluster.alterTopic(ctx, topic, partitions)
 	}
 	m.adminMu.Lock()
 	if m.closed.Load() {
@@ -522,6 +560,10 @@ func (m *MQ) goFunc(fn func(ctx context.Context)) {
 func (m *MQ) startBackground() {
 	m.startMaintenance() // internal/upkeep: delay release, retention, dedup pruning
 	m.startTxChecker()   // transaction.go, internal/txn: check-back, sweep, forgetter
+	if m.cluster != nil {
+		m.goFunc(m.cluster.syncLoop) // cluster.go: the topic table follows the metadata group
+		m.goFunc(m.cluster.coord.Run) // internal/cluster: the groups' members follow the consumers
+	}
 }
 
 // startMaintenance starts the upkeep of every partition opened by Open.

@@ -1,8 +1,10 @@
 package mq
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/zeze-go/mq/internal/delivery"
@@ -71,6 +73,8 @@ type config struct {
 
 	// Transactions (transaction.go).
 	tx txConfig
+
+	cluster *ClusterConfig // nil: standalone
 }
 
 func defaultConfig() config {
@@ -489,6 +493,71 @@ func WithFilter(expression string) ConsumerOption {
 			return fmt.Errorf("%w: %v", ErrInvalidOption, err)
 		}
 		c.Filter = f
+		return nil
+	}
+}
+
+// ClusterConfig makes a node one of a cluster (WithCluster).
+type ClusterConfig struct {
+	// NodeID names the node in the cluster, for the life of its data
+	// directory: 1 to 64 letters, digits, '.', '-' and '_'. With TLS, the
+	// node's certificate must name it (a DNS SAN).
+	NodeID string
+	// Bind is the TCP address of the node's one port ("host:port"; port 0
+	// picks one). Client RPC, raft and replication all use it.
+	Bind string
+	// Advertise is the address the other nodes dial; empty for the bound
+	// address.
+	Advertise string
+	// Seeds are addresses of nodes of the cluster; the node joins through
+	// any of them. A node without seeds starts a new cluster the first time
+	// it opens its directory.
+	Seeds []string
+	// Secret is the cluster secret, at least 16 bytes, the same on every
+	// node: each connection starts with a mutual HMAC-SHA256 challenge
+	// over it.
+	Secret []byte
+	// ServerTLS and ClientTLS, both or neither, make every link mutual TLS
+	// 1.3 (client certificates required, the peer's certificate checked
+	// against the CAs given and the node id it claims).
+	ServerTLS, ClientTLS *tls.Config
+	// SessionTimeout is how long a node may go unheard before the
+	// metadata leader marks it down and gives its consumers' partitions to
+	// others (default 5s). A node that cannot renew its session stops
+	// delivering before then.
+	SessionTimeout time.Duration
+	// HandshakeTimeout bounds a connection's TLS and secret handshake
+	// (default 5s).
+	HandshakeTimeout time.Duration
+	// ElectionTimeout is the metadata group's raft heartbeat and election
+	// timeout (raft's default, 1s, if zero).
+	ElectionTimeout time.Duration
+	// MaxFrameBytes bounds one frame between nodes (default the node's
+	// MaxMessageBytes plus 1 MiB).
+	MaxFrameBytes int
+}
+
+// WithCluster makes the node one of a cluster: it listens on one port,
+// joins the metadata group through c.Seeds (or starts a cluster), and its
+// topics are the cluster's: CreateMQ places partitions on the nodes by
+// load, and producers and consumers reach every partition from any node.
+func WithCluster(c ClusterConfig) Option {
+	return func(cfg *config) error {
+		switch {
+		case c.NodeID == "":
+			return fmt.Errorf("%w: cluster needs a NodeID", ErrInvalidOption)
+		case c.Bind == "":
+			return fmt.Errorf("%w: cluster needs a Bind address", ErrInvalidOption)
+		case len(c.Secret) < 16:
+			return fmt.Errorf("%w: cluster secret of %d bytes (16 at least)", ErrInvalidOption, len(c.Secret))
+		case (c.ServerTLS == nil) != (c.ClientTLS == nil):
+			return fmt.Errorf("%w: cluster TLS needs both ServerTLS and ClientTLS", ErrInvalidOption)
+		case c.SessionTimeout < 0 || c.HandshakeTimeout < 0 || c.ElectionTimeout < 0 || c.MaxFrameBytes < 0:
+			return fmt.Errorf("%w: negative cluster timeout or size", ErrInvalidOption)
+		}
+		c.Seeds = slices.Clone(c.Seeds)
+		c.Secret = slices.Clone(c.Secret)
+		cfg.cluster = &c
 		return nil
 	}
 }

@@ -23,7 +23,7 @@ type agents struct {
 }
 
 func noPartitions(string, int) (partition.Partition, error) { return nil, ErrNoTopic }
-func noTx(context.Context, string) (store.Decision, error)   { return store.Undecided, nil }
+func noTx(context.Context, string) (store.Decision, error)  { return store.Undecided, nil }
 
 func (a *agents) start(id string, seeds ...string) *Agent {
 	a.t.Helper()

@@ -1,0 +1,262 @@
+package mq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/zeze-go/mq/internal/cluster"
+	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/store"
+)
+
+// clusterNode is the node's part in a cluster: its agent (port, metadata
+// group, RPC) and the topic table kept in step with the metadata group's
+// placement. A partition placed on this node is opened here and served to
+// the others; one placed elsewhere is a remote partition.
+type clusterNode struct {
+	m     *MQ
+	agent *cluster.Agent
+	coord *cluster.Coordinator // the delivery engine's
+}
+
+// openCluster starts the node's agent. The topic table follows the
+// metadata group from then on (syncLoop, started with the background).
+func (m *MQ) openCluster() error {
+	c := m.cfg.cluster
+	maxFrame := c.MaxFrameBytes
+	if maxFrame == 0 {
+		maxFrame = m.cfg.maxMessageBytes + 1<<20
+	}
+	cn := &clusterNode{m: m}
+	agent, err := cluster.OpenAgent(cluster.AgentConfig{
+		ID: c.NodeID, Dir: filepath.Join(m.dir, "cluster"), Bind: c.Bind, Advertise: c.Advertise,
+		Seeds: c.Seeds, Secret: c.Secret, ServerTLS: c.ServerTLS, ClientTLS: c.ClientTLS,
+		SessionTimeout: c.SessionTimeout, HandshakeTimeout: c.HandshakeTimeout, MaxFrameBytes: maxFrame,
+		HeartbeatTimeout: c.ElectionTimeout, ElectionTimeout: c.ElectionTimeout,
+		LeaderLeaseTimeout: c.ElectionTimeout / 2,
+		Partitions:         cn.served, CheckTx: cn.checkTx, Logger: m.cfg.logger,
+	})
+	if err != nil {
+		return fmt.Errorf("mq: cluster: %w", err)
+	}
+	cn.agent = agent
+	cn.coord = cluster.NewCoordinator(agent, func(topic string) { m.delivery.Rebalance(topic) })
+	m.cluster = cn
+	return nil
+}
+
+// syncLoop keeps the topic table in step with the metadata group until the
+// node closes.
+func (cn *clusterNode) syncLoop(ctx context.Context) {
+	for {
+		st := cn.agent.Meta().State()
+		cn.sync(st)
+		select {
+		case <-ctx.Done():
+			return
+		case <-st.Changed():
+		}
+	}
+}
+
+// sync publishes the topics of st in the table: partitions placed here are
+// opened (and their upkeep started), the others reached by RPC. A
+// partition's placement never changes for a Single topic, so what is in the
+// table is kept and only added partitions are made.
+func (cn *clusterNode) sync(st *cluster.State) {
+	m := cn.m
+	m.adminMu.Lock()
+	defer m.adminMu.Unlock()
+	if m.closed.Load() {
+		return
+	}
+	for _, name := range st.Topics() {
+		ct, ok := st.Topic(name)
+		if !ok {
+			continue
+		}
+		old, _ := m.topics.Get(name)
+		have := 0
+		if old != nil {
+			have = len(old.Parts)
+		}
+		if have >= len(ct.Parts) {
+			continue
+		}
+		t := &partition.Topic{Name: name, Type: ct.Type, Created: time.Unix(0, ct.Created)}
+		if old != nil {
+			t.Parts = slices.Clone(old.Parts)
+		}
+		var local []int
+		for i := have; i < len(ct.Parts); i++ {
+			p, isLocal, err := cn.partition(name, i, ct.Parts[i])
+			if err != nil {
+				m.cfg.logger.Error("cannot open a partition placed on this node", "topic", name, "partition", i, "err", err)
+				break // the table gets the partitions before it; the next change tries again
+			}
+			if isLocal {
+				local = append(local, i)
+			}
+			t.Parts = append(t.Parts, p)
+		}
+		if len(t.Parts) == have {
+			continue
+		}
+		m.topics.Put(t)
+		for _, i := range local {
+			m.maintainPartitions(name, i, t.Parts[i:i+1])
+		}
+		if old != nil { // not under adminMu: a rebalance reads the table
+			m.goFunc(func(context.Context) { m.delivery.Rebalance(name) })
+		}
+		m.cfg.logger.Info("topic in step with the cluster", "topic", name, "partitions", len(t.Parts))
+	}
+}
+
+// partition opens partition i of topic, placed as pl: here, or a client of
+// the node holding it.
+func (cn *clusterNode) partition(topic string, i int, pl cluster.Partition) (partition.Partition, bool, error) {
+	if len(pl.Replicas) == 0 {
+		return nil, false, fmt.Errorf("%s/%d has no replica", topic, i)
+	}
+	owner := pl.Replicas[0]
+	if owner == cn.agent.ID() {
+		p, err := cn.m.openPartition(topic, i)
+		return p, true, err
+	}
+	c, err := cn.agent.Peer(owner)
+	if err != nil {
+		return nil, false, err
+	}
+	return remote.NewPartition(c, topic, i, remote.PartitionConfig{}), false, nil
+}
+
+// served is the partition of the table that this node serves to another's
+// RPC: one placed here. A topic just created may not be in the table yet
+// (the metadata group's change reaches the nodes one after the other): it
+// waits a little for it.
+func (cn *clusterNode) served(topic string, i int) (partition.Partition, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		t, ok := cn.m.topics.Get(topic)
+		if ok && i >= 0 && i < len(t.Parts) {
+			if _, local := t.Parts[i].(*partition.Local); !local {
+				return nil, fmt.Errorf("%w: %s/%d is not on node %s", store.ErrClosed, topic, i, cn.agent.ID())
+			}
+			return t.Parts[i], nil
+		}
+		if cn.m.closed.Load() || time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: %s/%d", ErrNoTopic, topic, i)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// checkTx answers another node's check-back of a transaction this node
+// prepared.
+func (cn *clusterNode) checkTx(ctx context.Context, txid string) (store.Decision, error) {
+	return store.Undecided, nil
+}
+
+// createTopic creates a topic through the metadata leader, which places its
+// partitions, and waits until this node's table has it.
+func (cn *clusterNode) createTopic(ctx context.Context, name string, partitions int, opts Options) error {
+	now := time.Now().UnixNano()
+	_, err := cn.agent.Propose(ctx, cluster.CreateTopic{Name: name, Partitions: partitions, Type: uint8(opts.Type), Now: now})
+	if errors.Is(err, cluster.ErrUnknownOutcome) || errors.Is(err, cluster.ErrTopicExists) {
+		// A create that may have been applied, or repeated after one that
+		// was: it is this call's when the topic carries its time.
+		if t, ok := cn.agent.Meta().State().Topic(name); ok && t.Created == now {
+			err = nil
+		}
+	}
+	if err != nil {
+		return clusterErr(err)
+	}
+	return cn.await(ctx, name, partitions)
+}
+
+// alterTopic grows a topic through the metadata leader and waits until
+// this node's table has the new partitions.
+func (cn *clusterNode) alterTopic(ctx context.Context, name string, partitions int) error {
+	if _, err := cn.agent.Propose(ctx, cluster.AlterTopic{Name: name, Partitions: partitions}); err != nil {
+		return clusterErr(err)
+	}
+	return cn.await(ctx, name, partitions)
+}
+
+// await waits until the table has topic with at least partitions
+// partitions.
+func (cn *clusterNode) await(ctx context.Context, topic string, partitions int) error {
+	for {
+		st := cn.agent.Meta().State()
+		if t, ok := cn.m.topics.Get(topic); ok && len(t.Parts) >= partitions {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-st.Changed():
+		case <-time.After(10 * time.Millisecond):
+		}
+		if cn.m.closed.Load() {
+			return ErrClosed
+		}
+	}
+}
+
+// clusterErr maps the metadata group's errors to mq's.
+func clusterErr(err error) error {
+	switch {
+	case errors.Is(err, cluster.ErrTopicExists):
+		return fmt.Errorf("%w: %w", ErrTopicExists, err)
+	case errors.Is(err, cluster.ErrNoTopic):
+		return fmt.Errorf("%w: %w", ErrNoTopic, err)
+	case errors.Is(err, cluster.ErrPartitionDecrease):
+		return fmt.Errorf("%w: %w", ErrPartitionDecrease, err)
+	case errors.Is(err, cluster.ErrNotEnoughNodes):
+		return fmt.Errorf("%w: %w", ErrNoQuorum, err)
+	case errors.Is(err, cluster.ErrDenied):
+		return fmt.Errorf("%w: %w", ErrDenied, err)
+	case errors.Is(err, cluster.ErrClosed):
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return fmt.Errorf("%w: %w", ErrNoQuorum, err)
+	}
+	return err
+}
+
+// ClusterStatus is what a node knows of its cluster.
+type ClusterStatus struct {
+	NodeID string // this node's
+	Addr   string // this node's advertised address
+	Leader string // the metadata leader's node id, "" while none is known
+	Nodes  []NodeStatus
+}
+
+// NodeStatus is one node as the metadata group records it.
+type NodeStatus struct {
+	ID   string
+	Addr string
+	Up   bool // false once its session expired, until it comes back
+}
+
+// ClusterStatus returns what the node knows of its cluster: the zero value
+// for a standalone node.
+func (m *MQ) ClusterStatus() ClusterStatus {
+	if m.cluster == nil {
+		return ClusterStatus{}
+	}
+	a := m.cluster.agent
+	leader, _ := a.Meta().Leader()
+	st := ClusterStatus{NodeID: a.ID(), Addr: a.Addr(), Leader: leader}
+	for _, nd := range a.Meta().State().Nodes() {
+		st.Nodes = append(st.Nodes, NodeStatus{ID: nd.ID, Addr: nd.Addr, Up: nd.Up})
+	}
+	return st
+}

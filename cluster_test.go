@@ -1,0 +1,247 @@
+package mq_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zeze-go/mq"
+)
+
+var clusterSecret = []byte("cluster-test-secret-0123456789")
+
+// testCluster is nodes of one cluster in this process, on 127.0.0.1.
+type testCluster struct {
+	t     testing.TB
+	root  string
+	nodes map[string]*mq.MQ
+	seed  string // the first node's address
+}
+
+func newCluster(t testing.TB, n int) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}}
+	c.start("n1")
+	c.seed = c.nodes["n1"].ClusterStatus().Addr
+	for i := 2; i <= n; i++ {
+		c.start(fmt.Sprintf("n%d", i))
+	}
+	waitFor(t, 30*time.Second, "every node up", func() bool {
+		for _, m := range c.nodes {
+			up := 0
+			for _, nd := range m.ClusterStatus().Nodes {
+				if nd.Up {
+					up++
+				}
+			}
+			if up != n {
+				return false
+			}
+		}
+		return true
+	})
+	return c
+}
+
+// start opens node id on its directory; every node but the first joins
+// through the first's address (or, once it is gone, another's).
+func (c *testCluster) start(id string) *mq.MQ {
+	c.t.Helper()
+	var seeds []string
+	if c.seed != "" {
+		for other, m := range c.nodes {
+			if other != id {
+				seeds = append(seeds, m.ClusterStatus().Addr)
+			}
+		}
+	}
+	m, err := mq.Open(filepath.Join(c.root, id), mq.WithCluster(mq.ClusterConfig{
+		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret,
+		SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
+	}))
+	if err != nil {
+		c.t.Fatalf("open %s: %v", id, err)
+	}
+	c.nodes[id] = m
+	c.t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// kill closes node id (its data stays).
+func (c *testCluster) kill(id string) {
+	c.t.Helper()
+	if err := c.nodes[id].Close(); err != nil {
+		c.t.Logf("close %s: %v", id, err)
+	}
+	delete(c.nodes, id)
+}
+
+// TestCluster_Basic: a topic created on a node that is not the metadata
+// leader is placed over every node; every node sends to every partition and
+// reads back what any sent; a consumer group on one node receives all.
+func TestCluster_Basic(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var creator *mq.MQ
+	for _, m := range c.nodes {
+		if st := m.ClusterStatus(); st.Leader != st.NodeID {
+			creator = m
+		}
+	}
+	if err := creator.CreateMQ(ctx, "orders", 6, mq.Options{}); err != nil {
+		t.Fatalf("create on a follower: %v", err)
+	}
+	if err := creator.CreateMQ(ctx, "orders", 6, mq.Options{}); !errors.Is(err, mq.ErrTopicExists) {
+		t.Fatalf("second create: %v, want ErrTopicExists", err)
+	}
+	sent := map[string]bool{}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["orders"] == 6 })
+		p, err := m.NewProducer("orders")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 6 {
+			msg := (&mq.Message{ID: fmt.Sprintf("%s-%d", id, i), Body: []byte(id)}).ToPartition(i)
+			if _, err := p.SendMessage(ctx, msg); err != nil {
+				t.Fatalf("send from %s to partition %d: %v", id, i, err)
+			}
+			sent[msg.ID] = true
+		}
+	}
+	for id, m := range c.nodes {
+		for i := range 6 {
+			got, err := m.ReadMessage(ctx, "orders", i, 0)
+			if err != nil {
+				t.Fatalf("read %d/0 on %s: %v", i, id, err)
+			}
+			if !sent[got.ID] {
+				t.Fatalf("read %q on %s", got.ID, id)
+			}
+		}
+	}
+	col := collect(t, c.nodes["n2"], "orders", "billing")
+	var ids []string
+	for id := range sent {
+		ids = append(ids, id)
+	}
+	waitSeen(t, col, ids...)
+}
+
+// TestCluster_GroupAcrossNodes: a group's consumers on three nodes share
+// the partitions; one consumer's node killed, its partitions go to the
+// others with no message lost and each key's messages in order; the node
+// restarted on its data rejoins. The topic is placed before the third node
+// joins, so that node holds no partition (a Single partition is reachable
+// only while its node lives) and every send succeeds while it is dead.
+func TestCluster_GroupAcrossNodes(t *testing.T) {
+	c := newCluster(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.nodes["n1"].CreateMQ(ctx, "orders", 6, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	c.start("n3")
+	var mu sync.Mutex
+	seen := map[string]int{}      // id → deliveries
+	lastOfKey := map[string]int{} // key → last sequence handled
+	var disorder []string
+	listener := func(node string) mq.Listener {
+		return mq.ListenerFunc(func(_ context.Context, _ string, msg *mq.Message) error {
+			var seq int
+			fmt.Sscanf(string(msg.Body), "%d", &seq)
+			mu.Lock()
+			defer mu.Unlock()
+			if seen[msg.ID] == 0 && seq < lastOfKey[msg.Key] {
+				disorder = append(disorder, fmt.Sprintf("%s: %s seq %d after %d", node, msg.Key, seq, lastOfKey[msg.Key]))
+			}
+			seen[msg.ID]++
+			lastOfKey[msg.Key] = max(lastOfKey[msg.Key], seq)
+			return nil
+		})
+	}
+	consumers := map[string]*mq.Consumer{}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["orders"] == 6 })
+		cons, err := m.NewConsumer("orders", "billing", listener(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		consumers[id] = cons
+	}
+	waitFor(t, 20*time.Second, "the partitions divided over three consumers", func() bool {
+		total := 0
+		for _, cons := range consumers {
+			n := len(cons.Assigned())
+			if n == 0 {
+				return false
+			}
+			total += n
+		}
+		return total == 6
+	})
+	p, err := c.nodes["n1"].NewProducer("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			msg := &mq.Message{ID: fmt.Sprintf("m-%d", i), Key: fmt.Sprintf("k%d", i%12), Body: fmt.Appendf(nil, "%d", i)}
+			if _, err := p.SendMessage(ctx, msg); err != nil {
+				t.Fatalf("send %d: %v", i, err)
+			}
+		}
+	}
+	delivered := func(n int) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			for i := range n {
+				if seen[fmt.Sprintf("m-%d", i)] == 0 {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	send(0, 300)
+	waitFor(t, 20*time.Second, "the first 300 delivered", delivered(300))
+
+	// The node of one consumer dies (not the producer's): its partitions
+	// move to the two others.
+	victim := "n3"
+	c.kill(victim)
+	delete(consumers, victim)
+	send(300, 600)
+	waitFor(t, 30*time.Second, "the partitions moved to the two left", func() bool {
+		total := 0
+		for _, cons := range consumers {
+			total += len(cons.Assigned())
+		}
+		return total == 6
+	})
+	waitFor(t, 30*time.Second, "all 600 delivered", delivered(600))
+
+	// It comes back on its data and takes a share again.
+	back := c.start(victim)
+	waitFor(t, 20*time.Second, "the topic on the restarted node", func() bool { return back.Topics()["orders"] == 6 })
+	cons, err := back.NewConsumer("orders", "billing", listener(victim))
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumers[victim] = cons
+	waitFor(t, 30*time.Second, "the restarted node's consumer gets partitions", func() bool { return len(cons.Assigned()) > 0 })
+	send(600, 900)
+	waitFor(t, 30*time.Second, "all 900 delivered", delivered(900))
+	mu.Lock()
+	defer mu.Unlock()
+	if len(disorder) > 0 {
+		t.Fatalf("per-key order broken: %v", disorder)
+	}
+}

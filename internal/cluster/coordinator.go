@@ -1,0 +1,196 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Coordinator divides the partitions of consumer groups among their
+// consumers on every node, as the metadata group assigns them. It is the
+// delivery engine's coordinator (internal/delivery's Coordinator and
+// Stopper) on a node of a cluster:
+//
+//   - Share, called by the engine with the group's consumers on this node,
+//     gives each the partitions the metadata group assigns its member,
+//     minus those being revoked from it, and nothing while the node's
+//     session may have expired (the leader may have given them to others);
+//   - its loop makes the metadata group's members follow this node's
+//     consumers (JoinGroup, LeaveGroup), proposes Released for a partition
+//     being revoked once the engine reported it Stopped (after the old
+//     owner's last commit), and asks the engine to rebalance the groups'
+//     topics when the state changes.
+//
+// So a partition is delivered on at most one node at a time: the new
+// owner's node gets it only after the old owner released it or its node was
+// marked down, and a node that lost its session stops delivering before
+// the leader can mark it down. Offsets stay fenced by the store's claims.
+type Coordinator struct {
+	agent     *Agent
+	rebalance func(topic string)
+
+	mu     sync.Mutex // guards groups
+	groups map[GroupKey]*localGroup
+	kick   chan struct{} // a token: the loop has work
+}
+
+// localGroup is what this node's consumers of one group are.
+type localGroup struct {
+	members []uint64     // the engine's consumer IDs, in join order
+	running map[int]bool // partitions Share gave and the engine did not report Stopped
+}
+
+// NewCoordinator returns the coordinator of agent's node; rebalance asks
+// the delivery engine to reassign a topic's groups (it calls Share).
+func NewCoordinator(agent *Agent, rebalance func(topic string)) *Coordinator {
+	return &Coordinator{agent: agent, rebalance: rebalance, groups: map[GroupKey]*localGroup{},
+		kick: make(chan struct{}, 1)}
+}
+
+func (c *Coordinator) wake() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// member is the metadata group's name of consumer id of this node.
+func (c *Coordinator) member(id uint64) string { return MemberName(c.agent.ID(), id) }
+
+// Share implements the delivery engine's Coordinator.
+func (c *Coordinator) Share(topic, group string, members []uint64, partitions int) [][]int {
+	st := c.agent.Meta().State()
+	valid := c.agent.SessionValid()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := GroupKey{Topic: topic, Group: group}
+	lg := c.groups[k]
+	if lg == nil {
+		lg = &localGroup{running: map[int]bool{}}
+		c.groups[k] = lg
+	}
+	if !slices.Equal(lg.members, members) {
+		lg.members = slices.Clone(members)
+		c.wake()
+	}
+	out := make([][]int, len(members))
+	if !valid {
+		return out
+	}
+	for i, id := range members {
+		name := c.member(id)
+		_, parts := st.Assignment(topic, group, name)
+		_, revoking := st.Revoking(topic, group, name)
+		for _, p := range parts {
+			if p < partitions && !slices.Contains(revoking, p) {
+				out[i] = append(out[i], p)
+				lg.running[p] = true
+			}
+		}
+	}
+	return out
+}
+
+// Stopped implements the delivery engine's Stopper.
+func (c *Coordinator) Stopped(topic, group string, part int) {
+	c.mu.Lock()
+	if lg := c.groups[GroupKey{Topic: topic, Group: group}]; lg != nil {
+		delete(lg.running, part)
+	}
+	c.mu.Unlock()
+	c.wake()
+}
+
+// Run makes the metadata group follow this node's consumers until ctx
+// ends; see Coordinator.
+func (c *Coordinator) Run(ctx context.Context) {
+	tick := time.NewTicker(max(c.agent.timeout/10, 10*time.Millisecond))
+	defer tick.Stop()
+	valid, last := false, uint64(0)
+	for {
+		st := c.agent.Meta().State()
+		topics := c.reconcile(ctx, st)
+		if v := c.agent.SessionValid(); v != valid || st.Index() != last {
+			valid, last = v, st.Index()
+			for _, t := range topics {
+				c.rebalance(t)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-st.Changed():
+		case <-c.kick:
+		case <-tick.C:
+		}
+	}
+}
+
+// step is one proposal reconcile makes.
+type step struct {
+	key GroupKey
+	cmd Command
+}
+
+// reconcile proposes what makes the metadata group's members and
+// revocations match this node's consumers, and returns the topics whose
+// groups should be rebalanced here (the state may give them other
+// partitions).
+func (c *Coordinator) reconcile(ctx context.Context, st *State) []string {
+	self := c.agent.ID()
+	var steps []step
+	var topics []string
+	c.mu.Lock()
+	for k, lg := range c.groups {
+		if !slices.Contains(topics, k.Topic) {
+			topics = append(topics, k.Topic)
+		}
+		g, _ := st.Group(k.Topic, k.Group)
+		want := map[string]bool{}
+		for _, id := range lg.members {
+			name := c.member(id)
+			want[name] = true
+			if _, ok := g.Members[name]; !ok {
+				steps = append(steps, step{k, JoinGroup{Topic: k.Topic, Group: k.Group, Member: name, Node: self}})
+			}
+			gen, revoking := st.Revoking(k.Topic, k.Group, name)
+			for _, p := range revoking {
+				if !lg.running[p] {
+					steps = append(steps, step{k, Released{Topic: k.Topic, Group: k.Group, Partition: p, Member: name, Generation: gen}})
+				}
+			}
+		}
+		for name, m := range g.Members {
+			if m.Node == self && !want[name] {
+				steps = append(steps, step{k, LeaveGroup{Topic: k.Topic, Group: k.Group, Member: name}})
+			}
+		}
+		if len(lg.members) == 0 && len(lg.running) == 0 && !hasMemberOn(g, self) {
+			delete(c.groups, k)
+		}
+	}
+	c.mu.Unlock()
+	if len(steps) == 0 || !c.agent.SessionValid() {
+		return topics
+	}
+	for _, s := range steps {
+		pctx, cancel := context.WithTimeout(ctx, c.agent.timeout)
+		_, err := c.agent.Propose(pctx, s.cmd)
+		cancel()
+		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrNoTopic) {
+			c.agent.log.Debug("group coordination", "topic", s.key.Topic, "group", s.key.Group, "err", err)
+		}
+	}
+	return topics
+}
+
+func hasMemberOn(g Group, node string) bool {
+	for _, m := range g.Members {
+		if m.Node == node {
+			return true
+		}
+	}
+	return false
+}
