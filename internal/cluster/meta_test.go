@@ -535,3 +535,87 @@ func TestOpenMeta_Invalid(t *testing.T) {
 		})
 	}
 }
+
+// isolate cuts node id off every other node, both ways.
+func (c *testCluster) isolate(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.trans[id].DisconnectAll()
+	for peer, ptr := range c.trans {
+		if peer != id {
+			ptr.Disconnect(raft.ServerAddress(id))
+		}
+	}
+}
+
+// heal connects every pair of running nodes.
+func (c *testCluster) heal() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for a, ta := range c.trans {
+		for b, tb := range c.trans {
+			if a != b {
+				ta.Connect(raft.ServerAddress(b), tb)
+			}
+		}
+	}
+}
+
+// TestMeta_UnknownOutcome: a leader cut off from its followers takes a
+// command it cannot commit; Propose reports the outcome unknown (leadership
+// lost, or ctx ended), never a plain failure, and after healing every node
+// agrees on whether it was applied.
+func TestMeta_UnknownOutcome(t *testing.T) {
+	c := newTestCluster(t, time.Hour)
+	c.start("n1", true)
+	c.leader()
+	c.addNode("n2")
+	c.addNode("n3")
+	var err error
+	for attempt := 0; ; attempt++ {
+		l := c.leader()
+		id, _ := l.Leader()
+		c.isolate(id)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err = l.Propose(ctx, CreateTopic{Name: fmt.Sprintf("cut%d", attempt), Partitions: 1, Type: TypeSingle})
+		cancel()
+		c.heal()
+		if errors.Is(err, ErrUnknownOutcome) {
+			break
+		}
+		// The leader stepped down before it took the command: try again.
+		if !errors.Is(err, ErrNotLeader) || attempt == 20 {
+			t.Fatalf("propose on an isolated leader: %v", err)
+		}
+	}
+	c.mustPropose(CreateTopic{Name: "healed", Partitions: 1, Type: TypeSingle})
+	c.synced(c.leader())
+}
+
+func TestMeta_Watch(t *testing.T) {
+	c := newTestCluster(t, time.Hour)
+	c.start("n1", true)
+	c.leader()
+	f := c.addNode("n2")
+	c.synced(c.leader())
+	s := f.State()
+	ch := f.Watch()
+	c.mustPropose(CreateTopic{Name: "w", Partitions: 1, Type: TypeSingle})
+	select {
+	case <-ch:
+	case <-time.After(waitFor):
+		t.Fatal("Watch not closed by an applied command")
+	}
+	select {
+	case <-s.Changed():
+	default:
+		t.Fatal("the older State's Changed is not closed")
+	}
+	if _, ok := s.Topic("w"); ok {
+		t.Fatal("an older State changed")
+	}
+	eventually(t, "topic on the follower", func() bool {
+		_, ok := f.State().Topic("w")
+		return ok
+	})
+}
