@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -617,5 +619,56 @@ func TestMeta_Watch(t *testing.T) {
 	eventually(t, "topic on the follower", func() bool {
 		_, ok := f.State().Topic("w")
 		return ok
+	})
+}
+
+func TestOpenMeta_Dir(t *testing.T) {
+	open := func(dir string) (*Meta, *raft.InmemTransport, error) {
+		_, tr := raft.NewInmemTransport("n1")
+		m, err := OpenMeta(MetaConfig{NodeID: "n1", Dir: dir, Transport: tr, Bootstrap: true,
+			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond})
+		if err != nil {
+			_ = tr.Close()
+		}
+		return m, tr, err
+	}
+	t.Run("InUse", func(t *testing.T) {
+		dir := t.TempDir()
+		m, _, err := open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		if m2, _, err := open(dir); err == nil {
+			m2.Close()
+			t.Fatal("a second Meta opened the same directory")
+		}
+	})
+	t.Run("ErrCorrupt", func(t *testing.T) {
+		dir := t.TempDir()
+		m, _, err := open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, "raft.db")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 4096; i < len(b); i++ { // keep meta page 0, damage the rest
+			b[i] ^= 0x5a
+		}
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if m, _, err := open(dir); !errors.Is(err, ErrCorrupt) {
+			if m != nil {
+				m.Close()
+			}
+			t.Fatalf("damaged raft.db: %v", err)
+		}
 	})
 }
