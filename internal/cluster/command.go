@@ -47,7 +47,7 @@ type Command interface {
 // back up with a new session. Voter records whether the node is a raft voter
 // of the metadata group (the leader decides, see Meta.AddNode).
 type RegisterNode struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	ID       string
 	Addr     string
 	Voter    bool
@@ -58,7 +58,7 @@ type RegisterNode struct {
 // partitions keep their placement. A NodeDown for an older Session than the
 // node's current one is refused with ErrStaleSession.
 type NodeDown struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	ID       string
 	Session  uint64
 }
@@ -68,7 +68,7 @@ type NodeDown struct {
 // replica count per partition, 0 for the type's own (1, 2 or 3). Now (unix
 // ns) is stamped by the proposer.
 type CreateTopic struct {
-	_msgpack   struct{} `msgpack:",as_array"`
+	_msgpack   struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Name       string
 	Partitions int
 	Type       uint8
@@ -79,7 +79,7 @@ type CreateTopic struct {
 // AlterTopic raises a topic's partition count, placing only the added
 // partitions. The same count is a no-op; a lower one is ErrPartitionDecrease.
 type AlterTopic struct {
-	_msgpack   struct{} `msgpack:",as_array"`
+	_msgpack   struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Name       string
 	Partitions int
 }
@@ -88,7 +88,7 @@ type AlterTopic struct {
 // Group of Topic and rebalances the group. Joining again from the same node
 // changes nothing.
 type JoinGroup struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic    string
 	Group    string
 	Member   string
@@ -98,7 +98,7 @@ type JoinGroup struct {
 // LeaveGroup removes a member from its group: its partitions are free at
 // once (the member has stopped) and the group is rebalanced.
 type LeaveGroup struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic    string
 	Group    string
 	Member   string
@@ -109,7 +109,7 @@ type LeaveGroup struct {
 // offsets). Generation is the group generation at which the member saw the
 // revocation; it must not be older than the revocation itself.
 type Released struct {
-	_msgpack   struct{} `msgpack:",as_array"`
+	_msgpack   struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic      string
 	Group      string
 	Partition  int
@@ -119,7 +119,7 @@ type Released struct {
 
 // SetACL replaces the access rules. An empty list disables access control.
 type SetACL struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Rules    []Rule
 }
 

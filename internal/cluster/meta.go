@@ -13,6 +13,9 @@ import (
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/zeze-go/mq/internal/boltsafe"
 )
 
 // MaxVoters is the number of raft voters of the metadata group; further
@@ -22,12 +25,15 @@ const MaxVoters = 5
 // DefaultSessionTimeout is MetaConfig.SessionTimeout's default.
 const DefaultSessionTimeout = 5 * time.Second
 
+// lockTimeout is how long OpenMeta waits for raft.db's file lock.
+const lockTimeout = time.Second
+
 // MetaConfig configures OpenMeta. NodeID, Dir and Transport are required;
 // zero durations take raft's defaults.
 type MetaConfig struct {
 	NodeID    string         // this node's id ([A-Za-z0-9._-], 1..64 bytes)
 	Dir       string         // raft.db (log and stable store) and snapshots/
-	Transport raft.Transport // the group's network; LocalAddr is this node's raft address
+	Transport raft.Transport // the group's network, closed by Close; LocalAddr is this node's raft address
 	// RaftAddr is the raft address of node id registered at addr: addr if
 	// nil. Over a transport.RaftMux it is the id, which the mux resolves.
 	RaftAddr func(id, addr string) raft.ServerAddress
@@ -141,9 +147,22 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("metadata dir: %w", err)
 	}
-	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")})
+	path := filepath.Join(cfg.Dir, "raft.db")
+	// A second Meta on Dir fails instead of waiting for the lock forever.
+	bopts := &bolt.Options{Timeout: lockTimeout}
+	// raft-boltdb opens bbolt directly: check the file first, so damage is
+	// ErrCorrupt rather than a panic in bbolt.
+	if info, err := os.Stat(path); err == nil && info.Size() > 0 {
+		if err := boltsafe.Check(path, bopts); err != nil {
+			if errors.Is(err, boltsafe.ErrCorrupt) {
+				return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+			}
+			return nil, fmt.Errorf("check metadata log: %w", err)
+		}
+	}
+	store, err := raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: bopts})
 	if err != nil {
-		return nil, fmt.Errorf("open metadata log: %w", err)
+		return nil, fmt.Errorf("open metadata log %s: %w", path, err)
 	}
 	m := &Meta{
 		id:       cfg.NodeID,

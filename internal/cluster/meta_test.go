@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -142,25 +144,30 @@ func (c *testCluster) leader() *Meta {
 }
 
 // propose applies cmd on whichever node leads, retrying while leadership
-// moves (an unknown outcome is retried too, so cmd must be safe to repeat
-// or the test must accept its error).
-func (c *testCluster) propose(cmd Command) (Result, error) {
+// moves. After an unknown outcome the retry may find cmd applied already:
+// then the error says so (ErrTopicExists, ErrNotRevoking, …) and applied
+// is true.
+func (c *testCluster) propose(cmd Command) (res Result, applied bool, err error) {
 	c.t.Helper()
-	var res Result
-	var err error
 	eventually(c.t, fmt.Sprintf("%T applied", cmd), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		res, err = c.leader().Propose(ctx, cmd)
-		return !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrUnknownOutcome)
+		if errors.Is(err, ErrUnknownOutcome) {
+			applied = true
+			return false
+		}
+		return !errors.Is(err, ErrNotLeader)
 	})
-	return res, err
+	return res, applied, err
 }
 
+// mustPropose applies cmd, failing the test on an error other than one
+// saying that an earlier attempt with an unknown outcome applied it.
 func (c *testCluster) mustPropose(cmd Command) Result {
 	c.t.Helper()
-	res, err := c.propose(cmd)
-	if err != nil {
+	res, applied, err := c.propose(cmd)
+	if err != nil && !(applied && (errors.Is(err, ErrTopicExists) || errors.Is(err, ErrNotRevoking))) {
 		c.t.Fatalf("%T %+v: %v", cmd, cmd, err)
 	}
 	return res
@@ -243,9 +250,9 @@ func TestMeta_Cluster(t *testing.T) {
 	}
 	c.addNode("n2")
 	c.addNode("n3")
-	res := c.mustPropose(CreateTopic{Name: "t", Partitions: 3, Type: TypeRaft3, Now: 7})
-	if len(res.Topic.Parts) != 3 {
-		t.Fatalf("result %+v", res)
+	res, _, err := c.propose(CreateTopic{Name: "t", Partitions: 3, Type: TypeRaft3, Now: 7})
+	if err != nil || len(res.Topic.Parts) != 3 {
+		t.Fatalf("create: %+v, %v", res, err)
 	}
 	c.synced(l)
 	for _, id := range []string{"n2", "n3"} {
@@ -254,7 +261,7 @@ func TestMeta_Cluster(t *testing.T) {
 			t.Fatalf("%s: topic %+v %t", id, tp, ok)
 		}
 	}
-	if _, err := c.propose(CreateTopic{Name: "t", Partitions: 3, Type: TypeRaft3}); !errors.Is(err, ErrTopicExists) {
+	if _, _, err := c.propose(CreateTopic{Name: "t", Partitions: 3, Type: TypeRaft3}); !errors.Is(err, ErrTopicExists) {
 		t.Fatalf("second create: %v", err)
 	}
 	// raft's own logs go through the slog bridge.
@@ -348,7 +355,7 @@ func TestMeta_Restart(t *testing.T) {
 // leader marks it down, its group member leaves and its partitions go to
 // the member on n2, while n3's placement stays. AddNode brings it back.
 func TestMeta_SessionExpiry(t *testing.T) {
-	c := newTestCluster(t, time.Second)
+	c := newTestCluster(t, 2*time.Second)
 	c.start("n1", true)
 	c.leader()
 	c.addNode("n2")
@@ -398,8 +405,9 @@ func TestMeta_SessionExpiry(t *testing.T) {
 	}
 	before, _ := s.Topic("t")
 
-	// Heartbeats keep n3 up well past the timeout.
-	time.Sleep(2 * time.Second)
+	// Heartbeats (every 100 ms) keep n3 up well past the timeout. A sleep,
+	// since what is checked is that nothing happens.
+	time.Sleep(3 * time.Second)
 	if n, _ := c.leader().State().Node("n3"); !n.Up {
 		t.Fatal("n3 marked down while heartbeating")
 	}
@@ -528,4 +536,139 @@ func TestOpenMeta_Invalid(t *testing.T) {
 			}
 		})
 	}
+}
+
+// isolate cuts node id off every other node, both ways.
+func (c *testCluster) isolate(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.trans[id].DisconnectAll()
+	for peer, ptr := range c.trans {
+		if peer != id {
+			ptr.Disconnect(raft.ServerAddress(id))
+		}
+	}
+}
+
+// heal connects every pair of running nodes.
+func (c *testCluster) heal() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for a, ta := range c.trans {
+		for b, tb := range c.trans {
+			if a != b {
+				ta.Connect(raft.ServerAddress(b), tb)
+			}
+		}
+	}
+}
+
+// TestMeta_UnknownOutcome: a leader cut off from its followers takes a
+// command it cannot commit; Propose reports the outcome unknown (leadership
+// lost, or ctx ended), never a plain failure, and after healing every node
+// agrees on whether it was applied.
+func TestMeta_UnknownOutcome(t *testing.T) {
+	c := newTestCluster(t, time.Hour)
+	c.start("n1", true)
+	c.leader()
+	c.addNode("n2")
+	c.addNode("n3")
+	var err error
+	for attempt := 0; ; attempt++ {
+		l := c.leader()
+		id, _ := l.Leader()
+		c.isolate(id)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err = l.Propose(ctx, CreateTopic{Name: fmt.Sprintf("cut%d", attempt), Partitions: 1, Type: TypeSingle})
+		cancel()
+		c.heal()
+		if errors.Is(err, ErrUnknownOutcome) {
+			break
+		}
+		// The leader stepped down before it took the command: try again.
+		if !errors.Is(err, ErrNotLeader) || attempt == 20 {
+			t.Fatalf("propose on an isolated leader: %v", err)
+		}
+	}
+	c.mustPropose(CreateTopic{Name: "healed", Partitions: 1, Type: TypeSingle})
+	c.synced(c.leader())
+}
+
+func TestMeta_Watch(t *testing.T) {
+	c := newTestCluster(t, time.Hour)
+	c.start("n1", true)
+	c.leader()
+	f := c.addNode("n2")
+	c.synced(c.leader())
+	s := f.State()
+	ch := f.Watch()
+	c.mustPropose(CreateTopic{Name: "w", Partitions: 1, Type: TypeSingle})
+	select {
+	case <-ch:
+	case <-time.After(waitFor):
+		t.Fatal("Watch not closed by an applied command")
+	}
+	select {
+	case <-s.Changed():
+	default:
+		t.Fatal("the older State's Changed is not closed")
+	}
+	if _, ok := s.Topic("w"); ok {
+		t.Fatal("an older State changed")
+	}
+	eventually(t, "topic on the follower", func() bool {
+		_, ok := f.State().Topic("w")
+		return ok
+	})
+}
+
+func TestOpenMeta_Dir(t *testing.T) {
+	open := func(dir string) (*Meta, *raft.InmemTransport, error) {
+		_, tr := raft.NewInmemTransport("n1")
+		m, err := OpenMeta(MetaConfig{NodeID: "n1", Dir: dir, Transport: tr, Bootstrap: true,
+			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond})
+		if err != nil {
+			_ = tr.Close()
+		}
+		return m, tr, err
+	}
+	t.Run("InUse", func(t *testing.T) {
+		dir := t.TempDir()
+		m, _, err := open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		if m2, _, err := open(dir); err == nil {
+			m2.Close()
+			t.Fatal("a second Meta opened the same directory")
+		}
+	})
+	t.Run("ErrCorrupt", func(t *testing.T) {
+		dir := t.TempDir()
+		m, _, err := open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, "raft.db")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 4096; i < len(b); i++ { // keep meta page 0, damage the rest
+			b[i] ^= 0x5a
+		}
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if m, _, err := open(dir); !errors.Is(err, ErrCorrupt) {
+			if m != nil {
+				m.Close()
+			}
+			t.Fatalf("damaged raft.db: %v", err)
+		}
+	})
 }

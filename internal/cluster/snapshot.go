@@ -25,7 +25,7 @@ const (
 )
 
 type snapV1 struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Index    uint64
 	Nodes    []snapNode
 	Topics   []snapTopic
@@ -34,7 +34,7 @@ type snapV1 struct {
 }
 
 type snapNode struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	ID       string
 	Addr     string
 	Voter    bool
@@ -44,7 +44,7 @@ type snapNode struct {
 }
 
 type snapTopic struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Name     string
 	Type     uint8
 	Created  int64
@@ -52,14 +52,14 @@ type snapTopic struct {
 }
 
 type snapPart struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Replicas []string
 	Leader   string
 	Epoch    uint64
 }
 
 type snapGroup struct {
-	_msgpack   struct{} `msgpack:",as_array"`
+	_msgpack   struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic      string
 	Group      string
 	Generation uint64
@@ -69,14 +69,14 @@ type snapGroup struct {
 }
 
 type snapMember struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	ID       string
 	Node     string
 	Joined   uint64
 }
 
 type snapRevoke struct {
-	_msgpack  struct{} `msgpack:",as_array"`
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Partition int
 	Since     uint64
 }

@@ -42,7 +42,7 @@ const (
 // topics matching Topic. A pattern is "*" (anything), a prefix followed by
 // "*", or an exact name.
 type Rule struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Identity string
 	Topic    string
 	Rights   Rights
