@@ -11,6 +11,7 @@ import (
 	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/internal/txn"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -158,9 +159,39 @@ func (cn *clusterNode) served(topic string, i int) (partition.Partition, error) 
 }
 
 // checkTx answers another node's check-back of a transaction this node
-// prepared.
-func (cn *clusterNode) checkTx(ctx context.Context, txid string) (store.Decision, error) {
-	return store.Undecided, nil
+// prepared (internal/txn's CheckBack).
+func (cn *clusterNode) checkTx(ctx context.Context, txid string, parts []cluster.PartRef) (store.Decision, error) {
+	node := cn.m.cfg.tx.node
+	if node == nil { // not started yet: as if running
+		return store.Undecided, nil
+	}
+	refs := make([]txn.Ref, len(parts))
+	for i, p := range parts {
+		refs[i] = txn.Ref{Topic: p.Topic, Part: p.Part}
+	}
+	return node.CheckBack(ctx, txid, refs)
+}
+
+// askNode asks node, which prepared txid, to decide it for the half
+// messages in parts.
+func (cn *clusterNode) askNode(ctx context.Context, node, txid string, parts []txn.Ref) (store.Decision, error) {
+	refs := make([]cluster.PartRef, len(parts))
+	for i, p := range parts {
+		refs[i] = cluster.PartRef{Topic: p.Topic, Part: p.Part}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return cn.agent.CheckTx(ctx, node, txid, refs)
+}
+
+// owned reports whether partition part of topic is stored on this node.
+func (cn *clusterNode) owned(topic string, part int) bool {
+	t, ok := cn.m.topics.Get(topic)
+	if !ok || part < 0 || part >= len(t.Parts) {
+		return false
+	}
+	_, local := t.Parts[part].(*partition.Local)
+	return local
 }
 
 // createTopic creates a topic through the metadata leader, which places its

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/zeze-go/mq"
+	"github.com/zeze-go/mq/localtx"
+	"github.com/zeze-go/mq/localtx/txtest"
 )
 
 var clusterSecret = []byte("cluster-test-secret-0123456789")
@@ -19,12 +21,16 @@ type testCluster struct {
 	t     testing.TB
 	root  string
 	nodes map[string]*mq.MQ
-	seed  string // the first node's address
+	seed  string                      // the first node's address
+	opts  func(id string) []mq.Option // more options of node id; nil for none
 }
 
-func newCluster(t testing.TB, n int) *testCluster {
+func newCluster(t testing.TB, n int) *testCluster { return newClusterWith(t, n, nil) }
+
+// newClusterWith starts n nodes, node id with the options opts(id) too.
+func newClusterWith(t testing.TB, n int, opts func(id string) []mq.Option) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}}
+	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, opts: opts}
 	c.start("n1")
 	c.seed = c.nodes["n1"].ClusterStatus().Addr
 	for i := 2; i <= n; i++ {
@@ -59,10 +65,14 @@ func (c *testCluster) start(id string) *mq.MQ {
 			}
 		}
 	}
-	m, err := mq.Open(filepath.Join(c.root, id), mq.WithCluster(mq.ClusterConfig{
+	opts := []mq.Option{mq.WithCluster(mq.ClusterConfig{
 		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret,
 		SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
-	}))
+	})}
+	if c.opts != nil {
+		opts = append(opts, c.opts(id)...)
+	}
+	m, err := mq.Open(filepath.Join(c.root, id), opts...)
 	if err != nil {
 		c.t.Fatalf("open %s: %v", id, err)
 	}
@@ -243,5 +253,115 @@ func TestCluster_GroupAcrossNodes(t *testing.T) {
 	defer mu.Unlock()
 	if len(disorder) > 0 {
 		t.Fatalf("per-key order broken: %v", disorder)
+	}
+}
+
+// TestCluster_TxCheckBack: half messages prepared by one node in partitions
+// of two nodes, whose hooks never ran (the process "died"), are decided by
+// the node that prepared them: committed where its host store holds the
+// marker, rolled back where it does not, in the partitions of both nodes.
+func TestCluster_TxCheckBack(t *testing.T) {
+	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
+	c := newClusterWith(t, 2, func(id string) []mq.Option {
+		opts := []mq.Option{mq.WithTxCheckAfter(50 * time.Millisecond)}
+		if id == "n1" {
+			opts = append(opts, mq.WithLocalTx(host.Store))
+		}
+		return opts
+	})
+	ctx := context.Background()
+	n1, n2 := c.nodes["n1"], c.nodes["n2"]
+	if err := n1.CreateMQ(ctx, "orders", 4, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the topic on n2", func() bool { return n2.Topics()["orders"] == 4 })
+	p, err := n1.NewProducer("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spread := func(prefix string) []*mq.Message {
+		out := msgs(prefix, 4)
+		for i, m := range out {
+			m.ToPartition(i)
+		}
+		return out
+	}
+	var committedID string
+	err = host.Run(ctx, func(ctx context.Context) error {
+		real, _ := localtx.FromContext(ctx)
+		committedID = real.ID()
+		fctx := localtx.WithTx(ctx, &fakeTx{id: real.ID(), put: real.Put})
+		if err := p.PrepareMessage(fctx, spread("cp")...); err != nil {
+			return err
+		}
+		return p.CommitMessage(fctx, msgs("cc", 2)...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rolledBack = "0123456789abcdef-77"
+	if err := p.PrepareMessage(localtx.WithTx(ctx, &fakeTx{id: rolledBack}), spread("rp")...); err != nil {
+		t.Fatal(err)
+	}
+	col := collect(t, n2, "orders", "billing")
+	waitSeen(t, col, "cp-0", "cp-1", "cp-2", "cp-3", "cc-0", "cc-1")
+	waitFor(t, 10*time.Second, "the rollback of the uncommitted one", func() bool {
+		return mq.TxDecided(n2, rolledBack) == mq.TxRollback && mq.TxDecided(n1, rolledBack) == mq.TxRollback
+	})
+	checkNone(t, &txEnv{m: n2, col: col}, []string{"rp-0", "rp-1", "rp-2", "rp-3"})
+	if d := mq.TxDecided(n2, committedID); d != mq.TxCommit {
+		t.Fatalf("decision of the committed one on n2: %v", d)
+	}
+}
+
+// TestCluster_TxPreparerDown: a node holding half messages of another
+// node's transaction never decides it alone: while the preparer is down
+// the transaction waits, and is parked after TxMaxChecks, not rolled back.
+func TestCluster_TxPreparerDown(t *testing.T) {
+	// n2 has a host store of its own, which has never heard of the
+	// transaction: asked, it would say rolled back.
+	own := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
+	c := newClusterWith(t, 2, func(id string) []mq.Option {
+		opts := []mq.Option{mq.WithTxCheckAfter(50 * time.Millisecond), mq.WithTxMaxChecks(3)}
+		if id == "n2" {
+			opts = append(opts, mq.WithLocalTx(own.Store))
+		}
+		return opts
+	})
+	ctx := context.Background()
+	n1, n2 := c.nodes["n1"], c.nodes["n2"]
+	if err := n1.CreateMQ(ctx, "orders", 4, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the topic on n2", func() bool { return n2.Topics()["orders"] == 4 })
+	// The partitions on n2.
+	var onN2 []int
+	for i := range 4 {
+		if mq.PartitionNode(n2, "orders", i) == "n2" {
+			onN2 = append(onN2, i)
+		}
+	}
+	if len(onN2) == 0 {
+		t.Fatal("no partition placed on n2")
+	}
+	p, err := n1.NewProducer("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const txid = "0123456789abcdef-88"
+	var half []*mq.Message
+	for _, i := range onN2 {
+		half = append(half, (&mq.Message{ID: fmt.Sprintf("h-%d", i), Body: []byte("h")}).ToPartition(i))
+	}
+	if err := p.PrepareMessage(localtx.WithTx(ctx, &fakeTx{id: txid}), half...); err != nil {
+		t.Fatal(err)
+	}
+	c.kill("n1")
+	waitFor(t, 20*time.Second, "the transaction parked on n2", func() bool {
+		u, err := n2.UnresolvedTxs()
+		return err == nil && len(u) == 1 && u[0].TxID == txid
+	})
+	if d := mq.TxDecided(n2, txid); d != mq.TxUndecided {
+		t.Fatalf("n2 decided %v a transaction of a node it could not ask", d)
 	}
 }

@@ -85,7 +85,7 @@ func defaultTxConfig() txConfig {
 // goroutine and its forgetter (internal/txn).
 func (m *MQ) startTxChecker() {
 	c := &m.cfg.tx
-	c.node = txn.New(txn.Config{
+	cfg := txn.Config{
 		CheckAfter:   c.checkAfter,
 		MaxChecks:    c.maxChecks,
 		Stores:       c.stores,
@@ -97,7 +97,13 @@ func (m *MQ) startTxChecker() {
 		Context:      m.ctx,
 		Go:           m.goFunc,
 		TestHook:     c.testHook,
-	})
+	}
+	if m.cluster != nil { // half messages name their node; each is checked back where it was prepared
+		cfg.NodeID = m.cluster.agent.ID()
+		cfg.Owned = m.cluster.owned
+		cfg.AskNode = m.cluster.askNode
+	}
+	c.node = txn.New(cfg)
 	c.node.Start()
 }
 
@@ -189,8 +195,10 @@ func (p *Producer) routeTx(msgs []*Message) ([]txn.Message, error) {
 }
 
 // UnresolvedTxs lists the parked transactions: those whose check-back found
-// no answer TxMaxChecks times (see WithTxMaxChecks), oldest first. It
-// returns ErrClosed after Close.
+// no answer TxMaxChecks times (see WithTxMaxChecks), oldest first. In a
+// cluster these are the ones parked in the partitions stored on this node,
+// whose check-back it runs (asking the node that prepared the transaction).
+// It returns ErrClosed after Close.
 func (m *MQ) UnresolvedTxs() ([]UnresolvedTx, error) {
 	if err := m.txClosed(); err != nil {
 		return nil, err

@@ -32,3 +32,16 @@ func WithTxTestHook(f func(point, txid string)) Option {
 		return nil
 	}
 }
+
+// PartitionNode returns the node that partition i of topic is placed on,
+// as m's table of the cluster has it ("" when m does not know it).
+func PartitionNode(m *MQ, topic string, i int) string {
+	if m.cluster == nil {
+		return ""
+	}
+	pl, ok := m.cluster.agent.Meta().State().Partition(topic, i)
+	if !ok || len(pl.Replicas) == 0 {
+		return ""
+	}
+	return pl.Replicas[0]
+}

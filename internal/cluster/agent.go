@@ -43,8 +43,9 @@ type AgentConfig struct {
 	// Partitions finds the partition this node serves to other nodes.
 	Partitions func(topic string, index int) (partition.Partition, error)
 	// CheckTx answers another node's check-back of a transaction this
-	// node prepared: its decision, or store.Undecided while it runs.
-	CheckTx func(ctx context.Context, txid string) (store.Decision, error)
+	// node prepared, whose half messages it holds in parts: the decision,
+	// or store.Undecided while it runs.
+	CheckTx func(ctx context.Context, txid string, parts []PartRef) (store.Decision, error)
 
 	Logger *slog.Logger // nil: silent
 }

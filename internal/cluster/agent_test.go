@@ -22,8 +22,8 @@ type agents struct {
 	seed string
 }
 
-func noPartitions(string, int) (partition.Partition, error) { return nil, ErrNoTopic }
-func noTx(context.Context, string) (store.Decision, error)  { return store.Undecided, nil }
+func noPartitions(string, int) (partition.Partition, error)           { return nil, ErrNoTopic }
+func noTx(context.Context, string, []PartRef) (store.Decision, error) { return store.Undecided, nil }
 
 func (a *agents) start(id string, seeds ...string) *Agent {
 	a.t.Helper()

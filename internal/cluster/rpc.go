@@ -52,6 +52,14 @@ type joinReq struct {
 type checkTxReq struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	TxID     string
+	Parts    []PartRef
+}
+
+// PartRef names one partition of one topic.
+type PartRef struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Topic    string
+	Part     int
 }
 
 type checkTxResp struct {
@@ -240,20 +248,21 @@ func (n *Agent) handleCheckTx(ctx context.Context, _ string, req []byte) ([]byte
 	if err := decodeMsg(req, &q); err != nil {
 		return nil, err
 	}
-	d, err := n.cfg.CheckTx(ctx, q.TxID)
+	d, err := n.cfg.CheckTx(ctx, q.TxID, q.Parts)
 	if err != nil {
 		return nil, err
 	}
 	return encodeMsg(&checkTxResp{Decision: uint8(d)})
 }
 
-// CheckTx asks node, the preparer of txid, for its decision.
-func (n *Agent) CheckTx(ctx context.Context, node, txid string) (store.Decision, error) {
+// CheckTx asks node, the preparer of txid, to decide it for the half
+// messages in parts (AgentConfig.CheckTx there).
+func (n *Agent) CheckTx(ctx context.Context, node, txid string, parts []PartRef) (store.Decision, error) {
 	c, err := n.Peer(node)
 	if err != nil {
 		return store.Undecided, err
 	}
-	req, err := encodeMsg(&checkTxReq{TxID: txid})
+	req, err := encodeMsg(&checkTxReq{TxID: txid, Parts: parts})
 	if err != nil {
 		return store.Undecided, err
 	}

@@ -110,6 +110,7 @@ func (n *Node) publish(ctx context.Context, rec localtx.Record) bool {
 // The transaction's check count is the highest of its partitions' (a
 // partition whose prepare landed after a check lags behind).
 type halfInfo struct {
+	producer  string // the node that prepared it (HalfTx.Producer of the first partition seen)
 	parts     []Ref
 	checks    []int // per part
 	messages  int
@@ -119,14 +120,21 @@ type halfInfo struct {
 }
 
 // halves scans every partition's undecided transactions.
-func (n *Node) halves() (map[string]*halfInfo, error) {
+func (n *Node) halves() (map[string]*halfInfo, error) { return n.halvesIn(nil) }
+
+// halvesIn scans the undecided transactions of the partitions in (every
+// partition if in is nil).
+func (n *Node) halvesIn(in func(topic string, part int) bool) (map[string]*halfInfo, error) {
 	out := map[string]*halfInfo{}
 	var err error
 	n.eachPartition(func(ref Ref, part Partition) bool {
+		if in != nil && !in(ref.Topic, ref.Part) {
+			return true
+		}
 		err = part.HalfTxs(func(h store.HalfTx) bool {
 			hi := out[h.TxID]
 			if hi == nil {
-				hi = &halfInfo{firstSeen: h.FirstSeen}
+				hi = &halfInfo{producer: h.Producer, firstSeen: h.FirstSeen}
 				out[h.TxID] = hi
 			}
 			hi.parts = append(hi.parts, ref)
@@ -185,10 +193,13 @@ func (n *Node) due(hi *halfInfo) bool {
 	return now-hi.lastCheck >= int64(wait)
 }
 
-// checkBack asks the host stores about the transactions whose half messages
-// are due, and commits, rolls back or counts an unanswered check.
+// checkBack asks about the transactions whose half messages in this node's
+// partitions (Config.Owned) are due: the host stores, for a transaction this
+// node prepared; its preparer (Config.AskNode), for another node's. It
+// counts an unanswered check, and one whose preparer cannot be reached: the
+// transaction waits for it, and is parked after MaxChecks.
 func (n *Node) checkBack(ctx context.Context) {
-	all, err := n.halves()
+	all, err := n.halvesIn(n.cfg.Owned)
 	if err != nil {
 		if ctx.Err() == nil {
 			n.cfg.Logger.Warn("check-back cannot list half messages", "err", err)
@@ -207,56 +218,92 @@ func (n *Node) checkBack(ctx context.Context) {
 
 func (n *Node) checkOne(ctx context.Context, txid string, hi *halfInfo) {
 	log := n.cfg.Logger
+	var d store.Decision
+	var err error
+	if n.prepared(hi.producer) {
+		d, err = n.CheckBack(ctx, txid, hi.parts)
+	} else {
+		d, err = n.cfg.AskNode(ctx, hi.producer, txid, hi.parts)
+		if err != nil {
+			log.Warn("check-back cannot ask the node that prepared a transaction", "tx", txid, "node", hi.producer, "err", err)
+		}
+	}
+	if d != store.Undecided || err != nil && n.prepared(hi.producer) {
+		return // decided, or this node failed to apply a decision: the next check tries again
+	}
+	// Count the check on the partitions at the transaction's count, so
+	// the count grows by one per unanswered check.
+	checks := 0
+	for i, ref := range hi.parts {
+		if hi.checks[i] < hi.maxChecks {
+			continue
+		}
+		part, err := n.cfg.Topics.Partition(ref.Topic, ref.Part)
+		if err != nil {
+			continue
+		}
+		cmd := &store.Command{Op: store.OpTxChecked, TxID: txid}
+		res, err := part.Apply(ctx, cmd)
+		if err != nil {
+			return
+		}
+		checks = max(checks, res.Count)
+	}
+	if checks >= n.cfg.MaxChecks {
+		log.Warn("transaction parked: no answer from the check-back; decide it with ResolveTx",
+			"tx", txid, "checks", checks)
+	}
+}
+
+// prepared reports whether this node prepared the half messages producer
+// names (or cannot tell another node from itself: a standalone node, an
+// engine without AskNode).
+func (n *Node) prepared(producer string) bool {
+	return n.cfg.AskNode == nil || producer == "" || producer == standaloneProducer || producer == n.producer()
+}
+
+// CheckBack decides txid, a transaction this node prepared whose half
+// messages are (at least) in parts, from the host stores: committed if a
+// store has its marker (its messages are then published, in every
+// partition its marker names and in parts), rolled back if every store
+// says it finished without one (parts are rolled back). It returns the
+// decision that stands, or Undecided while the transaction may still run
+// (or a store cannot answer), with an error when a decision could not be
+// applied.
+func (n *Node) CheckBack(ctx context.Context, txid string, parts []Ref) (store.Decision, error) {
+	log := n.cfg.Logger
 	st, rec, owner := n.ask(ctx, txid)
 	switch st {
 	case localtx.Committed:
 		plan, err := planOf(rec)
 		if err != nil {
 			log.Error("check-back cannot read the marker", "tx", txid, "err", err)
-			return
+			return store.Undecided, err
 		}
-		for _, p := range hi.parts {
+		for _, p := range parts {
 			if _, ok := plan[p]; !ok {
 				plan[p] = nil
 			}
 		}
 		n.cfg.Prune.hold(txid, n.cfg.Clock, decidedAnyTime)
-		if _, err := n.commit(ctx, txid, plan); err != nil {
+		d, err := n.commit(ctx, txid, plan)
+		if err != nil {
 			log.Warn("check-back commit failed", "tx", txid, "err", err)
-			return
+			return store.Undecided, err
 		}
 		log.Info("check-back committed a transaction", "tx", txid)
 		n.forgetLater(owner, txid)
+		return d, nil
 	case localtx.RolledBack:
-		if _, err := n.rollback(ctx, txid, hi.parts); err != nil {
+		d, err := n.rollback(ctx, txid, parts)
+		if err != nil {
 			log.Warn("check-back rollback failed", "tx", txid, "err", err)
-			return
+			return store.Undecided, err
 		}
 		log.Info("check-back rolled back a transaction", "tx", txid)
-	default:
-		// Count the check on the partitions at the transaction's count, so
-		// the count grows by one per unanswered check.
-		checks := 0
-		for i, ref := range hi.parts {
-			if hi.checks[i] < hi.maxChecks {
-				continue
-			}
-			part, err := n.cfg.Topics.Partition(ref.Topic, ref.Part)
-			if err != nil {
-				continue
-			}
-			cmd := &store.Command{Op: store.OpTxChecked, TxID: txid}
-			res, err := part.Apply(ctx, cmd)
-			if err != nil {
-				return
-			}
-			checks = max(checks, res.Count)
-		}
-		if checks >= n.cfg.MaxChecks {
-			log.Warn("transaction parked: no answer from the check-back; decide it with ResolveTx",
-				"tx", txid, "checks", checks)
-		}
+		return d, nil
 	}
+	return store.Undecided, nil
 }
 
 // ask asks every host store about txid: committed if one has its marker,

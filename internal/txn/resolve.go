@@ -21,9 +21,10 @@ type Parked struct {
 	Checks    int       // check-backs without an answer (the most of its partitions)
 }
 
-// Parked lists the parked transactions, oldest first.
+// Parked lists the transactions parked in the partitions whose check-back
+// this node runs (Config.Owned), oldest first.
 func (n *Node) Parked() ([]Parked, error) {
-	all, err := n.halves()
+	all, err := n.halvesIn(n.cfg.Owned)
 	if err != nil {
 		return nil, err
 	}

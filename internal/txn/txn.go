@@ -96,6 +96,13 @@ type Config struct {
 	// its own transactions' markers (and those without an owner), so nodes
 	// may share a host store's tables.
 	NodeID string
+	// Owned, if set, names the partitions whose half messages this node
+	// checks back: those it leads. Nil: every partition.
+	Owned func(topic string, part int) bool
+	// AskNode, if set, asks node, which prepared txid, to decide it (its
+	// CheckBack) for the half messages in parts; nil: this node prepared
+	// every half message it sees.
+	AskNode func(ctx context.Context, node, txid string, parts []Ref) (store.Decision, error)
 
 	Topics Topics
 	// Prune is the guard the upkeep reads; it exists before the Node.
