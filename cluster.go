@@ -20,9 +20,10 @@ import (
 // placement. A partition placed on this node is opened here and served to
 // the others; one placed elsewhere is a remote partition.
 type clusterNode struct {
-	m     *MQ
-	agent *cluster.Agent
-	coord *cluster.Coordinator // the delivery engine's
+	m       *MQ
+	agent   *cluster.Agent
+	coord   *cluster.Coordinator // the delivery engine's
+	refused refusals             // acl.go
 }
 
 // openCluster starts the node's agent. The topic table follows the
@@ -237,6 +238,22 @@ func (cn *clusterNode) await(ctx context.Context, topic string, partitions int) 
 		}
 		if cn.m.closed.Load() {
 			return ErrClosed
+		}
+	}
+}
+
+// awaitIndex waits until this node's copy of the metadata has applied the
+// entry at index.
+func (cn *clusterNode) awaitIndex(ctx context.Context, index uint64) error {
+	for {
+		st := cn.agent.Meta().State()
+		if st.Index() >= index {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-st.Changed():
 		}
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -364,4 +366,122 @@ func TestCluster_TxPreparerDown(t *testing.T) {
 	if d := mq.TxDecided(n2, txid); d != mq.TxUndecided {
 		t.Fatalf("n2 decided %v a transaction of a node it could not ask", d)
 	}
+}
+
+// TestCluster_ACL: once rules exist, a node may do only what they allow:
+// produce, consume and administer per topic pattern; each refusal is
+// logged once with the identity.
+func TestCluster_ACL(t *testing.T) {
+	var logs logLines
+	c := newClusterWith(t, 2, func(id string) []mq.Option {
+		if id == "n2" {
+			return []mq.Option{mq.WithLogger(slog.New(&logs))}
+		}
+		return nil
+	})
+	ctx := context.Background()
+	n1, n2 := c.nodes["n1"], c.nodes["n2"]
+	for _, topic := range []string{"orders", "audit"} {
+		if err := n2.CreateMQ(ctx, topic, 2, mq.Options{}); err != nil {
+			t.Fatalf("create %s before any rule: %v", topic, err)
+		}
+	}
+	if err := n2.SetACL(ctx, []mq.ACLRule{
+		{Identity: "n1", Topic: "*", Rights: mq.Produce | mq.Consume | mq.Admin},
+		{Identity: "n2", Topic: "ord*", Rights: mq.Consume},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the rules on both nodes", func() bool { return len(n1.ACL()) == 2 && len(n2.ACL()) == 2 })
+
+	denied := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, mq.ErrDenied) {
+			t.Errorf("%s: %v, want ErrDenied", what, err)
+		}
+	}
+	p2, err := n2.NewProducer("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		_, err = p2.SendMessage(ctx, &mq.Message{Body: []byte("x")})
+		denied("n2 sends to orders", err)
+	}
+	denied("n2 creates a topic", n2.CreateMQ(ctx, "new", 1, mq.Options{}))
+	denied("n2 grows orders", n2.AlterMQ(ctx, "orders", 4))
+	denied("n2 sets the rules", n2.SetACL(ctx, nil))
+	denied("n2 resets orders", n2.ResetOffset(ctx, "orders", "g", mq.SeekFirst()))
+	_, err = n2.NewConsumer("audit", "g", mq.ListenerFunc(func(context.Context, string, *mq.Message) error { return nil }))
+	denied("n2 consumes audit", err)
+
+	// What the rules allow works.
+	p1, err := n1.NewProducer("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := &mq.Message{ID: "allowed", Body: []byte("y")}
+	if _, err := p1.SendMessage(ctx, msg); err != nil {
+		t.Fatalf("n1 sends to orders: %v", err)
+	}
+	col := collect(t, n2, "orders", "billing")
+	waitSeen(t, col, "allowed")
+	if err := n1.CreateMQ(ctx, "new", 1, mq.Options{}); err != nil {
+		t.Fatalf("n1 creates a topic: %v", err)
+	}
+	if n := logs.count("refused by the cluster's ACL", "identity=n2", "topic=orders", "right=produce"); n != 1 {
+		t.Errorf("the refused send logged %d times, want once:\n%s", n, logs.String())
+	}
+	// Rules off again: n2 may send.
+	if err := n1.SetACL(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the rules gone on n2", func() bool { return len(n2.ACL()) == 0 })
+	if _, err := p2.SendMessage(ctx, &mq.Message{Body: []byte("x")}); err != nil {
+		t.Fatalf("n2 sends once the rules are gone: %v", err)
+	}
+}
+
+// logLines is a slog handler keeping each record as one line of text.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logLines) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logLines) WithGroup(string) slog.Handler            { return l }
+func (l *logLines) Handle(_ context.Context, r slog.Record) error {
+	line := r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		line += " " + a.String()
+		return true
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, line)
+	return nil
+}
+
+// count is the lines holding every part.
+func (l *logLines) count(parts ...string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, line := range l.lines {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
 }

@@ -172,6 +172,9 @@ func (m *MQ) NewConsumer(topic, groupName string, listener Listener, opts ...Con
 	if listener == nil {
 		return nil, fmt.Errorf("%w: nil listener", ErrInvalidOption)
 	}
+	if err := m.allowed(topic, Consume); err != nil {
+		return nil, err
+	}
 	cfg := defaultConsumerConfig()
 	for _, o := range opts {
 		if o == nil {
@@ -306,6 +309,9 @@ func (m *MQ) ResetOffset(ctx context.Context, topic, group string, to Position) 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := m.allowed(topic, Admin); err != nil {
+		return err
+	}
 	if err := delivery.CheckOffsetName(group); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidGroup, err)
 	}
@@ -334,6 +340,9 @@ func (m *MQ) DeleteGroup(ctx context.Context, topic, group string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := m.allowed(topic, Admin); err != nil {
+		return err
+	}
 	if err := delivery.CheckOffsetName(group); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidGroup, err)
 	}
@@ -359,6 +368,9 @@ type PartitionLag struct {
 // partition of topic. It returns ErrNoTopic, ErrInvalidGroup, ErrCorrupt
 // or ErrClosed.
 func (m *MQ) Lag(topic, group string) ([]PartitionLag, error) {
+	if err := m.allowed(topic, Consume); err != nil {
+		return nil, err
+	}
 	if err := delivery.CheckOffsetName(group); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidGroup, err)
 	}

@@ -613,6 +613,9 @@ func (m *MQ) ReadMessage(ctx context.Context, topic string, partition int, offse
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if err := m.allowed(topic, Consume); err != nil {
+		return nil, err
+	}
 	_, parts, err := m.router.partitions(topic)
 	if err != nil {
 		return nil, err

@@ -173,6 +173,9 @@ func (p *Producer) send(ctx context.Context, msgs []*Message, results []SendResu
 	if len(msgs) == 0 {
 		return nil
 	}
+	if err := p.m.allowed(p.topic, Produce); err != nil {
+		return err
+	}
 	_, parts, err := p.m.router.partitions(p.topic)
 	if err != nil {
 		return err

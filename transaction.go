@@ -175,6 +175,9 @@ func (p *Producer) routeTx(msgs []*Message) ([]txn.Message, error) {
 	if p.closed.Load() {
 		return nil, ErrClosed
 	}
+	if err := p.m.allowed(p.topic, Produce); err != nil {
+		return nil, err
+	}
 	_, parts, err := p.m.router.partitions(p.topic)
 	if err != nil {
 		return nil, err
@@ -230,6 +233,9 @@ func (m *MQ) UnresolvedTxs() ([]UnresolvedTx, error) {
 // error and decides nothing. It returns when the decision is durable or ctx
 // ends, and ErrClosed after Close.
 func (m *MQ) ResolveTx(ctx context.Context, txid string, d TxDecision) (TxDecision, error) {
+	if err := m.allowed("*", Admin); err != nil {
+		return TxUndecided, err
+	}
 	want := store.Committed
 	switch d {
 	case TxCommit:

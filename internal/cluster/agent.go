@@ -76,6 +76,8 @@ type Agent struct {
 	// owning partitions of groups at lastAck + timeout - margin.
 	lastAck atomic.Int64
 
+	refused sync.Map // refusals logged: error text → struct{}
+
 	mu      sync.Mutex                // guards peers, seeds and closed
 	peers   map[string]*remote.Client // by node id
 	seeds   map[string]*remote.Client // by address

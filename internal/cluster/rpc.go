@@ -176,7 +176,9 @@ func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]b
 		return nil, err
 	}
 	if err := n.authorize(peer, c); err != nil {
-		n.log.Warn("refused", "identity", peer, "command", fmt.Sprintf("%T", c), "err", err)
+		if _, seen := n.refused.LoadOrStore(err.Error(), struct{}{}); !seen { // once per identity and call
+			n.log.Warn("refused by the cluster's ACL", "identity", peer, "command", fmt.Sprintf("%T", c), "err", err)
+		}
 		return nil, err
 	}
 	r, err := n.meta.Propose(ctx, c)

@@ -1,0 +1,117 @@
+package mq
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/zeze-go/mq/internal/cluster"
+	"github.com/zeze-go/mq/internal/meta"
+)
+
+// Rights are what an ACL rule allows; combine them with |.
+type Rights uint8
+
+// The rights. They are independent: Admin does not imply Produce.
+const (
+	// Produce: send to the topic (SendMessage, transactional sends).
+	Produce Rights = Rights(cluster.RightProduce)
+	// Consume: consume the topic in a group (NewConsumer), read it
+	// (ReadMessage, Lag).
+	Consume Rights = Rights(cluster.RightConsume)
+	// Admin: create and alter the topic, reset and delete its groups'
+	// offsets, resolve transactions; Admin on "*" also sets the ACL.
+	Admin Rights = Rights(cluster.RightAdmin)
+)
+
+// ACLRule allows the nodes whose id matches Identity to do Rights on the
+// topics whose name matches Topic. A pattern is a name, or a prefix
+// followed by '*' ("*" alone matches everything).
+type ACLRule struct {
+	Identity string
+	Topic    string
+	Rights   Rights
+}
+
+// SetACL replaces the cluster's access rules. Once there is a rule, every
+// call is refused (ErrDenied, and the node that refused logs it once per
+// identity, topic and right) unless a rule allows the calling node's
+// identity — its node id, which its certificate names when the cluster
+// uses TLS — the right on the topic. No rules (nil) turns access control
+// off, as it is at first. Keep a rule giving some node Admin on "*": only
+// such a node can change the rules again. System topics (retry and
+// dead-letter topics) are not controlled. It needs Admin on "*" under the
+// current rules, and a cluster: a standalone node returns
+// ErrUnsupportedType.
+func (m *MQ) SetACL(ctx context.Context, rules []ACLRule) error {
+	if m.closed.Load() {
+		return ErrClosed
+	}
+	if m.cluster == nil {
+		return fmt.Errorf("%w: ACLs need a cluster", ErrUnsupportedType)
+	}
+	cr := make([]cluster.Rule, len(rules))
+	for i, r := range rules {
+		cr[i] = cluster.Rule{Identity: r.Identity, Topic: r.Topic, Rights: cluster.Rights(r.Rights)}
+	}
+	res, err := m.cluster.agent.Propose(ctx, cluster.SetACL{Rules: cr})
+	if err != nil {
+		return clusterErr(err)
+	}
+	return m.cluster.awaitIndex(ctx, res.Index)
+}
+
+// ACL returns the cluster's access rules (none for a standalone node).
+func (m *MQ) ACL() []ACLRule {
+	if m.cluster == nil {
+		return nil
+	}
+	var out []ACLRule
+	for _, r := range m.cluster.agent.Meta().State().ACL() {
+		out = append(out, ACLRule{Identity: r.Identity, Topic: r.Topic, Rights: Rights(r.Rights)})
+	}
+	return out
+}
+
+// allowed returns ErrDenied unless this node may do right on topic: always
+// on a standalone node, and for system topics.
+func (m *MQ) allowed(topic string, right Rights) error {
+	if m.cluster == nil || meta.IsSystemTopic(topic) {
+		return nil
+	}
+	return m.cluster.allowed(m.cluster.agent.ID(), topic, right)
+}
+
+// refusals remembers the refusals logged, so each is logged once.
+type refusals struct{ logged sync.Map } // "identity\x00topic\x00right" → struct{}
+
+// allowed returns ErrDenied unless identity may do right on topic under
+// the current rules, logging a refusal the first time.
+func (cn *clusterNode) allowed(identity, topic string, right Rights) error {
+	st := cn.agent.Meta().State()
+	if st.Allowed(identity, topic, cluster.Rights(right)) {
+		return nil
+	}
+	what := strings.Join([]string{identity, topic, right.String()}, "\x00")
+	if _, seen := cn.refused.logged.LoadOrStore(what, struct{}{}); !seen {
+		cn.m.cfg.logger.Warn("refused by the cluster's ACL", "identity", identity, "topic", topic, "right", right.String())
+	}
+	return fmt.Errorf("%w: %s may not %s %s", ErrDenied, identity, right, topic)
+}
+
+func (r Rights) String() string {
+	var parts []string
+	for _, x := range []struct {
+		r    Rights
+		name string
+	}{{Produce, "produce"}, {Consume, "consume"}, {Admin, "admin"}} {
+		if r&x.r != 0 {
+			parts = append(parts, x.name)
+		}
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, "|")
+}
