@@ -485,3 +485,95 @@ func (l *logLines) String() string {
 	defer l.mu.Unlock()
 	return strings.Join(l.lines, "\n")
 }
+
+// TestCluster_LeaderKilledAndRestart: the metadata leader killed, the
+// others elect another and new topics can be created within a few election
+// timeouts; a node holding partitions restarted on its data serves every
+// message acknowledged before, to every node.
+func TestCluster_LeaderKilledAndRestart(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.nodes["n1"].CreateMQ(ctx, "orders", 6, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	acked := map[int]string{} // partition → the ID acknowledged at offset 0
+	p, err := c.nodes["n1"].NewProducer("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
+		msg := (&mq.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte("x")}).ToPartition(i)
+		if _, err := p.SendMessage(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+		acked[i] = msg.ID
+	}
+	leader := c.nodes["n1"].ClusterStatus().Leader
+	c.kill(leader)
+	var other *mq.MQ
+	for _, m := range c.nodes {
+		other = m
+	}
+	start := time.Now()
+	if err := other.CreateMQ(ctx, "after", 2, mq.Options{}); err != nil {
+		t.Fatalf("create after the leader died: %v", err)
+	}
+	t.Logf("created %v after the leader died", time.Since(start))
+
+	// The dead leader comes back on its data and rejoins; every node reads
+	// what was acknowledged, its partitions included.
+	back := c.start(leader)
+	waitFor(t, 20*time.Second, "the restarted node's topics", func() bool {
+		return back.Topics()["orders"] == 6 && back.Topics()["after"] == 2
+	})
+	for id, m := range c.nodes {
+		for i, want := range acked {
+			var got *mq.Message
+			waitFor(t, 20*time.Second, fmt.Sprintf("partition %d read on %s", i, id), func() bool {
+				got, err = m.ReadMessage(ctx, "orders", i, 0)
+				return err == nil
+			})
+			if got.ID != want {
+				t.Fatalf("%s reads %q at orders/%d:0, want %q", id, got.ID, i, want)
+			}
+		}
+	}
+}
+
+// TestCluster_Broadcast: broadcasting consumers of one group on different
+// nodes each receive every message of every partition.
+func TestCluster_Broadcast(t *testing.T) {
+	c := newCluster(t, 2)
+	ctx := context.Background()
+	if err := c.nodes["n1"].CreateMQ(ctx, "news", 4, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	cols := map[string]*collector{}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["news"] == 4 })
+		col := &collector{}
+		cons, err := m.NewConsumer("news", "screens", col, mq.WithBroadcast("screen-"+id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cons.Close() })
+		cols[id] = col
+	}
+	p, err := c.nodes["n2"].NewProducer("news")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := range 20 {
+		msg := &mq.Message{ID: fmt.Sprintf("n-%d", i), Key: fmt.Sprintf("k%d", i), Body: []byte("x")}
+		if _, err := p.SendMessage(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, msg.ID)
+	}
+	for id, col := range cols {
+		t.Logf("waiting on %s", id)
+		waitSeen(t, col, ids...)
+	}
+}
