@@ -1,0 +1,34 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary serve as a node process: run starts this
+// binary again with roleEnv set.
+func TestMain(m *testing.M) {
+	if os.Getenv(roleEnv) != "" {
+		os.Exit(nodeMain())
+	}
+	os.Exit(m.Run())
+}
+
+// TestExample runs the example: three node processes, n3 killed and
+// restarted while messages flow, none lost.
+func TestExample(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var out strings.Builder
+	err := run(ctx, &out)
+	t.Logf("output:\n%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "lost:       0\n") {
+		t.Fatal("no summary with nothing lost")
+	}
+}
