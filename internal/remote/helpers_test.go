@@ -98,6 +98,22 @@ func (n *node) start() {
 	n.mu.Unlock()
 }
 
+// running is the number of requests the server's handlers run.
+func (n *node) running() int {
+	n.mu.Lock()
+	s := n.srv
+	n.mu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	total := 0
+	for sc := range s.conns {
+		sc.mu.Lock()
+		total += len(sc.running)
+		sc.mu.Unlock()
+	}
+	return total
+}
+
 // stop closes the server (and with it its listener).
 func (n *node) stop() {
 	n.mu.Lock()
