@@ -13,8 +13,8 @@ import (
 
 // Defaults of ClientConfig's zero values.
 const (
-	DefaultDialTimeout       = 10 * time.Second
-	DefaultClientWriteTimout = 30 * time.Second
+	DefaultDialTimeout        = 10 * time.Second
+	DefaultClientWriteTimeout = 30 * time.Second
 )
 
 // ClientConfig configures a Client. Zero values take the defaults.
@@ -26,7 +26,7 @@ type ClientConfig struct {
 	// DialTimeout bounds one dial (DefaultDialTimeout if zero).
 	DialTimeout time.Duration
 	// WriteTimeout bounds the writing of one request
-	// (DefaultClientWriteTimout if zero); a write that does not finish
+	// (DefaultClientWriteTimeout if zero); a write that does not finish
 	// breaks the connection.
 	WriteTimeout time.Duration
 }
@@ -75,7 +75,7 @@ func NewClient(dial func(ctx context.Context) (*transport.Conn, error), cfg Clie
 		cfg.DialTimeout = DefaultDialTimeout
 	}
 	if cfg.WriteTimeout <= 0 {
-		cfg.WriteTimeout = DefaultClientWriteTimout
+		cfg.WriteTimeout = DefaultClientWriteTimeout
 	}
 	c := &Client{dial: dial, cfg: cfg}
 	c.ctx, c.cancel = context.WithCancel(context.Background())

@@ -40,17 +40,16 @@ func newTransport(t testing.TB, id string, frame int) *transport.Transport {
 
 // node is a server node and a client node, connected.
 type node struct {
-	t       testing.TB
-	srvTr   *transport.Transport
-	cliTr   *transport.Transport
-	scfg    ServerConfig
-	mu      sync.Mutex
-	srv     *Server // guarded by mu
-	setup   func(*Server)
-	client  *Client
-	dials   int // guarded by mu
-	frame   int
-	stopped bool // guarded by mu
+	t      testing.TB
+	srvTr  *transport.Transport
+	cliTr  *transport.Transport
+	scfg   ServerConfig
+	mu     sync.Mutex
+	srv    *Server // guarded by mu
+	setup  func(*Server)
+	client *Client
+	dials  int // guarded by mu
+	frame  int
 }
 
 // newNode starts a server (handlers registered by setup) on its own

@@ -35,8 +35,9 @@ const (
 
 // ServerConfig configures a Server. Zero values take the defaults.
 type ServerConfig struct {
-	// MaxFrameBytes is the largest frame read or written: the transport's
-	// MaxFrameBytes (wire.DefaultMaxFrameBytes if zero). A reply that
+	// MaxFrameBytes is the largest frame read or written
+	// (wire.DefaultMaxFrameBytes if zero); set it to the transport's
+	// MaxFrameBytes, which the server does not see. A reply that
 	// would not fit is answered with an error wrapping
 	// wire.ErrFrameTooLarge.
 	MaxFrameBytes int
