@@ -196,9 +196,18 @@ func TestServer_IdleTimeout(t *testing.T) {
 	if d := r.dialCount(); d != 1 {
 		t.Fatalf("%d dials: the busy connection was closed", d)
 	}
-	// Idle again, the client's connection is closed, and redialed.
-	waitFor(t, "the idle connection to close", func() bool { return r.conns() == 0 })
+	// Idle again, the client's connection is closed, and redialed. (A call
+	// racing with the close fails with ErrUnavailable: wait for the client
+	// to see it.)
+	waitFor(t, "the idle connection to close", func() bool {
+		r.client.mu.Lock()
+		defer r.client.mu.Unlock()
+		return r.conns() == 0 && r.client.cn == nil
+	})
 	r.stillServes(t)
+	if d := r.dialCount(); d != 2 {
+		t.Fatalf("%d dials, want 2", d)
+	}
 }
 
 // TestServer_Flood: peers writing requests as fast as they can, whose
