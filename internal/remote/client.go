@@ -173,8 +173,13 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 		return nil, ErrClosed
 	}
 	if cn := c.cn; cn != nil {
-		c.mu.Unlock()
-		return cn, nil
+		select {
+		case <-cn.done: // broken, and fail has not cleared it yet
+			c.cn = nil
+		default:
+			c.mu.Unlock()
+			return cn, nil
+		}
 	}
 	d := c.dialing
 	if d == nil {
@@ -292,6 +297,13 @@ func (cn *clientConn) failure() error {
 // fail breaks the connection once: every pending call gets err, which
 // wraps ErrUnavailable.
 func (cn *clientConn) fail(err error) {
+	// The client forgets cn first, so that no call takes it once the
+	// calls on it have failed.
+	cn.c.mu.Lock()
+	if cn.c.cn == cn {
+		cn.c.cn = nil
+	}
+	cn.c.mu.Unlock()
 	cn.mu.Lock()
 	if cn.pending == nil {
 		cn.mu.Unlock()
@@ -305,11 +317,6 @@ func (cn *clientConn) fail(err error) {
 	for _, ch := range pending {
 		ch <- reply{err: err}
 	}
-	cn.c.mu.Lock()
-	if cn.c.cn == cn {
-		cn.c.cn = nil
-	}
-	cn.c.mu.Unlock()
 }
 
 func (cn *clientConn) readLoop() {

@@ -386,6 +386,13 @@ func (sc *serverConn) handle(ctx context.Context, r *request, req []byte) {
 	sc.inflight += len(resp)
 	sc.mu.Unlock()
 	defer sc.release(r.cost + len(resp))
+	if sc.ctx.Err() != nil {
+		// The connection or the server is closing: a handler that ended
+		// because of it has no answer, and the caller learns that the
+		// outcome is unknown (ErrUnavailable) rather than a ctx error of
+		// ours.
+		return
+	}
 	f := wire.Frame{ReqID: id, Op: opReply, Payload: resp}
 	if err != nil {
 		f = wire.Frame{ReqID: id, Op: opError, Payload: appendError(nil, err)}
