@@ -29,6 +29,12 @@ type ClientConfig struct {
 	// (DefaultClientWriteTimeout if zero); a write that does not finish
 	// breaks the connection.
 	WriteTimeout time.Duration
+	// IdleTimeout closes the connection when no call was sent for that
+	// long and none is pending (DefaultIdleTimeout/2 if zero). Keep it
+	// below the server's IdleTimeout: when the server closes first, a
+	// call sent at that moment fails with ErrUnavailable; when the client
+	// does, no call is on the connection and the next one dials.
+	IdleTimeout time.Duration
 }
 
 // Client calls one peer over one connection at a time: it dials on the
@@ -37,7 +43,8 @@ type ClientConfig struct {
 // request id; a writer goroutine writes them in turn and a reader goroutine
 // hands each reply to its call. Safe for concurrent use.
 //
-// Lock order: Client.mu, then clientConn.mu.
+// Lock order: Client.mu, then clientConn.mu. A Client with no call for
+// IdleTimeout closes its connection.
 type Client struct {
 	dial   func(ctx context.Context) (*transport.Conn, error)
 	cfg    ClientConfig
@@ -76,6 +83,9 @@ func NewClient(dial func(ctx context.Context) (*transport.Conn, error), cfg Clie
 	}
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = DefaultClientWriteTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout / 2
 	}
 	c := &Client{dial: dial, cfg: cfg}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -353,12 +363,40 @@ func frameReply(f wire.Frame) reply {
 	return reply{err: fmt.Errorf("%w: reply with op %d", ErrProtocol, f.Op)}
 }
 
+// closeIdle closes cn if no call is pending, atomically with respect to
+// register: a call registering after it fails and dials anew, nothing
+// sent.
+func (cn *clientConn) closeIdle() bool {
+	cn.c.mu.Lock()
+	defer cn.c.mu.Unlock()
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.pending == nil || len(cn.pending) > 0 {
+		return false
+	}
+	if cn.c.cn == cn {
+		cn.c.cn = nil
+	}
+	cn.pending, cn.err = nil, fmt.Errorf("%w: connection closed idle", ErrUnavailable)
+	close(cn.done)
+	cn.tc.Close()
+	return true
+}
+
 func (cn *clientConn) writeLoop() {
 	var cbuf []byte
+	idle := time.NewTimer(cn.c.cfg.IdleTimeout)
+	defer idle.Stop()
 	for {
 		var err error
 		select {
+		case <-idle.C:
+			if cn.closeIdle() {
+				return
+			}
+			idle.Reset(cn.c.cfg.IdleTimeout)
 		case bp := <-cn.reqs:
+			idle.Reset(cn.c.cfg.IdleTimeout)
 			err = cn.write(*bp)
 			cn.c.putBuf(bp)
 		case id := <-cn.cancels:

@@ -46,9 +46,11 @@
 // time) leaves the outcome unknown: the request may have been written and
 // run. An Apply so failed may have been applied; resolve it from durable
 // state (a resend is deduplicated by message ID, a Decision reads a
-// transaction's outcome), never by assuming it did not happen. Reads
-// (every call but Apply) are retried once when the connection broke, as a
-// server closes idle connections.
+// transaction's outcome), never by assuming it did not happen. A client
+// closes its idle connection before the server would (ClientConfig's
+// IdleTimeout below ServerConfig's), so that no call races with the
+// server's close; reads (every call but Apply) are still retried once when
+// the connection broke.
 //
 // A remote Partition runs no upkeep (release, trim): that runs where the
 // partition is. Its Changed is a hint, closed when one of its own Fetch or

@@ -408,3 +408,24 @@ func TestServer_Close(t *testing.T) {
 	}
 	r.stop() // again
 }
+
+// TestClient_IdleTimeout: the client closes an idle connection itself
+// (before the server would), never one with a call pending, and the next
+// call dials again.
+func TestClient_IdleTimeout(t *testing.T) {
+	leakCheck(t)
+	r := newRPCNode(t, ServerConfig{}, ClientConfig{IdleTimeout: 100 * time.Millisecond})
+	errc := make(chan error, 1)
+	go func() { _, err := r.client.Call(ctxT(t), opGate, u32(0)); errc <- err }()
+	waitFor(t, "the request at its handler", func() bool { return r.arrived.Load() == 1 })
+	time.Sleep(500 * time.Millisecond) // five idle timeouts with a call pending
+	close(r.gates[0])
+	if err := <-errc; err != nil {
+		t.Fatalf("a call longer than the idle timeout: %v", err)
+	}
+	waitFor(t, "the idle connection to close", func() bool { return r.conns() == 0 })
+	r.stillServes(t)
+	if d := r.dialCount(); d != 2 {
+		t.Fatalf("%d dials, want 2", d)
+	}
+}
