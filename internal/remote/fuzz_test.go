@@ -189,3 +189,41 @@ func FuzzDecodeError(f *testing.F) {
 		}
 	})
 }
+
+// FuzzFrameScan: the server's deadline reader follows frame boundaries the
+// same whatever the reads' split, and is between frames after whole
+// frames.
+func FuzzFrameScan(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 3)
+	f.Add(append(rawFrame(f, 1, OpApply, []byte("abc")), rawFrame(f, 2, OpFetch, nil)...), 9)
+	for _, p := range hostilePrefixes {
+		f.Add(p, 2)
+	}
+	f.Fuzz(func(t *testing.T, b []byte, cut int) {
+		cut = int(uint(cut) % uint(len(b)+1))
+		var whole, split deadlineReader
+		whole.scan(b)
+		split.scan(b[:cut])
+		split.scan(b[cut:])
+		type state struct {
+			inFrame bool
+			hdr     [4]byte
+			nh      int
+			left    uint64
+		}
+		sw := state{whole.inFrame, whole.hdr, whole.nh, whole.left}
+		if ss := (state{split.inFrame, split.hdr, split.nh, split.left}); sw != ss {
+			t.Fatalf("scan of %x whole: %+v; split at %d: %+v", b, whole, cut, split)
+		}
+		// Whole frames after any bytes: between frames iff it was.
+		var frames []byte
+		for i := 0; i < 3; i++ {
+			frames = append(frames, rawFrame(t, uint64(i), FirstOp, b[:min(len(b), i*7)])...)
+		}
+		var r deadlineReader
+		r.scan(frames)
+		if r.inFrame {
+			t.Fatalf("in a frame after whole frames: %+v", r)
+		}
+	})
+}
