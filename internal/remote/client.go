@@ -111,7 +111,8 @@ func (c *Client) goFunc(fn func()) {
 // an error wrapping ErrUnavailable when the connection cannot be dialed or
 // breaks first: the request may then have run on the peer. A handler's
 // error comes back as an *Error that errors.Is its sentinel. After Close,
-// Call returns ErrClosed.
+// Call returns ErrClosed. req is copied into the request's frame before
+// Call returns: the caller may reuse it then, however the call ended.
 func (c *Client) Call(ctx context.Context, op uint16, req []byte) ([]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -267,3 +267,32 @@ func TestServer_Flood(t *testing.T) {
 	}
 	r.stillServes(t)
 }
+
+// TestServer_ReadTimeout_NotWhileWaiting: the time the server spends not
+// reading (all handler slots taken) does not count against a frame that
+// had begun to arrive.
+func TestServer_ReadTimeout_NotWhileWaiting(t *testing.T) {
+	leakCheck(t)
+	r := newRPCNode(t, ServerConfig{MaxConcurrent: 1, ReadTimeout: time.Second}, ClientConfig{})
+	c := r.dial()
+	fr := c.FrameReader()
+	f3 := rawFrame(t, 3, opEcho, []byte("third"))
+	in := append(rawFrame(t, 1, opGate, u32(0)), rawFrame(t, 2, opEcho, []byte("second"))...)
+	if _, err := c.Write(append(in, f3[:5]...)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first request at its handler", func() bool { return r.arrived.Load() == 1 })
+	time.Sleep(2500 * time.Millisecond) // the second waits for the slot
+	close(r.gates[0])
+	for _, want := range []uint64{1, 2} {
+		if f := readReply(t, c, fr); f.ReqID != want || f.Op != opReply {
+			t.Fatalf("reply %+v, want one to %d", f, want)
+		}
+	}
+	if _, err := c.Write(f3[5:]); err != nil {
+		t.Fatal(err)
+	}
+	if f := readReply(t, c, fr); f.ReqID != 3 || string(f.Payload) != "third" {
+		t.Fatalf("reply %+v, want the third", f)
+	}
+}
