@@ -13,8 +13,8 @@ import (
 
 // Defaults of ClientConfig's zero values.
 const (
-	DefaultDialTimeout       = 10 * time.Second
-	DefaultClientWriteTimout = 30 * time.Second
+	DefaultDialTimeout        = 10 * time.Second
+	DefaultClientWriteTimeout = 30 * time.Second
 )
 
 // ClientConfig configures a Client. Zero values take the defaults.
@@ -26,9 +26,15 @@ type ClientConfig struct {
 	// DialTimeout bounds one dial (DefaultDialTimeout if zero).
 	DialTimeout time.Duration
 	// WriteTimeout bounds the writing of one request
-	// (DefaultClientWriteTimout if zero); a write that does not finish
+	// (DefaultClientWriteTimeout if zero); a write that does not finish
 	// breaks the connection.
 	WriteTimeout time.Duration
+	// IdleTimeout closes the connection when no call was sent for that
+	// long and none is pending (DefaultIdleTimeout/2 if zero). Keep it
+	// below the server's IdleTimeout: when the server closes first, a
+	// call sent at that moment fails with ErrUnavailable; when the client
+	// does, no call is on the connection and the next one dials.
+	IdleTimeout time.Duration
 }
 
 // Client calls one peer over one connection at a time: it dials on the
@@ -37,7 +43,8 @@ type ClientConfig struct {
 // request id; a writer goroutine writes them in turn and a reader goroutine
 // hands each reply to its call. Safe for concurrent use.
 //
-// Lock order: Client.mu, then clientConn.mu.
+// Lock order: Client.mu, then clientConn.mu. A Client with no call for
+// IdleTimeout closes its connection.
 type Client struct {
 	dial   func(ctx context.Context) (*transport.Conn, error)
 	cfg    ClientConfig
@@ -75,7 +82,10 @@ func NewClient(dial func(ctx context.Context) (*transport.Conn, error), cfg Clie
 		cfg.DialTimeout = DefaultDialTimeout
 	}
 	if cfg.WriteTimeout <= 0 {
-		cfg.WriteTimeout = DefaultClientWriteTimout
+		cfg.WriteTimeout = DefaultClientWriteTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout / 2
 	}
 	c := &Client{dial: dial, cfg: cfg}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -101,7 +111,8 @@ func (c *Client) goFunc(fn func()) {
 // an error wrapping ErrUnavailable when the connection cannot be dialed or
 // breaks first: the request may then have run on the peer. A handler's
 // error comes back as an *Error that errors.Is its sentinel. After Close,
-// Call returns ErrClosed.
+// Call returns ErrClosed. req is copied into the request's frame before
+// Call returns: the caller may reuse it then, however the call ended.
 func (c *Client) Call(ctx context.Context, op uint16, req []byte) ([]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -173,8 +184,13 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 		return nil, ErrClosed
 	}
 	if cn := c.cn; cn != nil {
-		c.mu.Unlock()
-		return cn, nil
+		select {
+		case <-cn.done: // broken, and fail has not cleared it yet
+			c.cn = nil
+		default:
+			c.mu.Unlock()
+			return cn, nil
+		}
 	}
 	d := c.dialing
 	if d == nil {
@@ -292,6 +308,13 @@ func (cn *clientConn) failure() error {
 // fail breaks the connection once: every pending call gets err, which
 // wraps ErrUnavailable.
 func (cn *clientConn) fail(err error) {
+	// The client forgets cn first, so that no call takes it once the
+	// calls on it have failed.
+	cn.c.mu.Lock()
+	if cn.c.cn == cn {
+		cn.c.cn = nil
+	}
+	cn.c.mu.Unlock()
 	cn.mu.Lock()
 	if cn.pending == nil {
 		cn.mu.Unlock()
@@ -305,11 +328,6 @@ func (cn *clientConn) fail(err error) {
 	for _, ch := range pending {
 		ch <- reply{err: err}
 	}
-	cn.c.mu.Lock()
-	if cn.c.cn == cn {
-		cn.c.cn = nil
-	}
-	cn.c.mu.Unlock()
 }
 
 func (cn *clientConn) readLoop() {
@@ -346,12 +364,40 @@ func frameReply(f wire.Frame) reply {
 	return reply{err: fmt.Errorf("%w: reply with op %d", ErrProtocol, f.Op)}
 }
 
+// closeIdle closes cn if no call is pending, atomically with respect to
+// register: a call registering after it fails and dials anew, nothing
+// sent.
+func (cn *clientConn) closeIdle() bool {
+	cn.c.mu.Lock()
+	defer cn.c.mu.Unlock()
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.pending == nil || len(cn.pending) > 0 {
+		return false
+	}
+	if cn.c.cn == cn {
+		cn.c.cn = nil
+	}
+	cn.pending, cn.err = nil, fmt.Errorf("%w: connection closed idle", ErrUnavailable)
+	close(cn.done)
+	cn.tc.Close()
+	return true
+}
+
 func (cn *clientConn) writeLoop() {
 	var cbuf []byte
+	idle := time.NewTimer(cn.c.cfg.IdleTimeout)
+	defer idle.Stop()
 	for {
 		var err error
 		select {
+		case <-idle.C:
+			if cn.closeIdle() {
+				return
+			}
+			idle.Reset(cn.c.cfg.IdleTimeout)
 		case bp := <-cn.reqs:
+			idle.Reset(cn.c.cfg.IdleTimeout)
 			err = cn.write(*bp)
 			cn.c.putBuf(bp)
 		case id := <-cn.cancels:

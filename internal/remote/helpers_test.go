@@ -40,17 +40,16 @@ func newTransport(t testing.TB, id string, frame int) *transport.Transport {
 
 // node is a server node and a client node, connected.
 type node struct {
-	t       testing.TB
-	srvTr   *transport.Transport
-	cliTr   *transport.Transport
-	scfg    ServerConfig
-	mu      sync.Mutex
-	srv     *Server // guarded by mu
-	setup   func(*Server)
-	client  *Client
-	dials   int // guarded by mu
-	frame   int
-	stopped bool // guarded by mu
+	t      testing.TB
+	srvTr  *transport.Transport
+	cliTr  *transport.Transport
+	scfg   ServerConfig
+	mu     sync.Mutex
+	srv    *Server // guarded by mu
+	setup  func(*Server)
+	client *Client
+	dials  int // guarded by mu
+	frame  int
 }
 
 // newNode starts a server (handlers registered by setup) on its own
@@ -96,6 +95,22 @@ func (n *node) start() {
 	n.mu.Lock()
 	n.srv = s
 	n.mu.Unlock()
+}
+
+// running is the number of requests the server's handlers run.
+func (n *node) running() int {
+	n.mu.Lock()
+	s := n.srv
+	n.mu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	total := 0
+	for sc := range s.conns {
+		sc.mu.Lock()
+		total += len(sc.running)
+		sc.mu.Unlock()
+	}
+	return total
 }
 
 // stop closes the server (and with it its listener).

@@ -27,7 +27,7 @@ type Handler func(ctx context.Context, peer string, req []byte) (resp []byte, er
 
 // Defaults of ServerConfig's zero values.
 const (
-	DefaultMaxConcurrent = 32
+	DefaultMaxConcurrent = 128
 	DefaultIdleTimeout   = 2 * time.Minute
 	DefaultReadTimeout   = 30 * time.Second
 	DefaultWriteTimeout  = 30 * time.Second
@@ -35,8 +35,9 @@ const (
 
 // ServerConfig configures a Server. Zero values take the defaults.
 type ServerConfig struct {
-	// MaxFrameBytes is the largest frame read or written: the transport's
-	// MaxFrameBytes (wire.DefaultMaxFrameBytes if zero). A reply that
+	// MaxFrameBytes is the largest frame read or written
+	// (wire.DefaultMaxFrameBytes if zero); set it to the transport's
+	// MaxFrameBytes, which the server does not see. A reply that
 	// would not fit is answered with an error wrapping
 	// wire.ErrFrameTooLarge.
 	MaxFrameBytes int
@@ -46,7 +47,9 @@ type ServerConfig struct {
 	// and one reply per running handler may pass it.
 	MaxInflightBytes int
 	// MaxConcurrent bounds the handlers running for one connection
-	// (DefaultMaxConcurrent if zero); further requests wait unread.
+	// (DefaultMaxConcurrent if zero); further requests wait unread. A
+	// long poll holds its handler for its wait: a peer with more remote
+	// partitions fetching than this makes its other calls wait.
 	MaxConcurrent int
 	// IdleTimeout closes a connection on which no request arrived and no
 	// reply was written for that long (DefaultIdleTimeout if zero). It
@@ -271,12 +274,13 @@ func (sc *serverConn) serve() {
 	cfg := &sc.s.cfg
 	dr := &deadlineReader{c: sc.c, idle: cfg.IdleTimeout, frame: cfg.ReadTimeout, busy: sc.busy}
 	fr := wire.NewFrameReader(dr, cfg.MaxFrameBytes)
+	waitedSlot := false
 	for {
 		waited, ok := sc.waitRoom()
 		if !ok {
 			return
 		}
-		if waited {
+		if waited || waitedSlot {
 			dr.resume()
 		}
 		f, err := fr.ReadFrame()
@@ -290,10 +294,16 @@ func (sc *serverConn) serve() {
 			sc.cancelRequest(f.ReqID)
 			continue
 		}
+		waitedSlot = false
 		select {
 		case sc.slots <- struct{}{}:
-		case <-sc.ctx.Done():
-			return
+		default:
+			waitedSlot = true
+			select {
+			case sc.slots <- struct{}{}:
+			case <-sc.ctx.Done():
+				return
+			}
 		}
 		req := bytes.Clone(f.Payload)
 		cost := frameCost + len(req)
@@ -385,6 +395,13 @@ func (sc *serverConn) handle(ctx context.Context, r *request, req []byte) {
 	sc.inflight += len(resp)
 	sc.mu.Unlock()
 	defer sc.release(r.cost + len(resp))
+	if sc.ctx.Err() != nil {
+		// The connection or the server is closing: a handler that ended
+		// because of it has no answer, and the caller learns that the
+		// outcome is unknown (ErrUnavailable) rather than a ctx error of
+		// ours.
+		return
+	}
 	f := wire.Frame{ReqID: id, Op: opReply, Payload: resp}
 	if err != nil {
 		f = wire.Frame{ReqID: id, Op: opError, Payload: appendError(nil, err)}
@@ -497,7 +514,7 @@ func (r *deadlineReader) scan(p []byte) {
 }
 
 // resume gives the frame in progress a full read timeout again: the server
-// did not read while it waited for room.
+// did not read while it waited for room or a handler slot.
 func (r *deadlineReader) resume() {
 	if r.inFrame {
 		r.deadline = time.Now().Add(r.frame)
