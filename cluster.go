@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/zeze-go/mq/internal/cluster"
+	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/internal/txn"
@@ -41,7 +42,7 @@ func (m *MQ) openCluster() error {
 		SessionTimeout: c.SessionTimeout, HandshakeTimeout: c.HandshakeTimeout, MaxFrameBytes: maxFrame,
 		HeartbeatTimeout: c.ElectionTimeout, ElectionTimeout: c.ElectionTimeout,
 		LeaderLeaseTimeout: c.ElectionTimeout / 2,
-		Partitions:         cn.served, CheckTx: cn.checkTx, Logger: m.cfg.logger,
+		Partitions:         cn.served, Authorize: cn.authorize, CheckTx: cn.checkTx, Logger: m.cfg.logger,
 	})
 	if err != nil {
 		return fmt.Errorf("mq: cluster: %w", err)
@@ -157,6 +158,39 @@ func (cn *clusterNode) served(topic string, i int) (partition.Partition, error) 
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// authorize is the ACL of the partition service: what a node asks of a
+// partition stored here needs the right its own calls would. Commands only
+// a partition's own node proposes (upkeep, counting check-backs) are
+// refused from others.
+func (cn *clusterNode) authorize(peer, topic string, op uint16, cmd store.Op) error {
+	if meta.IsSystemTopic(topic) {
+		return nil
+	}
+	right := Consume // reads, fetches, offsets
+	switch {
+	case op == remote.OpHalfTxs || op == remote.OpDecision: // transaction state: a producer's or an admin's check
+		st := cn.agent.Meta().State()
+		for _, r := range []Rights{Produce, Consume, Admin} {
+			if st.Allowed(peer, topic, cluster.Rights(r)) {
+				return nil
+			}
+		}
+		return fmt.Errorf("%w: %v", cluster.ErrDenied, cn.allowed(peer, topic, Produce))
+	case op != remote.OpApply:
+	case cmd == store.OpAppend || cmd == store.OpPrepare || cmd == store.OpCommitTx || cmd == store.OpRollbackTx:
+		right = Produce
+	case cmd == store.OpDeleteGroup:
+		right = Admin
+	case cmd == store.OpClaim || cmd == store.OpCommitOffset || cmd == store.OpResetOffset: // a reset: ResetOffset (Admin, checked where it starts) or a consumer's Seek
+	default:
+		return fmt.Errorf("%w: op %d is proposed by the partition's own node only", cluster.ErrDenied, cmd)
+	}
+	if err := cn.allowed(peer, topic, right); err != nil {
+		return fmt.Errorf("%w: %v", cluster.ErrDenied, err) // a code the caller's node maps back to ErrDenied
+	}
+	return nil
 }
 
 // checkTx answers another node's check-back of a transaction this node

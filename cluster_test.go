@@ -415,6 +415,19 @@ func TestCluster_ACL(t *testing.T) {
 	_, err = n2.NewConsumer("audit", "g", mq.ListenerFunc(func(context.Context, string, *mq.Message) error { return nil }))
 	denied("n2 consumes audit", err)
 
+	// The partition service of the node holding a partition checks too: n2
+	// skipping its own check is refused by n1.
+	direct := 0
+	for i := range 2 {
+		if mq.PartitionNode(n2, "orders", i) == "n1" {
+			denied("n2 appends to a partition on n1 directly", mq.ApplyAt(ctx, n2, "orders", i, &mq.Message{ID: "sneak", Body: []byte("z")}))
+			direct++
+		}
+	}
+	if direct == 0 {
+		t.Fatal("no partition of orders on n1")
+	}
+
 	// What the rules allow works.
 	p1, err := n1.NewProducer("orders")
 	if err != nil {

@@ -71,6 +71,7 @@ import (
 	"time"
 
 	"github.com/zeze-go/mq/internal/boltsafe"
+	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/delivery"
 	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
@@ -540,6 +541,8 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrTxDecided, err)
 	case errors.Is(err, store.ErrTooLarge):
 		return fmt.Errorf("%w: %v", ErrMessageTooLarge, err)
+	case errors.Is(err, cluster.ErrDenied):
+		return fmt.Errorf("%w: %v", ErrDenied, err)
 	case errors.Is(err, store.ErrFailed), errors.Is(err, store.ErrWALFailed):
 		return fmt.Errorf("%w: %v", ErrStorageFailed, err)
 	}
@@ -561,7 +564,7 @@ func (m *MQ) startBackground() {
 	m.startMaintenance() // internal/upkeep: delay release, retention, dedup pruning
 	m.startTxChecker()   // transaction.go, internal/txn: check-back, sweep, forgetter
 	if m.cluster != nil {
-		m.goFunc(m.cluster.syncLoop) // cluster.go: the topic table follows the metadata group
+		m.goFunc(m.cluster.syncLoop)  // cluster.go: the topic table follows the metadata group
 		m.goFunc(m.cluster.coord.Run) // internal/cluster: the groups' members follow the consumers
 	}
 }

@@ -1,6 +1,11 @@
 package mq
 
-import "time"
+import (
+	"context"
+	"time"
+
+	"github.com/zeze-go/mq/store"
+)
 
 // Hooks for the external tests of package mq_test.
 
@@ -44,4 +49,17 @@ func PartitionNode(m *MQ, topic string, i int) string {
 		return ""
 	}
 	return pl.Replicas[0]
+}
+
+// ApplyAt appends msg to partition i of topic as m's table has it, without
+// the checks a Producer makes where the call starts (the node's own ACL
+// check): what a node that skips them could ask of another's partition.
+func ApplyAt(ctx context.Context, m *MQ, topic string, i int, msg *Message) error {
+	t, err := m.topic(topic)
+	if err != nil {
+		return err
+	}
+	cmd := &store.Command{Op: store.OpAppend, Msgs: []store.Message{toStore(msg)}}
+	_, err = t.Parts[i].Apply(ctx, cmd)
+	return translate(err)
 }

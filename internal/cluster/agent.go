@@ -42,6 +42,9 @@ type AgentConfig struct {
 
 	// Partitions finds the partition this node serves to other nodes.
 	Partitions func(topic string, index int) (partition.Partition, error)
+	// Authorize, unless nil, says whether node peer may make a partition
+	// request (remote.ServePartitions) on topic.
+	Authorize func(peer, topic string, op uint16, cmd store.Op) error
 	// CheckTx answers another node's check-back of a transaction this
 	// node prepared, whose half messages it holds in parts: the decision,
 	// or store.Undecided while it runs.
@@ -152,7 +155,7 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, err
 	}
 	n.srv = remote.NewServer(l, remote.ServerConfig{MaxFrameBytes: cfg.MaxFrameBytes, Logger: n.log})
-	remote.ServePartitions(n.srv, cfg.Partitions)
+	remote.ServePartitions(n.srv, cfg.Partitions, cfg.Authorize)
 	n.srv.Handle(opWhoLeads, n.handleWhoLeads)
 	n.srv.Handle(opJoin, n.handleJoin)
 	n.srv.Handle(opHeartbeat, n.handleHeartbeat)

@@ -172,7 +172,7 @@ func serve(t testing.TB, dir string, wrap func(*store.Partition) partition.Parti
 				return nil, fmt.Errorf("%w: %s/%d", errNoPartition, topic, index)
 			}
 			return pp, nil
-		})
+		}, nil)
 	})
 	return &served{Partition: NewPartition(n.client, "t", 0, pcfg), n: n, sp: sp}
 }

@@ -16,22 +16,39 @@ import (
 // RegisterError). A served partition's Apply gets the command as the
 // caller sent it: a partition.Local stamps a zero Now with this node's
 // clock, this node being the proposer.
-func ServePartitions(s *Server, lookup func(topic string, index int) (partition.Partition, error)) {
-	sv := &service{lookup: lookup, budget: s.MaxFrameBytes() - wire.FrameHeaderSize - replyReserve}
+//
+// authorize, unless nil, is asked first whether peer may make the request:
+// op, and for OpApply the command's op (0 otherwise), on topic; its error
+// is the call's.
+func ServePartitions(s *Server, lookup func(topic string, index int) (partition.Partition, error),
+	authorize func(peer, topic string, op uint16, cmd store.Op) error) {
+	sv := &service{lookup: lookup, authorize: authorize, budget: s.MaxFrameBytes() - wire.FrameHeaderSize - replyReserve}
 	for op := OpApply; op <= lastPartOp; op++ {
-		s.Handle(op, func(ctx context.Context, _ string, req []byte) ([]byte, error) { return sv.serve(ctx, op, req) })
+		s.Handle(op, func(ctx context.Context, peer string, req []byte) ([]byte, error) {
+			return sv.serve(ctx, peer, op, req)
+		})
 	}
 }
 
 type service struct {
-	lookup func(topic string, index int) (partition.Partition, error)
-	budget int // the bytes a reply's payload may take
+	lookup    func(topic string, index int) (partition.Partition, error)
+	authorize func(peer, topic string, op uint16, cmd store.Op) error
+	budget    int // the bytes a reply's payload may take
 }
 
-func (sv *service) serve(ctx context.Context, op uint16, b []byte) ([]byte, error) {
+func (sv *service) serve(ctx context.Context, peer string, op uint16, b []byte) ([]byte, error) {
 	r, err := decodeRequest(op, b)
 	if err != nil {
 		return nil, err
+	}
+	if sv.authorize != nil {
+		var cmd store.Op
+		if op == OpApply {
+			cmd = r.cmd.Op
+		}
+		if err := sv.authorize(peer, r.topic, op, cmd); err != nil {
+			return nil, err
+		}
 	}
 	p, err := sv.lookup(r.topic, r.index)
 	if err != nil {
