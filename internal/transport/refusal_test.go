@@ -1,0 +1,144 @@
+package transport
+
+import (
+	"context"
+	"crypto/tls"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// refusalLog keeps the refusals a transport logs.
+type refusalLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *refusalLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *refusalLog) WithAttrs([]slog.Attr) slog.Handler      { return l }
+func (l *refusalLog) WithGroup(string) slog.Handler           { return l }
+func (l *refusalLog) Handle(_ context.Context, r slog.Record) error {
+	line := r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		line += " " + a.String()
+		return true
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, line)
+	return nil
+}
+
+func (l *refusalLog) refused() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, s := range l.lines {
+		if strings.HasPrefix(s, "transport: refused connection") {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TestTransport_RefusalsLogged: every connection the listener refuses
+// (wrong secret, a replayed handshake, bytes that are no handshake, a peer
+// sending a byte at a time, no client certificate, a certificate of another
+// CA or naming another node) leaves one log line naming why, and nothing is
+// accepted.
+func TestTransport_RefusalsLogged(t *testing.T) {
+	ca := newCA(t)
+	rawDial := func(t *testing.T, b *Transport) net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", b.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	cases := []struct {
+		name   string
+		tls    bool
+		ok     int // connections accepted: the replay's original only
+		attack func(t *testing.T, b *Transport)
+		want   string // in the refusal's line
+	}{
+		{"WrongSecret", false, 0, func(t *testing.T, b *Transport) {
+			a := listen(t, Config{NodeID: "a", Secret: []byte("another secret of the cluster")})
+			a.Dial(context.Background(), b.Addr().String(), ProtoRPC)
+		}, `claiming "a"`},
+		{"Replay", false, 1, func(t *testing.T, b *Transport) {
+			rec := &recorder{Conn: rawDial(t, b)}
+			if _, err := handshakeDialer(rec, nil, "a", secret, ProtoRPC); err != nil {
+				t.Fatal(err)
+			}
+			again := rawDial(t, b)
+			again.Write(rec.wrote.Bytes())
+			waitClosed(t, again, 5*time.Second)
+		}, "does not hold"},
+		{"Garbage", false, 0, func(t *testing.T, b *Transport) {
+			c := rawDial(t, b)
+			c.Write([]byte(strings.Repeat("garbage!", 64)))
+			waitClosed(t, c, 5*time.Second)
+		}, "err="},
+		{"ByteAtATime", false, 0, func(t *testing.T, b *Transport) {
+			c := rawDial(t, b)
+			h := hello{nonce: freshNonce(), id: "a"}
+			for _, x := range h.marshal(false) {
+				if _, err := c.Write([]byte{x}); err != nil {
+					return // closed: the deadline passed
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}, "timeout"},
+		{"NoClientCert", true, 0, func(t *testing.T, b *Transport) {
+			tc, err := tls.Dial("tcp", b.Addr().String(), &tls.Config{RootCAs: ca.pool, ServerName: "b", MinVersion: tls.VersionTLS13})
+			if err == nil {
+				handshakeDialer(tc, tc, "a", secret, ProtoRPC)
+				tc.Close()
+			}
+		}, "certificate"},
+		{"WrongCA", true, 0, func(t *testing.T, b *Transport) {
+			ast, act := ca.tlsFor(newCA(t).leaf(t, "a"))
+			a := listen(t, Config{NodeID: "a", ServerTLS: ast, ClientTLS: act})
+			a.Dial(context.Background(), b.Addr().String(), ProtoRPC)
+		}, "certificate"},
+		{"CertNamesOther", true, 0, func(t *testing.T, b *Transport) {
+			ast, act := ca.tlsFor(ca.leaf(t, "c"))
+			a := listen(t, Config{NodeID: "a", ServerTLS: ast, ClientTLS: act})
+			a.Dial(context.Background(), b.Addr().String(), ProtoRPC)
+		}, "a"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			logs := &refusalLog{}
+			cfg := Config{NodeID: "b", HandshakeTimeout: 500 * time.Millisecond, Logger: slog.New(logs)}
+			if c.tls {
+				cfg.ServerTLS, cfg.ClientTLS = ca.tlsFor(ca.leaf(t, "b"))
+			}
+			b := listen(t, cfg)
+			acc := accept(t, b, ProtoRPC)
+			c.attack(t, b)
+			deadline := time.Now().Add(10 * time.Second)
+			for len(logs.refused()) == 0 && time.Now().Before(deadline) { // the replay's original is not refused
+				time.Sleep(10 * time.Millisecond)
+			}
+			got := logs.refused()
+			if len(got) == 0 {
+				t.Fatal("no refusal logged")
+			}
+			t.Logf("logged: %s", got[0])
+			if !strings.Contains(got[0], c.want) {
+				t.Errorf("refusal %q does not name %q", got[0], c.want)
+			}
+			b.Close()
+			if n := acc.count(); n != c.ok {
+				t.Fatalf("%d connections accepted, want %d", n, c.ok)
+			}
+		})
+	}
+}
