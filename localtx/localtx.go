@@ -26,11 +26,13 @@
 //	})
 //
 // Whether a transaction is running is known to the process that runs it,
-// and each node checks back only the half messages it stored; but a node
-// publishes and forgets every committed transaction it finds in its store
-// after a crash. So each node needs a store of its own: several processes
-// sharing one SQL database give each node its own tables (MarkerTable,
-// OutboxTable).
+// and a half message is checked back by the node that stored it. A node of
+// a cluster writes its id into each transaction's marker and publishes
+// after a crash only the committed transactions its own markers name, so
+// the nodes of a cluster may share one store's tables. A standalone node
+// has no id and publishes every committed transaction it finds: give
+// standalone processes sharing one SQL database their own tables
+// (MarkerTable, OutboxTable).
 //
 // # Commit errors
 //
