@@ -152,13 +152,13 @@ func (d *decoder) version() {
 }
 
 // finish returns the first error, or one for bytes left over, wrapping
-// ErrProtocol.
-func (d *decoder) finish(what string) error {
+// ErrProtocol; what (a request or reply) and op name the payload.
+func (d *decoder) finish(what string, op uint16) error {
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%d bytes after the payload", len(d.b))
 	}
 	if d.err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrProtocol, what, d.err)
+		return fmt.Errorf("%w: %s of op %d: %v", ErrProtocol, what, op, d.err)
 	}
 	return nil
 }

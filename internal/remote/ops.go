@@ -138,7 +138,7 @@ func decodeRequest(op uint16, b []byte) (*partReq, error) {
 	default:
 		return nil, fmt.Errorf("%w: %d", ErrUnknownOp, op)
 	}
-	if err := d.finish(fmt.Sprintf("request of op %d", op)); err != nil {
+	if err := d.finish("request", op); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -293,7 +293,7 @@ func decodeReply(op uint16, b []byte, dst []store.Message) (*partResp, error) {
 	default:
 		return nil, fmt.Errorf("%w: reply of unknown op %d", ErrProtocol, op)
 	}
-	if err := d.finish(fmt.Sprintf("reply of op %d", op)); err != nil {
+	if err := d.finish("reply", op); err != nil {
 		return nil, err
 	}
 	return a, nil
