@@ -154,36 +154,21 @@ func (s *Server) goFunc(fn func()) {
 }
 
 func (s *Server) acceptLoop() {
-	var backoff time.Duration
-	for {
-		c, err := s.l.Accept()
-		if err != nil {
-			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			s.cfg.Logger.Warn("remote: accept", "err", err, "retry_in", backoff)
-			select {
-			case <-time.After(backoff):
-			case <-s.ctx.Done():
-				return
-			}
-			continue
-		}
-		backoff = 0
+	transport.AcceptEach(s.ctx, s.l, s.cfg.Logger, "remote: accept", func(c net.Conn) bool {
 		tc, ok := c.(*transport.Conn)
 		if !ok {
 			s.cfg.Logger.Warn("remote: refused a connection that is not a transport.Conn", "remote", c.RemoteAddr())
 			c.Close()
-			continue
+			return true
 		}
 		sc := s.newConn(tc)
 		if !s.track(sc) {
 			tc.Close()
-			return
+			return false
 		}
 		s.goFunc(sc.serve)
-	}
+		return true
+	})
 }
 
 func (s *Server) track(sc *serverConn) bool {

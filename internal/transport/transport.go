@@ -226,38 +226,22 @@ func (t *Transport) Addr() net.Addr { return t.ln.Addr() }
 func (t *Transport) NodeID() string { return t.cfg.NodeID }
 
 func (t *Transport) acceptLoop() {
-	var backoff time.Duration
-	for {
-		c, err := t.ln.Accept()
-		if err != nil {
-			if t.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			// Out of file descriptors and the like: wait and retry.
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			t.log.Warn("transport: accept", "err", err, "retry_in", backoff)
-			select {
-			case <-time.After(backoff):
-			case <-t.ctx.Done():
-				return
-			}
-			continue
-		}
-		backoff = 0
+	AcceptEach(t.ctx, t.ln, t.log, "transport: accept", func(c net.Conn) bool {
 		select {
 		case t.sem <- struct{}{}:
 		default:
 			t.log.Warn("transport: refused connection: too many handshakes in progress", "remote", c.RemoteAddr(), "limit", t.cfg.MaxHandshakes)
 			c.Close()
-			continue
+			return true
 		}
 		if !t.track(c) {
 			<-t.sem
 			c.Close()
-			return
+			return false
 		}
 		t.goFunc(func() { t.serve(c) })
-	}
+		return true
+	})
 }
 
 // track records c as pending, so Close closes it; false after Close.
