@@ -428,3 +428,72 @@ func reviewGroups() []string {
 	}
 	return []string{"h1", "h2"}
 }
+
+// TestReview_CallsReturnWhenCtxEndsOnCutNode attacks promise 4 (every call
+// with a ctx returns when ctx ends): a node cut from both others (no
+// metadata quorum, every remote partition unreachable) is asked everything
+// that takes a ctx, each with a 500 ms deadline; each must return, with an
+// error, within a few seconds. (Kept as an attack: it passes.)
+func TestReview_CallsReturnWhenCtxEndsOnCutNode(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx := context.Background()
+	if err := c.nodes["n1"].CreateMQ(ctx, "t", 3, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["t"] == 3 })
+	}
+	x := c.nodes["n3"]
+	p, err := x.NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.isolate("n3", true)
+	defer c.isolate("n3", false)
+	remote := -1
+	for i := range 3 {
+		if mq.PartitionNode(x, "t", i) != "n3" {
+			remote = i
+		}
+	}
+	calls := map[string]func(context.Context) error{
+		"CreateMQ": func(ctx context.Context) error { return x.CreateMQ(ctx, "new", 1, mq.Options{}) },
+		"AlterMQ":  func(ctx context.Context) error { return x.AlterMQ(ctx, "t", 4) },
+		"SetACL": func(ctx context.Context) error {
+			return x.SetACL(ctx, []mq.ACLRule{{Identity: "*", Topic: "*", Rights: mq.Produce}})
+		},
+		"ResetOffset": func(ctx context.Context) error { return x.ResetOffset(ctx, "t", "g", mq.SeekFirst()) },
+		"DeleteGroup": func(ctx context.Context) error { return x.DeleteGroup(ctx, "t", "g") },
+		"SendMessage": func(ctx context.Context) error {
+			_, err := p.SendMessage(ctx, (&mq.Message{Body: []byte("x")}).ToPartition(remote))
+			return err
+		},
+		"ReadMessage": func(ctx context.Context) error { _, err := x.ReadMessage(ctx, "t", remote, 0); return err },
+		"RedriveDeadLetters": func(ctx context.Context) error {
+			_, err := x.RedriveDeadLetters(ctx, "g")
+			return err
+		},
+	}
+	var wg sync.WaitGroup
+	for name, call := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			done := make(chan error, 1)
+			go func() { done <- call(cctx) }()
+			select {
+			case err := <-done:
+				t.Logf("%s: %v after %v", name, err, time.Since(start).Round(time.Millisecond))
+				if err == nil && name != "DeleteGroup" && name != "RedriveDeadLetters" {
+					t.Errorf("%s on a cut node succeeded", name)
+				}
+			case <-time.After(10 * time.Second):
+				t.Errorf("%s did not return 10 s after its 500 ms ctx", name)
+			}
+		}()
+	}
+	wg.Wait()
+}
