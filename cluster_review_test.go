@@ -497,3 +497,81 @@ func TestReview_CallsReturnWhenCtxEndsOnCutNode(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestReview_CloseInHandlerAndDuringCalls attacks promise 4 (Close
+// concurrent with any call returns; Close from a handler returns): a node
+// of a cluster, cut from the others so that CreateMQ, AlterMQ and a send to
+// a remote partition are all waiting, is closed from inside one of its
+// consumers' handlers. Everything must return. (Kept as an attack: it
+// passes.)
+func TestReview_CloseInHandlerAndDuringCalls(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx := context.Background()
+	if err := c.nodes["n1"].CreateMQ(ctx, "t", 3, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["t"] == 3 })
+	}
+	x := c.nodes["n3"]
+	local := -1
+	for i := range 3 {
+		if mq.PartitionNode(x, "t", i) == "n3" {
+			local = i
+		}
+	}
+	closed := make(chan error, 1)
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	cons, err := x.NewConsumer("t", "g", mq.ListenerFunc(func(context.Context, string, *mq.Message) error {
+		once.Do(func() {
+			close(entered)
+			<-proceed
+			closed <- x.Close()
+		})
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the consumer owns the partitions", func() bool { return len(cons.Assigned()) == 3 })
+	p, err := x.NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.SendMessage(ctx, (&mq.Message{Body: []byte("x")}).ToPartition(local)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no delivery on n3")
+	}
+	c.isolate("n3", true)
+	defer c.isolate("n3", false)
+	results := make(chan string, 3)
+	go func() { err := x.CreateMQ(ctx, "new", 1, mq.Options{}); results <- fmt.Sprintf("CreateMQ: %v", err) }()
+	go func() { err := x.AlterMQ(ctx, "t", 5); results <- fmt.Sprintf("AlterMQ: %v", err) }()
+	go func() {
+		remote := (local + 1) % 3
+		_, err := p.SendMessage(ctx, (&mq.Message{Body: []byte("y")}).ToPartition(remote))
+		results <- fmt.Sprintf("SendMessage to a remote partition: %v", err)
+	}()
+	time.Sleep(300 * time.Millisecond) // the calls wait for a leader
+	close(proceed)
+	select {
+	case err := <-closed:
+		t.Logf("Close from the handler: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close from a handler did not return")
+	}
+	for range 3 {
+		select {
+		case r := <-results:
+			t.Log(r)
+		case <-time.After(20 * time.Second):
+			t.Fatal("a call did not return after Close")
+		}
+	}
+	delete(c.nodes, "n3")
+}
