@@ -575,3 +575,87 @@ func TestReview_CloseInHandlerAndDuringCalls(t *testing.T) {
 	}
 	delete(c.nodes, "n3")
 }
+
+// TestReview_ConsumerCloseHandsOverBeforeHandlerEnds attacks promise 3 (a
+// partition moves in two steps: revoked, its worker stopped after the last
+// commit, Released; only then assigned elsewhere).
+//
+// FAILS. Consumer.Close removes the consumer from the local group at once;
+// the coordinator's reconcile then proposes LeaveGroup for its member
+// without waiting for the member's workers to stop (lg.running), and the
+// FSM's leaveGroup frees the member's partitions and gives them to another
+// member in the same step. A consumer on another node starts delivering the
+// partition while the closing consumer's handler still runs (Close is
+// waiting for it).
+func TestReview_ConsumerCloseHandsOverBeforeHandlerEnds(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	if err := c.nodes["n1"].CreateMQ(ctx, "one", 1, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["one"] == 1 })
+	}
+	var in atomic.Int32
+	var overlap atomic.Bool
+	var mu sync.Mutex
+	var log []string
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	handler := func(node string, block bool) mq.Listener {
+		return mq.ListenerFunc(func(hctx context.Context, _ string, msg *mq.Message) error {
+			if in.Add(1) > 1 {
+				overlap.Store(true)
+			}
+			defer in.Add(-1)
+			mu.Lock()
+			log = append(log, node+":"+msg.ID)
+			mu.Unlock()
+			if block {
+				once.Do(func() { close(entered) })
+				select { // a handler that finishes its message (up to 3 s)
+				case <-release:
+				case <-time.After(3 * time.Second):
+				}
+			}
+			return nil
+		})
+	}
+	a, err := c.nodes["n2"].NewConsumer("one", "g", handler("n2", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "one/0 on n2", func() bool { return len(a.Assigned()) == 1 })
+	if _, err := c.nodes["n3"].NewConsumer("one", "g", handler("n3", false)); err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.nodes["n1"].NewProducer("one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.SendMessage(ctx, &mq.Message{ID: "m0", Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("m0 not delivered on n2")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close() }()
+	deadline := time.Now().Add(2500 * time.Millisecond)
+	for time.Now().Before(deadline) && !overlap.Load() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if overlap.Load() {
+		t.Fatalf("one/0 delivered on n3 while the closing consumer's handler on n2 still ran: %v", log)
+	}
+	t.Logf("deliveries %v", log)
+}
