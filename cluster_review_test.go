@@ -16,6 +16,7 @@ import (
 
 	"github.com/zeze-go/mq"
 	"github.com/zeze-go/mq/internal/cluster"
+	"github.com/zeze-go/mq/store"
 )
 
 // startReview is testCluster.start with session timeout sess.
@@ -658,4 +659,61 @@ func TestReview_ConsumerCloseHandsOverBeforeHandlerEnds(t *testing.T) {
 		t.Fatalf("one/0 delivered on n3 while the closing consumer's handler on n2 still ran: %v", log)
 	}
 	t.Logf("deliveries %v", log)
+}
+
+// TestReview_RPCPartitionServiceIgnoresACL confirms and quantifies a gap
+// DESIGN §7 lists as not built ("the RPC partition service checking the ACL
+// itself"): it is no new find, and the test PASSES by asserting the hole.
+// A node the ACL allows nothing on topic t (n2 here), calling the partition
+// service of t's node directly, can append (Produce), claim and reset the
+// group's offset (Consume, Admin), and trim the whole log: acknowledged
+// messages deleted, which is promise 1 broken by any node holding the
+// secret.
+func TestReview_RPCPartitionServiceIgnoresACL(t *testing.T) {
+	c := newCluster(t, 2)
+	ctx := context.Background()
+	n1, n2 := c.nodes["n1"], c.nodes["n2"]
+	if err := n1.CreateMQ(ctx, "t", 1, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if o := mq.PartitionNode(n1, "t", 0); o != "n1" {
+		t.Skipf("t/0 on %s", o)
+	}
+	if err := n1.SetACL(ctx, []mq.ACLRule{{Identity: "n1", Topic: "*", Rights: mq.Produce | mq.Consume | mq.Admin},
+		{Identity: "n2", Topic: "other", Rights: mq.Consume}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "rules on n2", func() bool { return len(n2.ACL()) == 2 })
+	p1, err := n1.NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := p1.SendMessage(ctx, &mq.Message{ID: fmt.Sprintf("acked-%d", i), Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p2, _ := n2.NewProducer("t")
+	if _, err := p2.SendMessage(ctx, &mq.Message{Body: []byte("x")}); !errors.Is(err, mq.ErrDenied) {
+		t.Fatalf("n2's send through the API: %v, want ErrDenied", err)
+	}
+	rp, err := mq.ReviewRemotePartition(n2, "n1", "t", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rp.Close()
+	if _, err := rp.Apply(ctx, &store.Command{Op: store.OpAppend, Msgs: []store.Message{{ID: "forged", Body: []byte("by n2")}}}); err != nil {
+		t.Fatalf("append through RPC: %v", err)
+	}
+	if _, err := rp.Apply(ctx, &store.Command{Op: store.OpResetOffset, Group: "billing", Offset: 2}); err != nil {
+		t.Fatalf("reset through RPC: %v", err)
+	}
+	res, err := rp.Apply(ctx, &store.Command{Op: store.OpTrim, MaxBytes: 1})
+	if err != nil {
+		t.Fatalf("trim through RPC: %v", err)
+	}
+	t.Logf("n2, allowed nothing on t, appended, reset a group and trimmed %d records of t/0 through RPC", res.Count)
+	if _, err := n1.ReadMessage(ctx, "t", 0, 0); err == nil {
+		t.Fatal("acked-0 still readable after the trim")
+	}
 }

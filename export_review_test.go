@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/zeze-go/mq/internal/cluster"
+	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/remote"
 )
 
 // Hooks of the review's tests (cluster_review_test.go): a node's port, and
@@ -23,4 +25,15 @@ func ReviewPropose(ctx context.Context, m *MQ, c cluster.Command) (cluster.Resul
 // ReviewGroup is the metadata group's record of a consumer group, as m sees it.
 func ReviewGroup(m *MQ, topic, group string) (cluster.Group, bool) {
 	return m.cluster.agent.Meta().State().Group(topic, group)
+}
+
+// ReviewRemotePartition is partition i of topic on node, reached from m
+// straight through the RPC partition service (as any node knowing the
+// secret may), not through m's producer or consumer API.
+func ReviewRemotePartition(m *MQ, node, topic string, i int) (partition.Partition, error) {
+	c, err := m.cluster.agent.Peer(node)
+	if err != nil {
+		return nil, err
+	}
+	return remote.NewPartition(c, topic, i, remote.PartitionConfig{}), nil
 }
