@@ -729,3 +729,78 @@ func TestReview_RPCPartitionServiceIgnoresACL(t *testing.T) {
 		t.Fatal("acked-0 still readable after the trim")
 	}
 }
+
+// TestReview_GroupChurnAcrossNodes attacks promise 3 (every partition ends
+// up owned, nothing undelivered) with a group whose members join and leave
+// fast on every node while messages flow, and CreateMQ racing on two nodes
+// for one name (exactly one wins, the other gets ErrTopicExists). Kept as an
+// attack: it passes (duplicates are allowed; losses and a partition left
+// without owner are not).
+func TestReview_GroupChurnAcrossNodes(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
+	defer cancel()
+	errs := make(chan error, 2)
+	for _, id := range []string{"n2", "n3"} {
+		go func() { errs <- c.nodes[id].CreateMQ(ctx, "t", 4, mq.Options{}) }()
+	}
+	e1, e2 := <-errs, <-errs
+	if (e1 == nil) == (e2 == nil) || !errors.Is(e1, mq.ErrTopicExists) && !errors.Is(e2, mq.ErrTopicExists) {
+		t.Fatalf("racing creates: %v, %v; want one nil and one ErrTopicExists", e1, e2)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["t"] == 4 })
+	}
+	var mu sync.Mutex
+	seenIDs := map[string]bool{}
+	listener := mq.ListenerFunc(func(_ context.Context, _ string, msg *mq.Message) error {
+		mu.Lock()
+		seenIDs[msg.ID] = true
+		mu.Unlock()
+		time.Sleep(time.Millisecond)
+		return nil
+	})
+	p, err := c.nodes["n1"].NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const total = 400
+	sendDone := make(chan struct{})
+	go func() {
+		defer close(sendDone)
+		for i := range total {
+			if _, err := p.SendMessage(ctx, &mq.Message{ID: fmt.Sprintf("c-%d", i), Key: fmt.Sprintf("k%d", i%16), Body: []byte("x")}); err != nil {
+				t.Errorf("send %d: %v", i, err)
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	ids := []string{"n1", "n2", "n3"}
+	var open []*mq.Consumer
+	for i := range 24 {
+		cons, err := c.nodes[ids[i%3]].NewConsumer("t", "g", listener)
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, cons)
+		if len(open) > 2 {
+			open[0].Close()
+			open = open[1:]
+		}
+		time.Sleep(time.Duration(20+i*7%60) * time.Millisecond)
+	}
+	<-sendDone
+	waitFor(t, 30*time.Second, "the last consumers owning all four partitions", func() bool {
+		n := 0
+		for _, cons := range open {
+			n += len(cons.Assigned())
+		}
+		return n == 4
+	})
+	waitFor(t, 30*time.Second, "every message delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seenIDs) == total
+	})
+}
