@@ -866,3 +866,54 @@ func TestReview_RemoteConsumerSurvivesOwnerRestart(t *testing.T) {
 		}
 	}
 }
+
+// TestReview_MixedMaxMessageBytesBlocksPartition attacks promises 4 and 5
+// (clear errors, never a hang; bad input refused): nodes of one cluster
+// with different WithMaxMessageBytes, hence different frame limits
+// (MaxMessageBytes + 1 MiB by default). Nothing checks that they agree.
+//
+// FAILS. n1 (limit 8 MiB) accepts and acknowledges a 6 MiB message in its
+// own partition; n2 (default 4 MiB, frames of 5 MiB) can never fetch it: its
+// consumer's worker retries the read forever ("read failed; retrying"), so
+// the group's partition is stuck for good on n2, and every later message
+// of the partition is never delivered there. A clear refusal would be at
+// Open/join (differing limits) or at the send (a message no peer can read).
+func TestReview_MixedMaxMessageBytesBlocksPartition(t *testing.T) {
+	c := newClusterWith(t, 2, func(id string) []mq.Option {
+		if id == "n1" {
+			return []mq.Option{mq.WithMaxMessageBytes(8 << 20)}
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	n1, n2 := c.nodes["n1"], c.nodes["n2"]
+	if err := n1.CreateMQ(ctx, "one", 1, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if o := mq.PartitionNode(n1, "one", 0); o != "n1" {
+		t.Skipf("one/0 on %s", o)
+	}
+	waitFor(t, 10*time.Second, "topic on n2", func() bool { return n2.Topics()["one"] == 1 })
+	p, err := n1.NewProducer("one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 6<<20)
+	if _, err := p.SendMessage(ctx, &mq.Message{ID: "big", Body: big}); err != nil {
+		t.Fatalf("n1 refused the 6 MiB message: %v (a clear refusal; the attack found nothing)", err)
+	}
+	if _, err := p.SendMessage(ctx, &mq.Message{ID: "after", Body: []byte("small")}); err != nil {
+		t.Fatal(err)
+	}
+	_, rerr := n2.ReadMessage(ctx, "one", 0, 0)
+	t.Logf("n2 reads the big one: %v", rerr)
+	col := collect(t, n2, "one", "g")
+	limit := time.Now().Add(10 * time.Second)
+	for time.Now().Before(limit) && col.count("after") == 0 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if col.count("after") == 0 {
+		t.Fatalf("n2's consumer stuck at offset 0 for 10 s (the 6 MiB message cannot cross to n2), got %v", col.ids())
+	}
+}
