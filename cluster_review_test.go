@@ -7,14 +7,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/zeze-go/mq"
+	"github.com/zeze-go/mq/localtx"
+	"github.com/zeze-go/mq/localtx/txtest"
 	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/store"
 )
@@ -915,5 +919,186 @@ func TestReview_MixedMaxMessageBytesBlocksPartition(t *testing.T) {
 	}
 	if col.count("after") == 0 {
 		t.Fatalf("n2's consumer stuck at offset 0 for 10 s (the 6 MiB message cannot cross to n2), got %v", col.ids())
+	}
+}
+
+// TestReview_TxPreparerCrashAfterHostCommit attacks promise 2 (a committed
+// transaction is never lost, and published exactly once): n1 prepares half
+// messages in partitions of n1 and n2, its host store commits (the marker
+// is there) but its hooks never run, and n1 dies at once; n2's check-back
+// cannot reach it; n1 restarts on its data with the same host store. Each
+// message must end up in its partition exactly once. Kept as an attack: it
+// passes.
+func TestReview_TxPreparerCrashAfterHostCommit(t *testing.T) {
+	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
+	c := newClusterWith(t, 2, func(id string) []mq.Option {
+		opts := []mq.Option{mq.WithTxCheckAfter(200 * time.Millisecond)}
+		if id == "n1" {
+			opts = append(opts, mq.WithLocalTx(host.Store))
+		}
+		return opts
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	n1, n2 := c.nodes["n1"], c.nodes["n2"]
+	if err := n1.CreateMQ(ctx, "orders", 4, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the topic on n2", func() bool { return n2.Topics()["orders"] == 4 })
+	p, err := n1.NewProducer("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var half []*mq.Message
+	for i := range 4 {
+		half = append(half, (&mq.Message{ID: fmt.Sprintf("cp-%d", i), Body: []byte("x")}).ToPartition(i))
+	}
+	err = host.Run(ctx, func(ctx context.Context) error {
+		real, _ := localtx.FromContext(ctx)
+		fctx := localtx.WithTx(ctx, &fakeTx{id: real.ID(), put: real.Put})
+		return p.PrepareMessage(fctx, half...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.kill("n1") // the hooks never ran: only the marker knows
+	time.Sleep(1500 * time.Millisecond) // n2's check-backs find n1 away
+	back := c.start("n1")
+	waitFor(t, 20*time.Second, "n1's topics", func() bool { return back.Topics()["orders"] == 4 })
+	col := collect(t, n2, "orders", "billing")
+	waitSeen(t, col, "cp-0", "cp-1", "cp-2", "cp-3")
+	time.Sleep(2 * time.Second) // room for a second publication
+	for i := range 4 {
+		m, err := n2.ReadMessage(ctx, "orders", i, 0)
+		if err != nil || m.ID != fmt.Sprintf("cp-%d", i) {
+			t.Fatalf("orders/%d:0 = %v, %v", i, m, err)
+		}
+		if m, err := n2.ReadMessage(ctx, "orders", i, 1); err == nil {
+			t.Fatalf("orders/%d:1 holds %s: published twice", i, m.ID)
+		}
+		if n := col.count(m.ID); n != 1 {
+			t.Errorf("%s delivered %d times", m.ID, n)
+		}
+	}
+}
+
+// TestReview_TwoNodeRestart attacks promises 1 and 4 (a restart loses
+// nothing and the cluster comes back): a cluster of two nodes (both
+// voters), one restarted on its data, on a new port as Bind 127.0.0.1:0
+// gives. Once both run again the metadata group has its two voters and must
+// elect a leader, and the restarted node must get its topic table back.
+//
+// FAILS, both subtests, every run. The raft address book (RaftMux Resolve)
+// is the metadata FSM's node table, and a restarted member's FSM is empty
+// until a leader tells it the commit index (no snapshot yet): the restarted
+// node cannot dial the other ("unknown node"), and the other dials the old
+// port. No leader is ever elected: every partition of the restarted node
+// stays unreachable, every acknowledged message in it unreadable by the
+// other, CreateMQ/AlterMQ/groups dead, for good. (DESIGN §7 lists the topic
+// table of a node restarting without quorum as not built, "its table fills
+// once a leader is reachable"; here no leader can ever exist again.)
+func TestReview_TwoNodeRestart(t *testing.T) {
+	for _, victim := range []string{"n1", "n2"} {
+		t.Run(victim, func(t *testing.T) {
+			c := newCluster(t, 2)
+			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+			defer cancel()
+			if err := c.nodes["n1"].CreateMQ(ctx, "orders", 2, mq.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			for id, m := range c.nodes {
+				waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["orders"] == 2 })
+			}
+			old := c.nodes[victim].ClusterStatus().Addr
+			c.kill(victim)
+			back := c.start(victim)
+			t.Logf("%s was %s, now %s", victim, old, back.ClusterStatus().Addr)
+			limit := time.Now().Add(20 * time.Second)
+			for time.Now().Before(limit) && back.Topics()["orders"] != 2 {
+				time.Sleep(50 * time.Millisecond)
+			}
+			if back.Topics()["orders"] != 2 {
+				var st []string
+				for id, m := range c.nodes {
+					st = append(st, fmt.Sprintf("%s: %+v", id, m.ClusterStatus()))
+				}
+				t.Fatalf("20 s after %s restarted on a new port it has no topic table: %v", victim, st)
+			}
+		})
+	}
+}
+
+// TestReview_FullRestartSameAddresses attacks promises 1 and 4: every node
+// of a three-node cluster stopped and started again on its data, at the very
+// address it had (a reboot), seeds naming the others. The metadata group's
+// voters are all back at their addresses: it must elect a leader and every
+// node get its topic table back.
+//
+// FAILS every run, for the cause TestReview_TwoNodeRestart shows: every
+// restarted FSM is empty, so every RequestVote fails with "transport: unknown
+// node" (the failure message quotes the logs), though each node knows the
+// others' addresses as seeds. A cluster that is rebooted never comes back.
+func TestReview_FullRestartSameAddresses(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	if err := c.nodes["n1"].CreateMQ(ctx, "orders", 3, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["orders"] == 3 })
+	}
+	addrs := map[string]string{}
+	for id, m := range c.nodes {
+		addrs[id] = m.ClusterStatus().Addr
+	}
+	for _, id := range []string{"n1", "n2", "n3"} {
+		c.kill(id)
+	}
+	var logs logLines
+	for _, id := range []string{"n1", "n2", "n3"} {
+		var seeds []string
+		for other, a := range addrs {
+			if other != id {
+				seeds = append(seeds, a)
+			}
+		}
+		m, err := mq.Open(filepath.Join(c.root, id), mq.WithCluster(mq.ClusterConfig{
+			NodeID: id, Bind: addrs[id], Seeds: seeds, Secret: clusterSecret,
+			SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
+		}), mq.WithLogger(slog.New(&logs)))
+		if err != nil {
+			t.Fatalf("reopen %s at %s: %v", id, addrs[id], err)
+		}
+		c.nodes[id] = m
+		t.Cleanup(func() { m.Close() })
+	}
+	limit := time.Now().Add(20 * time.Second)
+	ready := func() bool {
+		for _, m := range c.nodes {
+			if m.Topics()["orders"] != 3 {
+				return false
+			}
+		}
+		return true
+	}
+	for time.Now().Before(limit) && !ready() {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !ready() {
+		var st []string
+		for id, m := range c.nodes {
+			st = append(st, fmt.Sprintf("%s: %+v", id, m.ClusterStatus()))
+		}
+		var sample []string
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "unknown node") || strings.Contains(l, "no address") {
+				sample = append(sample, l)
+				if len(sample) == 3 {
+					break
+				}
+			}
+		}
+		t.Fatalf("20 s after a full restart at the same addresses: %v\nthe logs: %q", st, sample)
 	}
 }
