@@ -17,9 +17,9 @@ import (
 	"time"
 
 	"github.com/zeze-go/mq"
+	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/localtx"
 	"github.com/zeze-go/mq/localtx/txtest"
-	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -931,7 +931,9 @@ func TestReview_MixedMaxMessageBytesBlocksPartition(t *testing.T) {
 // passes.
 func TestReview_TxPreparerCrashAfterHostCommit(t *testing.T) {
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
-	c := newClusterWith(t, 2, func(id string) []mq.Option {
+	// Three nodes: with two, a restart never regains quorum
+	// (TestReview_TwoNodeRestart).
+	c := newClusterWith(t, 3, func(id string) []mq.Option {
 		opts := []mq.Option{mq.WithTxCheckAfter(200 * time.Millisecond)}
 		if id == "n1" {
 			opts = append(opts, mq.WithLocalTx(host.Store))
@@ -961,7 +963,7 @@ func TestReview_TxPreparerCrashAfterHostCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.kill("n1") // the hooks never ran: only the marker knows
+	c.kill("n1")                        // the hooks never ran: only the marker knows
 	time.Sleep(1500 * time.Millisecond) // n2's check-backs find n1 away
 	back := c.start("n1")
 	waitFor(t, 20*time.Second, "n1's topics", func() bool { return back.Topics()["orders"] == 4 })
