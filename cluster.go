@@ -33,7 +33,10 @@ func (m *MQ) openCluster() error {
 	c := m.cfg.cluster
 	maxFrame := c.MaxFrameBytes
 	if maxFrame == 0 {
-		maxFrame = m.cfg.maxMessageBytes + 1<<20
+		maxFrame = DefaultMaxFrameBytes
+	}
+	if maxFrame < m.cfg.maxMessageBytes+frameOverhead {
+		return fmt.Errorf("%w: cluster MaxFrameBytes %d cannot carry a message of MaxMessageBytes %d", ErrInvalidOption, maxFrame, m.cfg.maxMessageBytes)
 	}
 	cn := &clusterNode{m: m}
 	agent, err := cluster.OpenAgent(cluster.AgentConfig{
@@ -52,6 +55,15 @@ func (m *MQ) openCluster() error {
 	m.cluster = cn
 	return nil
 }
+
+// DefaultMaxFrameBytes is ClusterConfig.MaxFrameBytes's default: room for
+// the largest message WithMaxMessageBytes allows, so that nodes with
+// different message limits still carry each other's messages.
+const DefaultMaxFrameBytes = maxMessageLimit + frameOverhead
+
+// frameOverhead is what a frame needs beside one message: the request or
+// reply around it.
+const frameOverhead = 1 << 20
 
 // syncLoop keeps the topic table in step with the metadata group until the
 // node closes.

@@ -135,12 +135,15 @@ func WithDedupWindow(d time.Duration) Option {
 	}
 }
 
+// maxMessageLimit is the most WithMaxMessageBytes accepts.
+const maxMessageLimit = 256 << 20
+
 // WithMaxMessageBytes sets the largest message accepted (body, key, tags and
 // properties together; the ID is bounded on its own by MaxIDBytes). Default
 // 4 MiB.
 func WithMaxMessageBytes(n int) Option {
 	return func(c *config) error {
-		if n <= 0 || n > 256<<20 {
+		if n <= 0 || n > maxMessageLimit {
 			return fmt.Errorf("%w: max message bytes %d", ErrInvalidOption, n)
 		}
 		c.maxMessageBytes = n
@@ -524,7 +527,9 @@ type ClusterConfig struct {
 	// SessionTimeout is how long a node may go unheard before the
 	// metadata leader marks it down and gives its consumers' partitions to
 	// others (default 5s). A node that cannot renew its session stops
-	// delivering before then.
+	// delivering before then: it cancels its handlers' contexts a fifth of
+	// the timeout earlier, and consuming pauses until the session is back
+	// (so it pauses too while the metadata group has no quorum).
 	SessionTimeout time.Duration
 	// HandshakeTimeout bounds a connection's TLS and secret handshake
 	// (default 5s).
@@ -532,8 +537,12 @@ type ClusterConfig struct {
 	// ElectionTimeout is the metadata group's raft heartbeat and election
 	// timeout (raft's default, 1s, if zero).
 	ElectionTimeout time.Duration
-	// MaxFrameBytes bounds one frame between nodes (default the node's
-	// MaxMessageBytes plus 1 MiB).
+	// MaxFrameBytes bounds one frame between nodes (DefaultMaxFrameBytes
+	// if zero). Every node of a cluster must use the same, and it must
+	// carry the largest message any node accepts (WithMaxMessageBytes plus
+	// 1 MiB). A frame's memory is taken as its bytes arrive, and each
+	// connection holds at most 64 MiB of requests and replies at once
+	// beyond one frame.
 	MaxFrameBytes int
 }
 

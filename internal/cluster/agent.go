@@ -7,8 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
+	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,6 +85,10 @@ type Agent struct {
 
 	refused sync.Map // refusals logged: error text → struct{}
 
+	book      atomic.Pointer[map[string]string] // the address book as last saved: node id → address
+	announced sync.Map                          // node id → the address it announced itself at (opAnnounce)
+	metaRef   atomic.Pointer[Meta]              // meta, for resolve, which raft calls from its goroutines
+
 	mu      sync.Mutex                // guards peers, seeds and closed
 	peers   map[string]*remote.Client // by node id
 	seeds   map[string]*remote.Client // by address
@@ -88,6 +96,10 @@ type Agent struct {
 	closeMu sync.Mutex // serializes Close
 	done    bool       // guarded by closeMu
 }
+
+// maxInflight bounds the requests and replies one connection holds at once
+// (remote.ServerConfig.MaxInflightBytes): one frame may pass it.
+const maxInflight = 64 << 20
 
 // errNoAddress is a dial to a node whose address the metadata group does not
 // know (yet).
@@ -134,6 +146,7 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 			n.closeParts()
 		}
 	}()
+	n.loadBook()
 	if n.mux, err = transport.NewRaftMux(n.tr, transport.RaftMuxConfig{Resolve: n.resolve, Logger: n.log}); err != nil {
 		return nil, err
 	}
@@ -150,22 +163,28 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 		rt.Close()
 		return nil, err
 	}
+	n.metaRef.Store(n.meta)
 	l, err := n.tr.Listener(transport.ProtoRPC)
 	if err != nil {
 		return nil, err
 	}
-	n.srv = remote.NewServer(l, remote.ServerConfig{MaxFrameBytes: cfg.MaxFrameBytes, Logger: n.log})
+	n.srv = remote.NewServer(l, remote.ServerConfig{MaxFrameBytes: cfg.MaxFrameBytes, MaxInflightBytes: maxInflight, Logger: n.log})
 	remote.ServePartitions(n.srv, cfg.Partitions, cfg.Authorize)
 	n.srv.Handle(opWhoLeads, n.handleWhoLeads)
 	n.srv.Handle(opJoin, n.handleJoin)
 	n.srv.Handle(opHeartbeat, n.handleHeartbeat)
 	n.srv.Handle(opPropose, n.handlePropose)
 	n.srv.Handle(opCheckTx, n.handleCheckTx)
+	n.srv.Handle(opAnnounce, n.handleAnnounce)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go func() {
 		defer n.wg.Done()
 		n.sessionLoop()
+	}()
+	go func() {
+		defer n.wg.Done()
+		n.bookLoop()
 	}()
 	ok = true
 	return n, nil
@@ -192,9 +211,17 @@ func (n *Agent) Transport() *transport.Transport { return n.tr }
 // session may have expired stops delivering to its consumers, since the
 // leader may have given their partitions to others.
 func (n *Agent) SessionValid() bool {
+	return time.Now().Before(n.SessionDeadline())
+}
+
+// SessionDeadline is when SessionValid turns false unless a heartbeat is
+// acknowledged before: the zero time if it is not valid now.
+func (n *Agent) SessionDeadline() time.Time {
 	last := n.lastAck.Load()
-	margin := n.timeout / 5
-	return last != 0 && time.Since(time.Unix(0, last)) < n.timeout-margin
+	if last == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, last).Add(n.timeout - n.timeout/5)
 }
 
 // Close stops the session loop, the RPC service, the metadata member and
@@ -252,14 +279,23 @@ func (n *Agent) resolve(id string) (string, bool) {
 	if id == n.cfg.ID {
 		return n.addr, true
 	}
-	if n.meta == nil {
-		return "", false
+	if addr, ok := n.announced.Load(id); ok { // the node itself said so, since this process started
+		return addr.(string), true
 	}
-	nd, ok := n.meta.State().Node(id)
-	if !ok || nd.Addr == "" {
-		return "", false
+	if m := n.metaRef.Load(); m != nil { // nil while OpenMeta runs, when raft may dial already
+		if nd, ok := m.State().Node(id); ok && nd.Addr != "" {
+			return nd.Addr, true
+		}
 	}
-	return nd.Addr, true
+	// Not in the state (yet): a node restarting has an empty state until a
+	// leader sends it the log, and no leader can be elected unless the
+	// voters reach each other: the address book saved from the last state
+	// it had.
+	if book := n.book.Load(); book != nil {
+		addr, ok := (*book)[id]
+		return addr, ok
+	}
+	return "", false
 }
 
 // Peer returns the RPC client of node id, dialing it (at the address the
@@ -329,6 +365,9 @@ func (n *Agent) sessionLoop() {
 		if !registered {
 			err = n.register(ctx)
 			registered = err == nil
+			if !registered {
+				n.announce(ctx)
+			}
 		} else {
 			err = n.heartbeat(ctx)
 			if errors.Is(err, ErrNodeDown) || errors.Is(err, ErrNoNode) {
@@ -350,6 +389,36 @@ func (n *Agent) sessionLoop() {
 		case <-n.ctx.Done():
 			return
 		case <-time.After(wait):
+		}
+	}
+}
+
+// announce tells every node of the address book and the seeds where this
+// node listens now. A node that restarted on another port is otherwise
+// unreachable to the others' raft until it registers again, which needs a
+// leader, which may need its vote.
+func (n *Agent) announce(ctx context.Context) {
+	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Addr: n.addr})
+	if err != nil {
+		return
+	}
+	addrs := slices.Clone(n.cfg.Seeds)
+	if book := n.book.Load(); book != nil {
+		for id, addr := range *book {
+			if id != n.cfg.ID {
+				addrs = append(addrs, addr)
+			}
+		}
+	}
+	slices.Sort(addrs)
+	for _, addr := range slices.Compact(addrs) {
+		if addr == n.addr {
+			continue
+		}
+		if c, err := n.seed(addr); err == nil {
+			actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			c.Call(actx, opAnnounce, req)
+			cancel()
 		}
 	}
 }
@@ -465,4 +534,111 @@ func retryable(err error) bool {
 	var ne net.Error
 	return errors.Is(err, ErrNotLeader) || errors.Is(err, remote.ErrUnavailable) ||
 		errors.Is(err, transport.ErrHandshake) || errors.Is(err, errNoAddress) || errors.As(err, &ne)
+}
+
+// The address book, <Dir>/peers: the nodes' addresses as the metadata state
+// last had them, saved whenever they change, read at start. It is a hint
+// for reaching the other voters before the state is back, never
+// authoritative: a file that cannot be read is ignored (and logged).
+// Layout: the line "zeze-mq peers 1", then one "id address" line per node.
+const bookHeader = "zeze-mq peers 1"
+
+func (n *Agent) bookPath() string { return filepath.Join(n.cfg.Dir, "peers") }
+
+// loadBook reads the saved address book, if any.
+func (n *Agent) loadBook() {
+	b, err := os.ReadFile(n.bookPath())
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			n.log.Warn("cannot read the address book; ignored", "err", err)
+		}
+		return
+	}
+	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	if len(lines) == 0 || lines[0] != bookHeader {
+		n.log.Warn("address book of an unknown format; ignored", "path", n.bookPath())
+		return
+	}
+	book := map[string]string{}
+	for _, l := range lines[1:] {
+		id, addr, ok := strings.Cut(l, " ")
+		if !ok || checkNodeID(id) != nil || addr == "" {
+			n.log.Warn("address book damaged; ignored", "path", n.bookPath())
+			return
+		}
+		book[id] = addr
+	}
+	n.book.Store(&book)
+}
+
+// bookLoop saves the address book whenever the state's addresses change,
+// and forgets what a node announced once the state records a new address
+// for it (the node registered it: newer than any announcement).
+func (n *Agent) bookLoop() {
+	prev := map[string]string{}
+	for {
+		st := n.meta.State()
+		for _, nd := range st.Nodes() {
+			if old, ok := prev[nd.ID]; ok && old != nd.Addr {
+				n.announced.Delete(nd.ID)
+			}
+			prev[nd.ID] = nd.Addr
+		}
+		n.saveBook(st)
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-st.Changed():
+		}
+	}
+}
+
+// saveBook writes the book with the addresses of st over its own, if that
+// changes it: a new file, synced, renamed over the old one. Entries st does
+// not have are kept: a restarted node's state is empty until a leader
+// sends it the log.
+func (n *Agent) saveBook(st *State) {
+	book := map[string]string{}
+	if old := n.book.Load(); old != nil {
+		maps.Copy(book, *old)
+	}
+	book[n.cfg.ID] = n.addr
+	for _, nd := range st.Nodes() {
+		if nd.Addr != "" && nd.ID != n.cfg.ID {
+			book[nd.ID] = nd.Addr
+		}
+	}
+	if old := n.book.Load(); old != nil && maps.Equal(*old, book) {
+		return
+	}
+	var b strings.Builder
+	b.WriteString(bookHeader + "\n")
+	for _, id := range slices.Sorted(maps.Keys(book)) {
+		fmt.Fprintf(&b, "%s %s\n", id, book[id])
+	}
+	tmp := n.bookPath() + ".tmp"
+	err := writeSynced(tmp, []byte(b.String()))
+	if err == nil {
+		err = os.Rename(tmp, n.bookPath())
+	}
+	if err != nil {
+		n.log.Warn("cannot save the address book", "err", err)
+		return
+	}
+	n.book.Store(&book)
+}
+
+func writeSynced(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if serr := f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

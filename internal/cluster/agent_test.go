@@ -100,9 +100,7 @@ func TestAgent_Cluster(t *testing.T) {
 	}
 	for id, ag := range a.all {
 		eventually(t, "topics on "+id, func() bool { return len(ag.Meta().State().Topics()) == 3 })
-		if !ag.SessionValid() {
-			t.Fatalf("%s: session not valid", id)
-		}
+		eventually(t, "the session of "+id, ag.SessionValid)
 	}
 	_, err := a.all["n2"].Propose(ctx, CreateTopic{Name: "t-n1", Partitions: 1, Type: TypeSingle, Now: 1})
 	if !errors.Is(err, ErrTopicExists) {

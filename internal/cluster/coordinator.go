@@ -79,8 +79,12 @@ func (c *Coordinator) Share(topic, group string, members []uint64, partitions in
 	if !valid {
 		return out
 	}
+	g, _ := st.Group(topic, group)
 	for i, id := range members {
 		name := c.member(id)
+		if m, ok := g.Members[name]; !ok || m.Node != c.agent.ID() {
+			continue // not (yet) this node's member
+		}
 		_, parts := st.Assignment(topic, group, name)
 		_, revoking := st.Revoking(topic, group, name)
 		for _, p := range parts {
@@ -137,7 +141,12 @@ type step struct {
 // reconcile proposes what makes the metadata group's members and
 // revocations match this node's consumers, and returns the topics whose
 // groups should be rebalanced here (the state may give them other
-// partitions).
+// partitions). A member whose consumer closed leaves its group only once
+// none of its partitions runs here any more, so that the group moves them
+// after their last commit; members of this node that no consumer here
+// stands for (a process that ended without leaving) leave at once. Each
+// proposal waits at most until this node's session may expire, so a node
+// cut from the leader stops delivering in time (see Run).
 func (c *Coordinator) reconcile(ctx context.Context, st *State) []string {
 	self := c.agent.ID()
 	var steps []step
@@ -163,20 +172,37 @@ func (c *Coordinator) reconcile(ctx context.Context, st *State) []string {
 			}
 		}
 		for name, m := range g.Members {
-			if m.Node == self && !want[name] {
-				steps = append(steps, step{k, LeaveGroup{Topic: k.Topic, Group: k.Group, Member: name}})
+			if m.Node != self || want[name] {
+				continue
 			}
+			_, owned := st.Assignment(k.Topic, k.Group, name)
+			if slices.ContainsFunc(owned, func(p int) bool { return lg.running[p] }) {
+				continue // its worker is still on a partition: leave after its last commit
+			}
+			steps = append(steps, step{k, LeaveGroup{Topic: k.Topic, Group: k.Group, Member: name}})
 		}
 		if len(lg.members) == 0 && len(lg.running) == 0 && !hasMemberOn(g, self) {
 			delete(c.groups, k)
 		}
 	}
-	c.mu.Unlock()
-	if len(steps) == 0 || !c.agent.SessionValid() {
-		return topics
+	for _, k := range st.GroupsOn(self) {
+		if _, local := c.groups[k]; local {
+			continue
+		}
+		g, _ := st.Group(k.Topic, k.Group)
+		for name, m := range g.Members {
+			if m.Node == self {
+				steps = append(steps, step{k, LeaveGroup{Topic: k.Topic, Group: k.Group, Member: name}})
+			}
+		}
 	}
+	c.mu.Unlock()
 	for _, s := range steps {
-		pctx, cancel := context.WithTimeout(ctx, c.agent.timeout)
+		deadline := c.agent.SessionDeadline()
+		if !time.Now().Before(deadline) {
+			break // the session may have expired: nothing is proposed, and Run stops the workers
+		}
+		pctx, cancel := context.WithDeadline(ctx, deadline)
 		_, err := c.agent.Propose(pctx, s.cmd)
 		cancel()
 		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrNoTopic) {

@@ -22,6 +22,7 @@ const (
 	opHeartbeat = remote.FirstOp + 66 // joinReq → nothing: the leader renewed its session
 	opPropose   = remote.FirstOp + 67 // EncodeCommand → resultMsg
 	opCheckTx   = remote.FirstOp + 68 // checkTxReq → checkTxResp
+	opAnnounce  = remote.FirstOp + 69 // joinReq → nothing: where the calling node listens now
 )
 
 // Error codes of the metadata group's errors on the wire.
@@ -204,8 +205,8 @@ func (n *Agent) authorize(peer string, c Command) error {
 	case SetACL:
 		return deny("*", RightAdmin)
 	case JoinGroup:
-		if c.Node != peer {
-			return fmt.Errorf("%w: node %s cannot add a member on %s", ErrDenied, peer, c.Node)
+		if c.Node != peer || !ownMember(peer, c.Member) {
+			return fmt.Errorf("%w: node %s cannot add member %s on %s", ErrDenied, peer, c.Member, c.Node)
 		}
 		return deny(c.Topic, RightConsume)
 	case LeaveGroup:
@@ -242,6 +243,20 @@ func rightName(r Rights) string {
 		return "administer"
 	}
 	return fmt.Sprintf("rights %#x on", uint8(r))
+}
+
+// handleAnnounce records where the calling node listens (the address it
+// proves nothing about, but only it may announce for its id).
+func (n *Agent) handleAnnounce(_ context.Context, peer string, req []byte) ([]byte, error) {
+	var j joinReq
+	if err := decodeMsg(req, &j); err != nil {
+		return nil, err
+	}
+	if j.ID != peer || j.Addr == "" || len(j.Addr) > MaxNameLen {
+		return nil, fmt.Errorf("%w: node %s cannot announce %q at %q", ErrDenied, peer, j.ID, j.Addr)
+	}
+	n.announced.Store(j.ID, j.Addr)
+	return nil, nil
 }
 
 // handleCheckTx answers a check-back of a transaction this node prepared.

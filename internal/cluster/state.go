@@ -172,6 +172,21 @@ func (s *State) Partition(topic string, p int) (Partition, bool) {
 }
 
 // Group returns a consumer group's state.
+// GroupsOn returns the groups with a member on node, sorted.
+func (s *State) GroupsOn(node string) []GroupKey {
+	var out []GroupKey
+	for k, g := range s.groups {
+		for _, m := range g.Members {
+			if m.Node == node {
+				out = append(out, k)
+				break
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b GroupKey) int { return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Group, b.Group)) })
+	return out
+}
+
 func (s *State) Group(topic, group string) (Group, bool) {
 	g, ok := s.groups[GroupKey{topic, group}]
 	return g, ok

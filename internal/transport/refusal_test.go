@@ -18,8 +18,8 @@ type refusalLog struct {
 }
 
 func (l *refusalLog) Enabled(context.Context, slog.Level) bool { return true }
-func (l *refusalLog) WithAttrs([]slog.Attr) slog.Handler      { return l }
-func (l *refusalLog) WithGroup(string) slog.Handler           { return l }
+func (l *refusalLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *refusalLog) WithGroup(string) slog.Handler            { return l }
 func (l *refusalLog) Handle(_ context.Context, r slog.Record) error {
 	line := r.Message
 	r.Attrs(func(a slog.Attr) bool {
