@@ -304,25 +304,14 @@ func (cn *clusterNode) awaitIndex(ctx context.Context, index uint64) error {
 	}
 }
 
-// clusterErr maps the metadata group's errors to mq's.
+// clusterErr maps the error of a proposal through the metadata leader: a
+// ctx that ended before a leader answered is ErrNoQuorum (and still ctx's
+// error); the rest as every error (translate).
 func clusterErr(err error) error {
-	switch {
-	case errors.Is(err, cluster.ErrTopicExists):
-		return fmt.Errorf("%w: %w", ErrTopicExists, err)
-	case errors.Is(err, cluster.ErrNoTopic):
-		return fmt.Errorf("%w: %w", ErrNoTopic, err)
-	case errors.Is(err, cluster.ErrPartitionDecrease):
-		return fmt.Errorf("%w: %w", ErrPartitionDecrease, err)
-	case errors.Is(err, cluster.ErrNotEnoughNodes):
-		return fmt.Errorf("%w: %w", ErrNoQuorum, err)
-	case errors.Is(err, cluster.ErrDenied):
-		return fmt.Errorf("%w: %w", ErrDenied, err)
-	case errors.Is(err, cluster.ErrClosed):
-		return fmt.Errorf("%w: %w", ErrClosed, err)
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return fmt.Errorf("%w: %w", ErrNoQuorum, err)
 	}
-	return err
+	return translate(err)
 }
 
 // ClusterStatus is what a node knows of its cluster.

@@ -33,63 +33,18 @@ import (
 
 	"github.com/zeze-go/mq"
 	"github.com/zeze-go/mq/internal/cluster"
+	"github.com/zeze-go/mq/internal/testlog"
 	"github.com/zeze-go/mq/localtx"
 	"github.com/zeze-go/mq/localtx/txtest"
 	"github.com/zeze-go/mq/store"
 )
 
-// startReview is testCluster.start with session timeout sess.
-func (c *testCluster) startReview(id string, sess time.Duration) *mq.MQ {
-	c.t.Helper()
-	var seeds []string
-	if c.seed != "" {
-		for other, m := range c.nodes {
-			if other != id {
-				seeds = append(seeds, m.ClusterStatus().Addr)
-			}
-		}
-	}
-	m, err := mq.Open(filepath.Join(c.root, id), mq.WithCluster(mq.ClusterConfig{
-		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret,
-		SessionTimeout: sess, ElectionTimeout: 200 * time.Millisecond,
-	}))
-	if err != nil {
-		c.t.Fatalf("open %s: %v", id, err)
-	}
-	c.nodes[id] = m
-	c.t.Cleanup(func() { m.Close() })
-	return m
-}
-
 // newReviewCluster starts n nodes with session timeout sess.
 func newReviewCluster(t *testing.T, n int, sess time.Duration) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}}
-	c.startReview("n1", sess)
-	c.seed = c.nodes["n1"].ClusterStatus().Addr
-	for i := 2; i <= n; i++ {
-		c.startReview(fmt.Sprintf("n%d", i), sess)
-	}
-	waitUp(t, c, n)
+	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: sess}
+	c.startAll(n)
 	return c
-}
-
-func waitUp(t *testing.T, c *testCluster, n int) {
-	t.Helper()
-	waitFor(t, 30*time.Second, "every node up", func() bool {
-		for _, m := range c.nodes {
-			up := 0
-			for _, nd := range m.ClusterStatus().Nodes {
-				if nd.Up {
-					up++
-				}
-			}
-			if up != n {
-				return false
-			}
-		}
-		return true
-	})
 }
 
 // isolate cuts (or restores) every link of node id, on both ends.
@@ -254,7 +209,7 @@ func TestReview_QuickRestartLeavesStaleMember(t *testing.T) {
 		mq.ReviewSetLinkDown(m, "n3", false)
 	}
 	start := time.Now()
-	back := c.startReview("n3", sess) // the same id, well within the session
+	back := c.start("n3") // the same id, well within the session
 	waitFor(t, 20*time.Second, "n3 back", func() bool { return back.Topics()["t"] == 2 })
 	t.Logf("n3 back after %v", time.Since(start))
 	p, err := c.nodes["n1"].NewProducer("t")
@@ -1070,7 +1025,7 @@ func TestReview_FullRestartSameAddresses(t *testing.T) {
 	for _, id := range []string{"n1", "n2", "n3"} {
 		c.kill(id)
 	}
-	var logs logLines
+	var logs testlog.Lines
 	for _, id := range []string{"n1", "n2", "n3"} {
 		var seeds []string
 		for other, a := range addrs {

@@ -1,17 +1,18 @@
 package mq_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/zeze-go/mq"
+	"github.com/zeze-go/mq/internal/testlog"
 	"github.com/zeze-go/mq/localtx"
 	"github.com/zeze-go/mq/localtx/txtest"
 )
@@ -25,6 +26,7 @@ type testCluster struct {
 	nodes map[string]*mq.MQ
 	seed  string                      // the first node's address
 	opts  func(id string) []mq.Option // more options of node id; nil for none
+	sess  time.Duration               // the nodes' SessionTimeout; 0 for a second
 }
 
 func newCluster(t testing.TB, n int) *testCluster { return newClusterWith(t, n, nil) }
@@ -33,12 +35,26 @@ func newCluster(t testing.TB, n int) *testCluster { return newClusterWith(t, n, 
 func newClusterWith(t testing.TB, n int, opts func(id string) []mq.Option) *testCluster {
 	t.Helper()
 	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, opts: opts}
+	c.startAll(n)
+	return c
+}
+
+// startAll starts nodes n1 (which starts the cluster) to n<n> and waits
+// until each sees every node up.
+func (c *testCluster) startAll(n int) {
+	c.t.Helper()
 	c.start("n1")
 	c.seed = c.nodes["n1"].ClusterStatus().Addr
 	for i := 2; i <= n; i++ {
 		c.start(fmt.Sprintf("n%d", i))
 	}
-	waitFor(t, 30*time.Second, "every node up", func() bool {
+	c.waitUp(n)
+}
+
+// waitUp waits until every open node sees n nodes up.
+func (c *testCluster) waitUp(n int) {
+	c.t.Helper()
+	waitFor(c.t, 30*time.Second, "every node up", func() bool {
 		for _, m := range c.nodes {
 			up := 0
 			for _, nd := range m.ClusterStatus().Nodes {
@@ -52,7 +68,6 @@ func newClusterWith(t testing.TB, n int, opts func(id string) []mq.Option) *test
 		}
 		return true
 	})
-	return c
 }
 
 // start opens node id on its directory; every node but the first joins
@@ -69,7 +84,7 @@ func (c *testCluster) start(id string) *mq.MQ {
 	}
 	opts := []mq.Option{mq.WithCluster(mq.ClusterConfig{
 		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret,
-		SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
+		SessionTimeout: cmp.Or(c.sess, time.Second), ElectionTimeout: 200 * time.Millisecond,
 	})}
 	if c.opts != nil {
 		opts = append(opts, c.opts(id)...)
@@ -372,7 +387,7 @@ func TestCluster_TxPreparerDown(t *testing.T) {
 // produce, consume and administer per topic pattern; each refusal is
 // logged once with the identity.
 func TestCluster_ACL(t *testing.T) {
-	var logs logLines
+	var logs testlog.Lines
 	c := newClusterWith(t, 2, func(id string) []mq.Option {
 		if id == "n2" {
 			return []mq.Option{mq.WithLogger(slog.New(&logs))}
@@ -442,7 +457,7 @@ func TestCluster_ACL(t *testing.T) {
 	if err := n1.CreateMQ(ctx, "new", 1, mq.Options{}); err != nil {
 		t.Fatalf("n1 creates a topic: %v", err)
 	}
-	if n := logs.count("refused by the cluster's ACL", "identity=n2", "topic=orders", "right=produce"); n != 1 {
+	if n := len(logs.Matching("refused by the cluster's ACL", "identity=n2", "topic=orders", "right=produce")); n != 1 {
 		t.Errorf("the refused send logged %d times, want once:\n%s", n, logs.String())
 	}
 	// Rules off again: n2 may send.
@@ -452,141 +467,5 @@ func TestCluster_ACL(t *testing.T) {
 	waitFor(t, 10*time.Second, "the rules gone on n2", func() bool { return len(n2.ACL()) == 0 })
 	if _, err := p2.SendMessage(ctx, &mq.Message{Body: []byte("x")}); err != nil {
 		t.Fatalf("n2 sends once the rules are gone: %v", err)
-	}
-}
-
-// logLines is a slog handler keeping each record as one line of text.
-type logLines struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logLines) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logLines) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *logLines) WithGroup(string) slog.Handler            { return l }
-func (l *logLines) Handle(_ context.Context, r slog.Record) error {
-	line := r.Message
-	r.Attrs(func(a slog.Attr) bool {
-		line += " " + a.String()
-		return true
-	})
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, line)
-	return nil
-}
-
-// count is the lines holding every part.
-func (l *logLines) count(parts ...string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, line := range l.lines {
-		all := true
-		for _, p := range parts {
-			all = all && strings.Contains(line, p)
-		}
-		if all {
-			n++
-		}
-	}
-	return n
-}
-
-func (l *logLines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.lines, "\n")
-}
-
-// TestCluster_LeaderKilledAndRestart: the metadata leader killed, the
-// others elect another and new topics can be created within a few election
-// timeouts; a node holding partitions restarted on its data serves every
-// message acknowledged before, to every node.
-func TestCluster_LeaderKilledAndRestart(t *testing.T) {
-	c := newCluster(t, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := c.nodes["n1"].CreateMQ(ctx, "orders", 6, mq.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	acked := map[int]string{} // partition → the ID acknowledged at offset 0
-	p, err := c.nodes["n1"].NewProducer("orders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 6 {
-		msg := (&mq.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte("x")}).ToPartition(i)
-		if _, err := p.SendMessage(ctx, msg); err != nil {
-			t.Fatal(err)
-		}
-		acked[i] = msg.ID
-	}
-	leader := c.nodes["n1"].ClusterStatus().Leader
-	c.kill(leader)
-	var other *mq.MQ
-	for _, m := range c.nodes {
-		other = m
-	}
-	start := time.Now()
-	if err := other.CreateMQ(ctx, "after", 2, mq.Options{}); err != nil {
-		t.Fatalf("create after the leader died: %v", err)
-	}
-	t.Logf("created %v after the leader died", time.Since(start))
-
-	// The dead leader comes back on its data and rejoins; every node reads
-	// what was acknowledged, its partitions included.
-	back := c.start(leader)
-	waitFor(t, 20*time.Second, "the restarted node's topics", func() bool {
-		return back.Topics()["orders"] == 6 && back.Topics()["after"] == 2
-	})
-	for id, m := range c.nodes {
-		for i, want := range acked {
-			var got *mq.Message
-			waitFor(t, 20*time.Second, fmt.Sprintf("partition %d read on %s", i, id), func() bool {
-				got, err = m.ReadMessage(ctx, "orders", i, 0)
-				return err == nil
-			})
-			if got.ID != want {
-				t.Fatalf("%s reads %q at orders/%d:0, want %q", id, got.ID, i, want)
-			}
-		}
-	}
-}
-
-// TestCluster_Broadcast: broadcasting consumers of one group on different
-// nodes each receive every message of every partition.
-func TestCluster_Broadcast(t *testing.T) {
-	c := newCluster(t, 2)
-	ctx := context.Background()
-	if err := c.nodes["n1"].CreateMQ(ctx, "news", 4, mq.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	cols := map[string]*collector{}
-	for id, m := range c.nodes {
-		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["news"] == 4 })
-		col := &collector{}
-		cons, err := m.NewConsumer("news", "screens", col, mq.WithBroadcast("screen-"+id))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cons.Close() })
-		cols[id] = col
-	}
-	p, err := c.nodes["n2"].NewProducer("news")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []string
-	for i := range 20 {
-		msg := &mq.Message{ID: fmt.Sprintf("n-%d", i), Key: fmt.Sprintf("k%d", i), Body: []byte("x")}
-		if _, err := p.SendMessage(ctx, msg); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, msg.ID)
-	}
-	for id, col := range cols {
-		t.Logf("waiting on %s", id)
-		waitSeen(t, col, ids...)
 	}
 }

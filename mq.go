@@ -517,7 +517,7 @@ func checkName(name string, bad error) error {
 	return nil
 }
 
-// translate maps store, boltsafe, meta and txn errors to mq ones.
+// translate maps store, boltsafe, meta, txn and cluster errors to mq ones.
 func translate(err error) error {
 	switch {
 	case err == nil:
@@ -543,6 +543,16 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrMessageTooLarge, err)
 	case errors.Is(err, cluster.ErrDenied):
 		return fmt.Errorf("%w: %v", ErrDenied, err)
+	case errors.Is(err, cluster.ErrTopicExists):
+		return fmt.Errorf("%w: %v", ErrTopicExists, err)
+	case errors.Is(err, cluster.ErrNoTopic):
+		return fmt.Errorf("%w: %v", ErrNoTopic, err)
+	case errors.Is(err, cluster.ErrPartitionDecrease):
+		return fmt.Errorf("%w: %v", ErrPartitionDecrease, err)
+	case errors.Is(err, cluster.ErrNotEnoughNodes):
+		return fmt.Errorf("%w: %v", ErrNoQuorum, err)
+	case errors.Is(err, cluster.ErrClosed):
+		return fmt.Errorf("%w: %v", ErrClosed, err)
 	case errors.Is(err, store.ErrFailed), errors.Is(err, store.ErrWALFailed):
 		return fmt.Errorf("%w: %v", ErrStorageFailed, err)
 	}

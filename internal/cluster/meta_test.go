@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/zeze-go/mq/internal/testlog"
 )
 
 // waitFor is the deadline of every wait in these tests: generous, since the
@@ -30,7 +32,7 @@ type testCluster struct {
 	dirs    map[string]string
 	trans   map[string]*raft.InmemTransport
 	metas   map[string]*Meta
-	logs    map[string]*captureHandler
+	logs    map[string]*testlog.Lines
 }
 
 func newTestCluster(t testing.TB, session time.Duration) *testCluster {
@@ -40,7 +42,7 @@ func newTestCluster(t testing.TB, session time.Duration) *testCluster {
 		dirs:    map[string]string{},
 		trans:   map[string]*raft.InmemTransport{},
 		metas:   map[string]*Meta{},
-		logs:    map[string]*captureHandler{},
+		logs:    map[string]*testlog.Lines{},
 	}
 	t.Cleanup(func() {
 		for _, id := range c.open() {
@@ -67,7 +69,7 @@ func (c *testCluster) start(id string, bootstrap bool) *Meta {
 		ptr.Connect(raft.ServerAddress(id), tr)
 	}
 	c.trans[id] = tr
-	h := &captureHandler{}
+	h := &testlog.Lines{}
 	c.logs[id] = h
 	m, err := OpenMeta(MetaConfig{
 		NodeID:             id,
@@ -219,28 +221,6 @@ func eventually(t testing.TB, what string, cond func() bool) {
 	}
 }
 
-// captureHandler keeps the messages logged through it.
-type captureHandler struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (h *captureHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *captureHandler) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.msgs = append(h.msgs, r.Message)
-	return nil
-}
-func (h *captureHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *captureHandler) WithGroup(string) slog.Handler      { return h }
-
-func (h *captureHandler) logged(msg string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return slices.Contains(h.msgs, msg)
-}
-
 func TestMeta_Cluster(t *testing.T) {
 	c := newTestCluster(t, time.Hour)
 	c.start("n1", true)
@@ -265,7 +245,7 @@ func TestMeta_Cluster(t *testing.T) {
 		t.Fatalf("second create: %v", err)
 	}
 	// raft's own logs go through the slog bridge.
-	if !c.logs["n1"].logged("entering leader state") {
+	if len(c.logs["n1"].Matching("entering leader state")) == 0 {
 		t.Error("raft's log did not reach the slog logger")
 	}
 
@@ -339,11 +319,11 @@ func TestMeta_Restart(t *testing.T) {
 		t.Fatalf("snapshot on the leader: %v", err)
 	}
 	m := c.start(f, false)
-	if !c.logs[f].logged("restored from snapshot") {
+	if len(c.logs[f].Matching("restored from snapshot")) == 0 {
 		t.Errorf("%s did not restore its own snapshot at start", f)
 	}
 	c.synced(c.leader())
-	if !c.logs[f].logged("copied to local snapshot") {
+	if len(c.logs[f].Matching("copied to local snapshot")) == 0 {
 		t.Errorf("%s caught up without installing the leader's snapshot", f)
 	}
 	if len(m.State().Topics()) != 11 || len(m.State().ACL()) != 1 {

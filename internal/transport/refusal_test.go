@@ -6,39 +6,18 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/zeze-go/mq/internal/testlog"
 )
 
-// refusalLog keeps the refusals a transport logs.
-type refusalLog struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *refusalLog) Enabled(context.Context, slog.Level) bool { return true }
-func (l *refusalLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *refusalLog) WithGroup(string) slog.Handler            { return l }
-func (l *refusalLog) Handle(_ context.Context, r slog.Record) error {
-	line := r.Message
-	r.Attrs(func(a slog.Attr) bool {
-		line += " " + a.String()
-		return true
-	})
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, line)
-	return nil
-}
-
-func (l *refusalLog) refused() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// refused is the refusals a transport logged.
+func refused(logs *testlog.Lines) []string {
 	var out []string
-	for _, s := range l.lines {
-		if strings.HasPrefix(s, "transport: refused connection") {
-			out = append(out, s)
+	for _, l := range logs.Matching("transport: refused connection") {
+		if strings.HasPrefix(l, "transport: refused connection") {
+			out = append(out, l)
 		}
 	}
 	return out
@@ -115,7 +94,7 @@ func TestTransport_RefusalsLogged(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			logs := &refusalLog{}
+			logs := &testlog.Lines{}
 			cfg := Config{NodeID: "b", HandshakeTimeout: 500 * time.Millisecond, Logger: slog.New(logs)}
 			if c.tls {
 				cfg.ServerTLS, cfg.ClientTLS = ca.tlsFor(ca.leaf(t, "b"))
@@ -124,10 +103,10 @@ func TestTransport_RefusalsLogged(t *testing.T) {
 			acc := accept(t, b, ProtoRPC)
 			c.attack(t, b)
 			deadline := time.Now().Add(10 * time.Second)
-			for len(logs.refused()) == 0 && time.Now().Before(deadline) { // the replay's original is not refused
+			for len(refused(logs)) == 0 && time.Now().Before(deadline) { // the replay's original is not refused
 				time.Sleep(10 * time.Millisecond)
 			}
-			got := logs.refused()
+			got := refused(logs)
 			if len(got) == 0 {
 				t.Fatal("no refusal logged")
 			}
