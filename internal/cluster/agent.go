@@ -363,11 +363,12 @@ func (n *Agent) sessionLoop() {
 		sent := time.Now()
 		var err error
 		if !registered {
+			// Announce first, on a budget of its own: register waits for a
+			// leader until ctx ends, and the leader may need this node's
+			// vote, which it cannot ask for at an address it does not know.
+			n.announce()
 			err = n.register(ctx)
 			registered = err == nil
-			if !registered {
-				n.announce(ctx)
-			}
 		} else {
 			err = n.heartbeat(ctx)
 			if errors.Is(err, ErrNodeDown) || errors.Is(err, ErrNoNode) {
@@ -396,8 +397,9 @@ func (n *Agent) sessionLoop() {
 // announce tells every node of the address book and the seeds where this
 // node listens now. A node that restarted on another port is otherwise
 // unreachable to the others' raft until it registers again, which needs a
-// leader, which may need its vote.
-func (n *Agent) announce(ctx context.Context) {
+// leader, which may need its vote. The calls run at once, each bounded by
+// half the session timeout (a handshake on a loaded machine takes time).
+func (n *Agent) announce() {
 	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Addr: n.addr})
 	if err != nil {
 		return
@@ -411,16 +413,24 @@ func (n *Agent) announce(ctx context.Context) {
 		}
 	}
 	slices.Sort(addrs)
+	ctx, cancel := context.WithTimeout(n.ctx, max(n.timeout/2, 200*time.Millisecond))
+	defer cancel()
+	var wg sync.WaitGroup
 	for _, addr := range slices.Compact(addrs) {
 		if addr == n.addr {
 			continue
 		}
-		if c, err := n.seed(addr); err == nil {
-			actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-			c.Call(actx, opAnnounce, req)
-			cancel()
+		c, err := n.seed(addr)
+		if err != nil {
+			continue
 		}
+		wg.Go(func() {
+			if _, err := c.Call(ctx, opAnnounce, req); err != nil && n.ctx.Err() == nil {
+				n.log.Debug("announce", "to", addr, "err", err)
+			}
+		})
 	}
+	wg.Wait()
 }
 
 func (n *Agent) register(ctx context.Context) error {
