@@ -195,7 +195,7 @@ func (cn *clusterNode) authorize(peer, topic string, op uint16, cmd store.Op) er
 		right = Produce
 	case cmd == store.OpDeleteGroup:
 		right = Admin
-	case cmd == store.OpClaim || cmd == store.OpCommitOffset || cmd == store.OpResetOffset: // a reset: ResetOffset (Admin, checked where it starts) or a consumer's Seek
+	case cmd == store.OpClaim || cmd == store.OpCommitOffset || cmd == store.OpUnclaim || cmd == store.OpRenew || cmd == store.OpResetOffset: // a reset: ResetOffset (Admin, checked where it starts) or a consumer's Seek
 	default:
 		return fmt.Errorf("%w: op %d is proposed by the partition's own node only", cluster.ErrDenied, cmd)
 	}

@@ -277,22 +277,24 @@ func TestReview_JoinGroupSquatsOtherNodesMember(t *testing.T) {
 	}
 }
 
-// TestReview_BlockedCoordinatorKeepsDelivering attacks promise 3 ("a node
-// that cannot renew its session stops delivering before the leader can mark
-// it down").
+// TestReview_BlockedCoordinatorKeepsDelivering attacks promise 3 (at most
+// one node delivers a partition of a group at a time) where the metadata
+// group and the partition's node disagree: n3 is cut from the metadata
+// leader n1 only and still reaches n2, the partition's node.
 //
-// FAILED before the fix. The node's Coordinator.Run is the only thing that notices that
-// SessionValid turned false (and rebalances to stop the workers), but it
-// runs reconcile's proposals synchronously, each waiting up to the session
-// timeout for an unreachable leader. A node cut from the leader only (not
-// from the partition's owner) that has any group change to propose (here:
-// two consumers opened just after the cut) stays blocked there past its
-// session's end: its worker keeps fetching from the owner and delivering
-// new messages while the leader, having marked it down, lets a consumer on
-// another node deliver the same partition. Only the store's claim fence
-// stops it, at its next commit (up to commitEvery, or a batch, later).
-// Control: REVIEW_NO_STEPS=1 (no consumer opened after the cut) passes, n3
-// stopping ~0.7 s after the cut, before n1 starts at ~0.95 s.
+// FAILED before the fix (then: a node stopped delivering when its session
+// might have expired). The node's Coordinator.Run is the only thing that
+// noticed that SessionValid turned false, but it ran reconcile's proposals
+// synchronously, each waiting up to the session timeout for an unreachable
+// leader: with group changes to propose (two consumers opened just after
+// the cut) n3 kept delivering past its session's end while the leader,
+// having marked it down, let a consumer on n1 deliver the same partition.
+// Control: REVIEW_NO_STEPS=1 (no consumer opened after the cut).
+//
+// Now the partition's lease decides (delivery's Leaser): n3 keeps
+// delivering while it renews its lease at n2 (the data path goes on), n1's
+// worker waits for the lease, and once the link heals n3 learns that it was
+// marked down, lets go, and n1 takes over, never both at once.
 func TestReview_BlockedCoordinatorKeepsDelivering(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
@@ -377,25 +379,53 @@ func TestReview_BlockedCoordinatorKeepsDelivering(t *testing.T) {
 		}
 	}
 	time.Sleep(4 * time.Second)
-	mu.Lock()
-	defer mu.Unlock()
-	var firstN1, lastN3 time.Time
-	for _, d := range ds {
-		switch {
-		case d.node == "n1" && firstN1.IsZero():
-			firstN1 = d.at
-		case d.node == "n3":
-			lastN3 = d.at
+	// firstLast is n1's first and n3's last delivery.
+	firstLast := func() (firstN1, lastN3 time.Time, n int) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, d := range ds {
+			switch {
+			case d.node == "n1" && firstN1.IsZero():
+				firstN1 = d.at
+			case d.node == "n3":
+				lastN3 = d.at
+			}
 		}
+		return firstN1, lastN3, len(ds)
 	}
-	if firstN1.IsZero() {
-		t.Fatalf("the partition never moved to n1 (n3's last delivery %v after the cut)", lastN3.Sub(cut))
-	}
-	if lastN3.After(firstN1) {
+	firstN1, lastN3, _ := firstLast()
+	if !firstN1.IsZero() && lastN3.After(firstN1) {
 		t.Fatalf("n3 still delivered one/0 %v after n1 began to (n1 from %v after the cut, n3 until %v after it)",
 			lastN3.Sub(firstN1).Round(time.Millisecond), firstN1.Sub(cut).Round(time.Millisecond), lastN3.Sub(cut).Round(time.Millisecond))
 	}
-	t.Logf("n1 from %v after the cut, n3 until %v", firstN1.Sub(cut), lastN3.Sub(cut))
+	last := lastN3
+	if firstN1.After(last) {
+		last = firstN1
+	}
+	if time.Since(last) > time.Second {
+		t.Fatalf("no delivery in the last %v of the cut (n3 until %v after the cut, n1 from %v): the data path stopped",
+			time.Since(last).Round(time.Millisecond), lastN3.Sub(cut).Round(time.Millisecond), firstN1.Sub(cut).Round(time.Millisecond))
+	}
+	t.Logf("during the cut: n3 until %v after it, n1 from %v", lastN3.Sub(cut).Round(time.Millisecond), firstN1.Sub(cut).Round(time.Millisecond))
+	// Healed: n3 learns that it was marked down; one node goes on, n1 (the
+	// owner the metadata group chose), and never both at once.
+	healed := time.Now()
+	mq.ReviewSetLinkDown(c.nodes["n1"], "n3", false)
+	mq.ReviewSetLinkDown(c.nodes["n3"], "n1", false)
+	waitFor(t, 20*time.Second, "n1 delivering after the heal", func() bool {
+		f, _, _ := firstLast()
+		return !f.IsZero()
+	})
+	_, _, n := firstLast()
+	waitFor(t, 10*time.Second, "deliveries after n1 took over", func() bool {
+		_, _, m := firstLast()
+		return m > n+20
+	})
+	firstN1, lastN3, _ = firstLast()
+	if lastN3.After(firstN1) {
+		t.Fatalf("after the heal n3 delivered one/0 %v after n1 began to", lastN3.Sub(firstN1).Round(time.Millisecond))
+	}
+	t.Logf("after the heal: n1 from %v after it, n3's last %v after it", firstN1.Sub(healed).Round(time.Millisecond), lastN3.Sub(healed).Round(time.Millisecond))
 }
 
 // reviewGroups is the groups TestReview_BlockedCoordinatorKeepsDelivering

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -468,4 +469,168 @@ func TestCluster_ACL(t *testing.T) {
 	if _, err := p2.SendMessage(ctx, &mq.Message{Body: []byte("x")}); err != nil {
 		t.Fatalf("n2 sends once the rules are gone: %v", err)
 	}
+}
+
+// TestCluster_NoQuorumDataPathsGoOn: losing the metadata quorum stops
+// changes, not the data paths that exist. Four voters, two of them killed:
+// no quorum. The two left go on sending to the partitions they hold and
+// delivering them to the consumers that had them, across the two nodes,
+// long past their sessions' end; CreateMQ fails with ErrNoQuorum; once the
+// dead come back, changes work again.
+func TestCluster_NoQuorumDataPathsGoOn(t *testing.T) {
+	c := newCluster(t, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.nodes["n1"].CreateMQ(ctx, "t", 4, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["t"] == 4 })
+	}
+	col3, col4 := &collector{}, &collector{}
+	c3, err := c.nodes["n3"].NewConsumer("t", "g", col3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c4, err := c.nodes["n4"].NewConsumer("t", "g", col4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the partitions divided", func() bool {
+		return len(c3.Assigned()) == 2 && len(c4.Assigned()) == 2
+	})
+	// The partitions on the nodes that stay, with a consumer there to read them.
+	var live []int
+	for i := range 4 {
+		if n := mq.PartitionNode(c.nodes["n3"], "t", i); n == "n3" || n == "n4" {
+			live = append(live, i)
+		}
+	}
+	if len(live) != 2 {
+		t.Fatalf("placement put %v on n3 and n4, want two partitions", live)
+	}
+	c.kill("n1")
+	c.kill("n2")
+	p, err := c.nodes["n3"].NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ten rounds over five session timeouts: sent and delivered throughout.
+	seen := func(id string) bool { return col3.count(id)+col4.count(id) > 0 }
+	var ids []string
+	for round := range 10 {
+		for _, part := range live {
+			msg := (&mq.Message{ID: fmt.Sprintf("r%d-p%d", round, part), Body: []byte("x")}).ToPartition(part)
+			sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := p.SendMessage(sctx, msg)
+			scancel()
+			if err != nil {
+				t.Fatalf("round %d: send to partition %d without a metadata quorum: %v", round, part, err)
+			}
+			ids = append(ids, msg.ID)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	waitFor(t, 10*time.Second, "every message delivered without a quorum", func() bool {
+		for _, id := range ids {
+			if !seen(id) {
+				return false
+			}
+		}
+		return true
+	})
+	for _, m := range []*mq.MQ{c.nodes["n3"], c.nodes["n4"]} {
+		if st := m.ClusterStatus(); st.Leader != "" {
+			t.Fatalf("%s sees leader %q with two of four voters", st.NodeID, st.Leader)
+		}
+	}
+	cctx, ccancel := context.WithTimeout(ctx, time.Second)
+	err = c.nodes["n3"].CreateMQ(cctx, "new", 1, mq.Options{})
+	ccancel()
+	if !errors.Is(err, mq.ErrNoQuorum) {
+		t.Fatalf("CreateMQ without a quorum: %v, want ErrNoQuorum", err)
+	}
+	// The dead come back: changes work again and the flow goes on.
+	c.start("n1")
+	c.start("n2")
+	if err := c.nodes["n3"].CreateMQ(ctx, "new", 1, mq.Options{}); err != nil {
+		t.Fatalf("CreateMQ after the quorum came back: %v", err)
+	}
+	msg := (&mq.Message{ID: "after", Body: []byte("x")}).ToPartition(live[0])
+	if _, err := p.SendMessage(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "delivery after the quorum came back", func() bool { return seen("after") })
+}
+
+// TestCluster_RestartWithoutQuorum: a node restarting while the metadata
+// group has no quorum gets its topic table back from its state cache, so
+// the data paths it holds work at once: sends to its partitions, reads of
+// them. A damaged cache is ignored (the node then waits for a leader) and
+// never a reason not to open.
+func TestCluster_RestartWithoutQuorum(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.nodes["n1"].CreateMQ(ctx, "t", 3, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["t"] == 3 })
+	}
+	own := -1
+	for i := range 3 {
+		if mq.PartitionNode(c.nodes["n3"], "t", i) == "n3" {
+			own = i
+		}
+	}
+	if own < 0 {
+		t.Fatal("no partition of t on n3")
+	}
+	time.Sleep(300 * time.Millisecond) // the cache is saved within 100 ms of a change
+	for _, id := range []string{"n1", "n2", "n3"} {
+		c.kill(id)
+	}
+	m := c.start("n3") // alone: one of three voters
+	if got := m.Topics()["t"]; got != 3 {
+		t.Fatalf("n3 restarted without a quorum: Topics()[t] = %d, want 3 from its state cache", got)
+	}
+	p, err := m.NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.SendMessage(ctx, (&mq.Message{ID: "alone", Body: []byte("x")}).ToPartition(own))
+	if err != nil {
+		t.Fatalf("send to n3's own partition without a quorum: %v", err)
+	}
+	got, err := m.ReadMessage(ctx, "t", own, res[0].Offset)
+	if err != nil || got.ID != "alone" {
+		t.Fatalf("ReadMessage: %+v, %v", got, err)
+	}
+	if st := m.ClusterStatus(); st.Leader != "" {
+		t.Fatalf("n3 alone sees leader %q", st.Leader)
+	}
+	// A damaged cache is ignored: n3 opens, and has its table once a quorum
+	// is back.
+	c.kill("n3")
+	path := filepath.Join(c.root, "n3", "cluster", "state")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x40
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m = c.start("n3")
+	if got := m.Topics()["t"]; got != 0 {
+		t.Fatalf("n3 with a damaged cache: Topics()[t] = %d before any leader, want 0", got)
+	}
+	c.start("n1")
+	waitFor(t, 20*time.Second, "n3's table once the quorum is back", func() bool { return m.Topics()["t"] == 3 })
+	col := &collector{}
+	if _, err := m.NewConsumer("t", "g", col); err != nil {
+		t.Fatal(err)
+	}
+	waitSeen(t, col, "alone")
 }

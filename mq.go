@@ -574,8 +574,9 @@ func (m *MQ) startBackground() {
 	m.startMaintenance() // internal/upkeep: delay release, retention, dedup pruning
 	m.startTxChecker()   // transaction.go, internal/txn: check-back, sweep, forgetter
 	if m.cluster != nil {
-		m.goFunc(m.cluster.syncLoop)  // cluster.go: the topic table follows the metadata group
-		m.goFunc(m.cluster.coord.Run) // internal/cluster: the groups' members follow the consumers
+		m.cluster.sync(m.cluster.agent.Meta().State()) // what this node knows (its state cache after a restart) before Open returns
+		m.goFunc(m.cluster.syncLoop)                   // cluster.go: the topic table follows the metadata group
+		m.goFunc(m.cluster.coord.Run)                  // internal/cluster: the groups' members follow the consumers
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -76,7 +77,7 @@ func scans(c *Command) bool { return c.Op == OpTrim || c.Op == OpRelease }
 
 // apply runs c against the view, adding its effects to v.g, and returns its
 // result. An error wrapping ErrBadCommand, ErrDecided, ErrStaleGeneration,
-// ErrTooLarge or ErrCorrupt is the command's own: it is found before c
+// ErrClaimed, ErrTooLarge or ErrCorrupt is the command's own: it is found before c
 // writes anything, so v.g is as before.
 func (v *view) apply(c *Command) (Result, error) {
 	var res Result
@@ -92,7 +93,7 @@ func (v *view) apply(c *Command) (Result, error) {
 		for i := range c.Msgs {
 			v.append(c.Now, c.Msgs[i], &res.Acks[i])
 		}
-	case OpCommitOffset:
+	case OpCommitOffset, OpUnclaim, OpRenew:
 		return res, v.commitOffset(c, &res)
 	case OpClaim:
 		return res, v.claim(c, &res)
@@ -146,7 +147,8 @@ func (v *view) putGroup(c *Command, g GroupState, res *Result) {
 	res.Offset, res.Generation = g.Offset, g.Generation
 }
 
-// commitOffset sets the offset of a group whose generation c carries.
+// commitOffset sets the offset of a group whose generation c carries (all
+// but OpRenew) and its Updated time.
 func (v *view) commitOffset(c *Command, res *Result) error {
 	g, found, err := v.group(c.Group)
 	if err != nil {
@@ -158,7 +160,10 @@ func (v *view) commitOffset(c *Command, res *Result) error {
 		return fmt.Errorf("%w: commit to group %q with generation %d, the group is at %d",
 			ErrStaleGeneration, c.Group, c.Generation, g.Generation)
 	}
-	g.Offset, g.Updated = c.Offset, c.Now
+	if c.Op != OpRenew {
+		g.Offset = c.Offset
+	}
+	g.Updated, g.Released = c.Now, c.Op == OpUnclaim
 	v.putGroup(c, g, res)
 	return nil
 }
@@ -171,6 +176,11 @@ func (v *view) claim(c *Command, res *Result) error {
 		return err
 	}
 	res.Found = found
+	if found && c.MaxAge > 0 && g.Leased(c.Now, c.MaxAge) {
+		res.Offset, res.Generation = g.Offset, g.Generation
+		return fmt.Errorf("%w: group %q, generation %d, changed %v before this claim (lease %v)",
+			ErrClaimed, c.Group, g.Generation, time.Duration(c.Now-g.Updated), time.Duration(c.MaxAge))
+	}
 	if !found {
 		switch c.Start {
 		case StartFirst:
@@ -192,7 +202,7 @@ func (v *view) fence(c *Command, g GroupState, res *Result) error {
 		return fmt.Errorf("%w: op %d: the partition has handed out every group generation", ErrBadCommand, c.Op)
 	}
 	st.GroupGen++
-	g.Generation, g.Updated, g.Reset = st.GroupGen, c.Now, c.Op == OpResetOffset
+	g.Generation, g.Updated, g.Reset, g.Released = st.GroupGen, c.Now, c.Op == OpResetOffset, false
 	v.putGroup(c, g, res)
 	return nil
 }

@@ -48,13 +48,24 @@ const (
 	OpDeleteGroup Op = 9
 	// OpClaim takes ownership of Group: it gets a new generation, which its
 	// commits must carry. A group without a record starts at the offset
-	// Start names; one with a record keeps its offset.
+	// Start names; one with a record keeps its offset. With MaxAge the
+	// claim respects a lease: while the record's owner changed it within
+	// MaxAge (and did not let go with OpUnclaim, nor did a reset take it),
+	// the claim fails with ErrClaimed and changes nothing.
 	OpClaim Op = 10
 	// OpResetOffset sets Group's offset to Offset (creating the record if
 	// absent) with a new generation, fencing whoever owned the group.
 	OpResetOffset Op = 11
+	// OpUnclaim is the owner's last commit: OpCommitOffset, which also
+	// lets go of the group, so that the next claim needs not wait for the
+	// lease.
+	OpUnclaim Op = 12
+	// OpRenew is an owner's lease renewal: with Generation the group's, the
+	// record's Updated becomes Now and its offset stays; otherwise it fails
+	// with ErrStaleGeneration and changes nothing.
+	OpRenew Op = 13
 
-	maxOp = OpResetOffset
+	maxOp = OpRenew
 )
 
 // Start is where OpClaim puts a group that has no record yet. Values are
@@ -109,12 +120,12 @@ type Command struct {
 	Msgs       []Message
 	Group      string
 	Offset     uint64
-	Generation uint64 // OpCommitOffset: the committer's generation (0: unfenced, before any claim)
+	Generation uint64 // OpCommitOffset, OpUnclaim, OpRenew: the owner's generation (0: unfenced, before any claim)
 	Start      Start  // OpClaim: where a group without a record starts
 	TxID       string
 	Producer   string // the node that prepared TxID (OpPrepare)
 	Limit      int    // OpRelease, OpTrim: most messages moved or deleted; 0: the default
-	MaxAge     int64  // OpTrim: ns; 0 keeps all. OpDeleteGroup: only a record unchanged for longer
+	MaxAge     int64  // OpTrim: ns; 0 keeps all. OpDeleteGroup: only a record unchanged for longer. OpClaim: the lease
 	MaxBytes   int64  // OpTrim: 0 keeps all
 	DedupTTL   int64  // OpTrim: ns; 0 keeps dedup entries
 	DecideTTL  int64  // OpTrim: ns; 0 keeps transaction decisions
@@ -140,12 +151,13 @@ type Result struct {
 	// after the first decision; the command changed nothing.
 	Previous Decision
 	// Offset and Generation are Group's record after OpCommitOffset,
-	// OpClaim or OpResetOffset: for a commit refused with
-	// ErrStaleGeneration, the record that refused it.
+	// OpUnclaim, OpClaim or OpResetOffset: for a commit refused with
+	// ErrStaleGeneration or a claim refused with ErrClaimed, the record
+	// that refused it.
 	Offset     uint64
 	Generation uint64
-	// Found reports that Group had a record before OpCommitOffset, OpClaim,
-	// OpResetOffset or OpDeleteGroup.
+	// Found reports that Group had a record before OpCommitOffset,
+	// OpUnclaim, OpClaim, OpResetOffset or OpDeleteGroup.
 	Found bool
 }
 
@@ -174,11 +186,11 @@ func (c *Command) check() error {
 	if c.Start > StartLast || c.Start != StartAt && c.Op != OpClaim {
 		return fmt.Errorf("%w: op %d with start %d", ErrBadCommand, c.Op, c.Start)
 	}
-	if c.Generation != 0 && c.Op != OpCommitOffset {
+	if c.Generation != 0 && c.Op != OpCommitOffset && c.Op != OpUnclaim && c.Op != OpRenew {
 		return fmt.Errorf("%w: op %d with a generation", ErrBadCommand, c.Op)
 	}
 	switch c.Op {
-	case OpCommitOffset, OpDeleteGroup, OpClaim, OpResetOffset:
+	case OpCommitOffset, OpUnclaim, OpRenew, OpDeleteGroup, OpClaim, OpResetOffset:
 		if c.Group == "" {
 			return fmt.Errorf("%w: op %d without group", ErrBadCommand, c.Op)
 		}

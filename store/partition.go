@@ -85,6 +85,9 @@ var (
 	// is not the group's: a claim or a reset fenced the committer. The
 	// command changed nothing.
 	ErrStaleGeneration = errors.New("store: stale generation")
+	// ErrClaimed is returned by OpClaim with a lease (MaxAge) while the
+	// group's owner holds it. The command changed nothing.
+	ErrClaimed = errors.New("store: group held by its owner's lease")
 	// ErrBadCommand is returned for a command that is not valid: an unknown
 	// Op, a zero Now, a missing group or txid, a key over MaxKeyBytes, a
 	// Start or Generation on an op that takes none, a claim or reset once
@@ -355,7 +358,7 @@ func (p *Partition) Apply(ctx context.Context, cmd *Command) (Result, error) {
 // ApplyBatch applies cmds in order, in one batch, and returns each one's
 // result and error (nil slices with the error when none could be applied).
 // A command's own error (ErrBadCommand, ErrDecided, ErrStaleGeneration,
-// ErrTooLarge) fails only that command. It waits as Apply does.
+// ErrClaimed, ErrTooLarge) fails only that command. It waits as Apply does.
 func (p *Partition) ApplyBatch(ctx context.Context, cmds []*Command) ([]Result, []error, error) {
 	r := requestPool.Get().(*request)
 	r.cmds, r.res, r.errs = cmds, make([]Result, len(cmds)), make([]error, len(cmds))

@@ -95,18 +95,30 @@ type GroupState struct {
 	// goes on from Offset, while one refused after another claim has lost
 	// the partition.
 	Reset bool
+	// Released reports that the owner let go (OpUnclaim): a claim needs
+	// not wait for its lease.
+	Released bool
+}
+
+// Leased reports that an owner holds g at now under a lease of that long:
+// it claimed or committed within the lease and did not let go, and no
+// reset took the group from it. A record of unknown age (before format 3)
+// holds no lease.
+func (g GroupState) Leased(now, lease int64) bool {
+	return g.Generation != 0 && !g.Reset && !g.Released && g.Updated != 0 && g.Updated > now-lease
 }
 
 // Group layout (format 3): 'Z' 'G', groupVersion, offset, generation,
-// updated (8 bytes BE each), flags (1: Reset), sealed. Version 1 had no
+// updated (8 bytes BE each), flags (1: Reset, 2: Released), sealed. Version 1 had no
 // flags byte. Formats 1 and 2 stored the offset alone (8 bytes; sealed in
 // format 2): generation 0, updated 0.
 const (
-	groupVersion = 2
-	groupBytes   = 3 + 3*8 + 1
-	groupBytesV1 = 3 + 3*8
-	groupBytesV0 = 8
-	groupReset   = 1 // flags bit
+	groupVersion  = 2
+	groupBytes    = 3 + 3*8 + 1
+	groupBytesV1  = 3 + 3*8
+	groupBytesV0  = 8
+	groupReset    = 1 // flags bits
+	groupReleased = 2
 )
 
 // appendGroup appends the sealed record g of group key.
@@ -117,7 +129,10 @@ func appendGroup(dst []byte, key string, g *GroupState) []byte {
 	binary.BigEndian.PutUint64(b[11:], g.Generation)
 	binary.BigEndian.PutUint64(b[19:], uint64(g.Updated))
 	if g.Reset {
-		b[27] = groupReset
+		b[27] |= groupReset
+	}
+	if g.Released {
+		b[27] |= groupReleased
 	}
 	return appendSealed(dst, key, b[:])
 }
@@ -143,12 +158,13 @@ func decodeGroup(key string, val []byte) (g GroupState, ok bool, err error) {
 	if n == groupBytesV1 {
 		version = 1
 	}
-	if b[0] != 'Z' || b[1] != 'G' || b[2] != version || n == groupBytes && b[27]&^groupReset != 0 {
+	if b[0] != 'Z' || b[1] != 'G' || b[2] != version || n == groupBytes && b[27]&^(groupReset|groupReleased) != 0 {
 		return g, false, fmt.Errorf("%w: value of %q: group layout %x", ErrCorrupt, key, b[:3])
 	}
 	g = GroupState{Offset: binary.BigEndian.Uint64(b[3:]), Generation: binary.BigEndian.Uint64(b[11:]),
 		Updated: int64(binary.BigEndian.Uint64(b[19:]))}
 	g.Reset = n == groupBytes && b[27]&groupReset != 0
+	g.Released = n == groupBytes && b[27]&groupReleased != 0
 	return g, true, nil
 }
 

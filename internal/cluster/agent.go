@@ -626,12 +626,7 @@ func (n *Agent) saveBook(st *State) {
 	for _, id := range slices.Sorted(maps.Keys(book)) {
 		fmt.Fprintf(&b, "%s %s\n", id, book[id])
 	}
-	tmp := n.bookPath() + ".tmp"
-	err := writeSynced(tmp, []byte(b.String()))
-	if err == nil {
-		err = os.Rename(tmp, n.bookPath())
-	}
-	if err != nil {
+	if err := replaceFile(n.bookPath(), []byte(b.String())); err != nil {
 		n.log.Warn("cannot save the address book", "err", err)
 		return
 	}

@@ -15,8 +15,10 @@ import (
 //
 //   - Share, called by the engine with the group's consumers on this node,
 //     gives each the partitions the metadata group assigns its member,
-//     minus those being revoked from it, and nothing while the node's
-//     session may have expired (the leader may have given them to others);
+//     minus those being revoked from it; while the node's session may have
+//     expired (the node is cut from the metadata leader, or the metadata
+//     group has no quorum), only those its workers run already: the data
+//     paths that exist go on, nothing new starts;
 //   - its loop makes the metadata group's members follow this node's
 //     consumers (JoinGroup, LeaveGroup), proposes Released for a partition
 //     being revoked once the engine reported it Stopped (after the old
@@ -25,8 +27,11 @@ import (
 //
 // So a partition is delivered on at most one node at a time: the new
 // owner's node gets it only after the old owner released it or its node was
-// marked down, and a node that lost its session stops delivering before
-// the leader can mark it down. Offsets stay fenced by the store's claims.
+// marked down, and even then its worker claims it only once the old
+// owner's lease at the partition lapsed or was let go (the delivery
+// engine's Leaser; Lease). A node marked down while it still reaches the
+// partition keeps delivering it, renewing its lease, until it learns that
+// it was marked down. Offsets stay fenced by the store's claims.
 type Coordinator struct {
 	agent     *Agent
 	rebalance func(topic string)
@@ -76,9 +81,6 @@ func (c *Coordinator) Share(topic, group string, members []uint64, partitions in
 		c.wake()
 	}
 	out := make([][]int, len(members))
-	if !valid {
-		return out
-	}
 	g, _ := st.Group(topic, group)
 	for i, id := range members {
 		name := c.member(id)
@@ -88,7 +90,7 @@ func (c *Coordinator) Share(topic, group string, members []uint64, partitions in
 		_, parts := st.Assignment(topic, group, name)
 		_, revoking := st.Revoking(topic, group, name)
 		for _, p := range parts {
-			if p < partitions && !slices.Contains(revoking, p) {
+			if p < partitions && !slices.Contains(revoking, p) && (valid || lg.running[p]) {
 				out[i] = append(out[i], p)
 				lg.running[p] = true
 			}
@@ -96,6 +98,11 @@ func (c *Coordinator) Share(topic, group string, members []uint64, partitions in
 	}
 	return out
 }
+
+// Lease implements the delivery engine's Leaser: half the session
+// timeout, so that a node that died has let go of its partitions before the
+// leader marks it down and gives them to others.
+func (c *Coordinator) Lease() time.Duration { return c.agent.timeout / 2 }
 
 // Stopped implements the delivery engine's Stopper.
 func (c *Coordinator) Stopped(topic, group string, part int) {

@@ -13,7 +13,10 @@ import (
 // Restore from one goroutine; readers load the current State without a lock.
 type fsm struct {
 	cur atomic.Pointer[State]
-	log *slog.Logger
+	// cached is the state cache a node restarted with (see cache.go),
+	// shown instead of cur until cur reaches its index; nil then.
+	cached atomic.Pointer[State]
+	log    *slog.Logger
 }
 
 var _ raft.FSM = (*fsm)(nil)
@@ -24,8 +27,21 @@ func newFSM(log *slog.Logger) *fsm {
 	return f
 }
 
-// state returns the current State.
-func (f *fsm) state() *State { return f.cur.Load() }
+// state returns the current State: the applied one, or the cached one
+// while it is newer.
+func (f *fsm) state() *State {
+	s := f.cur.Load()
+	if c := f.cached.Load(); c != nil && c.index > s.index {
+		return c
+	}
+	return s
+}
+
+// seed shows c until the applied state reaches its index.
+func (f *fsm) seed(c *State) {
+	c.changed = make(chan struct{})
+	f.cached.Store(c)
+}
 
 // applyResponse is what fsm.Apply returns to raft's ApplyFuture.
 type applyResponse struct {
@@ -35,7 +51,7 @@ type applyResponse struct {
 
 // applyCommand applies c at log index index and publishes the new State.
 func (f *fsm) applyCommand(index uint64, c Command) (Result, error) {
-	next, res, err := f.state().apply(index, c)
+	next, res, err := f.cur.Load().apply(index, c)
 	if err != nil {
 		return res, err
 	}
@@ -48,6 +64,9 @@ func (f *fsm) publish(s *State) {
 	s.changed = make(chan struct{})
 	old := f.cur.Swap(s)
 	close(old.changed)
+	if c := f.cached.Load(); c != nil && s.index >= c.index && f.cached.CompareAndSwap(c, nil) {
+		close(c.changed) // its watchers read state again: s
+	}
 }
 
 // Apply implements raft.FSM.
@@ -65,7 +84,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 // Snapshot implements raft.FSM: the current State is immutable, so the
 // snapshot is the pointer, encoded in Persist.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
-	return fsmSnapshot{f.state()}, nil
+	return fsmSnapshot{f.cur.Load()}, nil
 }
 
 // Restore implements raft.FSM.

@@ -183,6 +183,11 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 		if err != nil {
 			return nil, fmt.Errorf("metadata state: %w", err)
 		}
+		if existing {
+			if c := m.loadCache(cfg.Dir); c != nil {
+				m.fsm.seed(c)
+			}
+		} // else a cache left beside no raft state belongs to no group
 		if cfg.Bootstrap && !existing {
 			boot := raft.Configuration{Servers: []raft.Server{{
 				Suffrage: raft.Voter, ID: conf.LocalID, Address: cfg.Transport.LocalAddr(),
@@ -202,10 +207,14 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 		return nil, err
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	m.wg.Add(1)
+	m.wg.Add(2)
 	go func() {
 		defer m.wg.Done()
 		m.sessionLoop()
+	}()
+	go func() {
+		defer m.wg.Done()
+		m.cacheLoop(cfg.Dir)
 	}()
 	return m, nil
 }

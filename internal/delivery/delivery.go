@@ -130,6 +130,7 @@ type Engine struct {
 	clock  Clock
 	log    *slog.Logger
 	coord  Coordinator
+	lease  time.Duration // the coordinator's (Leaser), or 0
 	ids    atomic.Uint64 // the last Consumer.ID given
 
 	ctx    context.Context // cancelled by Close
@@ -149,7 +150,7 @@ func New(topics Topics, clock Clock, log *slog.Logger, coord Coordinator) *Engin
 		coord = Local{}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Engine{topics: topics, clock: clock, log: log, coord: coord, ctx: ctx, cancel: cancel, groups: map[groupKey]*group{}}
+	return &Engine{topics: topics, clock: clock, log: log, coord: coord, lease: leaseOf(coord), ctx: ctx, cancel: cancel, groups: map[groupKey]*group{}}
 }
 
 // spawn runs fn on a goroutine owned by the engine: Close waits for it.

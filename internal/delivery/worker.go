@@ -47,6 +47,13 @@ type worker struct {
 	lastCommit time.Time
 	vm         vm.VM         // filter evaluation; owned by run
 	sem        chan struct{} // key-parallel: bounds handlers in flight
+
+	// With a lease (Leaser): the generation keepLease renews, when the last
+	// successful claim, commit or renewal was sent (unix ns), and whether
+	// the lease lapsed.
+	leaseGen  atomic.Uint64
+	renewedAt atomic.Int64
+	leaseLost atomic.Bool
 }
 
 func newWorker(c *Consumer, part int, p Partition) *worker {
@@ -73,7 +80,20 @@ func (w *worker) run(ctx context.Context) {
 	if !ok {
 		return
 	}
-	defer func() { w.commit(offset) }()
+	lease := w.c.e.lease
+	if lease > 0 {
+		renewing := make(chan struct{})
+		w.c.e.spawn(func() {
+			defer close(renewing)
+			w.keepLease(ctx, lease)
+		})
+		defer func() {
+			<-renewing // ends with ctx, which has ended: run returns only then
+			w.unclaim(offset)
+		}()
+	} else {
+		defer func() { w.commit(offset) }()
+	}
 	if w.c.cfg.KeyParallel > 0 {
 		w.runParallel(ctx, &offset)
 		return
@@ -121,6 +141,7 @@ func (w *worker) run(ctx context.Context) {
 // position for a new group. It tries again after a pause while the store
 // fails, and reports false once ctx ends.
 func (w *worker) claim(ctx context.Context) (uint64, bool) {
+	held := false
 	for ctx.Err() == nil {
 		w.armFetch(ctx)
 		w.moved.Store(false)
@@ -128,13 +149,24 @@ func (w *worker) claim(ctx context.Context) (uint64, bool) {
 		case <-w.wake:
 		default:
 		}
+		sent := w.c.e.clock.Now()
 		res, err := w.p.Apply(ctx, w.claimCommand())
 		if err == nil {
 			w.gen, w.committed, w.lastCommit = res.Generation, res.Offset, time.Now()
+			w.leaseGen.Store(res.Generation)
+			w.renewed(sent)
 			return res.Offset, true
 		}
 		if ctx.Err() != nil {
 			break
+		}
+		if errors.Is(err, store.ErrClaimed) { // another owner's lease runs: see Leaser
+			if !held {
+				held = true
+				w.logger().Info("partition held by another owner's lease; waiting for it", "err", err)
+			}
+			w.wait(ctx, max(w.c.e.lease/4, 10*time.Millisecond), nil)
+			continue
 		}
 		w.logger().Error("cannot claim the partition; retrying", "err", err, "retry", errorPause)
 		w.wait(ctx, errorPause, nil)
@@ -143,7 +175,7 @@ func (w *worker) claim(ctx context.Context) (uint64, bool) {
 }
 
 func (w *worker) claimCommand() *store.Command {
-	cmd := &store.Command{Op: store.OpClaim, Group: w.c.group.name}
+	cmd := &store.Command{Op: store.OpClaim, Group: w.c.group.name, MaxAge: int64(w.c.e.lease)}
 	if w.resume {
 		w.resume = false
 		cmd.Start, cmd.Offset = store.StartAt, w.resumeAt
@@ -249,11 +281,13 @@ func (w *worker) store(offset uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cmd := store.Command{Op: store.OpCommitOffset, Group: w.c.group.name, Offset: offset, Generation: w.gen}
+	sent := w.c.e.clock.Now()
 	_, err := w.p.Apply(ctx, &cmd)
 	switch {
 	case err == nil:
 		w.committed = offset
 		w.lastCommit = time.Now()
+		w.renewed(sent)
 	case errors.Is(err, store.ErrStaleGeneration):
 		w.committed = offset // nothing more to commit under this claim
 		w.fenced()
@@ -405,6 +439,9 @@ func (w *worker) end() {
 	close(w.done)
 	if s, ok := w.c.e.coord.(Stopper); ok && last {
 		s.Stopped(g.topic, g.name, w.part)
+	}
+	if w.leaseLost.Load() {
+		g.rebalance() // start it again, if the coordinator still gives it here: it claims anew
 	}
 	w.c.e.forget(g)
 }

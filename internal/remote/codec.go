@@ -234,16 +234,30 @@ func (d *decoder) result() store.Result {
 	return r
 }
 
-// GroupState: offset, generation uvarint; updated varint; reset bool.
+// GroupState: offset, generation uvarint; updated varint; flags byte (1:
+// Reset, 2: Released).
 func appendGroup(dst []byte, g store.GroupState) []byte {
 	dst = binary.AppendUvarint(dst, g.Offset)
 	dst = binary.AppendUvarint(dst, g.Generation)
 	dst = binary.AppendVarint(dst, g.Updated)
-	return appendBool(dst, g.Reset)
+	var f byte
+	if g.Reset {
+		f |= 1
+	}
+	if g.Released {
+		f |= 2
+	}
+	return append(dst, f)
 }
 
 func (d *decoder) group() store.GroupState {
-	return store.GroupState{Offset: d.uvarint(), Generation: d.uvarint(), Updated: d.varint(), Reset: d.bool()}
+	g := store.GroupState{Offset: d.uvarint(), Generation: d.uvarint(), Updated: d.varint()}
+	f := d.byte()
+	if f&^3 != 0 {
+		d.fail(fmt.Errorf("group flags %#x", f))
+	}
+	g.Reset, g.Released = f&1 != 0, f&2 != 0
+	return g
 }
 
 // Message: offset uvarint, then the record payload (store.AppendMessage)

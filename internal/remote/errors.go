@@ -71,6 +71,7 @@ const (
 	codeTooLarge      = 26
 	codeFailed        = 27
 	codeWALFailed     = 28
+	codeClaimed       = 29
 )
 
 type codedErr struct {
@@ -88,6 +89,7 @@ var builtin = []codedErr{
 	{codeFormat, store.ErrFormat},
 	{codeDecided, store.ErrDecided},
 	{codeStale, store.ErrStaleGeneration},
+	{codeClaimed, store.ErrClaimed},
 	{codeBadCommand, store.ErrBadCommand},
 	{codeTooLarge, store.ErrTooLarge},
 	{codeFailed, store.ErrFailed},

@@ -168,4 +168,70 @@ var offsetTests = []test{
 		applyErr(t, p, commitOffset("g", 5, old.Generation), store.ErrStaleGeneration)
 		equal(t, "Group", group(t, p, "g"), store.GroupState{Offset: 8, Generation: c.Generation, Updated: t0 + 60*sec})
 	}},
+	{"ClaimLease", func(t *testing.T, p Partition) {
+		// A claim with a lease (MaxAge) waits while the owner changed the
+		// record within it; an owner renews it by committing.
+		lease := 10 * sec
+		leased := func(now int64) *store.Command {
+			return &store.Command{Op: store.OpClaim, Now: now, Group: "g", MaxAge: lease}
+		}
+		owner := apply(t, p, leased(t0)) // no record: no lease to respect
+		cmd := commitOffset("g", 4, owner.Generation)
+		cmd.Now = t0 + 5*sec
+		apply(t, p, cmd)
+		held := store.GroupState{Offset: 4, Generation: owner.Generation, Updated: t0 + 5*sec}
+		for _, now := range []int64{t0 + 5*sec, t0 + 14*sec, t0 + 15*sec - 1} {
+			res := applyErr(t, p, leased(now), store.ErrClaimed)
+			if res.Generation != owner.Generation || res.Offset != 4 {
+				t.Fatalf("refused claim: Generation %d, Offset %d; want the holder's %d, 4", res.Generation, res.Offset, owner.Generation)
+			}
+			equal(t, "Group after a refused claim", group(t, p, "g"), held)
+		}
+		if !held.Leased(t0+15*sec-1, lease) || held.Leased(t0+15*sec, lease) {
+			t.Fatal("GroupState.Leased disagrees with the claim")
+		}
+		// A renewal moves the lease on and keeps the offset; one of another
+		// generation is refused.
+		applyErr(t, p, &store.Command{Op: store.OpRenew, Now: t0 + 14*sec, Group: "g", Generation: owner.Generation + 1}, store.ErrStaleGeneration)
+		apply(t, p, &store.Command{Op: store.OpRenew, Now: t0 + 8*sec, Group: "g", Generation: owner.Generation})
+		held.Updated = t0 + 8*sec
+		equal(t, "Group after a renewal", group(t, p, "g"), held)
+		applyErr(t, p, leased(t0+17*sec), store.ErrClaimed)
+		// Without a lease the claim takes the group at once (a coordinator
+		// that knows better); with one, once the lease ran out.
+		next := apply(t, p, leased(t0+18*sec))
+		if next.Generation <= owner.Generation || next.Offset != 4 {
+			t.Fatalf("claim after the lease: Generation %d, Offset %d", next.Generation, next.Offset)
+		}
+		applyErr(t, p, leased(t0+19*sec), store.ErrClaimed) // the new owner's claim is a lease too
+		unleased := apply(t, p, &store.Command{Op: store.OpClaim, Now: t0 + 19*sec, Group: "g"})
+		if unleased.Generation <= next.Generation {
+			t.Fatalf("claim without a lease: Generation %d, want above %d", unleased.Generation, next.Generation)
+		}
+	}},
+	{"Unclaim", func(t *testing.T, p Partition) {
+		// OpUnclaim commits like OpCommitOffset and lets go: the next
+		// leased claim needs not wait.
+		lease := 10 * sec
+		owner := claim(t, p, t0, "g", store.StartAt, 2, 0)
+		applyErr(t, p, &store.Command{Op: store.OpUnclaim, Now: t0 + sec, Group: "g", Offset: 7, Generation: owner.Generation + 1}, store.ErrStaleGeneration)
+		apply(t, p, &store.Command{Op: store.OpUnclaim, Now: t0 + sec, Group: "g", Offset: 7, Generation: owner.Generation})
+		equal(t, "Group after unclaim", group(t, p, "g"), store.GroupState{Offset: 7, Generation: owner.Generation, Updated: t0 + sec, Released: true})
+		next := apply(t, p, &store.Command{Op: store.OpClaim, Now: t0 + 2*sec, Group: "g", MaxAge: lease})
+		if next.Generation <= owner.Generation || next.Offset != 7 {
+			t.Fatalf("claim after unclaim: Generation %d, Offset %d; want above %d, 7", next.Generation, next.Offset, owner.Generation)
+		}
+		if group(t, p, "g").Released {
+			t.Fatal("Group after a claim still marked Released")
+		}
+		// A reset takes the group from its owner: the owner, fenced, claims
+		// again at once under its lease.
+		apply(t, p, &store.Command{Op: store.OpResetOffset, Now: t0 + 3*sec, Group: "g", Offset: 1})
+		again := apply(t, p, &store.Command{Op: store.OpClaim, Now: t0 + 3*sec, Group: "g", MaxAge: lease})
+		if again.Offset != 1 {
+			t.Fatalf("claim after a reset: Offset %d, want 1", again.Offset)
+		}
+		// An OpUnclaim with a missing group is a bad command, as a commit's.
+		applyErr(t, p, &store.Command{Op: store.OpUnclaim, Now: t0, Offset: 1}, store.ErrBadCommand)
+	}},
 }

@@ -25,7 +25,7 @@ import (
 const (
 	defaultRelease = 10_000  // OpRelease without Limit
 	defaultTrim    = 100_000 // OpTrim without Limit
-	maxOp          = store.OpResetOffset
+	maxOp          = store.OpRenew
 	noOffset       = ^uint64(0) // Ack.Offset of a delayed message
 	crcLen         = 4          // a record's CRC32C
 )
@@ -183,12 +183,15 @@ func (p *Partition) apply(c *store.Command) (res store.Result, err error) {
 		for i := range c.Msgs {
 			p.append(c.Now, record{c.Msgs[i], sizes[i]}, &res.Acks[i])
 		}
-	case store.OpCommitOffset:
+	case store.OpCommitOffset, store.OpUnclaim, store.OpRenew:
 		g := p.groups[c.Group] // generation 0 without a record
 		if c.Generation != g.Generation {
 			return res, fmt.Errorf("%w: group %s is at generation %d, not %d", store.ErrStaleGeneration, c.Group, g.Generation, c.Generation)
 		}
-		g.Offset, g.Updated = c.Offset, c.Now
+		if c.Op != store.OpRenew {
+			g.Offset = c.Offset
+		}
+		g.Updated, g.Released = c.Now, c.Op == store.OpUnclaim
 		p.groups[c.Group] = g
 	case store.OpDeleteGroup:
 		g, ok := p.groups[c.Group]
@@ -199,6 +202,10 @@ func (p *Partition) apply(c *store.Command) (res store.Result, err error) {
 		}
 	case store.OpClaim:
 		g, ok := p.groups[c.Group]
+		if ok && c.MaxAge > 0 && g.Leased(c.Now, c.MaxAge) {
+			res.Offset, res.Generation = g.Offset, g.Generation
+			return res, fmt.Errorf("%w: group %s at generation %d", store.ErrClaimed, c.Group, g.Generation)
+		}
 		if !ok {
 			g.Offset = p.start(c)
 		}
@@ -263,7 +270,7 @@ func check(c *store.Command) ([]int, error) {
 		return bad("start %d", c.Start)
 	}
 	switch c.Op {
-	case store.OpCommitOffset, store.OpDeleteGroup, store.OpClaim, store.OpResetOffset:
+	case store.OpCommitOffset, store.OpUnclaim, store.OpRenew, store.OpDeleteGroup, store.OpClaim, store.OpResetOffset:
 		if c.Group == "" {
 			return bad("without group")
 		}

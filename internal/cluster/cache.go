@@ -1,0 +1,127 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// The state cache, <Dir>/state: the last State this node applied, saved
+// after each change (at most every cacheEvery). A node restarting without
+// a metadata quorum has no State until a leader sends it the log; it shows
+// the cached one meanwhile (fsm.state), so the data paths it had (its own
+// partitions, the remote ones it reached, its consumers' assignments) come
+// back with it. The cache holds only committed entries: the FSM applies no
+// other. Layout: cacheMagic, CRC-32C of the rest (4 bytes BE), then an
+// encoded snapshot (EncodeSnapshot).
+const (
+	cacheMagic = "zeze-mq state cache 1\n"
+	cacheEvery = 100 * time.Millisecond
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func cachePath(dir string) string { return filepath.Join(dir, "state") }
+
+// encodeCache returns the cache file of s.
+func encodeCache(s *State) ([]byte, error) {
+	snap, err := EncodeSnapshot(s)
+	if err != nil {
+		return nil, err
+	}
+	b := append([]byte(cacheMagic), 0, 0, 0, 0)
+	binary.BigEndian.PutUint32(b[len(cacheMagic):], crc32.Checksum(snap, castagnoli))
+	return append(b, snap...), nil
+}
+
+// decodeCache returns the State of a cache file, or ErrCorrupt.
+func decodeCache(b []byte) (*State, error) {
+	n := len(cacheMagic) + 4
+	if len(b) < n || string(b[:len(cacheMagic)]) != cacheMagic {
+		return nil, fmt.Errorf("%w: not a state cache", ErrCorrupt)
+	}
+	if crc32.Checksum(b[n:], castagnoli) != binary.BigEndian.Uint32(b[len(cacheMagic):]) {
+		return nil, fmt.Errorf("%w: state cache checksum", ErrCorrupt)
+	}
+	return DecodeSnapshot(b[n:])
+}
+
+// loadCache returns the cached State of dir, or nil when there is none or
+// it cannot be used (logged: the node then waits for a leader, as before
+// there was a cache).
+func (m *Meta) loadCache(dir string) *State {
+	b, err := os.ReadFile(cachePath(dir))
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			m.log.Warn("cannot read the metadata state cache; ignored", "err", err)
+		}
+		return nil
+	}
+	s, err := decodeCache(b)
+	if err != nil {
+		m.log.Warn("metadata state cache damaged; ignored", "path", cachePath(dir), "err", err)
+		return nil
+	}
+	return s
+}
+
+// cacheLoop saves the applied State whenever it changed, until Close.
+func (m *Meta) cacheLoop(dir string) {
+	var saved uint64
+	if c := m.fsm.cached.Load(); c != nil {
+		saved = c.index
+	}
+	for {
+		st := m.fsm.cur.Load()
+		if st.index > saved {
+			if err := m.saveCache(dir, st); err != nil {
+				m.log.Warn("cannot save the metadata state cache", "err", err)
+			} else {
+				saved = st.index
+			}
+		}
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-st.changed:
+		}
+		select { // changes coming in a burst are saved once
+		case <-m.ctx.Done():
+			return
+		case <-time.After(cacheEvery):
+		}
+	}
+}
+
+func (m *Meta) saveCache(dir string, st *State) error {
+	b, err := encodeCache(st)
+	if err != nil {
+		return err
+	}
+	return replaceFile(cachePath(dir), b)
+}
+
+// replaceFile makes path hold b, whole or not at all: a new file, synced,
+// renamed over the old one, and the directory synced.
+func replaceFile(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := writeSynced(tmp, b); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
