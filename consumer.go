@@ -28,9 +28,10 @@ import (
 // handler that returns ctx's error then is not counted as a failure and the
 // message is delivered again to the partition's next owner. In a cluster
 // a handler must end soon after its ctx does: a node that cannot renew its
-// session cancels its handlers a fifth of ClusterConfig.SessionTimeout
-// before the partition may go to a consumer on another node, and one that
-// runs longer may then overlap with the new owner's.
+// lease at the partition (half of ClusterConfig.SessionTimeout) cancels its
+// handlers a fifth of the lease before the partition may go to a consumer
+// on another node, and one that runs longer may then overlap with the new
+// owner's.
 //
 // OnMessage may call any method of the package, among them Close of its own
 // consumer, MQ.Close, Seek, ResetOffset and NewConsumer of its own group: a

@@ -526,10 +526,11 @@ type ClusterConfig struct {
 	ServerTLS, ClientTLS *tls.Config
 	// SessionTimeout is how long a node may go unheard before the
 	// metadata leader marks it down and gives its consumers' partitions to
-	// others (default 5s). A node that cannot renew its session stops
-	// delivering before then: it cancels its handlers' contexts a fifth of
-	// the timeout earlier, and consuming pauses until the session is back
-	// (so it pauses too while the metadata group has no quorum).
+	// others (default 5s). Consumers hold their partitions under a lease
+	// of half of it, kept by the partition: a node that still reaches a
+	// partition goes on delivering it (also while the metadata group has
+	// no quorum), and the new owner waits; one that cannot renew the lease
+	// cancels its handlers' contexts a fifth of the lease before it lapses.
 	SessionTimeout time.Duration
 	// HandshakeTimeout bounds a connection's TLS and secret handshake
 	// (default 5s).

@@ -207,7 +207,7 @@ func (c *Coordinator) reconcile(ctx context.Context, st *State) []string {
 	for _, s := range steps {
 		deadline := c.agent.SessionDeadline()
 		if !time.Now().Before(deadline) {
-			break // the session may have expired: nothing is proposed, and Run stops the workers
+			break // the session may have expired: nothing is proposed (the workers that run go on under their leases)
 		}
 		pctx, cancel := context.WithDeadline(ctx, deadline)
 		_, err := c.agent.Propose(pctx, s.cmd)

@@ -51,30 +51,40 @@ func (w *worker) renewed(sent time.Time) {
 // stops w, which its group then starts again (end), to claim the partition
 // anew. It is started by run after the first claim; run waits for it to end
 // before its last commit lets go, so that no renewal follows.
+//
+// The lease counts from when the last successful claim, commit or renewal
+// was sent; w stops at 4/5 of it, and a renewal waits no longer than that.
 func (w *worker) keepLease(ctx context.Context, lease time.Duration) {
 	every := max(lease/4, time.Millisecond)
 	clk := w.c.e.clock
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-clk.After(every):
-		}
-		if sent := clk.Now(); sent.UnixNano()-w.renewedAt.Load() >= int64(every) {
-			rctx, cancel := context.WithTimeout(ctx, every)
-			cmd := store.Command{Op: store.OpRenew, Group: w.c.group.name, Generation: w.leaseGen.Load()}
-			if _, err := w.p.Apply(rctx, &cmd); err == nil {
-				w.renewed(sent)
-			} else if ctx.Err() == nil && !errors.Is(err, store.ErrStaleGeneration) {
-				w.logger().Debug("lease renewal failed", "err", err)
-			}
-			cancel()
-		}
-		if clk.Now().UnixNano()-w.renewedAt.Load() > int64(lease)*4/5 && ctx.Err() == nil {
+	for ctx.Err() == nil {
+		last := w.renewedAt.Load()
+		deadline := last + int64(lease)*4/5
+		now := clk.Now().UnixNano()
+		if now >= deadline {
 			w.logger().Warn("the partition's lease was not renewed in time; this consumer stops delivering it and claims it again", "lease", lease)
 			w.leaseLost.Store(true)
 			w.c.lose(w)
 			return
+		}
+		wait := min(last+int64(every), deadline) - now
+		if wait <= 0 { // due: renew
+			rctx, cancel := context.WithTimeout(ctx, time.Duration(deadline-now))
+			cmd := store.Command{Op: store.OpRenew, Group: w.c.group.name, Generation: w.leaseGen.Load()}
+			_, err := w.p.Apply(rctx, &cmd)
+			cancel()
+			if err == nil {
+				w.renewed(time.Unix(0, now))
+				continue
+			}
+			if ctx.Err() == nil && !errors.Is(err, store.ErrStaleGeneration) {
+				w.logger().Debug("lease renewal failed", "err", err)
+			}
+			wait = min(int64(every)/4, deadline-clk.Now().UnixNano()) // then try again
+		}
+		select {
+		case <-ctx.Done():
+		case <-clk.After(time.Duration(max(wait, 0))):
 		}
 	}
 }
