@@ -2,6 +2,7 @@ package mq_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,5 +87,111 @@ func TestAttack_NoQuorumLeaseBlipStopsConsumption(t *testing.T) {
 				q, cons.Assigned())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestAttack_MixedSessionTimeoutsOverlap attacks "at most one node delivers
+// a partition of a group at a time".
+//
+// The lease a claim respects is the claimer's own (its node's
+// SessionTimeout / 2), not the holder's: nothing makes the nodes agree on
+// SessionTimeout (its doc does not ask for one value, unlike Secret's).
+// n2 (session 20 s: lease 10 s, renewed every 2.5 s) delivers partition q,
+// on n2 itself, and is cut from the metadata leader n1 (session 1 s); the
+// leader marks n2 down after a second and gives q to n3's consumer, whose
+// claim respects a lease of 500 ms only: it takes q between two of n2's
+// renewals, while n2's handler still runs and n2 goes on believing it
+// holds q for 4/5 of its own lease.
+// FAILS: n3 delivers q's message while n2's handler of it still runs.
+func TestAttack_MixedSessionTimeoutsOverlap(t *testing.T) {
+	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: time.Second}
+	c.opts = func(id string) []mq.Option {
+		if id != "n2" {
+			return nil
+		}
+		var seeds []string
+		for _, m := range c.nodes {
+			seeds = append(seeds, m.ClusterStatus().Addr)
+		}
+		return []mq.Option{mq.WithCluster(mq.ClusterConfig{
+			NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret,
+			SessionTimeout: 20 * time.Second, ElectionTimeout: 200 * time.Millisecond,
+		})}
+	}
+	c.startAll(3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if l := c.nodes["n1"].ClusterStatus().Leader; l != "n1" {
+		t.Skipf("leader %s, not n1", l)
+	}
+	if err := c.nodes["n1"].CreateMQ(ctx, "t", 3, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["t"] == 3 })
+	}
+	q := -1
+	for i := range 3 {
+		if mq.PartitionNode(c.nodes["n1"], "t", i) == "n2" {
+			q = i
+		}
+	}
+	if q < 0 {
+		t.Fatal("no partition on n2")
+	}
+	var inA atomic.Int32
+	started := make(chan struct{}, 1)
+	a, err := c.nodes["n2"].NewConsumer("t", "g", mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
+		inA.Add(1)
+		defer inA.Add(-1)
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		<-ctx.Done() // slow work that ends with its ctx
+		return ctx.Err()
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "every partition on n2's consumer", func() bool { return len(a.Assigned()) == 3 })
+	p, err := c.nodes["n2"].NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.SendMessage(ctx, (&mq.Message{ID: "m0", Body: []byte("x")}).ToPartition(q)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("m0 never delivered on n2")
+	}
+	mq.ReviewSetLinkDown(c.nodes["n2"], "n1", true)
+	mq.ReviewSetLinkDown(c.nodes["n1"], "n2", true)
+	defer func() {
+		mq.ReviewSetLinkDown(c.nodes["n2"], "n1", false)
+		mq.ReviewSetLinkDown(c.nodes["n1"], "n2", false)
+	}()
+	cut := time.Now()
+	var overlap atomic.Value
+	_, err = c.nodes["n3"].NewConsumer("t", "g", mq.ListenerFunc(func(_ context.Context, _ string, msg *mq.Message) error {
+		if msg.ID == "m0" && inA.Load() > 0 {
+			overlap.CompareAndSwap(nil, time.Since(cut).Round(time.Millisecond).String())
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && inA.Load() > 0 {
+		if v := overlap.Load(); v != nil {
+			t.Fatalf("n3 delivered m0 of partition %d %s after n2 was cut from the leader, while n2's handler of it still ran", q, v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if v := overlap.Load(); v != nil {
+		t.Fatalf("n3 delivered m0 of partition %d %s after n2 was cut from the leader, while n2's handler of it still ran", q, v)
 	}
 }
