@@ -281,3 +281,88 @@ func TestAttack_LeaseClockStepBack(t *testing.T) {
 			gs, time.Duration(gs.Updated-p.now()).Round(time.Second))
 	}
 }
+
+// hooked is a stamping fake partition that calls afterReset once an
+// OpResetOffset was applied, before that Apply returns.
+type hooked struct {
+	*fake.Partition
+	afterReset func()
+	claims     atomic.Int32 // OpClaims applied
+}
+
+func (h *hooked) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+	cmd.Now = time.Now().UnixNano()
+	res, err := h.Partition.Apply(ctx, cmd)
+	if err == nil && cmd.Op == store.OpClaim {
+		h.claims.Add(1)
+	}
+	if err == nil && cmd.Op == store.OpResetOffset && h.afterReset != nil {
+		h.afterReset()
+	}
+	return res, err
+}
+
+// TestAttack_ResetHintAfterReclaimSelfBlocks attacks "a partition is never
+// left undelivered forever while a live consumer of its group exists".
+//
+// Engine.Reset stores the new offset, then hints the partition's workers
+// on this node, which claim again. A worker that learned of the reset
+// first (its commit refused: fenced, claimed again) is hinted anyway and
+// claims once more; with a lease that claim is refused, ErrClaimed, by the
+// worker's own claim of a moment ago, which keepLease goes on renewing
+// (its generation is the record's). The worker waits in claim for its own
+// lease forever and delivers nothing more.
+// FAILS: a message sent after the reset is never delivered.
+func TestAttack_ResetHintAfterReclaimSelfBlocks(t *testing.T) {
+	const lease = 400 * time.Millisecond
+	tb := newTable()
+	p := &hooked{Partition: fake.New()}
+	tb.topics["t"] = []Partition{p}
+	e := newEngineWith(t, tb, leased{lease: lease})
+	l := newLog()
+	if _, err := e.Subscribe("t", "g", l.handler("a", nil), testConfig()); err != nil {
+		t.Fatal(err)
+	}
+	send(t, p.Partition, 0, 2)
+	l.waitFor(t, 0, 2)
+	deadline := time.Now().Add(5 * time.Second)
+	for committed(t, p.Partition, "g").Offset != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("offset 2 never committed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// While Reset is between storing the offset and hinting the worker, a
+	// message arrives: the worker's commit after it is refused, and the
+	// worker claims again at the reset offset (0) by itself.
+	p.afterReset = func() {
+		before := p.claims.Load()
+		send(t, p.Partition, 2, 1)
+		deadline := time.Now().Add(5 * time.Second)
+		for p.claims.Load() == before {
+			if time.Now().After(deadline) {
+				t.Error("the worker never claimed again after its refused commit")
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if err := e.Reset(context.Background(), "t", "g", Position{Kind: PosOffset, Offset: 0}); err != nil {
+		t.Fatal(err)
+	}
+	p.afterReset = nil
+	send(t, p.Partition, 3, 1)
+	timeout := time.After(10 * lease)
+	for {
+		select {
+		case off := <-l.all:
+			if off == 3 {
+				return
+			}
+		case <-timeout:
+			gs := committed(t, p.Partition, "g")
+			t.Fatalf("offset 3, sent after the reset, not delivered within ten leases (record %+v, updated %v ago: renewed by the waiting worker itself)",
+				gs, time.Since(time.Unix(0, gs.Updated)).Round(time.Millisecond))
+		}
+	}
+}
