@@ -2,6 +2,7 @@ package mq_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -193,5 +194,69 @@ func TestAttack_MixedSessionTimeoutsOverlap(t *testing.T) {
 	}
 	if v := overlap.Load(); v != nil {
 		t.Fatalf("n3 delivered m0 of partition %d %s after n2 was cut from the leader, while n2's handler of it still ran", q, v)
+	}
+}
+
+// TestAttack_NoQuorumDeadLetterHangsClose attacks "losing the metadata
+// quorum stops changes (→ ErrNoQuorum), not the data paths" and "Close
+// waits for every goroutine ... every call returns".
+//
+// Consumption now goes on without a quorum, so a handler can fail there
+// until its message is dead-lettered. The dead-letter topic does not exist
+// yet: the worker creates it (ensureSystemTopic → createTopic with
+// context.Background()), a metadata proposal that retries until a leader
+// appears. The worker is stuck in it, its partition stops, and
+// Consumer.Close, which waits for the worker, never returns.
+// FAILS: Consumer.Close has not returned 10 s after it was called.
+func TestAttack_NoQuorumDeadLetterHangsClose(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.nodes["n1"].CreateMQ(ctx, "t", 3, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["t"] == 3 })
+	}
+	q := -1
+	for i := range 3 {
+		if mq.PartitionNode(c.nodes["n3"], "t", i) == "n3" {
+			q = i
+		}
+	}
+	if q < 0 {
+		t.Fatal("no partition on n3")
+	}
+	var failures atomic.Int32
+	cons, err := c.nodes["n3"].NewConsumer("t", "g", mq.ListenerFunc(func(context.Context, string, *mq.Message) error {
+		failures.Add(1)
+		return errors.New("cannot handle it")
+	}), mq.WithRetryLadder(0), mq.WithMaxReconsumeTimes(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "every partition on n3's consumer", func() bool { return len(cons.Assigned()) == 3 })
+	c.kill("n1")
+	c.kill("n2")
+	waitFor(t, 20*time.Second, "no leader on n3", func() bool { return c.nodes["n3"].ClusterStatus().Leader == "" })
+	p, err := c.nodes["n3"].NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.SendMessage(ctx, (&mq.Message{ID: "bad", Body: []byte("x")}).ToPartition(q)); err != nil {
+		t.Fatalf("send without a quorum: %v", err)
+	}
+	waitFor(t, 10*time.Second, "the message failed twice", func() bool { return failures.Load() >= 2 })
+	closed := make(chan struct{})
+	go func() {
+		cons.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		c.start("n1") // a quorum again: the proposal, and Close, can end
+		<-closed
+		t.Fatal("Consumer.Close did not return within 10 s without a quorum: its worker waits to create the dead-letter topic")
 	}
 }
