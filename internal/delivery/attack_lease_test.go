@@ -366,3 +366,101 @@ func TestAttack_ResetHintAfterReclaimSelfBlocks(t *testing.T) {
 		}
 	}
 }
+
+// TestAttack_CloseDuringRenewalReleases (kept as an attack: it passes)
+// attacks "run waits for keepLease before its last commit lets go, so that
+// no renewal follows": the consumer is closed while a renewal waits at a
+// stalled partition; once the partition goes on, the record is let go and
+// stays so (no renewal lands after the unclaim), and another owner's
+// leased claim succeeds at once.
+func TestAttack_CloseDuringRenewalReleases(t *testing.T) {
+	const lease = 400 * time.Millisecond
+	tb := newTable()
+	p := tb.add("t", 1)[0]
+	e := newEngineWith(t, tb, leased{lease: lease})
+	l := newLog()
+	c, err := e.Subscribe("t", "g", l.handler("a", nil), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(t, p, 0, 3)
+	l.waitFor(t, 0, 3)
+	time.Sleep(lease / 2) // commits done: the next Apply is a renewal
+	p.Pause()
+	time.Sleep(lease / 2) // a renewal waits at the partition
+	closed := make(chan struct{})
+	go func() {
+		c.Close()
+		close(closed)
+	}()
+	time.Sleep(50 * time.Millisecond)
+	p.Resume()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	time.Sleep(lease / 2)
+	gs := committed(t, p, "g")
+	if !gs.Released || gs.Offset != 3 {
+		t.Fatalf("record after Close: %+v, want offset 3, released", gs)
+	}
+	if _, err := p.Apply(context.Background(), &store.Command{Op: store.OpClaim, Now: time.Now().UnixNano(), Group: "g", MaxAge: int64(lease)}); err != nil {
+		t.Fatalf("leased claim after the consumer closed: %v", err)
+	}
+}
+
+// TestAttack_LeaseLossRestartWaitsForHandler (kept as an attack: it
+// passes) attacks "two workers of one partition on one node": the worker
+// loses its lease while its handler, ignoring its ctx, goes on; the
+// partition comes back and the group starts the partition again, but the
+// new worker delivers nothing before the old handler returned, and every
+// message is delivered.
+func TestAttack_LeaseLossRestartWaitsForHandler(t *testing.T) {
+	const lease = 400 * time.Millisecond
+	tb := newTable()
+	p := fake.New()
+	a := newBlackhole(p)
+	tb.topics["t"] = []Partition{a}
+	e := newEngineWith(t, tb, leased{lease: lease})
+	var in atomic.Int32
+	var overlap atomic.Bool
+	seen := make(chan uint64, 64)
+	release := make(chan struct{})
+	h := func(ctx context.Context, d *Delivery) error {
+		if in.Add(1) > 1 {
+			overlap.Store(true)
+		}
+		defer in.Add(-1)
+		seen <- d.Offset
+		if d.Offset == 0 {
+			<-release // ignores ctx
+		}
+		return nil
+	}
+	if _, err := e.Subscribe("t", "g", h, testConfig()); err != nil {
+		t.Fatal(err)
+	}
+	send(t, p, 0, 3)
+	if off := <-seen; off != 0 {
+		t.Fatalf("first delivery %d", off)
+	}
+	a.cut.Store(true)
+	time.Sleep(2 * lease) // the lease is lost
+	a.heal()
+	time.Sleep(2 * lease) // the group tries to start the partition again
+	close(release)
+	got := map[uint64]bool{0: true}
+	deadline := time.After(10 * time.Second)
+	for len(got) < 3 {
+		select {
+		case off := <-seen:
+			got[off] = true
+		case <-deadline:
+			t.Fatalf("delivered %v of 0..2", got)
+		}
+	}
+	if overlap.Load() {
+		t.Fatal("two handlers of the partition ran at once on one node")
+	}
+}
