@@ -260,3 +260,60 @@ func TestAttack_NoQuorumDeadLetterHangsClose(t *testing.T) {
 		t.Fatal("Consumer.Close did not return within 10 s without a quorum: its worker waits to create the dead-letter topic")
 	}
 }
+
+// TestAttack_NoQuorumConsumerCloseHandsOverLater (kept as an attack: it
+// passes) attacks "quorum lost then a node's consumer closes (it cannot
+// LeaveGroup)": Close returns at once, and once the quorum is back the
+// closed consumer's partitions go to the group's other consumer, with the
+// message sent meanwhile delivered.
+func TestAttack_NoQuorumConsumerCloseHandsOverLater(t *testing.T) {
+	c := newCluster(t, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.nodes["n1"].CreateMQ(ctx, "t", 4, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["t"] == 4 })
+	}
+	col2, col3 := &collector{}, &collector{}
+	c2, err := c.nodes["n2"].NewConsumer("t", "g", col2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c3, err := c.nodes["n3"].NewConsumer("t", "g", col3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the partitions divided", func() bool {
+		return len(c2.Assigned()) == 2 && len(c3.Assigned()) == 2
+	})
+	// A partition of n2's consumer that lives on n2 or n3, which stay.
+	q := -1
+	for _, i := range c2.Assigned() {
+		if n := mq.PartitionNode(c.nodes["n3"], "t", i); n == "n2" || n == "n3" {
+			q = i
+		}
+	}
+	if q < 0 {
+		t.Skipf("n2's consumer holds %v, none on n2 or n3", c2.Assigned())
+	}
+	c.kill("n1")
+	c.kill("n4")
+	waitFor(t, 20*time.Second, "no leader", func() bool { return c.nodes["n3"].ClusterStatus().Leader == "" })
+	start := time.Now()
+	c2.Close()
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Consumer.Close without a quorum took %v", d)
+	}
+	p, err := c.nodes["n3"].NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.SendMessage(ctx, (&mq.Message{ID: "m", Body: []byte("x")}).ToPartition(q)); err != nil {
+		t.Fatal(err)
+	}
+	c.start("n1")
+	c.start("n4")
+	waitFor(t, 30*time.Second, "the closed consumer's partition delivered on n3 once the quorum is back", func() bool { return col3.count("m") > 0 })
+}
