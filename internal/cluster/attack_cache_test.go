@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // foreignCache writes, in dir, the state cache of another cluster: a
@@ -52,5 +53,43 @@ func TestAttack_FreshClusterAdoptsOldCacheAfterQuickRestart(t *testing.T) {
 	if _, ok := m.State().Topic("ghost"); ok {
 		t.Fatalf("the fresh cluster's node, restarted, shows topic %q of the old cache (state index %d, nodes %v)",
 			"ghost", m.State().Index(), m.State().Nodes())
+	}
+}
+
+// TestAttack_CloseDropsLastChangesFromCache attacks "a node restarting
+// shows ... what it had" (the state cache's purpose) and "a stale cache
+// never makes it act on wrong placement".
+//
+// cacheLoop saves a change only cacheEvery after it and returns on Close
+// without saving: a node closed cleanly within 100 ms of a change (a
+// rolling restart right after AlterMQ) restarts, without a quorum, on the
+// state before it. Here the topic grew from 2 to 4 partitions, the leader
+// applied it and closed; restarted alone it shows 2 partitions, so its
+// keyed sends and its table map keys over the wrong partition count.
+// FAILS: the restarted node shows 2 partitions.
+func TestAttack_CloseDropsLastChangesFromCache(t *testing.T) {
+	c := newTestCluster(t, time.Hour)
+	c.start("n1", true)
+	c.leader()
+	c.addNode("n2")
+	c.addNode("n3")
+	c.mustPropose(CreateTopic{Name: "t", Partitions: 2, Type: TypeRaft3, Now: 7})
+	l := c.leader()
+	c.synced(l)
+	time.Sleep(3 * cacheEvery) // the cache holds t with 2 partitions
+	c.mustPropose(AlterTopic{Name: "t", Partitions: 4})
+	l = c.leader()
+	if tp, _ := l.State().Topic("t"); len(tp.Parts) != 4 {
+		t.Fatalf("the leader shows %d partitions after AlterTopic", len(tp.Parts))
+	}
+	id := l.id
+	c.stop(id) // at once: within cacheEvery of the change
+	for _, other := range c.open() {
+		c.stop(other)
+	}
+	m := c.start(id, false) // alone: no quorum, it shows its cache
+	time.Sleep(200 * time.Millisecond)
+	if tp, ok := m.State().Topic("t"); !ok || len(tp.Parts) != 4 {
+		t.Fatalf("%s applied AlterTopic to 4 partitions before it closed; restarted, it shows %d (state index %d)", id, len(tp.Parts), m.State().Index())
 	}
 }
