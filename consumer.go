@@ -426,15 +426,24 @@ func (t deliveryTopics) Partitions(topic string) ([]delivery.Partition, error) {
 	return out, nil
 }
 
-func (t deliveryTopics) EnsureSystem(name string) error { return t.m.ensureSystemTopic(name) }
+func (t deliveryTopics) EnsureSystem(ctx context.Context, name string) error {
+	return t.m.ensureSystemTopic(ctx, name)
+}
+
+// systemTopicWait bounds the creation of a system topic: in a cluster it
+// needs the metadata group, which may have no quorum.
+const systemTopicWait = 10 * time.Second
 
 // ensureSystemTopic creates the retry or dead-letter topic name, with one
-// partition, unless it exists.
-func (m *MQ) ensureSystemTopic(name string) error {
+// partition, unless it exists, waiting at most until ctx ends or
+// systemTopicWait passed (then ErrNoQuorum in a cluster).
+func (m *MQ) ensureSystemTopic(ctx context.Context, name string) error {
 	if _, _, err := m.router.partitions(name); err == nil {
 		return nil
 	}
-	err := m.createTopic(context.Background(), name, 1, Options{Type: Single})
+	ctx, cancel := context.WithTimeout(ctx, systemTopicWait)
+	defer cancel()
+	err := m.createTopic(ctx, name, 1, Options{Type: Single})
 	if err != nil && !errors.Is(err, ErrTopicExists) {
 		return err
 	}

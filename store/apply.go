@@ -176,7 +176,7 @@ func (v *view) claim(c *Command, res *Result) error {
 		return err
 	}
 	res.Found = found
-	if found && c.MaxAge > 0 && g.Leased(c.Now, c.MaxAge) {
+	if found && c.MaxAge > 0 && g.Leased(c.Now, c.MaxAge) && c.Generation != g.Generation {
 		res.Offset, res.Generation = g.Offset, g.Generation
 		return fmt.Errorf("%w: group %q, generation %d, changed %v before this claim (lease %v)",
 			ErrClaimed, c.Group, g.Generation, time.Duration(c.Now-g.Updated), time.Duration(c.MaxAge))
@@ -202,7 +202,10 @@ func (v *view) fence(c *Command, g GroupState, res *Result) error {
 		return fmt.Errorf("%w: op %d: the partition has handed out every group generation", ErrBadCommand, c.Op)
 	}
 	st.GroupGen++
-	g.Generation, g.Updated, g.Reset, g.Released = st.GroupGen, c.Now, c.Op == OpResetOffset, false
+	g.Generation, g.Updated, g.Reset, g.Released, g.Lease = st.GroupGen, c.Now, c.Op == OpResetOffset, false, 0
+	if c.Op == OpClaim {
+		g.Lease = c.MaxAge
+	}
 	v.putGroup(c, g, res)
 	return nil
 }

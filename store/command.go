@@ -51,7 +51,9 @@ const (
 	// Start names; one with a record keeps its offset. With MaxAge the
 	// claim respects a lease: while the record's owner changed it within
 	// MaxAge (and did not let go with OpUnclaim, nor did a reset take it),
-	// the claim fails with ErrClaimed and changes nothing.
+	// the claim fails with ErrClaimed and changes nothing, unless
+	// Generation is the record's: the owner claiming again is not held off
+	// by its own lease.
 	OpClaim Op = 10
 	// OpResetOffset sets Group's offset to Offset (creating the record if
 	// absent) with a new generation, fencing whoever owned the group.
@@ -120,7 +122,7 @@ type Command struct {
 	Msgs       []Message
 	Group      string
 	Offset     uint64
-	Generation uint64 // OpCommitOffset, OpUnclaim, OpRenew: the owner's generation (0: unfenced, before any claim)
+	Generation uint64 // OpCommitOffset, OpUnclaim, OpRenew: the owner's generation (0: unfenced, before any claim); OpClaim: the claimer's, if it owns one
 	Start      Start  // OpClaim: where a group without a record starts
 	TxID       string
 	Producer   string // the node that prepared TxID (OpPrepare)
@@ -186,7 +188,7 @@ func (c *Command) check() error {
 	if c.Start > StartLast || c.Start != StartAt && c.Op != OpClaim {
 		return fmt.Errorf("%w: op %d with start %d", ErrBadCommand, c.Op, c.Start)
 	}
-	if c.Generation != 0 && c.Op != OpCommitOffset && c.Op != OpUnclaim && c.Op != OpRenew {
+	if c.Generation != 0 && c.Op != OpCommitOffset && c.Op != OpUnclaim && c.Op != OpRenew && c.Op != OpClaim {
 		return fmt.Errorf("%w: op %d with a generation", ErrBadCommand, c.Op)
 	}
 	switch c.Op {

@@ -92,9 +92,9 @@ func TestEffects_VersionOne(t *testing.T) {
 
 // TestGroup_Layout: the group record of format 3, and those before it.
 func TestGroup_Layout(t *testing.T) {
-	g := GroupState{Offset: 1, Generation: 2, Updated: 3, Reset: true}
+	g := GroupState{Offset: 1, Generation: 2, Updated: 3, Reset: true, Lease: 4}
 	b := appendGroup(nil, "g", &g)
-	const want = "5a4702" + "0000000000000001" + "0000000000000002" + "0000000000000003" + "01"
+	const want = "5a4703" + "0000000000000001" + "0000000000000002" + "0000000000000003" + "01" + "0000000000000004"
 	if got := hex.EncodeToString(b[:len(b)-sealLen]); got != want {
 		t.Fatalf("group layout\n got %s\nwant %s", got, want)
 	}
@@ -105,6 +105,7 @@ func TestGroup_Layout(t *testing.T) {
 		ok   bool
 	}{
 		{"Current", b, g, true},
+		{"Version2", appendSealed(nil, "g", append([]byte{'Z', 'G', 2}, b[3:groupBytesV2]...)), GroupState{Offset: 1, Generation: 2, Updated: 3, Reset: true}, true},
 		{"Version1", appendSealed(nil, "g", append([]byte{'Z', 'G', 1}, b[3:groupBytesV1]...)), GroupState{Offset: 1, Generation: 2, Updated: 3}, true},
 		{"Absent", nil, GroupState{}, false},
 		{"Format1", be.AppendUint64(nil, 7), GroupState{Offset: 7}, true},

@@ -328,7 +328,7 @@ func TestPartition_GroupAttacks(t *testing.T) {
 			{Op: store.OpResetOffset, Now: t0},                                      // no group
 			{Op: store.OpCommitOffset, Now: t0, Group: "g", Start: store.StartLast}, // Start is OpClaim's
 			{Op: store.OpResetOffset, Now: t0, Group: "g", Start: store.StartFirst},
-			{Op: store.OpClaim, Now: t0, Group: "g", Generation: 1}, // Generation is OpCommitOffset's
+			{Op: store.OpResetOffset, Now: t0, Group: "g", Generation: 1}, // Generation is the owner's ops' and OpClaim's
 			{Op: store.OpDeleteGroup, Now: t0, Group: "g", Generation: 1},
 			{Op: store.OpAppend, Now: t0, Generation: math.MaxUint64},
 		} {

@@ -98,23 +98,33 @@ type GroupState struct {
 	// Released reports that the owner let go (OpUnclaim): a claim needs
 	// not wait for its lease.
 	Released bool
+	// Lease is the owner's lease (ns), from its claim's MaxAge: a later
+	// claim respects the longer of it and its own, so owners with
+	// different leases never overlap.
+	Lease int64
 }
 
-// Leased reports that an owner holds g at now under a lease of that long:
-// it claimed or committed within the lease and did not let go, and no
-// reset took the group from it. A record of unknown age (before format 3)
-// holds no lease.
+// Leased reports that an owner holds g at now under the longer of its
+// lease and lease: it claimed or committed within it and did not let go,
+// and no reset took the group from it. A record of unknown age (before
+// format 3) holds no lease, nor one stamped more than the lease after now
+// (the partition's clock stepped back: a live owner's next renewal stamps
+// it again). The lease relies on a clock that does not step forward.
 func (g GroupState) Leased(now, lease int64) bool {
-	return g.Generation != 0 && !g.Reset && !g.Released && g.Updated != 0 && g.Updated > now-lease
+	lease = max(lease, g.Lease)
+	return g.Generation != 0 && !g.Reset && !g.Released && g.Updated != 0 &&
+		g.Updated > now-lease && g.Updated-lease <= now
 }
 
 // Group layout (format 3): 'Z' 'G', groupVersion, offset, generation,
-// updated (8 bytes BE each), flags (1: Reset, 2: Released), sealed. Version 1 had no
-// flags byte. Formats 1 and 2 stored the offset alone (8 bytes; sealed in
-// format 2): generation 0, updated 0.
+// updated (8 bytes BE each), flags (1: Reset, 2: Released), lease (8 bytes
+// BE), sealed. Version 2 had no lease, version 1 no flags byte. Formats 1
+// and 2 stored the offset alone (8 bytes; sealed in format 2): generation
+// 0, updated 0.
 const (
-	groupVersion  = 2
-	groupBytes    = 3 + 3*8 + 1
+	groupVersion  = 3
+	groupBytes    = 3 + 3*8 + 1 + 8
+	groupBytesV2  = 3 + 3*8 + 1
 	groupBytesV1  = 3 + 3*8
 	groupBytesV0  = 8
 	groupReset    = 1 // flags bits
@@ -134,6 +144,7 @@ func appendGroup(dst []byte, key string, g *GroupState) []byte {
 	if g.Released {
 		b[27] |= groupReleased
 	}
+	binary.BigEndian.PutUint64(b[28:], uint64(g.Lease))
 	return appendSealed(dst, key, b[:])
 }
 
@@ -144,6 +155,8 @@ func decodeGroup(key string, val []byte) (g GroupState, ok bool, err error) {
 	switch len(val) { // format 3 always seals
 	case groupBytes + sealLen:
 		n = groupBytes
+	case groupBytesV2 + sealLen:
+		n = groupBytesV2
 	case groupBytesV1 + sealLen:
 		n = groupBytesV1
 	}
@@ -155,16 +168,26 @@ func decodeGroup(key string, val []byte) (g GroupState, ok bool, err error) {
 		return GroupState{Offset: binary.BigEndian.Uint64(b)}, true, nil
 	}
 	version := byte(groupVersion)
-	if n == groupBytesV1 {
+	switch n {
+	case groupBytesV1:
 		version = 1
+	case groupBytesV2:
+		version = 2
 	}
-	if b[0] != 'Z' || b[1] != 'G' || b[2] != version || n == groupBytes && b[27]&^(groupReset|groupReleased) != 0 {
+	flagged := n != groupBytesV1
+	if b[0] != 'Z' || b[1] != 'G' || b[2] != version || flagged && b[27]&^(groupReset|groupReleased) != 0 {
 		return g, false, fmt.Errorf("%w: value of %q: group layout %x", ErrCorrupt, key, b[:3])
 	}
 	g = GroupState{Offset: binary.BigEndian.Uint64(b[3:]), Generation: binary.BigEndian.Uint64(b[11:]),
 		Updated: int64(binary.BigEndian.Uint64(b[19:]))}
-	g.Reset = n == groupBytes && b[27]&groupReset != 0
-	g.Released = n == groupBytes && b[27]&groupReleased != 0
+	g.Reset = flagged && b[27]&groupReset != 0
+	g.Released = flagged && b[27]&groupReleased != 0
+	if n == groupBytes {
+		g.Lease = int64(binary.BigEndian.Uint64(b[28:]))
+		if g.Lease < 0 {
+			return GroupState{}, false, fmt.Errorf("%w: value of %q: lease %d", ErrCorrupt, key, g.Lease)
+		}
+	}
 	return g, true, nil
 }
 

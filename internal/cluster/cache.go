@@ -69,21 +69,15 @@ func (m *Meta) loadCache(dir string) *State {
 	return s
 }
 
-// cacheLoop saves the applied State whenever it changed, until Close.
-func (m *Meta) cacheLoop(dir string) {
-	var saved uint64
+// cacheLoop saves the applied State whenever it changed, until Close
+// (which saves it a last time, once raft stopped).
+func (m *Meta) cacheLoop() {
 	if c := m.fsm.cached.Load(); c != nil {
-		saved = c.index
+		m.cacheSaved = c.index
 	}
 	for {
 		st := m.fsm.cur.Load()
-		if st.index > saved {
-			if err := m.saveCache(dir, st); err != nil {
-				m.log.Warn("cannot save the metadata state cache", "err", err)
-			} else {
-				saved = st.index
-			}
-		}
+		m.saveCache()
 		select {
 		case <-m.ctx.Done():
 			return
@@ -97,12 +91,22 @@ func (m *Meta) cacheLoop(dir string) {
 	}
 }
 
-func (m *Meta) saveCache(dir string, st *State) error {
-	b, err := encodeCache(st)
-	if err != nil {
-		return err
+// saveCache saves the applied State if it is newer than the cache. Only
+// cacheLoop calls it, and Close once that ended.
+func (m *Meta) saveCache() {
+	st := m.fsm.cur.Load()
+	if st.index <= m.cacheSaved {
+		return
 	}
-	return replaceFile(cachePath(dir), b)
+	b, err := encodeCache(st)
+	if err == nil {
+		err = replaceFile(cachePath(m.dir), b)
+	}
+	if err != nil {
+		m.log.Warn("cannot save the metadata state cache", "err", err)
+		return
+	}
+	m.cacheSaved = st.index
 }
 
 // replaceFile makes path hold b, whole or not at all: a new file, synced,

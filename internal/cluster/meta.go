@@ -74,6 +74,9 @@ type Meta struct {
 	raft     *raft.Raft
 	fsm      *fsm
 	store    *raftboltdb.BoltStore
+	dir      string // Dir: raft.db, snapshots, the state cache
+
+	cacheSaved uint64 // the index of the State in the cache; cache.go
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -172,6 +175,7 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 		timeout:  timeout,
 		fsm:      newFSM(log),
 		store:    store,
+		dir:      cfg.Dir,
 		sessions: map[string]session{},
 	}
 	m.raft, err = func() (*raft.Raft, error) {
@@ -187,7 +191,11 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 			if c := m.loadCache(cfg.Dir); c != nil {
 				m.fsm.seed(c)
 			}
-		} // else a cache left beside no raft state belongs to no group
+		} else if err := os.Remove(cachePath(cfg.Dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			// a cache beside no raft state belongs to another group: a node
+			// restarting before its first save must not show it
+			return nil, fmt.Errorf("remove a stale metadata state cache: %w", err)
+		}
 		if cfg.Bootstrap && !existing {
 			boot := raft.Configuration{Servers: []raft.Server{{
 				Suffrage: raft.Voter, ID: conf.LocalID, Address: cfg.Transport.LocalAddr(),
@@ -214,7 +222,7 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 	}()
 	go func() {
 		defer m.wg.Done()
-		m.cacheLoop(cfg.Dir)
+		m.cacheLoop()
 	}()
 	return m, nil
 }
@@ -231,6 +239,7 @@ func (m *Meta) Close() error {
 		// Shutdown fails every pending future, which ends their waiters.
 		err := m.raft.Shutdown().Error()
 		m.wg.Wait()
+		m.saveCache() // what raft applied last
 		if e := m.store.Close(); err == nil && e != nil {
 			err = fmt.Errorf("close metadata log: %w", e)
 		}

@@ -162,7 +162,7 @@ func (w *worker) deadCopy(sm *store.Message, r int, cause error) (topic string, 
 
 // appendSystem appends msg to the system topic name, creating it if needed.
 func (e *Engine) appendSystem(ctx context.Context, name string, msg *store.Message) error {
-	if err := e.topics.EnsureSystem(name); err != nil {
+	if err := e.topics.EnsureSystem(ctx, name); err != nil {
 		return err
 	}
 	parts, err := e.topics.Partitions(name)

@@ -71,8 +71,8 @@ type Topics interface {
 	// node closed).
 	Partitions(topic string) ([]Partition, error)
 	// EnsureSystem creates the retry or dead-letter topic name unless it
-	// exists.
-	EnsureSystem(name string) error
+	// exists, waiting at most until ctx ends.
+	EnsureSystem(ctx context.Context, name string) error
 }
 
 // Clock is the node's source of time.

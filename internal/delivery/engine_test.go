@@ -62,7 +62,7 @@ func (t *table) Partitions(topic string) ([]Partition, error) {
 	return parts, nil
 }
 
-func (t *table) EnsureSystem(name string) error {
+func (t *table) EnsureSystem(_ context.Context, name string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ok := t.topics[name]; !ok {

@@ -175,7 +175,9 @@ func (w *worker) claim(ctx context.Context) (uint64, bool) {
 }
 
 func (w *worker) claimCommand() *store.Command {
-	cmd := &store.Command{Op: store.OpClaim, Group: w.c.group.name, MaxAge: int64(w.c.e.lease)}
+	// With its generation: a worker claiming again is not held off by its
+	// own lease (a reset's hint after it claimed again by itself).
+	cmd := &store.Command{Op: store.OpClaim, Group: w.c.group.name, MaxAge: int64(w.c.e.lease), Generation: w.gen}
 	if w.resume {
 		w.resume = false
 		cmd.Start, cmd.Offset = store.StartAt, w.resumeAt
@@ -437,11 +439,17 @@ func (w *worker) end() {
 	delete(w.c.live, w)
 	w.c.mu.Unlock()
 	close(w.done)
+	if w.leaseLost.Load() && last {
+		// Start it again, if the coordinator still gives it here: it claims
+		// anew, safely (the lease decides). Only if it did not is it
+		// Stopped: a coordinator that starts nothing new keeps it here.
+		g.rebalance()
+		g.rebalanceMu.Lock()
+		last = g.owners[w.part] == nil
+		g.rebalanceMu.Unlock()
+	}
 	if s, ok := w.c.e.coord.(Stopper); ok && last {
 		s.Stopped(g.topic, g.name, w.part)
-	}
-	if w.leaseLost.Load() {
-		g.rebalance() // start it again, if the coordinator still gives it here: it claims anew
 	}
 	w.c.e.forget(g)
 }

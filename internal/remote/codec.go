@@ -235,7 +235,7 @@ func (d *decoder) result() store.Result {
 }
 
 // GroupState: offset, generation uvarint; updated varint; flags byte (1:
-// Reset, 2: Released).
+// Reset, 2: Released); lease varint.
 func appendGroup(dst []byte, g store.GroupState) []byte {
 	dst = binary.AppendUvarint(dst, g.Offset)
 	dst = binary.AppendUvarint(dst, g.Generation)
@@ -247,7 +247,8 @@ func appendGroup(dst []byte, g store.GroupState) []byte {
 	if g.Released {
 		f |= 2
 	}
-	return append(dst, f)
+	dst = append(dst, f)
+	return binary.AppendVarint(dst, g.Lease)
 }
 
 func (d *decoder) group() store.GroupState {
@@ -257,6 +258,9 @@ func (d *decoder) group() store.GroupState {
 		d.fail(fmt.Errorf("group flags %#x", f))
 	}
 	g.Reset, g.Released = f&1 != 0, f&2 != 0
+	if g.Lease = d.varint(); g.Lease < 0 {
+		d.fail(fmt.Errorf("group lease %d", g.Lease))
+	}
 	return g
 }
 

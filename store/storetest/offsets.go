@@ -179,7 +179,7 @@ var offsetTests = []test{
 		cmd := commitOffset("g", 4, owner.Generation)
 		cmd.Now = t0 + 5*sec
 		apply(t, p, cmd)
-		held := store.GroupState{Offset: 4, Generation: owner.Generation, Updated: t0 + 5*sec}
+		held := store.GroupState{Offset: 4, Generation: owner.Generation, Updated: t0 + 5*sec, Lease: lease}
 		for _, now := range []int64{t0 + 5*sec, t0 + 14*sec, t0 + 15*sec - 1} {
 			res := applyErr(t, p, leased(now), store.ErrClaimed)
 			if res.Generation != owner.Generation || res.Offset != 4 {
@@ -197,6 +197,15 @@ var offsetTests = []test{
 		held.Updated = t0 + 8*sec
 		equal(t, "Group after a renewal", group(t, p, "g"), held)
 		applyErr(t, p, leased(t0+17*sec), store.ErrClaimed)
+		// A record stamped more than the lease ahead of the claim (the
+		// partition's clock stepped back) holds nothing.
+		if held.Leased(held.Updated-lease-1, lease) || !held.Leased(held.Updated-lease, lease) {
+			t.Fatal("GroupState.Leased of a record stamped ahead of now")
+		}
+		// A claimer with a shorter lease respects the holder's longer one.
+		short := leased(t0 + 17*sec)
+		short.MaxAge = sec
+		applyErr(t, p, short, store.ErrClaimed)
 		// Without a lease the claim takes the group at once (a coordinator
 		// that knows better); with one, once the lease ran out.
 		next := apply(t, p, leased(t0+18*sec))
@@ -204,6 +213,13 @@ var offsetTests = []test{
 			t.Fatalf("claim after the lease: Generation %d, Offset %d", next.Generation, next.Offset)
 		}
 		applyErr(t, p, leased(t0+19*sec), store.ErrClaimed) // the new owner's claim is a lease too
+		own := leased(t0 + 19*sec)
+		own.Generation = next.Generation // the owner claiming again: not held off by its own lease
+		again := apply(t, p, own)
+		if again.Generation <= next.Generation {
+			t.Fatalf("the owner's claim again: Generation %d, want above %d", again.Generation, next.Generation)
+		}
+		next = again
 		unleased := apply(t, p, &store.Command{Op: store.OpClaim, Now: t0 + 19*sec, Group: "g"})
 		if unleased.Generation <= next.Generation {
 			t.Fatalf("claim without a lease: Generation %d, want above %d", unleased.Generation, next.Generation)

@@ -202,7 +202,7 @@ func (p *Partition) apply(c *store.Command) (res store.Result, err error) {
 		}
 	case store.OpClaim:
 		g, ok := p.groups[c.Group]
-		if ok && c.MaxAge > 0 && g.Leased(c.Now, c.MaxAge) {
+		if ok && c.MaxAge > 0 && g.Leased(c.Now, c.MaxAge) && c.Generation != g.Generation {
 			res.Offset, res.Generation = g.Offset, g.Generation
 			return res, fmt.Errorf("%w: group %s at generation %d", store.ErrClaimed, c.Group, g.Generation)
 		}
@@ -247,7 +247,11 @@ func (p *Partition) start(c *store.Command) uint64 {
 // taken by a reset or a claim.
 func (p *Partition) newGroup(c *store.Command, offset uint64, reset bool) uint64 {
 	p.generation++
-	p.groups[c.Group] = store.GroupState{Offset: offset, Generation: p.generation, Updated: c.Now, Reset: reset}
+	g := store.GroupState{Offset: offset, Generation: p.generation, Updated: c.Now, Reset: reset}
+	if c.Op == store.OpClaim {
+		g.Lease = c.MaxAge
+	}
+	p.groups[c.Group] = g
 	return p.generation
 }
 
