@@ -2,6 +2,7 @@ package remote
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,4 +39,77 @@ func BenchmarkApply(b *testing.B) {
 		b.Cleanup(func() { s.Close() })
 		run(b, s.Partition)
 	})
+}
+
+// BenchmarkCall is the RPC path alone, without a disk under it (whose
+// fsyncs make BenchmarkApply noisy on a shared machine): Echo answers at
+// once, Batched answers every call together at the next tick of a 200 µs
+// "group commit", as a store does; Parallel runs 32 × GOMAXPROCS callers,
+// Serial one (Echo only).
+func BenchmarkCall(b *testing.B) {
+	req := make([]byte, 1024)
+	resp := make([]byte, 40)
+	echo := func(context.Context, string, []byte) ([]byte, error) { return resp, nil }
+	var mu sync.Mutex
+	tick := make(chan struct{})
+	batched := func(ctx context.Context, _ string, _ []byte) ([]byte, error) {
+		mu.Lock()
+		t := tick
+		mu.Unlock()
+		select {
+		case <-t:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return resp, nil
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(200 * time.Microsecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+			case <-stop:
+				return
+			}
+			mu.Lock()
+			close(tick)
+			tick = make(chan struct{})
+			mu.Unlock()
+		}
+	}()
+	b.Cleanup(func() { close(stop); wg.Wait() })
+	for _, h := range []struct {
+		name string
+		fn   Handler
+	}{{"Echo", echo}, {"Batched", batched}} {
+		n := newNode(b, ServerConfig{}, ClientConfig{}, func(s *Server) { s.Handle(FirstOp, h.fn) })
+		call := func(b *testing.B) {
+			if _, err := n.client.Call(context.Background(), FirstOp, req); err != nil {
+				b.Error(err)
+			}
+		}
+		b.Run(h.name+"/Parallel", func(b *testing.B) {
+			b.SetParallelism(32)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					call(b)
+				}
+			})
+		})
+		if h.name == "Batched" {
+			continue // a serial call waits for a tick: the timer's, not the RPC's
+		}
+		b.Run(h.name+"/Serial", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				call(b)
+			}
+		})
+	}
 }
