@@ -3,6 +3,7 @@ package remote
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -385,7 +386,7 @@ func (cn *clientConn) closeIdle() bool {
 }
 
 func (cn *clientConn) writeLoop() {
-	var cbuf []byte
+	var wbuf []byte
 	idle := time.NewTimer(cn.c.cfg.IdleTimeout)
 	defer idle.Stop()
 	for {
@@ -398,19 +399,50 @@ func (cn *clientConn) writeLoop() {
 			idle.Reset(cn.c.cfg.IdleTimeout)
 		case bp := <-cn.reqs:
 			idle.Reset(cn.c.cfg.IdleTimeout)
-			err = cn.write(*bp)
+			wbuf = cn.gather(append(wbuf[:0], *bp...))
 			cn.c.putBuf(bp)
+			err = cn.write(wbuf)
 		case id := <-cn.cancels:
-			cbuf, _ = wire.AppendFrame(cbuf[:0], wire.Frame{ReqID: id, Op: opCancel}, cn.c.cfg.MaxFrameBytes)
-			err = cn.write(cbuf)
+			wbuf = cn.gather(cn.appendCancel(wbuf[:0], id))
+			err = cn.write(wbuf)
 		case <-cn.done:
 			return
+		}
+		if cap(wbuf) > wbufKeep {
+			wbuf = nil
 		}
 		if err != nil {
 			cn.fail(fmt.Errorf("%w: write: %w", ErrUnavailable, err))
 			return
 		}
 	}
+}
+
+// gather appends to b the requests and cancels that are ready, up to
+// wbufKeep bytes, so that the calls that came while the writer wrote go
+// out in one write. It waits for none: a call is never held back for
+// others.
+func (cn *clientConn) gather(b []byte) []byte {
+	if len(b) < yieldBelow {
+		runtime.Gosched()
+	}
+	for len(b) < wbufKeep {
+		select {
+		case bp := <-cn.reqs:
+			b = append(b, *bp...)
+			cn.c.putBuf(bp)
+		case id := <-cn.cancels:
+			b = cn.appendCancel(b, id)
+		default:
+			return b
+		}
+	}
+	return b
+}
+
+func (cn *clientConn) appendCancel(b []byte, id uint64) []byte {
+	b, _ = wire.AppendFrame(b, wire.Frame{ReqID: id, Op: opCancel}, cn.c.cfg.MaxFrameBytes)
+	return b
 }
 
 func (cn *clientConn) write(b []byte) error {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -221,16 +222,31 @@ type serverConn struct {
 
 	mu       sync.Mutex
 	inflight int                 // guarded by mu: bytes of requests and replies held
-	room     chan struct{}       // guarded by mu: closed when inflight drops
+	room     chan struct{}       // guarded by mu: closed when inflight drops; nil unless the reader waits
 	running  map[uint64]*request // guarded by mu: by request id
 
-	wmu  sync.Mutex
-	wbuf []byte // guarded by wmu
+	// Replies are combined: a handler whose reply is ready while another
+	// handler writes appends it to wbuf and returns, and the writing
+	// handler writes it next, with all the others that came meanwhile, in
+	// one write. No reply waits for others to come: the writer writes what
+	// is there as soon as its write before ended.
+	wmu     sync.Mutex
+	wbuf    []byte // guarded by wmu: reply frames not yet written
+	wcost   int    // guarded by wmu: what they count in inflight
+	wspare  []byte // guarded by wmu: the buffer of the write before, for reuse
+	writing bool   // guarded by wmu: a handler is writing wbuf's frames
+	wfailed bool   // guarded by wmu: a write failed; the connection is closed
 }
 
 // frameCost is what a frame counts against MaxInflightBytes beside its
 // payload: its header and the bookkeeping of its handler.
 const frameCost = 4 + wire.FrameHeaderSize + 256
+
+// yieldBelow: a writer with fewer bytes than this to write lets the
+// goroutines that are ready run first (runtime.Gosched, no timer), as
+// they are often calls or handlers about to add a frame to its write. It
+// never waits for one that is not ready: there is no Nagle-like delay.
+const yieldBelow = 16 << 10
 
 // wbufKeep is the largest write buffer a connection keeps between replies.
 const wbufKeep = 64 << 10
@@ -241,7 +257,6 @@ func (s *Server) newConn(c *transport.Conn) *serverConn {
 		c:       c,
 		peer:    c.PeerID(),
 		slots:   make(chan struct{}, s.cfg.MaxConcurrent),
-		room:    make(chan struct{}),
 		running: make(map[uint64]*request),
 	}
 	sc.ctx, sc.cancel = context.WithCancel(s.ctx)
@@ -331,6 +346,10 @@ func (sc *serverConn) waitRoom() (waited, ok bool) {
 			return waited, true
 		}
 		room := sc.room
+		if room == nil {
+			room = make(chan struct{})
+			sc.room = room
+		}
 		sc.mu.Unlock()
 		waited = true
 		select {
@@ -341,12 +360,14 @@ func (sc *serverConn) waitRoom() (waited, ok bool) {
 	}
 }
 
-// release returns n bytes of inflight and wakes the reader.
+// release returns n bytes of inflight and wakes the reader if it waits.
 func (sc *serverConn) release(n int) {
 	sc.mu.Lock()
 	sc.inflight -= n
-	close(sc.room)
-	sc.room = make(chan struct{})
+	if sc.room != nil {
+		close(sc.room)
+		sc.room = nil
+	}
 	sc.mu.Unlock()
 }
 
@@ -379,12 +400,13 @@ func (sc *serverConn) handle(ctx context.Context, r *request, req []byte) {
 	}
 	sc.inflight += len(resp)
 	sc.mu.Unlock()
-	defer sc.release(r.cost + len(resp))
+	cost := r.cost + len(resp) // released once the reply is written
 	if sc.ctx.Err() != nil {
 		// The connection or the server is closing: a handler that ended
 		// because of it has no answer, and the caller learns that the
 		// outcome is unknown (ErrUnavailable) rather than a ctx error of
 		// ours.
+		sc.release(cost)
 		return
 	}
 	f := wire.Frame{ReqID: id, Op: opReply, Payload: resp}
@@ -394,7 +416,7 @@ func (sc *serverConn) handle(ctx context.Context, r *request, req []byte) {
 		err := fmt.Errorf("%w: reply of %d bytes to op %d, limit %d", wire.ErrFrameTooLarge, len(resp), op, sc.s.cfg.MaxFrameBytes)
 		f = wire.Frame{ReqID: id, Op: opError, Payload: appendError(nil, err)}
 	}
-	sc.write(f)
+	sc.send(f, cost)
 }
 
 // call runs op's handler, containing its panic: one request must not stop
@@ -413,28 +435,76 @@ func (sc *serverConn) call(ctx context.Context, op uint16, req []byte) (resp []b
 	return h(ctx, sc.peer, req)
 }
 
-// write writes f; a failure closes the connection.
-func (sc *serverConn) write(f wire.Frame) {
+// send queues f, whose handler counted cost in inflight, and writes it
+// unless another handler is writing: then that one writes it, in its next
+// write. cost is released when f is written (or dropped, the connection
+// having failed). A failure closes the connection.
+func (sc *serverConn) send(f wire.Frame, cost int) {
 	sc.wmu.Lock()
-	defer sc.wmu.Unlock()
-	var err error
-	if sc.wbuf, err = wire.AppendFrame(sc.wbuf[:0], f, sc.s.cfg.MaxFrameBytes); err == nil {
-		if err = sc.c.SetWriteDeadline(time.Now().Add(sc.s.cfg.WriteTimeout)); err == nil {
-			_, err = sc.c.Write(sc.wbuf)
-		}
-	}
-	if cap(sc.wbuf) > wbufKeep {
-		sc.wbuf = nil
-	}
-	if err != nil {
-		if sc.ctx.Err() == nil {
-			sc.s.cfg.Logger.Warn("remote: write", "peer", sc.peer, "err", err)
-		}
-		sc.cancel()
-		sc.c.Close()
+	if sc.wfailed {
+		sc.wmu.Unlock()
+		sc.release(cost)
 		return
 	}
-	sc.lastWrite.Store(time.Now().UnixNano())
+	var err error
+	if sc.wbuf, err = wire.AppendFrame(sc.wbuf, f, sc.s.cfg.MaxFrameBytes); err != nil {
+		sc.wmu.Unlock()
+		sc.release(cost)
+		sc.failWrite(err) // handle checked the size: cannot happen
+		return
+	}
+	sc.wcost += cost
+	if sc.writing {
+		sc.wmu.Unlock()
+		return
+	}
+	sc.writing = true
+	if len(sc.wbuf) < yieldBelow {
+		sc.wmu.Unlock()
+		runtime.Gosched()
+		sc.wmu.Lock()
+	}
+	for len(sc.wbuf) > 0 {
+		b, n := sc.wbuf, sc.wcost
+		sc.wbuf, sc.wcost = sc.wspare[:0], 0
+		sc.wspare = nil
+		sc.wmu.Unlock()
+		err := sc.c.SetWriteDeadline(time.Now().Add(sc.s.cfg.WriteTimeout))
+		if err == nil {
+			_, err = sc.c.Write(b)
+		}
+		sc.release(n)
+		if err != nil {
+			sc.failWrite(err)
+		} else {
+			sc.lastWrite.Store(time.Now().UnixNano())
+		}
+		sc.wmu.Lock()
+		if cap(b) <= wbufKeep {
+			sc.wspare = b
+		}
+		if err != nil {
+			// The frames queued meanwhile are not written: their callers
+			// learn that the connection broke.
+			dropped := sc.wcost
+			sc.wfailed, sc.writing = true, false
+			sc.wbuf, sc.wcost = nil, 0
+			sc.wmu.Unlock()
+			sc.release(dropped)
+			return
+		}
+	}
+	sc.writing = false
+	sc.wmu.Unlock()
+}
+
+// failWrite closes the connection after a failed write.
+func (sc *serverConn) failWrite(err error) {
+	if sc.ctx.Err() == nil {
+		sc.s.cfg.Logger.Warn("remote: write", "peer", sc.peer, "err", err)
+	}
+	sc.cancel()
+	sc.c.Close()
 }
 
 // deadlineReader reads a connection under the server's deadlines: between
