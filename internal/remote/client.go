@@ -2,6 +2,7 @@ package remote
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -54,6 +55,10 @@ type Client struct {
 	wg     sync.WaitGroup
 	nextID atomic.Uint64
 	bufs   sync.Pool // *[]byte request frames
+	chans  sync.Pool // chan reply, empty: a call's
+	// replies holds *[]byte reply payloads given back by the internal
+	// callers that decoded them (Partition): Call's caller keeps its own.
+	replies sync.Pool
 
 	mu      sync.Mutex
 	cn      *clientConn // guarded by mu: the connection, nil when none
@@ -115,33 +120,57 @@ func (c *Client) goFunc(fn func()) {
 // Call returns ErrClosed. req is copied into the request's frame before
 // Call returns: the caller may reuse it then, however the call ended.
 func (c *Client) Call(ctx context.Context, op uint16, req []byte) ([]byte, error) {
+	resp, _, err := c.call(ctx, nil, op, req)
+	return resp, err
+}
+
+// errStopped is what a call ended by its stop channel returns.
+var errStopped = errors.New("remote: call stopped")
+
+// call is Call, also ended (with errStopped) when stop is closed, as by
+// ctx: a Partition passes its Close's channel, instead of deriving a ctx
+// that its Close cancels (a context and an AfterFunc per call). resp is
+// in *buf: a caller done with resp may give buf back (putReply).
+func (c *Client) call(ctx context.Context, stop <-chan struct{}, op uint16, req []byte) (resp []byte, buf *[]byte, err error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if op < FirstOp {
-		return nil, fmt.Errorf("remote: call of reserved op %d", op)
+		return nil, nil, fmt.Errorf("remote: call of reserved op %d", op)
 	}
 	if n := wire.FrameHeaderSize + len(req); n > c.cfg.MaxFrameBytes {
-		return nil, fmt.Errorf("%w: request of %d bytes, limit %d", wire.ErrFrameTooLarge, n, c.cfg.MaxFrameBytes)
+		return nil, nil, fmt.Errorf("%w: request of %d bytes, limit %d", wire.ErrFrameTooLarge, n, c.cfg.MaxFrameBytes)
 	}
 	for attempt := 0; ; attempt++ {
-		cn, err := c.conn(ctx)
+		cn, err := c.conn(ctx, stop)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		id := c.nextID.Add(1)
-		ch := make(chan reply, 1)
+		ch, _ := c.chans.Get().(chan reply)
+		if ch == nil {
+			ch = make(chan reply, 1)
+		}
 		if err := cn.register(id, ch); err != nil {
+			c.chans.Put(ch) // nobody else saw it
 			if attempt == 0 { // broke before this call used it: nothing was sent
 				continue
 			}
-			return nil, err
+			return nil, nil, err
 		}
-		return c.roundTrip(ctx, cn, id, op, req, ch)
+		return c.roundTrip(ctx, stop, cn, id, op, req, ch)
 	}
 }
 
-func (c *Client) roundTrip(ctx context.Context, cn *clientConn, id uint64, op uint16, req []byte, ch chan reply) ([]byte, error) {
+// ended is the error of a call ended by ctx or stop.
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errStopped
+}
+
+func (c *Client) roundTrip(ctx context.Context, stop <-chan struct{}, cn *clientConn, id uint64, op uint16, req []byte, ch chan reply) ([]byte, *[]byte, error) {
 	bp, _ := c.bufs.Get().(*[]byte)
 	if bp == nil {
 		bp = new([]byte)
@@ -152,22 +181,44 @@ func (c *Client) roundTrip(ctx context.Context, cn *clientConn, id uint64, op ui
 	case <-ctx.Done():
 		cn.unregister(id)
 		c.putBuf(bp)
-		return nil, ctx.Err()
+		return nil, nil, ended(ctx)
+	case <-stop:
+		cn.unregister(id)
+		c.putBuf(bp)
+		return nil, nil, ended(ctx)
 	case <-cn.done:
 		c.putBuf(bp)
-		return nil, cn.failure() // not written
+		return nil, nil, cn.failure() // not written
 	}
 	select {
 	case r := <-ch:
-		return r.payload, r.err
+		// Whoever sent r took ch out of pending first: nothing else
+		// sends on it, and it is empty, so another call may use it.
+		c.chans.Put(ch)
+		return r.payload, r.buf, r.err
 	case <-ctx.Done():
-		if cn.unregister(id) {
-			select {
-			case cn.cancels <- id:
-			default: // the writer is behind: the handler runs to its end
-			}
+	case <-stop:
+	}
+	// ch is dropped, not pooled: the reader or fail may still send its
+	// reply.
+	if cn.unregister(id) {
+		select {
+		case cn.cancels <- id:
+		default: // the writer is behind: the handler runs to its end
 		}
-		return nil, ctx.Err()
+	}
+	return nil, nil, ended(ctx)
+}
+
+// replyKeep is the largest reply buffer given back to the pool: a Fetch
+// reply's size (DefaultFlowBytes) and some.
+const replyKeep = 2 << 20
+
+// putReply gives back the buffer of a reply whose payload is no longer
+// used (nil: none).
+func (c *Client) putReply(bp *[]byte) {
+	if bp != nil && cap(*bp) <= replyKeep {
+		c.replies.Put(bp)
 	}
 }
 
@@ -178,7 +229,7 @@ func (c *Client) putBuf(bp *[]byte) {
 }
 
 // conn returns the connection, dialing it if there is none.
-func (c *Client) conn(ctx context.Context) (*clientConn, error) {
+func (c *Client) conn(ctx context.Context, stop <-chan struct{}) (*clientConn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -205,6 +256,8 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 		return d.cn, d.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-stop:
+		return nil, ended(ctx)
 	}
 }
 
@@ -264,6 +317,7 @@ func (c *Client) Close() error {
 // reply is what a call receives.
 type reply struct {
 	payload []byte
+	buf     *[]byte // payload's buffer, from Client.replies
 	err     error
 }
 
@@ -346,15 +400,21 @@ func (cn *clientConn) readLoop() {
 		if ch == nil {
 			continue // its call gave up
 		}
-		ch <- frameReply(f)
+		bp, _ := cn.c.replies.Get().(*[]byte)
+		ch <- frameReply(f, bp)
 	}
 }
 
-// frameReply turns a reply frame into what its call returns.
-func frameReply(f wire.Frame) reply {
+// frameReply turns a reply frame into what its call returns; a payload is
+// copied into *bp (a new buffer if bp is nil), which the reply carries.
+func frameReply(f wire.Frame, bp *[]byte) reply {
 	switch f.Op {
 	case opReply:
-		return reply{payload: append([]byte{}, f.Payload...)}
+		if bp == nil {
+			bp = new([]byte)
+		}
+		*bp = append((*bp)[:0], f.Payload...)
+		return reply{payload: *bp, buf: bp}
 	case opError:
 		e, err := decodeError(f.Payload)
 		if err != nil {
@@ -423,7 +483,7 @@ func (cn *clientConn) writeLoop() {
 // out in one write. It waits for none: a call is never held back for
 // others.
 func (cn *clientConn) gather(b []byte) []byte {
-	if len(b) < yieldBelow {
+	if len(b) < yieldBelow && cn.others() {
 		runtime.Gosched()
 	}
 	for len(b) < wbufKeep {
@@ -438,6 +498,16 @@ func (cn *clientConn) gather(b []byte) []byte {
 		}
 	}
 	return b
+}
+
+// others reports that more than one call is pending: the writer's yield
+// lets the others' callers, whose replies came, send their next request
+// in its write. A lone call has nobody to wait for, and a yield costs a
+// trip through the scheduler.
+func (cn *clientConn) others() bool {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	return len(cn.pending) > 1
 }
 
 func (cn *clientConn) appendCancel(b []byte, id uint64) []byte {

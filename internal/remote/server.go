@@ -242,10 +242,13 @@ type serverConn struct {
 // payload: its header and the bookkeeping of its handler.
 const frameCost = 4 + wire.FrameHeaderSize + 256
 
-// yieldBelow: a writer with fewer bytes than this to write lets the
-// goroutines that are ready run first (runtime.Gosched, no timer), as
-// they are often calls or handlers about to add a frame to its write. It
-// never waits for one that is not ready: there is no Nagle-like delay.
+// yieldBelow: a writer with fewer bytes than this to write, and other
+// calls or handlers in flight, lets the goroutines that are ready run
+// first (runtime.Gosched, no timer), as they are often calls or handlers
+// about to add a frame to its write (replies of one group commit, the
+// next requests of the callers those replies woke). It never waits for
+// one that is not ready: there is no Nagle-like delay. Alone, it does not
+// yield: a yield is a trip through the scheduler for nothing.
 const yieldBelow = 16 << 10
 
 // wbufKeep is the largest write buffer a connection keeps between replies.
@@ -459,7 +462,7 @@ func (sc *serverConn) send(f wire.Frame, cost int) {
 		return
 	}
 	sc.writing = true
-	if len(sc.wbuf) < yieldBelow {
+	if len(sc.wbuf) < yieldBelow && len(sc.slots) > 1 { // others run: see yieldBelow
 		sc.wmu.Unlock()
 		runtime.Gosched()
 		sc.wmu.Lock()
