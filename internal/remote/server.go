@@ -231,12 +231,26 @@ type serverConn struct {
 	// one write. No reply waits for others to come: the writer writes what
 	// is there as soon as its write before ended.
 	wmu     sync.Mutex
-	wbuf    []byte // guarded by wmu: reply frames not yet written
-	wcost   int    // guarded by wmu: what they count in inflight
-	wspare  []byte // guarded by wmu: the buffer of the write before, for reuse
-	writing bool   // guarded by wmu: a handler is writing wbuf's frames
-	wfailed bool   // guarded by wmu: a write failed; the connection is closed
+	wbuf    []byte    // guarded by wmu: reply frames not yet written
+	wbig    []bigPart // guarded by wmu: their payloads not copied into wbuf
+	wcost   int       // guarded by wmu: what they count in inflight
+	wspare  []byte    // guarded by wmu: the buffer of the write before, for reuse
+	wbspare []bigPart // guarded by wmu: likewise
+	writing bool      // guarded by wmu: a handler is writing wbuf's frames
+	wfailed bool      // guarded by wmu: a write failed; the connection is closed
 }
+
+// bigPart is a reply payload larger than copyMax, written from where the
+// handler left it after wbuf[:at] (its header).
+type bigPart struct {
+	at int
+	p  []byte
+}
+
+// copyMax is the largest payload copied into a connection's write buffer:
+// a larger one (a Fetch reply) is written from the handler's buffer,
+// after its header, in the same write (writev on TCP).
+const copyMax = 32 << 10
 
 // frameCost is what a frame counts against MaxInflightBytes beside its
 // payload: its header and the bookkeeping of its handler.
@@ -450,7 +464,14 @@ func (sc *serverConn) send(f wire.Frame, cost int) {
 		return
 	}
 	var err error
-	if sc.wbuf, err = wire.AppendFrame(sc.wbuf, f, sc.s.cfg.MaxFrameBytes); err != nil {
+	if len(f.Payload) > copyMax {
+		if sc.wbuf, err = wire.AppendFrameHeader(sc.wbuf, f, sc.s.cfg.MaxFrameBytes); err == nil {
+			sc.wbig = append(sc.wbig, bigPart{at: len(sc.wbuf), p: f.Payload})
+		}
+	} else {
+		sc.wbuf, err = wire.AppendFrame(sc.wbuf, f, sc.s.cfg.MaxFrameBytes)
+	}
+	if err != nil {
 		sc.wmu.Unlock()
 		sc.release(cost)
 		sc.failWrite(err) // handle checked the size: cannot happen
@@ -462,20 +483,21 @@ func (sc *serverConn) send(f wire.Frame, cost int) {
 		return
 	}
 	sc.writing = true
-	if len(sc.wbuf) < yieldBelow && len(sc.slots) > 1 { // others run: see yieldBelow
+	if len(sc.wbuf) < yieldBelow && len(sc.wbig) == 0 && len(sc.slots) > 1 { // others run: see yieldBelow
 		sc.wmu.Unlock()
 		runtime.Gosched()
 		sc.wmu.Lock()
 	}
 	for len(sc.wbuf) > 0 {
-		b, n := sc.wbuf, sc.wcost
-		sc.wbuf, sc.wcost = sc.wspare[:0], 0
-		sc.wspare = nil
+		b, big, n := sc.wbuf, sc.wbig, sc.wcost
+		sc.wbuf, sc.wbig, sc.wcost = sc.wspare[:0], sc.wbspare[:0], 0
+		sc.wspare, sc.wbspare = nil, nil
 		sc.wmu.Unlock()
 		err := sc.c.SetWriteDeadline(time.Now().Add(sc.s.cfg.WriteTimeout))
 		if err == nil {
-			_, err = sc.c.Write(b)
+			err = sc.writeParts(b, big)
 		}
+		clear(big) // the payloads are the handlers' garbage now
 		sc.release(n)
 		if err != nil {
 			sc.failWrite(err)
@@ -486,6 +508,7 @@ func (sc *serverConn) send(f wire.Frame, cost int) {
 		if cap(b) <= wbufKeep {
 			sc.wspare = b
 		}
+		sc.wbspare = big
 		if err != nil {
 			// The frames queued meanwhile are not written: their callers
 			// learn that the connection broke.
@@ -499,6 +522,28 @@ func (sc *serverConn) send(f wire.Frame, cost int) {
 	}
 	sc.writing = false
 	sc.wmu.Unlock()
+}
+
+// writeParts writes b with big's payloads in their places.
+func (sc *serverConn) writeParts(b []byte, big []bigPart) error {
+	if len(big) == 0 {
+		_, err := sc.c.Write(b)
+		return err
+	}
+	bufs := make(net.Buffers, 0, 2*len(big)+1)
+	at := 0
+	for _, p := range big {
+		bufs = append(bufs, b[at:p.at], p.p)
+		at = p.at
+	}
+	if at < len(b) {
+		bufs = append(bufs, b[at:])
+	}
+	// The embedded net.Conn, not the *transport.Conn: WriteTo writes a
+	// TCP connection's parts with one writev only to a *net.TCPConn
+	// (others, as TLS, get a Write per part).
+	_, err := bufs.WriteTo(sc.c.Conn)
+	return err
 }
 
 // failWrite closes the connection after a failed write.
