@@ -152,7 +152,7 @@ func (c *Client) call(ctx context.Context, stop <-chan struct{}, op uint16, req 
 			ch = make(chan reply, 1)
 		}
 		if err := cn.register(id, ch); err != nil {
-			c.chans.Put(ch) // nobody else saw it
+			c.chans.Put(ch)   // nobody else saw it
 			if attempt == 0 { // broke before this call used it: nothing was sent
 				continue
 			}

@@ -429,3 +429,30 @@ func TestClient_IdleTimeout(t *testing.T) {
 		t.Fatalf("%d dials, want 2", d)
 	}
 }
+
+// TestServer_CombinedReplies: replies combined into one write, small ones
+// copied and large ones (over copyMax) written from the handler's buffer,
+// each reach their own call whole, whatever their sizes and order.
+func TestServer_CombinedReplies(t *testing.T) {
+	r := newRPCNode(t, ServerConfig{}, ClientConfig{})
+	sizes := []int{0, 10, copyMax, copyMax + 1, 200 << 10}
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				req := make([]byte, sizes[(g+i)%len(sizes)])
+				for k := range req {
+					req[k] = byte(g*31 + i*7 + k)
+				}
+				resp, err := r.client.Call(ctxT(t), opEcho, req)
+				if err != nil || !bytes.Equal(resp, req) {
+					t.Errorf("call %d/%d of %d bytes: %d bytes back, %v", g, i, len(req), len(resp), err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
