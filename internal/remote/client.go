@@ -42,8 +42,8 @@ type ClientConfig struct {
 // Client calls one peer over one connection at a time: it dials on the
 // first call, and again on the first call after the connection broke.
 // Concurrent calls are pipelined on the connection, each frame carrying a
-// request id; a writer goroutine writes them in turn and a reader goroutine
-// hands each reply to its call. Safe for concurrent use.
+// request id; a writer goroutine writes them in turn (those ready together
+// in one write) and a reader goroutine hands each reply to its call. Safe for concurrent use.
 //
 // Lock order: Client.mu, then clientConn.mu. A Client with no call for
 // IdleTimeout closes its connection.

@@ -456,3 +456,30 @@ func TestServer_CombinedReplies(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestServer_RepliesDoNotWaitForHandlers: a reply is written while other
+// handlers of its connection still run (a long poll, here one blocked
+// until its call gives up): no reply waits for a batch to fill.
+func TestServer_RepliesDoNotWaitForHandlers(t *testing.T) {
+	r := newRPCNode(t, ServerConfig{}, ClientConfig{})
+	ctx, cancel := context.WithCancel(ctxT(t))
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.client.Call(ctx, opBlock, nil)
+		done <- err
+	}()
+	waitFor(t, "the blocked handler to run", func() bool { return r.arrived.Load() == 1 })
+	start := time.Now()
+	for i := range 200 {
+		if resp, err := r.client.Call(ctxT(t), opEcho, []byte{byte(i)}); err != nil || len(resp) != 1 || resp[0] != byte(i) {
+			t.Fatalf("echo %d: %x, %v", i, resp, err)
+		}
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("200 echoes beside a blocked handler took %v", d)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("blocked call: %v, want context.Canceled", err)
+	}
+}

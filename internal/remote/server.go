@@ -22,8 +22,10 @@ import (
 // wire as its code and message (RegisterError). ctx is cancelled when the
 // connection or the server closes, or the caller gave up (its cancel frame
 // arrived). peer is the node id the connection proved. req is the
-// handler's; it must not be used once the handler returns, and resp is not
-// modified by the server.
+// handler's; it must not be used once the handler returns. resp is not
+// modified by the server, which may still read it after the handler
+// returned (a large one is written from where it is, in a later write):
+// the handler must not modify it then.
 type Handler func(ctx context.Context, peer string, req []byte) (resp []byte, err error)
 
 // Defaults of ServerConfig's zero values.
