@@ -2,7 +2,9 @@ package remote
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,8 +42,8 @@ type ClientConfig struct {
 // Client calls one peer over one connection at a time: it dials on the
 // first call, and again on the first call after the connection broke.
 // Concurrent calls are pipelined on the connection, each frame carrying a
-// request id; a writer goroutine writes them in turn and a reader goroutine
-// hands each reply to its call. Safe for concurrent use.
+// request id; a writer goroutine writes them in turn (those ready together
+// in one write) and a reader goroutine hands each reply to its call. Safe for concurrent use.
 //
 // Lock order: Client.mu, then clientConn.mu. A Client with no call for
 // IdleTimeout closes its connection.
@@ -53,6 +55,10 @@ type Client struct {
 	wg     sync.WaitGroup
 	nextID atomic.Uint64
 	bufs   sync.Pool // *[]byte request frames
+	chans  sync.Pool // chan reply, empty: a call's
+	// replies holds *[]byte reply payloads given back by the internal
+	// callers that decoded them (Partition): Call's caller keeps its own.
+	replies sync.Pool
 
 	mu      sync.Mutex
 	cn      *clientConn // guarded by mu: the connection, nil when none
@@ -114,33 +120,57 @@ func (c *Client) goFunc(fn func()) {
 // Call returns ErrClosed. req is copied into the request's frame before
 // Call returns: the caller may reuse it then, however the call ended.
 func (c *Client) Call(ctx context.Context, op uint16, req []byte) ([]byte, error) {
+	resp, _, err := c.call(ctx, nil, op, req)
+	return resp, err
+}
+
+// errStopped is what a call ended by its stop channel returns.
+var errStopped = errors.New("remote: call stopped")
+
+// call is Call, also ended (with errStopped) when stop is closed, as by
+// ctx: a Partition passes its Close's channel, instead of deriving a ctx
+// that its Close cancels (a context and an AfterFunc per call). resp is
+// in *buf: a caller done with resp may give buf back (putReply).
+func (c *Client) call(ctx context.Context, stop <-chan struct{}, op uint16, req []byte) (resp []byte, buf *[]byte, err error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if op < FirstOp {
-		return nil, fmt.Errorf("remote: call of reserved op %d", op)
+		return nil, nil, fmt.Errorf("remote: call of reserved op %d", op)
 	}
 	if n := wire.FrameHeaderSize + len(req); n > c.cfg.MaxFrameBytes {
-		return nil, fmt.Errorf("%w: request of %d bytes, limit %d", wire.ErrFrameTooLarge, n, c.cfg.MaxFrameBytes)
+		return nil, nil, fmt.Errorf("%w: request of %d bytes, limit %d", wire.ErrFrameTooLarge, n, c.cfg.MaxFrameBytes)
 	}
 	for attempt := 0; ; attempt++ {
-		cn, err := c.conn(ctx)
+		cn, err := c.conn(ctx, stop)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		id := c.nextID.Add(1)
-		ch := make(chan reply, 1)
+		ch, _ := c.chans.Get().(chan reply)
+		if ch == nil {
+			ch = make(chan reply, 1)
+		}
 		if err := cn.register(id, ch); err != nil {
+			c.chans.Put(ch)   // nobody else saw it
 			if attempt == 0 { // broke before this call used it: nothing was sent
 				continue
 			}
-			return nil, err
+			return nil, nil, err
 		}
-		return c.roundTrip(ctx, cn, id, op, req, ch)
+		return c.roundTrip(ctx, stop, cn, id, op, req, ch)
 	}
 }
 
-func (c *Client) roundTrip(ctx context.Context, cn *clientConn, id uint64, op uint16, req []byte, ch chan reply) ([]byte, error) {
+// ended is the error of a call ended by ctx or stop.
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errStopped
+}
+
+func (c *Client) roundTrip(ctx context.Context, stop <-chan struct{}, cn *clientConn, id uint64, op uint16, req []byte, ch chan reply) ([]byte, *[]byte, error) {
 	bp, _ := c.bufs.Get().(*[]byte)
 	if bp == nil {
 		bp = new([]byte)
@@ -151,22 +181,44 @@ func (c *Client) roundTrip(ctx context.Context, cn *clientConn, id uint64, op ui
 	case <-ctx.Done():
 		cn.unregister(id)
 		c.putBuf(bp)
-		return nil, ctx.Err()
+		return nil, nil, ended(ctx)
+	case <-stop:
+		cn.unregister(id)
+		c.putBuf(bp)
+		return nil, nil, ended(ctx)
 	case <-cn.done:
 		c.putBuf(bp)
-		return nil, cn.failure() // not written
+		return nil, nil, cn.failure() // not written
 	}
 	select {
 	case r := <-ch:
-		return r.payload, r.err
+		// Whoever sent r took ch out of pending first: nothing else
+		// sends on it, and it is empty, so another call may use it.
+		c.chans.Put(ch)
+		return r.payload, r.buf, r.err
 	case <-ctx.Done():
-		if cn.unregister(id) {
-			select {
-			case cn.cancels <- id:
-			default: // the writer is behind: the handler runs to its end
-			}
+	case <-stop:
+	}
+	// ch is dropped, not pooled: the reader or fail may still send its
+	// reply.
+	if cn.unregister(id) {
+		select {
+		case cn.cancels <- id:
+		default: // the writer is behind: the handler runs to its end
 		}
-		return nil, ctx.Err()
+	}
+	return nil, nil, ended(ctx)
+}
+
+// replyKeep is the largest reply buffer given back to the pool: a Fetch
+// reply's size (DefaultFlowBytes) and some.
+const replyKeep = 2 << 20
+
+// putReply gives back the buffer of a reply whose payload is no longer
+// used (nil: none).
+func (c *Client) putReply(bp *[]byte) {
+	if bp != nil && cap(*bp) <= replyKeep {
+		c.replies.Put(bp)
 	}
 }
 
@@ -177,7 +229,7 @@ func (c *Client) putBuf(bp *[]byte) {
 }
 
 // conn returns the connection, dialing it if there is none.
-func (c *Client) conn(ctx context.Context) (*clientConn, error) {
+func (c *Client) conn(ctx context.Context, stop <-chan struct{}) (*clientConn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -204,6 +256,8 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 		return d.cn, d.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-stop:
+		return nil, ended(ctx)
 	}
 }
 
@@ -263,6 +317,7 @@ func (c *Client) Close() error {
 // reply is what a call receives.
 type reply struct {
 	payload []byte
+	buf     *[]byte // payload's buffer, from Client.replies
 	err     error
 }
 
@@ -345,15 +400,21 @@ func (cn *clientConn) readLoop() {
 		if ch == nil {
 			continue // its call gave up
 		}
-		ch <- frameReply(f)
+		bp, _ := cn.c.replies.Get().(*[]byte)
+		ch <- frameReply(f, bp)
 	}
 }
 
-// frameReply turns a reply frame into what its call returns.
-func frameReply(f wire.Frame) reply {
+// frameReply turns a reply frame into what its call returns; a payload is
+// copied into *bp (a new buffer if bp is nil), which the reply carries.
+func frameReply(f wire.Frame, bp *[]byte) reply {
 	switch f.Op {
 	case opReply:
-		return reply{payload: append([]byte{}, f.Payload...)}
+		if bp == nil {
+			bp = new([]byte)
+		}
+		*bp = append((*bp)[:0], f.Payload...)
+		return reply{payload: *bp, buf: bp}
 	case opError:
 		e, err := decodeError(f.Payload)
 		if err != nil {
@@ -385,7 +446,7 @@ func (cn *clientConn) closeIdle() bool {
 }
 
 func (cn *clientConn) writeLoop() {
-	var cbuf []byte
+	var wbuf []byte
 	idle := time.NewTimer(cn.c.cfg.IdleTimeout)
 	defer idle.Stop()
 	for {
@@ -398,19 +459,60 @@ func (cn *clientConn) writeLoop() {
 			idle.Reset(cn.c.cfg.IdleTimeout)
 		case bp := <-cn.reqs:
 			idle.Reset(cn.c.cfg.IdleTimeout)
-			err = cn.write(*bp)
+			wbuf = cn.gather(append(wbuf[:0], *bp...))
 			cn.c.putBuf(bp)
+			err = cn.write(wbuf)
 		case id := <-cn.cancels:
-			cbuf, _ = wire.AppendFrame(cbuf[:0], wire.Frame{ReqID: id, Op: opCancel}, cn.c.cfg.MaxFrameBytes)
-			err = cn.write(cbuf)
+			wbuf = cn.gather(cn.appendCancel(wbuf[:0], id))
+			err = cn.write(wbuf)
 		case <-cn.done:
 			return
+		}
+		if cap(wbuf) > wbufKeep {
+			wbuf = nil
 		}
 		if err != nil {
 			cn.fail(fmt.Errorf("%w: write: %w", ErrUnavailable, err))
 			return
 		}
 	}
+}
+
+// gather appends to b the requests and cancels that are ready, up to
+// wbufKeep bytes, so that the calls that came while the writer wrote go
+// out in one write. It waits for none: a call is never held back for
+// others.
+func (cn *clientConn) gather(b []byte) []byte {
+	if len(b) < yieldBelow && cn.others() {
+		runtime.Gosched()
+	}
+	for len(b) < wbufKeep {
+		select {
+		case bp := <-cn.reqs:
+			b = append(b, *bp...)
+			cn.c.putBuf(bp)
+		case id := <-cn.cancels:
+			b = cn.appendCancel(b, id)
+		default:
+			return b
+		}
+	}
+	return b
+}
+
+// others reports that more than one call is pending: the writer's yield
+// lets the others' callers, whose replies came, send their next request
+// in its write. A lone call has nobody to wait for, and a yield costs a
+// trip through the scheduler.
+func (cn *clientConn) others() bool {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	return len(cn.pending) > 1
+}
+
+func (cn *clientConn) appendCancel(b []byte, id uint64) []byte {
+	b, _ = wire.AppendFrame(b, wire.Frame{ReqID: id, Op: opCancel}, cn.c.cfg.MaxFrameBytes)
+	return b
 }
 
 func (cn *clientConn) write(b []byte) error {

@@ -160,7 +160,7 @@ func FuzzDecodeError(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, op int, b []byte) {
 		var r reply
-		fuzzseed.CheckAlloc(t, len(b), func() { r = frameReply(wire.Frame{Op: uint16(op), Payload: b}) })
+		fuzzseed.CheckAlloc(t, len(b), func() { r = frameReply(wire.Frame{Op: uint16(op), Payload: b}, nil) })
 		switch {
 		case uint16(op) == opReply:
 			if r.err != nil || string(r.payload) != string(b) {

@@ -3,6 +3,7 @@ package remote
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/zeze-go/mq/store"
@@ -173,21 +174,32 @@ func appendReply(dst []byte, op uint16, a *partResp, budget int) (out []byte, n 
 		dst = appendStats(dst, a.stats)
 	case OpFetch:
 		dst = appendStats(dst, a.stats)
-		var body []byte
+		// The messages go straight into dst, grown once to about their
+		// size (a reply is up to a frame: growing it by appends copied it
+		// several times), after room for their count, which takes the
+		// bytes of len(a.msgs)'s and is moved only if n's takes fewer.
+		dst = slices.Grow(dst, fetchEstimate(a.msgs, budget))
+		cnt := len(dst)
+		dst = binary.AppendUvarint(dst, uint64(len(a.msgs)))
+		body := len(dst)
 		for i := range a.msgs {
-			before := len(body)
-			body = appendMessage(body, &a.msgs[i])
-			if len(dst)-start+binary.MaxVarintLen64+len(body) > budget {
+			before := len(dst)
+			dst = appendMessage(dst, &a.msgs[i])
+			if len(dst)-start > budget {
 				if n == 0 {
-					return dst[:start], 0, tooLarge(a.msgs[i].Offset, len(body), budget)
+					return dst[:start], 0, tooLarge(a.msgs[i].Offset, len(dst)-before, budget)
 				}
-				body = body[:before]
+				dst = dst[:before]
 				break
 			}
 			n++
 		}
-		dst = binary.AppendUvarint(dst, uint64(n))
-		dst = append(dst, body...)
+		var l [binary.MaxVarintLen64]byte
+		k := binary.PutUvarint(l[:], uint64(n))
+		copy(dst[cnt:], l[:k])
+		if cnt+k < body {
+			dst = append(dst[:cnt+k], dst[body:]...)
+		}
 	case OpGet:
 		dst = appendBool(dst, a.ok)
 		if a.ok {
@@ -225,6 +237,20 @@ func appendReply(dst []byte, op uint16, a *partResp, budget int) (out []byte, n 
 		dst = append(dst, byte(a.decision))
 	}
 	return dst, n, nil
+}
+
+// fetchEstimate is about the bytes msgs take in a Fetch reply, at most
+// budget.
+func fetchEstimate(msgs []store.Message, budget int) int {
+	n := binary.MaxVarintLen64
+	for i := range msgs {
+		m := &msgs[i]
+		n += len(m.Body) + len(m.ID) + len(m.Key) + 64
+		if n >= budget {
+			return budget
+		}
+	}
+	return n
 }
 
 func tooLarge(off uint64, n, budget int) error {

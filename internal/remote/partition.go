@@ -82,46 +82,50 @@ func NewPartition(c *Client, topic string, index int, cfg PartitionConfig) *Part
 // context.DeadlineExceeded, ctx with ctx.Err(). A read (idempotent)
 // is tried again once when the connection broke, as the peer closes idle
 // connections.
-func (p *Partition) call(ctx context.Context, op uint16, req []byte, timeout time.Duration, idempotent bool) ([]byte, error) {
+//
+// The reply is in *buf: give it back to the client (putReply) once decoded
+// (every decoder copies what it keeps).
+func (p *Partition) call(ctx context.Context, op uint16, req []byte, timeout time.Duration, idempotent bool) (resp []byte, buf *[]byte, err error) {
 	if p.ctx.Err() != nil {
-		return nil, store.ErrClosed
+		return nil, nil, store.ErrClosed
 	}
-	var cctx context.Context
-	var cancel context.CancelFunc
+	// Close ends the call through the stop channel: no context derived
+	// per call for it (Apply, the sends' path, derives none).
+	cctx := ctx
 	if timeout > 0 {
+		var cancel context.CancelFunc
 		cctx, cancel = context.WithTimeout(ctx, timeout)
-	} else {
-		cctx, cancel = context.WithCancel(ctx)
+		defer cancel()
 	}
-	defer cancel()
-	defer context.AfterFunc(p.ctx, cancel)()
-	resp, err := p.c.Call(cctx, op, req)
-	if err != nil && idempotent && errors.Is(err, ErrUnavailable) && cctx.Err() == nil {
-		resp, err = p.c.Call(cctx, op, req)
+	stop := p.ctx.Done()
+	resp, buf, err = p.c.call(cctx, stop, op, req)
+	if err != nil && idempotent && errors.Is(err, ErrUnavailable) && cctx.Err() == nil && p.ctx.Err() == nil {
+		resp, buf, err = p.c.call(cctx, stop, op, req)
 	}
 	switch {
 	case err == nil:
-		return resp, nil
+		return resp, buf, nil
 	case p.ctx.Err() != nil, errors.Is(err, ErrClosed):
-		return nil, store.ErrClosed
+		return nil, nil, store.ErrClosed
 	case ctx.Err() != nil:
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	case cctx.Err() != nil: // our timeout, not the caller's
-		return nil, fmt.Errorf("%s/%d: %w: no reply in %v: %w", p.topic, p.index, ErrUnavailable, timeout, err)
+		return nil, nil, fmt.Errorf("%s/%d: %w: no reply in %v: %w", p.topic, p.index, ErrUnavailable, timeout, err)
 	case errors.Is(err, ErrUnavailable):
-		return nil, fmt.Errorf("%s/%d: %w", p.topic, p.index, err)
+		return nil, nil, fmt.Errorf("%s/%d: %w", p.topic, p.index, err)
 	}
-	return nil, err
+	return nil, nil, err
 }
 
 // do sends request r of op and decodes the reply, appending Fetch's and
 // Get's messages to dst.
 func (p *Partition) do(ctx context.Context, op uint16, r *partReq, timeout time.Duration, idempotent bool, dst []store.Message) (*partResp, error) {
 	r.topic, r.index = p.topic, p.index
-	resp, err := p.call(ctx, op, appendRequest(nil, op, r), timeout, idempotent)
+	resp, buf, err := p.call(ctx, op, appendRequest(nil, op, r), timeout, idempotent)
 	if err != nil {
 		return nil, err
 	}
+	defer p.c.putReply(buf)
 	return decodeReply(op, resp, dst)
 }
 
@@ -159,11 +163,12 @@ func (p *Partition) Apply(ctx context.Context, cmd *store.Command) (store.Result
 	if n := wire.FrameHeaderSize + len(*bp); n > p.c.MaxFrameBytes() {
 		return store.Result{}, fmt.Errorf("%w: command of %d bytes over the frame limit %d: %w", store.ErrTooLarge, n, p.c.MaxFrameBytes(), wire.ErrFrameTooLarge)
 	}
-	resp, err := p.call(ctx, OpApply, *bp, 0, false)
+	resp, buf, err := p.call(ctx, OpApply, *bp, 0, false)
 	if err != nil {
 		return store.Result{}, err
 	}
 	a, err := decodeReply(OpApply, resp, nil)
+	p.c.putReply(buf)
 	if err != nil {
 		return store.Result{}, err
 	}

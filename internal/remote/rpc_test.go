@@ -429,3 +429,57 @@ func TestClient_IdleTimeout(t *testing.T) {
 		t.Fatalf("%d dials, want 2", d)
 	}
 }
+
+// TestServer_CombinedReplies: replies combined into one write, small ones
+// copied and large ones (over copyMax) written from the handler's buffer,
+// each reach their own call whole, whatever their sizes and order.
+func TestServer_CombinedReplies(t *testing.T) {
+	r := newRPCNode(t, ServerConfig{}, ClientConfig{})
+	sizes := []int{0, 10, copyMax, copyMax + 1, 200 << 10}
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				req := make([]byte, sizes[(g+i)%len(sizes)])
+				for k := range req {
+					req[k] = byte(g*31 + i*7 + k)
+				}
+				resp, err := r.client.Call(ctxT(t), opEcho, req)
+				if err != nil || !bytes.Equal(resp, req) {
+					t.Errorf("call %d/%d of %d bytes: %d bytes back, %v", g, i, len(req), len(resp), err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// TestServer_RepliesDoNotWaitForHandlers: a reply is written while other
+// handlers of its connection still run (a long poll, here one blocked
+// until its call gives up): no reply waits for a batch to fill.
+func TestServer_RepliesDoNotWaitForHandlers(t *testing.T) {
+	r := newRPCNode(t, ServerConfig{}, ClientConfig{})
+	ctx, cancel := context.WithCancel(ctxT(t))
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.client.Call(ctx, opBlock, nil)
+		done <- err
+	}()
+	waitFor(t, "the blocked handler to run", func() bool { return r.arrived.Load() == 1 })
+	start := time.Now()
+	for i := range 200 {
+		if resp, err := r.client.Call(ctxT(t), opEcho, []byte{byte(i)}); err != nil || len(resp) != 1 || resp[0] != byte(i) {
+			t.Fatalf("echo %d: %x, %v", i, resp, err)
+		}
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("200 echoes beside a blocked handler took %v", d)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("blocked call: %v, want context.Canceled", err)
+	}
+}

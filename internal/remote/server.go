@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,8 +22,10 @@ import (
 // wire as its code and message (RegisterError). ctx is cancelled when the
 // connection or the server closes, or the caller gave up (its cancel frame
 // arrived). peer is the node id the connection proved. req is the
-// handler's; it must not be used once the handler returns, and resp is not
-// modified by the server.
+// handler's; it must not be used once the handler returns. resp is not
+// modified by the server, which may still read it after the handler
+// returned (a large one is written from where it is, in a later write):
+// the handler must not modify it then.
 type Handler func(ctx context.Context, peer string, req []byte) (resp []byte, err error)
 
 // Defaults of ServerConfig's zero values.
@@ -221,16 +224,48 @@ type serverConn struct {
 
 	mu       sync.Mutex
 	inflight int                 // guarded by mu: bytes of requests and replies held
-	room     chan struct{}       // guarded by mu: closed when inflight drops
+	room     chan struct{}       // guarded by mu: closed when inflight drops; nil unless the reader waits
 	running  map[uint64]*request // guarded by mu: by request id
 
-	wmu  sync.Mutex
-	wbuf []byte // guarded by wmu
+	// Replies are combined: a handler whose reply is ready while another
+	// handler writes appends it to wbuf and returns, and the writing
+	// handler writes it next, with all the others that came meanwhile, in
+	// one write. No reply waits for others to come: the writer writes what
+	// is there as soon as its write before ended.
+	wmu     sync.Mutex
+	wbuf    []byte    // guarded by wmu: reply frames not yet written
+	wbig    []bigPart // guarded by wmu: their payloads not copied into wbuf
+	wcost   int       // guarded by wmu: what they count in inflight
+	wspare  []byte    // guarded by wmu: the buffer of the write before, for reuse
+	wbspare []bigPart // guarded by wmu: likewise
+	writing bool      // guarded by wmu: a handler is writing wbuf's frames
+	wfailed bool      // guarded by wmu: a write failed; the connection is closed
 }
+
+// bigPart is a reply payload larger than copyMax, written from where the
+// handler left it after wbuf[:at] (its header).
+type bigPart struct {
+	at int
+	p  []byte
+}
+
+// copyMax is the largest payload copied into a connection's write buffer:
+// a larger one (a Fetch reply) is written from the handler's buffer,
+// after its header, in the same write (writev on TCP).
+const copyMax = 32 << 10
 
 // frameCost is what a frame counts against MaxInflightBytes beside its
 // payload: its header and the bookkeeping of its handler.
 const frameCost = 4 + wire.FrameHeaderSize + 256
+
+// yieldBelow: a writer with fewer bytes than this to write, and other
+// calls or handlers in flight, lets the goroutines that are ready run
+// first (runtime.Gosched, no timer), as they are often calls or handlers
+// about to add a frame to its write (replies of one group commit, the
+// next requests of the callers those replies woke). It never waits for
+// one that is not ready: there is no Nagle-like delay. Alone, it does not
+// yield: a yield is a trip through the scheduler for nothing.
+const yieldBelow = 16 << 10
 
 // wbufKeep is the largest write buffer a connection keeps between replies.
 const wbufKeep = 64 << 10
@@ -241,7 +276,6 @@ func (s *Server) newConn(c *transport.Conn) *serverConn {
 		c:       c,
 		peer:    c.PeerID(),
 		slots:   make(chan struct{}, s.cfg.MaxConcurrent),
-		room:    make(chan struct{}),
 		running: make(map[uint64]*request),
 	}
 	sc.ctx, sc.cancel = context.WithCancel(s.ctx)
@@ -331,6 +365,10 @@ func (sc *serverConn) waitRoom() (waited, ok bool) {
 			return waited, true
 		}
 		room := sc.room
+		if room == nil {
+			room = make(chan struct{})
+			sc.room = room
+		}
 		sc.mu.Unlock()
 		waited = true
 		select {
@@ -341,12 +379,14 @@ func (sc *serverConn) waitRoom() (waited, ok bool) {
 	}
 }
 
-// release returns n bytes of inflight and wakes the reader.
+// release returns n bytes of inflight and wakes the reader if it waits.
 func (sc *serverConn) release(n int) {
 	sc.mu.Lock()
 	sc.inflight -= n
-	close(sc.room)
-	sc.room = make(chan struct{})
+	if sc.room != nil {
+		close(sc.room)
+		sc.room = nil
+	}
 	sc.mu.Unlock()
 }
 
@@ -379,12 +419,13 @@ func (sc *serverConn) handle(ctx context.Context, r *request, req []byte) {
 	}
 	sc.inflight += len(resp)
 	sc.mu.Unlock()
-	defer sc.release(r.cost + len(resp))
+	cost := r.cost + len(resp) // released once the reply is written
 	if sc.ctx.Err() != nil {
 		// The connection or the server is closing: a handler that ended
 		// because of it has no answer, and the caller learns that the
 		// outcome is unknown (ErrUnavailable) rather than a ctx error of
 		// ours.
+		sc.release(cost)
 		return
 	}
 	f := wire.Frame{ReqID: id, Op: opReply, Payload: resp}
@@ -394,7 +435,7 @@ func (sc *serverConn) handle(ctx context.Context, r *request, req []byte) {
 		err := fmt.Errorf("%w: reply of %d bytes to op %d, limit %d", wire.ErrFrameTooLarge, len(resp), op, sc.s.cfg.MaxFrameBytes)
 		f = wire.Frame{ReqID: id, Op: opError, Payload: appendError(nil, err)}
 	}
-	sc.write(f)
+	sc.send(f, cost)
 }
 
 // call runs op's handler, containing its panic: one request must not stop
@@ -413,28 +454,107 @@ func (sc *serverConn) call(ctx context.Context, op uint16, req []byte) (resp []b
 	return h(ctx, sc.peer, req)
 }
 
-// write writes f; a failure closes the connection.
-func (sc *serverConn) write(f wire.Frame) {
+// send queues f, whose handler counted cost in inflight, and writes it
+// unless another handler is writing: then that one writes it, in its next
+// write. cost is released when f is written (or dropped, the connection
+// having failed). A failure closes the connection.
+func (sc *serverConn) send(f wire.Frame, cost int) {
 	sc.wmu.Lock()
-	defer sc.wmu.Unlock()
-	var err error
-	if sc.wbuf, err = wire.AppendFrame(sc.wbuf[:0], f, sc.s.cfg.MaxFrameBytes); err == nil {
-		if err = sc.c.SetWriteDeadline(time.Now().Add(sc.s.cfg.WriteTimeout)); err == nil {
-			_, err = sc.c.Write(sc.wbuf)
-		}
-	}
-	if cap(sc.wbuf) > wbufKeep {
-		sc.wbuf = nil
-	}
-	if err != nil {
-		if sc.ctx.Err() == nil {
-			sc.s.cfg.Logger.Warn("remote: write", "peer", sc.peer, "err", err)
-		}
-		sc.cancel()
-		sc.c.Close()
+	if sc.wfailed {
+		sc.wmu.Unlock()
+		sc.release(cost)
 		return
 	}
-	sc.lastWrite.Store(time.Now().UnixNano())
+	var err error
+	if len(f.Payload) > copyMax {
+		if sc.wbuf, err = wire.AppendFrameHeader(sc.wbuf, f, sc.s.cfg.MaxFrameBytes); err == nil {
+			sc.wbig = append(sc.wbig, bigPart{at: len(sc.wbuf), p: f.Payload})
+		}
+	} else {
+		sc.wbuf, err = wire.AppendFrame(sc.wbuf, f, sc.s.cfg.MaxFrameBytes)
+	}
+	if err != nil {
+		sc.wmu.Unlock()
+		sc.release(cost)
+		sc.failWrite(err) // handle checked the size: cannot happen
+		return
+	}
+	sc.wcost += cost
+	if sc.writing {
+		sc.wmu.Unlock()
+		return
+	}
+	sc.writing = true
+	if len(sc.wbuf) < yieldBelow && len(sc.wbig) == 0 && len(sc.slots) > 1 { // others run: see yieldBelow
+		sc.wmu.Unlock()
+		runtime.Gosched()
+		sc.wmu.Lock()
+	}
+	for len(sc.wbuf) > 0 {
+		b, big, n := sc.wbuf, sc.wbig, sc.wcost
+		sc.wbuf, sc.wbig, sc.wcost = sc.wspare[:0], sc.wbspare[:0], 0
+		sc.wspare, sc.wbspare = nil, nil
+		sc.wmu.Unlock()
+		err := sc.c.SetWriteDeadline(time.Now().Add(sc.s.cfg.WriteTimeout))
+		if err == nil {
+			err = sc.writeParts(b, big)
+		}
+		clear(big) // the payloads are the handlers' garbage now
+		sc.release(n)
+		if err != nil {
+			sc.failWrite(err)
+		} else {
+			sc.lastWrite.Store(time.Now().UnixNano())
+		}
+		sc.wmu.Lock()
+		if cap(b) <= wbufKeep {
+			sc.wspare = b
+		}
+		sc.wbspare = big
+		if err != nil {
+			// The frames queued meanwhile are not written: their callers
+			// learn that the connection broke.
+			dropped := sc.wcost
+			sc.wfailed, sc.writing = true, false
+			sc.wbuf, sc.wcost = nil, 0
+			sc.wmu.Unlock()
+			sc.release(dropped)
+			return
+		}
+	}
+	sc.writing = false
+	sc.wmu.Unlock()
+}
+
+// writeParts writes b with big's payloads in their places.
+func (sc *serverConn) writeParts(b []byte, big []bigPart) error {
+	if len(big) == 0 {
+		_, err := sc.c.Write(b)
+		return err
+	}
+	bufs := make(net.Buffers, 0, 2*len(big)+1)
+	at := 0
+	for _, p := range big {
+		bufs = append(bufs, b[at:p.at], p.p)
+		at = p.at
+	}
+	if at < len(b) {
+		bufs = append(bufs, b[at:])
+	}
+	// The embedded net.Conn, not the *transport.Conn: WriteTo writes a
+	// TCP connection's parts with one writev only to a *net.TCPConn
+	// (others, as TLS, get a Write per part).
+	_, err := bufs.WriteTo(sc.c.Conn)
+	return err
+}
+
+// failWrite closes the connection after a failed write.
+func (sc *serverConn) failWrite(err error) {
+	if sc.ctx.Err() == nil {
+		sc.s.cfg.Logger.Warn("remote: write", "peer", sc.peer, "err", err)
+	}
+	sc.cancel()
+	sc.c.Close()
 }
 
 // deadlineReader reads a connection under the server's deadlines: between

@@ -49,14 +49,25 @@ type Frame struct {
 // AppendFrame appends f's encoding to dst. It returns ErrFrameTooLarge,
 // leaving dst as it was, if the frame's length would exceed max.
 func AppendFrame(dst []byte, f Frame, max int) ([]byte, error) {
+	dst, err := AppendFrameHeader(dst, f, max)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, f.Payload...), nil
+}
+
+// AppendFrameHeader appends the header of f to dst: its length (counting
+// f.Payload) and the fields before the payload, which the caller writes
+// after it, so that a large payload need not be copied next to its
+// header. It returns ErrFrameTooLarge as AppendFrame does.
+func AppendFrameHeader(dst []byte, f Frame, max int) ([]byte, error) {
 	n := FrameHeaderSize + len(f.Payload)
 	if n > max || uint64(n) > 1<<32-1 {
 		return dst, fmt.Errorf("%w: %d bytes, limit %d", ErrFrameTooLarge, n, max)
 	}
 	dst = binary.BigEndian.AppendUint32(dst, uint32(n))
 	dst = binary.BigEndian.AppendUint64(dst, f.ReqID)
-	dst = binary.BigEndian.AppendUint16(dst, f.Op)
-	return append(dst, f.Payload...), nil
+	return binary.BigEndian.AppendUint16(dst, f.Op), nil
 }
 
 // FrameReader reads frames from a stream into one buffer that it reuses:

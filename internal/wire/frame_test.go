@@ -116,6 +116,16 @@ func TestAppendFrame(t *testing.T) {
 			t.Fatalf("%q, %v; want x, ErrFrameTooLarge", b, err)
 		}
 	})
+	t.Run("Header", func(t *testing.T) {
+		b, err := AppendFrameHeader([]byte("x"), Frame{0x0102030405060708, 0x0a0b, []byte("pq")}, 12)
+		want := []byte("x\x00\x00\x00\x0c\x01\x02\x03\x04\x05\x06\x07\x08\x0a\x0b")
+		if err != nil || !bytes.Equal(b, want) {
+			t.Fatalf("%x, %v; want %x", b, err, want)
+		}
+		if b, err := AppendFrameHeader([]byte("x"), Frame{Payload: []byte("pqr")}, 12); !errors.Is(err, ErrFrameTooLarge) || string(b) != "x" {
+			t.Fatalf("%q, %v; want x, ErrFrameTooLarge", b, err)
+		}
+	})
 }
 
 // FuzzReadFrame: the frame reader never panics, allocates about what it
