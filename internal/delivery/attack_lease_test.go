@@ -188,7 +188,6 @@ func (s *skewed) Apply(ctx context.Context, cmd *store.Command) (store.Result, e
 	return s.Partition.Apply(ctx, cmd)
 }
 
-
 // TestAttack_LeaseClockStepBack attacks "a partition is never left
 // undelivered forever while a live consumer of its group exists".
 //

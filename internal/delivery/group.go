@@ -35,7 +35,7 @@ type Consumer struct {
 // once; a Concurrent consumer also consumes the group's retry topic.
 func (e *Engine) Subscribe(topic, groupName string, h Handler, cfg Config) (*Consumer, error) {
 	if meta.IsSystemTopic(topic) {
-		if err := e.topics.EnsureSystem(e.ctx, topic); err != nil {
+		if err := e.topics.EnsureSystem(context.Background(), topic); err != nil {
 			return nil, err
 		}
 	}
@@ -45,7 +45,7 @@ func (e *Engine) Subscribe(topic, groupName string, h Handler, cfg Config) (*Con
 	}
 	rt := meta.RetryPrefix + groupName
 	if cfg.Concurrent { // before anything is delivered: a failure leaves nothing behind
-		if err := e.topics.EnsureSystem(e.ctx, rt); err != nil {
+		if err := e.topics.EnsureSystem(context.Background(), rt); err != nil {
 			return nil, err
 		}
 	}
