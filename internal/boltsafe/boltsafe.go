@@ -131,6 +131,12 @@ func create(path string, o *bolt.Options) error {
 	if err := os.Link(tmp, path); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
+	return SyncDir(dir)
+}
+
+// SyncDir fsyncs directory dir, so that the names created, renamed or
+// removed in it last are durable.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

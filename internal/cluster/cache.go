@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/zeze-go/mq/internal/boltsafe"
 )
 
 // The state cache, <Dir>/state: the last State this node applied, saved
@@ -119,13 +121,5 @@ func replaceFile(path string, b []byte) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return boltsafe.SyncDir(filepath.Dir(path))
 }
