@@ -379,7 +379,7 @@ func TestReview_BlockedCoordinatorKeepsDelivering(t *testing.T) {
 		}
 	}
 	time.Sleep(4 * time.Second)
-	// firstLast is n1's first and n3's last delivery.
+	// firstLast is n1's first and n3's last delivery, and how many there were.
 	firstLast := func() (firstN1, lastN3 time.Time, n int) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -393,18 +393,20 @@ func TestReview_BlockedCoordinatorKeepsDelivering(t *testing.T) {
 		}
 		return firstN1, lastN3, len(ds)
 	}
+	lastAny := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return ds[len(ds)-1].at
+	}
 	firstN1, lastN3, _ := firstLast()
 	if !firstN1.IsZero() && lastN3.After(firstN1) {
 		t.Fatalf("n3 still delivered one/0 %v after n1 began to (n1 from %v after the cut, n3 until %v after it)",
 			lastN3.Sub(firstN1).Round(time.Millisecond), firstN1.Sub(cut).Round(time.Millisecond), lastN3.Sub(cut).Round(time.Millisecond))
 	}
-	last := lastN3
-	if firstN1.After(last) {
-		last = firstN1
-	}
-	if time.Since(last) > time.Second {
+	// (Under load n3 may lose its lease during the cut: n1 then takes over.)
+	if last := lastAny(); time.Since(last) > time.Second {
 		t.Fatalf("no delivery in the last %v of the cut (n3 until %v after the cut, n1 from %v): the data path stopped",
-			time.Since(last).Round(time.Millisecond), lastN3.Sub(cut).Round(time.Millisecond), firstN1.Sub(cut).Round(time.Millisecond))
+			time.Since(lastAny()).Round(time.Millisecond), lastN3.Sub(cut).Round(time.Millisecond), firstN1.Sub(cut).Round(time.Millisecond))
 	}
 	t.Logf("during the cut: n3 until %v after it, n1 from %v", lastN3.Sub(cut).Round(time.Millisecond), firstN1.Sub(cut).Round(time.Millisecond))
 	// Healed: n3 learns that it was marked down; one node goes on, n1 (the
