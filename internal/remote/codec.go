@@ -185,25 +185,10 @@ func (d *decoder) stats() store.Stats {
 func appendResult(dst []byte, r *store.Result) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(r.Acks)))
 	for _, a := range r.Acks {
-		dst = binary.AppendUvarint(dst, a.Offset)
-		var f byte
-		if a.Delayed {
-			f |= 1
-		}
-		if a.Duplicate {
-			f |= 2
-		}
-		dst = append(dst, f)
+		dst = append(binary.AppendUvarint(dst, a.Offset), flags(a.Delayed, a.Duplicate))
 	}
 	dst = binary.AppendUvarint(dst, uint64(max(r.Count, 0)))
-	var f byte
-	if r.More {
-		f |= 1
-	}
-	if r.Found {
-		f |= 2
-	}
-	dst = append(dst, f, byte(r.Previous))
+	dst = append(dst, flags(r.More, r.Found), byte(r.Previous))
 	dst = binary.AppendUvarint(dst, r.Offset)
 	return binary.AppendUvarint(dst, r.Generation)
 }
@@ -213,18 +198,11 @@ func (d *decoder) result() store.Result {
 	n := d.count(2) // an ack takes two bytes at least
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		off := d.uvarint()
-		f := d.byte()
-		if f > 3 {
-			d.fail(fmt.Errorf("ack flags %#x", f))
-		}
-		r.Acks = append(r.Acks, store.Ack{Offset: off, Delayed: f&1 != 0, Duplicate: f&2 != 0})
+		delayed, dup := d.flags("ack")
+		r.Acks = append(r.Acks, store.Ack{Offset: off, Delayed: delayed, Duplicate: dup})
 	}
 	r.Count = d.int()
-	f := d.byte()
-	if f > 3 {
-		d.fail(fmt.Errorf("result flags %#x", f))
-	}
-	r.More, r.Found = f&1 != 0, f&2 != 0
+	r.More, r.Found = d.flags("result")
 	r.Previous = store.Decision(d.byte())
 	if r.Previous > store.RolledBack {
 		d.fail(fmt.Errorf("decision %d", r.Previous))
@@ -240,24 +218,34 @@ func appendGroup(dst []byte, g store.GroupState) []byte {
 	dst = binary.AppendUvarint(dst, g.Offset)
 	dst = binary.AppendUvarint(dst, g.Generation)
 	dst = binary.AppendVarint(dst, g.Updated)
+	dst = append(dst, flags(g.Reset, g.Released))
+	return binary.AppendVarint(dst, g.Lease)
+}
+
+// flags is the byte of two flags: 1 for a, 2 for b.
+func flags(a, b bool) byte {
 	var f byte
-	if g.Reset {
+	if a {
 		f |= 1
 	}
-	if g.Released {
+	if b {
 		f |= 2
 	}
-	dst = append(dst, f)
-	return binary.AppendVarint(dst, g.Lease)
+	return f
+}
+
+// flags reads a flags byte (see flags) of what.
+func (d *decoder) flags(what string) (a, b bool) {
+	f := d.byte()
+	if f > 3 {
+		d.fail(fmt.Errorf("%s flags %#x", what, f))
+	}
+	return f&1 != 0, f&2 != 0
 }
 
 func (d *decoder) group() store.GroupState {
 	g := store.GroupState{Offset: d.uvarint(), Generation: d.uvarint(), Updated: d.varint()}
-	f := d.byte()
-	if f&^3 != 0 {
-		d.fail(fmt.Errorf("group flags %#x", f))
-	}
-	g.Reset, g.Released = f&1 != 0, f&2 != 0
+	g.Reset, g.Released = d.flags("group")
 	if g.Lease = d.varint(); g.Lease < 0 {
 		d.fail(fmt.Errorf("group lease %d", g.Lease))
 	}
