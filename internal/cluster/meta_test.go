@@ -29,6 +29,7 @@ type testCluster struct {
 	t       testing.TB
 	session time.Duration
 	mu      sync.Mutex // guards the maps: the heartbeat goroutine reads metas
+	root    string     // made before the cleanup that stops the nodes, so removed after it
 	dirs    map[string]string
 	trans   map[string]*raft.InmemTransport
 	metas   map[string]*Meta
@@ -39,6 +40,7 @@ func newTestCluster(t testing.TB, session time.Duration) *testCluster {
 	c := &testCluster{
 		t:       t,
 		session: session,
+		root:    t.TempDir(),
 		dirs:    map[string]string{},
 		trans:   map[string]*raft.InmemTransport{},
 		metas:   map[string]*Meta{},
@@ -60,7 +62,7 @@ func (c *testCluster) start(id string, bootstrap bool) *Meta {
 	defer c.mu.Unlock()
 	dir, ok := c.dirs[id]
 	if !ok {
-		dir = c.t.TempDir()
+		dir = filepath.Join(c.root, id)
 		c.dirs[id] = dir
 	}
 	_, tr := raft.NewInmemTransport(raft.ServerAddress(id))
