@@ -64,3 +64,25 @@ func FuzzHandshakeListener(f *testing.F) {
 		}
 	})
 }
+
+// FuzzHandshakeDialer: the dialer's side, fed any bytes as the listener's,
+// never panics, allocates little, and never completes (the bytes cannot
+// hold a proof over the dialer's fresh nonce).
+func FuzzHandshakeDialer(f *testing.F) {
+	for _, s := range helloSeeds() {
+		f.Add(s)
+		f.Add(append(s, hsAccept))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var err error
+		fuzzseed.CheckAlloc(t, len(b), func() {
+			_, err = handshakeDialer(fuzzPeer{bytes.NewReader(b)}, nil, "a", secret, ProtoRPC)
+		})
+		if err == nil {
+			t.Fatalf("%x accepted", b)
+		}
+		if len(b) >= listenHelloSize && !errors.Is(err, ErrHandshake) && !errors.Is(err, errMalformed) {
+			t.Fatalf("%x: error %v is neither a failed proof nor malformed", b, err)
+		}
+	})
+}

@@ -728,6 +728,8 @@ func FuzzStreamHeader(f *testing.F) {
 		{}, {0}, {0x80}, {0x80, 0x00}, {0x81, 0x00, 'g'}, {0x80, 0x02}, {0xff, 0x01},
 		{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01},
 		append([]byte{0x80, 0x02}, bytes.Repeat([]byte("x"), 256)...),
+		// The hostile msgpack prefixes every wire decoder is seeded with.
+		[]byte("\xdd\xff\xff\xff\xff"), []byte("\xdf\xff\xff\xff\xff"), []byte("\xdb\xff\xff\xff\xff"), []byte("\xc6\xff\xff\xff\xff"),
 	} {
 		f.Add(s)
 	}
