@@ -3,6 +3,7 @@ package remote
 import (
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"runtime"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zeze-go/mq/internal/testlog"
 	"github.com/zeze-go/mq/internal/transport"
 	"github.com/zeze-go/mq/internal/wire"
 )
@@ -78,58 +80,124 @@ func (r *rpcNode) stillServes(t testing.TB) {
 	}
 }
 
+// hostileAllocSlack is what a refused connection may allocate beyond one
+// frame: the frame reader's 4 KiB buffer, the connection's goroutine and
+// records, the log line, the test's own reads.
+const hostileAllocSlack = 256 << 10
+
+// refusedWith waits for the server's log line about the connection it
+// closed, naming want in its error.
+func refusedWith(t testing.TB, logs *testlog.Lines, want string) {
+	t.Helper()
+	waitFor(t, "the log line of the closed connection", func() bool {
+		return len(logs.Matching("remote: connection closed", "peer=client", want)) > 0
+	})
+	if n := len(logs.Matching("remote: connection closed")); n != 1 {
+		t.Fatalf("%d log lines for one connection:\n%s", n, logs.String())
+	}
+}
+
+// TestServer_Hostile: each hostile input from an authenticated peer gets
+// its connection closed with one log line naming why, allocates at most
+// MaxFrameBytes and a small constant (runtime.MemStats' TotalAlloc over the
+// attack), and the server goes on serving.
 func TestServer_Hostile(t *testing.T) {
 	leakCheck(t)
-	r := newRPCNode(t, ServerConfig{MaxFrameBytes: 1 << 20, ReadTimeout: 500 * time.Millisecond}, ClientConfig{MaxFrameBytes: 1 << 20})
+	const maxFrame = 1 << 20
+	logs := &testlog.Lines{}
+	r := newRPCNode(t, ServerConfig{MaxFrameBytes: maxFrame, ReadTimeout: 500 * time.Millisecond, Logger: slog.New(logs)},
+		ClientConfig{MaxFrameBytes: maxFrame})
 	r.stillServes(t) // the client's connection is the one that stays
-	write := func(t *testing.T, c *transport.Conn, b []byte) {
+	write := func(t testing.TB, c *transport.Conn, b []byte) {
 		t.Helper()
 		if _, err := c.Write(b); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// attack runs fn on a fresh connection, checks the refusal's log
+	// line and what the process allocated meanwhile.
+	attack := func(t *testing.T, want string, fn func(c *transport.Conn)) {
+		t.Helper()
+		c := r.dial()
+		logs.Reset()
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		fn(c)
+		refusedWith(t, logs, want)
+		runtime.ReadMemStats(&after)
+		got := after.TotalAlloc - before.TotalAlloc
+		t.Logf("allocated %d KiB; logged: %s", got>>10, logs.Matching("remote: connection closed")[0])
+		if got > maxFrame+hostileAllocSlack {
+			t.Fatalf("allocated %d bytes, limit MaxFrameBytes+%d", got, hostileAllocSlack)
+		}
+		r.stillServes(t)
+	}
+	random := make([]byte, 64<<10)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for i := range random {
+		random[i] = byte(rnd.Uint32())
+	}
+	var prefixes []byte
+	for _, p := range [][]byte{{0xdd, 0xff, 0xff, 0xff, 0xff}, {0xdf, 0xff, 0xff, 0xff, 0xff}, {0xdb, 0xff, 0xff, 0xff, 0xff}, {0xc6, 0xff, 0xff, 0xff, 0xff}} {
+		for op := OpApply; op <= lastPartOp; op++ {
+			prefixes = append(prefixes, rawFrame(t, 1, op, p)...)
+		}
+	}
+	prefixes = append(prefixes, 0xdd, 0xff, 0xff, 0xff, 0xff) // and as a frame length
 	for _, tc := range []struct {
 		name string
-		in   func(t testing.TB) []byte
+		in   []byte
+		want string // in the log line
 	}{
-		{"OversizedLength", func(testing.TB) []byte { return []byte{0xff, 0xff, 0xff, 0xff, 0, 0} }},
-		{"JustOverLimit", func(testing.TB) []byte { return binary.BigEndian.AppendUint32(nil, 1<<20+1) }},
-		{"ShortLength", func(testing.TB) []byte { return []byte{0, 0, 0, 3, 1, 2, 3} }},
-		{"Random", func(testing.TB) []byte {
-			b := make([]byte, 64<<10)
-			rnd := rand.New(rand.NewPCG(1, 2))
-			for i := range b {
-				b[i] = byte(rnd.Uint32())
-			}
-			return b
-		}},
-		{"MsgpackPrefixes", func(t testing.TB) []byte {
-			var b []byte
-			for _, p := range [][]byte{{0xdd, 0xff, 0xff, 0xff, 0xff}, {0xdf, 0xff, 0xff, 0xff, 0xff}, {0xdb, 0xff, 0xff, 0xff, 0xff}, {0xc6, 0xff, 0xff, 0xff, 0xff}} {
-				for op := OpApply; op <= lastPartOp; op++ {
-					b = append(b, rawFrame(t, 1, op, p)...)
-				}
-			}
-			return append(b, 0xdd, 0xff, 0xff, 0xff, 0xff) // and as a frame length
-		}},
+		{"OversizedLength", []byte{0xff, 0xff, 0xff, 0xff, 0, 0}, "frame too large"},
+		{"JustOverLimit", binary.BigEndian.AppendUint32(nil, maxFrame+1), "frame too large"},
+		{"ShortLength", []byte{0, 0, 0, 3, 1, 2, 3}, "shorter than its header"},
+		{"Random", random, "frame too large"},
+		{"MsgpackPrefixes", prefixes, "frame too large"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := r.dial()
-			write(t, c, tc.in(t))
-			closedByServer(t, c)
-			r.stillServes(t)
+			attack(t, tc.want, func(c *transport.Conn) {
+				write(t, c, tc.in)
+				closedByServer(t, c)
+			})
 		})
 	}
 	t.Run("Truncated", func(t *testing.T) {
-		c := r.dial()
-		write(t, c, rawFrame(t, 1, opEcho, make([]byte, 100))[:20])
-		c.Close()
-		waitFor(t, "the server to drop the connection", func() bool { return r.conns() == 1 })
+		attack(t, "unexpected EOF", func(c *transport.Conn) {
+			write(t, c, rawFrame(t, 1, opEcho, make([]byte, 100))[:20])
+			c.Close()
+			waitFor(t, "the server to drop the connection", func() bool { return r.conns() == 1 })
+		})
 	})
 	t.Run("TruncatedAndStalled", func(t *testing.T) {
-		c := r.dial()
-		write(t, c, rawFrame(t, 1, opEcho, make([]byte, 100))[:20])
-		closedByServer(t, c) // the read timeout
+		attack(t, "timeout", func(c *transport.Conn) {
+			write(t, c, rawFrame(t, 1, opEcho, make([]byte, 100))[:20])
+			closedByServer(t, c) // the read timeout
+		})
+	})
+	t.Run("ByteASecond", func(t *testing.T) {
+		// One byte every 50 ms of a 200-byte frame would take 10 s: the
+		// read timeout (500 ms from the first byte) cuts it.
+		attack(t, "timeout", func(c *transport.Conn) {
+			frame := rawFrame(t, 1, opEcho, make([]byte, 190))
+			done := make(chan int, 1)
+			go func() {
+				n := 0
+				for ; n < len(frame); n++ {
+					if _, err := c.Write(frame[n : n+1]); err != nil {
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				done <- n
+			}()
+			closedByServer(t, c)
+			c.Close()
+			if n := <-done; n == len(frame) {
+				t.Fatal("the whole frame was sent before the server closed")
+			}
+		})
 	})
 	t.Run("UnknownOp", func(t *testing.T) {
 		c := r.dial()
@@ -152,28 +220,6 @@ func TestServer_Hostile(t *testing.T) {
 		got := string(readReply(t, c, fr).Payload) + string(readReply(t, c, fr).Payload)
 		if got != "ab" && got != "ba" {
 			t.Fatalf("replies to a repeated id: %q", got)
-		}
-	})
-	t.Run("ByteASecond", func(t *testing.T) {
-		// One byte every 50 ms of a 200-byte frame would take 10 s: the
-		// read timeout (500 ms from the first byte) cuts it.
-		c := r.dial()
-		frame := rawFrame(t, 1, opEcho, make([]byte, 190))
-		done := make(chan int, 1)
-		go func() {
-			n := 0
-			for ; n < len(frame); n++ {
-				if _, err := c.Write(frame[n : n+1]); err != nil {
-					break
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-			done <- n
-		}()
-		closedByServer(t, c)
-		c.Close()
-		if n := <-done; n == len(frame) {
-			t.Fatal("the whole frame was sent before the server closed")
 		}
 	})
 	r.stillServes(t)

@@ -59,3 +59,10 @@ func (l *Lines) String() string {
 	defer l.mu.Unlock()
 	return strings.Join(l.lines, "\n")
 }
+
+// Reset forgets the lines kept so far.
+func (l *Lines) Reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = nil
+}

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"log/slog"
 	"net"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -23,11 +24,16 @@ func refused(logs *testlog.Lines) []string {
 	return out
 }
 
+// refusalAllocLimit bounds what one refused connection allocates, in the
+// listener and the attacker together: the handshake reads fixed-size
+// messages only, whatever MaxFrameBytes is.
+const refusalAllocLimit = 1 << 20
+
 // TestTransport_RefusalsLogged: every connection the listener refuses
 // (wrong secret, a replayed handshake, bytes that are no handshake, a peer
 // sending a byte at a time, no client certificate, a certificate of another
-// CA or naming another node) leaves one log line naming why, and nothing is
-// accepted.
+// CA or naming another node) leaves one log line naming why, allocates
+// little (runtime.MemStats), and nothing is accepted.
 func TestTransport_RefusalsLogged(t *testing.T) {
 	ca := newCA(t)
 	rawDial := func(t *testing.T, b *Transport) net.Conn {
@@ -101,10 +107,21 @@ func TestTransport_RefusalsLogged(t *testing.T) {
 			}
 			b := listen(t, cfg)
 			acc := accept(t, b, ProtoRPC)
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
 			c.attack(t, b)
 			deadline := time.Now().Add(10 * time.Second)
 			for len(refused(logs)) == 0 && time.Now().Before(deadline) { // the replay's original is not refused
 				time.Sleep(10 * time.Millisecond)
+			}
+			runtime.ReadMemStats(&after)
+			// Both ends of the attack are in this process: the attacker's
+			// transport, TLS and certificates count too.
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > refusalAllocLimit {
+				t.Errorf("the refused attack allocated %d bytes, limit %d", alloc, refusalAllocLimit)
+			} else {
+				t.Logf("allocated %d KiB", alloc>>10)
 			}
 			got := refused(logs)
 			if len(got) == 0 {
