@@ -161,6 +161,55 @@ func TestCluster_Basic(t *testing.T) {
 	waitSeen(t, col, ids...)
 }
 
+// TestCluster_LeaderKilled: AlterMQ on a node that is not the metadata
+// leader is forwarded to it; the leader killed, the two left create a topic
+// within a few election timeouts; the old leader, restarted on its data,
+// rejoins and learns the topic made while it was down.
+func TestCluster_LeaderKilled(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	leader := c.nodes["n1"].ClusterStatus().Leader
+	if c.nodes[leader] == nil {
+		t.Fatalf("leader %q is none of the nodes", leader)
+	}
+	var follower *mq.MQ
+	for id, m := range c.nodes {
+		if id != leader {
+			follower = m
+		}
+	}
+	if err := follower.CreateMQ(ctx, "orders", 2, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := follower.AlterMQ(ctx, "orders", 5); err != nil {
+		t.Fatalf("AlterMQ on a follower: %v", err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "5 partitions on "+id, func() bool { return m.Topics()["orders"] == 5 })
+	}
+
+	c.kill(leader)
+	start := time.Now()
+	if err := follower.CreateMQ(ctx, "after", 1, mq.Options{}); err != nil {
+		t.Fatalf("create after the leader died: %v", err)
+	}
+	took := time.Since(start)
+	t.Logf("created %v after the leader's death", took)
+	// The nodes' election timeout is 200 ms; raft campaigns after one to
+	// two of them. The bound leaves room for a loaded CI machine.
+	if limit := 3 * time.Second; took > limit {
+		t.Fatalf("a topic created %v after the leader's death, limit %v", took, limit)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "the new topic on "+id, func() bool { return m.Topics()["after"] == 1 })
+	}
+
+	back := c.start(leader)
+	c.waitUp(3)
+	waitFor(t, 10*time.Second, "the new topic on the restarted node", func() bool { return back.Topics()["after"] == 1 })
+}
+
 // TestCluster_GroupAcrossNodes: a group's consumers on three nodes share
 // the partitions; one consumer's node killed, its partitions go to the
 // others with no message lost and each key's messages in order; the node
@@ -390,10 +439,9 @@ func TestCluster_TxPreparerDown(t *testing.T) {
 func TestCluster_ACL(t *testing.T) {
 	var logs testlog.Lines
 	c := newClusterWith(t, 2, func(id string) []mq.Option {
-		if id == "n2" {
-			return []mq.Option{mq.WithLogger(slog.New(&logs))}
-		}
-		return nil
+		// Both nodes log here: a refused metadata change is logged by the
+		// metadata leader, which may be either.
+		return []mq.Option{mq.WithLogger(slog.New(&logs))}
 	})
 	ctx := context.Background()
 	n1, n2 := c.nodes["n1"], c.nodes["n2"]
@@ -428,6 +476,8 @@ func TestCluster_ACL(t *testing.T) {
 	denied("n2 grows orders", n2.AlterMQ(ctx, "orders", 4))
 	denied("n2 sets the rules", n2.SetACL(ctx, nil))
 	denied("n2 resets orders", n2.ResetOffset(ctx, "orders", "g", mq.SeekFirst()))
+	_, err = n2.ResolveTx(ctx, "0123456789abcdef-42", mq.TxRollback)
+	denied("n2 resolves a transaction", err)
 	_, err = n2.NewConsumer("audit", "g", mq.ListenerFunc(func(context.Context, string, *mq.Message) error { return nil }))
 	denied("n2 consumes audit", err)
 
@@ -458,8 +508,25 @@ func TestCluster_ACL(t *testing.T) {
 	if err := n1.CreateMQ(ctx, "new", 1, mq.Options{}); err != nil {
 		t.Fatalf("n1 creates a topic: %v", err)
 	}
-	if n := len(logs.Matching("refused by the cluster's ACL", "identity=n2", "topic=orders", "right=produce")); n != 1 {
-		t.Errorf("the refused send logged %d times, want once:\n%s", n, logs.String())
+	// Each refusal once, with n2's identity: the three sends by n2 itself,
+	// and the direct append by n1's partition service (the same words,
+	// another node).
+	for _, r := range []struct {
+		what  string
+		parts []string
+		want  int
+	}{
+		{"the refused sends", []string{"topic=orders", "right=produce"}, 2},
+		{"the refused create", []string{"CreateTopic", "new"}, 1},
+		{"the refused alter", []string{"AlterTopic", "orders"}, 1},
+		{"the refused SetACL", []string{"SetACL"}, 1},
+		{"the refused reset", []string{"topic=orders", "right=admin"}, 1},
+		{"the refused resolve", []string{"topic=*", "right=admin"}, 1},
+		{"the refused consumer", []string{"topic=audit", "right=consume"}, 1},
+	} {
+		if n := len(logs.Matching(append([]string{"refused by the cluster's ACL", "identity=n2"}, r.parts...)...)); n != r.want {
+			t.Errorf("%s logged %d times, want %d:\n%s", r.what, n, r.want, logs.String())
+		}
 	}
 	// Rules off again: n2 may send.
 	if err := n1.SetACL(ctx, nil); err != nil {

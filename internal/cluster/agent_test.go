@@ -25,6 +25,9 @@ type agents struct {
 func noPartitions(string, int) (partition.Partition, error)           { return nil, ErrNoTopic }
 func noTx(context.Context, string, []PartRef) (store.Decision, error) { return store.Undecided, nil }
 
+// agentElection is the agents' raft election timeout.
+const agentElection = 200 * time.Millisecond
+
 func (a *agents) start(id string, seeds ...string) *Agent {
 	a.t.Helper()
 	dir, ok := a.dirs[id]
@@ -33,7 +36,7 @@ func (a *agents) start(id string, seeds ...string) *Agent {
 		a.dirs[id] = dir
 	}
 	ag, err := OpenAgent(AgentConfig{ID: id, Dir: dir, Bind: "127.0.0.1:0", Seeds: seeds, Secret: testSecret,
-		SessionTimeout: time.Second, HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+		SessionTimeout: time.Second, HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: agentElection,
 		LeaderLeaseTimeout: 100 * time.Millisecond, Partitions: noPartitions, CheckTx: noTx, Logger: discardLogger()})
 	if err != nil {
 		a.t.Fatalf("open agent %s: %v", id, err)
@@ -123,7 +126,13 @@ func TestAgent_Cluster(t *testing.T) {
 	if _, err := survivor.Propose(ctx, CreateTopic{Name: "after", Partitions: 2, Type: TypeSingle, Now: time.Now().UnixNano()}); err != nil {
 		t.Fatalf("create after the leader died: %v", err)
 	}
-	t.Logf("created %v after the leader's death", time.Since(start))
+	// A few election timeouts (raft waits one to two of them before it
+	// campaigns); the bound leaves room for a loaded CI machine.
+	took := time.Since(start)
+	t.Logf("created %v after the leader's death", took)
+	if limit := 15 * agentElection; took > limit {
+		t.Fatalf("a topic created %v after the leader's death, limit %v", took, limit)
+	}
 	eventually(t, "the dead leader marked down", func() bool {
 		nd, ok := survivor.Meta().State().Node(oldID)
 		return ok && !nd.Up
