@@ -211,9 +211,10 @@ func TestCluster_LeaderKilled(t *testing.T) {
 }
 
 // TestCluster_GroupAcrossNodes: a group's consumers on three nodes share
-// the partitions; one consumer's node killed, its partitions go to the
-// others with no message lost and each key's messages in order; the node
-// restarted on its data rejoins. The topic is placed before the third node
+// the partitions; one consumer's node killed (cut off, then closed: no
+// LeaveGroup reaches the leader, which marks it down), its partitions go
+// to the others with no message lost and each key's messages in order;
+// the node restarted on its data rejoins. The topic is placed before the third node
 // joins, so that node holds no partition (a Single partition is reachable
 // only while its node lives) and every send succeeds while it is dead.
 func TestCluster_GroupAcrossNodes(t *testing.T) {
@@ -290,10 +291,16 @@ func TestCluster_GroupAcrossNodes(t *testing.T) {
 	send(0, 300)
 	waitFor(t, 20*time.Second, "the first 300 delivered", delivered(300))
 
-	// The node of one consumer dies (not the producer's): its partitions
-	// move to the two others.
+	// The node of one consumer dies (not the producer's) without a word to
+	// the others: cut from them first, its Close reaches no one, so the
+	// metadata leader must mark it down when its session expires; its
+	// partitions move to the two others.
 	victim := "n3"
+	c.isolate(victim, true)
 	c.kill(victim)
+	for _, m := range c.nodes {
+		mq.ReviewSetLinkDown(m, victim, false) // for its restart below
+	}
 	delete(consumers, victim)
 	send(300, 600)
 	waitFor(t, 30*time.Second, "the partitions moved to the two left", func() bool {
@@ -320,6 +327,54 @@ func TestCluster_GroupAcrossNodes(t *testing.T) {
 	defer mu.Unlock()
 	if len(disorder) > 0 {
 		t.Fatalf("per-key order broken: %v", disorder)
+	}
+}
+
+// TestCluster_BroadcastAcrossNodes: broadcasting consumers of one group on
+// two nodes each get every message of every partition, wherever the
+// partition lives, beside a clustering consumer of the same group that
+// gets each once.
+func TestCluster_BroadcastAcrossNodes(t *testing.T) {
+	c := newCluster(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n1, n2 := c.nodes["n1"], c.nodes["n2"]
+	if err := n1.CreateMQ(ctx, "news", 4, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the topic on n2", func() bool { return n2.Topics()["news"] == 4 })
+	nodes := map[string]bool{}
+	for i := range 4 {
+		nodes[mq.PartitionNode(n1, "news", i)] = true
+	}
+	if len(nodes) != 2 {
+		t.Fatalf("partitions on %v, want both nodes", nodes)
+	}
+	a, b, cl := &sink{}, &sink{}, &sink{}
+	consume(t, n1, "news", "g", a, mq.WithBroadcast("node-a"))
+	consume(t, n2, "news", "g", b, mq.WithBroadcast("node-b"))
+	consume(t, n2, "news", "g", cl)
+	p, err := n1.NewProducer("news")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 40
+	for i := range n {
+		if _, err := p.SendMessage(ctx, &mq.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	distinct := func(s *sink) int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		ids := map[string]bool{}
+		for _, m := range s.msgs {
+			ids[m.ID] = true
+		}
+		return len(ids)
+	}
+	for name, s := range map[string]*sink{"broadcast on n1": a, "broadcast on n2": b, "clustering on n2": cl} {
+		waitFor(t, 20*time.Second, name+": every message", func() bool { return distinct(s) == n })
 	}
 }
 
