@@ -3,9 +3,16 @@ package mq_test
 import (
 	"cmp"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/big"
 	"os"
 	"path/filepath"
 	"sync"
@@ -28,6 +35,8 @@ type testCluster struct {
 	seed  string                      // the first node's address
 	opts  func(id string) []mq.Option // more options of node id; nil for none
 	sess  time.Duration               // the nodes' SessionTimeout; 0 for a second
+	// tls gives node id's ServerTLS and ClientTLS; nil for none.
+	tls func(id string) (server, client *tls.Config)
 }
 
 func newCluster(t testing.TB, n int) *testCluster { return newClusterWith(t, n, nil) }
@@ -83,10 +92,14 @@ func (c *testCluster) start(id string) *mq.MQ {
 			}
 		}
 	}
-	opts := []mq.Option{mq.WithCluster(mq.ClusterConfig{
+	cc := mq.ClusterConfig{
 		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret,
 		SessionTimeout: cmp.Or(c.sess, time.Second), ElectionTimeout: 200 * time.Millisecond,
-	})}
+	}
+	if c.tls != nil {
+		cc.ServerTLS, cc.ClientTLS = c.tls(id)
+	}
+	opts := []mq.Option{mq.WithCluster(cc)}
 	if c.opts != nil {
 		opts = append(opts, c.opts(id)...)
 	}
@@ -208,6 +221,88 @@ func TestCluster_LeaderKilled(t *testing.T) {
 	back := c.start(leader)
 	c.waitUp(3)
 	waitFor(t, 10*time.Second, "the new topic on the restarted node", func() bool { return back.Topics()["after"] == 1 })
+}
+
+// testCerts makes a CA and, per node id, a certificate naming it (its DNS
+// SAN), usable as ServerTLS and ClientTLS.
+func testCerts(t testing.TB) func(id string) (server, client *tls.Config) {
+	t.Helper()
+	key := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	caKey := key()
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test cluster CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	var mu sync.Mutex
+	serial := int64(1)
+	return func(id string) (*tls.Config, *tls.Config) {
+		mu.Lock()
+		serial++
+		n := serial
+		mu.Unlock()
+		k := key()
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(n), Subject: pkix.Name{CommonName: id}, DNSNames: []string{id},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
+		return &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool},
+			&tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool}
+	}
+}
+
+// TestCluster_TLS: a cluster whose links are all mutual TLS (WithCluster's
+// ServerTLS and ClientTLS, each node's certificate naming its id) forms,
+// places a topic on both nodes, and carries sends and a group's
+// deliveries across them.
+func TestCluster_TLS(t *testing.T) {
+	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, tls: testCerts(t)}
+	c.startAll(2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n1, n2 := c.nodes["n1"], c.nodes["n2"]
+	if err := n2.CreateMQ(ctx, "orders", 4, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the topic on n1", func() bool { return n1.Topics()["orders"] == 4 })
+	placed := map[string]bool{}
+	for i := range 4 {
+		placed[mq.PartitionNode(n1, "orders", i)] = true
+	}
+	if !placed["n1"] || !placed["n2"] {
+		t.Fatalf("partitions on %v, want both nodes", placed)
+	}
+	p, err := n1.NewProducer("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := range 4 {
+		msg := (&mq.Message{ID: fmt.Sprintf("m-%d", i), Body: []byte("x")}).ToPartition(i)
+		if _, err := p.SendMessage(ctx, msg); err != nil {
+			t.Fatalf("send to partition %d (on %s): %v", i, mq.PartitionNode(n1, "orders", i), err)
+		}
+		ids = append(ids, msg.ID)
+	}
+	waitSeen(t, collect(t, n2, "orders", "billing"), ids...)
 }
 
 // TestCluster_GroupAcrossNodes: a group's consumers on three nodes share
