@@ -175,8 +175,11 @@ func (cn *clusterNode) served(topic string, i int) (partition.Partition, error) 
 // authorize is the ACL of the partition service: what a node asks of a
 // partition stored here needs the right its own calls would. Commands only
 // a partition's own node proposes (upkeep, counting check-backs) are
-// refused from others.
-func (cn *clusterNode) authorize(peer, topic string, op uint16, cmd store.Op) error {
+// refused from others. Deciding a transaction needs Produce when the
+// caller prepared it (it is named as the half messages' producer, which a
+// prepare must name truly), Admin otherwise; a reset needs Admin, as
+// ResetOffset and Seek do where they start.
+func (cn *clusterNode) authorize(peer, topic string, index int, op uint16, cmd *store.Command) error {
 	if meta.IsSystemTopic(topic) {
 		return nil
 	}
@@ -191,18 +194,47 @@ func (cn *clusterNode) authorize(peer, topic string, op uint16, cmd store.Op) er
 		}
 		return fmt.Errorf("%w: %v", cluster.ErrDenied, cn.allowed(peer, topic, Produce))
 	case op != remote.OpApply:
-	case cmd == store.OpAppend || cmd == store.OpPrepare || cmd == store.OpCommitTx || cmd == store.OpRollbackTx:
+	case cmd.Op == store.OpPrepare && cmd.Producer != peer:
+		return fmt.Errorf("%w: %s prepares half messages as %q", cluster.ErrDenied, peer, cmd.Producer)
+	case cmd.Op == store.OpCommitTx || cmd.Op == store.OpRollbackTx:
 		right = Produce
-	case cmd == store.OpDeleteGroup:
+		if cn.agent.Meta().State().Allowed(peer, topic, cluster.Rights(Admin)) {
+			return nil
+		}
+		producer, ok, err := cn.halfProducer(topic, index, cmd.TxID)
+		if err != nil {
+			return err
+		}
+		if ok && producer != peer {
+			return fmt.Errorf("%w: %s decides transaction %s of %s: %v", cluster.ErrDenied, peer, cmd.TxID, producer,
+				cn.allowed(peer, topic, Admin))
+		}
+	case cmd.Op == store.OpAppend || cmd.Op == store.OpPrepare:
+		right = Produce
+	case cmd.Op == store.OpDeleteGroup || cmd.Op == store.OpResetOffset:
 		right = Admin
-	case cmd == store.OpClaim || cmd == store.OpCommitOffset || cmd == store.OpUnclaim || cmd == store.OpRenew || cmd == store.OpResetOffset: // a reset: ResetOffset (Admin, checked where it starts) or a consumer's Seek
+	case cmd.Op == store.OpClaim || cmd.Op == store.OpCommitOffset || cmd.Op == store.OpUnclaim || cmd.Op == store.OpRenew:
 	default:
-		return fmt.Errorf("%w: op %d is proposed by the partition's own node only", cluster.ErrDenied, cmd)
+		return fmt.Errorf("%w: op %d is proposed by the partition's own node only", cluster.ErrDenied, cmd.Op)
 	}
 	if err := cn.allowed(peer, topic, right); err != nil {
 		return fmt.Errorf("%w: %v", cluster.ErrDenied, err) // a code the caller's node maps back to ErrDenied
 	}
 	return nil
+}
+
+// halfProducer returns the producer of txid's half messages in partition
+// index of topic, stored here, and whether there are any.
+func (cn *clusterNode) halfProducer(topic string, index int, txid string) (string, bool, error) {
+	t, ok := cn.m.topics.Get(topic)
+	if !ok || index < 0 || index >= len(t.Parts) {
+		return "", false, nil // the lookup that follows answers
+	}
+	l, local := t.Parts[index].(*partition.Local)
+	if !local {
+		return "", false, nil
+	}
+	return l.HalfProducer(txid)
 }
 
 // checkTx answers another node's check-back of a transaction this node

@@ -33,6 +33,7 @@ import (
 
 	"github.com/zeze-go/mq"
 	"github.com/zeze-go/mq/internal/cluster"
+	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/testlog"
 	"github.com/zeze-go/mq/localtx"
 	"github.com/zeze-go/mq/localtx/txtest"
@@ -1102,5 +1103,80 @@ func TestReview_FullRestartSameAddresses(t *testing.T) {
 			}
 		}
 		t.Fatalf("20 s after a full restart at the same addresses: %v\nthe logs: %q", st, sample)
+	}
+}
+
+// TestReview_PartitionNodeChecksAdminRights: the partition service asks of
+// a node calling it directly what the API asks where a call starts. A node
+// with Produce and Consume on t but not Admin can neither reset a group
+// (ResetOffset and Seek need Admin), decide a transaction another node
+// prepared, nor prepare one in another node's name; it decides its own.
+// Before the check, the service asked only Consume of a reset and Produce
+// of any decision.
+func TestReview_PartitionNodeChecksAdminRights(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx := context.Background()
+	n1 := c.nodes["n1"]
+	if err := n1.CreateMQ(ctx, "t", 1, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	home := mq.PartitionNode(n1, "t", 0)
+	var others []string // the other two: a producer without Admin, and one with it
+	for _, id := range []string{"n1", "n2", "n3"} {
+		if id != home {
+			others = append(others, id)
+		}
+	}
+	plain, admin := others[0], others[1]
+	if err := n1.SetACL(ctx, []mq.ACLRule{{Identity: home, Topic: "*", Rights: mq.Produce | mq.Consume | mq.Admin},
+		{Identity: admin, Topic: "*", Rights: mq.Produce | mq.Consume | mq.Admin},
+		{Identity: plain, Topic: "t", Rights: mq.Produce | mq.Consume}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"n1", "n2", "n3"} {
+		waitFor(t, 10*time.Second, "rules on "+id, func() bool { return len(c.nodes[id].ACL()) == 3 })
+	}
+	rpPlain, err := mq.ReviewRemotePartition(c.nodes[plain], home, "t", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rpPlain.Close()
+	rpAdmin, err := mq.ReviewRemotePartition(c.nodes[admin], home, "t", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rpAdmin.Close()
+	prepare := func(rp partition.Partition, txid, producer string) error {
+		_, err := rp.Apply(ctx, &store.Command{Op: store.OpPrepare, TxID: txid, Producer: producer,
+			Msgs: []store.Message{{ID: txid + "-m", Body: []byte("half")}}})
+		return err
+	}
+	if err := prepare(rpAdmin, "tx-admin", admin); err != nil {
+		t.Fatalf("%s prepares its own: %v", admin, err)
+	}
+	for _, cmd := range []*store.Command{
+		{Op: store.OpResetOffset, Group: "billing", Offset: 0},
+		{Op: store.OpCommitTx, TxID: "tx-admin"},
+		{Op: store.OpRollbackTx, TxID: "tx-admin"},
+		{Op: store.OpPrepare, TxID: "tx-forged", Producer: admin, Msgs: []store.Message{{Body: []byte("x")}}},
+	} {
+		if _, err := rpPlain.Apply(ctx, cmd); !errors.Is(err, cluster.ErrDenied) {
+			t.Errorf("%s: op %d through RPC: %v, want ErrDenied", plain, cmd.Op, err)
+		}
+	}
+	if err := prepare(rpPlain, "tx-plain", plain); err != nil {
+		t.Fatalf("%s prepares its own: %v", plain, err)
+	}
+	if res, err := rpPlain.Apply(ctx, &store.Command{Op: store.OpCommitTx, TxID: "tx-plain"}); err != nil || res.Count != 1 {
+		t.Fatalf("%s commits its own: %+v, %v", plain, res, err)
+	}
+	if res, err := rpAdmin.Apply(ctx, &store.Command{Op: store.OpRollbackTx, TxID: "tx-admin"}); err != nil || res.Count != 1 {
+		t.Fatalf("%s (Admin) rolls back: %+v, %v", admin, res, err)
+	}
+	if _, err := rpAdmin.Apply(ctx, &store.Command{Op: store.OpResetOffset, Group: "billing", Offset: 0}); err != nil {
+		t.Fatalf("%s (Admin) resets: %v", admin, err)
+	}
+	if m, err := n1.ReadMessage(ctx, "t", 0, 0); err != nil || m.ID != "tx-plain-m" {
+		t.Fatalf("offset 0: %+v, %v; want the committed tx-plain-m", m, err)
 	}
 }

@@ -375,6 +375,25 @@ func (p *Partition) HalfTxs(fn func(HalfTx) bool) error {
 	return nil
 }
 
+// HalfProducer returns the producer recorded with the undecided half
+// messages of txid here, and whether there are any.
+func (p *Partition) HalfProducer(txid string) (producer string, ok bool, err error) {
+	s := p.snapshot()
+	err = p.view(func(tx *bolt.Tx) error {
+		v := s.lookup(tx, bHalf, txid)
+		if v == nil {
+			return nil
+		}
+		h, err := decodeHalf(v)
+		if err != nil {
+			return fmt.Errorf("%s: %s: %w", p.path, txid, err)
+		}
+		producer, ok = h.Producer, true
+		return nil
+	})
+	return producer, ok, err
+}
+
 // Decision returns the recorded decision for txid (Undecided if none, or if
 // it was pruned after its time to live).
 func (p *Partition) Decision(txid string) (Decision, error) {

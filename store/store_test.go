@@ -466,8 +466,17 @@ func TestPartition_Transactions(t *testing.T) {
 		}
 		equal(t, "HalfTxs", halves(t, p), []store.HalfTx{{TxID: "tx1", Producer: "node-1", FirstSeen: t0, Messages: 3}})
 		equal(t, "decision before commit", decision(t, p, "tx1"), store.Undecided)
+		if prod, ok, err := p.HalfProducer("tx1"); err != nil || !ok || prod != "node-1" {
+			t.Fatalf("HalfProducer(tx1) before commit: %q, %v, %v", prod, ok, err)
+		}
+		if _, ok, err := p.HalfProducer("tx2"); err != nil || ok {
+			t.Fatalf("HalfProducer(tx2), never prepared: %v, %v", ok, err)
+		}
 
 		c := apply(t, p, &store.Command{Op: store.OpCommitTx, Now: t0 + sec, TxID: "tx1", Msgs: []store.Message{msg("outbox")}})
+		if _, ok, err := p.HalfProducer("tx1"); err != nil || ok {
+			t.Fatalf("HalfProducer(tx1) after commit: %v, %v", ok, err)
+		}
 		equal(t, "commit acks", offsetsOf(c.Acks), []uint64{1, 2, 3, 4})
 		if c.Count != 4 || c.Previous != store.Undecided {
 			t.Fatalf("commit Count, Previous = %d, %v", c.Count, c.Previous)

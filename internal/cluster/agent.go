@@ -48,7 +48,7 @@ type AgentConfig struct {
 	Partitions func(topic string, index int) (partition.Partition, error)
 	// Authorize, unless nil, says whether node peer may make a partition
 	// request (remote.ServePartitions) on topic.
-	Authorize func(peer, topic string, op uint16, cmd store.Op) error
+	Authorize func(peer, topic string, index int, op uint16, cmd *store.Command) error
 	// CheckTx answers another node's check-back of a transaction this
 	// node prepared, whose half messages it holds in parts: the decision,
 	// or store.Undecided while it runs.

@@ -18,10 +18,10 @@ import (
 // clock, this node being the proposer.
 //
 // authorize, unless nil, is asked first whether peer may make the request:
-// op, and for OpApply the command's op (0 otherwise), on topic; its error
-// is the call's.
+// op on partition index of topic, with the command for OpApply (nil
+// otherwise); its error is the call's.
 func ServePartitions(s *Server, lookup func(topic string, index int) (partition.Partition, error),
-	authorize func(peer, topic string, op uint16, cmd store.Op) error) {
+	authorize func(peer, topic string, index int, op uint16, cmd *store.Command) error) {
 	sv := &service{lookup: lookup, authorize: authorize, budget: s.MaxFrameBytes() - wire.FrameHeaderSize - replyReserve}
 	for op := OpApply; op <= lastPartOp; op++ {
 		s.Handle(op, func(ctx context.Context, peer string, req []byte) ([]byte, error) {
@@ -32,7 +32,7 @@ func ServePartitions(s *Server, lookup func(topic string, index int) (partition.
 
 type service struct {
 	lookup    func(topic string, index int) (partition.Partition, error)
-	authorize func(peer, topic string, op uint16, cmd store.Op) error
+	authorize func(peer, topic string, index int, op uint16, cmd *store.Command) error
 	budget    int // the bytes a reply's payload may take
 }
 
@@ -42,11 +42,11 @@ func (sv *service) serve(ctx context.Context, peer string, op uint16, b []byte) 
 		return nil, err
 	}
 	if sv.authorize != nil {
-		var cmd store.Op
+		var cmd *store.Command
 		if op == OpApply {
-			cmd = r.cmd.Op
+			cmd = r.cmd
 		}
-		if err := sv.authorize(peer, r.topic, op, cmd); err != nil {
+		if err := sv.authorize(peer, r.topic, r.index, op, cmd); err != nil {
 			return nil, err
 		}
 	}
