@@ -170,8 +170,9 @@ type MQ struct {
 	wg     sync.WaitGroup // background goroutines
 
 	// topics is read without a lock (every send does); adminMu serializes
-	// its changes (CreateMQ, AlterMQ) and Close, which opens no file while
-	// a change is half done. Order: adminMu before mu.
+	// its changes (CreateMQ, AlterMQ, a cluster's sync) and Close, which
+	// opens no file while a change is half done. docs/DESIGN.md §3 has the
+	// lock order.
 	topics  *partition.Table
 	adminMu sync.Mutex
 	closed  atomic.Bool
@@ -188,8 +189,11 @@ type MQ struct {
 // release, retention); the write-ahead log runs a writer and a segment
 // pre-allocator; the transaction engine runs its check-back loop and its
 // forgetter; each partition a consumer owns runs one delivery goroutine
-// (see NewConsumer). Close stops them all and waits (docs/DESIGN.md §3 has
-// the order).
+// (see NewConsumer). With WithCluster the node also runs its cluster agent
+// (the metadata raft group, sessions, the port and RPC), the loop that
+// keeps the topic table in step with the metadata group and the consumer
+// groups' coordinator. Close stops them all and waits (docs/DESIGN.md §3
+// lists them and the order).
 //
 // The topic table is kept in dir/meta.db. Open rebuilds a missing or empty
 // one from the topic directories (dir/topics/<topic>/<i>.db) and says so in
@@ -616,7 +620,7 @@ func (r localRouter) partitions(name string) (Options, []partition.Partition, er
 
 // ReadMessage returns the message stored at offset in one partition of
 // topic, without a consumer and without touching any group's offset. It is
-// meant for inspection (mqadmin, tests): consumers read in order and are
+// meant for inspection (an operator's tool, tests): consumers read in order and are
 // faster for bulk reads.
 //
 // It returns ErrNoTopic, ErrInvalidPartition (partition out of range),

@@ -151,6 +151,9 @@ type Options struct {
 }
 
 // Partition is one partition file. It is safe for concurrent use.
+//
+// Lock order: closeMu and mu are taken alone; neither is held while
+// calling the WAL (whose done callbacks take mu).
 type Partition struct {
 	db   *bolt.DB
 	path string
