@@ -69,7 +69,7 @@ type txConfig struct {
 	checkAfter time.Duration
 	maxChecks  int
 	stores     []localtx.Store
-	// testHook, set only by tests (transaction_export_test.go), is
+	// testHook, set only by tests (export_test.go), is
 	// txn.Config.TestHook.
 	testHook func(point, txid string)
 
