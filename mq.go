@@ -157,11 +157,10 @@ const MaxPartitions = meta.MaxPartitions
 // MQ is a node: the topics stored in one directory. It is safe for
 // concurrent use.
 type MQ struct {
-	dir    string
-	cfg    config
-	meta   *meta.Store
-	wal    *store.WAL
-	router router
+	dir  string
+	cfg  config
+	meta *meta.Store
+	wal  *store.WAL
 
 	upkeep upkeep.Config
 
@@ -225,7 +224,6 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 		cancel: cancel,
 		topics: partition.NewTable(nil),
 	}
-	m.router = localRouter{m}
 	m.upkeep = upkeep.Config{Clock: cfg.clock, Retention: cfg.retention, RetentionBytes: cfg.retentionBytes,
 		DedupWindow: cfg.dedupWindow, DecisionTTL: cfg.decisionTTL, Interval: cfg.maintenanceInterval,
 		DecideTTL: cfg.tx.prune.DecideTTL, BroadcastTTL: cfg.broadcastTTL}
@@ -601,17 +599,11 @@ func (m *MQ) maintainPartitions(topic string, first int, parts []partition.Parti
 	}
 }
 
-// router resolves a topic to its partitions. localRouter serves the topics
-// stored by this node; a cluster router will resolve placement through the
-// metadata group and hand out remote or replicated partitions.
-type router interface {
-	partitions(topic string) (Options, []partition.Partition, error)
-}
-
-type localRouter struct{ m *MQ }
-
-func (r localRouter) partitions(name string) (Options, []partition.Partition, error) {
-	t, err := r.m.topic(name)
+// partitions returns topic's options and partitions from the topic table.
+// In a cluster the table holds the partitions placed on other nodes too, as
+// remote partitions (cluster.go), so every caller works the same on both.
+func (m *MQ) partitions(name string) (Options, []partition.Partition, error) {
+	t, err := m.topic(name)
 	if err != nil {
 		return Options{}, nil, err
 	}
@@ -634,7 +626,7 @@ func (m *MQ) ReadMessage(ctx context.Context, topic string, partition int, offse
 	if err := m.allowed(topic, Consume); err != nil {
 		return nil, err
 	}
-	_, parts, err := m.router.partitions(topic)
+	_, parts, err := m.partitions(topic)
 	if err != nil {
 		return nil, err
 	}
