@@ -221,13 +221,13 @@ func (c *Consumer) Topic() string { return c.topic }
 
 // Options returns the topic's options.
 func (c *Consumer) Options() Options {
-	o, _, _ := c.m.router.partitions(c.topic)
+	o, _, _ := c.m.partitions(c.topic)
 	return o
 }
 
 // Partition returns the topic's partition count (0 after the node closes).
 func (c *Consumer) Partition() int {
-	_, parts, _ := c.m.router.partitions(c.topic)
+	_, parts, _ := c.m.partitions(c.topic)
 	return len(parts)
 }
 
@@ -415,7 +415,7 @@ func (m *MQ) RedriveDeadLetters(ctx context.Context, group string) (int, error) 
 type deliveryTopics struct{ m *MQ }
 
 func (t deliveryTopics) Partitions(topic string) ([]delivery.Partition, error) {
-	_, parts, err := t.m.router.partitions(topic)
+	_, parts, err := t.m.partitions(topic)
 	if err != nil {
 		return nil, err
 	}
@@ -438,7 +438,7 @@ const systemTopicWait = 10 * time.Second
 // partition, unless it exists, waiting at most until ctx ends or
 // systemTopicWait passed (then ErrNoQuorum in a cluster).
 func (m *MQ) ensureSystemTopic(ctx context.Context, name string) error {
-	if _, _, err := m.router.partitions(name); err == nil {
+	if _, _, err := m.partitions(name); err == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, systemTopicWait)

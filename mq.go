@@ -157,11 +157,10 @@ const MaxPartitions = meta.MaxPartitions
 // MQ is a node: the topics stored in one directory. It is safe for
 // concurrent use.
 type MQ struct {
-	dir    string
-	cfg    config
-	meta   *meta.Store
-	wal    *store.WAL
-	router router
+	dir  string
+	cfg  config
+	meta *meta.Store
+	wal  *store.WAL
 
 	upkeep upkeep.Config
 
@@ -170,8 +169,9 @@ type MQ struct {
 	wg     sync.WaitGroup // background goroutines
 
 	// topics is read without a lock (every send does); adminMu serializes
-	// its changes (CreateMQ, AlterMQ) and Close, which opens no file while
-	// a change is half done. Order: adminMu before mu.
+	// its changes (CreateMQ, AlterMQ, a cluster's sync) and Close, which
+	// opens no file while a change is half done. docs/DESIGN.md §3 has the
+	// lock order.
 	topics  *partition.Table
 	adminMu sync.Mutex
 	closed  atomic.Bool
@@ -188,8 +188,11 @@ type MQ struct {
 // release, retention); the write-ahead log runs a writer and a segment
 // pre-allocator; the transaction engine runs its check-back loop and its
 // forgetter; each partition a consumer owns runs one delivery goroutine
-// (see NewConsumer). Close stops them all and waits (docs/DESIGN.md §3 has
-// the order).
+// (see NewConsumer). With WithCluster the node also runs its cluster agent
+// (the metadata raft group, sessions, the port and RPC), the loop that
+// keeps the topic table in step with the metadata group and the consumer
+// groups' coordinator. Close stops them all and waits (docs/DESIGN.md §3
+// lists them and the order).
 //
 // The topic table is kept in dir/meta.db. Open rebuilds a missing or empty
 // one from the topic directories (dir/topics/<topic>/<i>.db) and says so in
@@ -221,7 +224,6 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 		cancel: cancel,
 		topics: partition.NewTable(nil),
 	}
-	m.router = localRouter{m}
 	m.upkeep = upkeep.Config{Clock: cfg.clock, Retention: cfg.retention, RetentionBytes: cfg.retentionBytes,
 		DedupWindow: cfg.dedupWindow, DecisionTTL: cfg.decisionTTL, Interval: cfg.maintenanceInterval,
 		DecideTTL: cfg.tx.prune.DecideTTL, BroadcastTTL: cfg.broadcastTTL}
@@ -597,17 +599,11 @@ func (m *MQ) maintainPartitions(topic string, first int, parts []partition.Parti
 	}
 }
 
-// router resolves a topic to its partitions. localRouter serves the topics
-// stored by this node; a cluster router will resolve placement through the
-// metadata group and hand out remote or replicated partitions.
-type router interface {
-	partitions(topic string) (Options, []partition.Partition, error)
-}
-
-type localRouter struct{ m *MQ }
-
-func (r localRouter) partitions(name string) (Options, []partition.Partition, error) {
-	t, err := r.m.topic(name)
+// partitions returns topic's options and partitions from the topic table.
+// In a cluster the table holds the partitions placed on other nodes too, as
+// remote partitions (cluster.go), so every caller works the same on both.
+func (m *MQ) partitions(name string) (Options, []partition.Partition, error) {
+	t, err := m.topic(name)
 	if err != nil {
 		return Options{}, nil, err
 	}
@@ -616,7 +612,7 @@ func (r localRouter) partitions(name string) (Options, []partition.Partition, er
 
 // ReadMessage returns the message stored at offset in one partition of
 // topic, without a consumer and without touching any group's offset. It is
-// meant for inspection (mqadmin, tests): consumers read in order and are
+// meant for inspection (an operator's tool, tests): consumers read in order and are
 // faster for bulk reads.
 //
 // It returns ErrNoTopic, ErrInvalidPartition (partition out of range),
@@ -630,7 +626,7 @@ func (m *MQ) ReadMessage(ctx context.Context, topic string, partition int, offse
 	if err := m.allowed(topic, Consume); err != nil {
 		return nil, err
 	}
-	_, parts, err := m.router.partitions(topic)
+	_, parts, err := m.partitions(topic)
 	if err != nil {
 		return nil, err
 	}

@@ -112,7 +112,7 @@ type Producer struct {
 
 // NewProducer returns a producer for topic, or ErrNoTopic.
 func (m *MQ) NewProducer(topic string, opts ...ProducerOption) (*Producer, error) {
-	if _, _, err := m.router.partitions(topic); err != nil {
+	if _, _, err := m.partitions(topic); err != nil {
 		return nil, err
 	}
 	p := &Producer{m: m, topic: topic}
@@ -132,13 +132,13 @@ func (p *Producer) Name() string { return p.topic }
 
 // Options returns the topic's options.
 func (p *Producer) Options() Options {
-	o, _, _ := p.m.router.partitions(p.topic)
+	o, _, _ := p.m.partitions(p.topic)
 	return o
 }
 
 // Partition returns the topic's current partition count (0 after Close).
 func (p *Producer) Partition() int {
-	_, parts, _ := p.m.router.partitions(p.topic)
+	_, parts, _ := p.m.partitions(p.topic)
 	return len(parts)
 }
 
@@ -176,7 +176,7 @@ func (p *Producer) send(ctx context.Context, msgs []*Message, results []SendResu
 	if err := p.m.allowed(p.topic, Produce); err != nil {
 		return err
 	}
-	_, parts, err := p.m.router.partitions(p.topic)
+	_, parts, err := p.m.partitions(p.topic)
 	if err != nil {
 		return err
 	}

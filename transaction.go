@@ -69,7 +69,7 @@ type txConfig struct {
 	checkAfter time.Duration
 	maxChecks  int
 	stores     []localtx.Store
-	// testHook, set only by tests (transaction_export_test.go), is
+	// testHook, set only by tests (export_test.go), is
 	// txn.Config.TestHook.
 	testHook func(point, txid string)
 
@@ -113,7 +113,7 @@ type txTopics struct{ m *MQ }
 func (t txTopics) Topics() map[string]int { return t.m.Topics() }
 
 func (t txTopics) Partition(topic string, i int) (txn.Partition, error) {
-	_, parts, err := t.m.router.partitions(topic)
+	_, parts, err := t.m.partitions(topic)
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +178,7 @@ func (p *Producer) routeTx(msgs []*Message) ([]txn.Message, error) {
 	if err := p.m.allowed(p.topic, Produce); err != nil {
 		return nil, err
 	}
-	_, parts, err := p.m.router.partitions(p.topic)
+	_, parts, err := p.m.partitions(p.topic)
 	if err != nil {
 		return nil, err
 	}

@@ -26,7 +26,6 @@ const (
 )
 
 func (p *Partition) materializer() {
-	defer p.wg.Done()
 	debug.SetPanicOnFault(true) // see run
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()

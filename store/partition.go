@@ -151,6 +151,9 @@ type Options struct {
 }
 
 // Partition is one partition file. It is safe for concurrent use.
+//
+// Lock order: closeMu and mu are taken alone; neither is held while
+// calling the WAL (whose done callbacks take mu).
 type Partition struct {
 	db   *bolt.DB
 	path string
@@ -229,13 +232,11 @@ func Open(path string, opts Options) (*Partition, error) {
 			db.Close()
 			return nil, err
 		}
-		p.wg.Add(1)
-		go p.materializer()
+		p.goFunc(p.materializer)
 	}
 	p.work, p.ackedSt = p.fileSt, p.fileSt
 	p.nextIdx = p.fileSt.Applied + 1
-	p.wg.Add(1)
-	go p.run()
+	p.goFunc(p.run)
 	return p, nil
 }
 
@@ -428,8 +429,17 @@ func (p *Partition) finish(r *request) {
 	p.recycle(r)
 }
 
+// goFunc runs fn, the writer or the materializer, in a goroutine that
+// Close waits for.
+func (p *Partition) goFunc(fn func()) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		fn()
+	}()
+}
+
 func (p *Partition) run() {
-	defer p.wg.Done()
 	debug.SetPanicOnFault(true) // a damaged page read through bbolt's mmap panics instead of crashing (contain)
 	batch := make([]*request, 0, 256)
 	for {

@@ -62,6 +62,9 @@ import (
 // ErrCorrupt, not a torn tail. Segments of format 2 (walMagicV2), written
 // before this rule, are read without it. A torn tail is cut by zeroing it,
 // so that the size stays one the writer synced.
+//
+// Lock order: closeMu (read) before qmu; mu and extMu are taken alone.
+// No lock is held while a done callback runs.
 type WAL struct {
 	dir     string
 	fs      FS

@@ -284,7 +284,8 @@ func readable(orig []byte, i int) bool {
 	return i%64 == 0 || bytes.IndexFunc(orig[i:(i/pageSize+1)*pageSize], func(r rune) bool { return r != 0 }) >= 0
 }
 
-// storeOptions are the bbolt options of store's partition files.
+// storeOptions are the bbolt options store's partition files of format 1
+// were written with: no stored freelist (later ones sync it).
 func storeOptions() *bolt.Options {
 	return &bolt.Options{NoFreelistSync: true, FreelistType: bolt.FreelistMapType}
 }

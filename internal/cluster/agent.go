@@ -177,17 +177,19 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 	n.srv.Handle(opCheckTx, n.handleCheckTx)
 	n.srv.Handle(opAnnounce, n.handleAnnounce)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.wg.Add(2)
-	go func() {
-		defer n.wg.Done()
-		n.sessionLoop()
-	}()
-	go func() {
-		defer n.wg.Done()
-		n.bookLoop()
-	}()
+	n.goFunc(n.sessionLoop)
+	n.goFunc(n.bookLoop)
 	ok = true
 	return n, nil
+}
+
+// goFunc runs fn in a goroutine that Close waits for (it ends with n.ctx).
+func (n *Agent) goFunc(fn func()) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		fn()
+	}()
 }
 
 // raftAddrIsID is the raft address of a node over the RaftMux: its id.

@@ -80,7 +80,7 @@ type Meta struct {
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // the session loop and the waiters of raft futures
+	wg     sync.WaitGroup // the session and cache loops, the waiters of raft futures
 
 	lifeMu sync.Mutex
 	closed bool // guarded by lifeMu; no wg.Add once set
@@ -215,15 +215,8 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 		return nil, err
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	m.wg.Add(2)
-	go func() {
-		defer m.wg.Done()
-		m.sessionLoop()
-	}()
-	go func() {
-		defer m.wg.Done()
-		m.cacheLoop()
-	}()
+	m.goFunc(m.sessionLoop)
+	m.goFunc(m.cacheLoop)
 	return m, nil
 }
 
@@ -257,6 +250,21 @@ func (m *Meta) enter() bool {
 		return false
 	}
 	m.wg.Add(1)
+	return true
+}
+
+// goFunc runs fn in a goroutine that Close waits for, and reports false,
+// running nothing, once Close has begun. It starts the loops; wait, whose
+// raft call must not start once Close has begun, registers its waiter with
+// enter before that call.
+func (m *Meta) goFunc(fn func()) bool {
+	if !m.enter() {
+		return false
+	}
+	go func() {
+		defer m.wg.Done()
+		fn()
+	}()
 	return true
 }
 

@@ -187,6 +187,8 @@ func (s *State) GroupsOn(node string) []GroupKey {
 	return out
 }
 
+// Group returns the record of group on topic, or false when the state has
+// none.
 func (s *State) Group(topic, group string) (Group, bool) {
 	g, ok := s.groups[GroupKey{topic, group}]
 	return g, ok

@@ -502,3 +502,48 @@ func TestEngine_Handoff(t *testing.T) {
 		t.Fatalf("b delivered %s, want %s (from a's committed offset)", got, want)
 	}
 }
+
+// TestEngine_ForgetsGroups: a group is held in memory only while it has
+// consumers or workers. Broadcast instances, and names given only to
+// Reset, leave nothing behind once closed (issue 9, defect 5: every
+// (topic, offset name) ever used stayed for the node's life).
+func TestEngine_ForgetsGroups(t *testing.T) {
+	tb := newTable()
+	p := tb.add("orders", 2)[0]
+	send(t, p, 0, 4)
+	l := newLog()
+	e := newEngine(t, tb)
+	var consumers []*Consumer
+	for _, instance := range []string{"", "i1", "i2"} {
+		cfg := testConfig()
+		cfg.Instance = instance
+		c, err := e.Subscribe("orders", "billing", l.handler("billing@"+instance, nil), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		consumers = append(consumers, c)
+	}
+	if err := e.Reset(context.Background(), "orders", "audit", Position{Kind: PosFirst}); err != nil {
+		t.Fatal(err)
+	}
+	groups := func() int {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return len(e.groups)
+	}
+	if n := groups(); n != 3 {
+		t.Fatalf("%d groups in memory with three open consumers (a group and two instances), want 3", n)
+	}
+	for _, c := range consumers {
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for groups() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d groups still in memory after every consumer closed", groups())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

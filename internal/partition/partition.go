@@ -1,8 +1,8 @@
 // Package partition is the seam between a node's engines (delivery,
 // transactions, upkeep) and the partitions they work on. A partition is
 // anything that applies store commands in one order and answers reads: the
-// local store (Local), an in-memory fake (package fake), and later a client
-// of a partition on another node or a raft group. Each engine declares the
+// local store (Local), an in-memory fake (package fake), a client of a
+// partition on another node (internal/remote), and later a raft group. Each engine declares the
 // few methods it needs as its own interface; Partition is their union, what
 // a topic table holds.
 package partition

@@ -225,6 +225,34 @@ func (t *Transport) Addr() net.Addr { return t.ln.Addr() }
 // NodeID is this node's id.
 func (t *Transport) NodeID() string { return t.cfg.NodeID }
 
+// AcceptEach accepts connections from l and hands each to handle, until l
+// is closed, ctx ends or handle returns false. An accept error that is
+// neither (out of file descriptors and the like) is logged as what and
+// retried after a pause that doubles up to a second.
+func AcceptEach(ctx context.Context, l net.Listener, log *slog.Logger, what string, handle func(net.Conn) bool) {
+	var backoff time.Duration
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) || errors.Is(err, ErrClosed) {
+				return
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			log.Warn(what, "err", err, "retry_in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
+		backoff = 0
+		if !handle(c) {
+			return
+		}
+	}
+}
+
 func (t *Transport) acceptLoop() {
 	AcceptEach(t.ctx, t.ln, t.log, "transport: accept", func(c net.Conn) bool {
 		select {
