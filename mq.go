@@ -590,12 +590,18 @@ func (m *MQ) startMaintenance() {
 }
 
 // maintainPartitions starts the upkeep of parts, the partitions of topic
-// from index first on. CreateMQ and AlterMQ call it for the partitions they
-// add, with m.adminMu held and the node open, so Close waits for what it starts.
+// from index first on, that are stored here: only a partition's own node
+// proposes its upkeep, and learns at once when its log grows. CreateMQ and
+// AlterMQ call it for the partitions they add, with m.adminMu held and the
+// node open, so Close waits for what it starts.
 func (m *MQ) maintainPartitions(topic string, first int, parts []partition.Partition) {
 	for i, p := range parts {
+		l, ok := p.(*partition.Local)
+		if !ok {
+			continue
+		}
 		logger := m.cfg.logger.With("topic", topic, "partition", first+i)
-		m.goFunc(func(ctx context.Context) { upkeep.Run(ctx, p, &m.upkeep, logger) })
+		m.goFunc(func(ctx context.Context) { upkeep.Run(ctx, l, &m.upkeep, logger) })
 	}
 }
 

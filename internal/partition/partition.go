@@ -30,8 +30,6 @@ type Partition interface {
 	Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error)
 	Get(offset uint64) (store.Message, bool, error)
 	Stats() store.Stats
-	// Changed returns a channel closed when the log or delay index grows.
-	Changed() <-chan struct{}
 	Group(name string) (store.GroupState, bool, error)
 	GroupStates() (map[string]store.GroupState, error)
 	SeekTime(t int64) (uint64, error)

@@ -53,9 +53,9 @@
 // the connection broke.
 //
 // A remote Partition runs no upkeep (release, trim): that runs where the
-// partition is. Its Changed is a hint, closed when one of its own Fetch or
-// Apply calls sees growth; Stats, which has no error, returns the last
-// stats it saw when the call fails.
+// partition is, the only place that learns at once of growth (a
+// consumer elsewhere long-polls with Fetch); Stats, which has no error,
+// returns the last stats it saw when the call fails.
 package remote
 
 // The ops of the protocol itself; handlers take FirstOp and above.

@@ -40,9 +40,7 @@ type PartitionConfig struct {
 // Client: every method is one or more calls. Safe for concurrent use.
 //
 // Upkeep (release, trim) never runs on a remote partition: it runs where
-// the partition is. Changed is only a hint, closed when a Fetch or an Apply
-// through this handle sees the log or the delay index grow: a Changed
-// channel does not close for growth nobody here observed.
+// the partition is.
 type Partition struct {
 	c      *Client
 	topic  string
@@ -52,10 +50,8 @@ type Partition struct {
 	cancel context.CancelFunc
 	bufs   sync.Pool // *[]byte Apply requests
 
-	mu      sync.Mutex
-	last    store.Stats   // guarded by mu: the last stats seen
-	seen    bool          // guarded by mu: last is set
-	changed chan struct{} // guarded by mu
+	mu   sync.Mutex
+	last store.Stats // guarded by mu: the last stats seen
 }
 
 var _ partition.Partition = (*Partition)(nil)
@@ -72,7 +68,7 @@ func NewPartition(c *Client, topic string, index int, cfg PartitionConfig) *Part
 	if cfg.HalfPage <= 0 {
 		cfg.HalfPage = DefaultHalfPage
 	}
-	p := &Partition{c: c, topic: topic, index: index, cfg: cfg, changed: make(chan struct{})}
+	p := &Partition{c: c, topic: topic, index: index, cfg: cfg}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p
 }
@@ -129,16 +125,11 @@ func (p *Partition) do(ctx context.Context, op uint16, r *partReq, timeout time.
 	return decodeReply(op, resp, dst)
 }
 
-// observe records stats from a reply and closes Changed if the log or the
-// delay index grew since the last ones.
+// observe records stats from a reply, for Stats when a call fails.
 func (p *Partition) observe(s store.Stats) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.seen || s.Next > p.last.Next || s.Delayed > p.last.Delayed {
-		close(p.changed)
-		p.changed = make(chan struct{})
-	}
-	p.last, p.seen = s, true
+	p.last = s
 }
 
 // Apply sends cmd to the partition and returns its result, with the error
@@ -237,14 +228,6 @@ func (p *Partition) Stats() store.Stats {
 	}
 	p.observe(a.stats)
 	return a.stats
-}
-
-// Changed returns a channel closed when a Fetch or an Apply through p next
-// sees the log or the delay index grow. Only a hint: see Partition.
-func (p *Partition) Changed() <-chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.changed
 }
 
 // Group returns the record of group name, or ok false for a group without

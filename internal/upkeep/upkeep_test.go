@@ -15,7 +15,7 @@ import (
 // wakeRaceLog makes a delayed send commit right after the upkeeper reads the
 // delay index, before its next turn.
 type wakeRaceLog struct {
-	partition.Partition
+	Partition
 	once   sync.Once
 	inject func()
 }
