@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/zeze-go/mq/internal/cluster"
@@ -53,6 +56,37 @@ func (m *MQ) openCluster() error {
 	cn.agent = agent
 	cn.coord = cluster.NewCoordinator(agent, func(topic string) { m.delivery.Rebalance(topic) })
 	m.cluster = cn
+	return nil
+}
+
+// recoverLogged moves what the write-ahead log holds for each partition
+// into its file (opening and closing it) before Open's FinishRecovery drops
+// the old segments. A cluster node opens its partitions only later, as the
+// metadata state places them, and may never open those of a topic it no
+// longer shows (a directory that was standalone): acked records would be
+// lost with the segments.
+func (m *MQ) recoverLogged() error {
+	for _, stream := range m.wal.Streams() {
+		i := strings.LastIndexByte(stream, '/')
+		part, err := strconv.Atoi(stream[i+1:])
+		topic := stream[:max(i, 0)]
+		if i < 0 || err != nil || part < 0 || (meta.CheckName(topic) != nil && !meta.IsSystemTopic(topic)) {
+			m.cfg.logger.Warn("write-ahead log stream of no partition; its records are dropped", "stream", stream)
+			continue
+		}
+		path := meta.PartitionPath(m.dir, topic, part)
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			m.cfg.logger.Warn("write-ahead log records of a missing partition file; dropped", "stream", stream, "path", path)
+			continue
+		}
+		p, err := store.Open(path, store.Options{WAL: m.wal, Stream: stream})
+		if err == nil {
+			err = p.Close()
+		}
+		if err != nil {
+			return fmt.Errorf("mq: recover %s: %w", path, translate(err))
+		}
+	}
 	return nil
 }
 

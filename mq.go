@@ -235,7 +235,7 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	}
 	if cfg.cluster == nil {
 		err = m.load()
-	} else {
+	} else if err = m.recoverLogged(); err == nil {
 		err = m.openCluster() // the topics come from the metadata group
 	}
 	if err == nil {
