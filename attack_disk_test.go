@@ -7,6 +7,7 @@ package mq_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -98,4 +99,90 @@ func TestAttack_ClusterCrashLosesWALOnlyMessages(t *testing.T) {
 	m2 := openNode(t, dst, clusterOpt("n1"))
 	waitFor(t, 10*time.Second, "the topic after the crash", func() bool { return m2.Topics()["t"] == 1 })
 	checkAcked(t, m2, "t", acked)
+}
+
+// TestAttack_ReopenStandaloneAsCluster attacks "never acked messages lost
+// or served from the wrong topic" when a standalone directory is reopened
+// WithCluster. Before the fix it opened: its topics vanished from the
+// table, and a cluster topic of the same name placed on it later served
+// the standalone topic's messages (here at offset 0; with another
+// partition count, some of them never). Want: ErrInvalidOption, and the
+// directory still whole standalone.
+func TestAttack_ReopenStandaloneAsCluster(t *testing.T) {
+	dir := t.TempDir()
+	m, err := mq.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, m, "t", 1)
+	acked := sendAcked(t, m, "t", "s", 5)
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := mq.Open(dir, clusterOpt("n1")); !errors.Is(err, mq.ErrInvalidOption) {
+		if err == nil {
+			c.Close()
+		}
+		t.Fatalf("a standalone directory opened WithCluster: %v, want ErrInvalidOption", err)
+	}
+	checkAcked(t, openNode(t, dir), "t", acked)
+}
+
+// TestAttack_ReopenClusterAsStandalone: a cluster node's directory opened
+// without WithCluster. Before the fix it opened and adopted the partition
+// files it held as standalone topics (a node holding t/1 but not t/0 got
+// ErrCorrupt, "0.db is missing"; one holding t/0 a topic t of one
+// partition, whose sends then went into the cluster's t/0). Want:
+// ErrInvalidOption, and the node whole when reopened in its cluster.
+func TestAttack_ReopenClusterAsStandalone(t *testing.T) {
+	dir := t.TempDir()
+	m, err := mq.Open(dir, clusterOpt("n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSelfUp(t, m)
+	mustCreate(t, m, "t", 1)
+	acked := sendAcked(t, m, "t", "a", 5)
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := mq.Open(dir); !errors.Is(err, mq.ErrInvalidOption) {
+		if err == nil {
+			t.Logf("standalone topics: %v", s.Topics())
+			s.Close()
+		}
+		t.Fatalf("a cluster node's directory opened standalone: %v, want ErrInvalidOption", err)
+	}
+	m = openNode(t, dir, clusterOpt("n1"))
+	waitFor(t, 10*time.Second, "t", func() bool { return m.Topics()["t"] == 1 })
+	checkAcked(t, m, "t", acked)
+}
+
+// TestAttack_ReopenUnderAnotherNodeID: a cluster node's directory opened
+// with another NodeID. Before the fix it opened as n9 with n1's raft log:
+// not in its own configuration, it never elected a leader (CreateMQ ended
+// with ErrNoQuorum) and took its own partitions for n1's, remote and
+// unreachable. Want: ErrInvalidOption, and the node whole as n1.
+func TestAttack_ReopenUnderAnotherNodeID(t *testing.T) {
+	dir := t.TempDir()
+	m, err := mq.Open(dir, clusterOpt("n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSelfUp(t, m)
+	mustCreate(t, m, "t", 1)
+	acked := sendAcked(t, m, "t", "a", 5)
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := mq.Open(dir, clusterOpt("n9")); !errors.Is(err, mq.ErrInvalidOption) {
+		if err == nil {
+			t.Logf("n9: topics %v, status %+v", o.Topics(), o.ClusterStatus())
+			o.Close()
+		}
+		t.Fatalf("n1's directory opened as n9: %v, want ErrInvalidOption", err)
+	}
+	m = openNode(t, dir, clusterOpt("n1"))
+	waitFor(t, 10*time.Second, "t", func() bool { return m.Topics()["t"] == 1 })
+	checkAcked(t, m, "t", acked)
 }
