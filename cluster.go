@@ -1,6 +1,7 @@
 package mq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
@@ -57,6 +59,86 @@ func (m *MQ) openCluster() error {
 	cn.coord = cluster.NewCoordinator(agent, func(topic string) { m.delivery.Rebalance(topic) })
 	m.cluster = cn
 	return nil
+}
+
+// The node file, <dir>/cluster/node: nodeFileHeader, then the id of the
+// cluster node whose directory this is, and a newline. A directory is one
+// node's for its life: its raft log, its state and its partition files are
+// that node's, placed by the cluster. Open writes the file the first time
+// a directory opens WithCluster (a directory of an older release, which
+// has a raft log but no file, takes the id it is opened with), and refuses
+// what does not fit it.
+const nodeFileHeader = "zeze-mq node 1\n"
+
+// checkDirOwner returns ErrInvalidOption when dir is not the directory of
+// the node cfg describes: a cluster node's opened standalone or under
+// another NodeID, or a standalone node's (it has topics) opened
+// WithCluster. A cluster directory without the node file gets it.
+func checkDirOwner(dir string, cfg *config) error {
+	cdir := filepath.Join(dir, "cluster")
+	path := filepath.Join(cdir, "node")
+	owner := ""
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		id, ok := strings.CutPrefix(string(b), nodeFileHeader)
+		if owner, ok = strings.CutSuffix(id, "\n"); !ok || owner == "" || strings.Contains(owner, "\n") {
+			return fmt.Errorf("%w: %s is not a node file", ErrCorrupt, path)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("mq: open %s: %w", path, err)
+	}
+	_, err = os.Stat(filepath.Join(cdir, "raft.db"))
+	hasRaft := err == nil
+	if cfg.cluster == nil {
+		if owner != "" || hasRaft {
+			return fmt.Errorf("%w: %s is the directory of cluster node %q: open it WithCluster", ErrInvalidOption, dir, cmp.Or(owner, "?"))
+		}
+		return nil
+	}
+	id := cfg.cluster.NodeID
+	if owner != "" {
+		if owner != id {
+			return fmt.Errorf("%w: %s is the directory of cluster node %q, not %q", ErrInvalidOption, dir, owner, id)
+		}
+		return nil
+	}
+	if !hasRaft {
+		if ents, err := os.ReadDir(filepath.Join(dir, "topics")); err != nil || len(ents) > 0 {
+			return fmt.Errorf("%w: %s holds the topics of a standalone node, which cannot join a cluster (%v)", ErrInvalidOption, dir, err)
+		}
+	}
+	if err := store.MkdirAll(cdir); err != nil {
+		return fmt.Errorf("mq: open %s: %w", cdir, err)
+	}
+	if err := writeDurable(path, []byte(nodeFileHeader+id+"\n")); err != nil {
+		return fmt.Errorf("mq: open %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeDurable makes path hold b, whole or not at all: a new file, synced,
+// renamed over path, and the directory synced.
+func writeDurable(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if serr := f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		return err
+	}
+	return boltsafe.SyncDir(filepath.Dir(path))
 }
 
 // recoverLogged moves what the write-ahead log holds for each partition

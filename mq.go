@@ -111,7 +111,9 @@ var (
 	// node cannot provide (DoubleWrite and Raft3 need a cluster).
 	ErrUnsupportedType = errors.New("mq: replication type not supported here")
 	// ErrInvalidOption is returned by Open, NewProducer and NewConsumer for a
-	// bad option.
+	// bad option, and by Open for a directory its options do not fit: a
+	// cluster node's opened without WithCluster or under another NodeID, or
+	// a standalone node's (one with topics) opened WithCluster.
 	ErrInvalidOption = errors.New("mq: invalid option")
 	// ErrInvalidGroup is returned by NewConsumer for a bad group name (the
 	// same rules as topic names).
@@ -207,6 +209,9 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	}
 	if err := store.MkdirAll(filepath.Join(dir, "topics")); err != nil {
 		return nil, fmt.Errorf("mq: open %s: %w", dir, err)
+	}
+	if err := checkDirOwner(dir, &cfg); err != nil { // cluster.go
+		return nil, err
 	}
 	meta, err := meta.Open(dir, cfg.logger)
 	if err != nil {

@@ -503,8 +503,9 @@ func WithFilter(expression string) ConsumerOption {
 // ClusterConfig makes a node one of a cluster (WithCluster).
 type ClusterConfig struct {
 	// NodeID names the node in the cluster, for the life of its data
-	// directory: 1 to 64 letters, digits, '.', '-' and '_'. With TLS, the
-	// node's certificate must name it (a DNS SAN).
+	// directory (Open refuses another with ErrInvalidOption): 1 to 64
+	// letters, digits, '.', '-' and '_'. With TLS, the node's certificate
+	// must name it (a DNS SAN).
 	NodeID string
 	// Bind is the TCP address of the node's one port ("host:port"; port 0
 	// picks one). Client RPC, raft and replication all use it.
