@@ -1,0 +1,214 @@
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Hostile review of the metadata group's own files (issue 11, "left"
+// point 4): a full disk under raft.db and the snapshots, damage of the
+// address book.
+
+const metaFullDirEnv = "ZEZE_CLUSTER_META_FULL_DIR"
+
+// metaFullLimit is the child's RLIMIT_FSIZE: raft.db (bbolt doubles it
+// from 32 KiB) and each snapshot meet it after a few hundred topics.
+const metaFullLimit = 256 << 10
+
+// openMetaAlone opens a one-node metadata group in dir.
+func openMetaAlone(dir string, log *slog.Logger) (*Meta, error) {
+	_, tr := raft.NewInmemTransport("n1")
+	return OpenMeta(MetaConfig{
+		NodeID: "n1", Dir: dir, Transport: tr, Logger: log, Bootstrap: true,
+		HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
+		LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
+		SnapshotThreshold: 64, TrailingLogs: 16, SessionTimeout: time.Hour,
+	})
+}
+
+// TestAttack_MetaLogDiskFull attacks "a full disk is an error: no panic, no
+// hang, Close returns, and nothing acknowledged is lost" on the metadata
+// group's raft.db and snapshots. A child process whose files may not grow
+// past metaFullLimit (RLIMIT_FSIZE, SIGXFSZ ignored: EFBIG) creates topics
+// through a one-node group until proposals fail, goes on trying a while
+// (elections, snapshots), and closes. Reopened without the limit, the
+// group must hold every topic whose CreateTopic succeeded.
+//
+// Case "Log": topics of one partition, raft.db meets the limit (raft does
+// not snapshot within the test). Case "Snapshot": topics of 64 partitions
+// and a snapshot asked every 20 topics: the snapshots (and the state
+// cache) meet it first, then raft.db, whose log is no longer compacted.
+func TestAttack_MetaLogDiskFull(t *testing.T) {
+	if env := os.Getenv(metaFullDirEnv); env != "" {
+		mode, dir, _ := strings.Cut(env, ":")
+		metaFullChild(dir, mode == "Snapshot")
+		return
+	}
+	if testing.Short() {
+		t.Skip("spawns a child process")
+	}
+	for _, mode := range []string{"Log", "Snapshot"} {
+		t.Run(mode, func(t *testing.T) { testMetaFull(t, mode) })
+	}
+}
+
+func testMetaFull(t *testing.T, mode string) {
+	dir := filepath.Join(t.TempDir(), "meta")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAttack_MetaLogDiskFull$", "-test.count=1")
+	cmd.Env = append(os.Environ(), metaFullDirEnv+"="+mode+":"+dir)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan []string, 1)
+	go func() {
+		var ls []string
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			ls = append(ls, sc.Text())
+		}
+		lines <- ls
+	}()
+	var ls []string
+	select {
+	case ls = <-lines:
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		<-lines
+		cmd.Wait()
+		t.Fatalf("child still running after 60 s (hang); stderr:\n%s", tail(stderr.String()))
+	}
+	werr := cmd.Wait()
+	var acked []string
+	errs, done := 0, false
+	for _, l := range ls {
+		f := strings.SplitN(l, " ", 3)
+		switch f[0] {
+		case "ack":
+			acked = append(acked, f[1])
+		case "err":
+			errs++
+			if errs <= 3 {
+				t.Logf("child: %s", l)
+			}
+		case "close", "open", "snapshot":
+			t.Logf("child: %s", l)
+		case "done":
+			done = true
+		}
+	}
+	if werr != nil || !done {
+		t.Fatalf("child: %v, done %v, %d acked, %d errors; stderr:\n%s", werr, done, len(acked), errs, tail(stderr.String()))
+	}
+	if errs == 0 {
+		t.Fatalf("the child created %d topics without meeting the limit", len(acked))
+	}
+	t.Logf("child: %d topics acked, %d errors", len(acked), errs)
+	m, err := openMetaAlone(dir, discardLogger())
+	if err != nil {
+		t.Fatalf("reopen without the limit: %v", err)
+	}
+	defer m.Close()
+	eventually(t, "the reopened group leads", m.IsLeader)
+	var missing []string
+	eventually(t, "every acked topic", func() bool {
+		missing = missing[:0]
+		st := m.State()
+		for _, name := range acked {
+			if _, ok := st.Topic(name); !ok {
+				missing = append(missing, name)
+			}
+		}
+		return len(missing) == 0
+	})
+}
+
+func tail(s string) string {
+	if len(s) > 4000 {
+		return "…" + s[len(s)-4000:]
+	}
+	return s
+}
+
+func metaFullChild(dir string, snapshots bool) {
+	fail := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "meta full child: "+format+"\n", args...)
+		os.Exit(3)
+	}
+	signal.Ignore(syscall.SIGXFSZ)
+	lim := syscall.Rlimit{Cur: metaFullLimit, Max: metaFullLimit}
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+		fail("setrlimit: %v", err)
+	}
+	m, err := openMetaAlone(dir, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		fmt.Printf("open %q\n", err.Error())
+		fmt.Println("done")
+		return
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !m.IsLeader() {
+		if time.Now().After(deadline) {
+			fail("no leader")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	errs, snapErrs := 0, 0
+	firstErr := time.Time{}
+	for i := 0; errs < 40 && (firstErr.IsZero() || time.Since(firstErr) < 3*time.Second) && time.Now().Before(deadline.Add(20*time.Second)); i++ {
+		name := fmt.Sprintf("topic-%05d-%s", i, strings.Repeat("x", 100))
+		parts := 1
+		if snapshots {
+			parts = 64
+			if i%20 == 19 {
+				if err := m.raft.Snapshot().Error(); err != nil {
+					snapErrs++
+					if snapErrs == 1 {
+						fmt.Printf("snapshot %d %q\n", i, err.Error())
+					}
+				}
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := m.Propose(ctx, CreateTopic{Name: name, Partitions: parts, Type: TypeSingle, Replicas: 1, Now: int64(i + 1)})
+		cancel()
+		if err != nil {
+			errs++
+			if firstErr.IsZero() {
+				firstErr = time.Now()
+			}
+			fmt.Printf("err %d %q\n", i, err.Error())
+			if errors.Is(err, ErrNotEnoughNodes) {
+				fail("the leader is not registered: %v", err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		fmt.Printf("ack %s\n", name)
+	}
+	start := time.Now()
+	cerr := m.Close()
+	fmt.Printf("close %dms %v\n", time.Since(start).Milliseconds(), cerr)
+	if snapshots {
+		fmt.Printf("snapshot errors %d\n", snapErrs)
+	}
+	fmt.Println("done")
+}
