@@ -3,11 +3,15 @@ package cluster
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -183,6 +187,9 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 		if err != nil {
 			return nil, fmt.Errorf("open metadata snapshots: %w", err)
 		}
+		if err := checkSnapshots(cfg.Dir, snaps); err != nil {
+			return nil, err
+		}
 		existing, err := raft.HasExistingState(store, store, snaps)
 		if err != nil {
 			return nil, fmt.Errorf("metadata state: %w", err)
@@ -204,11 +211,7 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 				return nil, fmt.Errorf("bootstrap metadata group: %w", err)
 			}
 		}
-		r, err := raft.NewRaft(conf, m.fsm, store, store, snaps, cfg.Transport)
-		if err != nil {
-			return nil, fmt.Errorf("start metadata raft: %w", err)
-		}
-		return r, nil
+		return newRaft(conf, m.fsm, store, snaps, cfg.Transport, path)
 	}()
 	if err != nil {
 		_ = store.Close()
@@ -225,6 +228,70 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 		m.cacheLoop()
 	}()
 	return m, nil
+}
+
+// newRaft is raft.NewRaft, whose panic when the log lacks an entry it
+// replays (entries a snapshot covered, compacted away, and the snapshot
+// gone) is ErrCorrupt naming raft.db. It panics before it starts any
+// goroutine.
+func newRaft(conf *raft.Config, f *fsm, store *raftboltdb.BoltStore, snaps raft.SnapshotStore, tr raft.Transport, path string) (r *raft.Raft, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			r, err = nil, fmt.Errorf("%w: %s lacks entries it needs (%v): a snapshot removed?", ErrCorrupt, path, p)
+		}
+	}()
+	r, err = raft.NewRaft(conf, f, store, store, snaps, tr)
+	if err != nil {
+		return nil, fmt.Errorf("start metadata raft: %w", err)
+	}
+	return r, nil
+}
+
+// checkSnapshots returns ErrCorrupt, naming it, for a snapshot in
+// Dir/snapshots that raft would skip or fail on: its meta.json missing,
+// unreadable or another's, or its state.bin failing its checksum. Raft
+// skips the first kind without a word and replays the log from before it
+// (which compaction removed), and reports the second naming nothing.
+// Temporary snapshots (a crash while writing one) are raft's to ignore.
+func checkSnapshots(dir string, snaps *raft.FileSnapshotStore) error {
+	root := filepath.Join(dir, "snapshots")
+	ents, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("metadata snapshots: %w", err)
+	}
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasSuffix(e.Name(), ".tmp") {
+			continue
+		}
+		path := filepath.Join(root, e.Name())
+		b, err := os.ReadFile(filepath.Join(path, "meta.json"))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("metadata snapshot: %w", err)
+		}
+		var meta struct{ ID string }
+		if err == nil {
+			err = json.Unmarshal(b, &meta)
+		}
+		if err == nil && meta.ID != e.Name() {
+			err = fmt.Errorf("its meta.json names %q", meta.ID)
+		}
+		if err == nil {
+			var rc io.ReadCloser
+			if _, rc, err = snaps.Open(e.Name()); err == nil {
+				rc.Close()
+			}
+			if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+				return fmt.Errorf("metadata snapshot: %w", err) // I/O, not damage
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("%w: metadata snapshot %s: %v", ErrCorrupt, path, err)
+		}
+	}
+	return nil
 }
 
 // Close stops the session loop and raft, waits for them and closes the log.
