@@ -9,7 +9,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,4 +187,66 @@ func TestAttack_ReopenUnderAnotherNodeID(t *testing.T) {
 	m = openNode(t, dir, clusterOpt("n1"))
 	waitFor(t, 10*time.Second, "t", func() bool { return m.Topics()["t"] == 1 })
 	checkAcked(t, m, "t", acked)
+}
+
+// TestAttack_OpenDamagedClusterFiles attacks "damage is an error: Open
+// returns ErrCorrupt naming the file" for the cluster's own files, and
+// "the cache and the address book are hints": damaged, they are ignored
+// and the node opens with every acked message.
+func TestAttack_OpenDamagedClusterFiles(t *testing.T) {
+	root := t.TempDir()
+	src := filepath.Join(root, "src")
+	m, err := mq.Open(src, clusterOpt("n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSelfUp(t, m)
+	mustCreate(t, m, "t", 1)
+	acked := sendAcked(t, m, "t", "a", 5)
+	time.Sleep(300 * time.Millisecond) // the state cache saved
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name    string
+		file    string
+		corrupt bool // ErrCorrupt; else opens whole
+	}{
+		{"RaftDB", "raft.db", true},
+		{"StateCache", "state", false},
+		{"AddressBook", "peers", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(root, tc.name)
+			copyTree(t, src, dir)
+			path := filepath.Join(dir, "cluster", tc.file)
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < len(b); i += 512 { // a byte of every bbolt page header
+				b[i+16%len(b[i:])] ^= 0xff
+			}
+			if err := os.WriteFile(path, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			m, err := mq.Open(dir, clusterOpt("n1"))
+			if tc.corrupt {
+				if err == nil {
+					m.Close()
+				}
+				if !errors.Is(err, mq.ErrCorrupt) || !strings.Contains(err.Error(), path) {
+					t.Fatalf("Open with %s damaged: %v, want ErrCorrupt naming it", tc.file, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Open with %s damaged: %v", tc.file, err)
+			}
+			defer m.Close()
+			waitFor(t, 10*time.Second, "t", func() bool { return m.Topics()["t"] == 1 })
+			checkAcked(t, m, "t", acked)
+		})
+	}
 }
