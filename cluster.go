@@ -53,7 +53,7 @@ func (m *MQ) openCluster() error {
 		Partitions:         cn.served, Authorize: cn.authorize, CheckTx: cn.checkTx, Logger: m.cfg.logger,
 	})
 	if err != nil {
-		return fmt.Errorf("mq: cluster: %w", err)
+		return fmt.Errorf("mq: cluster: %w", translate(err))
 	}
 	cn.agent = agent
 	cn.coord = cluster.NewCoordinator(agent, func(topic string) { m.delivery.Rebalance(topic) })
