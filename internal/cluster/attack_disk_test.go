@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -301,4 +303,99 @@ func cutFile(t *testing.T, path string, to int64) {
 	if err := os.Truncate(path, to); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestAttack_AddressBookDamaged attacks "a damaged address book is
+// ignored, never a panic, never wrong data": every byte of the book
+// changed (three ways) and every cut. A book that loads has only valid
+// ids and non-empty addresses; an address changed by damage is a hint
+// that RaftMux and Peer check against the id the node proves.
+func TestAttack_AddressBookDamaged(t *testing.T) {
+	dir := t.TempDir()
+	n := &Agent{cfg: AgentConfig{ID: "n1", Dir: dir}, log: discardLogger(), addr: "127.0.0.1:7001"}
+	st, _, err := newState().apply(1, RegisterNode{ID: "n2", Addr: "127.0.0.1:7002"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _, err = st.apply(2, RegisterNode{ID: "node-3.x_y", Addr: "[::1]:7003"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.saveBook(st)
+	good, err := os.ReadFile(n.bookPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, b []byte) {
+		t.Helper()
+		if err := os.WriteFile(n.bookPath(), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		n.book.Store(nil)
+		n.loadBook()
+		book := n.book.Load()
+		if book == nil {
+			return
+		}
+		for id, addr := range *book {
+			if checkNodeID(id) != nil || addr == "" || strings.ContainsAny(addr, "\n") {
+				t.Fatalf("%s: the book loaded %q → %q", what, id, addr)
+			}
+		}
+	}
+	for i := range good {
+		for _, x := range []byte{0x01, 0x20, 0xff} {
+			b := slices.Clone(good)
+			b[i] ^= x
+			check(fmt.Sprintf("byte %d ^ %#x", i, x), b)
+		}
+	}
+	for i := range len(good) {
+		check(fmt.Sprintf("cut at %d", i), good[:i])
+	}
+	check("empty", nil)
+	check("huge line", append(slices.Clone(good), strings.Repeat("a", 1<<20)...))
+}
+
+// TestAttack_HintFilesUnwritable attacks "a failed write is an error
+// (logged), no panic, no hang, Close returns" for the state cache and the
+// address book, and "they are only hints": with their temporary files
+// blocked (a directory in the way: EISDIR on every save, also the one
+// Close makes), the node goes on taking proposals, closes, and reopens on
+// its raft state with every topic.
+func TestAttack_HintFilesUnwritable(t *testing.T) {
+	a := &agents{t: t, dirs: map[string]string{}, all: map[string]*Agent{}}
+	ag := a.start("n1")
+	eventually(t, "n1 up", func() bool { return a.allUp(1) })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	dir := a.dirs["n1"]
+	for _, f := range []string{"state.tmp", "peers.tmp"} {
+		if err := os.MkdirAll(filepath.Join(dir, f, "x"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, _ := os.ReadFile(cachePath(dir))
+	for i := range 5 {
+		if _, err := ag.Propose(ctx, CreateTopic{Name: fmt.Sprint("t", i), Partitions: 2, Type: TypeSingle, Now: int64(i + 1)}); err != nil {
+			t.Fatalf("propose with the hint files blocked: %v", err)
+		}
+		time.Sleep(cacheEvery)
+	}
+	done := make(chan error, 1)
+	go func() { done <- ag.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close hangs")
+	}
+	if after, _ := os.ReadFile(cachePath(dir)); !bytes.Equal(before, after) {
+		t.Fatal("the state cache changed although its temporary file could not be written")
+	}
+	delete(a.all, "n1")
+	back := a.start("n1")
+	eventually(t, "every topic after reopening", func() bool { return len(back.Meta().State().Topics()) == 5 })
 }
