@@ -250,3 +250,107 @@ func TestAttack_OpenDamagedClusterFiles(t *testing.T) {
 		})
 	}
 }
+
+// TestAttack_ClusterIDLimits attacks "clear errors for bad input" on node
+// ids: empty, 65 bytes, a character outside the rule; each is
+// ErrInvalidOption from Open and leaves the directory usable.
+func TestAttack_ClusterIDLimits(t *testing.T) {
+	for _, tc := range []struct{ name, id string }{
+		{"Empty", ""},
+		{"Long", strings.Repeat("n", 65)},
+		{"Slash", "n/1"},
+		{"Space", "n 1"},
+		{"NonASCII", "nœud"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			m, err := mq.Open(dir, clusterOpt(tc.id))
+			if err == nil {
+				m.Close()
+			}
+			if !errors.Is(err, mq.ErrInvalidOption) {
+				t.Fatalf("NodeID %q: %v, want ErrInvalidOption", tc.id, err)
+			}
+			m = openNode(t, dir, clusterOpt("n1")) // the refused id left nothing behind
+			waitSelfUp(t, m)
+		})
+	}
+}
+
+// TestAttack_ClusterMaxima: two nodes with ids of the longest length, a
+// topic of the longest name with MaxPartitions partitions placed over
+// both; every node sends to a partition of each node and reads it back;
+// one past each limit is a clear error.
+func TestAttack_ClusterMaxima(t *testing.T) {
+	root := t.TempDir()
+	id1, id2 := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	n1 := openNode(t, filepath.Join(root, "1"), clusterOpt(id1))
+	waitSelfUp(t, n1)
+	n2 := openNode(t, filepath.Join(root, "2"), clusterOpt(id2, n1.ClusterStatus().Addr))
+	waitFor(t, 30*time.Second, "both nodes up", func() bool {
+		for _, m := range []*mq.MQ{n1, n2} {
+			up := 0
+			for _, nd := range m.ClusterStatus().Nodes {
+				if nd.Up {
+					up++
+				}
+			}
+			if up != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	topic := strings.Repeat("t", 255)
+	for _, tc := range []struct {
+		name  string
+		parts int
+		want  error
+	}{
+		{strings.Repeat("t", 256), 1, mq.ErrInvalidTopic},
+		{"", 1, mq.ErrInvalidTopic},
+		{"x", mq.MaxPartitions + 1, mq.ErrInvalidPartition},
+		{"x", 0, mq.ErrInvalidPartition},
+	} {
+		if err := n2.CreateMQ(ctx, tc.name, tc.parts, mq.Options{}); !errors.Is(err, tc.want) {
+			t.Fatalf("CreateMQ(%d bytes, %d): %v, want %v", len(tc.name), tc.parts, err, tc.want)
+		}
+	}
+	start := time.Now()
+	if err := n2.CreateMQ(ctx, topic, mq.MaxPartitions, mq.Options{}); err != nil {
+		t.Fatalf("CreateMQ(255 bytes, MaxPartitions): %v", err)
+	}
+	t.Logf("created %d partitions in %v", mq.MaxPartitions, time.Since(start))
+	if err := n1.AlterMQ(ctx, topic, mq.MaxPartitions+1); !errors.Is(err, mq.ErrInvalidPartition) {
+		t.Fatalf("AlterMQ past MaxPartitions: %v", err)
+	}
+	waitFor(t, 60*time.Second, "the topic on n1", func() bool { return n1.Topics()[topic] == mq.MaxPartitions })
+	on := map[string]int{} // node → a partition placed there
+	for i := range mq.MaxPartitions {
+		on[mq.PartitionNode(n1, topic, i)] = i
+	}
+	if len(on) != 2 {
+		t.Fatalf("placement over %d nodes: %v", len(on), on)
+	}
+	for _, from := range []*mq.MQ{n1, n2} {
+		p, err := from.NewProducer(topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for node, i := range on {
+			id := fmt.Sprintf("from-%s-to-%.1s", from.ClusterStatus().NodeID[:1], node)
+			res, err := p.SendMessage(ctx, (&mq.Message{ID: id, Body: []byte(id)}).ToPartition(i))
+			if err != nil {
+				t.Fatalf("send %s: %v", id, err)
+			}
+			for _, reader := range []*mq.MQ{n1, n2} {
+				got, err := reader.ReadMessage(ctx, topic, i, res[0].Offset)
+				if err != nil || got.ID != id {
+					t.Fatalf("read %s at %d/%d: %v %v", id, i, res[0].Offset, got, err)
+				}
+			}
+		}
+	}
+}
