@@ -73,8 +73,9 @@ const nodeFileHeader = "zeze-mq node 1\n"
 // checkDirOwner returns ErrInvalidOption when dir is not the directory of
 // the node cfg describes: a cluster node's opened standalone or under
 // another NodeID, or a standalone node's (it has topics) opened
-// WithCluster. A cluster directory without the node file gets it.
-func checkDirOwner(dir string, cfg *config) error {
+// WithCluster. claim is true when a cluster node's directory has no node
+// file yet: Open writes it (claimDir) once the node opened.
+func checkDirOwner(dir string, cfg *config) (claim bool, err error) {
 	cdir := filepath.Join(dir, "cluster")
 	path := filepath.Join(cdir, "node")
 	owner := ""
@@ -82,35 +83,34 @@ func checkDirOwner(dir string, cfg *config) error {
 	switch {
 	case err == nil:
 		id, ok := strings.CutPrefix(string(b), nodeFileHeader)
-		if owner, ok = strings.CutSuffix(id, "\n"); !ok || owner == "" || strings.Contains(owner, "\n") {
-			return fmt.Errorf("%w: %s is not a node file", ErrCorrupt, path)
+		if owner, ok = strings.CutSuffix(id, "\n"); !ok || cluster.CheckNodeID(owner) != nil {
+			return false, fmt.Errorf("%w: %s is not a node file", ErrCorrupt, path)
 		}
 	case !errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("mq: open %s: %w", path, err)
+		return false, fmt.Errorf("mq: open %s: %w", path, err)
 	}
 	_, err = os.Stat(filepath.Join(cdir, "raft.db"))
 	hasRaft := err == nil
 	if cfg.cluster == nil {
 		if owner != "" || hasRaft {
-			return fmt.Errorf("%w: %s is the directory of cluster node %q: open it WithCluster", ErrInvalidOption, dir, cmp.Or(owner, "?"))
+			return false, fmt.Errorf("%w: %s is the directory of cluster node %q: open it WithCluster", ErrInvalidOption, dir, cmp.Or(owner, "?"))
 		}
-		return nil
+		return false, nil
 	}
-	id := cfg.cluster.NodeID
-	if owner != "" {
-		if owner != id {
-			return fmt.Errorf("%w: %s is the directory of cluster node %q, not %q", ErrInvalidOption, dir, owner, id)
-		}
-		return nil
+	if id := cfg.cluster.NodeID; owner != "" && owner != id {
+		return false, fmt.Errorf("%w: %s is the directory of cluster node %q, not %q", ErrInvalidOption, dir, owner, id)
 	}
-	if !hasRaft {
+	if owner == "" && !hasRaft {
 		if ents, err := os.ReadDir(filepath.Join(dir, "topics")); err != nil || len(ents) > 0 {
-			return fmt.Errorf("%w: %s holds the topics of a standalone node, which cannot join a cluster (%v)", ErrInvalidOption, dir, err)
+			return false, fmt.Errorf("%w: %s holds the topics of a standalone node, which cannot join a cluster (%v)", ErrInvalidOption, dir, err)
 		}
 	}
-	if err := store.MkdirAll(cdir); err != nil {
-		return fmt.Errorf("mq: open %s: %w", cdir, err)
-	}
+	return owner == "", nil
+}
+
+// claimDir writes the node file of dir, naming node id.
+func claimDir(dir, id string) error {
+	path := filepath.Join(dir, "cluster", "node")
 	if err := writeDurable(path, []byte(nodeFileHeader+id+"\n")); err != nil {
 		return fmt.Errorf("mq: open %s: %w", path, err)
 	}

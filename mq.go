@@ -210,7 +210,8 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	if err := store.MkdirAll(filepath.Join(dir, "topics")); err != nil {
 		return nil, fmt.Errorf("mq: open %s: %w", dir, err)
 	}
-	if err := checkDirOwner(dir, &cfg); err != nil { // cluster.go
+	claim, err := checkDirOwner(dir, &cfg) // cluster.go
+	if err != nil {
 		return nil, err
 	}
 	meta, err := meta.Open(dir, cfg.logger)
@@ -241,7 +242,9 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	if cfg.cluster == nil {
 		err = m.load()
 	} else if err = m.recoverLogged(); err == nil {
-		err = m.openCluster() // the topics come from the metadata group
+		if err = m.openCluster(); err == nil && claim { // the topics come from the metadata group
+			err = claimDir(dir, cfg.cluster.NodeID)
+		}
 	}
 	if err == nil {
 		err = m.wal.FinishRecovery() // every partition has replayed its records

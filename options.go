@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/delivery"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/localtx"
@@ -557,6 +558,8 @@ func WithCluster(c ClusterConfig) Option {
 		switch {
 		case c.NodeID == "":
 			return fmt.Errorf("%w: cluster needs a NodeID", ErrInvalidOption)
+		case cluster.CheckNodeID(c.NodeID) != nil:
+			return fmt.Errorf("%w: cluster NodeID %q: 1 to %d letters, digits, '.', '-' and '_'", ErrInvalidOption, c.NodeID, cluster.MaxNodeIDLen)
 		case c.Bind == "":
 			return fmt.Errorf("%w: cluster needs a Bind address", ErrInvalidOption)
 		case len(c.Secret) < 16:
