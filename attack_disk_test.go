@@ -354,3 +354,32 @@ func TestAttack_ClusterMaxima(t *testing.T) {
 		}
 	}
 }
+
+// TestAttack_LongestGroupRetryTopic attacks "clear errors for bad input"
+// at the longest group name the API allows (255 bytes, as topics): a
+// Concurrent consumer makes the group's retry topic, whose name is 7
+// bytes longer, at NewConsumer.
+func TestAttack_LongestGroupRetryTopic(t *testing.T) {
+	for _, mode := range []string{"Standalone", "Cluster"} {
+		t.Run(mode, func(t *testing.T) {
+			var opts []mq.Option
+			if mode == "Cluster" {
+				opts = append(opts, clusterOpt("n1"))
+			}
+			m := openNode(t, "", opts...)
+			if mode == "Cluster" {
+				waitSelfUp(t, m)
+			}
+			mustCreate(t, m, "t", 1)
+			h := mq.ListenerFunc(func(context.Context, string, *mq.Message) error { return nil })
+			c, err := m.NewConsumer("t", strings.Repeat("g", 255), h, mq.WithConsumeMode(mq.Concurrent))
+			if err == nil {
+				c.Close()
+				return
+			}
+			if !errors.Is(err, mq.ErrInvalidGroup) {
+				t.Fatalf("NewConsumer with a 255-byte group: %v, want success or ErrInvalidGroup", err)
+			}
+		})
+	}
+}
