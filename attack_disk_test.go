@@ -356,9 +356,11 @@ func TestAttack_ClusterMaxima(t *testing.T) {
 }
 
 // TestAttack_LongestGroupRetryTopic attacks "clear errors for bad input"
-// at the longest group name the API allows (255 bytes, as topics): a
-// Concurrent consumer makes the group's retry topic, whose name is 7
-// bytes longer, at NewConsumer.
+// at the longest group name: a Concurrent consumer makes the group's retry
+// topic, whose name is 7 bytes longer, at NewConsumer. Before the fix a
+// 255-byte group (allowed, as topics) failed there with "file name too
+// long" (standalone) or "cluster: invalid command: topic name of 262
+// bytes"; groups are now at most 248 bytes (ErrInvalidGroup past it).
 func TestAttack_LongestGroupRetryTopic(t *testing.T) {
 	for _, mode := range []string{"Standalone", "Cluster"} {
 		t.Run(mode, func(t *testing.T) {
@@ -372,14 +374,20 @@ func TestAttack_LongestGroupRetryTopic(t *testing.T) {
 			}
 			mustCreate(t, m, "t", 1)
 			h := mq.ListenerFunc(func(context.Context, string, *mq.Message) error { return nil })
-			c, err := m.NewConsumer("t", strings.Repeat("g", 255), h, mq.WithConsumeMode(mq.Concurrent))
-			if err == nil {
-				c.Close()
-				return
+			for _, n := range []int{255, 249} {
+				c, err := m.NewConsumer("t", strings.Repeat("g", n), h, mq.WithConsumeMode(mq.Concurrent))
+				if err == nil {
+					c.Close()
+				}
+				if !errors.Is(err, mq.ErrInvalidGroup) {
+					t.Fatalf("NewConsumer with a %d-byte group: %v, want ErrInvalidGroup", n, err)
+				}
 			}
-			if !errors.Is(err, mq.ErrInvalidGroup) {
-				t.Fatalf("NewConsumer with a 255-byte group: %v, want success or ErrInvalidGroup", err)
+			c, err := m.NewConsumer("t", strings.Repeat("g", 248), h, mq.WithConsumeMode(mq.Concurrent))
+			if err != nil {
+				t.Fatalf("NewConsumer with a 248-byte group: %v", err)
 			}
+			c.Close()
 		})
 	}
 }

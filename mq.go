@@ -116,7 +116,8 @@ var (
 	// a standalone node's (one with topics) opened WithCluster.
 	ErrInvalidOption = errors.New("mq: invalid option")
 	// ErrInvalidGroup is returned by NewConsumer for a bad group name (the
-	// same rules as topic names).
+	// same rules as topic names, but at most 248 bytes: a group's retry
+	// topic is named "%RETRY%" and the group).
 	ErrInvalidGroup = errors.New("mq: invalid group name")
 	// ErrNilMessage is returned by SendMessage for a nil *Message.
 	ErrNilMessage = errors.New("mq: nil message")
@@ -518,6 +519,14 @@ func closeAll(parts []partition.Partition) {
 }
 
 // checkName applies the topic name rules; bad is the error to wrap.
+// checkGroup returns ErrInvalidGroup for a bad group name.
+func checkGroup(name string) error {
+	if err := meta.CheckGroup(name); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidGroup, err)
+	}
+	return nil
+}
+
 func checkName(name string, bad error) error {
 	if err := meta.CheckName(name); err != nil {
 		return fmt.Errorf("%w: %v", bad, err)
