@@ -391,3 +391,74 @@ func TestAttack_LongestGroupRetryTopic(t *testing.T) {
 		})
 	}
 }
+
+// TestAttack_OpenClusterFilesUnusable attacks "an error, never a panic or
+// a hang" at Open when a cluster file cannot be used: a directory where
+// raft.db, the state cache, the address book or the snapshots' directory
+// should be a file (EISDIR, ENOTDIR), in a new directory and in one that
+// ran. Where Open succeeds (the hints are ignored), the node must take a
+// topic and Close.
+func TestAttack_OpenClusterFilesUnusable(t *testing.T) {
+	for _, used := range []bool{false, true} {
+		for _, tc := range []struct {
+			name string
+			dir  bool // block with a directory (else a file)
+			path string
+		}{
+			{"RaftDB", true, "raft.db"},
+			{"StateCache", true, "state/x"},
+			{"AddressBook", true, "peers/x"},
+			{"Snapshots", false, "snapshots"},
+		} {
+			t.Run(fmt.Sprintf("%s/used=%v", tc.name, used), func(t *testing.T) {
+				dir := t.TempDir()
+				if used {
+					m, err := mq.Open(dir, clusterOpt("n1"))
+					if err != nil {
+						t.Fatal(err)
+					}
+					waitSelfUp(t, m)
+					if err := m.Close(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				p := filepath.Join(dir, "cluster", tc.path)
+				os.RemoveAll(filepath.Join(dir, "cluster", strings.Split(tc.path, "/")[0]))
+				var err error
+				if tc.dir {
+					err = os.MkdirAll(p, 0o755)
+				} else if err = os.MkdirAll(filepath.Dir(p), 0o755); err == nil {
+					err = os.WriteFile(p, []byte("x"), 0o644)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					m, err := mq.Open(dir, clusterOpt("n1"))
+					if err != nil {
+						t.Logf("Open: %v", err)
+						return
+					}
+					defer func() {
+						if err := m.Close(); err != nil {
+							t.Errorf("Close: %v", err)
+						}
+					}()
+					waitSelfUp(t, m)
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					if err := m.CreateMQ(ctx, "t", 1, mq.Options{}); err != nil {
+						t.Errorf("Open succeeded, CreateMQ: %v", err)
+					}
+				}()
+				select {
+				case <-done:
+				case <-time.After(40 * time.Second):
+					t.Fatal("Open, CreateMQ or Close hangs")
+				}
+			})
+		}
+	}
+}
