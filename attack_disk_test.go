@@ -215,6 +215,7 @@ func TestAttack_OpenDamagedClusterFiles(t *testing.T) {
 		{"RaftDB", "raft.db", true},
 		{"StateCache", "state", false},
 		{"AddressBook", "peers", false},
+		{"NodeFile", "node", true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
