@@ -13,11 +13,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 )
 
 // Hostile review of the metadata group's own files (issue 11, "left"
@@ -398,4 +400,93 @@ func TestAttack_HintFilesUnwritable(t *testing.T) {
 	delete(a.all, "n1")
 	back := a.start("n1")
 	eventually(t, "every topic after reopening", func() bool { return len(back.Meta().State().Topics()) == 5 })
+}
+
+const stableFailEnv = "ZEZE_CLUSTER_STABLE_FAIL_DIR"
+
+// failingStore fails raft.db's writes once fail is set: StoreLogs (the
+// disk full or failing under the log) and SetUint64 (the term and vote).
+type failingStore struct {
+	*raftboltdb.BoltStore
+	fail *atomic.Bool
+}
+
+var errInjected = errors.New("injected: input/output error")
+
+func (s failingStore) StoreLogs(logs []*raft.Log) error {
+	if s.fail.Load() {
+		return errInjected
+	}
+	return s.BoltStore.StoreLogs(logs)
+}
+
+func (s failingStore) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
+
+func (s failingStore) SetUint64(k []byte, v uint64) error {
+	if s.fail.Load() {
+		return errInjected
+	}
+	return s.BoltStore.SetUint64(k, v)
+}
+
+// TestAttack_MetaStoreWriteFailurePanics attacks "a failed write of the
+// cluster's files is an error, never a panic (the process embeds the
+// node)". raft.db starts failing every write (EIO) on a one-node group:
+// the leader's StoreLogs fails, it steps down and stands for election,
+// and hashicorp/raft's setCurrentTerm panics when the stable store cannot
+// save the new term ("failed to save current term"), in raft's own
+// goroutine, where nothing can recover it: the whole process dies.
+func TestAttack_MetaStoreWriteFailurePanics(t *testing.T) {
+	if dir := os.Getenv(stableFailEnv); dir != "" {
+		stableFailChild(dir)
+		return
+	}
+	if testing.Short() {
+		t.Skip("spawns a child process")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAttack_MetaStoreWriteFailurePanics$", "-test.count=1")
+	cmd.Env = append(os.Environ(), stableFailEnv+"="+filepath.Join(t.TempDir(), "meta"))
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "closed after the failure") {
+		t.Fatalf("child: %v; output:\n%s", err, tail(string(out)))
+	}
+	t.Logf("child:\n%s", tail(string(out)))
+}
+
+func stableFailChild(dir string) {
+	fail := &atomic.Bool{}
+	_, tr := raft.NewInmemTransport("n1")
+	m, err := OpenMeta(MetaConfig{
+		NodeID: "n1", Dir: dir, Transport: tr, Logger: discardLogger(), Bootstrap: true,
+		HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
+		LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
+		SessionTimeout: time.Hour,
+		stores: func(b *raftboltdb.BoltStore) (raft.LogStore, raft.StableStore) {
+			s := failingStore{b, fail}
+			return s, s
+		},
+	})
+	if err != nil {
+		fmt.Println("open:", err)
+		os.Exit(3)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if nd, ok := m.State().Node("n1"); ok && nd.Up {
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Println("not registered")
+			os.Exit(3)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	fail.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_, err = m.Propose(ctx, CreateTopic{Name: "t", Partitions: 1, Type: TypeSingle, Replicas: 1, Now: 1})
+	cancel()
+	fmt.Println("propose after the failure:", err)
+	time.Sleep(time.Second) // elections
+	start := time.Now()
+	err = m.Close()
+	fmt.Printf("closed after the failure in %v: %v\n", time.Since(start), err)
 }

@@ -61,6 +61,10 @@ type MetaConfig struct {
 	// SessionTimeout is how long the leader waits for a node's heartbeat
 	// before it marks the node down (DefaultSessionTimeout if 0).
 	SessionTimeout time.Duration
+
+	// stores, set only by tests, wraps raft.db's log and stable store
+	// (fault injection).
+	stores func(*raftboltdb.BoltStore) (raft.LogStore, raft.StableStore)
 }
 
 // Meta is this node's member of the metadata raft group: the replicated
@@ -190,7 +194,12 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 		if err := checkSnapshots(cfg.Dir, snaps); err != nil {
 			return nil, err
 		}
-		existing, err := raft.HasExistingState(store, store, snaps)
+		var logs raft.LogStore = store
+		var stable raft.StableStore = store
+		if cfg.stores != nil {
+			logs, stable = cfg.stores(store)
+		}
+		existing, err := raft.HasExistingState(logs, stable, snaps)
 		if err != nil {
 			return nil, fmt.Errorf("metadata state: %w", err)
 		}
@@ -207,11 +216,11 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 			boot := raft.Configuration{Servers: []raft.Server{{
 				Suffrage: raft.Voter, ID: conf.LocalID, Address: cfg.Transport.LocalAddr(),
 			}}}
-			if err := raft.BootstrapCluster(conf, store, store, snaps, cfg.Transport, boot); err != nil {
+			if err := raft.BootstrapCluster(conf, logs, stable, snaps, cfg.Transport, boot); err != nil {
 				return nil, fmt.Errorf("bootstrap metadata group: %w", err)
 			}
 		}
-		return newRaft(conf, m.fsm, store, snaps, cfg.Transport, path)
+		return newRaft(conf, m.fsm, logs, stable, snaps, cfg.Transport, path)
 	}()
 	if err != nil {
 		_ = store.Close()
@@ -234,13 +243,13 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 // replays (entries a snapshot covered, compacted away, and the snapshot
 // gone) is ErrCorrupt naming raft.db. It panics before it starts any
 // goroutine.
-func newRaft(conf *raft.Config, f *fsm, store *raftboltdb.BoltStore, snaps raft.SnapshotStore, tr raft.Transport, path string) (r *raft.Raft, err error) {
+func newRaft(conf *raft.Config, f *fsm, logs raft.LogStore, stable raft.StableStore, snaps raft.SnapshotStore, tr raft.Transport, path string) (r *raft.Raft, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			r, err = nil, fmt.Errorf("%w: %s lacks entries it needs (%v): a snapshot removed?", ErrCorrupt, path, p)
 		}
 	}()
-	r, err = raft.NewRaft(conf, f, store, store, snaps, tr)
+	r, err = raft.NewRaft(conf, f, logs, stable, snaps, tr)
 	if err != nil {
 		return nil, fmt.Errorf("start metadata raft: %w", err)
 	}
