@@ -433,9 +433,11 @@ func (s failingStore) SetUint64(k []byte, v uint64) error {
 // cluster's files is an error, never a panic (the process embeds the
 // node)". raft.db starts failing every write (EIO) on a one-node group:
 // the leader's StoreLogs fails, it steps down and stands for election,
-// and hashicorp/raft's setCurrentTerm panics when the stable store cannot
-// save the new term ("failed to save current term"), in raft's own
-// goroutine, where nothing can recover it: the whole process dies.
+// and hashicorp/raft's setCurrentTerm panicked when the stable store could
+// not save the new term ("failed to save current term"), in raft's own
+// goroutine, where nothing can recover it: the whole process died. Now the
+// member stops (termStore): it leads no more, proposals fail, Close
+// returns errMetaFailed, and the directory reopens.
 func TestAttack_MetaStoreWriteFailurePanics(t *testing.T) {
 	if dir := os.Getenv(stableFailEnv); dir != "" {
 		stableFailChild(dir)
@@ -444,13 +446,20 @@ func TestAttack_MetaStoreWriteFailurePanics(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns a child process")
 	}
+	dir := filepath.Join(t.TempDir(), "meta")
 	cmd := exec.Command(os.Args[0], "-test.run=^TestAttack_MetaStoreWriteFailurePanics$", "-test.count=1")
-	cmd.Env = append(os.Environ(), stableFailEnv+"="+filepath.Join(t.TempDir(), "meta"))
+	cmd.Env = append(os.Environ(), stableFailEnv+"="+dir)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "closed after the failure") {
 		t.Fatalf("child: %v; output:\n%s", err, tail(string(out)))
 	}
 	t.Logf("child:\n%s", tail(string(out)))
+	m, err := openMetaAlone(dir, discardLogger()) // the disk works again
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	defer m.Close()
+	eventually(t, "the reopened member leads", m.IsLeader)
 }
 
 func stableFailChild(dir string) {
@@ -486,7 +495,18 @@ func stableFailChild(dir string) {
 	cancel()
 	fmt.Println("propose after the failure:", err)
 	time.Sleep(time.Second) // elections
+	ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+	_, err = m.Propose(ctx, CreateTopic{Name: "u", Partitions: 1, Type: TypeSingle, Replicas: 1, Now: 2})
+	cancel()
+	if err == nil || m.IsLeader() {
+		fmt.Printf("the failed member goes on: leader %v, propose %v\n", m.IsLeader(), err)
+		os.Exit(3)
+	}
 	start := time.Now()
 	err = m.Close()
+	if !errors.Is(err, errMetaFailed) {
+		fmt.Printf("Close after the failure: %v, want errMetaFailed\n", err)
+		os.Exit(3)
+	}
 	fmt.Printf("closed after the failure in %v: %v\n", time.Since(start), err)
 }

@@ -11,8 +11,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -85,6 +87,9 @@ type Meta struct {
 	dir      string // Dir: raft.db, snapshots, the state cache
 
 	cacheSaved uint64 // the index of the State in the cache; cache.go
+
+	running atomic.Bool // raft runs: set once NewRaft returned; termStore
+	failed  atomic.Bool // raft.db could not save a term or vote; termStore
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -199,6 +204,7 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 		if cfg.stores != nil {
 			logs, stable = cfg.stores(store)
 		}
+		stable = &termStore{StableStore: stable, m: m}
 		existing, err := raft.HasExistingState(logs, stable, snaps)
 		if err != nil {
 			return nil, fmt.Errorf("metadata state: %w", err)
@@ -226,6 +232,7 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 		_ = store.Close()
 		return nil, err
 	}
+	m.running.Store(true)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.wg.Add(2)
 	go func() {
@@ -239,14 +246,49 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 	return m, nil
 }
 
+// errMetaFailed is Close's error after raft.db failed to save a term.
+var errMetaFailed = errors.New("cluster: the metadata log failed to save a term or vote; this node's member stopped")
+
+// termStore is raft.db's stable store as raft sees it. hashicorp/raft
+// panics, in its own goroutines, when it cannot save a new term
+// (setCurrentTerm): the process embedding the node would die of a disk
+// error. Once raft runs, a failed SetUint64 (a term or a vote) instead
+// stops this node's member of the metadata group until it is reopened:
+// it is logged, and the goroutine that called it (raft's main loop, or the
+// transport's handling a heartbeat) ends with runtime.Goexit, which runs
+// its deferred calls, so that raft's Shutdown still finds every goroutine
+// done. Nothing of raft's may go on from a term perhaps not on disk (a
+// failed sync is sticky); the node leads no more, and proposals go to
+// another leader.
+type termStore struct {
+	raft.StableStore
+	m *Meta
+}
+
+func (s *termStore) SetUint64(key []byte, v uint64) error {
+	err := s.StableStore.SetUint64(key, v)
+	if err == nil || !s.m.running.Load() {
+		return err // before NewRaft returned: OpenMeta fails
+	}
+	if !s.m.failed.Swap(true) {
+		s.m.log.Error("metadata log cannot save the raft term or vote: this node's member of the metadata group stops until the node is reopened",
+			"key", string(key), "err", err)
+	}
+	runtime.Goexit()
+	return err
+}
+
 // newRaft is raft.NewRaft, whose panic when the log lacks an entry it
 // replays (entries a snapshot covered, compacted away, and the snapshot
 // gone) is ErrCorrupt naming raft.db. It panics before it starts any
 // goroutine.
 func newRaft(conf *raft.Config, f *fsm, logs raft.LogStore, stable raft.StableStore, snaps raft.SnapshotStore, tr raft.Transport, path string) (r *raft.Raft, err error) {
 	defer func() {
-		if p := recover(); p != nil {
+		p := recover()
+		if pe, ok := p.(error); ok && errors.Is(pe, raft.ErrLogNotFound) {
 			r, err = nil, fmt.Errorf("%w: %s lacks entries it needs (%v): a snapshot removed?", ErrCorrupt, path, p)
+		} else if p != nil {
+			r, err = nil, fmt.Errorf("start metadata raft: %v", p) // a term it could not save
 		}
 	}()
 	r, err = raft.NewRaft(conf, f, logs, stable, snaps, tr)
@@ -318,6 +360,9 @@ func (m *Meta) Close() error {
 		m.saveCache() // what raft applied last
 		if e := m.store.Close(); err == nil && e != nil {
 			err = fmt.Errorf("close metadata log: %w", e)
+		}
+		if err == nil && m.failed.Load() {
+			err = errMetaFailed
 		}
 		m.closeErr = err
 	})
