@@ -82,8 +82,9 @@ func checkDirOwner(dir string, cfg *config) (claim bool, err error) {
 	b, err := os.ReadFile(path)
 	switch {
 	case err == nil:
-		id, ok := strings.CutPrefix(string(b), nodeFileHeader)
-		if owner, ok = strings.CutSuffix(id, "\n"); !ok || cluster.CheckNodeID(owner) != nil {
+		id, hasHeader := strings.CutPrefix(string(b), nodeFileHeader)
+		id, hasEnd := strings.CutSuffix(id, "\n")
+		if owner = id; !hasHeader || !hasEnd || cluster.CheckNodeID(owner) != nil {
 			return false, fmt.Errorf("%w: %s is not a node file", ErrCorrupt, path)
 		}
 	case !errors.Is(err, os.ErrNotExist):
