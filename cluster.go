@@ -1,13 +1,18 @@
 package mq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
@@ -48,11 +53,123 @@ func (m *MQ) openCluster() error {
 		Partitions:         cn.served, Authorize: cn.authorize, CheckTx: cn.checkTx, Logger: m.cfg.logger,
 	})
 	if err != nil {
-		return fmt.Errorf("mq: cluster: %w", err)
+		return fmt.Errorf("mq: cluster: %w", translate(err))
 	}
 	cn.agent = agent
 	cn.coord = cluster.NewCoordinator(agent, func(topic string) { m.delivery.Rebalance(topic) })
 	m.cluster = cn
+	return nil
+}
+
+// The node file, <dir>/cluster/node: nodeFileHeader, then the id of the
+// cluster node whose directory this is, and a newline. A directory is one
+// node's for its life: its raft log, its state and its partition files are
+// that node's, placed by the cluster. Open writes the file the first time
+// a directory opens WithCluster (a directory of an older release, which
+// has a raft log but no file, takes the id it is opened with), and refuses
+// what does not fit it.
+const nodeFileHeader = "zeze-mq node 1\n"
+
+// checkDirOwner returns ErrInvalidOption when dir is not the directory of
+// the node cfg describes: a cluster node's opened standalone or under
+// another NodeID, or a standalone node's (it has topics) opened
+// WithCluster. claim is true when a cluster node's directory has no node
+// file yet: Open writes it (claimDir) once the node opened.
+func checkDirOwner(dir string, cfg *config) (claim bool, err error) {
+	cdir := filepath.Join(dir, "cluster")
+	path := filepath.Join(cdir, "node")
+	owner := ""
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		id, hasHeader := strings.CutPrefix(string(b), nodeFileHeader)
+		id, hasEnd := strings.CutSuffix(id, "\n")
+		if owner = id; !hasHeader || !hasEnd || cluster.CheckNodeID(owner) != nil {
+			return false, fmt.Errorf("%w: %s is not a node file", ErrCorrupt, path)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return false, fmt.Errorf("mq: open %s: %w", path, err)
+	}
+	_, err = os.Stat(filepath.Join(cdir, "raft.db"))
+	hasRaft := err == nil
+	if cfg.cluster == nil {
+		if owner != "" || hasRaft {
+			return false, fmt.Errorf("%w: %s is the directory of cluster node %q: open it WithCluster", ErrInvalidOption, dir, cmp.Or(owner, "?"))
+		}
+		return false, nil
+	}
+	if id := cfg.cluster.NodeID; owner != "" && owner != id {
+		return false, fmt.Errorf("%w: %s is the directory of cluster node %q, not %q", ErrInvalidOption, dir, owner, id)
+	}
+	if owner == "" && !hasRaft {
+		if ents, err := os.ReadDir(filepath.Join(dir, "topics")); err != nil || len(ents) > 0 {
+			return false, fmt.Errorf("%w: %s holds the topics of a standalone node, which cannot join a cluster (%v)", ErrInvalidOption, dir, err)
+		}
+	}
+	return owner == "", nil
+}
+
+// claimDir writes the node file of dir, naming node id.
+func claimDir(dir, id string) error {
+	path := filepath.Join(dir, "cluster", "node")
+	if err := writeDurable(path, []byte(nodeFileHeader+id+"\n")); err != nil {
+		return fmt.Errorf("mq: open %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeDurable makes path hold b, whole or not at all: a new file, synced,
+// renamed over path, and the directory synced.
+func writeDurable(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if serr := f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		return err
+	}
+	return boltsafe.SyncDir(filepath.Dir(path))
+}
+
+// recoverLogged moves what the write-ahead log holds for each partition
+// into its file (opening and closing it) before Open's FinishRecovery drops
+// the old segments. A cluster node opens its partitions only later, as the
+// metadata state places them, and may never open those of a topic it no
+// longer shows (a directory that was standalone): acked records would be
+// lost with the segments.
+func (m *MQ) recoverLogged() error {
+	for _, stream := range m.wal.Streams() {
+		i := strings.LastIndexByte(stream, '/')
+		part, err := strconv.Atoi(stream[i+1:])
+		topic := stream[:max(i, 0)]
+		if i < 0 || err != nil || part < 0 || (meta.CheckName(topic) != nil && !meta.IsSystemTopic(topic)) {
+			m.cfg.logger.Warn("write-ahead log stream of no partition; its records are dropped", "stream", stream)
+			continue
+		}
+		path := meta.PartitionPath(m.dir, topic, part)
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			m.cfg.logger.Warn("write-ahead log records of a missing partition file; dropped", "stream", stream, "path", path)
+			continue
+		}
+		p, err := store.Open(path, store.Options{WAL: m.wal, Stream: stream})
+		if err == nil {
+			err = p.Close()
+		}
+		if err != nil {
+			return fmt.Errorf("mq: recover %s: %w", path, translate(err))
+		}
+	}
 	return nil
 }
 

@@ -162,7 +162,8 @@ type Consumer struct {
 }
 
 // NewConsumer subscribes listener to topic as a member of group and starts
-// delivering at once. Group names follow the topic name rules. topic may be
+// delivering at once. Group names follow the topic name rules, but are at
+// most 248 bytes (their retry topic's name is 7 bytes longer). topic may be
 // a dead-letter or retry topic ("%DLQ%billing", "%RETRY%billing"), which is
 // created if it does not exist yet. It returns ErrNoTopic, ErrInvalidGroup,
 // ErrInvalidOption (a bad filter expression among them) or ErrClosed.
@@ -171,7 +172,7 @@ type Consumer struct {
 // WithKeyParallel, one per key in flight and one reading); a Concurrent
 // consumer also consumes the group's retry topic. Close stops them all.
 func (m *MQ) NewConsumer(topic, groupName string, listener Listener, opts ...ConsumerOption) (*Consumer, error) {
-	if err := checkName(groupName, ErrInvalidGroup); err != nil {
+	if err := checkGroup(groupName); err != nil {
 		return nil, err
 	}
 	if listener == nil {
@@ -404,7 +405,7 @@ func (m *MQ) Lag(topic, group string) ([]PartitionLag, error) {
 // ErrNoTopic (an origin topic that no longer exists: the dead letters before
 // it are sent), ctx's error or ErrClosed.
 func (m *MQ) RedriveDeadLetters(ctx context.Context, group string) (int, error) {
-	if err := checkName(group, ErrInvalidGroup); err != nil {
+	if err := checkGroup(group); err != nil {
 		return 0, err
 	}
 	n, err := m.delivery.Redrive(ctx, group, func(err error) bool { return errors.Is(err, ErrNoTopic) })

@@ -111,10 +111,13 @@ var (
 	// node cannot provide (DoubleWrite and Raft3 need a cluster).
 	ErrUnsupportedType = errors.New("mq: replication type not supported here")
 	// ErrInvalidOption is returned by Open, NewProducer and NewConsumer for a
-	// bad option.
+	// bad option, and by Open for a directory its options do not fit: a
+	// cluster node's opened without WithCluster or under another NodeID, or
+	// a standalone node's (one with topics) opened WithCluster.
 	ErrInvalidOption = errors.New("mq: invalid option")
 	// ErrInvalidGroup is returned by NewConsumer for a bad group name (the
-	// same rules as topic names).
+	// same rules as topic names, but at most 248 bytes: a group's retry
+	// topic is named "%RETRY%" and the group).
 	ErrInvalidGroup = errors.New("mq: invalid group name")
 	// ErrNilMessage is returned by SendMessage for a nil *Message.
 	ErrNilMessage = errors.New("mq: nil message")
@@ -211,6 +214,10 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	if err := store.MkdirAll(filepath.Join(dir, "topics")); err != nil {
 		return nil, fmt.Errorf("mq: open %s: %w", dir, err)
 	}
+	claim, err := checkDirOwner(dir, &cfg) // cluster.go
+	if err != nil {
+		return nil, err
+	}
 	meta, err := meta.Open(dir, cfg.logger)
 	if err != nil {
 		return nil, fmt.Errorf("mq: %w", translate(err))
@@ -237,8 +244,10 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	}
 	if cfg.cluster == nil {
 		err = m.load()
-	} else {
-		err = m.openCluster() // the topics come from the metadata group
+	} else if err = m.recoverLogged(); err == nil {
+		if err = m.openCluster(); err == nil && claim { // the topics come from the metadata group
+			err = claimDir(dir, cfg.cluster.NodeID)
+		}
 	}
 	if err == nil {
 		err = m.wal.FinishRecovery() // every partition has replayed its records
@@ -512,6 +521,14 @@ func closeAll(parts []partition.Partition) {
 }
 
 // checkName applies the topic name rules; bad is the error to wrap.
+// checkGroup returns ErrInvalidGroup for a bad group name.
+func checkGroup(name string) error {
+	if err := meta.CheckGroup(name); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidGroup, err)
+	}
+	return nil
+}
+
 func checkName(name string, bad error) error {
 	if err := meta.CheckName(name); err != nil {
 		return fmt.Errorf("%w: %v", bad, err)
@@ -527,7 +544,7 @@ func translate(err error) error {
 	case errors.Is(err, store.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)
 	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt), errors.Is(err, meta.ErrCorrupt),
-		errors.Is(err, txn.ErrCorrupt):
+		errors.Is(err, txn.ErrCorrupt), errors.Is(err, cluster.ErrCorrupt):
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	case errors.Is(err, delivery.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)

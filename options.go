@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/delivery"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/localtx"
@@ -503,8 +504,9 @@ func WithFilter(expression string) ConsumerOption {
 // ClusterConfig makes a node one of a cluster (WithCluster).
 type ClusterConfig struct {
 	// NodeID names the node in the cluster, for the life of its data
-	// directory: 1 to 64 letters, digits, '.', '-' and '_'. With TLS, the
-	// node's certificate must name it (a DNS SAN).
+	// directory (Open refuses another with ErrInvalidOption): 1 to 64
+	// letters, digits, '.', '-' and '_'. With TLS, the node's certificate
+	// must name it (a DNS SAN).
 	NodeID string
 	// Bind is the TCP address of the node's one port ("host:port"; port 0
 	// picks one). Client RPC, raft and replication all use it.
@@ -556,6 +558,8 @@ func WithCluster(c ClusterConfig) Option {
 		switch {
 		case c.NodeID == "":
 			return fmt.Errorf("%w: cluster needs a NodeID", ErrInvalidOption)
+		case cluster.CheckNodeID(c.NodeID) != nil:
+			return fmt.Errorf("%w: cluster NodeID %q: 1 to %d letters, digits, '.', '-' and '_'", ErrInvalidOption, c.NodeID, cluster.MaxNodeIDLen)
 		case c.Bind == "":
 			return fmt.Errorf("%w: cluster needs a Bind address", ErrInvalidOption)
 		case len(c.Secret) < 16:

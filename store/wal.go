@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -543,6 +545,15 @@ func (w *WAL) Recover(stream string, applied uint64, fn func(rec []byte) error) 
 		}
 	}
 	return nil
+}
+
+// Streams returns the streams that hold records left by the previous run,
+// sorted, until FinishRecovery: every one must Recover before it, or its
+// records are gone.
+func (w *WAL) Streams() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Sorted(maps.Keys(w.rec))
 }
 
 func (w *WAL) closeFiles() {

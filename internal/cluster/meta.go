@@ -3,12 +3,18 @@ package cluster
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -57,6 +63,10 @@ type MetaConfig struct {
 	// SessionTimeout is how long the leader waits for a node's heartbeat
 	// before it marks the node down (DefaultSessionTimeout if 0).
 	SessionTimeout time.Duration
+
+	// stores, set only by tests, wraps raft.db's log and stable store
+	// (fault injection).
+	stores func(*raftboltdb.BoltStore) (raft.LogStore, raft.StableStore)
 }
 
 // Meta is this node's member of the metadata raft group: the replicated
@@ -77,6 +87,9 @@ type Meta struct {
 	dir      string // Dir: raft.db, snapshots, the state cache
 
 	cacheSaved uint64 // the index of the State in the cache; cache.go
+
+	running atomic.Bool // raft runs: set once NewRaft returned; termStore
+	failed  atomic.Bool // raft.db could not save a term or vote; termStore
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -183,7 +196,16 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 		if err != nil {
 			return nil, fmt.Errorf("open metadata snapshots: %w", err)
 		}
-		existing, err := raft.HasExistingState(store, store, snaps)
+		if err := checkSnapshots(cfg.Dir, snaps); err != nil {
+			return nil, err
+		}
+		var logs raft.LogStore = store
+		var stable raft.StableStore = store
+		if cfg.stores != nil {
+			logs, stable = cfg.stores(store)
+		}
+		stable = &termStore{StableStore: stable, m: m}
+		existing, err := raft.HasExistingState(logs, stable, snaps)
 		if err != nil {
 			return nil, fmt.Errorf("metadata state: %w", err)
 		}
@@ -200,24 +222,120 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 			boot := raft.Configuration{Servers: []raft.Server{{
 				Suffrage: raft.Voter, ID: conf.LocalID, Address: cfg.Transport.LocalAddr(),
 			}}}
-			if err := raft.BootstrapCluster(conf, store, store, snaps, cfg.Transport, boot); err != nil {
+			if err := raft.BootstrapCluster(conf, logs, stable, snaps, cfg.Transport, boot); err != nil {
 				return nil, fmt.Errorf("bootstrap metadata group: %w", err)
 			}
 		}
-		r, err := raft.NewRaft(conf, m.fsm, store, store, snaps, cfg.Transport)
-		if err != nil {
-			return nil, fmt.Errorf("start metadata raft: %w", err)
-		}
-		return r, nil
+		return newRaft(conf, m.fsm, logs, stable, snaps, cfg.Transport, path)
 	}()
 	if err != nil {
 		_ = store.Close()
 		return nil, err
 	}
+	m.running.Store(true)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.goFunc(m.sessionLoop)
 	m.goFunc(m.cacheLoop)
 	return m, nil
+}
+
+// errMetaFailed is Close's error after raft.db failed to save a term.
+var errMetaFailed = errors.New("cluster: the metadata log failed to save a term or vote; this node's member stopped")
+
+// termStore is raft.db's stable store as raft sees it. hashicorp/raft
+// panics, in its own goroutines, when it cannot save a new term
+// (setCurrentTerm): the process embedding the node would die of a disk
+// error. Once raft runs, a failed SetUint64 (a term or a vote) instead
+// stops this node's member of the metadata group until it is reopened:
+// it is logged, and the goroutine that called it (raft's main loop, or the
+// transport's handling a heartbeat) ends with runtime.Goexit, which runs
+// its deferred calls, so that raft's Shutdown still finds every goroutine
+// done. Nothing of raft's may go on from a term perhaps not on disk (a
+// failed sync is sticky); the node leads no more, and proposals go to
+// another leader.
+type termStore struct {
+	raft.StableStore
+	m *Meta
+}
+
+func (s *termStore) SetUint64(key []byte, v uint64) error {
+	err := s.StableStore.SetUint64(key, v)
+	if err == nil || !s.m.running.Load() {
+		return err // before NewRaft returned: OpenMeta fails
+	}
+	if !s.m.failed.Swap(true) {
+		s.m.log.Error("metadata log cannot save the raft term or vote: this node's member of the metadata group stops until the node is reopened",
+			"key", string(key), "err", err)
+	}
+	runtime.Goexit()
+	return err
+}
+
+// newRaft is raft.NewRaft, whose panic when the log lacks an entry it
+// replays (entries a snapshot covered, compacted away, and the snapshot
+// gone) is ErrCorrupt naming raft.db. It panics before it starts any
+// goroutine.
+func newRaft(conf *raft.Config, f *fsm, logs raft.LogStore, stable raft.StableStore, snaps raft.SnapshotStore, tr raft.Transport, path string) (r *raft.Raft, err error) {
+	defer func() {
+		p := recover()
+		if pe, ok := p.(error); ok && errors.Is(pe, raft.ErrLogNotFound) {
+			r, err = nil, fmt.Errorf("%w: %s lacks entries it needs (%v): a snapshot removed?", ErrCorrupt, path, p)
+		} else if p != nil {
+			r, err = nil, fmt.Errorf("start metadata raft: %v", p) // a term it could not save
+		}
+	}()
+	r, err = raft.NewRaft(conf, f, logs, stable, snaps, tr)
+	if err != nil {
+		return nil, fmt.Errorf("start metadata raft: %w", err)
+	}
+	return r, nil
+}
+
+// checkSnapshots returns ErrCorrupt, naming it, for a snapshot in
+// Dir/snapshots that raft would skip or fail on: its meta.json missing,
+// unreadable or another's, or its state.bin failing its checksum. Raft
+// skips the first kind without a word and replays the log from before it
+// (which compaction removed), and reports the second naming nothing.
+// Temporary snapshots (a crash while writing one) are raft's to ignore.
+func checkSnapshots(dir string, snaps *raft.FileSnapshotStore) error {
+	root := filepath.Join(dir, "snapshots")
+	ents, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("metadata snapshots: %w", err)
+	}
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasSuffix(e.Name(), ".tmp") {
+			continue
+		}
+		path := filepath.Join(root, e.Name())
+		b, err := os.ReadFile(filepath.Join(path, "meta.json"))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("metadata snapshot: %w", err)
+		}
+		var meta struct{ ID string }
+		if err == nil {
+			err = json.Unmarshal(b, &meta)
+		}
+		if err == nil && meta.ID != e.Name() {
+			err = fmt.Errorf("its meta.json names %q", meta.ID)
+		}
+		if err == nil {
+			var rc io.ReadCloser
+			if _, rc, err = snaps.Open(e.Name()); err == nil {
+				rc.Close()
+			}
+			if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+				return fmt.Errorf("metadata snapshot: %w", err) // I/O, not damage
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("%w: metadata snapshot %s: %v", ErrCorrupt, path, err)
+		}
+	}
+	return nil
 }
 
 // Close stops the session loop and raft, waits for them and closes the log.
@@ -235,6 +353,9 @@ func (m *Meta) Close() error {
 		m.saveCache() // what raft applied last
 		if e := m.store.Close(); err == nil && e != nil {
 			err = fmt.Errorf("close metadata log: %w", e)
+		}
+		if err == nil && m.failed.Load() {
+			err = errMetaFailed
 		}
 		m.closeErr = err
 	})

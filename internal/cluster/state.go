@@ -677,6 +677,10 @@ func checkName(what, name string) error {
 	return nil
 }
 
+// CheckNodeID returns ErrInvalid for an id that is not a node id: 1 to
+// MaxNodeIDLen bytes of [A-Za-z0-9._-].
+func CheckNodeID(id string) error { return checkNodeID(id) }
+
 // checkNodeID applies internal/transport's rule: a node id is the DNS name
 // of its certificate.
 func checkNodeID(id string) error {

@@ -48,6 +48,19 @@ const (
 	DeadLetterPrefix = "%DLQ%"
 )
 
+// MaxGroupLen is the longest group name: the group's retry topic, named
+// by the longer prefix and the group, must be a valid topic name too.
+const MaxGroupLen = 255 - len(RetryPrefix)
+
+// CheckGroup applies the rules of group names: those of topic names, and
+// at most MaxGroupLen bytes.
+func CheckGroup(name string) error {
+	if len(name) > MaxGroupLen {
+		return fmt.Errorf("%.20q…: length %d (1..%d: its retry topic's name is %d bytes longer)", name, len(name), MaxGroupLen, len(RetryPrefix))
+	}
+	return CheckName(name)
+}
+
 // CheckName applies the rules of topic and group names: 1 to 255 bytes of
 // letters, digits, '.', '_' and '-', not "." or "..", not starting with '%'
 // (reserved for system topics).
