@@ -223,14 +223,21 @@ func TestAttack_PausedNodeChild(t *testing.T) {
 // and it must not begin another call of a partition n2 now delivers.
 func TestAttack_PausedNode(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		kp   int
-	}{{"OneByOne", 0}, {"KeyParallel", 4}} {
-		t.Run(tc.name, func(t *testing.T) { testPausedNode(t, tc.kp) })
+		name    string
+		kp      int
+		backlog int // messages per key before the pause
+		idle    bool
+	}{
+		{"OneByOne", 0, 15, false},
+		{"KeyParallel", 16, 30, false},
+		// n3 waits in a fetch when it stops; the messages come during the pause.
+		{"OneByOneIdle", 0, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testPausedNode(t, tc.kp, tc.backlog, tc.idle) })
 	}
 }
 
-func testPausedNode(t *testing.T, kp int) {
+func testPausedNode(t *testing.T, kp, backlog int, idle bool) {
 	c := newReviewCluster(t, 2, time.Second) // lease 500 ms
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -307,16 +314,17 @@ func testPausedNode(t *testing.T, kp int) {
 	}
 	c.waitUp(3)
 
-	// A backlog: 16 keys over the partitions, sent in parallel by key.
+	// A backlog: 64 keys over the partitions, sent in parallel by key.
 	p, err := c.nodes["n1"].NewProducer("t")
 	if err != nil {
 		t.Fatal(err)
 	}
+	const keys = 64
 	var ackMu sync.Mutex
 	acked := map[string]bool{}
 	send := func(prefix string, perKey int) {
 		var wg sync.WaitGroup
-		for k := range 16 {
+		for k := range keys {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -337,11 +345,11 @@ func testPausedNode(t *testing.T, kp int) {
 		}
 		wg.Wait()
 	}
-	send("a", 120)
+	send("a", backlog)
 	if t.Failed() {
 		t.FailNow()
 	}
-	// n3 delivers some of its share.
+	// n3 delivers some of its share (all of it, idle).
 	waitFor(t, 20*time.Second, "n3 delivering", func() bool {
 		n := 0
 		for _, d := range log.all() {
@@ -349,18 +357,24 @@ func testPausedNode(t *testing.T, kp int) {
 				n++
 			}
 		}
-		return n >= 20
+		return n >= min(20, backlog*keys/4)
 	})
+	if idle {
+		waitFor(t, 20*time.Second, "the backlog delivered", func() bool { return len(log.all()) >= backlog*keys })
+		time.Sleep(100 * time.Millisecond) // into the next fetch
+	}
 	stopAt := time.Now().UnixNano()
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second)
+	if idle {
+		send("p", 5) // to n3's fetches, and to n2 once it takes over
+	}
+	time.Sleep(time.Until(time.Unix(0, stopAt).Add(3 * time.Second)))
 	contAt := time.Now().UnixNano()
 	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	send("b", 10) // after the resume: n3 must take part again
 	all := func() bool {
 		got := map[string]bool{}
 		for _, d := range log.all() {
@@ -376,15 +390,24 @@ func testPausedNode(t *testing.T, kp int) {
 		return true
 	}
 	waitFor(t, 30*time.Second, "every acked message delivered", all)
+	// n3 rejoins: it is up again and its consumer gets partitions back.
 	c.waitUp(3)
-	waitFor(t, 20*time.Second, "n3 delivering again", func() bool {
+	rejoined := func() bool {
 		for _, d := range log.all() {
 			if d.node == "n3" && d.start > contAt {
 				return true
 			}
 		}
 		return false
-	})
+	}
+	for i := 0; !rejoined(); i++ {
+		if i == 40 {
+			t.Fatalf("n3 delivered nothing in the 20 s after its resume")
+		}
+		send(fmt.Sprintf("b%d", i), 1)
+		time.Sleep(500 * time.Millisecond)
+	}
+	waitFor(t, 30*time.Second, "every acked message delivered", all)
 
 	stdin.Close()
 	select {
@@ -412,7 +435,6 @@ func testPausedNode(t *testing.T, kp int) {
 	}
 	t.Logf("%d handler calls, %d by n3 after its resume", len(ds), n3)
 }
-
 
 // lockedBuffer is a bytes buffer safe for a child's stderr copier and the
 // test reading it.
