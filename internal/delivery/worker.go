@@ -335,7 +335,7 @@ func (w *worker) handle(ctx context.Context, sm *store.Message, stop <-chan stru
 				return false
 			}
 		}
-		if ctx.Err() != nil || w.moved.Load() { // stopped or reset: deliver nothing more
+		if ctx.Err() != nil || w.moved.Load() || w.lapsed() { // stopped, reset or lease lapsed: deliver nothing more
 			if w.sem != nil {
 				<-w.sem
 			}
