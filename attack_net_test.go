@@ -9,6 +9,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -453,4 +455,302 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// netProxy forwards the connections it accepts to a node's port: the node
+// advertises it, so the other nodes reach the node through it while the
+// node reaches them directly. Cut, it closes what it carries and refuses
+// new connections: nobody reaches the node, the node reaches everybody (a
+// one-way link, as a firewall or a NAT makes).
+type netProxy struct {
+	ln     net.Listener
+	target string // the node's own address
+	wg     sync.WaitGroup
+
+	mu    sync.Mutex
+	cut   bool
+	conns map[net.Conn]struct{}
+}
+
+// newNetProxy listens, and picks the address its node binds to (a port
+// the system gave and took back).
+func newNetProxy(t testing.TB) *netProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := nl.Addr().String()
+	nl.Close()
+	p := &netProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *netProxy) Addr() string { return p.ln.Addr().String() }
+
+func (p *netProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		cut := p.cut
+		if !cut {
+			p.conns[c] = struct{}{}
+		}
+		p.mu.Unlock()
+		if cut {
+			c.Close()
+			continue
+		}
+		p.wg.Add(1)
+		go p.pipe(c, p.target)
+	}
+}
+
+func (p *netProxy) pipe(c net.Conn, addr string) {
+	defer p.wg.Done()
+	defer p.forget(c)
+	u, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return
+	}
+	defer p.forget(u)
+	p.mu.Lock()
+	if p.cut {
+		p.mu.Unlock()
+		return
+	}
+	p.conns[u] = struct{}{}
+	p.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		io.Copy(u, c)
+		u.Close()
+		c.Close()
+		close(done)
+	}()
+	io.Copy(c, u)
+	c.Close()
+	u.Close()
+	<-done
+}
+
+func (p *netProxy) forget(c net.Conn) {
+	c.Close()
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+}
+
+// setCut cuts (or restores) the way in.
+func (p *netProxy) setCut(cut bool) {
+	p.mu.Lock()
+	p.cut = cut
+	var cs []net.Conn
+	if cut {
+		for c := range p.conns {
+			cs = append(cs, c)
+		}
+	}
+	p.mu.Unlock()
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
+func (p *netProxy) close() {
+	p.ln.Close()
+	p.setCut(true)
+	p.wg.Wait()
+}
+
+// TestAttack_LinkFaults attacks promises 1, 4 and 5 (nothing acked lost,
+// per-key order, one owner of a partition per group at a time), that every
+// call returns when its ctx ends, and that the cluster recovers, under:
+//
+//   - OneWay: n3 reaches n1 and n2, but neither reaches n3 (n3 advertises a
+//     proxy, which is cut) for 3 session timeouts;
+//   - Flapping: links cut and restored every 100–500 ms for 5 s, each cut
+//     on one end only (transport.SetLinkDown), and n3's way in flapping
+//     too.
+//
+// A producer on n1 sends keyed messages all along (each send bounded by
+// 2 s); consumers of group g run on n2 and n3, partitions on every node.
+func TestAttack_LinkFaults(t *testing.T) {
+	t.Run("OneWay", func(t *testing.T) { testLinkFaults(t, "n3", false) })
+	// The node nobody reaches is the metadata leader (it started the
+	// cluster), whose appends reach the others while their heartbeats do
+	// not reach it.
+	t.Run("OneWayLeader", func(t *testing.T) { testLinkFaults(t, "n1", false) })
+	t.Run("Flapping", func(t *testing.T) { testLinkFaults(t, "n3", true) })
+}
+
+// testLinkFaults: pxNode is the node behind the proxy.
+func testLinkFaults(t *testing.T, pxNode string, flap bool) {
+	px := newNetProxy(t)
+	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: time.Second}
+	c.opts = func(id string) []mq.Option {
+		if id != pxNode {
+			return nil
+		}
+		var seeds []string
+		for _, m := range c.nodes {
+			seeds = append(seeds, m.ClusterStatus().Addr)
+		}
+		return []mq.Option{mq.WithCluster(mq.ClusterConfig{
+			NodeID: id, Bind: px.target, Advertise: px.Addr(), Seeds: seeds, Secret: clusterSecret,
+			SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
+		})}
+	}
+	c.startAll(3)
+	if pxNode == "n1" {
+		if l := c.nodes["n2"].ClusterStatus().Leader; l != "n1" {
+			t.Skipf("leader %s, not n1", l)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const parts = 6
+	if err := c.nodes["n1"].CreateMQ(ctx, "t", parts, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["t"] == parts })
+	}
+	log := &netLog{}
+	for _, id := range []string{"n2", "n3"} {
+		cons, err := c.nodes[id].NewConsumer("t", "g", netHandler(id, 2*time.Millisecond, log.add))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cons.Close() })
+	}
+	p, err := c.nodes["n1"].NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ackMu sync.Mutex
+	acked := map[string]bool{}
+	var sendErrs, slow int
+	stopSend := make(chan struct{})
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		var wg sync.WaitGroup
+		for k := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					select {
+					case <-stopSend:
+						return
+					default:
+					}
+					id := fmt.Sprintf("k%02d-%05d", k, i)
+					sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+					began := time.Now()
+					_, err := p.SendMessage(sctx, &mq.Message{ID: id, Key: fmt.Sprintf("k%02d", k), Body: []byte("x")})
+					scancel()
+					ackMu.Lock()
+					if d := time.Since(began); d > 3*time.Second {
+						slow++
+					}
+					if err == nil {
+						acked[id] = true
+					} else {
+						sendErrs++
+					}
+					ackMu.Unlock()
+					time.Sleep(10 * time.Millisecond)
+				}
+			}()
+		}
+		wg.Wait()
+	}()
+	time.Sleep(time.Second)
+	if !flap {
+		px.setCut(true)
+		time.Sleep(3 * time.Second)
+		for _, id := range []string{"n1", "n2", "n3"} {
+			st := c.nodes[id].ClusterStatus()
+			t.Logf("during the cut, %s: leader %q, nodes %+v", id, st.Leader, st.Nodes)
+		}
+		px.setCut(false)
+	} else {
+		rng := rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano())))
+		ids := []string{"n1", "n2", "n3"}
+		end := time.Now().Add(5 * time.Second)
+		for time.Now().Before(end) {
+			a, b := ids[rng.IntN(3)], ids[rng.IntN(3)]
+			if a != b {
+				mq.ReviewSetLinkDown(c.nodes[a], b, true)
+			}
+			in := rng.IntN(3) == 0
+			if in {
+				px.setCut(true)
+			}
+			time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond)
+			if a != b {
+				mq.ReviewSetLinkDown(c.nodes[a], b, false)
+			}
+			if in {
+				px.setCut(false)
+			}
+		}
+	}
+	healed := time.Now()
+	time.Sleep(2 * time.Second)
+	close(stopSend)
+	select {
+	case <-sent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("sends did not return 10 s after they were asked to stop (each is bounded by 2 s)")
+	}
+	ackMu.Lock()
+	t.Logf("%d acked, %d sends failed, %d took over 3 s", len(acked), sendErrs, slow)
+	if slow > 0 {
+		t.Errorf("%d sends returned more than a second after their ctx ended", slow)
+	}
+	ackMu.Unlock()
+	c.waitUp(3)
+	missing := func() []string {
+		got := map[string]bool{}
+		for _, d := range log.all() {
+			got[d.id] = true
+		}
+		ackMu.Lock()
+		defer ackMu.Unlock()
+		var out []string
+		for id := range acked {
+			if !got[id] {
+				out = append(out, id)
+			}
+		}
+		sort.Strings(out)
+		return out
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(missing()) > 0 {
+		if time.Now().After(deadline) {
+			ms := missing()
+			t.Fatalf("%d acked messages not delivered 30 s after the links healed (%v), e.g. %v", len(ms), time.Since(healed).Round(time.Second), ms[:min(len(ms), 10)])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	ds := log.all()
+	checkOwners(t, ds, func(netDelivery) bool { return false })
+	checkKeyOrder(t, ds)
+	t.Logf("%d handler calls", len(ds))
 }
