@@ -80,3 +80,64 @@ func TestAttack_PausedPastLeaseStartsNoHandler(t *testing.T) {
 		})
 	}
 }
+
+// TestAttack_ResetLetsClaimUnderLiveLease attacks "at most one owner of a
+// partition per group delivers at a time".
+//
+// Two nodes' coordinators both give the partition (a node cut from the
+// metadata leader goes on, the new owner waits for its lease). An offset
+// reset made on the waiting node (OpResetOffset) takes a new generation
+// marked Reset, which holds no lease: the waiting worker, told by the
+// reset, claims at once, while the holder's handler still runs (its ctx
+// ends only when its renewal, refused as stale, makes it lapse, or when a
+// commit is refused after the handler returned).
+// FAILED before the fix: "b began a delivery while the other node's
+// handler of the partition ran" (0.5 s after the reset). Now the reset
+// keeps the owner's lease, and the owner's claim carries the reset's
+// generation.
+func TestAttack_ResetLetsClaimUnderLiveLease(t *testing.T) {
+	const lease = 2 * time.Second
+	tb := newTable()
+	parts := tb.add("orders", 1)
+	var in atomic.Int32
+	var overlap atomic.Bool
+	started := make(chan string, 100)
+	handler := func(node string) Handler {
+		return func(ctx context.Context, d *Delivery) error {
+			if in.Add(1) > 1 {
+				overlap.Store(true)
+			}
+			defer in.Add(-1)
+			started <- node
+			select { // slow work that ends with its ctx
+			case <-time.After(3 * time.Second):
+			case <-ctx.Done():
+			}
+			return nil
+		}
+	}
+	a := newEngineWith(t, tb, leased{lease: lease})
+	b := newEngineWith(t, tb, leased{lease: lease})
+	if _, err := a.Subscribe("orders", "g", handler("a"), testConfig()); err != nil {
+		t.Fatal(err)
+	}
+	send(t, parts[0], 0, 3)
+	if n := <-started; n != "a" {
+		t.Fatalf("first delivery by %s", n)
+	}
+	if _, err := b.Subscribe("orders", "g", handler("b"), testConfig()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(lease / 4) // b waits for a's lease
+	if err := b.Reset(context.Background(), "orders", "g", Position{Kind: PosFirst}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-started:
+		if overlap.Load() {
+			t.Fatalf("%s began a delivery while the other node's handler of the partition ran", n)
+		}
+	case <-time.After(3 * lease):
+		t.Fatal("nothing delivered within three leases of the reset")
+	}
+}
