@@ -754,3 +754,72 @@ func testLinkFaults(t *testing.T, pxNode string, flap bool) {
 	checkKeyOrder(t, ds)
 	t.Logf("%d handler calls", len(ds))
 }
+
+// TestAttack_ResetDuringClusterConsumption attacks "a partition is never
+// left undelivered while a live consumer of its group exists" after the
+// reset fix (a reset keeps the owner's lease; the owner claims again with
+// the reset's generation): a reset made on the consumer's node (its
+// workers are told) and on another node (the workers learn from a refused
+// commit) is followed by a redelivery from the first message, with no
+// overlap of owners.
+func TestAttack_ResetDuringClusterConsumption(t *testing.T) {
+	c := newReviewCluster(t, 2, time.Second) // lease 500 ms
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const parts = 2
+	if err := c.nodes["n1"].CreateMQ(ctx, "t", parts, mq.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["t"] == parts })
+	}
+	log := &netLog{}
+	cons, err := c.nodes["n2"].NewConsumer("t", "g", netHandler("n2", time.Millisecond, log.add))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	p, err := c.nodes["n1"].NewProducer("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if _, err := p.SendMessage(ctx, &mq.Message{ID: fmt.Sprintf("m%02d", i), Key: fmt.Sprintf("k%d", i%4), Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(id string) int {
+		n := 0
+		for _, d := range log.all() {
+			if d.id == id {
+				n++
+			}
+		}
+		return n
+	}
+	waitFor(t, 20*time.Second, "the first delivery of all", func() bool {
+		for i := range 20 {
+			if count(fmt.Sprintf("m%02d", i)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for round, on := range []string{"n2", "n1"} {
+		time.Sleep(300 * time.Millisecond) // offsets committed
+		began := time.Now()
+		if err := c.nodes[on].ResetOffset(ctx, "t", "g", mq.SeekFirst()); err != nil {
+			t.Fatalf("reset on %s: %v", on, err)
+		}
+		waitFor(t, 20*time.Second, "redelivery of all after the reset on "+on, func() bool {
+			for i := range 20 {
+				if count(fmt.Sprintf("m%02d", i)) < round+2 {
+					return false
+				}
+			}
+			return true
+		})
+		t.Logf("reset on %s: everything redelivered in %v", on, time.Since(began).Round(time.Millisecond))
+	}
+	checkOwners(t, log.all(), func(netDelivery) bool { return false })
+}
