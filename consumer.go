@@ -301,7 +301,9 @@ func (p Position) String() string {
 // the new offset under a new generation, which no older commit can
 // overwrite, and a consumer running on this node moves to it before it
 // delivers its next message (a handler in progress finishes; what it
-// commits no longer counts). It waits for no handler, so it may be called
+// commits no longer counts); in a cluster, a consumer on another node
+// moves to it at its next commit or renewal, and within about
+// SessionTimeout/2 at most. It waits for no handler, so it may be called
 // from one, of any partition. A partition moving between consumers takes
 // the reset with it.
 //

@@ -99,7 +99,13 @@ func (v *view) apply(c *Command) (Result, error) {
 		return res, v.claim(c, &res)
 	case OpResetOffset:
 		res.Found = v.get(bGroups, c.Group) != nil // a damaged record is reset too
-		return res, v.fence(c, GroupState{Offset: c.Offset}, &res)
+		g := GroupState{Offset: c.Offset}
+		if old, found, err := v.group(c.Group); err == nil && found && old.Leased(c.Now, 0) {
+			// The owner's lease is kept: another claim waits for it, as the
+			// owner may still deliver (see GroupState.Lease).
+			g.Updated, g.Lease = old.Updated, old.Lease
+		}
+		return res, v.fence(c, g, &res)
 	case OpDeleteGroup:
 		res.Found = v.get(bGroups, c.Group) != nil
 		if c.MaxAge > 0 { // only an idle record: one of unknown age (0) is kept
@@ -202,9 +208,13 @@ func (v *view) fence(c *Command, g GroupState, res *Result) error {
 		return fmt.Errorf("%w: op %d: the partition has handed out every group generation", ErrBadCommand, c.Op)
 	}
 	st.GroupGen++
+	kept := g // a reset's: the owner's lease it keeps, if any
 	g.Generation, g.Updated, g.Reset, g.Released, g.Lease = st.GroupGen, c.Now, c.Op == OpResetOffset, false, 0
-	if c.Op == OpClaim {
+	switch {
+	case c.Op == OpClaim:
 		g.Lease = c.MaxAge
+	case kept.Lease > 0:
+		g.Updated, g.Lease = kept.Updated, kept.Lease
 	}
 	v.putGroup(c, g, res)
 	return nil

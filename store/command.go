@@ -56,7 +56,9 @@ const (
 	// by its own lease.
 	OpClaim Op = 10
 	// OpResetOffset sets Group's offset to Offset (creating the record if
-	// absent) with a new generation, fencing whoever owned the group.
+	// absent) with a new generation, fencing whoever owned the group; the
+	// owner's lease, if it held one, is kept (GroupState.Lease): another
+	// claim waits for it, the owner claims with the reset's generation.
 	OpResetOffset Op = 11
 	// OpUnclaim is the owner's last commit: OpCommitOffset, which also
 	// lets go of the group, so that the next claim needs not wait for the

@@ -101,18 +101,22 @@ type GroupState struct {
 	// Lease is the owner's lease (ns), from its claim's MaxAge: a later
 	// claim respects the longer of it and its own, so owners with
 	// different leases never overlap.
+	// A reset of a leased record keeps the owner's lease and Updated (its
+	// owner, told of the reset, claims again with the reset's generation;
+	// any other claim waits for the lease, as before the reset).
 	Lease int64
 }
 
 // Leased reports that an owner holds g at now under the longer of its
 // lease and lease: it claimed or committed within it and did not let go,
-// and no reset took the group from it. A record of unknown age (before
-// format 3) holds no lease, nor one stamped more than the lease after now
-// (the partition's clock stepped back: a live owner's next renewal stamps
-// it again). The lease relies on a clock that does not step forward.
+// and no reset took the group from it while it held no lease. A record of
+// unknown age (before format 3) holds no lease, nor one stamped more than
+// the lease after now (the partition's clock stepped back: a live owner's
+// next renewal stamps it again). The lease relies on a clock that does not
+// step forward.
 func (g GroupState) Leased(now, lease int64) bool {
 	lease = max(lease, g.Lease)
-	return g.Generation != 0 && !g.Reset && !g.Released && g.Updated != 0 &&
+	return g.Generation != 0 && (!g.Reset || g.Lease > 0) && !g.Released && g.Updated != 0 &&
 		g.Updated > now-lease && g.Updated-lease <= now
 }
 

@@ -303,11 +303,11 @@ func (g *group) rebalanceLocked() {
 
 // hint tells the worker of partition part, if it runs here, that the
 // group's offset there was reset.
-func (g *group) hint(part int) {
+func (g *group) hint(part int, gen uint64) {
 	g.rebalanceMu.Lock()
 	defer g.rebalanceMu.Unlock()
 	for w := g.owners[part]; w != nil; w = w.prev.Load() {
-		w.hint()
+		w.hint(gen)
 	}
 }
 

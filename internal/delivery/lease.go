@@ -21,7 +21,9 @@ import (
 //     (its handlers' contexts end) when no renewal succeeded for 4/5 of
 //     it, counted from when the last successful one was sent: the
 //     partition stamps a renewal no earlier, so it stops before the
-//     partition may let another owner claim;
+//     partition may let another owner claim; no handler call begins past
+//     that deadline, even before the renewing goroutine noticed it (a
+//     process paused and continued);
 //   - its last commit lets go (store.OpUnclaim), so the next owner needs
 //     not wait.
 type Leaser interface {
@@ -62,9 +64,7 @@ func (w *worker) keepLease(ctx context.Context, lease time.Duration) {
 		deadline := last + int64(lease)*4/5
 		now := clk.Now().UnixNano()
 		if now >= deadline {
-			w.logger().Warn("the partition's lease was not renewed in time; this consumer stops delivering it and claims it again", "lease", lease)
-			w.leaseLost.Store(true)
-			w.c.lose(w)
+			w.lapse()
 			return
 		}
 		wait := min(last+int64(every), deadline) - now
@@ -87,6 +87,28 @@ func (w *worker) keepLease(ctx context.Context, lease time.Duration) {
 		case <-clk.After(time.Duration(max(wait, 0))):
 		}
 	}
+}
+
+// lapsed reports whether w's lease lapsed (4/5 of it since the last
+// successful renewal was sent); if so, it stops w as keepLease does. A
+// handler call begins only while the lease runs: keepLease may notice a
+// lapse after the handlers' goroutines (a process paused past the deadline
+// runs its goroutines in any order when it continues).
+func (w *worker) lapsed() bool {
+	lease := w.c.e.lease
+	if lease <= 0 || w.c.e.clock.Now().UnixNano() < w.renewedAt.Load()+int64(lease)*4/5 {
+		return false
+	}
+	w.lapse()
+	return true
+}
+
+// lapse stops w, whose lease lapsed; its group starts it again (end).
+func (w *worker) lapse() {
+	if w.leaseLost.CompareAndSwap(false, true) {
+		w.logger().Warn("the partition's lease was not renewed in time; this consumer stops delivering it and claims it again", "lease", w.c.e.lease)
+	}
+	w.c.lose(w)
 }
 
 // unclaim is the last commit of a worker with a lease: offset, and the

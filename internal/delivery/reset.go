@@ -57,7 +57,8 @@ func (e *Engine) Reset(ctx context.Context, topic, name string, to Position) err
 		if !ok {
 			continue
 		}
-		if _, err := p.Apply(ctx, &store.Command{Op: store.OpResetOffset, Group: name, Offset: off}); err != nil {
+		res, err := p.Apply(ctx, &store.Command{Op: store.OpResetOffset, Group: name, Offset: off})
+		if err != nil {
 			return fmt.Errorf("reset %s/%d for %s: %w", topic, i, name, err)
 		}
 		// The group as it is now: one created since the reset began has a
@@ -66,7 +67,7 @@ func (e *Engine) Reset(ctx context.Context, topic, name string, to Position) err
 		g := e.groups[groupKey{topic, name}]
 		e.mu.Unlock()
 		if g != nil {
-			g.hint(i)
+			g.hint(i, res.Generation)
 		}
 	}
 	return nil

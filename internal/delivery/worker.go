@@ -54,6 +54,11 @@ type worker struct {
 	leaseGen  atomic.Uint64
 	renewedAt atomic.Int64
 	leaseLost atomic.Bool
+	// adopt is the generation of a reset that took the partition from
+	// this worker while it held it: the reset kept the worker's lease
+	// (store.GroupState.Lease), and the worker's next claim carries it so
+	// that this lease does not hold it off (another owner's claim waits).
+	adopt atomic.Uint64
 }
 
 func newWorker(c *Consumer, part int, p Partition) *worker {
@@ -176,8 +181,12 @@ func (w *worker) claim(ctx context.Context) (uint64, bool) {
 
 func (w *worker) claimCommand() *store.Command {
 	// With its generation: a worker claiming again is not held off by its
-	// own lease (a reset's hint after it claimed again by itself).
+	// own lease (a reset's hint after it claimed again by itself), nor by
+	// the one a reset kept for it (adopt).
 	cmd := &store.Command{Op: store.OpClaim, Group: w.c.group.name, MaxAge: int64(w.c.e.lease), Generation: w.gen}
+	if a := w.adopt.Load(); a > w.gen && !w.lapsed() {
+		cmd.Generation = a
+	}
 	if w.resume {
 		w.resume = false
 		cmd.Start, cmd.Offset = store.StartAt, w.resumeAt
@@ -212,15 +221,34 @@ func (w *worker) armFetch(ctx context.Context) {
 	w.fetchCtx = fctx
 }
 
-// hint tells w that the group's offset moved: it claims again before it
-// delivers anything more.
-func (w *worker) hint() {
+// hint tells w that a reset moved the group's offset under generation
+// gen: it claims again before it delivers anything more.
+func (w *worker) hint(gen uint64) {
+	w.adoptReset(gen)
 	w.fetchMu.Lock()
 	if w.unfetch != nil {
 		w.unfetch()
 	}
 	w.fetchMu.Unlock()
 	w.markMoved()
+}
+
+// adoptReset lets w's next claim carry gen, a reset's generation, if w
+// held the partition: it claimed (a worker that waits for another owner's
+// lease has claimed nothing and adopts nothing), and claimCommand checks
+// that its lease has not lapsed, so the reset kept w's lease and no other
+// owner claimed since. Generations only grow: an older one than w's is of
+// no use.
+func (w *worker) adoptReset(gen uint64) {
+	if w.leaseGen.Load() == 0 || w.c.e.lease <= 0 {
+		return
+	}
+	for {
+		old := w.adopt.Load()
+		if gen <= old || w.adopt.CompareAndSwap(old, gen) {
+			return
+		}
+	}
 }
 
 // markMoved makes w claim again: a retry wait ends at once.
@@ -310,7 +338,9 @@ func (w *worker) fenced() {
 		w.logger().Warn("partition claimed by another owner; this consumer stops delivering it", "generation", w.gen, "owner", gs.Generation)
 		w.c.lose(w)
 		return
-	case err == nil && !ok:
+	case err == nil && ok: // a reset
+		w.adoptReset(gs.Generation)
+	case err == nil:
 		// The record is gone (the upkeep took a broadcast instance for
 		// idle): claim it again where this worker is.
 		w.resumeAt, w.resume = w.committed, true
@@ -335,7 +365,7 @@ func (w *worker) handle(ctx context.Context, sm *store.Message, stop <-chan stru
 				return false
 			}
 		}
-		if ctx.Err() != nil || w.moved.Load() { // stopped or reset: deliver nothing more
+		if ctx.Err() != nil || w.moved.Load() || w.lapsed() { // stopped, reset or lease lapsed: deliver nothing more
 			if w.sem != nil {
 				<-w.sem
 			}

@@ -240,13 +240,21 @@ var offsetTests = []test{
 		if group(t, p, "g").Released {
 			t.Fatal("Group after a claim still marked Released")
 		}
-		// A reset takes the group from its owner: the owner, fenced, claims
-		// again at once under its lease.
-		apply(t, p, &store.Command{Op: store.OpResetOffset, Now: t0 + 3*sec, Group: "g", Offset: 1})
-		again := apply(t, p, &store.Command{Op: store.OpClaim, Now: t0 + 3*sec, Group: "g", MaxAge: lease})
+		// A reset takes the group from its owner but keeps its lease: another
+		// claim waits for it (the owner may still deliver); the owner,
+		// fenced, claims again at once with the reset's generation.
+		reset := apply(t, p, &store.Command{Op: store.OpResetOffset, Now: t0 + 3*sec, Group: "g", Offset: 1})
+		equal(t, "Group after a reset under a lease", group(t, p, "g"),
+			store.GroupState{Offset: 1, Generation: reset.Generation, Updated: t0 + 2*sec, Reset: true, Lease: lease})
+		applyErr(t, p, &store.Command{Op: store.OpClaim, Now: t0 + 3*sec, Group: "g", MaxAge: lease, Generation: next.Generation}, store.ErrClaimed)
+		again := apply(t, p, &store.Command{Op: store.OpClaim, Now: t0 + 3*sec, Group: "g", MaxAge: lease, Generation: reset.Generation})
 		if again.Offset != 1 {
 			t.Fatalf("claim after a reset: Offset %d, want 1", again.Offset)
 		}
+		// A reset of a record held by no lease leaves it free.
+		apply(t, p, &store.Command{Op: store.OpUnclaim, Now: t0 + 4*sec, Group: "g", Offset: 1, Generation: again.Generation})
+		apply(t, p, &store.Command{Op: store.OpResetOffset, Now: t0 + 5*sec, Group: "g", Offset: 0})
+		apply(t, p, &store.Command{Op: store.OpClaim, Now: t0 + 5*sec, Group: "g", MaxAge: lease})
 		// An OpUnclaim with a missing group is a bad command, as a commit's.
 		applyErr(t, p, &store.Command{Op: store.OpUnclaim, Now: t0, Offset: 1}, store.ErrBadCommand)
 	}},

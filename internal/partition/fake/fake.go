@@ -247,9 +247,13 @@ func (p *Partition) start(c *store.Command) uint64 {
 // taken by a reset or a claim.
 func (p *Partition) newGroup(c *store.Command, offset uint64, reset bool) uint64 {
 	p.generation++
+	old := p.groups[c.Group]
 	g := store.GroupState{Offset: offset, Generation: p.generation, Updated: c.Now, Reset: reset}
-	if c.Op == store.OpClaim {
+	switch {
+	case c.Op == store.OpClaim:
 		g.Lease = c.MaxAge
+	case old.Leased(c.Now, 0): // a reset keeps the owner's lease, as the store's
+		g.Updated, g.Lease = old.Updated, old.Lease
 	}
 	p.groups[c.Group] = g
 	return p.generation
