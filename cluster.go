@@ -112,34 +112,10 @@ func checkDirOwner(dir string, cfg *config) (claim bool, err error) {
 // claimDir writes the node file of dir, naming node id.
 func claimDir(dir, id string) error {
 	path := filepath.Join(dir, "cluster", "node")
-	if err := writeDurable(path, []byte(nodeFileHeader+id+"\n")); err != nil {
+	if err := boltsafe.ReplaceFile(path, []byte(nodeFileHeader+id+"\n")); err != nil {
 		return fmt.Errorf("mq: open %s: %w", path, err)
 	}
 	return nil
-}
-
-// writeDurable makes path hold b, whole or not at all: a new file, synced,
-// renamed over path, and the directory synced.
-func writeDurable(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if serr := f.Sync(); err == nil {
-		err = serr
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		return err
-	}
-	return boltsafe.SyncDir(filepath.Dir(path))
 }
 
 // recoverLogged moves what the write-ahead log holds for each partition

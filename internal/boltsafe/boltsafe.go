@@ -134,6 +134,32 @@ func create(path string, o *bolt.Options) error {
 	return SyncDir(dir)
 }
 
+// ReplaceFile makes path hold b, whole or not at all: a new file, synced,
+// renamed over path, and the directory synced. For the small files kept
+// beside the bbolt ones (the cluster's state cache, address book, node
+// file).
+func ReplaceFile(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if serr := f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		return err
+	}
+	return SyncDir(filepath.Dir(path))
+}
+
 // SyncDir fsyncs directory dir, so that the names created, renamed or
 // removed in it last are durable.
 func SyncDir(dir string) error {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/internal/transport"
@@ -628,24 +629,9 @@ func (n *Agent) saveBook(st *State) {
 	for _, id := range slices.Sorted(maps.Keys(book)) {
 		fmt.Fprintf(&b, "%s %s\n", id, book[id])
 	}
-	if err := replaceFile(n.bookPath(), []byte(b.String())); err != nil {
+	if err := boltsafe.ReplaceFile(n.bookPath(), []byte(b.String())); err != nil {
 		n.log.Warn("cannot save the address book", "err", err)
 		return
 	}
 	n.book.Store(&book)
-}
-
-func writeSynced(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if serr := f.Sync(); err == nil {
-		err = serr
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }

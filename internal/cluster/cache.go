@@ -102,24 +102,11 @@ func (m *Meta) saveCache() {
 	}
 	b, err := encodeCache(st)
 	if err == nil {
-		err = replaceFile(cachePath(m.dir), b)
+		err = boltsafe.ReplaceFile(cachePath(m.dir), b)
 	}
 	if err != nil {
 		m.log.Warn("cannot save the metadata state cache", "err", err)
 		return
 	}
 	m.cacheSaved = st.index
-}
-
-// replaceFile makes path hold b, whole or not at all: a new file, synced,
-// renamed over the old one, and the directory synced.
-func replaceFile(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := writeSynced(tmp, b); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	return boltsafe.SyncDir(filepath.Dir(path))
 }
