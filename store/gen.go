@@ -74,10 +74,11 @@ type gen struct {
 
 	minDue   int64 // earliest DeliverAt put in the delay index, if hasDue
 	hasDue   bool
-	delayDel bool // deletes delay entries (OpRelease)
-	grew     bool // adds to the log or the delay index
-	bulk     bool // holds a command of more than bulkMsgs messages
-	muts     int  // mutations
+	delayDel bool     // deletes delay entries (OpRelease)
+	grew     bool     // adds to the log or the delay index
+	bulk     bool     // holds a command of more than bulkMsgs messages
+	muts     int      // mutations
+	pos      Position // Replicated: the position of the last command applied to it
 
 	// Set by the partition as the gen moves through the log.
 	reqs  []*request

@@ -86,16 +86,23 @@ func (p *Partition) due() ([]*gen, time.Duration) {
 // partition: nothing is retried and acknowledged.
 func (p *Partition) materialize(gs []*gen) error {
 	recs := make([][]byte, len(gs))
+	var pos Position
 	for i, g := range gs {
 		recs[i] = g.buf
+		if g.pos != (Position{}) {
+			pos = g.pos
+		}
 	}
-	st, err := p.writeRecords(recs)
+	st, err := p.writeRecords(recs, pos)
 	if err != nil {
 		return p.fail(err)
 	}
 	p.mu.Lock()
 	p.gens = append([]*gen(nil), p.gens[len(gs):]...)
 	p.fileSt = st
+	if pos != (Position{}) {
+		p.filePos = pos
+	}
 	for _, g := range gs {
 		p.pending -= len(g.buf)
 	}
@@ -114,8 +121,9 @@ func (p *Partition) materialize(gs []*gen) error {
 
 // writeRecords writes the effect records recs (in index order, each one
 // after the file's Applied) into the file in one transaction and returns the
-// state after them.
-func (p *Partition) writeRecords(recs [][]byte) (state, error) {
+// state after them. A non-zero pos is stored as the position in the
+// replicated log that the file holds, in the same transaction.
+func (p *Partition) writeRecords(recs [][]byte, pos Position) (state, error) {
 	var st state
 	err := p.update(func(tx *bolt.Tx) error {
 		var bks [nBuckets]*bolt.Bucket
@@ -138,6 +146,11 @@ func (p *Partition) writeRecords(recs [][]byte) (state, error) {
 			}
 			st = after
 		}
+		if pos != (Position{}) {
+			if err := meta.Put(metaPosition, appendPosition(nil, pos)); err != nil {
+				return err
+			}
+		}
 		return meta.Put(metaState, appendState(nil, &st))
 	})
 	if err != nil {
@@ -156,7 +169,7 @@ func (p *Partition) replay() error {
 		if len(recs) == 0 {
 			return nil
 		}
-		st, err := p.writeRecords(recs)
+		st, err := p.writeRecords(recs, Position{})
 		if err != nil {
 			return err
 		}
@@ -209,7 +222,7 @@ func (p *Partition) drain() error {
 // barrier waits until what is durable now is in the file, for reads that
 // scan the file.
 func (p *Partition) barrier() error {
-	if p.wal == nil {
+	if p.wal == nil && !p.opts.Replicated {
 		return nil
 	}
 	p.mu.Lock()

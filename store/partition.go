@@ -33,7 +33,8 @@
 //	dedup   message ID -> offset (8) + stored-at (8)
 //	meta    "version" -> FormatVersion (8 bytes); "state" -> state (state.go,
 //	        with the groups' generation counter);
-//	        "id" -> 8 random bytes naming this file in the WAL's records
+//	        "id" -> 8 random bytes naming this file in the WAL's records;
+//	        "position" -> a Replicated partition's Position (state.go)
 //
 // A record is a CRC32C followed by a msgpack array (message.go).
 package store
@@ -44,6 +45,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"runtime"
@@ -117,6 +119,9 @@ var (
 	metaVersion = []byte("version")
 	metaState   = []byte("state")
 	metaID      = []byte("id")
+	// metaPosition: a Replicated partition's Position (state.go); absent
+	// in other files.
+	metaPosition = []byte("position")
 )
 
 const (
@@ -148,6 +153,14 @@ type Options struct {
 	// MaxPendingBytes bounds the logged batches not yet in the file; the
 	// writer waits for the materializer beyond it. Default 16 MiB.
 	MaxPendingBytes int
+	// Replicated says that a replicated log (a raft group's) holds the
+	// commands durably before they reach the partition, so the partition
+	// keeps no log of its own: a batch is acknowledged once applied, and the
+	// materializer writes batches into the file (with bbolt's fsync) as it
+	// does behind a WAL. The log's owner applies with ApplyLogged, which
+	// records in the file how far into its log the file holds (Position),
+	// and replays its log from there after a restart. WAL must be nil.
+	Replicated bool
 }
 
 // Partition is one partition file. It is safe for concurrent use.
@@ -178,6 +191,7 @@ type Partition struct {
 	gens             []*gen        // gens with effects not yet in the file, oldest first; replaced, never modified in place
 	waiting          []*gen        // gens whose commands wait for their durability, in order
 	fileSt           state         // the state in the file
+	filePos          Position      // Replicated: the position the file holds
 	ackedSt          state         // the state after the last durable gen
 	changed          chan struct{} // closed when a durable gen adds to the log or the delay index
 	pending          int           // bytes of gens not yet in the file
@@ -203,6 +217,9 @@ func Open(path string, opts Options) (*Partition, error) {
 	}
 	if opts.MaxPendingBytes <= 0 {
 		opts.MaxPendingBytes = 16 << 20
+	}
+	if opts.WAL != nil && opts.Replicated {
+		return nil, errors.New("store: a replicated partition has no WAL")
 	}
 	if opts.WAL != nil && (opts.Stream == "" || len(opts.Stream) > MaxKeyBytes) {
 		return nil, fmt.Errorf("store: a WAL stream needs a name of 1..%d bytes", MaxKeyBytes)
@@ -232,6 +249,9 @@ func Open(path string, opts Options) (*Partition, error) {
 			db.Close()
 			return nil, err
 		}
+		p.goFunc(p.materializer)
+	}
+	if opts.Replicated {
 		p.goFunc(p.materializer)
 	}
 	p.work, p.ackedSt = p.fileSt, p.fileSt
@@ -265,6 +285,13 @@ func (p *Partition) load() error {
 			if err := decodeState(s, &p.fileSt); err != nil {
 				return fmt.Errorf("%s: %w", p.path, err)
 			}
+		}
+		if v := meta.Get(metaPosition); v != nil {
+			pos, err := decodePosition(v)
+			if err != nil {
+				return fmt.Errorf("%s: %w", p.path, err)
+			}
+			p.filePos = pos
 		}
 		switch id := meta.Get(metaID); {
 		case id == nil:
@@ -316,6 +343,7 @@ func (p *Partition) Close() error {
 // it returns, so a caller may reuse its commands as soon as Apply returns.
 type request struct {
 	cmds []*Command
+	at   []Position // ApplyLogged: each command's position in the replicated log
 	res  []Result
 	errs []error
 
@@ -371,6 +399,80 @@ func (p *Partition) ApplyBatch(ctx context.Context, cmds []*Command) ([]Result, 
 	return res, errs, nil
 }
 
+// Position is a place in a replicated log: the commands of the entries
+// before Index, and the first Cmds commands of the entry at Index. A
+// command's own position counts it (Cmds is 1 for an entry's first).
+type Position struct {
+	Index uint64
+	Cmds  uint64
+}
+
+// Less reports whether p comes before q.
+func (p Position) Less(q Position) bool {
+	return p.Index < q.Index || p.Index == q.Index && p.Cmds < q.Cmds
+}
+
+// ApplyLogged applies cmds as ApplyBatch does, in a partition opened
+// Replicated: at[i] is the position of cmds[i] in the replicated log, in
+// increasing order, and every bbolt transaction that writes a command's
+// effects into the file records the position of the last command whose
+// effects it holds. A command that changed nothing may be applied again
+// after a restart (it changes nothing again: apply is deterministic).
+func (p *Partition) ApplyLogged(ctx context.Context, cmds []*Command, at []Position) ([]Result, []error, error) {
+	if !p.opts.Replicated || len(at) != len(cmds) {
+		return nil, nil, fmt.Errorf("%w: ApplyLogged needs a replicated partition and a position per command", ErrBadCommand)
+	}
+	r := requestPool.Get().(*request)
+	r.cmds, r.at, r.res, r.errs = cmds, at, make([]Result, len(cmds)), make([]error, len(cmds))
+	if err := p.send(ctx, r); err != nil {
+		return nil, nil, err
+	}
+	res, errs := r.res, r.errs
+	p.recycle(r)
+	return res, errs, nil
+}
+
+// Position returns the position in the replicated log that the file holds
+// (zero for a partition that is not Replicated or never applied a logged
+// command). Commands after it are not in the file.
+func (p *Partition) Position() Position {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.filePos
+}
+
+// Sync waits until every command applied so far is in the file, which is
+// synced then, and returns the position the file holds. A replicated log
+// may drop its entries up to that position afterwards.
+func (p *Partition) Sync() (Position, error) {
+	if err := p.barrier(); err != nil {
+		return Position{}, err
+	}
+	return p.Position(), nil
+}
+
+// CopyTo waits, as Sync does, until the file holds every command applied so
+// far, then writes a consistent copy of the file to w (a bbolt read
+// transaction's) and returns the position the copy holds: it may hold
+// commands applied meanwhile.
+func (p *Partition) CopyTo(w io.Writer) (Position, error) {
+	if err := p.barrier(); err != nil {
+		return Position{}, err
+	}
+	var pos Position
+	err := p.view(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(metaPosition); v != nil {
+			var err error
+			if pos, err = decodePosition(v); err != nil {
+				return err
+			}
+		}
+		_, err := tx.WriteTo(w)
+		return err
+	})
+	return pos, err
+}
+
 // send queues r and waits for it. On a nil return r is done and the caller
 // owns it; otherwise r belongs to the writer (or the pool).
 func (p *Partition) send(ctx context.Context, r *request) error {
@@ -416,7 +518,7 @@ func (p *Partition) recycle(r *request) {
 	clear(r.one[:])
 	clear(r.oneRes[:])
 	clear(r.oneErr[:])
-	r.cmds, r.res, r.errs = nil, nil, nil
+	r.cmds, r.at, r.res, r.errs = nil, nil, nil, nil
 	requestPool.Put(r)
 }
 
@@ -531,6 +633,7 @@ func (p *Partition) process(batch []*request) {
 		if released <= k && b.mustDrain(r) {
 			for _, q := range taken[k:] {
 				q.cmds = cloneCommands(q.cmds)
+				q.at = slices.Clone(q.at)
 				q.applied <- struct{}{}
 			}
 			released = len(taken)
@@ -538,6 +641,9 @@ func (p *Partition) process(batch []*request) {
 		for i, c := range r.cmds {
 			r.res[i], r.errs[i] = b.apply(c)
 			b.hint -= bound(c)
+			if r.at != nil && b.g != nil {
+				b.g.pos = r.at[i] // the gen now holds c's effects, if any
+			}
 		}
 		if released <= k {
 			r.applied <- struct{}{}
@@ -773,13 +879,17 @@ func (p *Partition) submit(g *gen) {
 	// fsyncs) over many messages: logging it first would write it twice. It
 	// goes straight into the file when nothing logged is waiting to go
 	// there before it.
-	direct := p.wal == nil || g.bulk && len(p.gens) == 0
+	direct := !p.opts.Replicated && (p.wal == nil || g.bulk && len(p.gens) == 0)
 	p.gens = append(p.gens, g)
 	p.waiting = append(p.waiting, g)
 	p.pending += len(g.buf)
 	p.batches++
 	p.mu.Unlock()
-	if direct {
+	switch {
+	case p.opts.Replicated:
+		p.logged(g, 0, nil) // the replicated log holds its commands
+		return
+	case direct:
 		err := p.materialize([]*gen{g})
 		p.logged(g, 0, err)
 		return
@@ -861,7 +971,7 @@ func (p *Partition) stopMaterializer() {
 	for len(p.waiting) > 0 {
 		p.cond.Wait()
 	}
-	if p.wal == nil {
+	if p.wal == nil && !p.opts.Replicated {
 		return
 	}
 	p.matStop = true

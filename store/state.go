@@ -57,6 +57,30 @@ func stateLenOf(v byte) int {
 	return 0
 }
 
+// Position layout (meta "position", Replicated partitions only): 'Z' 'P',
+// positionVersion, Index and Cmds (8 bytes BE each), then a crc32c of the
+// bytes before it.
+const (
+	positionVersion = 1
+	positionLen     = 3 + 2*8 + 4
+)
+
+func appendPosition(dst []byte, pos Position) []byte {
+	start := len(dst)
+	dst = append(dst, 'Z', 'P', positionVersion)
+	dst = binary.BigEndian.AppendUint64(dst, pos.Index)
+	dst = binary.BigEndian.AppendUint64(dst, pos.Cmds)
+	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+func decodePosition(b []byte) (Position, error) {
+	if len(b) != positionLen || b[0] != 'Z' || b[1] != 'P' || b[2] != positionVersion ||
+		crc32.Checksum(b[:positionLen-4], castagnoli) != binary.BigEndian.Uint32(b[positionLen-4:]) {
+		return Position{}, fmt.Errorf("%w: position of %d bytes failing its check", ErrCorrupt, len(b))
+	}
+	return Position{Index: binary.BigEndian.Uint64(b[3:]), Cmds: binary.BigEndian.Uint64(b[11:])}, nil
+}
+
 // Small values (dedup: offset and stored-at; groups: the group record;
 // txs: decision and decided-at) end with crc32c(key || value) since format
 // 2: bbolt checks no data page, and a flipped byte would read as a wrong

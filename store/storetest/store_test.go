@@ -1,7 +1,9 @@
 package storetest_test
 
 import (
+	"context"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -73,4 +75,39 @@ func TestRunDurable_Store(t *testing.T) {
 	t.Run("WAL", func(t *testing.T) {
 		storetest.RunDurable(t, func(t *testing.T, dir string) storetest.Partition { return openStore(t, dir, true) })
 	})
+}
+
+// replicatedPartition applies each command as the only one of a raft entry
+// of its own, as raftqueue's FSM does.
+type replicatedPartition struct {
+	*store.Partition
+	index atomic.Uint64
+}
+
+func (p *replicatedPartition) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+	at := []store.Position{{Index: p.index.Add(1), Cmds: 1}}
+	res, errs, err := p.ApplyLogged(ctx, []*store.Command{cmd}, at)
+	if err != nil {
+		return store.Result{}, err
+	}
+	return res[0], errs[0]
+}
+
+func openReplicated(t *testing.T, dir string) storetest.Partition {
+	t.Helper()
+	p, err := store.Open(filepath.Join(dir, "0.db"), store.Options{Replicated: true})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	r := &replicatedPartition{Partition: p}
+	r.index.Store(p.Position().Index)
+	return r
+}
+
+func TestRun_Replicated(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Partition { return openReplicated(t, t.TempDir()) })
+}
+
+func TestRunDurable_Replicated(t *testing.T) {
+	storetest.RunDurable(t, openReplicated)
 }

@@ -1,0 +1,290 @@
+// Package raftqueue replicates a partition (store.Partition) over a
+// hashicorp/raft group of three replicas: the Raft3 type.
+//
+// A Group is one replica: one raft.Raft whose FSM applies store commands to
+// the replica's partition file. On the leader a proposer packs the commands
+// of concurrent Apply calls into one raft entry (no timer: it takes what is
+// queued once an entry slot is free, at most two entries in flight), and
+// each caller gets the result the FSM computed for its command.
+//
+// Outcomes of Apply:
+//   - the command's Result and its own error (store.ErrStaleGeneration, ...):
+//     the entry was committed and applied;
+//   - an error wrapping ErrNotLeader (a *NotLeaderError naming the leader):
+//     this replica does not lead, nothing was proposed; retry at the leader;
+//   - an error wrapping ErrUnknownOutcome: the entry was proposed and may
+//     have been committed (leadership lost while committing, the caller's
+//     ctx ended after the proposal, the replica failed while applying). A
+//     retry with the same message IDs is deduplicated by the store.
+//
+// The raft log is the durable record: the partition applies without a sync
+// of its own and records in its file how far into the log it holds, so a
+// replica restarting from its directory replays only what the file lacks.
+package raftqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/zeze-go/mq/store"
+)
+
+// Errors returned by Group.
+var (
+	// ErrNotLeader is wrapped by the *NotLeaderError Apply returns on a
+	// replica that does not lead the group: nothing was proposed.
+	ErrNotLeader = errors.New("raftqueue: not the leader")
+	// ErrUnknownOutcome is returned when a command was proposed but its
+	// outcome is not known: leadership was lost while its entry was being
+	// committed (the new leader may have committed it), the caller's ctx
+	// ended after the proposal, or this replica failed applying it. A retry
+	// with the same message IDs is deduplicated.
+	ErrUnknownOutcome = errors.New("raftqueue: outcome unknown")
+	// ErrClosed is returned by Apply after Close, and for commands still
+	// queued (never proposed) when Close began. It wraps store.ErrClosed.
+	ErrClosed = fmt.Errorf("raftqueue: group closed: %w", store.ErrClosed)
+)
+
+// NotLeaderError is Apply's error on a replica that is not the leader. It
+// names the leader this replica knows of (empty while there is none).
+type NotLeaderError struct {
+	Leader   raft.ServerAddress
+	LeaderID raft.ServerID
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.LeaderID == "" {
+		return "raftqueue: not the leader; no leader known"
+	}
+	return fmt.Sprintf("raftqueue: not the leader; the leader is %s at %s", e.LeaderID, e.Leader)
+}
+
+// Is makes errors.Is(err, ErrNotLeader) true.
+func (e *NotLeaderError) Is(target error) bool { return target == ErrNotLeader }
+
+// Defaults of Config.
+const (
+	DefaultMaxEntryBytes = 1 << 20
+	DefaultMaxEntryCmds  = 1024
+	DefaultInFlight      = 2
+	DefaultQueueDepth    = 4096
+)
+
+// Config configures one replica of a group.
+type Config struct {
+	// ID is this replica's raft server id, unique in the group.
+	ID raft.ServerID
+	// Dir holds the replica: partition.db (the partition file), raft.db
+	// (raft-boltdb: the log unless LogStore is set, and terms and votes)
+	// and snapshots/. Created if missing.
+	Dir string
+	// Transport is the group's network (raft.NewInmemTransport in tests,
+	// a transport.RaftMux stream layer in a node). Shutdown closes it.
+	Transport raft.Transport
+	// LogStore replaces raft.db as the raft log: the seam for the node's
+	// shared write-ahead log. It must be durable when StoreLogs returns.
+	LogStore raft.LogStore
+	// Raft tunes raft (timeouts, MaxAppendEntries, snapshots). Nil: the
+	// defaults of raft.DefaultConfig with MaxAppendEntries 256. LocalID,
+	// Logger and NoSnapshotRestoreOnStart are set by Open.
+	Raft *raft.Config
+	// Logger receives raft's logs. Nil: silent.
+	Logger hclog.Logger
+	// MaxEntryBytes and MaxEntryCmds bound the commands packed into one
+	// entry (a larger command goes alone); InFlight bounds the entries
+	// proposed and not yet applied; QueueDepth bounds the commands waiting
+	// for the proposer (Apply blocks beyond it). Zero: the defaults.
+	MaxEntryBytes, MaxEntryCmds, InFlight, QueueDepth int
+}
+
+// Group is one replica of a partition's raft group. It is safe for
+// concurrent use.
+//
+// Goroutines: raft's own, and the proposer and its completer (proposer.go),
+// all stopped by Close.
+type Group struct {
+	id    raft.ServerID
+	raft  *raft.Raft
+	fsm   *fsm
+	bolt  *raftboltdb.BoltStore
+	trans raft.Transport
+	prop  *proposer
+}
+
+// Open opens (creating if needed) the replica in cfg.Dir and starts its raft.
+// A new group needs Bootstrap on one replica (or all, with the same servers);
+// a replica with state rejoins its group as raft does.
+func Open(cfg Config) (*Group, error) {
+	if cfg.ID == "" || cfg.Dir == "" || cfg.Transport == nil {
+		return nil, errors.New("raftqueue: Config needs ID, Dir and Transport")
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	conf := raft.DefaultConfig()
+	conf.MaxAppendEntries = 256
+	if cfg.Raft != nil {
+		c := *cfg.Raft
+		conf = &c
+	}
+	conf.LocalID = cfg.ID
+	conf.NoSnapshotRestoreOnStart = true // the partition file holds its own position
+	conf.Logger = cfg.Logger
+	if conf.Logger == nil {
+		conf.Logger = hclog.NewNullLogger()
+	}
+	if err := raft.ValidateConfig(conf); err != nil {
+		return nil, fmt.Errorf("raftqueue: %w", err)
+	}
+
+	g := &Group{id: cfg.ID, trans: cfg.Transport}
+	ok := false
+	defer func() {
+		if !ok {
+			g.closeFiles()
+		}
+	}()
+	var err error
+	g.bolt, err = raftboltdb.New(raftboltdb.Options{
+		Path:        filepath.Join(cfg.Dir, "raft.db"),
+		BoltOptions: &bolt.Options{Timeout: time.Second},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("raftqueue: open raft.db: %w", err)
+	}
+	var logs raft.LogStore = g.bolt
+	if cfg.LogStore != nil {
+		logs = cfg.LogStore
+	}
+	logs, err = raft.NewLogCache(512, logs)
+	if err != nil {
+		return nil, err
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, conf.Logger.Named("snapshots"))
+	if err != nil {
+		return nil, fmt.Errorf("raftqueue: %w", err)
+	}
+	if g.fsm, err = openFSM(filepath.Join(cfg.Dir, "partition.db")); err != nil {
+		return nil, fmt.Errorf("raftqueue: %w", err)
+	}
+	if err := g.fsm.catchUp(snaps); err != nil {
+		return nil, err
+	}
+	g.raft, err = raft.NewRaft(conf, g.fsm, logs, g.bolt, snaps, cfg.Transport)
+	if err != nil {
+		return nil, fmt.Errorf("raftqueue: %w", err)
+	}
+	g.prop = newProposer(g, cfg)
+	ok = true
+	return g, nil
+}
+
+// catchUp restores the newest snapshot when the file stands before it: raft
+// (NoSnapshotRestoreOnStart) replays only the log after its newest snapshot,
+// and a replica that crashed while restoring a snapshot sent by the leader
+// has the snapshot but not the file.
+func (f *fsm) catchUp(snaps *raft.FileSnapshotStore) error {
+	list, err := snaps.List()
+	if err != nil {
+		return fmt.Errorf("raftqueue: snapshots: %w", err)
+	}
+	if len(list) == 0 || list[0].Index <= f.applied.Index {
+		return nil
+	}
+	_, rc, err := snaps.Open(list[0].ID)
+	if err != nil {
+		return fmt.Errorf("raftqueue: snapshot %s: %w", list[0].ID, err)
+	}
+	return f.Restore(rc)
+}
+
+// Bootstrap makes servers the group's first configuration. It is a no-op on
+// a replica that has state already.
+func (g *Group) Bootstrap(servers []raft.Server) error {
+	err := g.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+	if errors.Is(err, raft.ErrCantBootstrap) {
+		return nil
+	}
+	return err
+}
+
+// ID returns this replica's server id.
+func (g *Group) ID() raft.ServerID { return g.id }
+
+// State returns this replica's raft state.
+func (g *Group) State() raft.RaftState { return g.raft.State() }
+
+// Leader returns the leader this replica knows of (empty while none).
+func (g *Group) Leader() (raft.ServerAddress, raft.ServerID) { return g.raft.LeaderWithID() }
+
+// Raft returns the replica's raft, for membership changes and tests.
+func (g *Group) Raft() *raft.Raft { return g.raft }
+
+// Partition returns the replica's partition, for reads: what it holds is
+// what this replica applied. It returns ErrClosed after Close, and the
+// failure after the replica failed. A follower's restore replaces it: a
+// reader holding the old one gets store.ErrClosed.
+func (g *Group) Partition() (*store.Partition, error) {
+	p, err := g.fsm.partition()
+	if errors.Is(err, store.ErrClosed) {
+		return nil, ErrClosed
+	}
+	return p, err
+}
+
+// notLeader returns the error for a replica that does not lead.
+func (g *Group) notLeader() error {
+	addr, id := g.raft.LeaderWithID()
+	return &NotLeaderError{Leader: addr, LeaderID: id}
+}
+
+// Apply proposes cmd, with the commands other callers propose meanwhile, in
+// one raft entry, and returns the result the FSM computed once the entry is
+// committed and applied on this replica. cmd.Now must be set (a zero Now is
+// store.ErrBadCommand, as everywhere). It returns ctx's error if ctx ends
+// before cmd was proposed, and ErrUnknownOutcome wrapping it after; the
+// caller may reuse cmd once Apply returns. See the package doc for the
+// other outcomes.
+func (g *Group) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+	return g.prop.apply(ctx, cmd)
+}
+
+// Close stops proposing (commands still queued get ErrClosed), waits for
+// the entries in flight to be applied or lost, shuts raft down and closes
+// the files. Raft's shutdown closes Transport. It is idempotent.
+func (g *Group) Close() error {
+	var err error
+	g.prop.once.Do(func() {
+		g.prop.close()
+		err = g.raft.Shutdown().Error()
+		if cerr := g.closeFiles(); err == nil {
+			err = cerr
+		}
+	})
+	return err
+}
+
+func (g *Group) closeFiles() error {
+	var err error
+	if g.fsm != nil {
+		err = g.fsm.close()
+	}
+	if g.bolt != nil {
+		if cerr := g.bolt.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
+var _ io.Closer = (*Group)(nil)

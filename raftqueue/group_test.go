@@ -1,0 +1,334 @@
+package raftqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"go.uber.org/goleak"
+
+	"github.com/zeze-go/mq/store"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// Concurrent sends are packed into few entries, each acked with its own
+// offset, and every replica ends with the same log.
+func TestGroup_Apply(t *testing.T) {
+	c := newCluster(t, 3)
+	l := c.leader()
+	g := c.group(l)
+	const senders, each = 32, 40
+	var mu sync.Mutex
+	acked := map[string]uint64{}
+	var wg sync.WaitGroup
+	errs := make(chan error, senders)
+	for s := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range each {
+				id := fmt.Sprintf("s%d-%d", s, k)
+				res, err := g.Apply(context.Background(), &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg(id)}})
+				if err != nil {
+					errs <- fmt.Errorf("%s: %w", id, err)
+					return
+				}
+				if len(res.Acks) != 1 || res.Acks[0].Duplicate {
+					errs <- fmt.Errorf("%s: acks %+v", id, res.Acks)
+					return
+				}
+				mu.Lock()
+				acked[id] = res.Acks[0].Offset
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	const n = senders * each
+	seen := make([]bool, n)
+	for id, off := range acked {
+		if off >= n || seen[off] {
+			t.Fatalf("%s acked at offset %d: out of range or twice", id, off)
+		}
+		seen[off] = true
+	}
+	log := c.identical(n)
+	for _, m := range log {
+		if acked[m.ID] != m.Offset {
+			t.Fatalf("offset %d holds %s, acked at %d", m.Offset, m.ID, acked[m.ID])
+		}
+	}
+	entries, cmds := g.prop.entries.Load(), g.prop.proposedCmd.Load()
+	t.Logf("%d commands in %d entries", cmds, entries)
+	if cmds != n {
+		t.Fatalf("proposed %d commands, want %d", cmds, n)
+	}
+}
+
+// A follower refuses, naming the leader; nothing is proposed.
+func TestGroup_NotLeader(t *testing.T) {
+	c := newCluster(t, 3)
+	l := c.leader()
+	f := (l + 1) % 3
+	_, err := c.group(f).Apply(context.Background(), &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg("a")}})
+	var nl *NotLeaderError
+	if !errors.Is(err, ErrNotLeader) || !errors.As(err, &nl) {
+		t.Fatalf("Apply on a follower: %v, want a NotLeaderError", err)
+	}
+	deadline := time.Now().Add(patience)
+	for nl.LeaderID != c.ids[l] && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		_, err = c.group(f).Apply(context.Background(), &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg("a")}})
+		errors.As(err, &nl)
+	}
+	if nl.LeaderID != c.ids[l] || nl.Leader != c.addrs[l] {
+		t.Fatalf("NotLeaderError names %s at %s, want %s at %s", nl.LeaderID, nl.Leader, c.ids[l], c.addrs[l])
+	}
+	c.identical(0)
+}
+
+// The leader is closed while sends go on, four times: each time a new leader
+// is elected, the sends go on through it, and the old leader is restarted
+// from its directory. No acked message is lost or stored twice, and the
+// three replicas end with the same log.
+func TestGroup_LeaderKill(t *testing.T) {
+	c := newCluster(t, 3)
+	c.leader()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*patience)
+	defer cancel()
+	var mu sync.Mutex
+	acked := map[string]uint64{}
+	var sent atomic.Int64
+	stop := make(chan struct{})
+	var stopOnce sync.Once
+	var wg sync.WaitGroup
+	halt := func() { // the senders end before the test does, even when it fails
+		stopOnce.Do(func() { close(stop) })
+		wg.Wait()
+	}
+	defer func() { cancel(); halt() }()
+	errs := make(chan error, 16)
+	for s := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; ; k++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := fmt.Sprintf("s%d-%d", s, k)
+				res, err := c.send(ctx, msg(id))
+				if err != nil {
+					errs <- fmt.Errorf("%s: %w", id, err)
+					return
+				}
+				mu.Lock()
+				acked[id] = res.Acks[0].Offset
+				mu.Unlock()
+				sent.Add(1)
+			}
+		}()
+	}
+	waitSent := func(n int64) {
+		t.Helper()
+		deadline := time.Now().Add(patience)
+		for sent.Load() < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("only %d sends acked, want %d", sent.Load(), n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitSent(100)
+	for range 4 {
+		old := c.leader()
+		c.stop(old)
+		before := sent.Load()
+		if l := c.leader(); l == old {
+			t.Fatalf("the closed replica leads")
+		}
+		waitSent(before + 100)
+		c.start(old) // restart from its directory
+		waitSent(sent.Load() + 100)
+	}
+	halt()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	l := c.leader()
+	p, err := c.group(l).Partition()
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := p.Stats().Next
+	log := c.identical(next)
+	at := map[string]uint64{}
+	for _, m := range log {
+		if _, dup := at[m.ID]; dup {
+			t.Fatalf("%s stored twice", m.ID)
+		}
+		at[m.ID] = m.Offset
+	}
+	for id, off := range acked {
+		if got, ok := at[id]; !ok || got != off {
+			t.Fatalf("%s acked at %d, log has it at %d (present %v)", id, off, got, ok)
+		}
+	}
+	t.Logf("%d acked, %d in the log", len(acked), len(log))
+}
+
+// Every replica closed and opened again from its directory holds what it
+// held, applies nothing twice, and the group goes on.
+func TestGroup_Restart(t *testing.T) {
+	c := newCluster(t, 3)
+	c.leader()
+	ctx := context.Background()
+	for k := range 100 {
+		if _, err := c.send(ctx, msg(fmt.Sprintf("a%d", k))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := c.identical(100)
+	for i := range 3 {
+		c.stop(i)
+	}
+	for i := range 3 {
+		c.start(i)
+	}
+	c.leader()
+	after := c.identical(100)
+	if len(after) != len(before) {
+		t.Fatalf("after the restart %d messages, before %d", len(after), len(before))
+	}
+	res, err := c.send(ctx, msg("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Acks[0].Offset != 100 {
+		t.Fatalf("next send at %d, want 100", res.Acks[0].Offset)
+	}
+	// A resend of an acked message is a duplicate, on every replica.
+	res, err = c.send(ctx, msg("a7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Acks[0].Duplicate || res.Acks[0].Offset != 7 {
+		t.Fatalf("resend: %+v, want a duplicate of offset 7", res.Acks[0])
+	}
+	c.identical(101)
+	for i := range 3 {
+		p, err := c.group(i).Partition()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pos, err := p.Sync(); err != nil || pos.Index == 0 {
+			t.Fatalf("%s: Sync: %+v, %v", c.ids[i], pos, err)
+		}
+	}
+}
+
+// One replica restarts alone while the others go on.
+func TestGroup_RestartFollower(t *testing.T) {
+	c := newCluster(t, 3)
+	l := c.leader()
+	f := (l + 1) % 3
+	ctx := context.Background()
+	for k := range 50 {
+		if _, err := c.send(ctx, msg(fmt.Sprintf("a%d", k))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.identical(50)
+	c.stop(f)
+	for k := range 50 {
+		if _, err := c.send(ctx, msg(fmt.Sprintf("b%d", k))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.start(f)
+	c.identical(100)
+}
+
+// A follower that missed entries the leader compacted away installs the
+// leader's snapshot (Restore) and ends with the same log.
+func TestGroup_InstallSnapshot(t *testing.T) {
+	conf := testRaftConfig()
+	conf.TrailingLogs = 10
+	conf.SnapshotThreshold = 20
+	conf.SnapshotInterval = 50 * time.Millisecond
+	c := newClusterWith(t, 3, conf)
+	l := c.leader()
+	f := (l + 1) % 3
+	ctx := context.Background()
+	for k := range 20 {
+		if _, err := c.send(ctx, msg(fmt.Sprintf("a%d", k))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.identical(20)
+	c.stop(f)
+	for k := range 200 {
+		if _, err := c.send(ctx, msg(fmt.Sprintf("b%d", k))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l = c.leader()
+	if err := c.group(l).Raft().Snapshot().Error(); err != nil {
+		t.Logf("Snapshot: %v", err) // raft may have taken one already
+	}
+	c.start(f)
+	c.identical(220)
+	for k := range 10 {
+		if _, err := c.send(ctx, msg(fmt.Sprintf("c%d", k))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.identical(230)
+}
+
+// A leader cut off while its entry is being committed steps down: the
+// caller learns that the outcome is unknown (not a failure), and a retry
+// with the same ID through the new leader stores the message once.
+func TestGroup_LeadershipLost(t *testing.T) {
+	c := newCluster(t, 3)
+	old := c.leader()
+	ctx := context.Background()
+	if _, err := c.send(ctx, msg("a")); err != nil {
+		t.Fatal(err)
+	}
+	c.isolate(old)
+	_, err := c.group(old).Apply(ctx, &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg("b")}})
+	if !errors.Is(err, ErrUnknownOutcome) || !errors.Is(err, raft.ErrLeadershipLost) {
+		t.Fatalf("Apply on a leader cut off: %v, want ErrUnknownOutcome wrapping raft.ErrLeadershipLost", err)
+	}
+	if errors.Is(err, ErrNotLeader) {
+		t.Fatalf("Apply on a leader cut off: %v, an outcome-unknown error must not be ErrNotLeader", err)
+	}
+	c.heal(old)
+	res, err := c.send(ctx, msg("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Acks[0].Offset != 1 {
+		t.Fatalf("b acked at %+v, want offset 1", res.Acks[0])
+	}
+	log := c.identical(2)
+	if log[1].ID != "b" {
+		t.Fatalf("offset 1 holds %s", log[1].ID)
+	}
+}

@@ -1,0 +1,262 @@
+package raftqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/zeze-go/mq/store"
+)
+
+const t0 = int64(1_700_000_000_000_000_000)
+
+// patience bounds every wait for something that must happen.
+const patience = 20 * time.Second
+
+// testRaftConfig has timeouts short enough for failover tests and long
+// enough that a loaded machine (-race, parallel cases) keeps its leader.
+func testRaftConfig() *raft.Config {
+	return raftConfig(200 * time.Millisecond)
+}
+
+func raftConfig(timeout time.Duration) *raft.Config {
+	c := raft.DefaultConfig()
+	c.HeartbeatTimeout = timeout
+	c.ElectionTimeout = timeout
+	c.LeaderLeaseTimeout = timeout
+	c.CommitTimeout = 5 * time.Millisecond
+	c.MaxAppendEntries = 256
+	return c
+}
+
+// cluster is a group of three replicas on raft's in-memory transport, each
+// in a directory of its own.
+type cluster struct {
+	t      testing.TB
+	conf   *raft.Config
+	mu     sync.Mutex // guards groups and trans
+	dirs   []string
+	ids    []raft.ServerID
+	addrs  []raft.ServerAddress
+	trans  []*raft.InmemTransport
+	groups []*Group // nil while a replica is down
+}
+
+func newCluster(t testing.TB, n int) *cluster {
+	t.Helper()
+	return newClusterWith(t, n, testRaftConfig())
+}
+
+func newClusterWith(t testing.TB, n int, conf *raft.Config) *cluster {
+	t.Helper()
+	c := &cluster{t: t, conf: conf}
+	base := t.TempDir()
+	for i := range n {
+		c.dirs = append(c.dirs, filepath.Join(base, fmt.Sprintf("r%d", i)))
+		c.ids = append(c.ids, raft.ServerID(fmt.Sprintf("r%d", i)))
+		c.addrs = append(c.addrs, raft.ServerAddress(fmt.Sprintf("addr-r%d", i)))
+	}
+	c.trans = make([]*raft.InmemTransport, n)
+	c.groups = make([]*Group, n)
+	t.Cleanup(c.close)
+	for i := range n {
+		c.start(i)
+	}
+	var servers []raft.Server
+	for i := range n {
+		servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: c.ids[i], Address: c.addrs[i]})
+	}
+	if err := c.groups[0].Bootstrap(servers); err != nil {
+		t.Fatalf("Bootstrap: %v", err)
+	}
+	return c
+}
+
+// start opens replica i from its directory and connects it to the live ones.
+func (c *cluster) start(i int) {
+	c.t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, tr := raft.NewInmemTransportWithTimeout(c.addrs[i], 500*time.Millisecond)
+	for j, other := range c.trans {
+		if j != i && other != nil && c.groups[j] != nil {
+			tr.Connect(c.addrs[j], other)
+			other.Connect(c.addrs[i], tr)
+		}
+	}
+	c.trans[i] = tr
+	g, err := Open(Config{ID: c.ids[i], Dir: c.dirs[i], Transport: tr, Raft: c.conf})
+	if err != nil {
+		c.t.Fatalf("Open %s: %v", c.ids[i], err)
+	}
+	c.groups[i] = g
+}
+
+// stop closes replica i and cuts it from the others.
+func (c *cluster) stop(i int) {
+	c.t.Helper()
+	c.mu.Lock()
+	g := c.groups[i]
+	c.groups[i] = nil
+	for j, other := range c.trans {
+		if j != i && other != nil {
+			other.Disconnect(c.addrs[i])
+		}
+	}
+	c.mu.Unlock()
+	if g != nil {
+		if err := g.Close(); err != nil {
+			c.t.Errorf("Close %s: %v", c.ids[i], err)
+		}
+	}
+}
+
+func (c *cluster) close() {
+	for i := range c.groups {
+		c.stop(i)
+	}
+}
+
+func (c *cluster) group(i int) *Group {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.groups[i]
+}
+
+// leader waits until exactly one live replica leads and returns it.
+func (c *cluster) leader() int {
+	c.t.Helper()
+	deadline := time.Now().Add(patience)
+	for time.Now().Before(deadline) {
+		n, at := 0, -1
+		for i := range c.groups {
+			if g := c.group(i); g != nil && g.State() == raft.Leader {
+				n, at = n+1, i
+			}
+		}
+		if n == 1 {
+			return at
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.t.Fatalf("no single leader within %v", patience)
+	return -1
+}
+
+// send appends msgs through whoever leads, retrying on ErrNotLeader and
+// ErrUnknownOutcome with the same message IDs (the store deduplicates them),
+// and returns the result of the attempt that got one.
+func (c *cluster) send(ctx context.Context, msgs ...store.Message) (store.Result, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return store.Result{}, err
+		}
+		for i := range c.groups {
+			g := c.group(i)
+			if g == nil {
+				continue
+			}
+			res, err := g.Apply(ctx, &store.Command{Op: store.OpAppend, Now: t0, Msgs: msgs})
+			if err == nil {
+				return res, nil
+			}
+			if !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrUnknownOutcome) && !errors.Is(err, ErrClosed) {
+				return res, err
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// log returns replica i's whole log.
+func (c *cluster) log(i int) []store.Message {
+	c.t.Helper()
+	p, err := c.group(i).Partition()
+	if err != nil {
+		c.t.Fatalf("Partition %s: %v", c.ids[i], err)
+	}
+	st := p.Stats()
+	got, err := p.Read(st.Low, int(st.Next-st.Low)+1, 0, nil)
+	if err != nil {
+		c.t.Fatalf("Read %s: %v", c.ids[i], err)
+	}
+	return got
+}
+
+// waitNext waits until replica i's log ends at next.
+func (c *cluster) waitNext(i int, next uint64) {
+	c.t.Helper()
+	deadline := time.Now().Add(patience)
+	for {
+		p, err := c.group(i).Partition()
+		if err == nil && p.Stats().Next == next {
+			return
+		}
+		if time.Now().After(deadline) {
+			var got uint64
+			if p != nil {
+				got = p.Stats().Next
+			}
+			c.t.Fatalf("%s: log ends at %d, want %d (err %v)", c.ids[i], got, next, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// identical checks that the live replicas hold the same log, once each
+// holds next messages.
+func (c *cluster) identical(next uint64) []store.Message {
+	c.t.Helper()
+	var want []store.Message
+	first := -1
+	for i := range c.groups {
+		if c.group(i) == nil {
+			continue
+		}
+		c.waitNext(i, next)
+		got := c.log(i)
+		if first < 0 {
+			want, first = got, i
+			continue
+		}
+		if !reflect.DeepEqual(got, want) {
+			c.t.Fatalf("%s and %s hold different logs (%d and %d messages)", c.ids[first], c.ids[i], len(want), len(got))
+		}
+	}
+	return want
+}
+
+func msg(id string) store.Message {
+	return store.Message{ID: id, Key: "k", Body: []byte("body-" + id), Timestamp: t0}
+}
+
+// isolate cuts replica i from the others, both ways.
+func (c *cluster) isolate(i int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for j, other := range c.trans {
+		if j != i && other != nil {
+			other.Disconnect(c.addrs[i])
+			c.trans[i].Disconnect(c.addrs[j])
+		}
+	}
+}
+
+// heal connects replica i to the live others again.
+func (c *cluster) heal(i int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for j, other := range c.trans {
+		if j != i && other != nil && c.groups[j] != nil {
+			other.Connect(c.addrs[i], c.trans[i])
+			c.trans[i].Connect(c.addrs[j], other)
+		}
+	}
+}

@@ -1,0 +1,125 @@
+package store_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/zeze-go/mq/store"
+)
+
+func openReplicated(t testing.TB, path string) *store.Partition {
+	t.Helper()
+	p, err := store.Open(path, store.Options{Replicated: true})
+	if err != nil {
+		t.Fatalf("Open(%s): %v", path, err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("Close(%s): %v", path, err)
+		}
+	})
+	return p
+}
+
+func applyLogged(t testing.TB, p *store.Partition, index uint64, cmds ...*store.Command) []store.Result {
+	t.Helper()
+	at := make([]store.Position, len(cmds))
+	for i := range cmds {
+		at[i] = store.Position{Index: index, Cmds: uint64(i + 1)}
+	}
+	res, errs, err := p.ApplyLogged(context.Background(), cmds, at)
+	if err != nil {
+		t.Fatalf("ApplyLogged(%d): %v", index, err)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("ApplyLogged(%d): command %d: %v", index, i, err)
+		}
+	}
+	return res
+}
+
+func appendCmd(names ...string) *store.Command {
+	c := &store.Command{Op: store.OpAppend, Now: t0}
+	for _, n := range names {
+		c.Msgs = append(c.Msgs, msg(n))
+	}
+	return c
+}
+
+func TestPartition_ApplyLogged(t *testing.T) {
+	t.Run("Position", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "0.db")
+		p, err := store.Open(path, store.Options{Replicated: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		applyLogged(t, p, 5, appendCmd("a"), appendCmd("b"))
+		res := applyLogged(t, p, 6, appendCmd("c"))
+		equal(t, "offset of c", res[0].Acks[0].Offset, uint64(2))
+		equal(t, "Next", p.Stats().Next, uint64(3))
+		pos, err := p.Sync()
+		if err != nil {
+			t.Fatal(err)
+		}
+		equal(t, "Sync", pos, store.Position{Index: 6, Cmds: 1})
+		applyLogged(t, p, 7, appendCmd("d"), appendCmd("e"))
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+		p = openReplicated(t, path)
+		equal(t, "Position after reopening", p.Position(), store.Position{Index: 7, Cmds: 2})
+		bodies, _ := readAll(t, p)
+		equal(t, "log", bodies, []string{"body-a", "body-b", "body-c", "body-d", "body-e"})
+	})
+	t.Run("NotReplicated", func(t *testing.T) {
+		p, _ := open(t)
+		_, _, err := p.ApplyLogged(context.Background(), []*store.Command{appendCmd("a")}, []store.Position{{Index: 1, Cmds: 1}})
+		if !errors.Is(err, store.ErrBadCommand) {
+			t.Fatalf("ApplyLogged on a partition not Replicated: %v, want ErrBadCommand", err)
+		}
+		if p.Position() != (store.Position{}) {
+			t.Fatalf("Position %+v", p.Position())
+		}
+	})
+	t.Run("WithWAL", func(t *testing.T) {
+		dir := t.TempDir()
+		w, err := store.OpenWAL(filepath.Join(dir, "wal"), store.WALOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		if p, err := store.Open(filepath.Join(dir, "0.db"), store.Options{Replicated: true, WAL: w, Stream: "p"}); err == nil {
+			p.Close()
+			t.Fatal("Open Replicated with a WAL succeeded")
+		}
+	})
+	t.Run("CopyTo", func(t *testing.T) {
+		dir := t.TempDir()
+		p := openReplicated(t, filepath.Join(dir, "0.db"))
+		applyLogged(t, p, 3, appendCmd("a", "b"), &store.Command{Op: store.OpClaim, Now: t0, Group: "g"})
+		var buf bytes.Buffer
+		pos, err := p.CopyTo(&buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		equal(t, "CopyTo's position", pos, store.Position{Index: 3, Cmds: 2})
+		copyPath := filepath.Join(dir, "copy.db")
+		if err := os.WriteFile(copyPath, buf.Bytes(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		q := openReplicated(t, copyPath)
+		equal(t, "copy's Position", q.Position(), pos)
+		got, _ := readAll(t, q)
+		want, _ := readAll(t, p)
+		equal(t, "copy's log", got, want)
+		g, ok, err := q.Group("g")
+		if err != nil || !ok || g.Generation == 0 {
+			t.Fatalf("copy's group: %+v %v %v", g, ok, err)
+		}
+	})
+}
