@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 
@@ -34,6 +35,8 @@ type fsm struct {
 	// no command after the failure: the next Open replays them from the
 	// raft log, which no snapshot compacts meanwhile (Sync fails too).
 	failed error
+
+	restores atomic.Int64 // Restores that replaced the file (tests)
 
 	// Owned by raft's FSM goroutine.
 	applied store.Position // the last command applied, or the file's position at open
@@ -258,6 +261,7 @@ func (f *fsm) replace(tmp string) error {
 		}
 		f.part, f.applied = p, p.Position()
 		f.failed = nil
+		f.restores.Add(1)
 		return nil
 	}()
 	if err != nil {

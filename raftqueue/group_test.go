@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -199,9 +202,7 @@ func TestGroup_Restart(t *testing.T) {
 	c.leader()
 	ctx := context.Background()
 	for k := range 100 {
-		if _, err := c.send(ctx, msg(fmt.Sprintf("a%d", k))); err != nil {
-			t.Fatal(err)
-		}
+		c.sendFresh(fmt.Sprintf("a%d", k))
 	}
 	before := c.identical(100)
 	for i := range 3 {
@@ -293,6 +294,9 @@ func TestGroup_InstallSnapshot(t *testing.T) {
 	}
 	c.start(f)
 	c.identical(220)
+	if n := c.group(f).fsm.restores.Load(); n == 0 {
+		t.Fatalf("%s caught up without installing a snapshot", c.ids[f])
+	}
 	for k := range 10 {
 		if _, err := c.send(ctx, msg(fmt.Sprintf("c%d", k))); err != nil {
 			t.Fatal(err)
@@ -330,5 +334,63 @@ func TestGroup_LeadershipLost(t *testing.T) {
 	log := c.identical(2)
 	if log[1].ID != "b" {
 		t.Fatalf("offset 1 holds %s", log[1].ID)
+	}
+}
+
+// A replica whose file is behind its raft log (what a crash leaves: the
+// file is as of its last materialized batch) replays the rest, once: here
+// every replica's file is set back to a copy taken earlier, and the group
+// restarted.
+func TestGroup_ReplayBehindFile(t *testing.T) {
+	c := newCluster(t, 3)
+	c.leader()
+	ctx := context.Background()
+	for k := range 50 {
+		c.sendFresh(fmt.Sprintf("a%d", k))
+	}
+	c.identical(50)
+	for i := range 3 { // copy each file as it is at 50 messages
+		c.stop(i)
+		copyFile(t, filepath.Join(c.dirs[i], "partition.db"), filepath.Join(c.dirs[i], "old.db"))
+		c.start(i)
+	}
+	c.leader()
+	for k := range 50 {
+		c.sendFresh(fmt.Sprintf("b%d", k))
+	}
+	want := c.identical(100)
+	for i := range 3 {
+		c.stop(i)
+	}
+	for i := range 3 {
+		if err := os.Rename(filepath.Join(c.dirs[i], "old.db"), filepath.Join(c.dirs[i], "partition.db")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		c.start(i)
+	}
+	c.leader()
+	got := c.identical(100)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("after the replay the log differs from before")
+	}
+	res, err := c.send(ctx, msg("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Acks[0].Offset != 100 {
+		t.Fatalf("next send at %d, want 100", res.Acks[0].Offset)
+	}
+}
+
+func copyFile(t testing.TB, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -260,3 +260,18 @@ func (c *cluster) heal(i int) {
 		}
 	}
 }
+
+// sendFresh appends a message marked FreshID (its dedup lookup skipped)
+// through the leader: a second application of its entry would store it
+// twice, so the tests that restart use it to see that nothing is applied
+// again. There is no retry (a retry of a FreshID message is not safe).
+func (c *cluster) sendFresh(id string) store.Result {
+	c.t.Helper()
+	m := msg(id)
+	m.FreshID = true
+	res, err := c.group(c.leader()).Apply(context.Background(), &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{m}})
+	if err != nil {
+		c.t.Fatalf("send %s: %v", id, err)
+	}
+	return res
+}
