@@ -29,6 +29,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -119,6 +120,9 @@ type Group struct {
 	bolt  *raftboltdb.BoltStore
 	trans raft.Transport
 	prop  *proposer
+	// ready is the term in which this replica, leading, has applied every
+	// entry committed before its term (a raft barrier): LeaderPartition.
+	ready atomic.Uint64
 }
 
 // Open opens (creating if needed) the replica in cfg.Dir and starts its raft.
@@ -240,6 +244,48 @@ func (g *Group) Partition() (*store.Partition, error) {
 		return nil, ErrClosed
 	}
 	return p, err
+}
+
+// LeaderPartition returns the replica's partition for reads that must see
+// every acknowledged command: it returns a *NotLeaderError unless this
+// replica leads, and a new leader first waits (a raft barrier, until ctx
+// ends) until it has applied every entry its predecessors committed. A
+// replica that just won an election may hold less than what was acked.
+func (g *Group) LeaderPartition(ctx context.Context) (*store.Partition, error) {
+	for {
+		if g.raft.State() != raft.Leader {
+			return nil, g.notLeader()
+		}
+		term := g.raft.CurrentTerm()
+		if g.ready.Load() == term {
+			return g.Partition()
+		}
+		timeout := time.Duration(0)
+		if d, ok := ctx.Deadline(); ok {
+			if timeout = time.Until(d); timeout <= 0 {
+				return nil, context.DeadlineExceeded
+			}
+		}
+		err := g.raft.Barrier(timeout).Error()
+		switch {
+		case err == nil:
+			if g.raft.CurrentTerm() == term {
+				g.ready.Store(term)
+			}
+		case errors.Is(err, raft.ErrRaftShutdown):
+			return nil, ErrClosed
+		case errors.Is(err, raft.ErrEnqueueTimeout):
+			return nil, context.DeadlineExceeded
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
+			errors.Is(err, raft.ErrLeadershipTransferInProgress):
+			return nil, g.notLeader()
+		default:
+			return nil, fmt.Errorf("raftqueue: barrier: %w", err)
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
 }
 
 // notLeader returns the error for a replica that does not lead.

@@ -56,8 +56,13 @@ func newCluster(t testing.TB, n int) *cluster {
 
 func newClusterWith(t testing.TB, n int, conf *raft.Config) *cluster {
 	t.Helper()
+	return newClusterIn(t, t.TempDir(), n, conf)
+}
+
+// newClusterIn opens (creating or reopening) the replicas kept in base.
+func newClusterIn(t testing.TB, base string, n int, conf *raft.Config) *cluster {
+	t.Helper()
 	c := &cluster{t: t, conf: conf}
-	base := t.TempDir()
 	for i := range n {
 		c.dirs = append(c.dirs, filepath.Join(base, fmt.Sprintf("r%d", i)))
 		c.ids = append(c.ids, raft.ServerID(fmt.Sprintf("r%d", i)))

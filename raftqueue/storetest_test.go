@@ -48,11 +48,20 @@ func (p *leaderPartition) Close() error {
 }
 
 func openLeaderPartition(t *testing.T) storetest.Partition {
+	return openLeaderPartitionIn(t, t.TempDir())
+}
+
+// openLeaderPartitionIn opens the group kept in dir (three replicas'
+// directories), creating it on first use.
+func openLeaderPartitionIn(t *testing.T, dir string) storetest.Partition {
 	// The suite tests no failover: timeouts long enough that its parallel
 	// cases keep their leaders on a loaded machine.
-	c := newClusterWith(t, 3, raftConfig(time.Second))
+	c := newClusterIn(t, dir, 3, raftConfig(500*time.Millisecond))
 	g := c.group(c.leader())
-	p, err := g.Partition()
+	// A new leader may not have applied all that its predecessor acked.
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	p, err := g.LeaderPartition(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,4 +70,8 @@ func openLeaderPartition(t *testing.T) storetest.Partition {
 
 func TestRun_Group(t *testing.T) {
 	storetest.Run(t, openLeaderPartition)
+}
+
+func TestRunDurable_Group(t *testing.T) {
+	storetest.RunDurable(t, openLeaderPartitionIn)
 }
