@@ -26,6 +26,13 @@ func testRaftConfig() *raft.Config {
 	return raftConfig(200 * time.Millisecond)
 }
 
+// stableConfig is for tests that need one leader throughout: under fsync
+// load (CI beside) and -race, 200 ms leases were lost, which the proposer
+// rightly reports as ErrUnknownOutcome.
+func stableConfig() *raft.Config {
+	return raftConfig(time.Second)
+}
+
 func raftConfig(timeout time.Duration) *raft.Config {
 	c := raft.DefaultConfig()
 	c.HeartbeatTimeout = timeout
@@ -266,17 +273,49 @@ func (c *cluster) heal(i int) {
 	}
 }
 
-// sendFresh appends a message marked FreshID (its dedup lookup skipped)
-// through the leader: a second application of its entry would store it
-// twice, so the tests that restart use it to see that nothing is applied
-// again. There is no retry (a retry of a FreshID message is not safe).
+// sendFresh appends a message marked FreshID (its dedup lookup skipped):
+// a second application of its entry would store it twice, so the tests
+// that restart use it to see that nothing is applied again. A FreshID send
+// must not simply be retried: after ErrUnknownOutcome it is resolved from
+// the new leader's log (after its barrier every entry that can still commit
+// has), and sent again only if absent. ErrNotLeader proposed nothing.
 func (c *cluster) sendFresh(id string) store.Result {
 	c.t.Helper()
 	m := msg(id)
 	m.FreshID = true
-	res, err := c.group(c.leader()).Apply(context.Background(), &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{m}})
-	if err != nil {
-		c.t.Fatalf("send %s: %v", id, err)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	for {
+		g := c.group(c.leader())
+		res, err := g.Apply(ctx, &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{m}})
+		switch {
+		case err == nil:
+			return res
+		case errors.Is(err, ErrNotLeader):
+			continue
+		case !errors.Is(err, ErrUnknownOutcome):
+			c.t.Fatalf("send %s: %v", id, err)
+		}
+		c.t.Logf("send %s: %v; resolving it from the log", id, err)
+		for {
+			p, err := c.group(c.leader()).LeaderPartition(ctx)
+			if errors.Is(err, ErrNotLeader) {
+				continue
+			}
+			if err != nil {
+				c.t.Fatalf("resolve %s: %v", id, err)
+			}
+			st := p.Stats()
+			log, err := p.Read(st.Low, int(st.Next-st.Low)+1, 0, nil)
+			if err != nil {
+				c.t.Fatalf("resolve %s: %v", id, err)
+			}
+			for _, stored := range log {
+				if stored.ID == id {
+					return store.Result{Acks: []store.Ack{{Offset: stored.Offset}}}
+				}
+			}
+			break // not committed, and never will be: send again
+		}
 	}
-	return res
 }
