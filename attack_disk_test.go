@@ -137,27 +137,7 @@ func TestAttack_ReopenStandaloneAsCluster(t *testing.T) {
 // partition, whose sends then went into the cluster's t/0). Want:
 // ErrInvalidOption, and the node whole when reopened in its cluster.
 func TestAttack_ReopenClusterAsStandalone(t *testing.T) {
-	dir := t.TempDir()
-	m, err := mq.Open(dir, clusterOpt("n1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitSelfUp(t, m)
-	mustCreate(t, m, "t", 1)
-	acked := sendAcked(t, m, "t", "a", 5)
-	if err := m.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if s, err := mq.Open(dir); !errors.Is(err, mq.ErrInvalidOption) {
-		if err == nil {
-			t.Logf("standalone topics: %v", s.Topics())
-			s.Close()
-		}
-		t.Fatalf("a cluster node's directory opened standalone: %v, want ErrInvalidOption", err)
-	}
-	m = openNode(t, dir, clusterOpt("n1"))
-	waitFor(t, 10*time.Second, "t", func() bool { return m.Topics()["t"] == 1 })
-	checkAcked(t, m, "t", acked)
+	reopenRefused(t, "standalone")
 }
 
 // TestAttack_ReopenUnderAnotherNodeID: a cluster node's directory opened
@@ -166,6 +146,12 @@ func TestAttack_ReopenClusterAsStandalone(t *testing.T) {
 // with ErrNoQuorum) and took its own partitions for n1's, remote and
 // unreachable. Want: ErrInvalidOption, and the node whole as n1.
 func TestAttack_ReopenUnderAnotherNodeID(t *testing.T) {
+	reopenRefused(t, "as n9", clusterOpt("n9"))
+}
+
+// reopenRefused: n1's directory, holding acked messages, opened with opts
+// is ErrInvalidOption, and the node is whole when reopened as n1.
+func reopenRefused(t *testing.T, what string, opts ...mq.Option) {
 	dir := t.TempDir()
 	m, err := mq.Open(dir, clusterOpt("n1"))
 	if err != nil {
@@ -177,12 +163,12 @@ func TestAttack_ReopenUnderAnotherNodeID(t *testing.T) {
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if o, err := mq.Open(dir, clusterOpt("n9")); !errors.Is(err, mq.ErrInvalidOption) {
+	if o, err := mq.Open(dir, opts...); !errors.Is(err, mq.ErrInvalidOption) {
 		if err == nil {
-			t.Logf("n9: topics %v, status %+v", o.Topics(), o.ClusterStatus())
+			t.Logf("topics %v, status %+v", o.Topics(), o.ClusterStatus())
 			o.Close()
 		}
-		t.Fatalf("n1's directory opened as n9: %v, want ErrInvalidOption", err)
+		t.Fatalf("n1's directory opened %s: %v, want ErrInvalidOption", what, err)
 	}
 	m = openNode(t, dir, clusterOpt("n1"))
 	waitFor(t, 10*time.Second, "t", func() bool { return m.Topics()["t"] == 1 })

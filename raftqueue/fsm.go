@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -252,7 +253,7 @@ func (f *fsm) replace(tmp string) error {
 		if err := os.Rename(tmp, f.path); err != nil {
 			return err
 		}
-		if err := syncDir(filepath.Dir(f.path)); err != nil {
+		if err := boltsafe.SyncDir(filepath.Dir(f.path)); err != nil {
 			return err
 		}
 		p, err := store.Open(f.path, store.Options{Replicated: true})
@@ -267,18 +268,6 @@ func (f *fsm) replace(tmp string) error {
 	if err != nil {
 		err = fmt.Errorf("raftqueue: restore: %w", err)
 		f.failed = err
-	}
-	return err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
 	}
 	return err
 }
