@@ -316,11 +316,15 @@ func (w *WAL) scan(seg uint64, newest bool) error {
 	}
 	w.files[seg] = f
 	salt := hdr[len(walMagic):]
+	saltSeen := false // an intact write header agreed with the header's salt
 	off, pastEOF, err := readFrames(f, walHeaderLen, size, func(off int64, body []byte) (bool, error) {
-		if body[0] == frameWrite && len(body) == writeBodyLen && !bytes.Equal(body[1:9], salt) {
-			// Where a frame starts, the writer's bytes or zeros: an
-			// intact write header of no other segment can be there.
-			return false, w.corrupt(seg, "write header at %d has another salt than the segment's header", off)
+		if body[0] == frameWrite && len(body) == writeBodyLen {
+			if !bytes.Equal(body[1:9], salt) {
+				// Where a frame starts, the writer's bytes or zeros: an
+				// intact write header of no other segment can be there.
+				return false, w.corrupt(seg, "write header at %d has another salt than the segment's header", off)
+			}
+			saltSeen = true
 		}
 		return true, w.index(seg, off, body)
 	})
@@ -337,6 +341,15 @@ func (w *WAL) scan(seg uint64, newest bool) error {
 	}
 	if !newest {
 		return w.corrupt(seg, "damaged frame at %d of %d bytes", off, size)
+	}
+	if !saltSeen {
+		// The header's salt was never checked against a write header: it
+		// may be damaged too, and then it matches none of the intact ones
+		// after off. Any salt will do as evidence of a sync past off;
+		// bytes of a record can only pass for one in a segment whose
+		// first write was torn, and then the cost is a refusal to open,
+		// never a loss.
+		salt = nil
 	}
 	if later, err := w.syncedPast(f, salt, off, size); err != nil {
 		return err
@@ -398,8 +411,8 @@ func (w *WAL) index(seg uint64, off int64, body []byte) error {
 }
 
 // syncedPast reports whether an intact write header of this segment (its
-// salt) after x says the segment was synced past x: then the bad frame at x
-// is damage, not a tear.
+// salt; a nil salt matches any) after x says the segment was synced past x:
+// then the bad frame at x is damage, not a tear.
 func (w *WAL) syncedPast(f File, salt []byte, x, size int64) (bool, error) {
 	const chunk = 1 << 20
 	sig := []byte{0, 0, 0, writeBodyLen}
@@ -424,7 +437,7 @@ func (w *WAL) syncedPast(f File, salt []byte, x, size int64) (bool, error) {
 				break
 			}
 			body := fr[walFrameLen : walFrameLen+writeBodyLen]
-			if body[0] == frameWrite && bytes.Equal(body[1:9], salt) &&
+			if body[0] == frameWrite && (salt == nil || bytes.Equal(body[1:9], salt)) &&
 				crc32.Checksum(body, castagnoli) == binary.BigEndian.Uint32(fr[4:]) &&
 				int64(binary.BigEndian.Uint64(body[17:])) > x {
 				return true, nil

@@ -171,3 +171,17 @@ func TestOpen_DamagedFormatVersion(t *testing.T) {
 		})
 	}
 }
+
+// TestWAL_DamagedSaltAndFirstFrame: the header's salt and the first write
+// header both damaged (a CI corruption trial found it). No intact write
+// header ever checks the salt, and the later ones, with the true salt, must
+// still say the segment was synced past the first frame: ErrCorrupt, never
+// every record cut as a torn tail.
+func TestWAL_DamagedSaltAndFirstFrame(t *testing.T) {
+	crash := crashedWithTen(t)
+	damageNewest(t, crash, func(b []byte) {
+		b[13] ^= 0x10 // the salt
+		b[17] ^= 0x04 // the first frame's length
+	})
+	wantCorruptOpen(t, crash, "a damaged salt and first frame")
+}
