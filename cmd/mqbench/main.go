@@ -7,9 +7,10 @@
 //
 // It prints one line per case (msgs/s, MB/s, p50/p99 latency, and the
 // process's CPU time per message, which a busy machine disturbs less than
-// the rates), then the ratio send/ceiling when both ran. Runs longer than a
-// few seconds report progress on stderr every 2 seconds. On a noisy machine,
-// -runs 5 -duration 2s alternates the cases and prints the median ratio.
+// the rates), then the ratios send/ceiling, raft3/raft-stock and raft3/send
+// of the pairs that both ran. Runs longer than a few seconds report progress
+// on stderr every 2 seconds. On a noisy machine, -runs 5 -duration 2s
+// alternates the cases and prints the median ratios.
 //
 // # Adding a case
 //
@@ -156,7 +157,7 @@ func run(cfg config) error {
 	defer stop()
 
 	fmt.Printf("mqbench: c=%d p=%d size=%d duration=%v dir=%s\n", cfg.conc, cfg.partitions, cfg.size, cfg.duration, root)
-	var ratios []float64
+	ratios := make([][]float64, len(ratioPairs))
 	for range cfg.runs {
 		rates := map[string]float64{}
 		for _, c := range todo {
@@ -170,17 +171,29 @@ func run(cfg config) error {
 				return ctx.Err()
 			}
 		}
-		if s, c := rates["send"], rates["ceiling"]; s > 0 && c > 0 {
-			ratios = append(ratios, s/c)
-			fmt.Printf("ratio send/ceiling: %.2f\n", s/c)
+		for i, pair := range ratioPairs {
+			if n, d := rates[pair[0]], rates[pair[1]]; n > 0 && d > 0 {
+				ratios[i] = append(ratios[i], n/d)
+				fmt.Printf("ratio %s/%s: %.2f\n", pair[0], pair[1], n/d)
+			}
 		}
 	}
-	if len(ratios) > 1 {
-		slices.Sort(ratios)
-		fmt.Printf("ratio send/ceiling over %d runs: min %.2f, median %.2f, max %.2f\n",
-			len(ratios), ratios[0], ratios[len(ratios)/2], ratios[len(ratios)-1])
+	for i, rs := range ratios {
+		if len(rs) > 1 {
+			slices.Sort(rs)
+			fmt.Printf("ratio %s/%s over %d runs: min %.2f, median %.2f, max %.2f\n",
+				ratioPairs[i][0], ratioPairs[i][1], len(rs), rs[0], rs[len(rs)/2], rs[len(rs)-1])
+		}
 	}
 	return nil
+}
+
+// ratioPairs are the rates compared when both cases ran: numerator, then
+// denominator.
+var ratioPairs = [][2]string{
+	{"send", "ceiling"},
+	{"raft3", "raft-stock"},
+	{"raft3", "send"},
 }
 
 // runCase runs c once in a new directory under root, removed afterwards.
