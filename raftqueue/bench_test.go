@@ -12,12 +12,19 @@ import (
 
 // BenchmarkGroup_Apply sends 1 KiB messages from 64 goroutines
 // (SetParallelism(32) on 2 cores) to the leader of a three-replica group
-// on the in-memory transport, raft-boltdb logs (two fsyncs per append on
-// each replica): the batching of the proposer, not a network.
+// on the in-memory transport: the batching of the proposer, not a network.
+// Each replica's raft log is in a WAL of its own (one fdatasync per append)
+// or in raft-boltdb (two).
 func BenchmarkGroup_Apply(b *testing.B) {
+	for _, log := range []string{"wal", "raft-boltdb"} {
+		b.Run(log, func(b *testing.B) { benchApply(b, log == "raft-boltdb") })
+	}
+}
+
+func benchApply(b *testing.B, boltLog bool) {
 	// Timeouts as on a LAN (research §8.3): 200 ms lost the leader under
 	// fsync load here.
-	c := newClusterWith(b, 3, raftConfig(time.Second))
+	c := newClusterOpts(b, b.TempDir(), 3, raftConfig(time.Second), boltLog)
 	g := c.group(c.leader())
 	body := make([]byte, 1024)
 	var n atomic.Uint64

@@ -54,6 +54,10 @@ type cluster struct {
 	addrs  []raft.ServerAddress
 	trans  []*raft.InmemTransport
 	groups []*Group // nil while a replica is down
+	// wals are the replicas' write-ahead logs, which hold their raft logs
+	// (WALLog) as a node's does; with boltLog set, raft.db holds them.
+	wals    []*store.WAL
+	boltLog bool
 }
 
 func newCluster(t testing.TB, n int) *cluster {
@@ -69,7 +73,13 @@ func newClusterWith(t testing.TB, n int, conf *raft.Config) *cluster {
 // newClusterIn opens (creating or reopening) the replicas kept in base.
 func newClusterIn(t testing.TB, base string, n int, conf *raft.Config) *cluster {
 	t.Helper()
-	c := &cluster{t: t, conf: conf}
+	return newClusterOpts(t, base, n, conf, false)
+}
+
+// newClusterOpts is newClusterIn with the raft logs in raft.db if boltLog.
+func newClusterOpts(t testing.TB, base string, n int, conf *raft.Config, boltLog bool) *cluster {
+	t.Helper()
+	c := &cluster{t: t, conf: conf, boltLog: boltLog}
 	for i := range n {
 		c.dirs = append(c.dirs, filepath.Join(base, fmt.Sprintf("r%d", i)))
 		c.ids = append(c.ids, raft.ServerID(fmt.Sprintf("r%d", i)))
@@ -77,6 +87,7 @@ func newClusterIn(t testing.TB, base string, n int, conf *raft.Config) *cluster 
 	}
 	c.trans = make([]*raft.InmemTransport, n)
 	c.groups = make([]*Group, n)
+	c.wals = make([]*store.WAL, n)
 	t.Cleanup(c.close)
 	for i := range n {
 		c.start(i)
@@ -104,19 +115,45 @@ func (c *cluster) start(i int) {
 		}
 	}
 	c.trans[i] = tr
-	g, err := Open(Config{ID: c.ids[i], Dir: c.dirs[i], Transport: tr, Raft: c.conf})
+	cfg := Config{ID: c.ids[i], Dir: c.dirs[i], Transport: tr, Raft: c.conf}
+	if !c.boltLog {
+		w, l, err := openNodeLog(filepath.Join(c.dirs[i], "wal"))
+		if err != nil {
+			c.t.Fatalf("open the log of %s: %v", c.ids[i], err)
+		}
+		c.wals[i], cfg.LogStore = w, l
+	}
+	g, err := Open(cfg)
 	if err != nil {
 		c.t.Fatalf("Open %s: %v", c.ids[i], err)
 	}
 	c.groups[i] = g
 }
 
+// openNodeLog opens a WAL in dir holding one group's log, as a node opens
+// its WAL and the logs of its groups before FinishRecovery.
+func openNodeLog(dir string) (*store.WAL, *WALLog, error) {
+	w, err := store.OpenWAL(dir, store.WALOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := OpenWALLog(w, "group")
+	if err == nil {
+		err = w.FinishRecovery()
+	}
+	if err != nil {
+		w.Close()
+		return nil, nil, err
+	}
+	return w, l, nil
+}
+
 // stop closes replica i and cuts it from the others.
 func (c *cluster) stop(i int) {
 	c.t.Helper()
 	c.mu.Lock()
-	g := c.groups[i]
-	c.groups[i] = nil
+	g, w := c.groups[i], c.wals[i]
+	c.groups[i], c.wals[i] = nil, nil
 	for j, other := range c.trans {
 		if j != i && other != nil {
 			other.Disconnect(c.addrs[i])
@@ -126,6 +163,11 @@ func (c *cluster) stop(i int) {
 	if g != nil {
 		if err := g.Close(); err != nil {
 			c.t.Errorf("Close %s: %v", c.ids[i], err)
+		}
+	}
+	if w != nil {
+		if err := w.Close(); err != nil {
+			c.t.Errorf("Close the WAL of %s: %v", c.ids[i], err)
 		}
 	}
 }

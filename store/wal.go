@@ -92,8 +92,10 @@ type WAL struct {
 	err  error          // sticky: after a failed write or sync nothing is appended
 	old  []uint64       // segments found at Open, deleted by FinishRecovery
 	rec  map[string][]walLoc
-	// files holds the old segments open while streams recover.
-	files map[uint64]File
+	// files holds segments open for reading: those of the previous run
+	// while streams recover, and those holding records streams retain.
+	files    map[uint64]File
+	retained map[string]bool // streams that called Retain
 
 	// The current segment. The writer goroutine owns size, wseq and synced;
 	// extMu guards swapping the files and extending; alloc is read without it.
@@ -140,6 +142,18 @@ type walReq struct {
 	stream  string
 	payload []byte
 	done    func(seg uint64, err error)
+	doneAt  func(r WALRecord, err error) // instead of done: AppendRecord
+	off     int64                        // of its frame, set by write
+	n       int
+}
+
+// finish calls the request's callback.
+func (r *walReq) finish(seg uint64, err error) {
+	if r.doneAt != nil {
+		r.doneAt(WALRecord{Seg: seg, Off: r.off, N: r.n}, err)
+	} else {
+		r.done(seg, err)
+	}
 }
 
 const (
@@ -689,9 +703,19 @@ func extend(f File, at, n int64) (int64, error) {
 // FinishRecovery deletes the segments of the previous run. Call it once every
 // stream has recovered: records of streams that did not are dropped.
 func (w *WAL) FinishRecovery() error {
-	w.closeFiles()
 	w.mu.Lock()
-	old := w.old
+	var old []uint64 // the segments no retained record holds
+	for _, s := range w.old {
+		if w.refs[s] > 0 {
+			continue
+		}
+		old = append(old, s)
+		delete(w.refs, s)
+		if f := w.files[s]; f != nil {
+			f.Close()
+			delete(w.files, s)
+		}
+	}
 	w.old, w.rec = nil, map[string][]walLoc{}
 	w.mu.Unlock()
 	for _, s := range old {
@@ -712,14 +736,19 @@ func (w *WAL) FinishRecovery() error {
 // durable (err nil; seg is the segment holding it, to release) or failed.
 // payload must not change until done is called.
 func (w *WAL) Append(stream string, payload []byte, done func(seg uint64, err error)) {
+	w.enqueue(&walReq{stream: stream, payload: payload, done: done})
+}
+
+// enqueue queues r for the next group write, or finishes it with ErrClosed.
+func (w *WAL) enqueue(r *walReq) {
 	w.closeMu.RLock()
 	if w.closing {
 		w.closeMu.RUnlock()
-		done(0, ErrClosed)
+		r.finish(0, ErrClosed)
 		return
 	}
 	w.qmu.Lock()
-	w.queue = append(w.queue, &walReq{stream: stream, payload: payload, done: done})
+	w.queue = append(w.queue, r)
 	w.qmu.Unlock()
 	select {
 	case w.queued <- struct{}{}:
@@ -733,9 +762,15 @@ func (w *WAL) Append(stream string, payload []byte, done func(seg uint64, err er
 func (w *WAL) release(seg uint64, n int) {
 	w.mu.Lock()
 	w.refs[seg] -= n
-	del := w.refs[seg] <= 0 && seg != w.cur
+	// A segment of the previous run is deleted by FinishRecovery: streams
+	// that have not recovered yet still need it.
+	del := w.refs[seg] <= 0 && seg != w.cur && !slices.Contains(w.old, seg)
 	if del {
 		delete(w.refs, seg)
+		if f := w.files[seg]; f != nil {
+			f.Close()
+			delete(w.files, seg)
+		}
 	}
 	w.mu.Unlock()
 	if del && seg != 0 {
@@ -885,7 +920,9 @@ func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 		}
 		buf = w.appendWriteHeader(buf, synced)
 		for _, r := range batch {
+			at := len(buf)
 			buf = appendFrame(buf, nil, r.payload, r.stream)
+			r.off, r.n = w.size+int64(at), len(buf)-at
 		}
 		w.mu.Lock()
 		w.refs[seg] += len(batch)
@@ -893,7 +930,7 @@ func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 		err = w.writeAt(buf)
 		if err == nil && w.ackEarly {
 			for _, r := range batch {
-				r.done(seg, nil)
+				r.finish(seg, nil)
 			}
 			batch = nil
 		}
@@ -916,7 +953,7 @@ func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 		}
 	}
 	for _, r := range batch {
-		r.done(seg, err)
+		r.finish(seg, err)
 	}
 	if err == nil && w.size >= w.segSize {
 		w.syncNow() // an older segment is always synced whole
