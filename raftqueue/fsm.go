@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -59,7 +60,7 @@ type entryResult struct {
 var errApplied = errors.New("raftqueue: applied before the restart")
 
 func openFSM(path string) (*fsm, error) {
-	p, err := store.Open(path, store.Options{Replicated: true})
+	p, err := store.Open(path, store.Options{Replicated: true, MaterializeAfter: time.Second})
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/zeze-go/mq/raftqueue"
@@ -19,12 +20,36 @@ func init() {
 // OpAppend of one message with a new ID (FreshID, so the dedup lookup is
 // skipped), which the leader's proposer packs with the concurrent ones into
 // one raft entry.
-func runRaft3(ctx context.Context, b *bench) (result, error) {
+func runRaft3(ctx context.Context, b *bench) (res result, err error) {
+	var wals []*store.WAL
+	defer func() {
+		for _, w := range wals {
+			if cerr := w.Close(); err == nil {
+				err = cerr
+			}
+		}
+	}()
+	for n := range raftNodes {
+		w, err := store.OpenWAL(filepath.Join(b.dir, fmt.Sprintf("n%d", n), "wal"), store.WALOptions{})
+		if err != nil {
+			return result{}, err
+		}
+		wals = append(wals, w)
+	}
 	gs, err := openRaftGroups(ctx, b, func(s replicaSpec) (*raftqueue.Group, error) {
-		return raftqueue.Open(raft3Config(s))
+		cfg, err := raft3Config(s, wals[s.node])
+		if err != nil {
+			return nil, err
+		}
+		return raftqueue.Open(cfg)
 	})
 	if err != nil {
 		return result{}, err
+	}
+	for _, w := range wals {
+		if err := w.FinishRecovery(); err != nil {
+			return result{}, errors.Join(err, gs.close())
+		}
 	}
 	elapsed, err := gs.closedLoop(ctx, b, func(ctx context.Context, g *raftqueue.Group, w int, seq int64, attempt int) error {
 		now := time.Now().UnixNano()
@@ -43,13 +68,15 @@ func runRaft3(ctx context.Context, b *bench) (result, error) {
 	return result{elapsed: elapsed, note: gs.note()}, err
 }
 
-// raft3Config is the one place that picks raft3's log store. When
-// raftqueue's shared-WAL LogStore lands, set Config.LogStore here: node
-// s.node's WAL (one per node, opened in runRaft3 before its replicas and
-// closed after them), stream s.group. Until then each replica logs to its
-// own raft-boltdb file, as in raft-stock.
-func raft3Config(s replicaSpec) raftqueue.Config {
-	return raftqueue.Config{ID: s.id, Dir: s.dir, Transport: s.tr, Raft: lanRaftConfig()}
+// raft3Config is the one place that picks raft3's log store: as in a
+// node, group s.group's log is a stream of its node's WAL (raftqueue.WALLog),
+// so each node makes one fdatasync for all its groups' appends.
+func raft3Config(s replicaSpec, w *store.WAL) (raftqueue.Config, error) {
+	l, err := raftqueue.OpenWALLog(w, fmt.Sprintf("g%d", s.group))
+	if err != nil {
+		return raftqueue.Config{}, err
+	}
+	return raftqueue.Config{ID: s.id, Dir: s.dir, Transport: s.tr, Raft: lanRaftConfig(), LogStore: l}, nil
 }
 
 // raft3Retry: not the leader (nothing proposed) or an unknown outcome (the
