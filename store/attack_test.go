@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zeze-go/mq/internal/memfs"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -45,9 +46,9 @@ func (l *partLog) add(msgs []store.Message, acks []store.Ack) {
 	}
 }
 
-// crashNode is a WAL on a memFS and partitions on the OS file system.
+// crashNode is a WAL on a memfs.FS and partitions on the OS file system.
 type crashNode struct {
-	fs    *memFS
+	fs    *memfs.FS
 	dir   string // partition files
 	wal   *store.WAL
 	parts []*store.Partition
@@ -55,7 +56,7 @@ type crashNode struct {
 
 const crashParts = 3
 
-func openCrashNode(t *testing.T, mfs *memFS, dir string, wopts store.WALOptions, popts store.Options) (*crashNode, error) {
+func openCrashNode(t *testing.T, mfs *memfs.FS, dir string, wopts store.WALOptions, popts store.Options) (*crashNode, error) {
 	t.Helper()
 	wopts.FS = mfs
 	w, err := store.OpenWAL("/wal", wopts)
@@ -261,7 +262,7 @@ func TestAttack_PowerLoss(t *testing.T) {
 			t.Run(fmt.Sprintf("round%d/powerLoss=%v/every=%v", round, powerLoss, every), func(t *testing.T) {
 				seed := uint64(round*2 + 1)
 				rng := rand.New(rand.NewPCG(seed, 99))
-				mfs := newMemFS()
+				mfs := memfs.New()
 				dir := t.TempDir()
 				wopts := store.WALOptions{SegmentSize: 128 << 10, SyncInterval: every}
 				// Odd rounds materialize (and delete released segments)

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zeze-go/mq/internal/memfs"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -214,7 +215,7 @@ func simReference(dir string, cmds []*store.Command, from int) (res []store.Resu
 	}
 }
 
-// simNode is a WAL on a memFS and partitions whose files are in dir.
+// simNode is a WAL on a memfs.FS and partitions whose files are in dir.
 type simNode struct {
 	mu      sync.Mutex // guards parts (a crash snapshots them from a WAL goroutine)
 	wal     *store.WAL
@@ -223,7 +224,7 @@ type simNode struct {
 }
 
 // open opens the WAL and the first n partitions.
-func (n *simNode) open(mfs *memFS, dir string, c *simCase, upto int, early bool) error {
+func (n *simNode) open(mfs *memfs.FS, dir string, c *simCase, upto int, early bool) error {
 	wopts := c.wopts
 	wopts.FS = mfs
 	w, err := store.OpenWAL("/wal", wopts)
@@ -320,12 +321,12 @@ func runSim(c *simCase, early bool) (st simStats, err error) {
 			cmds[i] = append(cmds[i], b...)
 		}
 	}
-	mfs := newMemFS()
-	var img *memFS
+	mfs := memfs.New()
+	var img *memfs.FS
 	var snapErr error
 	n := &simNode{}
 	crashed := make(chan struct{}) // closed as the crash begins
-	mfs.CrashAt(c.crashOp, c.powerLoss, rng, func(im *memFS) {
+	mfs.CrashAt(c.crashOp, c.powerLoss, rng, func(im *memfs.FS) {
 		close(crashed)
 		img, snapErr = im, n.snapshot(dirs[1])
 	})
@@ -383,9 +384,9 @@ func runSim(c *simCase, early bool) (st simStats, err error) {
 		return st, err
 	}
 	r := &simNode{}
-	var img2 *memFS
+	var img2 *memfs.FS
 	var snap2 error
-	crash2 := func(im *memFS) { img2, snap2 = im, r.snapshot(dirs[2]) }
+	crash2 := func(im *memfs.FS) { img2, snap2 = im, r.snapshot(dirs[2]) }
 	if c.recovery < 0 {
 		img.CrashAt(-c.recovery, c.powerLoss, rng, crash2)
 	} else {
@@ -696,7 +697,7 @@ func TestCrashSim_Batching(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, p, err := openWALPartition("/wal", store.WALOptions{FS: newMemFS()}, filepath.Join(dir, "b.db"), c.popts)
+		w, p, err := openWALPartition("/wal", store.WALOptions{FS: memfs.New()}, filepath.Join(dir, "b.db"), c.popts)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,22 +10,24 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/zeze-go/mq/internal/memfs"
 	"github.com/zeze-go/mq/store"
 )
 
-// faultNode is one partition behind a WAL on a memFS.
+// faultNode is one partition behind a WAL on a memfs.FS.
 type faultNode struct {
-	fs  *memFS
+	fs  *memfs.FS
 	dir string
 	w   *store.WAL
 	p   *store.Partition
 }
 
-func openFaultNode(mfs *memFS, dir string, opts store.Options) (*faultNode, error) {
+func openFaultNode(mfs *memfs.FS, dir string, opts store.Options) (*faultNode, error) {
 	w, p, err := openWALPartition("/wal", store.WALOptions{FS: mfs, SegmentSize: 64 << 10}, filepath.Join(dir, "p.db"), opts)
 	if err != nil {
 		return nil, err
@@ -40,47 +42,54 @@ func (n *faultNode) close() {
 
 // faultHit is the operation failAt failed.
 type faultHit struct {
+	mu     sync.Mutex // the zero-filler's operations may come after the run
 	op     string
 	record bool // a write holding the message under fault
 }
 
+func (h *faultHit) get() (op string, record bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.op, h.record
+}
+
 // failAt makes the k-th write, sync, truncate, remove or directory sync
 // from now fail with errno, and says which one it failed.
-func (m *memFS) failAt(k int, errno error) *faultHit {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	at := m.ops + k
+func failAt(m *memfs.FS, k int, errno error) *faultHit {
 	hit := &faultHit{}
-	m.fail = func(op, name string) error {
-		if m.ops != at {
+	m.SetFail(func(op memfs.Op) error {
+		if op.N != k {
 			return nil
 		}
-		hit.op, hit.record = op+" "+name, op == "write" && bytes.Contains(m.writing, faultBody)
-		return fmt.Errorf("%s %s: %w", op, name, errno)
-	}
+		hit.mu.Lock()
+		hit.op, hit.record = op.Kind+" "+op.Name, op.Kind == "write" && bytes.Contains(op.Data, faultBody)
+		hit.mu.Unlock()
+		return fmt.Errorf("%s %s: %w", op.Kind, op.Name, errno)
+	})
 	return hit
 }
 
 // opsOfRun returns the operations run makes, once it calls its fault
 // argument, on a fresh copy of the setup.
-func opsOfRun(t *testing.T, setup func(t *testing.T) (*memFS, string), run func(mfs *memFS, dir string, fault func()) error) []string {
+func opsOfRun(t *testing.T, setup func(t *testing.T) (*memfs.FS, string), run func(mfs *memfs.FS, dir string, fault func()) error) []string {
 	t.Helper()
 	mfs, dir := setup(t)
+	var mu sync.Mutex
 	var ops []string
 	err := run(mfs, dir, func() {
-		mfs.mu.Lock()
-		defer mfs.mu.Unlock()
-		mfs.fail = func(op, name string) error {
-			ops = append(ops, op+" "+name)
+		mfs.SetFail(func(op memfs.Op) error {
+			mu.Lock()
+			defer mu.Unlock()
+			ops = append(ops, op.Kind+" "+op.Name)
 			return nil
-		}
+		})
 	})
 	if err != nil {
 		t.Fatalf("without faults: %v", err)
 	}
-	mfs.mu.Lock()
-	defer mfs.mu.Unlock()
-	mfs.fail = nil
+	mfs.SetFail(nil)
+	mu.Lock()
+	defer mu.Unlock()
 	return ops
 }
 
@@ -89,15 +98,15 @@ var faultBody = []byte("the message under fault")
 // faultSetup leaves a closed node with three acked messages at 0..2 and,
 // with prepared, transaction "tx" prepared (one half message): all of it
 // in the WAL only, as a crash left it.
-func faultSetup(prepared bool) func(t *testing.T) (*memFS, string) {
-	return func(t *testing.T) (*memFS, string) {
+func faultSetup(prepared bool) func(t *testing.T) (*memfs.FS, string) {
+	return func(t *testing.T) (*memfs.FS, string) {
 		t.Helper()
 		dir, err := os.MkdirTemp(simTempRoot(), "fault")
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
-		mfs := newMemFS()
+		mfs := memfs.New()
 		n, err := openFaultNode(mfs, dir, store.Options{MaterializeAfter: time.Hour})
 		if err != nil {
 			t.Fatal(err)
@@ -155,7 +164,7 @@ func TestFault_EveryWriteAndSync(t *testing.T) {
 			// The run under fault: the recovery (open), or the act on an
 			// open node.
 			var node *faultNode
-			run := func(mfs *memFS, dir string, fault func()) error {
+			run := func(mfs *memfs.FS, dir string, fault func()) error {
 				if sc.act == nil {
 					fault()
 					n, err := openFaultNode(mfs, dir, store.Options{MaterializeAfter: time.Hour})
@@ -173,7 +182,7 @@ func TestFault_EveryWriteAndSync(t *testing.T) {
 				fault()
 				return sc.act(n)
 			}
-			ops := opsOfRun(t, setup, func(mfs *memFS, dir string, fault func()) error {
+			ops := opsOfRun(t, setup, func(mfs *memfs.FS, dir string, fault func()) error {
 				err := run(mfs, dir, fault)
 				if node != nil {
 					node.close()
@@ -186,15 +195,14 @@ func TestFault_EveryWriteAndSync(t *testing.T) {
 				for _, errno := range []syscall.Errno{syscall.EIO, syscall.ENOSPC} {
 					mfs, dir := setup(t)
 					var hitp *faultHit
-					err := run(mfs, dir, func() { hitp = mfs.failAt(k, errno) })
-					var hit faultHit
+					err := run(mfs, dir, func() { hitp = failAt(mfs, k, errno) })
+					var hitOp string
+					var hitRecord bool
 					if hitp != nil {
-						mfs.mu.Lock() // the zero-filler's operations may come later
-						hit = *hitp
-						mfs.mu.Unlock()
+						hitOp, hitRecord = hitp.get()
 					}
-					what := fmt.Sprintf("%s failing at %d (%s) with %v", sc.name, k, hit.op, errno)
-					if hit.record {
+					what := fmt.Sprintf("%s failing at %d (%s) with %v", sc.name, k, hitOp, errno)
+					if hitRecord {
 						records++
 					}
 					if err != nil {
@@ -210,7 +218,7 @@ func TestFault_EveryWriteAndSync(t *testing.T) {
 						}
 					} else {
 						acked++
-						if hit.record {
+						if hitRecord {
 							t.Errorf("%s: acknowledged, though the write holding it failed", what)
 						}
 					}
@@ -235,7 +243,7 @@ func TestFault_EveryWriteAndSync(t *testing.T) {
 // messages 0..2, the message under fault (present when acked, at most once
 // otherwise; for a commit: committed when acked, else either committed with
 // its half message or still prepared), and a working send.
-func checkFaultReopen(t *testing.T, what string, img *memFS, dir, scenario string, acked bool) {
+func checkFaultReopen(t *testing.T, what string, img *memfs.FS, dir, scenario string, acked bool) {
 	t.Helper()
 	n, err := openFaultNode(img, dir, store.Options{})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/zeze-go/mq/internal/memfs"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -40,7 +41,7 @@ func recoverAll(t testing.TB, w *store.WAL, stream string) [][]byte {
 // after a clean Close, read as a torn tail and was cut without an error.
 func TestReview_LargeWriteSealed(t *testing.T) {
 	for i := range 5 {
-		mfs := newMemFS()
+		mfs := memfs.New()
 		w, err := store.OpenWAL("/wal", store.WALOptions{FS: mfs})
 		if err != nil {
 			t.Fatal(err)
@@ -74,7 +75,7 @@ func TestReview_LargeWriteSealed(t *testing.T) {
 // entries in it, never the directory's own entry in its parent: a power
 // loss could take the directory, and every acknowledged record with it.
 func TestReview_WALDirDurable(t *testing.T) {
-	mfs := newMemFS()
+	mfs := memfs.New()
 	w, err := store.OpenWAL("/node/wal", store.WALOptions{FS: mfs})
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +97,7 @@ func TestReview_WALDirDurable(t *testing.T) {
 // segment's header made every write header of the segment look foreign:
 // the whole segment, acknowledged records and all, was cut as a torn tail.
 func TestReview_DamagedSalt(t *testing.T) {
-	mfs := newMemFS()
+	mfs := memfs.New()
 	w, err := store.OpenWAL("/wal", store.WALOptions{FS: mfs})
 	if err != nil {
 		t.Fatal(err)

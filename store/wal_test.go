@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zeze-go/mq/internal/memfs"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -401,7 +402,7 @@ func TestWAL_OutboxCommitReplay(t *testing.T) {
 // while it extended made it extend again, running up to 16 MiB ahead (a full
 // disk then failed the WAL that much early).
 func TestWAL_ExtendsBoundedAhead(t *testing.T) {
-	mfs := newMemFS()
+	mfs := memfs.New()
 	w, err := store.OpenWAL("/wal", store.WALOptions{FS: mfs, SegmentSize: 1 << 30})
 	if err != nil {
 		t.Fatal(err)

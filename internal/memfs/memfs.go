@@ -1,4 +1,8 @@
-package store_test
+// Package memfs is an in-memory store.FS that keeps only what was synced
+// across a crash: a test crashes it at a chosen operation, or fails the
+// operations it picks, then reopens the image the crash left. Only tests
+// import it.
+package memfs
 
 import (
 	"bytes"
@@ -16,43 +20,39 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// memFS is an in-memory store.FS that keeps, per file, the contents last
+// FS is an in-memory store.FS that keeps, per file, the contents last
 // synced, and per directory the entries last synced. Crash images revert
 // every file to its synced contents (optionally keeping a random subset of
 // the unsynced 512-byte sectors, as a power loss can) and the directory to
-// its synced entries. After Crash every operation fails with EIO.
+// its synced entries. After a crash every operation fails with EIO.
 //
 // Faults behave as on Linux: a write that fails may have landed a prefix
 // (whole pages); a sync that fails loses the sectors it was writing back
 // (they stay readable, as the page cache keeps them, but no later sync
 // writes them: fsyncgate), and every other handle of the file open at the
 // time reports the error at its next sync (errseq). A closed handle fails.
-type memFS struct {
+type FS struct {
 	mu      sync.Mutex
-	files   map[string]*memNode // current entries
-	durable map[string]*memNode // entries as of the last SyncDir
-	dirs    map[string]bool     // directory -> its entry in its parent is durable
+	files   map[string]*node // current entries
+	durable map[string]*node // entries as of the last SyncDir
+	dirs    map[string]bool  // directory -> its entry in its parent is durable
 	crashed bool
-	// fail, if set, is asked before every write, sync, truncate, remove
-	// and directory sync.
-	fail    func(op, name string) error
-	writing []byte // while fail is asked about a write: its bytes
-	ops     int    // those operations so far
-	// crashAt, if positive, crashes the file system at that operation (the
-	// operation fails with EIO and nothing after it reaches the disk):
-	// onCrash gets the image the crash leaves (see Image), made with
-	// crashLoss and crashRng, while the operation waits.
+	fail    func(op Op) error // see SetFail
+	failOps int               // operations since fail was set
+	ops     int               // writes, syncs, truncates, removes and directory syncs so far
+	// crashAt, if positive, is the operation CrashAt armed: onCrash gets
+	// the image, made with crashLoss and crashRng.
 	crashAt   int
 	crashLoss bool
 	crashRng  *rand.Rand
-	onCrash   func(img *memFS)
+	onCrash   func(img *FS)
 }
 
-// memNode is a file: its current sectors and those as of its last sync,
+// node is a file: its current sectors and those as of its last sync,
 // each kept only when it holds a non-zero byte (segments are mostly zeros
 // allocated ahead of the writer).
-type memNode struct {
-	data, synced map[int64]*memSector
+type node struct {
+	data, synced map[int64]*sector
 	size, ssize  int64
 	dirty        map[int64]bool // sectors written or cut since the last sync
 	wbErr        int            // failed syncs so far (errseq)
@@ -60,13 +60,13 @@ type memNode struct {
 
 const sectorSize = 512
 
-type memSector [sectorSize]byte
+type sector [sectorSize]byte
 
-func newMemNode() *memNode {
-	return &memNode{data: map[int64]*memSector{}, synced: map[int64]*memSector{}, dirty: map[int64]bool{}}
+func newNode() *node {
+	return &node{data: map[int64]*sector{}, synced: map[int64]*sector{}, dirty: map[int64]bool{}}
 }
 
-func (n *memNode) writeAt(b []byte, off int64) {
+func (n *node) writeAt(b []byte, off int64) {
 	for len(b) > 0 {
 		sec, in := off/sectorSize, off%sectorSize
 		k := min(int64(len(b)), sectorSize-in)
@@ -75,7 +75,7 @@ func (n *memNode) writeAt(b []byte, off int64) {
 			copy(s[in:], part)
 			n.dirty[sec] = true
 		} else if !isZero(part) {
-			s = &memSector{}
+			s = &sector{}
 			copy(s[in:], part)
 			n.data[sec] = s
 			n.dirty[sec] = true
@@ -87,7 +87,7 @@ func (n *memNode) writeAt(b []byte, off int64) {
 	n.size = max(n.size, off)
 }
 
-func (n *memNode) readAt(b []byte, off int64) int {
+func (n *node) readAt(b []byte, off int64) int {
 	if off >= n.size {
 		return 0
 	}
@@ -105,7 +105,7 @@ func (n *memNode) readAt(b []byte, off int64) int {
 	return len(b)
 }
 
-func (n *memNode) truncate(size int64) {
+func (n *node) truncate(size int64) {
 	if size < n.size {
 		for sec := range n.data {
 			if sec*sectorSize >= size {
@@ -126,12 +126,12 @@ func (n *memNode) truncate(size int64) {
 // lose forgets what was being written back, as a failed sync does: the
 // sectors stay as they are (the page cache keeps them) but are no longer
 // dirty, so no later sync writes them.
-func (n *memNode) lose() {
+func (n *node) lose() {
 	clear(n.dirty)
 	n.wbErr++
 }
 
-func (n *memNode) sync() {
+func (n *node) sync() {
 	for sec := range n.dirty {
 		if s := n.data[sec]; s != nil {
 			c := *s
@@ -147,8 +147,8 @@ func (n *memNode) sync() {
 // crashed returns the node a crash leaves: with powerLoss, the synced
 // sectors and size plus, with rng, a random subset of the unsynced sectors
 // (and perhaps the new size); without, everything written.
-func (n *memNode) crashed(powerLoss bool, rng *rand.Rand) *memNode {
-	out := newMemNode()
+func (n *node) crashed(powerLoss bool, rng *rand.Rand) *node {
+	out := newNode()
 	src, size := n.data, n.size
 	if powerLoss {
 		src, size = n.synced, n.ssize
@@ -188,30 +188,55 @@ func (n *memNode) crashed(powerLoss bool, rng *rand.Rand) *memNode {
 	return out
 }
 
-var zeroSector memSector
+var _ store.FS = (*FS)(nil)
+
+var zeroSector sector
 
 func isZero(b []byte) bool { return bytes.Equal(b, zeroSector[:len(b)]) }
 
-func newMemFS() *memFS {
-	return &memFS{files: map[string]*memNode{}, durable: map[string]*memNode{}, dirs: map[string]bool{}}
+// New returns an empty file system.
+func New() *FS {
+	return &FS{files: map[string]*node{}, durable: map[string]*node{}, dirs: map[string]bool{}}
 }
 
-func (m *memFS) check(op, name string) error {
+// Op is an operation SetFail's hook is asked about.
+type Op struct {
+	Kind string // "write", "sync", "truncate", "remove" or "syncdir"
+	Name string // the file, or the directory of a syncdir
+	// N numbers the operations from the one after SetFail, from 1.
+	N int
+	// Data is a write's bytes, valid during the call.
+	Data []byte
+}
+
+// SetFail makes fail (nil: none) decide the outcome of every write, sync,
+// truncate, remove and directory sync from now: a non-nil error fails the
+// operation as that call on Linux would fail. fail runs with the file
+// system locked: it must not call its methods.
+func (m *FS) SetFail(fail func(op Op) error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fail, m.failOps = fail, 0
+}
+
+func (m *FS) check(kind, name string, data []byte) error {
 	if m.crashed {
 		return syscall.EIO
 	}
 	m.ops++
+	m.failOps++
 	if m.crashAt > 0 && m.ops == m.crashAt {
 		m.crashLocked()
 		return syscall.EIO
 	}
 	if m.fail != nil {
-		return m.fail(op, name)
+		return m.fail(Op{Kind: kind, Name: name, N: m.failOps, Data: data})
 	}
 	return nil
 }
 
-func (m *memFS) OpenFile(name string, flag int, perm fs.FileMode) (store.File, error) {
+// OpenFile implements store.FS.
+func (m *FS) OpenFile(name string, flag int, perm fs.FileMode) (store.File, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.crashed {
@@ -226,13 +251,14 @@ func (m *memFS) OpenFile(name string, flag int, perm fs.FileMode) (store.File, e
 	case !ok && !m.reachable(path.Dir(name)):
 		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
 	case !ok:
-		n = newMemNode()
+		n = newNode()
 		m.files[name] = n
 	}
-	return &memFile{fs: m, n: n, name: name, seen: n.wbErr}, nil
+	return &file{fs: m, n: n, name: name, seen: n.wbErr}, nil
 }
 
-func (m *memFS) ReadDir(dir string) ([]string, error) {
+// ReadDir implements store.FS.
+func (m *FS) ReadDir(dir string) ([]string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.crashed {
@@ -251,10 +277,11 @@ func (m *memFS) ReadDir(dir string) ([]string, error) {
 	return out, nil
 }
 
-func (m *memFS) Remove(name string) error {
+// Remove implements store.FS.
+func (m *FS) Remove(name string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.check("remove", name); err != nil {
+	if err := m.check("remove", name, nil); err != nil {
 		return err
 	}
 	if _, ok := m.files[name]; !ok {
@@ -264,7 +291,9 @@ func (m *memFS) Remove(name string) error {
 	return nil
 }
 
-func (m *memFS) MkdirAll(dir string, perm fs.FileMode) error {
+// MkdirAll implements store.FS: a new directory is durable once its
+// parent is synced.
+func (m *FS) MkdirAll(dir string, perm fs.FileMode) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.crashed {
@@ -276,15 +305,16 @@ func (m *memFS) MkdirAll(dir string, perm fs.FileMode) error {
 	return nil
 }
 
-func (m *memFS) hasDir(d string) bool {
+func (m *FS) hasDir(d string) bool {
 	_, ok := m.dirs[d]
 	return ok
 }
 
-func (m *memFS) SyncDir(dir string) error {
+// SyncDir implements store.FS.
+func (m *FS) SyncDir(dir string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.check("syncdir", dir); err != nil {
+	if err := m.check("syncdir", dir, nil); err != nil {
 		return err
 	}
 	dir = path.Clean(dir)
@@ -312,7 +342,7 @@ func (m *memFS) SyncDir(dir string) error {
 // powerLoss, the synced entries and contents (plus, with rng, a random
 // subset of the unsynced sectors); without, everything written. The
 // receiver is marked crashed.
-func (m *memFS) Image(powerLoss bool, rng *rand.Rand) *memFS {
+func (m *FS) Image(powerLoss bool, rng *rand.Rand) *FS {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.imageLocked(powerLoss, rng)
@@ -320,22 +350,25 @@ func (m *memFS) Image(powerLoss bool, rng *rand.Rand) *memFS {
 
 // Ops returns how many writes, syncs, truncates, removes and directory
 // syncs the file system has seen.
-func (m *memFS) Ops() int {
+func (m *FS) Ops() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.ops
 }
 
-// CrashAt arms a crash at the n-th operation from now (see crashAt): a
-// power loss, or a process crash (what was written stays).
-func (m *memFS) CrashAt(n int, powerLoss bool, rng *rand.Rand, onCrash func(img *memFS)) {
+// CrashAt arms a crash at the n-th write, sync, truncate, remove or
+// directory sync from now: that operation fails with EIO and nothing after
+// it reaches the disk. onCrash gets the image the crash leaves (see Image),
+// of a power loss or of a process crash (what was written stays), while
+// the operation waits.
+func (m *FS) CrashAt(n int, powerLoss bool, rng *rand.Rand, onCrash func(img *FS)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.crashAt, m.crashLoss, m.crashRng, m.onCrash = m.ops+n, powerLoss, rng, onCrash
 }
 
 // CrashNow crashes the file system as CrashAt would, unless it crashed.
-func (m *memFS) CrashNow() {
+func (m *FS) CrashNow() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.crashed {
@@ -343,16 +376,16 @@ func (m *memFS) CrashNow() {
 	}
 }
 
-func (m *memFS) crashLocked() {
+func (m *FS) crashLocked() {
 	img := m.imageLocked(m.crashLoss, m.crashRng)
 	if m.onCrash != nil {
 		m.onCrash(img)
 	}
 }
 
-func (m *memFS) imageLocked(powerLoss bool, rng *rand.Rand) *memFS {
+func (m *FS) imageLocked(powerLoss bool, rng *rand.Rand) *FS {
 	m.crashed = true
-	out := newMemFS()
+	out := New()
 	src := m.files
 	if powerLoss {
 		// The synced entries; with rng, each unsynced change of an entry
@@ -410,7 +443,7 @@ func (m *memFS) imageLocked(powerLoss bool, rng *rand.Rand) *memFS {
 }
 
 // reachable reports whether directory d and its parents exist.
-func (m *memFS) reachable(d string) bool {
+func (m *FS) reachable(d string) bool {
 	for ; d != "/" && d != "."; d = path.Dir(d) {
 		if !m.hasDir(d) {
 			return false
@@ -420,7 +453,7 @@ func (m *memFS) reachable(d string) bool {
 }
 
 // Names returns the current file names containing sub.
-func (m *memFS) Names(sub string) []string {
+func (m *FS) Names(sub string) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []string
@@ -434,7 +467,7 @@ func (m *memFS) Names(sub string) []string {
 }
 
 // Bytes returns a copy of a file's current contents.
-func (m *memFS) Bytes(name string) []byte {
+func (m *FS) Bytes(name string) []byte {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n, ok := m.files[name]
@@ -447,7 +480,7 @@ func (m *memFS) Bytes(name string) []byte {
 }
 
 // SetBytes replaces a file's contents (current and synced).
-func (m *memFS) SetBytes(name string, b []byte) {
+func (m *FS) SetBytes(name string, b []byte) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := m.files[name]
@@ -457,16 +490,16 @@ func (m *memFS) SetBytes(name string, b []byte) {
 	n.sync()
 }
 
-type memFile struct {
-	fs     *memFS
-	n      *memNode
+type file struct {
+	fs     *FS
+	n      *node
 	name   string
 	seen   int // n.wbErr reported to this handle
 	closed bool
 }
 
 // use checks that f is open and the file system not crashed.
-func (f *memFile) use() error {
+func (f *file) use() error {
 	switch {
 	case f.closed:
 		return os.ErrClosed
@@ -476,7 +509,7 @@ func (f *memFile) use() error {
 	return nil
 }
 
-func (f *memFile) ReadAt(b []byte, off int64) (int, error) {
+func (f *file) ReadAt(b []byte, off int64) (int, error) {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
 	if err := f.use(); err != nil {
@@ -489,15 +522,13 @@ func (f *memFile) ReadAt(b []byte, off int64) (int, error) {
 	return n, nil
 }
 
-func (f *memFile) WriteAt(b []byte, off int64) (int, error) {
+func (f *file) WriteAt(b []byte, off int64) (int, error) {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
 	if err := f.use(); err != nil {
 		return 0, err
 	}
-	f.fs.writing = b
-	err := f.fs.check("write", f.name)
-	f.fs.writing = nil
+	err := f.fs.check("write", f.name, b)
 	if err != nil {
 		if f.fs.crashed {
 			return 0, err
@@ -511,13 +542,13 @@ func (f *memFile) WriteAt(b []byte, off int64) (int, error) {
 	return len(b), nil
 }
 
-func (f *memFile) Sync() error {
+func (f *file) Sync() error {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
 	if err := f.use(); err != nil {
 		return err
 	}
-	if err := f.fs.check("sync", f.name); err != nil {
+	if err := f.fs.check("sync", f.name, nil); err != nil {
 		if !f.fs.crashed {
 			f.n.lose()
 			f.seen = f.n.wbErr
@@ -532,20 +563,20 @@ func (f *memFile) Sync() error {
 	return nil
 }
 
-func (f *memFile) Truncate(size int64) error {
+func (f *file) Truncate(size int64) error {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
 	if err := f.use(); err != nil {
 		return err
 	}
-	if err := f.fs.check("truncate", f.name); err != nil {
+	if err := f.fs.check("truncate", f.name, nil); err != nil {
 		return err
 	}
 	f.n.truncate(size)
 	return nil
 }
 
-func (f *memFile) Size() (int64, error) {
+func (f *file) Size() (int64, error) {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
 	if err := f.use(); err != nil {
@@ -554,7 +585,7 @@ func (f *memFile) Size() (int64, error) {
 	return f.n.size, nil
 }
 
-func (f *memFile) Close() error {
+func (f *file) Close() error {
 	f.fs.mu.Lock()
 	defer f.fs.mu.Unlock()
 	if f.closed {
@@ -565,7 +596,7 @@ func (f *memFile) Close() error {
 }
 
 // Size returns a file's current size.
-func (m *memFS) Size(name string) int64 {
+func (m *FS) Size(name string) int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if n, ok := m.files[name]; ok {
