@@ -5,19 +5,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/internal/replica"
+	"github.com/zeze-go/mq/internal/transport"
 	"github.com/zeze-go/mq/internal/txn"
+	"github.com/zeze-go/mq/raftqueue"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -126,6 +133,12 @@ func claimDir(dir, id string) error {
 // lost with the segments.
 func (m *MQ) recoverLogged() error {
 	for _, stream := range m.wal.Streams() {
+		if strings.HasPrefix(stream, raft3Prefix) {
+			if err := m.retainRaftLog(stream); err != nil {
+				return err
+			}
+			continue
+		}
 		i := strings.LastIndexByte(stream, '/')
 		part, err := strconv.Atoi(stream[i+1:])
 		topic := stream[:max(i, 0)]
@@ -202,7 +215,7 @@ func (cn *clusterNode) sync(st *cluster.State) {
 		}
 		var local []int
 		for i := have; i < len(ct.Parts); i++ {
-			p, isLocal, err := cn.partition(name, i, ct.Parts[i])
+			p, isLocal, err := cn.partition(name, ct.Type, i, ct.Parts[i])
 			if err != nil {
 				m.cfg.logger.Error("cannot open a partition placed on this node", "topic", name, "partition", i, "err", err)
 				break // the table gets the partitions before it; the next change tries again
@@ -227,10 +240,14 @@ func (cn *clusterNode) sync(st *cluster.State) {
 }
 
 // partition opens partition i of topic, placed as pl: here, or a client of
-// the node holding it.
-func (cn *clusterNode) partition(topic string, i int, pl cluster.Partition) (partition.Partition, bool, error) {
+// the node holding it; for Raft3 the way to the group's leader, with this
+// node's replica if it holds one.
+func (cn *clusterNode) partition(topic string, typ uint8, i int, pl cluster.Partition) (partition.Partition, bool, error) {
 	if len(pl.Replicas) == 0 {
 		return nil, false, fmt.Errorf("%s/%d has no replica", topic, i)
+	}
+	if typ == cluster.TypeRaft3 {
+		return cn.openRaft3(topic, i, pl.Replicas)
 	}
 	owner := pl.Replicas[0]
 	if owner == cn.agent.ID() {
@@ -253,10 +270,15 @@ func (cn *clusterNode) served(topic string, i int) (partition.Partition, error) 
 	for {
 		t, ok := cn.m.topics.Get(topic)
 		if ok && i >= 0 && i < len(t.Parts) {
-			if _, local := t.Parts[i].(*partition.Local); !local {
-				return nil, fmt.Errorf("%w: %s/%d is not on node %s", store.ErrClosed, topic, i, cn.agent.ID())
+			switch p := t.Parts[i].(type) {
+			case *partition.Local:
+				return p, nil
+			case *replica.Raft3:
+				if l := p.Leading(); l != nil {
+					return l, nil // it answers while it leads
+				}
 			}
-			return t.Parts[i], nil
+			return nil, fmt.Errorf("%w: %s/%d is not on node %s", store.ErrClosed, topic, i, cn.agent.ID())
 		}
 		if cn.m.closed.Load() || time.Now().After(deadline) {
 			return nil, fmt.Errorf("%w: %s/%d", ErrNoTopic, topic, i)
@@ -323,11 +345,17 @@ func (cn *clusterNode) halfProducer(topic string, index int, txid string) (strin
 	if !ok || index < 0 || index >= len(t.Parts) {
 		return "", false, nil // the lookup that follows answers
 	}
-	l, local := t.Parts[index].(*partition.Local)
-	if !local {
-		return "", false, nil
+	switch p := t.Parts[index].(type) {
+	case *partition.Local:
+		return p.HalfProducer(txid)
+	case *replica.Raft3:
+		if l, ok := p.Leading().(interface {
+			HalfProducer(string) (string, bool, error)
+		}); ok {
+			return l.HalfProducer(txid)
+		}
 	}
-	return l.HalfProducer(txid)
+	return "", false, nil
 }
 
 // checkTx answers another node's check-back of a transaction this node
@@ -362,8 +390,115 @@ func (cn *clusterNode) owned(topic string, part int) bool {
 	if !ok || part < 0 || part >= len(t.Parts) {
 		return false
 	}
-	_, local := t.Parts[part].(*partition.Local)
-	return local
+	switch p := t.Parts[part].(type) {
+	case *partition.Local:
+		return true
+	case *replica.Raft3: // its leader's node checks its transactions back
+		g := p.Replica()
+		return g != nil && g.State() == raft.Leader
+	}
+	return false
+}
+
+// handOff hands the leadership of this node's Raft3 replicas to others
+// before the node closes, in parallel.
+func (cn *clusterNode) handOff() {
+	var wg sync.WaitGroup
+	for _, t := range cn.m.topics.All() {
+		for _, p := range t.Parts {
+			if r, ok := p.(*replica.Raft3); ok {
+				wg.Go(r.HandOff)
+			}
+		}
+	}
+	wg.Wait()
+}
+
+// raft3Name is the raft group, and the WAL stream of its log, of partition
+// i of a Raft3 topic (at most 255 bytes: transport.MaxGroupIDLen).
+func raft3Name(topic string, i int) string { return raft3Prefix + topic + "/" + strconv.Itoa(i) }
+
+const raft3Prefix = "raft3/"
+
+// maxRaft3Topic is the longest name of a Raft3 topic: its group names fit
+// the port's raft group ids.
+const maxRaft3Topic = transport.MaxGroupIDLen - len(raft3Prefix) - len("/65535")
+
+// openRaft3 opens partition i of a Raft3 topic replicated on replicas:
+// this node's replica if it is one of them, and the way to the leader.
+func (cn *clusterNode) openRaft3(topic string, i int, replicas []string) (partition.Partition, bool, error) {
+	cfg := replica.Raft3Config{Topic: topic, Index: i, Self: cn.agent.ID(), Replicas: replicas,
+		Peer: cn.agent.Peer, Now: cn.m.cfg.clock.Now}
+	if slices.Contains(replicas, cfg.Self) {
+		g, err := cn.openReplica(topic, i, replicas)
+		if err != nil {
+			return nil, false, err
+		}
+		cfg.Group = g
+	}
+	return replica.NewRaft3(cfg), cfg.Group != nil, nil
+}
+
+// openReplica opens this node's replica of a Raft3 partition: its group
+// on the port, its log a stream of the node's WAL, its files in
+// <dir>/raft3/<topic>/<i>. A new replica bootstraps the group with the
+// three of them (each does, alike: raft allows it); one with state rejoins.
+func (cn *clusterNode) openReplica(topic string, i int, replicas []string) (*raftqueue.Group, error) {
+	m := cn.m
+	name := raft3Name(topic, i)
+	log, ok := m.raftLogs[name]
+	if ok {
+		delete(m.raftLogs, name)
+	} else {
+		var err error
+		if log, err = raftqueue.OpenWALLog(m.wal, name); err != nil {
+			return nil, err
+		}
+	}
+	layer, err := cn.agent.RaftMux().Layer(name)
+	if err != nil {
+		return nil, err
+	}
+	trans := raft.NewNetworkTransport(layer, 3, 10*time.Second, io.Discard)
+	conf := raft.DefaultConfig()
+	if t := m.cfg.cluster.ElectionTimeout; t > 0 {
+		conf.HeartbeatTimeout, conf.ElectionTimeout, conf.LeaderLeaseTimeout = t, t, t/2
+	}
+	conf.MaxAppendEntries = 256
+	// The log is a WAL stream: the segments it holds stay until a
+	// snapshot compacts it, so keep it short.
+	conf.TrailingLogs, conf.SnapshotThreshold = 1024, 2048
+	dir := filepath.Join(m.dir, "raft3", topic, strconv.Itoa(i))
+	g, err := raftqueue.Open(raftqueue.Config{ID: raft.ServerID(cn.agent.ID()), Dir: dir, Transport: trans, LogStore: log,
+		Raft: conf, Logger: cluster.NewHCLogger(m.cfg.logger.With("topic", topic, "partition", i), "raft3")})
+	if err != nil {
+		trans.Close()
+		return nil, err
+	}
+	servers := make([]raft.Server, len(replicas))
+	for j, id := range replicas {
+		servers[j] = raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(id)}
+	}
+	if err := g.Bootstrap(servers); err != nil {
+		g.Close()
+		return nil, err
+	}
+	return g, nil
+}
+
+// retainRaftLogs keeps the logs of the Raft3 replicas left in the WAL
+// before FinishRecovery drops them: the replicas open later, as the
+// metadata state places them.
+func (m *MQ) retainRaftLog(stream string) error {
+	l, err := raftqueue.OpenWALLog(m.wal, stream)
+	if err != nil {
+		return fmt.Errorf("mq: recover %s: %w", stream, translate(err))
+	}
+	if m.raftLogs == nil {
+		m.raftLogs = map[string]*raftqueue.WALLog{}
+	}
+	m.raftLogs[stream] = l
+	return nil
 }
 
 // createTopic creates a topic through the metadata leader, which places its

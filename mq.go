@@ -75,8 +75,10 @@ import (
 	"github.com/zeze-go/mq/internal/delivery"
 	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/replica"
 	"github.com/zeze-go/mq/internal/txn"
 	"github.com/zeze-go/mq/internal/upkeep"
+	"github.com/zeze-go/mq/raftqueue"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -140,6 +142,11 @@ var (
 	// ErrNoQuorum is returned when a replicated partition cannot reach a
 	// quorum before ctx ends.
 	ErrNoQuorum = errors.New("mq: no quorum")
+	// ErrUnknownOutcome is returned when a replicated partition's leader
+	// was lost while a send or commit was being replicated: it may or may
+	// not be stored. Sending the same *Message again stores it once (its
+	// ID and partition are kept, and a copy already stored is found).
+	ErrUnknownOutcome = errors.New("mq: outcome unknown")
 	// ErrGroupInUse is returned by DeleteGroup while a consumer of the
 	// group is open on this node.
 	ErrGroupInUse = errors.New("mq: group in use")
@@ -181,6 +188,9 @@ type MQ struct {
 
 	delivery *delivery.Engine // consumers, groups and their workers
 	cluster  *clusterNode     // nil for a standalone node
+	// raftLogs are the logs of Raft3 replicas found in the WAL at Open,
+	// until the replicas open (guarded by adminMu).
+	raftLogs map[string]*raftqueue.WALLog
 }
 
 // Open opens the node stored in dir, creating dir if needed, and reopens
@@ -337,6 +347,7 @@ func (m *MQ) Close() error {
 	m.wg.Wait()
 	var err error
 	if m.cluster != nil { // before the partitions: it serves them
+		m.cluster.handOff()
 		err = m.cluster.agent.Close()
 	}
 	if cerr := m.closeTopics(); err == nil {
@@ -384,7 +395,14 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 	opts = opts.withDefaults()
 	switch opts.Type {
 	case Single:
-	case DoubleWrite, Raft3:
+	case Raft3:
+		if m.cluster == nil {
+			return fmt.Errorf("%w: %v on a standalone node", ErrUnsupportedType, opts.Type)
+		}
+		if len(name) > maxRaft3Topic {
+			return fmt.Errorf("%w: a Raft3 topic's name is at most %d bytes", ErrInvalidTopic, maxRaft3Topic)
+		}
+	case DoubleWrite:
 		if m.cluster != nil {
 			return fmt.Errorf("%w: %v is not built yet", ErrUnsupportedType, opts.Type)
 		}
@@ -568,8 +586,10 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrNoTopic, err)
 	case errors.Is(err, cluster.ErrPartitionDecrease):
 		return fmt.Errorf("%w: %v", ErrPartitionDecrease, err)
-	case errors.Is(err, cluster.ErrNotEnoughNodes):
+	case errors.Is(err, cluster.ErrNotEnoughNodes), errors.Is(err, replica.ErrNoLeader):
 		return fmt.Errorf("%w: %v", ErrNoQuorum, err)
+	case errors.Is(err, raftqueue.ErrUnknownOutcome):
+		return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
 	case errors.Is(err, cluster.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)
 	case errors.Is(err, store.ErrFailed), errors.Is(err, store.ErrWALFailed):
@@ -613,12 +633,15 @@ func (m *MQ) startMaintenance() {
 // node open, so Close waits for what it starts.
 func (m *MQ) maintainPartitions(topic string, first int, parts []partition.Partition) {
 	for i, p := range parts {
-		l, ok := p.(*partition.Local)
-		if !ok {
-			continue
-		}
 		logger := m.cfg.logger.With("topic", topic, "partition", first+i)
-		m.goFunc(func(ctx context.Context) { upkeep.Run(ctx, l, &m.upkeep, logger) })
+		switch p := p.(type) {
+		case *partition.Local:
+			m.goFunc(func(ctx context.Context) { upkeep.Run(ctx, p, &m.upkeep, logger) })
+		case *replica.Raft3: // only its leader proposes upkeep
+			m.goFunc(func(ctx context.Context) {
+				p.WhileLeading(ctx, func(ctx context.Context, u replica.Upkeep) { upkeep.Run(ctx, u, &m.upkeep, logger) })
+			})
+		}
 	}
 }
 

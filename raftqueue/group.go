@@ -313,6 +313,9 @@ func (g *Group) Close() error {
 	g.prop.once.Do(func() {
 		g.prop.close()
 		err = g.raft.Shutdown().Error()
+		if nt, ok := g.trans.(*raft.NetworkTransport); ok {
+			nt.CloseStreams() // Shutdown's Close leaves the pooled connections open
+		}
 		if cerr := g.closeFiles(); err == nil {
 			err = cerr
 		}

@@ -199,6 +199,10 @@ func raftAddrIsID(id, _ string) raft.ServerAddress { return raft.ServerAddress(i
 // ID is the node's id.
 func (n *Agent) ID() string { return n.cfg.ID }
 
+// RaftMux is the port's carrier of raft groups: each replicated partition's
+// group takes a layer of it.
+func (n *Agent) RaftMux() *transport.RaftMux { return n.mux }
+
 // Addr is the address the node advertises.
 func (n *Agent) Addr() string { return n.addr }
 

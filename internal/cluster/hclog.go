@@ -19,6 +19,10 @@ type hclogger struct {
 
 var _ hclog.Logger = (*hclogger)(nil)
 
+// NewHCLogger returns an hclog.Logger (raft's) that writes to l, as
+// component name.
+func NewHCLogger(l *slog.Logger, name string) hclog.Logger { return newHCLogger(l, name) }
+
 func newHCLogger(l *slog.Logger, name string) *hclogger {
 	return &hclogger{l: l.With("component", name), name: name}
 }

@@ -188,7 +188,7 @@ func (c *Client) roundTrip(ctx context.Context, stop <-chan struct{}, cn *client
 		return nil, nil, ended(ctx)
 	case <-cn.done:
 		c.putBuf(bp)
-		return nil, nil, cn.failure() // not written
+		return nil, nil, fmt.Errorf("%w: %w", ErrNotSent, cn.failure())
 	}
 	select {
 	case r := <-ch:
@@ -279,7 +279,7 @@ func (c *Client) dialOnce(d *dialing) {
 		d.err = ErrClosed
 		return
 	case err != nil:
-		d.err = fmt.Errorf("%w: dial: %w", ErrUnavailable, err)
+		d.err = fmt.Errorf("%w: %w: dial: %w", ErrUnavailable, ErrNotSent, err)
 		return
 	}
 	cn := &clientConn{

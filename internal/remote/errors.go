@@ -21,6 +21,11 @@ var (
 	// state (an Apply's dedup by message ID, a Decision) or retries only
 	// what is idempotent.
 	ErrUnavailable = errors.New("remote: peer unavailable")
+	// ErrNotSent is wrapped, beside ErrUnavailable, when the request was
+	// never written (the dial failed, or the connection broke before the
+	// request's turn): nothing ran on the peer, and the call may go to
+	// another peer without doubt.
+	ErrNotSent = errors.New("remote: request not sent")
 	// ErrClosed is returned by Client.Call after Client.Close; calls
 	// pending at Close fail with an error wrapping both ErrClosed and
 	// ErrUnavailable.

@@ -1,0 +1,535 @@
+// Package replica holds the partitions a node reaches through replication:
+// Raft3, a raft group of three replicas (raftqueue), as the node's topic
+// table holds it. Every command and every read goes to the group's leader:
+// through this node's replica when it leads, or by RPC to the node that
+// does (internal/remote), whose replica answers only while it leads.
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/raftqueue"
+	"github.com/zeze-go/mq/store"
+)
+
+// Codes of raftqueue's errors on the wire (remote.RegisterError).
+const (
+	codeNotLeader      = remote.FirstUserCode + 100
+	codeUnknownOutcome = remote.FirstUserCode + 101
+)
+
+func init() {
+	remote.RegisterError(codeNotLeader, raftqueue.ErrNotLeader)
+	remote.RegisterError(codeUnknownOutcome, raftqueue.ErrUnknownOutcome)
+}
+
+// DefaultCallTimeout bounds the reads that take no ctx (Get, Stats, ...).
+const DefaultCallTimeout = 10 * time.Second
+
+// Raft3Config configures a node's Raft3 partition.
+type Raft3Config struct {
+	Topic string
+	Index int
+	// Self is this node's id; Replicas the ids of the three nodes holding
+	// the group's replicas (raft server ids and, over the node's port,
+	// their raft addresses).
+	Self     string
+	Replicas []string
+	// Group is this node's replica when Self is in Replicas, else nil. The
+	// partition owns it: Close closes it.
+	Group *raftqueue.Group
+	// Peer returns the RPC client of a node.
+	Peer func(node string) (*remote.Client, error)
+	// Now stamps the commands this node's replica proposes as the leader.
+	Now func() time.Time
+	// CallTimeout bounds the reads that take no ctx (DefaultCallTimeout if
+	// zero).
+	CallTimeout time.Duration
+}
+
+// Raft3 is a Raft3 partition as a node holds it: commands and reads go to
+// the group's leader, waiting (until their ctx ends) while the group has
+// none. Safe for concurrent use.
+type Raft3 struct {
+	cfg    Raft3Config
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	remotes map[string]*remote.Partition // guarded by mu: by node, made when first used
+	next    int                          // guarded by mu: the replica to try when no leader is known
+	hint    string                       // guarded by mu: the node that last answered as the leader
+	closed  bool                         // guarded by mu
+}
+
+var _ partition.Partition = (*Raft3)(nil)
+
+// NewRaft3 returns the partition cfg describes.
+func NewRaft3(cfg Raft3Config) *Raft3 {
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = DefaultCallTimeout
+	}
+	r := &Raft3{cfg: cfg, remotes: map[string]*remote.Partition{}}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	return r
+}
+
+// Replica returns this node's replica, nil if it holds none.
+func (r *Raft3) Replica() *raftqueue.Group { return r.cfg.Group }
+
+// route runs a call at the group's leader: local with this node's replica
+// when it leads, else far with the leader's node. A replica that does not
+// lead (raftqueue.ErrNotLeader, here or there), or a node not reached,
+// sends it on to the next candidate; with no leader anywhere it waits a
+// little and tries again, until ctx or the partition's Close ends it: then
+// ErrNoLeader. A call that is not idempotent and reached a node whose
+// connection then broke may have run: raftqueue.ErrUnknownOutcome.
+func (r *Raft3) route(ctx context.Context, idempotent bool, local func(g *raftqueue.Group) error, far func(p *remote.Partition) error) error {
+	backoff := 5 * time.Millisecond
+	for tries := 0; ; tries++ {
+		if g := r.cfg.Group; g != nil && g.State() == raft.Leader {
+			err := local(g)
+			if !errors.Is(err, raftqueue.ErrNotLeader) {
+				return err
+			}
+		} else if node := r.candidate(); node != "" {
+			p, err := r.remote(node)
+			if err != nil {
+				return err
+			}
+			err = far(p)
+			switch {
+			case err == nil:
+				r.answered(node)
+				return nil
+			case errors.Is(err, raftqueue.ErrNotLeader), errors.Is(err, remote.ErrNotSent),
+				errors.Is(err, store.ErrClosed) && !r.isClosed():
+				// Not the leader, not reached, or its replica closing:
+				// nothing ran there; the next.
+				r.missed(node)
+			case errors.Is(err, remote.ErrUnavailable) && !idempotent:
+				// Sent, and the connection broke: it may have run.
+				r.missed(node)
+				return fmt.Errorf("%w: %w", raftqueue.ErrUnknownOutcome, err)
+			case errors.Is(err, remote.ErrUnavailable):
+				r.missed(node) // a read: asked again
+			default:
+				r.missed(node)
+				return err
+			}
+		}
+		if tries%len(r.cfg.Replicas) != len(r.cfg.Replicas)-1 {
+			continue // try each replica once before waiting
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s/%d: %w", ErrNoLeader, r.cfg.Topic, r.cfg.Index, ctx.Err())
+		case <-r.ctx.Done():
+			return fmt.Errorf("%w: %s/%d", store.ErrClosed, r.cfg.Topic, r.cfg.Index)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+}
+
+// ErrNoLeader is returned when a call found no leader of the group before
+// its ctx ended (no quorum of its replicas reachable).
+var ErrNoLeader = errors.New("replica: no leader")
+
+// candidate returns the node to ask: the leader this node's replica knows
+// of, the last node that answered as the leader, or the replicas in turn.
+func (r *Raft3) candidate() string {
+	if g := r.cfg.Group; g != nil {
+		if _, id := g.Leader(); id != "" && string(id) != r.cfg.Self {
+			return string(id)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.hint != "" {
+		return r.hint
+	}
+	for range r.cfg.Replicas {
+		node := r.cfg.Replicas[r.next%len(r.cfg.Replicas)]
+		r.next++
+		if node != r.cfg.Self {
+			return node
+		}
+	}
+	return ""
+}
+
+func (r *Raft3) answered(node string) {
+	r.mu.Lock()
+	r.hint = node
+	r.mu.Unlock()
+}
+
+func (r *Raft3) missed(node string) {
+	r.mu.Lock()
+	if r.hint == node {
+		r.hint = ""
+	}
+	r.mu.Unlock()
+}
+
+func (r *Raft3) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
+
+// remote returns the RPC partition of node.
+func (r *Raft3) remote(node string) (*remote.Partition, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, fmt.Errorf("%w: %s/%d", store.ErrClosed, r.cfg.Topic, r.cfg.Index)
+	}
+	if p, ok := r.remotes[node]; ok {
+		return p, nil
+	}
+	c, err := r.cfg.Peer(node)
+	if err != nil {
+		return nil, err
+	}
+	p := remote.NewPartition(c, r.cfg.Topic, r.cfg.Index, remote.PartitionConfig{CallTimeout: r.cfg.CallTimeout})
+	r.remotes[node] = p
+	return p, nil
+}
+
+// Apply runs cmd at the leader. This node's replica stamps a zero Now when
+// it leads; a leader elsewhere stamps it there.
+func (r *Raft3) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+	var res store.Result
+	err := r.route(ctx, false, func(g *raftqueue.Group) (err error) {
+		res, err = applyLeading(ctx, g, cmd, r.cfg.Now)
+		return err
+	}, func(p *remote.Partition) (err error) {
+		res, err = p.Apply(ctx, cmd)
+		return err
+	})
+	return res, err
+}
+
+// applyLeading applies cmd through g, this node's replica, stamping a zero
+// Now.
+func applyLeading(ctx context.Context, g *raftqueue.Group, cmd *store.Command, now func() time.Time) (store.Result, error) {
+	if cmd.Now == 0 {
+		cmd.Now = now().UnixNano()
+	}
+	return g.Apply(ctx, cmd)
+}
+
+// read runs fn on the leader's partition: this node's replica's when it
+// leads (after it applied what its predecessors committed), the leader's
+// by RPC otherwise.
+func (r *Raft3) read(ctx context.Context, fn func(p partition.Partition) error) error {
+	return r.route(ctx, true, func(g *raftqueue.Group) error {
+		p, err := g.LeaderPartition(ctx)
+		if err != nil {
+			return err
+		}
+		return fn(p)
+	}, func(p *remote.Partition) error { return fn(p) })
+}
+
+// call is read with the partition's CallTimeout, for the reads that take
+// no ctx.
+func (r *Raft3) call(fn func(p partition.Partition) error) error {
+	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.CallTimeout)
+	defer cancel()
+	return r.read(ctx, fn)
+}
+
+// Fetch reads from the leader, waiting there as store.Partition.Fetch does.
+func (r *Raft3) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) (out []store.Message, err error) {
+	err = r.read(ctx, func(p partition.Partition) (err error) {
+		out, err = p.Fetch(ctx, from, max, maxBytes, dst)
+		return err
+	})
+	return out, err
+}
+
+func (r *Raft3) Get(offset uint64) (m store.Message, ok bool, err error) {
+	err = r.call(func(p partition.Partition) (err error) {
+		m, ok, err = p.Get(offset)
+		return err
+	})
+	return m, ok, err
+}
+
+// Stats returns the leader's, or this node's replica's while no leader
+// answers (zero without a replica here).
+func (r *Raft3) Stats() store.Stats {
+	var st store.Stats
+	err := r.call(func(p partition.Partition) error {
+		st = p.Stats()
+		return nil
+	})
+	if err != nil && r.cfg.Group != nil {
+		if p, perr := r.cfg.Group.Partition(); perr == nil {
+			st = p.Stats()
+		}
+	}
+	return st
+}
+
+func (r *Raft3) Group(name string) (g store.GroupState, ok bool, err error) {
+	err = r.call(func(p partition.Partition) (err error) {
+		g, ok, err = p.Group(name)
+		return err
+	})
+	return g, ok, err
+}
+
+func (r *Raft3) GroupStates() (gs map[string]store.GroupState, err error) {
+	err = r.call(func(p partition.Partition) (err error) {
+		gs, err = p.GroupStates()
+		return err
+	})
+	return gs, err
+}
+
+func (r *Raft3) SeekTime(t int64) (off uint64, err error) {
+	err = r.call(func(p partition.Partition) (err error) {
+		off, err = p.SeekTime(t)
+		return err
+	})
+	return off, err
+}
+
+func (r *Raft3) NextDue() (due int64, ok bool, err error) {
+	err = r.call(func(p partition.Partition) (err error) {
+		due, ok, err = p.NextDue()
+		return err
+	})
+	return due, ok, err
+}
+
+// HalfTxs lists the leader's half transactions. fn may see one twice when
+// leadership moves while it runs.
+func (r *Raft3) HalfTxs(fn func(store.HalfTx) bool) error {
+	return r.call(func(p partition.Partition) error { return p.HalfTxs(fn) })
+}
+
+func (r *Raft3) Decision(txid string) (d store.Decision, err error) {
+	err = r.call(func(p partition.Partition) (err error) {
+		d, err = p.Decision(txid)
+		return err
+	})
+	return d, err
+}
+
+// HandOff hands this node's replica's leadership, if it leads, to another
+// replica, so that the group does not wait out an election when the node
+// closes. Call it while the node's port still runs; it is best effort (the
+// group elects a leader anyway).
+func (r *Raft3) HandOff() {
+	if g := r.cfg.Group; g != nil && g.State() == raft.Leader {
+		_ = g.Raft().LeadershipTransfer().Error()
+	}
+}
+
+// Close ends the calls waiting for a leader, closes the RPC partitions and
+// this node's replica.
+func (r *Raft3) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	remotes := r.remotes
+	r.remotes = nil
+	r.mu.Unlock()
+	r.cancel()
+	for _, p := range remotes {
+		p.Close()
+	}
+	if g := r.cfg.Group; g != nil {
+		return g.Close()
+	}
+	return nil
+}
+
+// Leading is this node's replica as the partition service serves it to
+// other nodes: it answers only while it leads (raftqueue.ErrNotLeader
+// otherwise, which sends the caller on), so a call is never forwarded
+// twice. Nil when this node holds no replica.
+func (r *Raft3) Leading() partition.Partition {
+	if r.cfg.Group == nil {
+		return nil
+	}
+	return &leading{r: r}
+}
+
+// leading is Raft3.Leading.
+type leading struct{ r *Raft3 }
+
+// partition returns the replica's partition if it leads.
+func (l *leading) partition(ctx context.Context) (*store.Partition, error) {
+	return l.r.cfg.Group.LeaderPartition(ctx)
+}
+
+func (l *leading) call(fn func(p *store.Partition) error) error {
+	ctx, cancel := context.WithTimeout(l.r.ctx, l.r.cfg.CallTimeout)
+	defer cancel()
+	p, err := l.partition(ctx)
+	if err != nil {
+		return err
+	}
+	return fn(p)
+}
+
+func (l *leading) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+	return applyLeading(ctx, l.r.cfg.Group, cmd, l.r.cfg.Now)
+}
+
+func (l *leading) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error) {
+	p, err := l.partition(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return p.Fetch(ctx, from, max, maxBytes, dst)
+}
+
+func (l *leading) Get(offset uint64) (m store.Message, ok bool, err error) {
+	err = l.call(func(p *store.Partition) (err error) {
+		m, ok, err = p.Get(offset)
+		return err
+	})
+	return m, ok, err
+}
+
+// Stats is the replica's, leading or not: advisory.
+func (l *leading) Stats() store.Stats {
+	p, err := l.r.cfg.Group.Partition()
+	if err != nil {
+		return store.Stats{}
+	}
+	return p.Stats()
+}
+
+func (l *leading) Group(name string) (g store.GroupState, ok bool, err error) {
+	err = l.call(func(p *store.Partition) (err error) {
+		g, ok, err = p.Group(name)
+		return err
+	})
+	return g, ok, err
+}
+
+func (l *leading) GroupStates() (gs map[string]store.GroupState, err error) {
+	err = l.call(func(p *store.Partition) (err error) {
+		gs, err = p.GroupStates()
+		return err
+	})
+	return gs, err
+}
+
+func (l *leading) SeekTime(t int64) (off uint64, err error) {
+	err = l.call(func(p *store.Partition) (err error) {
+		off, err = p.SeekTime(t)
+		return err
+	})
+	return off, err
+}
+
+func (l *leading) NextDue() (due int64, ok bool, err error) {
+	err = l.call(func(p *store.Partition) (err error) {
+		due, ok, err = p.NextDue()
+		return err
+	})
+	return due, ok, err
+}
+
+func (l *leading) HalfTxs(fn func(store.HalfTx) bool) error {
+	return l.call(func(p *store.Partition) error { return p.HalfTxs(fn) })
+}
+
+func (l *leading) Decision(txid string) (d store.Decision, err error) {
+	err = l.call(func(p *store.Partition) (err error) {
+		d, err = p.Decision(txid)
+		return err
+	})
+	return d, err
+}
+
+// Close does nothing: the Raft3 partition owns the replica.
+func (l *leading) Close() error { return nil }
+
+// HalfProducer returns the producer of txid's half messages on the leader
+// (this node's replica must lead).
+func (l *leading) HalfProducer(txid string) (producer string, ok bool, err error) {
+	err = l.call(func(p *store.Partition) (err error) {
+		producer, ok, err = p.HalfProducer(txid)
+		return err
+	})
+	return producer, ok, err
+}
+
+var _ io.Closer = (*Raft3)(nil)
+
+// Upkeep is this node's replica as the upkeep sees it while it leads: its
+// commands go through the group, its reads and wake-ups are the replica's.
+// Run the upkeep with a ctx that ends when the replica stops leading.
+type Upkeep struct {
+	G *raftqueue.Group
+	P *store.Partition
+}
+
+func (u Upkeep) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+	return u.G.Apply(ctx, cmd)
+}
+func (u Upkeep) Stats() store.Stats                                { return u.P.Stats() }
+func (u Upkeep) Changed() <-chan struct{}                          { return u.P.Changed() }
+func (u Upkeep) NextDue() (int64, bool, error)                     { return u.P.NextDue() }
+func (u Upkeep) Get(offset uint64) (store.Message, bool, error)    { return u.P.Get(offset) }
+func (u Upkeep) GroupStates() (map[string]store.GroupState, error) { return u.P.GroupStates() }
+
+// WhileLeading calls fn each time this node's replica starts leading, with
+// the replica's Upkeep and a ctx that ends once it no longer leads (or ctx
+// ends), and waits for fn. It returns when ctx ends; at once without a
+// replica here.
+func (r *Raft3) WhileLeading(ctx context.Context, fn func(ctx context.Context, u Upkeep)) {
+	g := r.cfg.Group
+	if g == nil {
+		return
+	}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if g.State() == raft.Leader {
+			if p, err := g.Partition(); err == nil {
+				lctx, cancel := context.WithCancel(ctx)
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					fn(lctx, Upkeep{G: g, P: p})
+				}()
+				for g.State() == raft.Leader && ctx.Err() == nil {
+					select {
+					case <-ctx.Done():
+					case <-tick.C:
+					}
+				}
+				cancel()
+				<-done
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
