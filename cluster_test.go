@@ -851,3 +851,28 @@ func TestCluster_RestartWithoutQuorum(t *testing.T) {
 	}
 	waitSeen(t, col, "alone")
 }
+
+// TestCluster_RestartAllOnNewPorts: every node closed, then reopened one
+// after the other on new ports, each with the ones already back as seeds.
+// The first one back has no seed and only stale addresses; the others must
+// find it through their seeds, or it never registers and the metadata
+// group never learns where it is.
+func TestCluster_RestartAllOnNewPorts(t *testing.T) {
+	c := newCluster(t, 3)
+	for _, id := range []string{"n3", "n1", "n2"} {
+		c.kill(id)
+	}
+	for _, id := range []string{"n1", "n2", "n3"} {
+		c.start(id)
+	}
+	waitFor(t, 20*time.Second, "every node known at its new address by every node", func() bool {
+		for _, m := range c.nodes {
+			for _, nd := range m.ClusterStatus().Nodes {
+				if !nd.Up || nd.Addr != c.nodes[nd.ID].ClusterStatus().Addr {
+					return false
+				}
+			}
+		}
+		return true
+	})
+}

@@ -338,7 +338,16 @@ func (n *Agent) seed(addr string) (*remote.Client, error) {
 		return c, nil
 	}
 	c := remote.NewClient(func(ctx context.Context) (*transport.Conn, error) {
-		return n.dial(ctx, addr, "")
+		c, err := n.dial(ctx, addr, "")
+		if err == nil && c.PeerID() != n.cfg.ID {
+			// The node there proved its id in the handshake: where it
+			// listens now, which the others' state and books may not
+			// know yet (a whole cluster restarted on new ports, this
+			// node among the last: the first one back has no seed and a
+			// stale book, and can only be found this way).
+			n.announced.Store(c.PeerID(), addr)
+		}
+		return c, err
 	}, remote.ClientConfig{MaxFrameBytes: n.cfg.MaxFrameBytes})
 	n.seeds[addr] = c
 	return c, nil
