@@ -404,14 +404,23 @@ func (cn *clusterNode) owned(topic string, part int) bool {
 // before the node closes, in parallel.
 func (cn *clusterNode) handOff() {
 	var wg sync.WaitGroup
+	cn.eachRaft3(func(r *replica.Raft3) { wg.Go(r.HandOff) })
+	wg.Wait()
+}
+
+// closing tells the Raft3 partitions that the node is closing (see
+// replica.Raft3.Closing).
+func (cn *clusterNode) closing() { cn.eachRaft3((*replica.Raft3).Closing) }
+
+// eachRaft3 calls fn with each Raft3 partition in the table.
+func (cn *clusterNode) eachRaft3(fn func(r *replica.Raft3)) {
 	for _, t := range cn.m.topics.All() {
 		for _, p := range t.Parts {
 			if r, ok := p.(*replica.Raft3); ok {
-				wg.Go(r.HandOff)
+				fn(r)
 			}
 		}
 	}
-	wg.Wait()
 }
 
 // raft3Name is the raft group, and the WAL stream of its log, of partition
@@ -580,6 +589,9 @@ type ClusterStatus struct {
 	Addr   string // this node's advertised address
 	Leader string // the metadata leader's node id, "" while none is known
 	Nodes  []NodeStatus
+	// Leading lists the Raft3 partitions whose replica on this node leads
+	// its group now, as "topic/partition", sorted.
+	Leading []string
 }
 
 // NodeStatus is one node as the metadata group records it.
@@ -601,5 +613,11 @@ func (m *MQ) ClusterStatus() ClusterStatus {
 	for _, nd := range a.Meta().State().Nodes() {
 		st.Nodes = append(st.Nodes, NodeStatus{ID: nd.ID, Addr: nd.Addr, Up: nd.Up})
 	}
+	m.cluster.eachRaft3(func(r *replica.Raft3) {
+		if g := r.Replica(); g != nil && g.State() == raft.Leader {
+			st.Leading = append(st.Leading, r.Name())
+		}
+	})
+	slices.Sort(st.Leading)
 	return st
 }

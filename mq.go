@@ -342,6 +342,9 @@ func (m *MQ) Close() error {
 	if !first {
 		return nil
 	}
+	if m.cluster != nil {
+		m.cluster.closing()
+	}
 	m.delivery.Close()
 	m.cancel()
 	m.wg.Wait()

@@ -222,3 +222,36 @@ func committedAll(m *mq.MQ, topic, group string, parts int) bool {
 	}
 	return true
 }
+
+// TestRaft3_CloseWithoutQuorum: the last node of a Raft3 cluster closes
+// promptly with a consumer open: its final offset commit finds no leader
+// and is given up (the group redelivers from the last commit), instead of
+// waiting out the commit's 10 s timeout.
+func TestRaft3_CloseWithoutQuorum(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.nodes["n1"].CreateMQ(ctx, "r", 2, mq.Options{Type: mq.Raft3}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the topic on n3", func() bool { return c.nodes["n3"].Topics()["r"] == 2 })
+	p, err := c.nodes["n3"].NewProducer("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.SendMessage(ctx, &mq.Message{ID: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	col := &collector{}
+	if _, err := c.nodes["n3"].NewConsumer("r", "g", col); err != nil {
+		t.Fatal(err)
+	}
+	waitSeen(t, col, "x")
+	c.kill("n1")
+	c.kill("n2")
+	start := time.Now()
+	c.kill("n3")
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the last node closed in %v", took)
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -58,6 +59,8 @@ type proc struct {
 	consuming  bool
 	assigned   []int
 	consumed   int // deliveries
+	leading    []string
+	askedLead  bool // a "leading" answer came since the last ask
 	expectExit bool
 	exitErr    error
 }
@@ -66,7 +69,7 @@ type proc struct {
 // messages flow, checks that every acknowledged message was consumed and
 // writes what happened to out. Every process it started has exited when it
 // returns.
-func run(ctx context.Context, out io.Writer) error {
+func run(ctx context.Context, out io.Writer, raft3 bool) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -83,6 +86,9 @@ func run(ctx context.Context, out io.Writer) error {
 		changed: make(chan struct{}), acked: map[string]bool{}, consumed: map[string]int{}, stopped: -1,
 	}
 	defer l.killAll()
+	if raft3 {
+		return l.scenarioRaft3(ctx)
+	}
 	return l.scenario(ctx)
 }
 
@@ -176,7 +182,15 @@ func (l *launcher) scenario(ctx context.Context) error {
 	}
 	l.logf("n3 consumes again: n2 partitions %s, n3 partitions %s", l.assigned(n2), l.assigned(n3b))
 
-	if err := l.command(n1, "stop"); err != nil {
+	return l.finish(ctx, n1, fmt.Sprintf("n3:         killed at %.1fs, restarted at %.1fs (%d messages acknowledged meanwhile)\n",
+		killedAt.Seconds(), restartedAt.Seconds(), sentWhileDown))
+}
+
+// finish stops the producer on prod, waits until every acknowledged message
+// was consumed, closes the nodes and prints the summary, with note (the
+// kill's line) before the count of lost messages.
+func (l *launcher) finish(ctx context.Context, prod *proc, note string) error {
+	if err := l.command(prod, "stop"); err != nil {
 		return err
 	}
 	if err := l.wait(ctx, "the producer stopping", 20*time.Second, func() bool { return l.stopped >= 0 }); err != nil {
@@ -196,7 +210,7 @@ func (l *launcher) scenario(ctx context.Context) error {
 	if drained == nil {
 		l.logf("every acknowledged message consumed")
 	}
-	closeErr := l.closeAll(ctx)
+	closeErr := l.closeAll(ctx, prod)
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -231,8 +245,7 @@ func (l *launcher) scenario(ctx context.Context) error {
 		}
 	}
 	l.printf("per node:   %s\n", strings.Join(per, ", "))
-	l.printf("n3:         killed at %.1fs, restarted at %.1fs (%d messages acknowledged meanwhile)\n",
-		killedAt.Seconds(), restartedAt.Seconds(), sentWhileDown)
+	l.printf("%s", note)
 	l.printf("lost:       %d\n", len(lost))
 	switch {
 	case len(lost) > 0:
@@ -244,6 +257,143 @@ func (l *launcher) scenario(ctx context.Context) error {
 		return drained
 	}
 	return closeErr
+}
+
+// scenarioRaft3 is the example with a Raft3 topic: every partition has a
+// replica on each of the three nodes. The node leading fewest partitions
+// produces and consumes; the busiest leader of the other two is killed
+// with SIGKILL: the two left elect new leaders and go on, nothing
+// acknowledged is lost, and the killed node, restarted on its data,
+// rejoins its groups.
+func (l *launcher) scenarioRaft3(ctx context.Context) error {
+	n1, err := l.startNode(ctx, "n1", "n1")
+	if err != nil {
+		return err
+	}
+	l.logf("n1 up at %s: it bootstraps the cluster", l.addr(n1))
+	n2, err := l.startNode(ctx, "n2", "n2", l.addr(n1))
+	if err != nil {
+		return err
+	}
+	n3, err := l.startNode(ctx, "n3", "n3", l.addr(n1), l.addr(n2))
+	if err != nil {
+		return err
+	}
+	l.logf("n2 and n3 up at %s and %s", l.addr(n2), l.addr(n3))
+	if err := l.command(n1, fmt.Sprintf("create %s %d 3 raft3", topic, partitions)); err != nil {
+		return err
+	}
+	if err := l.wait(ctx, "the topic created", 20*time.Second, func() bool { return n1.created }); err != nil {
+		return err
+	}
+	l.logf("Raft3 topic %q created: %d partitions, each a raft group with a replica on every node", topic, partitions)
+	// The node leading fewest partitions produces and consumes; the busiest
+	// leader of the other two is the one killed.
+	nodes := []*proc{n1, n2, n3}
+	var counts []int
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if counts, err = l.leaderships(ctx, nodes...); err != nil {
+			return err
+		}
+		if counts[0]+counts[1]+counts[2] == partitions {
+			break // a leader in every group
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no leader in every group within 20s: %v", counts)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	worker := n1
+	var others []*proc
+	for i, p := range nodes {
+		if counts[i] < counts[slices.Index(nodes, worker)] {
+			worker = p
+		}
+	}
+	for _, p := range nodes {
+		if p != worker {
+			others = append(others, p)
+		}
+	}
+	if err := l.command(worker, fmt.Sprintf("consume %s %s", topic, group)); err != nil {
+		return err
+	}
+	if err := l.command(worker, "produce "+topic); err != nil {
+		return err
+	}
+	l.logf("%s produces, one message every %v, and consumes as group %q", worker.label, sendInterval, group)
+	flowing := time.Now()
+	if err := l.wait(ctx, worker.label+" consuming", 20*time.Second, func() bool {
+		return worker.consumed >= 100 && time.Since(flowing) > 1500*time.Millisecond
+	}); err != nil {
+		return err
+	}
+	if counts, err = l.leaderships(ctx, others...); err != nil {
+		return err
+	}
+	victim := others[0]
+	if counts[1] > counts[0] {
+		victim = others[1]
+	}
+	l.mu.Lock()
+	led := strings.Join(victim.leading, " ")
+	l.mu.Unlock()
+	if err := l.kill(victim); err != nil {
+		return err
+	}
+	killedAt := time.Since(l.start)
+	l.mu.Lock()
+	ackedAtKill, consumedAtKill := len(l.acked), worker.consumed
+	l.logf("%s killed (SIGKILL); it led %s; %d acknowledged so far", victim.label, cmp.Or(led, "no partition"), ackedAtKill)
+	l.mu.Unlock()
+	if err := l.wait(ctx, "messages flowing through the new leaders", 20*time.Second, func() bool {
+		return worker.consumed >= consumedAtKill+200
+	}); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.logf("the two nodes left elected new leaders: %d more consumed", worker.consumed-consumedAtKill)
+	l.mu.Unlock()
+	back, err := l.startNode(ctx, victim.id, victim.id+" (restarted)", l.addr(worker))
+	if err != nil {
+		return err
+	}
+	restartedAt := time.Since(l.start)
+	l.mu.Lock()
+	sentWhileDown := len(l.acked) - ackedAtKill
+	l.mu.Unlock()
+	l.logf("%s restarted on its data directory at %s; %d acknowledged while it was down", victim.id, l.addr(back), sentWhileDown)
+	l.mu.Lock()
+	consumedAtRestart := worker.consumed
+	l.mu.Unlock()
+	if err := l.wait(ctx, "messages flowing with all three", 20*time.Second, func() bool {
+		return worker.consumed >= consumedAtRestart+200
+	}); err != nil {
+		return err
+	}
+	return l.finish(ctx, worker, fmt.Sprintf("%s:         killed at %.1fs while leading %s, restarted at %.1fs (%d messages acknowledged meanwhile)\n",
+		victim.id, killedAt.Seconds(), cmp.Or(led, "no partition"), restartedAt.Seconds(), sentWhileDown))
+}
+
+// leaderships asks each of procs which Raft3 partitions it leads, and
+// returns how many each leads, in procs' order.
+func (l *launcher) leaderships(ctx context.Context, procs ...*proc) ([]int, error) {
+	counts := make([]int, len(procs))
+	for i, p := range procs {
+		l.mu.Lock()
+		p.askedLead = false
+		l.mu.Unlock()
+		if err := l.command(p, "leading"); err != nil {
+			return nil, err
+		}
+		if err := l.wait(ctx, p.label+"'s leaderships", 10*time.Second, func() bool { return p.askedLead }); err != nil {
+			return nil, err
+		}
+		l.mu.Lock()
+		counts[i] = len(p.leading)
+		l.mu.Unlock()
+	}
+	return counts, nil
 }
 
 // startNode starts a node process with data directory root/id, joining
@@ -332,6 +482,11 @@ func (l *launcher) event(p *proc, f []string, line string) {
 	case kind == "consumed" && len(f) >= 2:
 		l.consumed[f[1]]++
 		p.consumed++
+	case kind == "leading" && len(f) == 2:
+		p.leading, p.askedLead = nil, true
+		if f[1] != "-" {
+			p.leading = strings.Split(f[1], ",")
+		}
 	case kind == "stopped" && len(f) == 2:
 		l.stopped, _ = strconv.Atoi(f[1])
 	case kind == "error":
@@ -395,9 +550,10 @@ func (l *launcher) kill(p *proc) error {
 }
 
 // closeAll closes every running process's stdin, which closes its node,
-// and waits for them to exit; it returns an error if one did not exit
-// cleanly.
-func (l *launcher) closeAll(ctx context.Context) error {
+// first's first and the others once it exited (its consumer's last offset
+// commit needs a quorum of a Raft3 group's nodes), and waits for them to
+// exit; it returns an error if one did not exit cleanly.
+func (l *launcher) closeAll(ctx context.Context, first *proc) error {
 	l.mu.Lock()
 	var running []*proc
 	for _, p := range l.procs {
@@ -407,12 +563,20 @@ func (l *launcher) closeAll(ctx context.Context) error {
 		}
 	}
 	l.mu.Unlock()
-	for _, p := range running {
-		p.stdin.Close()
+	if i := slices.Index(running, first); i > 0 {
+		running[0], running[i] = running[i], running[0]
 	}
 	timeout := time.After(15 * time.Second)
 	var errs []error
-	for _, p := range running {
+	for i, p := range running {
+		switch i {
+		case 0: // first, alone
+			p.stdin.Close()
+		case 1: // then the others
+			for _, q := range running[1:] {
+				q.stdin.Close()
+			}
+		}
 		select {
 		case <-p.done:
 		case <-timeout:

@@ -1,7 +1,8 @@
 // Cluster: three nodes of one cluster, each in its own process on
 // 127.0.0.1, with a node killed (SIGKILL) and restarted while messages flow.
 //
-//	go run ./examples/cluster
+//	go run ./examples/cluster          # a Single topic
+//	go run ./examples/cluster -raft3   # a Raft3 topic, its busiest leader killed
 //
 // The launcher (this program without ZEZE_EXAMPLE_ROLE) starts node n1,
 // which bootstraps the cluster, and n2, which joins it; n1 creates the topic,
@@ -16,6 +17,13 @@
 // At the end the launcher checks that every message the producer had
 // acknowledged was consumed at least once, and prints a summary.
 //
+// With -raft3 the topic is Raft3: each partition is a raft group with a
+// replica on every node. n1 produces and consumes; the node among n2 and
+// n3 that leads most partitions is killed with SIGKILL; the two left
+// elect new leaders within an election timeout and the flow goes on;
+// the killed node restarts on its data and rejoins its groups. Nothing
+// acknowledged is lost.
+//
 // The nodes are this same binary run again with ZEZE_EXAMPLE_ROLE=node.
 // They talk to the launcher over their stdin (commands) and stdout (events,
 // one per line), and exit when their stdin closes, so none outlives it.
@@ -23,6 +31,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -36,11 +45,13 @@ func main() {
 	if os.Getenv(roleEnv) != "" {
 		os.Exit(nodeMain())
 	}
+	raft3 := flag.Bool("raft3", false, "a Raft3 topic, its busiest leader killed")
+	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := run(ctx, os.Stdout); err != nil {
+	if err := run(ctx, os.Stdout, *raft3); err != nil {
 		fmt.Fprintln(os.Stderr, "cluster example:", err)
 		stop()
 		cancel()

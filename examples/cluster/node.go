@@ -42,11 +42,13 @@ const (
 //	send-error <id> <error>        a send failed; the same message is sent again
 //	consumed <id> <partition>      delivered to the listener (before it returns)
 //	stopped <n>                    the producer stopped after n acknowledged
+//	leading <t/p,...>              the Raft3 partitions this node leads ("-" for none)
 //	error <text>                   a command failed; the node goes on
 //
-// Commands on stdin, one a line: "create <topic> <partitions> <nodes>"
-// (once that many nodes are up), "consume <topic> <group>", "produce
-// <topic>", "stop" (the producer). End of input closes the node.
+// Commands on stdin, one a line: "create <topic> <partitions> <nodes>
+// [raft3]" (once that many nodes are up; Single unless raft3), "consume
+// <topic> <group>", "produce <topic>", "stop" (the producer), "leading".
+// End of input closes the node.
 
 // node is a node process: one MQ, its consumer and producer.
 type node struct {
@@ -144,13 +146,20 @@ func (n *node) emit(kind string, args ...string) {
 
 func (n *node) command(ctx context.Context, f []string) error {
 	switch {
-	case len(f) == 4 && f[0] == "create":
+	case (len(f) == 4 || len(f) == 5 && f[4] == "raft3") && f[0] == "create":
 		parts, err1 := strconv.Atoi(f[2])
 		nodes, err2 := strconv.Atoi(f[3])
 		if err := errors.Join(err1, err2); err != nil {
 			return err
 		}
-		return n.create(ctx, f[1], parts, nodes)
+		typ := mq.Single
+		if len(f) == 5 {
+			typ = mq.Raft3
+		}
+		return n.create(ctx, f[1], parts, nodes, typ)
+	case len(f) == 1 && f[0] == "leading":
+		n.emit("leading", cmp.Or(strings.Join(n.m.ClusterStatus().Leading, ","), "-"))
+		return nil
 	case len(f) == 3 && f[0] == "consume":
 		return n.consume(ctx, f[1], f[2])
 	case len(f) == 2 && f[0] == "produce":
@@ -169,7 +178,7 @@ func (n *node) command(ctx context.Context, f []string) error {
 
 // create creates topic once nodes nodes are up, so that its partitions are
 // placed over all of them.
-func (n *node) create(ctx context.Context, topic string, partitions, nodes int) error {
+func (n *node) create(ctx context.Context, topic string, partitions, nodes int, typ mq.Type) error {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	if err := poll(ctx, func() bool {
@@ -183,7 +192,7 @@ func (n *node) create(ctx context.Context, topic string, partitions, nodes int) 
 	}); err != nil {
 		return fmt.Errorf("waiting for %d nodes: %w", nodes, err)
 	}
-	if err := n.m.CreateMQ(ctx, topic, partitions, mq.Options{Type: mq.Single}); err != nil {
+	if err := n.m.CreateMQ(ctx, topic, partitions, mq.Options{Type: typ}); err != nil {
 		return err
 	}
 	n.emit("created")

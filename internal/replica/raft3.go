@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -64,6 +66,8 @@ type Raft3 struct {
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 
+	closing atomic.Bool // the node is closing: no waiting for a leader
+
 	mu      sync.Mutex
 	remotes map[string]*remote.Partition // guarded by mu: by node, made when first used
 	next    int                          // guarded by mu: the replica to try when no leader is known
@@ -82,6 +86,9 @@ func NewRaft3(cfg Raft3Config) *Raft3 {
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	return r
 }
+
+// Name is the partition's "topic/index".
+func (r *Raft3) Name() string { return r.cfg.Topic + "/" + strconv.Itoa(r.cfg.Index) }
 
 // Replica returns this node's replica, nil if it holds none.
 func (r *Raft3) Replica() *raftqueue.Group { return r.cfg.Group }
@@ -129,6 +136,9 @@ func (r *Raft3) route(ctx context.Context, idempotent bool, local func(g *raftqu
 		}
 		if tries%len(r.cfg.Replicas) != len(r.cfg.Replicas)-1 {
 			continue // try each replica once before waiting
+		}
+		if r.closing.Load() {
+			return fmt.Errorf("%w: %s/%d: the node is closing", ErrNoLeader, r.cfg.Topic, r.cfg.Index)
 		}
 		select {
 		case <-ctx.Done():
@@ -329,6 +339,12 @@ func (r *Raft3) Decision(txid string) (d store.Decision, err error) {
 	})
 	return d, err
 }
+
+// Closing tells the partition that its node is closing: a call tries each
+// replica once and no longer waits for a leader to be elected, so the
+// node's last commits (a consumer's final offset) do not hold its Close
+// when the other nodes are gone too.
+func (r *Raft3) Closing() { r.closing.Store(true) }
 
 // HandOff hands this node's replica's leadership, if it leads, to another
 // replica, so that the group does not wait out an election when the node
