@@ -3,6 +3,7 @@ module github.com/zeze-go/mq
 go 1.26.8
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/expr-lang/expr v1.17.8
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/uuid v1.6.0

@@ -107,15 +107,7 @@ func (c *cluster) start(i int) {
 	c.t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, tr := raft.NewInmemTransportWithTimeout(c.addrs[i], 500*time.Millisecond)
-	for j, other := range c.trans {
-		if j != i && other != nil && c.groups[j] != nil {
-			tr.Connect(c.addrs[j], other)
-			other.Connect(c.addrs[i], tr)
-		}
-	}
-	c.trans[i] = tr
-	cfg := Config{ID: c.ids[i], Dir: c.dirs[i], Transport: tr, Raft: c.conf}
+	cfg := Config{ID: c.ids[i], Dir: c.dirs[i], Transport: c.inmem(i), Raft: c.conf}
 	if !c.boltLog {
 		w, l, err := openNodeLog(filepath.Join(c.dirs[i], "wal"))
 		if err != nil {
@@ -128,6 +120,20 @@ func (c *cluster) start(i int) {
 		c.t.Fatalf("Open %s: %v", c.ids[i], err)
 	}
 	c.groups[i] = g
+}
+
+// inmem makes replica i's in-memory transport, connected to the live
+// replicas. c.mu is held.
+func (c *cluster) inmem(i int) *raft.InmemTransport {
+	_, tr := raft.NewInmemTransportWithTimeout(c.addrs[i], 500*time.Millisecond)
+	for j, other := range c.trans {
+		if j != i && other != nil && c.groups[j] != nil {
+			tr.Connect(c.addrs[j], other)
+			other.Connect(c.addrs[i], tr)
+		}
+	}
+	c.trans[i] = tr
+	return tr
 }
 
 // openNodeLog opens a WAL in dir holding one group's log, as a node opens

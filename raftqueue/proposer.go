@@ -33,6 +33,14 @@ type proposer struct {
 	closeMu              sync.RWMutex // guards closing; held for reading while enqueuing
 	closing              bool
 	entries, proposedCmd atomic.Uint64 // for tests and benchmarks: entries proposed, commands in them
+
+	// ackBeforeCommit is set by tests only: the negative control of the
+	// fault tests. Each caller is answered as soon as its entry is handed to
+	// raft, before it commits, with the offsets the entry would get if it
+	// committed next: what a proposer that does not wait for the commit
+	// would ack. The linearizability check must fail with it.
+	ackBeforeCommit atomic.Bool
+	guessNext       uint64 // run's: the next offset an early ack hands out
 }
 
 // request is one Apply call. Its state decides who owns cmd when the
@@ -58,9 +66,10 @@ type reply struct {
 
 // batch is one proposed entry and its callers, in the entry's order.
 type batch struct {
-	f    raft.ApplyFuture
-	err  error // the proposal failed before raft took it
-	reqs []*request
+	f     raft.ApplyFuture
+	err   error // the proposal failed before raft took it
+	reqs  []*request
+	early bool // ackBeforeCommit answered its callers already
 }
 
 func newProposer(g *Group, cfg Config) *proposer {
@@ -178,6 +187,8 @@ func (p *proposer) run() {
 func (p *proposer) propose(reqs []*request) {
 	var taken []*request
 	var buf []byte
+	early := p.ackBeforeCommit.Load()
+	var msgs []int // early: the messages of each taken command
 	cmds := 0
 	flush := func() {
 		data := append(entryHeader(make([]byte, 0, len(buf)+16), cmds), buf...)
@@ -186,6 +197,9 @@ func (p *proposer) propose(reqs []*request) {
 			b.err = p.g.notLeader()
 		} else {
 			b.f = p.g.raft.Apply(data, 0)
+			if early {
+				p.ackEarly(b, msgs)
+			}
 		}
 		p.entries.Add(1)
 		p.proposedCmd.Add(uint64(cmds))
@@ -202,7 +216,7 @@ func (p *proposer) propose(reqs []*request) {
 				}
 				return
 			}
-			taken, buf, cmds = nil, nil, 0
+			taken, buf, msgs, cmds = nil, nil, nil, 0
 		}
 		if !r.state.CompareAndSwap(reqQueued, reqTaken) {
 			continue // its caller is gone: never proposed
@@ -211,6 +225,9 @@ func (p *proposer) propose(reqs []*request) {
 			buf = make([]byte, 0, 4096)
 		}
 		buf = appendEntryCommand(buf, r.cmd)
+		if early {
+			msgs = append(msgs, len(r.cmd.Msgs))
+		}
 		r.encoded <- struct{}{} // the caller may reuse cmd
 		taken = append(taken, r)
 		cmds++
@@ -220,6 +237,24 @@ func (p *proposer) propose(reqs []*request) {
 		return
 	}
 	flush()
+}
+
+// ackEarly answers b's callers before b commits (ackBeforeCommit, tests
+// only): each message gets the next offset after the partition's end and
+// the offsets handed out early before.
+func (p *proposer) ackEarly(b *batch, msgs []int) {
+	if part, err := p.g.Partition(); err == nil {
+		p.guessNext = max(p.guessNext, part.Stats().Next)
+	}
+	for i, r := range b.reqs {
+		acks := make([]store.Ack, msgs[i])
+		for k := range acks {
+			acks[k].Offset = p.guessNext
+			p.guessNext++
+		}
+		r.done <- reply{res: store.Result{Acks: acks}}
+	}
+	b.early = true
 }
 
 // refuse answers a request that was never proposed with ErrClosed.
@@ -255,6 +290,9 @@ func (p *proposer) complete() {
 			}
 		}
 		<-p.slots
+		if b.early {
+			continue // answered when proposed
+		}
 		if err != nil {
 			err = outcome(err, p.g)
 			for _, r := range b.reqs {
