@@ -251,6 +251,8 @@ func (g *Group) Partition() (*store.Partition, error) {
 // replica leads, and a new leader first waits (a raft barrier, until ctx
 // ends) until it has applied every entry its predecessors committed. A
 // replica that just won an election may hold less than what was acked.
+// Each call confirms the leadership with a quorum (one round of
+// heartbeats), so a deposed leader that has not noticed yet never answers.
 func (g *Group) LeaderPartition(ctx context.Context) (*store.Partition, error) {
 	for {
 		if g.raft.State() != raft.Leader {
@@ -258,6 +260,15 @@ func (g *Group) LeaderPartition(ctx context.Context) (*store.Partition, error) {
 		}
 		term := g.raft.CurrentTerm()
 		if g.ready.Load() == term {
+			// raft's leader state is kept by its main loop, which also
+			// checks the lease: a replica stalled past the election
+			// timeout (a frozen process, a slow disk) still says it
+			// leads while the others elect another and ack writes it
+			// never saw. A round of heartbeats proves it still leads
+			// (concurrent reads share one round).
+			if err := g.verifyLeader(ctx); err != nil {
+				return nil, err
+			}
 			return g.Partition()
 		}
 		timeout := time.Duration(0)
@@ -285,6 +296,29 @@ func (g *Group) LeaderPartition(ctx context.Context) (*store.Partition, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+	}
+}
+
+// verifyLeader waits until a quorum confirmed that this replica leads, or
+// ctx ends (raft's future is then left to its own goroutine, which raft
+// answers once the replica steps down, resumes or shuts down).
+func (g *Group) verifyLeader(ctx context.Context) error {
+	f := g.raft.VerifyLeader()
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return ErrClosed
+	default:
+		return g.notLeader()
 	}
 }
 
