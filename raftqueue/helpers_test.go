@@ -139,11 +139,17 @@ func (c *cluster) inmem(i int) *raft.InmemTransport {
 // openNodeLog opens a WAL in dir holding one group's log, as a node opens
 // its WAL and the logs of its groups before FinishRecovery.
 func openNodeLog(dir string) (*store.WAL, *WALLog, error) {
-	w, err := store.OpenWAL(dir, store.WALOptions{})
+	return openNodeLogWith(dir, store.WALOptions{}, "group")
+}
+
+// openNodeLogWith is openNodeLog with the WAL's options and the log's
+// stream.
+func openNodeLogWith(dir string, opts store.WALOptions, stream string) (*store.WAL, *WALLog, error) {
+	w, err := store.OpenWAL(dir, opts)
 	if err != nil {
 		return nil, nil, err
 	}
-	l, err := OpenWALLog(w, "group")
+	l, err := OpenWALLog(w, stream)
 	if err == nil {
 		err = w.FinishRecovery()
 	}

@@ -32,12 +32,18 @@ import (
 //	'T' tail: uvarint from. Drops every entry at or after from (a
 //	    follower's conflicting tail).
 //
+// Varints are in their shortest form, so that a record has one encoding;
+// an entry's index is from 1 to 2^64-2 (raft starts at 1, and an entry at
+// the last index would leave none after the log).
+//
 // A record is kept (retained in the WAL) while one of its entries is in the
-// log; the newest 'P' always; the newest 'T' until the next 'L' or 'P',
-// which start where it cut or drop what it did. Dropping a record none of
-// whose entries is live changes nothing a restart reads: an entry it wrote
-// was dropped by a later 'P', or truncated by a later kept 'L' or 'T', or
-// is below the kept 'P'.
+// log; the newest 'P' always; the newest 'T' until the next 'L', which
+// starts where it cut, or the next 'P' with all, which drops everything (a
+// compaction between a tail's deletion and its replacement keeps the
+// entries below the tail: the tail must stay cut). Dropping a record none
+// of whose entries is live changes nothing a restart reads: an entry it
+// wrote was dropped by a later 'P', or truncated by a later kept 'L' or
+// 'T', or is below the kept 'P'.
 //
 // Lock order: wmu before mu.
 type WALLog struct {
@@ -149,13 +155,15 @@ func (rp *replayer) replay(r store.WALRecord, p []byte) error {
 			return err
 		}
 		rp.drop(func(i uint64) bool { return all || i < first })
-		l.unpin(&l.tail)
+		if all {
+			l.unpin(&l.tail)
+		}
 		l.pin(&l.prefix, r)
 		return nil
 	case recTail:
-		from, k := binary.Uvarint(p[1:])
-		if k <= 0 || len(p) != 1+k {
-			return errors.New("bad tail record")
+		from, err := decodeTail(p)
+		if err != nil {
+			return err
 		}
 		rp.drop(func(i uint64) bool { return i >= from })
 		l.pin(&l.tail, r)
@@ -211,7 +219,7 @@ func (rp *replayer) finish() error {
 // scanEntries returns where each entry of the 'L' record p lies.
 func scanEntries(r store.WALRecord, p []byte) ([]logLoc, error) {
 	b := p[1:]
-	n, k := binary.Uvarint(b)
+	n, k := uvarint(b)
 	if k <= 0 || n == 0 || n > uint64(len(b)) {
 		return nil, errors.New("bad entry count")
 	}
@@ -224,6 +232,9 @@ func scanEntries(r store.WALRecord, p []byte) ([]logLoc, error) {
 		rest, err := decodeLog(b, &e)
 		if err != nil {
 			return nil, err
+		}
+		if e.Index == 0 || e.Index == math.MaxUint64 {
+			return nil, fmt.Errorf("entry index %d", e.Index)
 		}
 		if i > 0 && e.Index != prev+1 {
 			return nil, fmt.Errorf("entry %d after %d in one record", e.Index, prev)
@@ -343,13 +354,17 @@ func (l *WALLog) GetLog(index uint64, out *raft.Log) error {
 	loc := l.ents[index-l.first]
 	l.mu.RUnlock()
 	// The record stays while the entry is in the log; an entry dropped
-	// meanwhile reads as it was, or fails as not found.
+	// meanwhile reads as it was, or fails as not found (its segment may be
+	// deleted, and the WAL's handle closed, under the read).
 	l.cacheMu.Lock()
 	defer l.cacheMu.Unlock()
 	if !l.cacheOK || l.cacheRec != loc.rec {
 		p, err := l.w.ReadRecord(loc.rec, l.cacheBuf)
 		if err != nil {
 			l.cacheOK = false
+			if !l.holds(index, loc) {
+				return raft.ErrLogNotFound
+			}
 			return fmt.Errorf("raftqueue: log %s: entry %d: %w", l.stream, index, err)
 		}
 		l.cacheRec, l.cacheBuf, l.cacheOK = loc.rec, p, true
@@ -371,6 +386,13 @@ func (l *WALLog) GetLog(index uint64, out *raft.Log) error {
 	return nil
 }
 
+// holds reports whether entry index is still in the log at loc.
+func (l *WALLog) holds(index uint64, loc logLoc) bool {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return index >= l.first && index-l.first < uint64(len(l.ents)) && l.ents[index-l.first] == loc
+}
+
 // StoreLog implements raft.LogStore.
 func (l *WALLog) StoreLog(e *raft.Log) error { return l.StoreLogs([]*raft.Log{e}) }
 
@@ -380,9 +402,12 @@ func (l *WALLog) StoreLogs(logs []*raft.Log) error {
 	if len(logs) == 0 {
 		return nil
 	}
-	for i := 1; i < len(logs); i++ {
-		if logs[i].Index != logs[i-1].Index+1 {
-			return fmt.Errorf("raftqueue: log %s: entries %d and %d not consecutive", l.stream, logs[i-1].Index, logs[i].Index)
+	for i, e := range logs {
+		if e.Index == 0 || e.Index == math.MaxUint64 {
+			return fmt.Errorf("raftqueue: log %s: entry index %d", l.stream, e.Index)
+		}
+		if i > 0 && e.Index != logs[i-1].Index+1 {
+			return fmt.Errorf("raftqueue: log %s: entries %d and %d not consecutive", l.stream, logs[i-1].Index, e.Index)
 		}
 	}
 	p := []byte{recEntries}
@@ -458,7 +483,7 @@ func (l *WALLog) DeleteRange(lo, hi uint64) error {
 			return fmt.Errorf("raftqueue: log %s: delete of %d-%d inside %d-%d", l.stream, lo, hi, first, last)
 		}
 		l.mu.Unlock()
-		r, err := l.write(binary.AppendUvarint([]byte{recTail}, lo))
+		r, err := l.write(appendTail(nil, lo))
 		if err != nil {
 			return err
 		}
@@ -470,21 +495,16 @@ func (l *WALLog) DeleteRange(lo, hi uint64) error {
 	}
 	l.mu.Unlock()
 	all := hi >= last
-	p := []byte{recPrefix}
-	p = binary.AppendUvarint(p, hi+1)
-	if all {
-		p = append(p, 1)
-	} else {
-		p = append(p, 0)
-	}
-	r, err := l.write(p)
+	r, err := l.write(appendPrefix(nil, hi+1, all))
 	if err != nil {
 		return err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.dropPrefix(hi+1, all)
-	l.unpin(&l.tail)
+	if all {
+		l.unpin(&l.tail)
+	}
 	l.pin(&l.prefix, r)
 	return nil
 }
@@ -512,11 +532,11 @@ func appendLog(b []byte, e *raft.Log) []byte {
 // and returns the rest.
 func decodeLog(b []byte, e *raft.Log) ([]byte, error) {
 	var k int
-	if e.Index, k = binary.Uvarint(b); k <= 0 {
+	if e.Index, k = uvarint(b); k <= 0 {
 		return nil, errors.New("bad index")
 	}
 	b = b[k:]
-	if e.Term, k = binary.Uvarint(b); k <= 0 {
+	if e.Term, k = uvarint(b); k <= 0 {
 		return nil, errors.New("bad term")
 	}
 	b = b[k:]
@@ -532,7 +552,7 @@ func decodeLog(b []byte, e *raft.Log) ([]byte, error) {
 	if e.Extensions, b, err = decodeBytes(b); err != nil {
 		return nil, err
 	}
-	at, k := binary.Varint(b)
+	at, k := varint(b)
 	if k <= 0 {
 		return nil, errors.New("bad time")
 	}
@@ -541,7 +561,7 @@ func decodeLog(b []byte, e *raft.Log) ([]byte, error) {
 }
 
 func decodeBytes(b []byte) ([]byte, []byte, error) {
-	n, k := binary.Uvarint(b)
+	n, k := uvarint(b)
 	if k <= 0 || n > uint64(len(b)-k) {
 		return nil, nil, errors.New("bad length")
 	}
@@ -552,13 +572,56 @@ func decodeBytes(b []byte) ([]byte, []byte, error) {
 	return b[:n], b[n:], nil
 }
 
+// appendPrefix appends a 'P' record.
+func appendPrefix(b []byte, first uint64, all bool) []byte {
+	b = binary.AppendUvarint(append(b, recPrefix), first)
+	if all {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
 // decodePrefix decodes a 'P' record.
 func decodePrefix(p []byte) (first uint64, all bool, err error) {
-	first, k := binary.Uvarint(p[1:])
+	first, k := uvarint(p[1:])
 	if k <= 0 || len(p) != 1+k+1 || p[1+k] > 1 {
 		return 0, false, errors.New("bad prefix record")
 	}
 	return first, p[1+k] == 1, nil
+}
+
+// appendTail appends a 'T' record.
+func appendTail(b []byte, from uint64) []byte {
+	return binary.AppendUvarint(append(b, recTail), from)
+}
+
+// decodeTail decodes a 'T' record.
+func decodeTail(p []byte) (from uint64, err error) {
+	from, k := uvarint(p[1:])
+	if k <= 0 || len(p) != 1+k {
+		return 0, errors.New("bad tail record")
+	}
+	return from, nil
+}
+
+// uvarint is binary.Uvarint of the shortest encoding only (a last byte of
+// zero after the first is a longer one): a record has one encoding.
+func uvarint(b []byte) (uint64, int) {
+	v, k := binary.Uvarint(b)
+	if k > 1 && b[k-1] == 0 {
+		return 0, 0
+	}
+	return v, k
+}
+
+// varint is binary.Varint of the shortest encoding only.
+func varint(b []byte) (int64, int) {
+	u, k := uvarint(b)
+	v := int64(u >> 1)
+	if u&1 != 0 {
+		v = ^v
+	}
+	return v, k
 }
 
 var (

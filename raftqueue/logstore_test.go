@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
 
+	"github.com/zeze-go/mq/internal/memfs"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -49,6 +51,7 @@ func (n *walLogNode) close() {
 }
 
 // raftLogModel is what the log must hold: entries by index, first..last.
+// An empty log appends next at first.
 type raftLogModel struct {
 	first uint64
 	ents  []*raft.Log
@@ -56,9 +59,68 @@ type raftLogModel struct {
 
 func (m *raftLogModel) last() uint64 { return m.first + uint64(len(m.ents)) - 1 }
 
+// logOp is one call raft makes on its log: StoreLogs(logs), or, with logs
+// nil, DeleteRange(lo, hi).
+type logOp struct {
+	logs   []*raft.Log
+	lo, hi uint64
+}
+
+func (op logOp) String() string {
+	if op.logs == nil {
+		return fmt.Sprintf("DeleteRange(%d, %d)", op.lo, op.hi)
+	}
+	return fmt.Sprintf("StoreLogs(%d-%d)", op.logs[0].Index, op.logs[len(op.logs)-1].Index)
+}
+
+// run makes the call on l.
+func (op logOp) run(l *WALLog) error {
+	if op.logs == nil {
+		return l.DeleteRange(op.lo, op.hi)
+	}
+	return l.StoreLogs(op.logs)
+}
+
+// apply makes the call on the model: what the log holds once it returned.
+func (m *raftLogModel) apply(op logOp) {
+	if op.logs != nil {
+		from := op.logs[0].Index
+		if len(m.ents) == 0 || from < m.first {
+			m.first, m.ents = from, nil
+		}
+		m.ents = append(m.ents[:from-m.first:from-m.first], op.logs...)
+		return
+	}
+	switch {
+	case len(m.ents) == 0 || op.hi < m.first || op.lo > m.last():
+	case op.lo > m.first:
+		m.ents = m.ents[:op.lo-m.first]
+	case op.hi >= m.last():
+		m.first, m.ents = op.hi+1, nil
+	default:
+		m.ents = m.ents[op.hi+1-m.first:]
+		m.first = op.hi + 1
+	}
+}
+
+// applied returns a copy of the model with op applied.
+func (m *raftLogModel) applied(op logOp) *raftLogModel {
+	c := &raftLogModel{first: m.first, ents: slices.Clip(m.ents)}
+	c.apply(op)
+	return c
+}
+
 // check compares the store with the model, entry by entry.
 func (m *raftLogModel) check(t *testing.T, l *WALLog, when string) {
 	t.Helper()
+	if d := m.diff(l); d != "" {
+		t.Fatalf("%s: %s", when, d)
+	}
+}
+
+// diff says how the log differs from the model, or "" if it does not: the
+// same bounds, the same entries, nothing around them.
+func (m *raftLogModel) diff(l *WALLog) string {
 	first, _ := l.FirstIndex()
 	last, _ := l.LastIndex()
 	wantFirst, wantLast := m.first, m.last()
@@ -66,35 +128,93 @@ func (m *raftLogModel) check(t *testing.T, l *WALLog, when string) {
 		wantFirst, wantLast = 0, 0
 	}
 	if first != wantFirst || last != wantLast {
-		t.Fatalf("%s: log %d-%d, want %d-%d", when, first, last, wantFirst, wantLast)
+		return fmt.Sprintf("log %d-%d, want %d-%d", first, last, wantFirst, wantLast)
 	}
 	for i, want := range m.ents {
 		var got raft.Log
 		if err := l.GetLog(m.first+uint64(i), &got); err != nil {
-			t.Fatalf("%s: GetLog(%d): %v", when, m.first+uint64(i), err)
+			return fmt.Sprintf("GetLog(%d): %v", m.first+uint64(i), err)
 		}
 		if got.Index != want.Index || got.Term != want.Term || got.Type != want.Type ||
 			!bytes.Equal(got.Data, want.Data) || !bytes.Equal(got.Extensions, want.Extensions) ||
 			!got.AppendedAt.Equal(want.AppendedAt) {
-			t.Fatalf("%s: entry %d is %+v, want %+v", when, want.Index, got, *want)
+			return fmt.Sprintf("entry %d is %+v, want %+v", want.Index, got, *want)
 		}
 	}
 	var e raft.Log
 	if err := l.GetLog(wantLast+1, &e); !errors.Is(err, raft.ErrLogNotFound) {
-		t.Fatalf("%s: GetLog past the end: %v", when, err)
+		return fmt.Sprintf("GetLog past the end: %v", err)
 	}
 	if len(m.ents) > 0 && m.first > 1 {
 		if err := l.GetLog(m.first-1, &e); !errors.Is(err, raft.ErrLogNotFound) {
-			t.Fatalf("%s: GetLog before the first: %v", when, err)
+			return fmt.Sprintf("GetLog before the first: %v", err)
 		}
+	}
+	return ""
+}
+
+// raftLogGen makes the calls raft makes on its log, at random: appends
+// after the last entry; a follower's conflicting tail deleted, then
+// replaced (or not yet: a crash, or a compaction, may come between);
+// compaction keeping a tail; the whole log deleted after a snapshot
+// install, then appends after the snapshot.
+type raftLogGen struct {
+	rng     *rand.Rand
+	term    uint64
+	maxData int
+}
+
+func newRaftLogGen(seed uint64, maxData int) *raftLogGen {
+	return &raftLogGen{rng: rand.New(rand.NewPCG(seed, 7)), term: 1, maxData: maxData}
+}
+
+// entries returns k new entries from index from, of the current term.
+func (g *raftLogGen) entries(from uint64, k int) []*raft.Log {
+	logs := make([]*raft.Log, k)
+	for i := range logs {
+		data := make([]byte, g.rng.IntN(g.maxData))
+		for j := range data {
+			data[j] = byte(g.rng.Uint32())
+		}
+		logs[i] = &raft.Log{Index: from + uint64(i), Term: g.term, Type: raft.LogCommand, Data: data,
+			AppendedAt: time.Unix(0, int64(g.rng.Uint64()>>1)-1<<62)}
+		if g.rng.IntN(4) == 0 {
+			logs[i].Extensions = []byte("ext")
+		}
+	}
+	return logs
+}
+
+// next returns the next calls on a log that holds m.
+func (g *raftLogGen) next(m *raftLogModel) []logOp {
+	n := len(m.ents)
+	switch r := g.rng.IntN(19); {
+	case r < 10 || n == 0: // append after the last
+		next := m.last() + 1
+		if n == 0 {
+			next = m.first
+		}
+		return []logOp{{logs: g.entries(next, 1+g.rng.IntN(20))}}
+	case r < 14: // a follower's conflicting tail, then (mostly) its replacement
+		at := m.first + uint64(g.rng.IntN(n))
+		g.term++
+		ops := []logOp{{lo: at, hi: m.last()}}
+		if r < 13 {
+			ops = append(ops, logOp{logs: g.entries(at, 1+g.rng.IntN(10))})
+		}
+		return ops
+	case r < 18 && n > 1: // compaction, keeping a tail
+		hi := m.first + uint64(g.rng.IntN(n-1))
+		return []logOp{{lo: m.first, hi: hi}}
+	default: // a snapshot installed: the whole log goes, and raft appends after it
+		snap := m.last() + uint64(g.rng.IntN(50))
+		return []logOp{{lo: m.first, hi: m.last()}, {logs: g.entries(snap+1, 1+g.rng.IntN(5))}}
 	}
 }
 
-// TestWALLog_Model drives the log as raft does (appends, a follower's
-// conflicting tail replaced, compaction, the whole log removed after a
-// snapshot install) in random order, reopening it now and then, against
-// a model; small segments make the WAL delete segments as compaction frees
-// them.
+// TestWALLog_Model drives the log as raft does (raftLogGen) against a
+// model, reopening it now and then; small segments make the WAL delete
+// segments as compaction frees them.
 func TestWALLog_Model(t *testing.T) {
 	for seed := range uint64(4) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) { walLogModelRun(t, seed) })
@@ -102,98 +222,33 @@ func TestWALLog_Model(t *testing.T) {
 }
 
 func walLogModelRun(t *testing.T, seed uint64) {
-	rng := rand.New(rand.NewPCG(seed, 7))
+	g := newRaftLogGen(seed, 3000)
 	dir := t.TempDir()
 	const segSize = 64 << 10
 	n := openWALLogNode(t, dir, segSize)
 	defer func() { n.close() }()
 	m := &raftLogModel{first: 1}
-	term := uint64(1)
-	entry := func(i uint64) *raft.Log {
-		data := make([]byte, rng.IntN(3000))
-		for j := range data {
-			data[j] = byte(rng.Uint32())
-		}
-		e := &raft.Log{Index: i, Term: term, Type: raft.LogCommand, Data: data,
-			AppendedAt: time.Unix(0, int64(rng.Uint64()>>1)-1<<62)}
-		if rng.IntN(4) == 0 {
-			e.Extensions = []byte("ext")
-		}
-		return e
-	}
-	store := func(from uint64, k int) {
-		var logs []*raft.Log
-		for i := range k {
-			logs = append(logs, entry(from+uint64(i)))
-		}
-		if err := n.l.StoreLogs(logs); err != nil {
-			t.Fatalf("StoreLogs: %v", err)
-		}
-		if len(m.ents) == 0 || from < m.first {
-			m.first, m.ents = from, nil
-		}
-		m.ents = append(m.ents[:from-m.first], logs...)
-	}
 	for step := range 300 {
-		switch r := rng.IntN(20); {
-		case r < 10 || len(m.ents) == 0: // append after the last
-			next := m.last() + 1
-			if len(m.ents) == 0 {
-				next = m.first
-			}
-			store(next, 1+rng.IntN(20))
-		case r < 13: // a follower's conflicting tail, then its replacement
-			at := m.first + uint64(rng.IntN(len(m.ents)))
-			if err := n.l.DeleteRange(at, m.last()); err != nil {
-				t.Fatalf("DeleteRange tail: %v", err)
-			}
-			m.ents = m.ents[:at-m.first]
-			term++
-			store(at, 1+rng.IntN(10))
-		case r < 16: // compaction, keeping a tail
-			hi := m.first + uint64(rng.IntN(len(m.ents)))
-			if hi == m.last() {
-				hi--
-			}
-			if hi < m.first {
-				continue
-			}
-			if err := n.l.DeleteRange(m.first, hi); err != nil {
-				t.Fatalf("DeleteRange prefix: %v", err)
-			}
-			m.ents = m.ents[hi+1-m.first:]
-			m.first = hi + 1
-		case r < 17: // a snapshot installed: the whole log goes, and raft appends after it
-			if err := n.l.DeleteRange(m.first, m.last()); err != nil {
-				t.Fatalf("DeleteRange all: %v", err)
-			}
-			snap := m.last() + uint64(rng.IntN(50))
-			m.first, m.ents = snap+1, nil
-			store(snap+1, 1+rng.IntN(5))
-		case r < 18: // a conflicting tail deleted, then a restart before its replacement
-			at := m.first + uint64(rng.IntN(len(m.ents)))
-			if err := n.l.DeleteRange(at, m.last()); err != nil {
-				t.Fatalf("DeleteRange tail: %v", err)
-			}
-			if last, _ := n.l.LastIndex(); len(m.ents) > 1 && at > m.first && last != at-1 {
-				t.Fatalf("step %d: tail from %d deleted, last %d", step, at, last)
-			}
-			m.ents = m.ents[:at-m.first]
+		if g.rng.IntN(20) == 0 {
 			n.close()
 			n = openWALLogNode(t, dir, segSize)
-		default:
-			n.close()
-			n = openWALLogNode(t, dir, segSize)
+		} else {
+			for _, op := range g.next(m) {
+				if err := op.run(n.l); err != nil {
+					t.Fatalf("step %d: %v: %v", step, op, err)
+				}
+				m.apply(op)
+			}
 		}
 		m.check(t, n.l, fmt.Sprintf("step %d", step))
 	}
 	// Compact all but the last entry: the WAL keeps only what holds it.
 	if len(m.ents) > 1 {
-		if err := n.l.DeleteRange(m.first, m.last()-1); err != nil {
+		op := logOp{lo: m.first, hi: m.last() - 1}
+		if err := op.run(n.l); err != nil {
 			t.Fatal(err)
 		}
-		m.ents = m.ents[len(m.ents)-1:]
-		m.first = m.ents[0].Index
+		m.apply(op)
 	}
 	n.close()
 	n = openWALLogNode(t, dir, segSize)
@@ -204,9 +259,9 @@ func walLogModelRun(t *testing.T, seed uint64) {
 	}
 }
 
-// TestWALLog_Durable: StoreLogs returns only once its entries are in a
-// synced write: a WAL that fails its sync fails StoreLogs, and the log
-// then refuses further writes.
+// TestWALLog_Refusals: entries with a gap, and a hole deleted from the
+// middle of the log, are refused. (A failed write or sync:
+// TestWALLog_Faults.)
 func TestWALLog_Refusals(t *testing.T) {
 	n := openWALLogNode(t, t.TempDir(), 0)
 	defer n.close()
@@ -218,5 +273,98 @@ func TestWALLog_Refusals(t *testing.T) {
 	}
 	if err := n.l.DeleteRange(2, 2); err == nil {
 		t.Fatal("a hole deleted from the middle of the log")
+	}
+}
+
+// TestWALLog_TailThenCompaction: a follower's conflicting tail deleted,
+// then a compaction (raft's snapshot goroutine) before the replacement is
+// appended. The compaction keeps entries below the tail, so the tail
+// record must outlive it: with one segment a write, the tail's segment is
+// deleted as soon as it is released, and a restart would bring the tail
+// back from the entries' record.
+func TestWALLog_TailThenCompaction(t *testing.T) {
+	dir := t.TempDir()
+	n := openWALLogNode(t, dir, 1)
+	var logs []*raft.Log
+	for i := uint64(1); i <= 10; i++ {
+		logs = append(logs, &raft.Log{Index: i, Term: 1, Data: []byte{byte(i)}, AppendedAt: time.Unix(0, 0)})
+	}
+	if err := n.l.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.l.DeleteRange(6, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.l.DeleteRange(1, 2); err != nil {
+		t.Fatal(err)
+	}
+	m := &raftLogModel{first: 3, ents: logs[2:5]}
+	m.check(t, n.l, "before the restart")
+	n.close()
+	n = openWALLogNode(t, dir, 1)
+	defer n.close()
+	m.check(t, n.l, "after the restart")
+}
+
+// TestWALLog_GetLogDuringCompaction: raft's replication reads entries
+// while its snapshot goroutine compacts them away; an entry dropped
+// meanwhile must read as it was or as raft.ErrLogNotFound (raft then sends
+// a snapshot), never as another error, though its segment is deleted and
+// the WAL's handle to it closed under the read.
+func TestWALLog_GetLogDuringCompaction(t *testing.T) {
+	w, l, err := openMemLog(memfs.New(), 4<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	const last = 3000
+	errc := make(chan error, 1)
+	go func() {
+		defer close(errc)
+		for i := uint64(1); i <= last; i += 10 {
+			logs := make([]*raft.Log, 10)
+			for j := range logs {
+				logs[j] = &raft.Log{Index: i + uint64(j), Term: 1, Data: make([]byte, 100)}
+			}
+			if err := l.StoreLogs(logs); err != nil {
+				errc <- err
+				return
+			}
+			if i > 50 {
+				if err := l.DeleteRange(i-50, i-20); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}
+	}()
+	reads, notFound := 0, 0
+	for {
+		select {
+		case err, ok := <-errc:
+			if ok {
+				t.Fatal(err)
+			}
+			t.Logf("%d reads, %d of entries compacted away", reads, notFound)
+			return
+		default:
+		}
+		// The first entry, then the last: each read is of another record
+		// than the one before, so that it reads the WAL.
+		i, _ := l.FirstIndex()
+		if reads%2 == 1 {
+			i, _ = l.LastIndex()
+		}
+		var e raft.Log
+		err := l.GetLog(i, &e)
+		reads++
+		switch {
+		case errors.Is(err, raft.ErrLogNotFound):
+			notFound++
+		case err != nil:
+			t.Fatalf("GetLog(%d) while compacting: %v", i, err)
+		case e.Index != i:
+			t.Fatalf("GetLog(%d) read entry %d", i, e.Index)
+		}
 	}
 }

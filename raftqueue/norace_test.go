@@ -1,0 +1,5 @@
+//go:build !race
+
+package raftqueue
+
+const raceEnabled = false
