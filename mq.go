@@ -145,7 +145,9 @@ var (
 	// ErrUnknownOutcome is returned when a replicated partition's leader
 	// was lost while a send or commit was being replicated: it may or may
 	// not be stored. Sending the same *Message again stores it once (its
-	// ID and partition are kept, and a copy already stored is found).
+	// ID and partition are kept, and a copy already stored is found). The
+	// same for CreateMQ and AlterMQ when the metadata leader was lost while
+	// committing the change: it may still take effect.
 	ErrUnknownOutcome = errors.New("mq: outcome unknown")
 	// ErrGroupInUse is returned by DeleteGroup while a consumer of the
 	// group is open on this node.
@@ -589,9 +591,11 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrNoTopic, err)
 	case errors.Is(err, cluster.ErrPartitionDecrease):
 		return fmt.Errorf("%w: %v", ErrPartitionDecrease, err)
-	case errors.Is(err, cluster.ErrNotEnoughNodes), errors.Is(err, replica.ErrNoLeader):
+	case errors.Is(err, cluster.ErrNotEnoughNodes):
 		return fmt.Errorf("%w: %v", ErrNoQuorum, err)
-	case errors.Is(err, raftqueue.ErrUnknownOutcome):
+	case errors.Is(err, replica.ErrNoLeader): // and still the ctx's error that ended the wait
+		return fmt.Errorf("%w: %w", ErrNoQuorum, err)
+	case errors.Is(err, raftqueue.ErrUnknownOutcome), errors.Is(err, cluster.ErrUnknownOutcome):
 		return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
 	case errors.Is(err, cluster.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)
