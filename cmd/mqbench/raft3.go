@@ -12,7 +12,7 @@ import (
 )
 
 func init() {
-	register("raft3", "raftqueue, P groups of 3 replicas on loopback TCP as raft-stock: sends of one message through its batching proposer", runRaft3)
+	register("raft3-group", "raftqueue alone, P groups of 3 replicas on loopback TCP as raft-stock: sends of one message through its batching proposer", runRaft3)
 }
 
 // runRaft3 measures raftqueue in raft-stock's shape (openRaftGroups,
