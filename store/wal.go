@@ -123,7 +123,9 @@ type WALOptions struct {
 	// FS is the file system of the segments. Default OSFS.
 	FS FS
 	// SyncInterval, when positive, acknowledges records once written and
-	// syncs every SyncInterval instead (RocketMQ's ASYNC_FLUSH): a process
+	// syncs every SyncInterval instead (RocketMQ's ASYNC_FLUSH), except
+	// records appended with AppendRecord (raft logs), whose write is
+	// synced before they are acknowledged: a process
 	// crash loses nothing, a power loss may lose the last interval.
 	SyncInterval time.Duration
 	// SegmentSize is the size at which a new segment starts. Default 64 MiB.
@@ -471,10 +473,8 @@ func (w *WAL) allZero(seg uint64, from, to int64) (bool, error) {
 	buf := make([]byte, 1<<20)
 	for from < to {
 		n, err := f.ReadAt(buf[:min(int64(len(buf)), to-from)], from)
-		for _, c := range buf[:n] {
-			if c != 0 {
-				return false, nil
-			}
+		if !bytes.Equal(buf[:n], walZeros[:n]) {
+			return false, nil
 		}
 		from += int64(n)
 		if err != nil {
@@ -904,8 +904,9 @@ func (w *WAL) seal() {
 	_, _ = w.f.WriteAt(h, w.size) // a failure shows at the next sync
 }
 
-// write appends batch's records in one write and (unless SyncInterval) one
-// fdatasync, then calls every done in order.
+// write appends batch's records in one write and (unless SyncInterval,
+// and no record of the batch is kept) one fdatasync, then calls every done
+// in order.
 func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 	w.mu.Lock()
 	err := w.err
@@ -934,7 +935,11 @@ func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 			}
 			batch = nil
 		}
-		if err == nil && w.every == 0 {
+		// A kept record (a raft log's) is acknowledged only once synced,
+		// whatever SyncInterval: raft counts an entry once StoreLogs
+		// returns.
+		sync := w.every == 0 || slices.ContainsFunc(batch, func(r *walReq) bool { return r.doneAt != nil })
+		if err == nil && sync {
 			err = w.f.Sync()
 		}
 		if err != nil {
@@ -944,8 +949,8 @@ func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 			w.mu.Unlock()
 		} else {
 			w.size += int64(len(buf))
-			if w.every == 0 {
-				w.synced = w.size
+			if sync {
+				w.synced, w.dirty = w.size, false
 				w.seal()
 			} else {
 				w.dirty = true

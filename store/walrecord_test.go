@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/zeze-go/mq/internal/memfs"
 	"github.com/zeze-go/mq/store"
@@ -310,4 +311,41 @@ func TestWAL_ReadRecordDamaged(t *testing.T) {
 		}
 		mfs.SetBytes(name, orig)
 	})
+}
+
+// TestWAL_RecordSyncedDespiteInterval: a kept record is durable when its
+// done is called even when the WAL acknowledges other records before their
+// sync (SyncInterval): a raft log's StoreLogs must not return before the
+// fsync, whatever the node's sync option. A power loss right after done
+// keeps it; the interval's plain records may go.
+func TestWAL_RecordSyncedDespiteInterval(t *testing.T) {
+	mfs := memfs.New()
+	w, err := store.OpenWAL("/wal", store.WALOptions{FS: mfs, SyncInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendPlain(t, w, "p", []byte("plain"))
+	// The segment's pre-allocator syncs the file as it extends it, after
+	// the first write: let it finish, so that only the WAL's own sync can
+	// cover the record.
+	time.Sleep(200 * time.Millisecond)
+	r := appendRecord(t, w, "raft", []byte("kept"))
+	img := mfs.Image(true, nil) // a power loss: only what was synced
+	w.Close()
+	w2, err := store.OpenWAL("/wal", store.WALOptions{FS: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Close()
+	recs, err := w2.Retain("raft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 {
+		t.Fatalf("after a power loss: %d kept records, want 1 (written at %+v)", len(recs), r)
+	}
+	got, err := w2.ReadRecord(recs[0], nil)
+	if err != nil || string(got) != "kept" {
+		t.Fatalf("ReadRecord: %q, %v", got, err)
+	}
 }
