@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -25,52 +29,13 @@ var raft3Nodes = []string{"r1", "r2", "r3"}
 // node's own replica when it leads there, by RPC to the leader's node
 // otherwise (two thirds of the sends): the whole path a user's send takes.
 func runRaft3Node(ctx context.Context, b *bench) (res result, err error) {
-	var nodes []*mq.MQ
+	nodes, err := openRaft3Cluster(ctx, b)
 	defer func() {
-		for i := len(nodes) - 1; i >= 0; i-- {
-			if cerr := nodes[i].Close(); err == nil {
-				err = cerr
-			}
+		if cerr := closeNodes(nodes); err == nil {
+			err = cerr
 		}
 	}()
-	var seeds []string
-	for _, id := range raft3Nodes {
-		m, err := mq.Open(filepath.Join(b.dir, id), mq.WithCluster(mq.ClusterConfig{
-			NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: remoteSecret,
-			// As on a LAN under load (research §8.3): the machine runs
-			// three nodes and their fsyncs on two cores.
-			ElectionTimeout: time.Second,
-		}))
-		if err != nil {
-			return result{}, err
-		}
-		nodes = append(nodes, m)
-		seeds = append(seeds, m.ClusterStatus().Addr)
-	}
-	if err := waitUntil(ctx, 20*time.Second, "three nodes up", func() bool {
-		up := 0
-		for _, nd := range nodes[0].ClusterStatus().Nodes {
-			if nd.Up {
-				up++
-			}
-		}
-		return up == len(raft3Nodes)
-	}); err != nil {
-		return result{}, err
-	}
-	if err := nodes[0].CreateMQ(ctx, "bench", b.partitions, mq.Options{Type: mq.Raft3}); err != nil {
-		return result{}, err
-	}
-	if err := waitUntil(ctx, 20*time.Second, "a leader in every group", func() bool {
-		led := 0
-		for _, m := range nodes {
-			if m.Topics()["bench"] != b.partitions {
-				return false
-			}
-			led += len(m.ClusterStatus().Leading)
-		}
-		return led == b.partitions
-	}); err != nil {
+	if err != nil {
 		return result{}, err
 	}
 	producers := make([]*mq.Producer, b.conc)
@@ -98,3 +63,114 @@ func runRaft3Node(ctx context.Context, b *bench) (res result, err error) {
 }
 
 func isUnknownOutcome(err error) bool { return errors.Is(err, mq.ErrUnknownOutcome) }
+
+// openRaft3Cluster opens the three nodes of the raft3 cases on 127.0.0.1
+// and a Raft3 topic "bench" of -p partitions, and waits until every group
+// has a leader. The caller closes the nodes returned, even with an error.
+func openRaft3Cluster(ctx context.Context, b *bench) ([]*mq.MQ, error) {
+	var nodes []*mq.MQ
+	var seeds []string
+	for _, id := range raft3Nodes {
+		m, err := mq.Open(filepath.Join(b.dir, id), mq.WithCluster(mq.ClusterConfig{
+			NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: remoteSecret,
+			// As on a LAN under load (research §8.3): the machine runs
+			// three nodes and their fsyncs on two cores.
+			ElectionTimeout: time.Second,
+		}))
+		if err != nil {
+			return nodes, err
+		}
+		nodes = append(nodes, m)
+		seeds = append(seeds, m.ClusterStatus().Addr)
+	}
+	if err := waitUntil(ctx, 20*time.Second, "three nodes up", func() bool {
+		up := 0
+		for _, nd := range nodes[0].ClusterStatus().Nodes {
+			if nd.Up {
+				up++
+			}
+		}
+		return up == len(raft3Nodes)
+	}); err != nil {
+		return nodes, err
+	}
+	if err := nodes[0].CreateMQ(ctx, "bench", b.partitions, mq.Options{Type: mq.Raft3}); err != nil {
+		return nodes, err
+	}
+	err := waitUntil(ctx, 60*time.Second, "a leader in every group", func() bool {
+		led := 0
+		for _, m := range nodes {
+			if m.Topics()["bench"] != b.partitions {
+				return false
+			}
+			led += len(m.ClusterStatus().Leading)
+		}
+		return led == b.partitions
+	})
+	return nodes, err
+}
+
+// closeNodes closes nodes, last opened first, and returns the first error.
+func closeNodes(nodes []*mq.MQ) error {
+	var err error
+	for i := len(nodes) - 1; i >= 0; i-- {
+		if cerr := nodes[i].Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
+func init() {
+	register("raft3-idle", "three cluster nodes with a Raft3 topic of P partitions, idle for -duration: goroutines, CPU and loopback traffic of the groups' heartbeats", runRaft3Idle)
+}
+
+// runRaft3Idle measures what P Raft3 groups cost at rest on three nodes in
+// this process: every group heartbeats its two followers about ten times a
+// second (hashicorp/raft has no quiescence). It reports the process's
+// goroutines, its CPU per second of idling, and the bytes per second over
+// the loopback interface (the whole machine's, from /proc/net/dev).
+func runRaft3Idle(ctx context.Context, b *bench) (res result, err error) {
+	nodes, err := openRaft3Cluster(ctx, b)
+	defer func() {
+		if cerr := closeNodes(nodes); err == nil {
+			err = cerr
+		}
+	}()
+	if err != nil {
+		return result{}, err
+	}
+	time.Sleep(time.Second) // the elections' aftermath
+	lo0, cpu0, t0 := loopbackBytes(), cpuTime(), time.Now()
+	select {
+	case <-ctx.Done():
+		return result{}, ctx.Err()
+	case <-time.After(b.duration):
+	}
+	secs := time.Since(t0).Seconds()
+	cpu := (cpuTime() - cpu0).Seconds() / secs
+	lo := float64(loopbackBytes()-lo0) / secs
+	note := fmt.Sprintf("%d groups on 3 nodes: %d goroutines, CPU %.0f%% of a core, loopback %.0f KB/s",
+		b.partitions, runtime.NumGoroutine(), 100*cpu, lo/1000)
+	return result{elapsed: time.Since(t0), note: note}, nil
+}
+
+// loopbackBytes is the bytes received on the loopback interface so far (0
+// where /proc/net/dev cannot be read).
+func loopbackBytes() int64 {
+	b, err := os.ReadFile("/proc/net/dev")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || name != "lo" {
+			continue
+		}
+		if f := strings.Fields(rest); len(f) > 0 {
+			n, _ := strconv.ParseInt(f[0], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
