@@ -97,8 +97,10 @@ func (r *Raft3) Replica() *raftqueue.Group { return r.cfg.Group }
 // when it leads, else far with the leader's node. A replica that does not
 // lead (raftqueue.ErrNotLeader, here or there), or a node not reached,
 // sends it on to the next candidate; with no leader anywhere it waits a
-// little and tries again, until ctx or the partition's Close ends it: then
-// ErrNoLeader. A call that is not idempotent and reached a node whose
+// little and tries again, until ctx ends (ErrNoLeader wrapping ctx's
+// error), or the node's closing or the partition's Close does
+// (store.ErrClosed: a closing node tries each replica once, without
+// waiting). A call that is not idempotent and reached a node whose
 // connection then broke may have run: raftqueue.ErrUnknownOutcome.
 func (r *Raft3) route(ctx context.Context, idempotent bool, local func(g *raftqueue.Group) error, far func(p *remote.Partition) error) error {
 	backoff := 5 * time.Millisecond
@@ -138,7 +140,10 @@ func (r *Raft3) route(ctx context.Context, idempotent bool, local func(g *raftqu
 			continue // try each replica once before waiting
 		}
 		if r.closing.Load() {
-			return fmt.Errorf("%w: %s/%d: the node is closing", ErrNoLeader, r.cfg.Topic, r.cfg.Index)
+			// store.ErrClosed, not ErrNoLeader: the caller's node closes
+			// under the call (mq.ErrClosed), and a consumer's last commit
+			// is given up quietly, as it is once the partition closed.
+			return fmt.Errorf("%w: %s/%d: no leader, and the node is closing", store.ErrClosed, r.cfg.Topic, r.cfg.Index)
 		}
 		select {
 		case <-ctx.Done():

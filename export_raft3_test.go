@@ -1,0 +1,21 @@
+package mq
+
+import "github.com/zeze-go/mq/internal/replica"
+
+// Hooks of the Raft3 attacks (raft3_attack_test.go).
+
+// Raft3Leader returns the leader of partition i of Raft3 topic as m's
+// replica knows it ("" while none is known), and whether m holds a
+// replica of that partition at all.
+func Raft3Leader(m *MQ, topic string, i int) (leader string, holds bool) {
+	t, ok := m.topics.Get(topic)
+	if !ok || i < 0 || i >= len(t.Parts) {
+		return "", false
+	}
+	r, ok := t.Parts[i].(*replica.Raft3)
+	if !ok || r.Replica() == nil {
+		return "", false
+	}
+	_, id := r.Replica().Leader()
+	return string(id), true
+}

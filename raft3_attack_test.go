@@ -1,0 +1,1138 @@
+package mq_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zeze-go/mq"
+	"github.com/zeze-go/mq/localtx"
+	"github.com/zeze-go/mq/localtx/txtest"
+)
+
+// The attacks on Raft3 topics through the public API: a partition's leader
+// closed while sends and a consumer group run, every node closed at once,
+// no quorum, delayed and transactional messages across failovers, calls
+// through a follower replica or none, calls from a handler, and messages
+// at the limits.
+
+// r3 is the Raft3 topic of the attacks.
+const r3 = "r"
+
+// raft3Cluster starts n nodes (node id with opts(id) too; opts may be nil)
+// and creates r3 with parts partitions, seen by every node.
+func raft3Cluster(t *testing.T, n, parts int, opts func(id string) []mq.Option) *testCluster {
+	t.Helper()
+	c := newClusterWith(t, n, opts)
+	createR3(t, c, parts)
+	return c
+}
+
+// createR3 creates r3 with parts partitions on c and waits until every
+// node sees it.
+func createR3(t *testing.T, c *testCluster, parts int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.nodes["n1"].CreateMQ(ctx, r3, parts, mq.Options{Type: mq.Raft3}); err != nil {
+		t.Fatalf("CreateMQ Raft3: %v", err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()[r3] == parts })
+	}
+}
+
+// threeNodes starts three nodes with r3 of parts partitions (node id with
+// opts(id) too; opts may be nil) and returns them, the leader of
+// partition 0 and the two others.
+func threeNodes(t *testing.T, parts int, opts func(id string) []mq.Option) (c *testCluster, lead string, others []string) {
+	t.Helper()
+	c = raft3Cluster(t, 3, parts, opts)
+	lead = leaderOf(t, c, 0)
+	return c, lead, othersThan(c, lead)
+}
+
+// testCtx returns the ctx of a test's calls: 60 s at most.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// leaderOf waits until the open nodes holding a replica of partition i of
+// r3 agree on an open leader, and returns it.
+func leaderOf(t testing.TB, c *testCluster, i int) string {
+	t.Helper()
+	var leader string
+	waitFor(t, 20*time.Second, fmt.Sprintf("a leader of %s/%d", r3, i), func() bool {
+		leader = ""
+		for _, m := range c.nodes {
+			l, holds := mq.Raft3Leader(m, r3, i)
+			if !holds {
+				continue
+			}
+			if l == "" || c.nodes[l] == nil || (leader != "" && l != leader) {
+				return false
+			}
+			leader = l
+		}
+		return leader != ""
+	})
+	return leader
+}
+
+// othersThan returns the ids of c's open nodes but not, sorted.
+func othersThan(c *testCluster, not ...string) []string {
+	var out []string
+	for id := range c.nodes {
+		if !slices.Contains(not, id) {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// waitReadable waits until m reads offset 0 of every partition of r3
+// (each holds a message): its view of the groups works.
+func waitReadable(t testing.TB, m *mq.MQ, parts int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range parts {
+		waitFor(t, 30*time.Second, fmt.Sprintf("%s/%d readable", r3, i), func() bool {
+			_, err := m.ReadMessage(ctx, r3, i, 0)
+			return err == nil
+		})
+	}
+}
+
+// bounded runs fn and fails t, with every goroutine's stack, when it has
+// not returned within d: a hang.
+func bounded(t testing.TB, d time.Duration, what string, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		var b bytes.Buffer
+		pprof.Lookup("goroutine").WriteTo(&b, 2)
+		t.Fatalf("%s did not return within %v: a hang\n%s", what, d, b.String())
+	}
+}
+
+// sendAgain sends msgs through p, again while the outcome is unknown (the
+// same messages: their IDs and partitions make the resend store each
+// once).
+func sendAgain(ctx context.Context, p *mq.Producer, msgs ...*mq.Message) ([]mq.SendResult, error) {
+	for {
+		res, err := p.SendMessage(ctx, msgs...)
+		if !errors.Is(err, mq.ErrUnknownOutcome) {
+			return res, err
+		}
+	}
+}
+
+// prepareAgain is sendAgain for PrepareMessage.
+func prepareAgain(ctx context.Context, p *mq.Producer, msgs ...*mq.Message) error {
+	for {
+		if err := p.PrepareMessage(ctx, msgs...); !errors.Is(err, mq.ErrUnknownOutcome) {
+			return err
+		}
+	}
+}
+
+// ledger is what the senders were told: each ack, each key's acked
+// messages in send order, and every ID sent, acked or not.
+type ledger struct {
+	mu    sync.Mutex
+	acked map[string]mq.SendResult // by ID
+	byKey map[string][]string
+	sent  map[string]bool
+	acks  map[string]int // by sender
+}
+
+func newLedger() *ledger {
+	return &ledger{acked: map[string]mq.SendResult{}, byKey: map[string][]string{}, sent: map[string]bool{}, acks: map[string]int{}}
+}
+
+// count returns the acks of sender.
+func (l *ledger) count(sender string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.acks[sender]
+}
+
+// ids returns the acked IDs.
+func (l *ledger) ids() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for id := range l.acked {
+		out = append(out, id)
+	}
+	return out
+}
+
+// sendOne sends msg through p, again while its outcome is unknown (the
+// same message: its ID and partition make the resend store it once), and
+// records the ack.
+func (l *ledger) sendOne(ctx context.Context, p *mq.Producer, sender string, msg *mq.Message) error {
+	l.mu.Lock()
+	l.sent[msg.ID] = true
+	l.mu.Unlock()
+	res, err := sendAgain(ctx, p, msg)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.acked[msg.ID] = res[0]
+	l.byKey[msg.Key] = append(l.byKey[msg.Key], msg.ID)
+	l.acks[sender]++
+	return nil
+}
+
+// sendLoop sends sender-0, sender-1, ... through m, one at a time, until
+// stop closes or m closes (ErrClosed ends it quietly): message j to
+// partition j%parts, keyed sender/j%parts. Any other error fails t.
+func (l *ledger) sendLoop(ctx context.Context, t testing.TB, m *mq.MQ, sender string, parts int, stop <-chan struct{}) {
+	p, err := m.NewProducer(r3)
+	if err != nil {
+		if !errors.Is(err, mq.ErrClosed) {
+			t.Errorf("NewProducer on %s: %v", sender, err)
+		}
+		return
+	}
+	for j := 0; ; j++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		msg := (&mq.Message{ID: fmt.Sprintf("%s-%d", sender, j), Key: fmt.Sprintf("%s/%d", sender, j%parts), Body: []byte(sender)}).ToPartition(j % parts)
+		if err := l.sendOne(ctx, p, sender, msg); err != nil {
+			if !errors.Is(err, mq.ErrClosed) {
+				t.Errorf("send %s through %s: %v", msg.ID, sender, err)
+			}
+			return
+		}
+	}
+}
+
+// sendFrom starts a sendLoop through each of ids' nodes; the function it
+// returns stops them and waits.
+func (l *ledger) sendFrom(ctx context.Context, t testing.TB, c *testCluster, parts int, ids ...string) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		m := c.nodes[id]
+		wg.Go(func() { l.sendLoop(ctx, t, m, id, parts, done) })
+	}
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// atLeast returns a condition: each of senders has n acks or more.
+func (l *ledger) atLeast(n int, senders ...string) func() bool {
+	return func() bool {
+		for _, s := range senders {
+			if l.count(s) < n {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// check reads every message of r3 through m and checks it against the
+// ledger: each acked message stored once, at the partition and offset of
+// its ack, each key's in send order, and nothing stored that was never
+// sent (but IDs starting with "x-", sent outside the ledger).
+func (l *ledger) check(t testing.TB, m *mq.MQ, parts int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	where := map[string][]string{}
+	for i := range parts {
+		for off := int64(0); ; off++ {
+			msg, err := m.ReadMessage(ctx, r3, i, off)
+			if errors.Is(err, mq.ErrNoMessage) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("read %s/%d at %d: %v", r3, i, off, err)
+			}
+			if !l.sent[msg.ID] && !strings.HasPrefix(msg.ID, "x-") {
+				t.Errorf("%s stored at %d/%d, never sent", msg.ID, i, off)
+			}
+			where[msg.ID] = append(where[msg.ID], fmt.Sprintf("%d/%d", i, off))
+		}
+	}
+	for id, res := range l.acked {
+		want := fmt.Sprintf("%d/%d", res.Partition, res.Offset)
+		if got := where[id]; len(got) != 1 || got[0] != want {
+			t.Errorf("%s acked at %s, stored at %v", id, want, got)
+		}
+	}
+	for key, ids := range l.byKey {
+		for k := 1; k < len(ids); k++ {
+			if a, b := l.acked[ids[k-1]], l.acked[ids[k]]; a.Partition != b.Partition || a.Offset >= b.Offset {
+				t.Errorf("key %s: %s acked at %d/%d, then %s at %d/%d", key, ids[k-1], a.Partition, a.Offset, ids[k], b.Partition, b.Offset)
+			}
+		}
+	}
+}
+
+// orderly is a group's listener that records its deliveries and what
+// breaks Orderly delivery from the start of each partition: an offset
+// delivered before every offset below it was (a redelivery from the last
+// committed offset after a failover is at least once, and allowed).
+type orderly struct {
+	mu     sync.Mutex
+	next   map[int]int64       // by partition: one past the highest offset delivered
+	seen   map[string]int      // by ID: deliveries
+	at     map[string]string   // by ID: partition/offset delivered at
+	firsts map[string][]string // by key: IDs in the order of their first delivery
+	broken []string
+}
+
+func newOrderly() *orderly {
+	return &orderly{next: map[int]int64{}, seen: map[string]int{}, at: map[string]string{}, firsts: map[string][]string{}}
+}
+
+func (o *orderly) OnMessage(_ context.Context, _ string, m *mq.Message) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	p := m.PartitionIndex
+	if m.Offset > o.next[p] {
+		o.broken = append(o.broken, fmt.Sprintf("%s at %d/%d delivered before %d/%d", m.ID, p, m.Offset, p, o.next[p]))
+	}
+	o.next[p] = max(o.next[p], m.Offset+1)
+	if o.seen[m.ID] == 0 {
+		o.firsts[m.Key] = append(o.firsts[m.Key], m.ID)
+	}
+	o.seen[m.ID]++
+	o.at[m.ID] = fmt.Sprintf("%d/%d", p, m.Offset)
+	return nil
+}
+
+func (o *orderly) count(id string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.seen[id]
+}
+
+// consume opens a consumer of group g on each of ids' nodes, all with
+// listener o, closed when the test ends, and returns them.
+func (o *orderly) consume(t testing.TB, c *testCluster, ids ...string) []*mq.Consumer {
+	t.Helper()
+	var out []*mq.Consumer
+	for _, id := range ids {
+		cons, err := c.nodes[id].NewConsumer(r3, "g", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cons.Close() })
+		out = append(out, cons)
+	}
+	return out
+}
+
+// waitAll waits until every message acked in l was delivered at least
+// once, then checks the deliveries against l.
+func (o *orderly) waitAll(t testing.TB, l *ledger) {
+	t.Helper()
+	ids := l.ids()
+	waitFor(t, 30*time.Second, fmt.Sprintf("delivery of %d acked messages", len(ids)), func() bool {
+		for _, id := range ids {
+			if o.count(id) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	o.check(t, l)
+}
+
+// check checks the deliveries against l: every acked message delivered,
+// at its acked place, each key's first deliveries in send order, nothing
+// never sent, Orderly unbroken.
+func (o *orderly) check(t testing.TB, l *ledger) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, b := range o.broken {
+		t.Errorf("order broken: %s", b)
+	}
+	for id, res := range l.acked {
+		if want := fmt.Sprintf("%d/%d", res.Partition, res.Offset); o.at[id] != want {
+			t.Errorf("%s acked at %s, delivered at %q", id, want, o.at[id])
+		}
+	}
+	for id := range o.seen {
+		if !l.sent[id] && !strings.HasPrefix(id, "x-") {
+			t.Errorf("%s delivered, never sent", id)
+		}
+	}
+	for key, want := range l.byKey {
+		var got []string
+		for _, id := range o.firsts[key] {
+			if _, ok := l.acked[id]; ok {
+				got = append(got, id)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("key %s first delivered as %v, sent as %v", key, got, want)
+		}
+	}
+}
+
+// TestRaft3Attack_LeaderClosedWhileSending: the node leading a partition
+// is closed while every node sends (the closed node's own sends end with
+// ErrClosed): every acked message is stored once, at the partition and
+// offset of its ack, each key's in order, and nothing never sent is
+// stored. The node reopened on its data rejoins: with another node
+// closed, the quorum needs it, and it takes sends and reads back all.
+func TestRaft3Attack_LeaderClosedWhileSending(t *testing.T) {
+	const parts = 2
+	c, lead, others := threeNodes(t, parts, nil)
+	ctx := testCtx(t)
+	l := newLedger()
+	stop := l.sendFrom(ctx, t, c, parts, othersThan(c)...)
+	waitFor(t, 20*time.Second, "acks before the close", l.atLeast(10, others...))
+	bounded(t, 20*time.Second, "Close of the leader while it sends and serves sends", func() { c.kill(lead) })
+	waitFor(t, 20*time.Second, "acks after the close", l.atLeast(l.count(others[0])+10, others...))
+	stop()
+	l.check(t, c.nodes[others[0]], parts)
+
+	back := c.start(lead)
+	waitReadable(t, back, parts)
+	c.kill(others[0])
+	p, err := c.nodes[others[1]].NewProducer(r3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for j := range 10 {
+		msg := (&mq.Message{ID: fmt.Sprintf("again-%d", j), Key: fmt.Sprintf("again/%d", j%parts)}).ToPartition(j % parts)
+		if err := l.sendOne(ctx, p, "again", msg); err != nil {
+			t.Fatalf("send with the reopened node in the quorum: %v", err)
+		}
+	}
+	l.check(t, back, parts)
+}
+
+// TestRaft3Attack_GroupFailover: a group consumes on two nodes, one of
+// them leading a partition, while the two nodes not leading it send; the
+// leader's node is closed. The other consumer keeps its partitions
+// through the new leader and takes the closed one's over from the offsets
+// replicated in the groups: every acked message is delivered at least
+// once, at its acked place, each partition from its start with no gap and
+// each key's messages first in send order.
+func TestRaft3Attack_GroupFailover(t *testing.T) {
+	const parts = 2
+	c, lead, others := threeNodes(t, parts, nil)
+	ctx := testCtx(t)
+	o := newOrderly() // both consumers' deliveries
+	doomed := o.consume(t, c, lead, others[0])[0]
+	waitFor(t, 20*time.Second, "a partition for the consumer on "+lead, func() bool { return len(doomed.Assigned()) > 0 })
+	l := newLedger()
+	stop := l.sendFrom(ctx, t, c, parts, others...)
+	waitFor(t, 20*time.Second, "deliveries in both partitions", func() bool {
+		return o.count(others[1]+"-10") > 0 && o.count(others[1]+"-11") > 0
+	})
+	c.kill(lead)
+	waitFor(t, 20*time.Second, "acks after the close", l.atLeast(l.count(others[1])+10, others[1]))
+	stop()
+	o.waitAll(t, l)
+}
+
+// TestRaft3Attack_LeaderIsolated: the node leading a partition is cut off
+// from the two others (every link, both ways) for longer than a session,
+// while all three send and a group consumes on it and on another node;
+// then healed. The two others go on taking sends; the cut node's sends
+// wait, or fail with an unknown outcome and are sent again, and go on
+// once healed; every acked message is stored once where it was acked and
+// delivered, each partition with no gap.
+func TestRaft3Attack_LeaderIsolated(t *testing.T) {
+	const parts = 2
+	c, lead, others := threeNodes(t, parts, nil)
+	ctx := testCtx(t)
+	o := newOrderly()
+	o.consume(t, c, lead, others[0])
+	l := newLedger()
+	stop := l.sendFrom(ctx, t, c, parts, othersThan(c)...)
+	waitFor(t, 20*time.Second, "acks from every node", l.atLeast(10, othersThan(c)...))
+	cut := func(down bool) {
+		for _, id := range others {
+			mq.ReviewSetLinkDown(c.nodes[lead], id, down)
+			mq.ReviewSetLinkDown(c.nodes[id], lead, down)
+		}
+	}
+	cut(true)
+	waitFor(t, 20*time.Second, "acks from the two others while the leader is cut off", l.atLeast(l.count(others[1])+10, others...))
+	time.Sleep(1500 * time.Millisecond) // past the cut node's session
+	cut(false)
+	waitFor(t, 30*time.Second, "acks from the healed node", l.atLeast(l.count(lead)+5, lead))
+	stop()
+	o.waitAll(t, l)
+	l.check(t, c.nodes[lead], parts)
+}
+
+// TestRaft3Attack_CloseAllWhileBusy: every node closed at once while each
+// sends and consumes: every Close, send and handler returns (no hang), the
+// sends end with ErrClosed, and the cluster reopened on its directories
+// holds every acked message once, where it was acked.
+func TestRaft3Attack_CloseAllWhileBusy(t *testing.T) {
+	const parts = 2
+	c := raft3Cluster(t, 3, parts, nil)
+	ctx := testCtx(t)
+	ids := othersThan(c)
+	l := newLedger()
+	stop := l.sendFrom(ctx, t, c, parts, ids...)
+	for _, id := range ids {
+		m := c.nodes[id]
+		// Its handler reads through the node, which closes under it.
+		reader := mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
+			_, err := m.ReadMessage(ctx, r3, msg.PartitionIndex, msg.Offset)
+			return err
+		})
+		cons, err := m.NewConsumer(r3, "g", reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cons.Close() })
+	}
+	waitFor(t, 20*time.Second, "acks from every node", l.atLeast(10, ids...))
+	bounded(t, 30*time.Second, "Close of every node at once, with the sends", func() {
+		var closing sync.WaitGroup
+		for _, id := range ids {
+			m := c.nodes[id]
+			closing.Go(func() { m.Close() })
+		}
+		closing.Wait()
+		stop() // the sends ended with ErrClosed: a send that hangs holds this
+	})
+	for _, id := range ids {
+		delete(c.nodes, id)
+	}
+	for _, id := range ids { // each joins through those already back
+		c.start(id)
+	}
+	c.waitUp(3)
+	l.check(t, c.nodes["n2"], parts)
+}
+
+// TestRaft3Attack_NoQuorum: with two of three nodes closed, every call
+// that waits for the group's leader, or for the metadata group's, returns
+// ErrNoQuorum wrapping its ctx's error soon after its ctx ends; a send
+// waiting without a deadline returns ErrClosed when the node closes, and
+// Close returns.
+func TestRaft3Attack_NoQuorum(t *testing.T) {
+	c := raft3Cluster(t, 3, 1, nil)
+	n1 := c.nodes["n1"]
+	p, err := n1.NewProducer(r3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.SendMessage(context.Background(), &mq.Message{ID: "x-0"}); err != nil {
+		t.Fatal(err)
+	}
+	col := collect(t, n1, r3, "g")
+	waitSeen(t, col, "x-0")
+	cons, err := n1.NewConsumer(r3, "h", mq.ListenerFunc(func(context.Context, string, *mq.Message) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cons.Close() })
+	c.kill("n2")
+	c.kill("n3")
+	waitFor(t, 20*time.Second, "n1 without a leader", func() bool {
+		l, _ := mq.Raft3Leader(n1, r3, 0)
+		return l == ""
+	})
+	calls := []struct {
+		name string
+		call func(ctx context.Context) error
+	}{
+		{"SendMessage", func(ctx context.Context) error {
+			_, err := p.SendMessage(ctx, &mq.Message{ID: "x-1"})
+			return err
+		}},
+		{"PrepareMessage", func(ctx context.Context) error {
+			return p.PrepareMessage(localtx.WithTx(ctx, &fakeTx{id: "0123456789abcdef-1"}), &mq.Message{ID: "x-2"})
+		}},
+		{"ResetOffset", func(ctx context.Context) error { return n1.ResetOffset(ctx, r3, "g", mq.SeekFirst()) }},
+		{"Seek", func(ctx context.Context) error { return cons.Seek(ctx, mq.SeekOffset(0, 0)) }},
+		{"CreateMQ", func(ctx context.Context) error { return n1.CreateMQ(ctx, "other", 1, mq.Options{Type: mq.Raft3}) }},
+		{"AlterMQ", func(ctx context.Context) error { return n1.AlterMQ(ctx, r3, 2) }},
+	}
+	const deadline = 300 * time.Millisecond
+	var wg sync.WaitGroup
+	for _, cl := range calls {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			start := time.Now()
+			err := cl.call(ctx)
+			if took := time.Since(start); took > deadline+5*time.Second {
+				t.Errorf("%s returned %v after its ctx ended: not promptly", cl.name, took-deadline)
+			}
+			if !errors.Is(err, mq.ErrNoQuorum) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s without a quorum: %v, want ErrNoQuorum wrapping context.DeadlineExceeded", cl.name, err)
+			}
+		})
+	}
+	bounded(t, 30*time.Second, "the calls without a quorum", wg.Wait)
+
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := p.SendMessage(context.Background(), &mq.Message{ID: "x-3"})
+		waiting <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	bounded(t, 20*time.Second, "Close without a quorum, a send waiting", func() { c.kill("n1") })
+	select {
+	case err := <-waiting:
+		if !errors.Is(err, mq.ErrClosed) {
+			t.Errorf("a send waiting for a leader when its node closed: %v, want ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a send waiting for a leader did not return when its node closed")
+	}
+}
+
+// TestRaft3Attack_DelayedAcrossFailover: messages delayed through the
+// partition's leader, which is then closed, are released by the new
+// leader: each delivered no earlier than its time, and stored once.
+func TestRaft3Attack_DelayedAcrossFailover(t *testing.T) {
+	c, lead, others := threeNodes(t, 1, nil)
+	ctx := testCtx(t)
+	var mu sync.Mutex
+	got := map[string]time.Time{}
+	count := map[string]int{}
+	cons, err := c.nodes[others[0]].NewConsumer(r3, "g", mq.ListenerFunc(func(_ context.Context, _ string, m *mq.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if count[m.ID] == 0 {
+			got[m.ID] = time.Now()
+		}
+		count[m.ID]++
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cons.Close() })
+	p, err := c.nodes[lead].NewProducer(r3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	due := map[string]time.Time{
+		"x-soon":  now.Add(300 * time.Millisecond), // around the close
+		"x-later": now.Add(1500 * time.Millisecond),
+		"x-last":  now.Add(2500 * time.Millisecond),
+	}
+	for id, at := range due {
+		res, err := p.SendMessage(ctx, &mq.Message{ID: id, DeliverAt: at})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res[0].Delayed || res[0].Offset != -1 {
+			t.Fatalf("%s delayed: %+v", id, res[0])
+		}
+	}
+	time.Sleep(time.Until(due["x-soon"]))
+	c.kill(lead)
+	waitFor(t, 20*time.Second, "every delayed message", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) == len(due)
+	})
+	mu.Lock()
+	for id, at := range due {
+		if got[id].Before(at) {
+			t.Errorf("%s delivered at %v, %v before its time", id, got[id].Format(time.StampMilli), at.Sub(got[id]))
+		}
+	}
+	mu.Unlock()
+	stored := map[string]int{}
+	for off := int64(0); ; off++ {
+		m, err := c.nodes[others[1]].ReadMessage(ctx, r3, 0, off)
+		if errors.Is(err, mq.ErrNoMessage) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored[m.ID]++
+	}
+	for id := range due {
+		if stored[id] != 1 {
+			t.Errorf("%s released %d times", id, stored[id])
+		}
+	}
+}
+
+// TestRaft3Attack_Transactions: transactions on a Raft3 topic. A
+// committed one whose partition's leader is closed between prepare and
+// commit is delivered; a rolled back one never; one whose preparer's
+// hooks never ran is decided by check-back from the preparer's node
+// (committed where its host holds the marker, rolled back where not);
+// while the preparer is down, none is decided, nor delivered.
+func TestRaft3Attack_Transactions(t *testing.T) {
+	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
+	const parts = 2
+	c := raft3Cluster(t, 3, parts, func(id string) []mq.Option {
+		opts := []mq.Option{mq.WithTxCheckAfter(50 * time.Millisecond), mq.WithTxMaxChecks(10000)}
+		if id == "n1" {
+			opts = append(opts, mq.WithLocalTx(host.Store))
+		}
+		return opts
+	})
+	ctx := testCtx(t)
+	spread := func(prefix string) []*mq.Message {
+		out := msgs(prefix, parts)
+		for i, m := range out {
+			m.ToPartition(i)
+		}
+		return out
+	}
+	// n1 reopened: the groups' leaders are the two others.
+	c.kill("n1")
+	c.start("n1")
+	p, err := c.nodes["n1"].NewProducer(r3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lead := leaderOf(t, c, 0)
+	if lead == "n1" {
+		t.Log("n1 leads again: its partition's leader is not closed under the transaction")
+	}
+	err = host.Run(ctx, func(ctx context.Context) error {
+		if err := prepareAgain(ctx, p, spread("kp")...); err != nil {
+			return err
+		}
+		if lead != "n1" {
+			c.kill(lead)
+		}
+		return p.CommitMessage(ctx, msgs("ko", 1)...)
+	})
+	if err != nil {
+		t.Fatalf("a transaction whose partition's leader closed before its commit: %v", err)
+	}
+	on := othersThan(c, "n1")[0]
+	col := &collector{}
+	cons, err := c.nodes[on].NewConsumer(r3, "g", col)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Closed while the group has a quorum: with none, its last commits
+	// would wait 10 s each for a leader.
+	defer cons.Close()
+	waitSeen(t, col, "kp-0", "kp-1", "ko-0")
+
+	if err := host.Run(ctx, func(ctx context.Context) error {
+		if err := prepareAgain(ctx, p, spread("rb")...); err != nil {
+			return err
+		}
+		return errAbort
+	}); !errors.Is(err, errAbort) {
+		t.Fatalf("rolled back: %v", err)
+	}
+	// Transactions whose hooks never ran (their process "died"), the host
+	// holding the marker or not.
+	orphan := func(prefix string, marked bool) string {
+		t.Helper()
+		var txid string
+		if err := host.Run(ctx, func(ctx context.Context) error {
+			real, _ := localtx.FromContext(ctx)
+			txid = real.ID()
+			tx := &fakeTx{id: txid}
+			if marked {
+				tx.put = real.Put
+			}
+			return prepareAgain(localtx.WithTx(ctx, tx), p, spread(prefix)...)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return txid
+	}
+	committed, rolledBack := orphan("cp", true), orphan("rp", false)
+	waitSeen(t, col, "cp-0", "cp-1")
+	waitFor(t, 20*time.Second, "the check-back's rollback", func() bool {
+		return mq.TxDecided(c.nodes[on], rolledBack) == mq.TxRollback
+	})
+	if d := mq.TxDecided(c.nodes[on], committed); d != mq.TxCommit {
+		t.Fatalf("the check-back decided %v a transaction its preparer committed", d)
+	}
+
+	// The preparer down: its transactions wait for it.
+	if lead != "n1" {
+		c.start(lead)
+		c.waitUp(3)
+	}
+	pending, undecided := orphan("dp", true), orphan("dq", false)
+	c.kill("n1")
+	time.Sleep(time.Second) // many check-backs find n1 down
+	for _, id := range []string{pending, undecided} {
+		if d := mq.TxDecided(c.nodes[on], id); d != mq.TxUndecided {
+			t.Fatalf("%s decided %v while its preparer was down", id, d)
+		}
+	}
+	c.start("n1")
+	waitSeen(t, col, "dp-0", "dp-1")
+	waitFor(t, 20*time.Second, "the rollback once the preparer is back", func() bool {
+		return mq.TxDecided(c.nodes[on], undecided) == mq.TxRollback
+	})
+	fence(t, c.nodes[on], col, r3)
+	for _, id := range []string{"rb-0", "rb-1", "rp-0", "rp-1", "dq-0", "dq-1"} {
+		if n := col.count(id); n != 0 {
+			t.Errorf("%s of a transaction rolled back delivered %d times", id, n)
+		}
+	}
+}
+
+// TestRaft3Attack_ThroughFollowers: on four nodes, one holding no replica:
+// sends, reads, Lag, ResetOffset and Seek through a follower replica and
+// through the node without one act on the leader's partition; AlterMQ
+// from the node without one grows the topic, and the group gets the new
+// partitions' messages.
+func TestRaft3Attack_ThroughFollowers(t *testing.T) {
+	c := raft3Cluster(t, 4, 1, nil)
+	ctx := testCtx(t)
+	lead := leaderOf(t, c, 0)
+	var none, follower string
+	for _, id := range othersThan(c, lead) {
+		if _, holds := mq.Raft3Leader(c.nodes[id], r3, 0); !holds {
+			none = id
+		} else {
+			follower = id
+		}
+	}
+	if none == "" || follower == "" {
+		t.Fatalf("placement of %s/0 on four nodes: leader %s, no node without a replica or no follower", r3, lead)
+	}
+	l := newLedger()
+	for _, id := range []string{none, follower} {
+		p, err := c.nodes[id].NewProducer(r3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range 10 {
+			if err := l.sendOne(ctx, p, id, &mq.Message{ID: fmt.Sprintf("%s-%d", id, j), Key: id}); err != nil {
+				t.Fatalf("send through %s: %v", id, err)
+			}
+		}
+	}
+	l.check(t, c.nodes[none], 1)
+	l.check(t, c.nodes[follower], 1)
+
+	o := newOrderly()
+	cons := o.consume(t, c, follower)[0]
+	ids := l.ids()
+	deliveredAtLeast := func(n int, ids ...string) func() bool {
+		return func() bool {
+			for _, id := range ids {
+				if o.count(id) < n {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	noLag := func() bool {
+		for _, id := range othersThan(c) {
+			if !committedAll(c.nodes[id], r3, "g", 1) {
+				return false
+			}
+		}
+		return true
+	}
+	waitFor(t, 20*time.Second, "every message", deliveredAtLeast(1, ids...))
+	waitFor(t, 20*time.Second, "no lag, as every node sees it", noLag)
+	o.check(t, l)
+
+	if err := c.nodes[none].ResetOffset(ctx, r3, "g", mq.SeekFirst()); err != nil {
+		t.Fatalf("ResetOffset through the node without a replica: %v", err)
+	}
+	waitFor(t, 20*time.Second, "every message again after ResetOffset", deliveredAtLeast(2, ids...))
+	waitFor(t, 20*time.Second, "no lag after ResetOffset", noLag)
+	if err := cons.Seek(ctx, mq.SeekOffset(0, 15)); err != nil {
+		t.Fatalf("Seek through a follower: %v", err)
+	}
+	var tail, head []string
+	for id, res := range l.acked {
+		if res.Offset >= 15 {
+			tail = append(tail, id)
+		} else {
+			head = append(head, id)
+		}
+	}
+	waitFor(t, 20*time.Second, "the messages from offset 15 again after Seek", deliveredAtLeast(3, tail...))
+	waitFor(t, 20*time.Second, "no lag after Seek", noLag)
+	for _, id := range head {
+		if n := o.count(id); n != 2 {
+			t.Errorf("%s, before the offset sought, delivered %d times, want 2", id, n)
+		}
+	}
+
+	if err := c.nodes[none].AlterMQ(ctx, r3, 3); err != nil {
+		t.Fatalf("AlterMQ of a Raft3 topic through the node without a replica: %v", err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "three partitions on "+id, func() bool { return m.Topics()[r3] == 3 })
+	}
+	var grown []string
+	for _, id := range othersThan(c) {
+		p, err := c.nodes[id].NewProducer(r3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 1; i < 3; i++ {
+			msg := (&mq.Message{ID: fmt.Sprintf("x-%s-%d", id, i)}).ToPartition(i)
+			if _, err := p.SendMessage(ctx, msg); err != nil {
+				t.Fatalf("send to new partition %d through %s: %v", i, id, err)
+			}
+			grown = append(grown, msg.ID)
+		}
+	}
+	waitFor(t, 20*time.Second, "the new partitions' messages", deliveredAtLeast(1, grown...))
+	lags, err := c.nodes[none].Lag(r3, "g")
+	if err != nil || len(lags) != 3 {
+		t.Fatalf("Lag after AlterMQ: %v, %v", lags, err)
+	}
+}
+
+// TestRaft3Attack_GrowWhileNodeDown: a Raft3 topic grown just after a
+// node closed (still up in the metadata, so the new partition is placed
+// on it too) takes sends on the two left; the node reopened opens its
+// replica of the new partition late and joins its group: with another
+// node closed, the group needs it, and it holds every acked message.
+func TestRaft3Attack_GrowWhileNodeDown(t *testing.T) {
+	// Sessions long enough that the closed node is still up when the
+	// topic grows, however slow its Close.
+	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: time.Minute}
+	c.startAll(3)
+	createR3(t, c, 1)
+	ctx := testCtx(t)
+	c.kill("n3")
+	if err := c.nodes["n1"].AlterMQ(ctx, r3, 2); err != nil {
+		t.Fatalf("AlterMQ of a Raft3 topic just after a node closed: %v", err)
+	}
+	l := newLedger()
+	send := func(through, prefix string) {
+		t.Helper()
+		p, err := c.nodes[through].NewProducer(r3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range 10 {
+			msg := (&mq.Message{ID: fmt.Sprintf("%s-%d", prefix, j), Key: fmt.Sprintf("%s/%d", prefix, j%2)}).ToPartition(j % 2)
+			if err := l.sendOne(ctx, p, prefix, msg); err != nil {
+				t.Fatalf("send %s through %s: %v", msg.ID, through, err)
+			}
+		}
+	}
+	send("n2", "a")
+	back := c.start("n3")
+	waitFor(t, 20*time.Second, "the grown topic on the reopened node", func() bool { return back.Topics()[r3] == 2 })
+	if _, holds := mq.Raft3Leader(back, r3, 1); !holds {
+		t.Fatal("the new partition was not placed on the node closed just before")
+	}
+	c.kill("n1")
+	send("n3", "b")
+	l.check(t, back, 2)
+	l.check(t, c.nodes["n2"], 2)
+}
+
+// TestRaft3Attack_HandlerReentry: a handler on a follower's node sends to
+// its own Raft3 topic (a chain), reads, asks Lag, seeks its own consumer
+// once, and at the end of the chain closes its own consumer; a handler on
+// the other follower's node closes its node: every call returns, and the
+// chain is stored once.
+func TestRaft3Attack_HandlerReentry(t *testing.T) {
+	c, _, followers := threeNodes(t, 1, nil)
+	ctx := testCtx(t)
+	m := c.nodes[followers[0]]
+	p, err := m.NewProducer(r3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The other follower's node is closed by a handler of its own.
+	other := c.nodes[followers[1]]
+	nodeClosed := make(chan error, 1)
+	var closeOnce sync.Once
+	closer, err := other.NewConsumer(r3, "h", mq.ListenerFunc(func(context.Context, string, *mq.Message) error {
+		closeOnce.Do(func() { nodeClosed <- other.Close() })
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closer.Close() })
+	const links = 6
+	var (
+		mu     sync.Mutex
+		errs   []error
+		seeked bool
+		cons   *mq.Consumer
+	)
+	closed := make(chan struct{})
+	fail := func(err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+	}
+	handler := mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
+		var k int
+		if _, err := fmt.Sscanf(msg.ID, "x-%d", &k); err != nil {
+			fail(fmt.Errorf("delivered %s", msg.ID))
+			return nil
+		}
+		if _, err := m.ReadMessage(ctx, r3, 0, msg.Offset); err != nil {
+			fail(fmt.Errorf("ReadMessage from a handler: %w", err))
+		}
+		if _, err := m.Lag(r3, "g"); err != nil {
+			fail(fmt.Errorf("Lag from a handler: %w", err))
+		}
+		if k < links-1 {
+			if _, err := p.SendMessage(ctx, &mq.Message{ID: fmt.Sprintf("x-%d", k+1)}); err != nil {
+				fail(fmt.Errorf("SendMessage from a handler: %w", err))
+			}
+			return nil
+		}
+		mu.Lock()
+		first := !seeked
+		seeked = true
+		self := cons
+		mu.Unlock()
+		if first {
+			if err := self.Seek(ctx, mq.SeekFirst()); err != nil {
+				fail(fmt.Errorf("Seek from a handler: %w", err))
+			}
+			return nil
+		}
+		if err := self.Close(); err != nil {
+			fail(fmt.Errorf("Close of its own consumer from a handler: %w", err))
+		}
+		close(closed)
+		return nil
+	})
+	mu.Lock()
+	cons, err = m.NewConsumer(r3, "g", handler)
+	mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cons.Close() })
+	if _, err := p.SendMessage(ctx, &mq.Message{ID: "x-0"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the chain did not end with the consumer closed from its handler")
+	}
+	bounded(t, 10*time.Second, "Close after a handler closed its consumer", func() { cons.Close() })
+	select {
+	case err := <-nodeClosed:
+		if err != nil {
+			t.Errorf("a node closed by its handler: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a node's Close called by its handler did not return")
+	}
+	mu.Lock()
+	for _, err := range errs {
+		t.Error(err)
+	}
+	mu.Unlock()
+	for off := range int64(links) {
+		msg, err := m.ReadMessage(ctx, r3, 0, off)
+		if err != nil || msg.ID != fmt.Sprintf("x-%d", off) {
+			t.Errorf("offset %d: %v, %v; want x-%d (a resend from the second pass stored again?)", off, msg, err, off)
+		}
+	}
+	if _, err := m.ReadMessage(ctx, r3, 0, links); !errors.Is(err, mq.ErrNoMessage) {
+		t.Errorf("offset %d: %v, want ErrNoMessage", links, err)
+	}
+}
+
+// TestRaft3Attack_Limits: messages at the limits through a follower's
+// node: the largest message and ID, a batch of several large ones (an
+// entry larger than raftqueue packs, 1 MiB), the earliest timestamp and
+// the latest DeliverAt are stored, read back and delivered as sent; one
+// byte over is refused before anything is written. The nodes' message
+// limit is 256 KiB: with the tests' 200 ms election timeout under -race,
+// an entry of several MiB takes longer to replicate than the leader's
+// lease, and the group elects again and again.
+func TestRaft3Attack_Limits(t *testing.T) {
+	const limit = 256 << 10
+	c, lead, others := threeNodes(t, 1, func(string) []mq.Option { return []mq.Option{mq.WithMaxMessageBytes(limit)} })
+	ctx := testCtx(t)
+	m := c.nodes[others[0]]
+	p, err := m.NewProducer(r3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := func(n int, b byte) []byte { return bytes.Repeat([]byte{b}, n) }
+	biggest := &mq.Message{ID: "x-" + strings.Repeat("i", mq.MaxIDBytes-2), Key: "k", Body: body(limit-1, 'a')}
+	var batch []*mq.Message
+	for i := range 6 {
+		batch = append(batch, &mq.Message{ID: fmt.Sprintf("x-b%d", i), Body: body(limit-1, byte('b'+i))})
+	}
+	early := &mq.Message{ID: "x-early", Timestamp: time.Unix(0, -1<<63)}
+	late := &mq.Message{ID: "x-late", DeliverAt: time.Unix(0, 1<<63-1)}
+	if _, err := p.SendMessage(ctx, &mq.Message{ID: "x-over", Key: "k", Body: body(limit, 'z')}); !errors.Is(err, mq.ErrMessageTooLarge) {
+		t.Fatalf("a message one byte over: %v, want ErrMessageTooLarge", err)
+	}
+	for _, send := range [][]*mq.Message{{biggest}, batch, {early}} {
+		if _, err := sendAgain(ctx, p, send...); err != nil {
+			t.Fatalf("%d messages of %d bytes: %v", len(send), len(send[0].Body), err)
+		}
+	}
+	res, err := sendAgain(ctx, p, late)
+	if err != nil || !res[0].Delayed {
+		t.Fatalf("the latest DeliverAt: %v, %v", res, err)
+	}
+	col := collect(t, c.nodes[others[1]], r3, "g")
+	want := append([]*mq.Message{biggest}, append(batch, early)...)
+	for _, w := range want {
+		waitSeen(t, col, w.ID)
+		got := col.byID(w.ID)
+		if !bytes.Equal(got.Body, w.Body) || got.Key != w.Key || !got.Timestamp.Equal(w.Timestamp) {
+			t.Errorf("%.20s... delivered with %d bytes, key %q, at %v; sent %d bytes, key %q, at %v", w.ID,
+				len(got.Body), got.Key, got.Timestamp, len(w.Body), w.Key, w.Timestamp)
+		}
+		read, err := c.nodes[lead].ReadMessage(ctx, r3, 0, w.Offset)
+		if err != nil || read.ID != w.ID || !bytes.Equal(read.Body, w.Body) {
+			t.Errorf("%.20s... read at %d through the leader's node: %v", w.ID, w.Offset, err)
+		}
+	}
+	if _, err := c.nodes[lead].ReadMessage(ctx, r3, 0, int64(len(want))); !errors.Is(err, mq.ErrNoMessage) {
+		t.Errorf("the message delayed to 2262 is in the log: %v", err)
+	}
+	if col.count("x-over") != 0 || col.count("x-late") != 0 {
+		t.Error("a message refused, or delayed to 2262, delivered")
+	}
+}
