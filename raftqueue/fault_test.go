@@ -65,13 +65,23 @@ type faultCluster struct {
 	// Guarded by cluster.mu.
 	layers []*tcpLayer // TCP: replica i's stream layer
 	logs   []*WALLog   // replica i's raft log, nil while down
+	// openLog opens replica i's WAL and its raft log, given the replica's
+	// directory; nil: openNodeLog in it.
+	openLog func(i int, dir string) (*store.WAL, *WALLog, error)
 }
 
 func newFaultCluster(t testing.TB, tcp bool) *faultCluster {
 	t.Helper()
+	return newFaultClusterLogs(t, tcp, nil)
+}
+
+// newFaultClusterLogs is newFaultCluster with the replicas' WALs opened by
+// openLog (nil: in their directories).
+func newFaultClusterLogs(t testing.TB, tcp bool, openLog func(i int, dir string) (*store.WAL, *WALLog, error)) *faultCluster {
+	t.Helper()
 	const n = 3
 	base := t.TempDir()
-	c := &faultCluster{cluster: &cluster{t: t, conf: faultConfig()}, tcp: tcp}
+	c := &faultCluster{cluster: &cluster{t: t, conf: faultConfig()}, tcp: tcp, openLog: openLog}
 	c.layers, c.logs = make([]*tcpLayer, n), make([]*WALLog, n)
 	c.trans, c.groups, c.wals = make([]*raft.InmemTransport, n), make([]*Group, n), make([]*store.WAL, n)
 	t.Cleanup(c.close)
@@ -119,7 +129,14 @@ func (c *faultCluster) start(i int) {
 		inner = c.inmem(i)
 	}
 	trans := newFaultTransport(inner, c.net, i, c.ids[i], c.tcp)
-	w, l, err := openNodeLog(filepath.Join(c.dirs[i], "wal"))
+	var w *store.WAL
+	var l *WALLog
+	var err error
+	if c.openLog != nil {
+		w, l, err = c.openLog(i, c.dirs[i])
+	} else {
+		w, l, err = openNodeLog(filepath.Join(c.dirs[i], "wal"))
+	}
 	if err != nil {
 		trans.Close()
 		c.t.Fatalf("open the log of %s: %v", c.ids[i], err)
@@ -461,7 +478,12 @@ var transports = []struct {
 // (healing after each, acks going on between), and checks the history.
 func runFaults(t *testing.T, tcp bool, times int, fault func(c *faultCluster, w *workload)) verdict {
 	t.Helper()
-	c := newFaultCluster(t, tcp)
+	return runFaultsOn(t, newFaultCluster(t, tcp), times, fault)
+}
+
+// runFaultsOn is runFaults on the cluster c.
+func runFaultsOn(t *testing.T, c *faultCluster, times int, fault func(c *faultCluster, w *workload)) verdict {
+	t.Helper()
 	w := startWorkload(c)
 	w.progress(30)
 	start := time.Now()
