@@ -663,6 +663,10 @@ func (m *MQ) partitions(name string) (Options, []partition.Partition, error) {
 	return Options{Type: Type(t.Type)}, t.Parts, nil
 }
 
+// getMessage reads a message, ending with ctx where reads may wait (a Raft3
+// partition's leader): ReadMessage's partition argument hides the package.
+var getMessage = partition.Get
+
 // ReadMessage returns the message stored at offset in one partition of
 // topic, without a consumer and without touching any group's offset. It is
 // meant for inspection (an operator's tool, tests): consumers read in order and are
@@ -689,7 +693,7 @@ func (m *MQ) ReadMessage(ctx context.Context, topic string, partition int, offse
 	if offset < 0 {
 		return nil, fmt.Errorf("%w: %s/%d offset %d", ErrNoMessage, topic, partition, offset)
 	}
-	sm, ok, err := parts[partition].Get(uint64(offset))
+	sm, ok, err := getMessage(ctx, parts[partition], uint64(offset))
 	if err != nil {
 		return nil, fmt.Errorf("read %s/%d at %d: %w", topic, partition, offset, translate(err))
 	}

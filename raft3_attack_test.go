@@ -1136,3 +1136,58 @@ func TestRaft3Attack_Limits(t *testing.T) {
 		t.Error("a message refused, or delayed to 2262, delivered")
 	}
 }
+
+// TestRaft3Attack_NoQuorumReads: the calls that take a ctx but reach the
+// partition through a read that takes none (ReadMessage: Get; ResetOffset
+// to a time: SeekTime; ResolveTx: HalfTxs) return ErrNoQuorum wrapping
+// their ctx's error soon after it ends, not after the partition's 10 s
+// CallTimeout.
+func TestRaft3Attack_NoQuorumReads(t *testing.T) {
+	c := raft3Cluster(t, 3, 1, nil)
+	n1 := c.nodes["n1"]
+	p, err := n1.NewProducer(r3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.SendMessage(context.Background(), &mq.Message{ID: "x-0"}); err != nil {
+		t.Fatal(err)
+	}
+	c.kill("n2")
+	c.kill("n3")
+	waitFor(t, 20*time.Second, "n1 without a leader", func() bool {
+		l, _ := mq.Raft3Leader(n1, r3, 0)
+		return l == ""
+	})
+	calls := []struct {
+		name string
+		call func(ctx context.Context) error
+	}{
+		{"ReadMessage", func(ctx context.Context) error {
+			_, err := n1.ReadMessage(ctx, r3, 0, 0)
+			return err
+		}},
+		{"ResetOffsetToTime", func(ctx context.Context) error {
+			return n1.ResetOffset(ctx, r3, "g", mq.SeekTime(time.Now()))
+		}},
+		{"ResolveTx", func(ctx context.Context) error {
+			_, err := n1.ResolveTx(ctx, "0123456789abcdef-1", mq.TxRollback)
+			return err
+		}},
+	}
+	const deadline = 300 * time.Millisecond
+	for _, cl := range calls {
+		t.Run(cl.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			start := time.Now()
+			err := cl.call(ctx)
+			if took := time.Since(start); took > deadline+5*time.Second {
+				t.Errorf("returned %v after its ctx ended: not promptly", took-deadline)
+			}
+			if !errors.Is(err, mq.ErrNoQuorum) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("without a quorum: %v, want ErrNoQuorum wrapping context.DeadlineExceeded", err)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -46,7 +47,7 @@ func (e *Engine) Reset(ctx context.Context, topic, name string, to Position) err
 		if to.Kind == PosOffset && i != to.Partition {
 			continue
 		}
-		off, err := target(p, to)
+		off, err := target(ctx, p, to)
 		if err != nil {
 			return fmt.Errorf("reset %s/%d for %s: %w", topic, i, name, err)
 		}
@@ -74,7 +75,7 @@ func (e *Engine) Reset(ctx context.Context, topic, name string, to Position) err
 }
 
 // target resolves to in one partition.
-func target(p Partition, to Position) (uint64, error) {
+func target(ctx context.Context, p Partition, to Position) (uint64, error) {
 	st := p.Stats()
 	switch to.Kind {
 	case PosFirst:
@@ -82,7 +83,7 @@ func target(p Partition, to Position) (uint64, error) {
 	case PosLast:
 		return st.Next, nil
 	case PosTime:
-		return p.SeekTime(to.Time)
+		return partition.SeekTime(ctx, p, to.Time)
 	}
 	if to.Offset > st.Next {
 		return 0, fmt.Errorf("%w: %d past the end %d", ErrInvalidOffset, to.Offset, st.Next)

@@ -39,6 +39,44 @@ type Partition interface {
 	Close() error
 }
 
+// Reads that may wait: a partition that must find its group's leader first
+// (Raft3) also implements them with a ctx, which Get, SeekTime and HalfTxs
+// below use when it does; the others answer at once.
+
+// Get is p.Get, ending with ctx when p's reads may wait.
+func Get(ctx context.Context, p interface {
+	Get(offset uint64) (store.Message, bool, error)
+}, offset uint64) (store.Message, bool, error) {
+	if c, ok := p.(interface {
+		GetContext(context.Context, uint64) (store.Message, bool, error)
+	}); ok {
+		return c.GetContext(ctx, offset)
+	}
+	return p.Get(offset)
+}
+
+// SeekTime is p.SeekTime, ending with ctx when p's reads may wait.
+func SeekTime(ctx context.Context, p interface{ SeekTime(int64) (uint64, error) }, t int64) (uint64, error) {
+	if c, ok := p.(interface {
+		SeekTimeContext(context.Context, int64) (uint64, error)
+	}); ok {
+		return c.SeekTimeContext(ctx, t)
+	}
+	return p.SeekTime(t)
+}
+
+// HalfTxs is p.HalfTxs, ending with ctx when p's reads may wait.
+func HalfTxs(ctx context.Context, p interface {
+	HalfTxs(fn func(store.HalfTx) bool) error
+}, fn func(store.HalfTx) bool) error {
+	if c, ok := p.(interface {
+		HalfTxsContext(context.Context, func(store.HalfTx) bool) error
+	}); ok {
+		return c.HalfTxsContext(ctx, fn)
+	}
+	return p.HalfTxs(fn)
+}
+
 // Local is a partition stored on this node. It is the partition's only
 // proposer: Apply stamps a command that carries no time with the node's
 // clock, so producers and consumers never choose it. Only the engines that

@@ -283,6 +283,29 @@ func (r *Raft3) Get(offset uint64) (m store.Message, ok bool, err error) {
 	return m, ok, err
 }
 
+// GetContext is Get ending with ctx (partition.Get).
+func (r *Raft3) GetContext(ctx context.Context, offset uint64) (m store.Message, ok bool, err error) {
+	err = r.read(ctx, func(p partition.Partition) (err error) {
+		m, ok, err = p.Get(offset)
+		return err
+	})
+	return m, ok, err
+}
+
+// SeekTimeContext is SeekTime ending with ctx (partition.SeekTime).
+func (r *Raft3) SeekTimeContext(ctx context.Context, t int64) (off uint64, err error) {
+	err = r.read(ctx, func(p partition.Partition) (err error) {
+		off, err = p.SeekTime(t)
+		return err
+	})
+	return off, err
+}
+
+// HalfTxsContext is HalfTxs ending with ctx (partition.HalfTxs).
+func (r *Raft3) HalfTxsContext(ctx context.Context, fn func(store.HalfTx) bool) error {
+	return r.read(ctx, func(p partition.Partition) error { return p.HalfTxs(fn) })
+}
+
 // Stats returns the leader's, or this node's replica's while no leader
 // answers (zero without a replica here).
 func (r *Raft3) Stats() store.Stats {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/localtx"
 	"github.com/zeze-go/mq/store"
 )
@@ -120,18 +121,18 @@ type halfInfo struct {
 }
 
 // halves scans every partition's undecided transactions.
-func (n *Node) halves() (map[string]*halfInfo, error) { return n.halvesIn(nil) }
+func (n *Node) halves(ctx context.Context) (map[string]*halfInfo, error) { return n.halvesIn(ctx, nil) }
 
 // halvesIn scans the undecided transactions of the partitions in (every
 // partition if in is nil).
-func (n *Node) halvesIn(in func(topic string, part int) bool) (map[string]*halfInfo, error) {
+func (n *Node) halvesIn(ctx context.Context, in func(topic string, part int) bool) (map[string]*halfInfo, error) {
 	out := map[string]*halfInfo{}
 	var err error
 	n.eachPartition(func(ref Ref, part Partition) bool {
 		if in != nil && !in(ref.Topic, ref.Part) {
 			return true
 		}
-		err = part.HalfTxs(func(h store.HalfTx) bool {
+		err = partition.HalfTxs(ctx, part, func(h store.HalfTx) bool {
 			hi := out[h.TxID]
 			if hi == nil {
 				hi = &halfInfo{producer: h.Producer, firstSeen: h.FirstSeen}
@@ -199,7 +200,7 @@ func (n *Node) due(hi *halfInfo) bool {
 // counts an unanswered check, and one whose preparer cannot be reached: the
 // transaction waits for it, and is parked after MaxChecks.
 func (n *Node) checkBack(ctx context.Context) {
-	all, err := n.halvesIn(n.cfg.Owned)
+	all, err := n.halvesIn(ctx, n.cfg.Owned)
 	if err != nil {
 		if ctx.Err() == nil {
 			n.cfg.Logger.Warn("check-back cannot list half messages", "err", err)

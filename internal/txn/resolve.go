@@ -24,7 +24,7 @@ type Parked struct {
 // Parked lists the transactions parked in the partitions whose check-back
 // this node runs (Config.Owned), oldest first.
 func (n *Node) Parked() ([]Parked, error) {
-	all, err := n.halvesIn(n.cfg.Owned)
+	all, err := n.halvesIn(context.Background(), n.cfg.Owned)
 	if err != nil {
 		return nil, err
 	}
@@ -48,7 +48,7 @@ func (n *Node) Parked() ([]Parked, error) {
 
 // Pending counts the transactions with undecided half messages.
 func (n *Node) Pending() (int, error) {
-	all, err := n.halves()
+	all, err := n.halves(context.Background())
 	return len(all), err
 }
 
@@ -61,7 +61,7 @@ func (n *Node) Pending() (int, error) {
 // store that cannot answer or a row that cannot be read (ErrCorrupt) fails
 // the call, and nothing is decided.
 func (n *Node) Resolve(ctx context.Context, txid string, d store.Decision) (store.Decision, error) {
-	all, err := n.halves()
+	all, err := n.halves(ctx)
 	if err != nil {
 		return store.Undecided, err
 	}
