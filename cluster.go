@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -37,7 +38,16 @@ type clusterNode struct {
 	agent   *cluster.Agent
 	coord   *cluster.Coordinator // the delivery engine's
 	refused refusals             // acl.go
+	// started is agent once openCluster has set it: the agent serves RPC
+	// (served, authorize, checkTx) before OpenAgent returns, and those
+	// callbacks answer only once it is set (which orders their reads of
+	// agent after its write).
+	started atomic.Pointer[cluster.Agent]
 }
+
+// errStarting is what another node's call gets while this node's agent is
+// being opened; the caller tries again.
+var errStarting = fmt.Errorf("%w: the node is starting", store.ErrClosed)
 
 // openCluster starts the node's agent. The topic table follows the
 // metadata group from then on (syncLoop, started with the background).
@@ -63,6 +73,7 @@ func (m *MQ) openCluster() error {
 		return fmt.Errorf("mq: cluster: %w", translate(err))
 	}
 	cn.agent = agent
+	cn.started.Store(agent)
 	cn.coord = cluster.NewCoordinator(agent, func(topic string) { m.delivery.Rebalance(topic) })
 	m.cluster = cn
 	return nil
@@ -266,6 +277,9 @@ func (cn *clusterNode) partition(topic string, typ uint8, i int, pl cluster.Part
 // (the metadata group's change reaches the nodes one after the other): it
 // waits a little for it.
 func (cn *clusterNode) served(topic string, i int) (partition.Partition, error) {
+	if cn.started.Load() == nil {
+		return nil, errStarting
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		t, ok := cn.m.topics.Get(topic)
@@ -295,6 +309,9 @@ func (cn *clusterNode) served(topic string, i int) (partition.Partition, error) 
 // prepare must name truly), Admin otherwise; a reset needs Admin, as
 // ResetOffset and Seek do where they start.
 func (cn *clusterNode) authorize(peer, topic string, index int, op uint16, cmd *store.Command) error {
+	if cn.started.Load() == nil {
+		return errStarting
+	}
 	if meta.IsSystemTopic(topic) {
 		return nil
 	}
@@ -361,6 +378,9 @@ func (cn *clusterNode) halfProducer(topic string, index int, txid string) (strin
 // checkTx answers another node's check-back of a transaction this node
 // prepared (internal/txn's CheckBack).
 func (cn *clusterNode) checkTx(ctx context.Context, txid string, parts []cluster.PartRef) (store.Decision, error) {
+	if cn.started.Load() == nil {
+		return store.Undecided, errStarting
+	}
 	node := cn.m.cfg.tx.node
 	if node == nil { // not started yet: as if running
 		return store.Undecided, nil
