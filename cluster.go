@@ -366,9 +366,7 @@ func (cn *clusterNode) halfProducer(topic string, index int, txid string) (strin
 	case *partition.Local:
 		return p.HalfProducer(txid)
 	case *replica.Raft3:
-		if l, ok := p.Leading().(interface {
-			HalfProducer(string) (string, bool, error)
-		}); ok {
+		if l := p.Leading(); l != nil {
 			return l.HalfProducer(txid)
 		}
 	}

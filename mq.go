@@ -663,10 +663,6 @@ func (m *MQ) partitions(name string) (Options, []partition.Partition, error) {
 	return Options{Type: Type(t.Type)}, t.Parts, nil
 }
 
-// getMessage reads a message, ending with ctx where reads may wait (a Raft3
-// partition's leader): ReadMessage's partition argument hides the package.
-var getMessage = partition.Get
-
 // ReadMessage returns the message stored at offset in one partition of
 // topic, without a consumer and without touching any group's offset. It is
 // meant for inspection (an operator's tool, tests): consumers read in order and are
@@ -676,7 +672,7 @@ var getMessage = partition.Get
 // ErrNoMessage (no message at offset), ErrCorrupt (the stored record fails
 // its checksum: the bytes on disk are not the message that was written),
 // ErrClosed, or ctx's error.
-func (m *MQ) ReadMessage(ctx context.Context, topic string, partition int, offset int64) (*Message, error) {
+func (m *MQ) ReadMessage(ctx context.Context, topic string, part int, offset int64) (*Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -687,18 +683,18 @@ func (m *MQ) ReadMessage(ctx context.Context, topic string, partition int, offse
 	if err != nil {
 		return nil, err
 	}
-	if partition < 0 || partition >= len(parts) {
-		return nil, fmt.Errorf("%w: partition %d of %s (0..%d)", ErrInvalidPartition, partition, topic, len(parts)-1)
+	if part < 0 || part >= len(parts) {
+		return nil, fmt.Errorf("%w: partition %d of %s (0..%d)", ErrInvalidPartition, part, topic, len(parts)-1)
 	}
 	if offset < 0 {
-		return nil, fmt.Errorf("%w: %s/%d offset %d", ErrNoMessage, topic, partition, offset)
+		return nil, fmt.Errorf("%w: %s/%d offset %d", ErrNoMessage, topic, part, offset)
 	}
-	sm, ok, err := getMessage(ctx, parts[partition], uint64(offset))
+	sm, ok, err := partition.Get(ctx, parts[part], uint64(offset))
 	if err != nil {
-		return nil, fmt.Errorf("read %s/%d at %d: %w", topic, partition, offset, translate(err))
+		return nil, fmt.Errorf("read %s/%d at %d: %w", topic, part, offset, translate(err))
 	}
 	if !ok {
-		return nil, fmt.Errorf("%w: %s/%d offset %d", ErrNoMessage, topic, partition, offset)
+		return nil, fmt.Errorf("%w: %s/%d offset %d", ErrNoMessage, topic, part, offset)
 	}
-	return fromStore(topic, partition, &sm), nil
+	return fromStore(topic, part, &sm), nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -71,12 +70,9 @@ func openRaft3Cluster(ctx context.Context, b *bench) ([]*mq.MQ, error) {
 	var nodes []*mq.MQ
 	var seeds []string
 	for _, id := range raft3Nodes {
-		m, err := mq.Open(filepath.Join(b.dir, id), mq.WithCluster(mq.ClusterConfig{
-			NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: remoteSecret,
-			// As on a LAN under load (research §8.3): the machine runs
-			// three nodes and their fsyncs on two cores.
-			ElectionTimeout: time.Second,
-		}))
+		// Timeouts as on a LAN under load (research §8.3): the machine
+		// runs three nodes and their fsyncs on two cores.
+		m, err := b.openNodeWith(id, time.Second, seeds...)
 		if err != nil {
 			return nodes, err
 		}

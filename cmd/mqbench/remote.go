@@ -163,9 +163,14 @@ func runRemote(ctx context.Context, b *bench) (result, error) {
 // openNode opens cluster node id in the case's directory on 127.0.0.1, a
 // port of its own, joining through seeds (none: it starts the cluster).
 func (b *bench) openNode(id string, seeds ...string) (*mq.MQ, error) {
+	return b.openNodeWith(id, 300*time.Millisecond, seeds...)
+}
+
+// openNodeWith is openNode with the nodes' raft election timeout.
+func (b *bench) openNodeWith(id string, election time.Duration, seeds ...string) (*mq.MQ, error) {
 	return mq.Open(filepath.Join(b.dir, id), mq.WithCluster(mq.ClusterConfig{
 		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: remoteSecret,
-		ElectionTimeout: 300 * time.Millisecond,
+		ElectionTimeout: election,
 	}))
 }
 

@@ -410,22 +410,25 @@ func (r *Raft3) Close() error {
 // other nodes: it answers only while it leads (raftqueue.ErrNotLeader
 // otherwise, which sends the caller on), so a call is never forwarded
 // twice. Nil when this node holds no replica.
-func (r *Raft3) Leading() partition.Partition {
+func (r *Raft3) Leading() *Leading {
 	if r.cfg.Group == nil {
 		return nil
 	}
-	return &leading{r: r}
+	return &Leading{r: r}
 }
 
-// leading is Raft3.Leading.
-type leading struct{ r *Raft3 }
+// Leading is what Raft3.Leading returns: a partition.Partition, and the
+// half messages' producer for the partition service's ACL.
+type Leading struct{ r *Raft3 }
+
+var _ partition.Partition = (*Leading)(nil)
 
 // partition returns the replica's partition if it leads.
-func (l *leading) partition(ctx context.Context) (*store.Partition, error) {
+func (l *Leading) partition(ctx context.Context) (*store.Partition, error) {
 	return l.r.cfg.Group.LeaderPartition(ctx)
 }
 
-func (l *leading) call(fn func(p *store.Partition) error) error {
+func (l *Leading) call(fn func(p *store.Partition) error) error {
 	ctx, cancel := context.WithTimeout(l.r.ctx, l.r.cfg.CallTimeout)
 	defer cancel()
 	p, err := l.partition(ctx)
@@ -435,11 +438,11 @@ func (l *leading) call(fn func(p *store.Partition) error) error {
 	return fn(p)
 }
 
-func (l *leading) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+func (l *Leading) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
 	return applyLeading(ctx, l.r.cfg.Group, cmd, l.r.cfg.Now)
 }
 
-func (l *leading) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error) {
+func (l *Leading) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error) {
 	p, err := l.partition(ctx)
 	if err != nil {
 		return nil, err
@@ -447,7 +450,7 @@ func (l *leading) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst
 	return p.Fetch(ctx, from, max, maxBytes, dst)
 }
 
-func (l *leading) Get(offset uint64) (m store.Message, ok bool, err error) {
+func (l *Leading) Get(offset uint64) (m store.Message, ok bool, err error) {
 	err = l.call(func(p *store.Partition) (err error) {
 		m, ok, err = p.Get(offset)
 		return err
@@ -456,7 +459,7 @@ func (l *leading) Get(offset uint64) (m store.Message, ok bool, err error) {
 }
 
 // Stats is the replica's, leading or not: advisory.
-func (l *leading) Stats() store.Stats {
+func (l *Leading) Stats() store.Stats {
 	p, err := l.r.cfg.Group.Partition()
 	if err != nil {
 		return store.Stats{}
@@ -464,7 +467,7 @@ func (l *leading) Stats() store.Stats {
 	return p.Stats()
 }
 
-func (l *leading) Group(name string) (g store.GroupState, ok bool, err error) {
+func (l *Leading) Group(name string) (g store.GroupState, ok bool, err error) {
 	err = l.call(func(p *store.Partition) (err error) {
 		g, ok, err = p.Group(name)
 		return err
@@ -472,7 +475,7 @@ func (l *leading) Group(name string) (g store.GroupState, ok bool, err error) {
 	return g, ok, err
 }
 
-func (l *leading) GroupStates() (gs map[string]store.GroupState, err error) {
+func (l *Leading) GroupStates() (gs map[string]store.GroupState, err error) {
 	err = l.call(func(p *store.Partition) (err error) {
 		gs, err = p.GroupStates()
 		return err
@@ -480,7 +483,7 @@ func (l *leading) GroupStates() (gs map[string]store.GroupState, err error) {
 	return gs, err
 }
 
-func (l *leading) SeekTime(t int64) (off uint64, err error) {
+func (l *Leading) SeekTime(t int64) (off uint64, err error) {
 	err = l.call(func(p *store.Partition) (err error) {
 		off, err = p.SeekTime(t)
 		return err
@@ -488,7 +491,7 @@ func (l *leading) SeekTime(t int64) (off uint64, err error) {
 	return off, err
 }
 
-func (l *leading) NextDue() (due int64, ok bool, err error) {
+func (l *Leading) NextDue() (due int64, ok bool, err error) {
 	err = l.call(func(p *store.Partition) (err error) {
 		due, ok, err = p.NextDue()
 		return err
@@ -496,11 +499,11 @@ func (l *leading) NextDue() (due int64, ok bool, err error) {
 	return due, ok, err
 }
 
-func (l *leading) HalfTxs(fn func(store.HalfTx) bool) error {
+func (l *Leading) HalfTxs(fn func(store.HalfTx) bool) error {
 	return l.call(func(p *store.Partition) error { return p.HalfTxs(fn) })
 }
 
-func (l *leading) Decision(txid string) (d store.Decision, err error) {
+func (l *Leading) Decision(txid string) (d store.Decision, err error) {
 	err = l.call(func(p *store.Partition) (err error) {
 		d, err = p.Decision(txid)
 		return err
@@ -509,11 +512,11 @@ func (l *leading) Decision(txid string) (d store.Decision, err error) {
 }
 
 // Close does nothing: the Raft3 partition owns the replica.
-func (l *leading) Close() error { return nil }
+func (l *Leading) Close() error { return nil }
 
 // HalfProducer returns the producer of txid's half messages on the leader
 // (this node's replica must lead).
-func (l *leading) HalfProducer(txid string) (producer string, ok bool, err error) {
+func (l *Leading) HalfProducer(txid string) (producer string, ok bool, err error) {
 	err = l.call(func(p *store.Partition) (err error) {
 		producer, ok, err = p.HalfProducer(txid)
 		return err
