@@ -473,15 +473,31 @@ func (cn *clusterNode) openRaft3(topic string, i int, replicas []string) (partit
 func (cn *clusterNode) openReplica(topic string, i int, replicas []string) (*raftqueue.Group, error) {
 	m := cn.m
 	name := raft3Name(topic, i)
+	// The log stays in raftLogs until the replica opened: a stream is
+	// retained once per WAL, and a failed open is tried again at the
+	// metadata state's next change.
 	log, ok := m.raftLogs[name]
-	if ok {
-		delete(m.raftLogs, name)
-	} else {
+	if !ok {
 		var err error
 		if log, err = raftqueue.OpenWALLog(m.wal, name); err != nil {
 			return nil, err
 		}
+		if m.raftLogs == nil {
+			m.raftLogs = map[string]*raftqueue.WALLog{}
+		}
+		m.raftLogs[name] = log
 	}
+	g, err := cn.openGroup(topic, i, name, log, replicas)
+	if err == nil {
+		delete(m.raftLogs, name)
+	}
+	return g, err
+}
+
+// openGroup opens this node's replica of partition i of topic, its raft
+// group name, its log log, and bootstraps it (see openReplica).
+func (cn *clusterNode) openGroup(topic string, i int, name string, log *raftqueue.WALLog, replicas []string) (*raftqueue.Group, error) {
+	m := cn.m
 	layer, err := cn.agent.RaftMux().Layer(name)
 	if err != nil {
 		return nil, err
