@@ -244,7 +244,7 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 		topics: partition.NewTable(nil),
 	}
 	m.upkeep = upkeep.Config{Clock: cfg.clock, Retention: cfg.retention, RetentionBytes: cfg.retentionBytes,
-		DedupWindow: cfg.dedupWindow, DecisionTTL: cfg.decisionTTL, Interval: cfg.maintenanceInterval,
+		Consumed: cfg.retentionConsumed, DedupWindow: cfg.dedupWindow, DecisionTTL: cfg.decisionTTL, Interval: cfg.maintenanceInterval,
 		DecideTTL: cfg.tx.prune.DecideTTL, BroadcastTTL: cfg.broadcastTTL}
 	// One write-ahead log for the node: one fdatasync covers the sends of
 	// every partition (store/wal.go). Whatever the options, Open recovers

@@ -68,6 +68,7 @@ type config struct {
 	// Upkeep (maintenance.go).
 	retention           time.Duration // 0: no age limit
 	retentionBytes      int64         // per partition; 0: no size limit
+	retentionConsumed   bool          // also delete what every group committed past
 	decisionTTL         time.Duration
 	maintenanceInterval time.Duration
 	broadcastTTL        time.Duration // 0: broadcast offsets are kept forever
@@ -188,6 +189,22 @@ func WithRetention(d time.Duration) Option {
 			return fmt.Errorf("%w: retention %v", ErrInvalidOption, d)
 		}
 		c.retention = d
+		return nil
+	}
+}
+
+// WithRetentionConsumed also deletes, from the head of each partition, the
+// messages that every consumer group of the partition (every broadcast
+// instance too) has committed past: JetStream's interest retention, the
+// draft's dropping of the consumed head. A partition no group has consumed
+// keeps its messages; a group created later, or a ResetOffset to an earlier
+// offset, finds them gone. The age and size limits still apply. A Raft3
+// snapshot holds the partition's live state, so with this option it holds
+// only what some group still needs. Off by default: consumed messages stay
+// until the age or size limit, as in RocketMQ.
+func WithRetentionConsumed() Option {
+	return func(c *config) error {
+		c.retentionConsumed = true
 		return nil
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -149,6 +150,44 @@ func TestRetention_Age(t *testing.T) {
 	}
 	if lost, ok := logs.find("retention", "lost"); lost != "90" {
 		t.Errorf("consumer logged lost=%q (found %v), want 90", lost, ok)
+	}
+}
+
+// TestRetention_Consumed deletes what every group has committed past, and
+// nothing before the slowest group has moved.
+func TestRetention_Consumed(t *testing.T) {
+	m, p := openWithTopic(t, "read", 1, mq.WithRetentionConsumed(), mq.WithMaintenanceInterval(20*time.Millisecond))
+	sendBodies(t, p, "a", 50)
+	fast := &arrivals{}
+	cf := mustConsume(t, m, "read", "fast", fast)
+	waitFor(t, 10*time.Second, "fast's 50 messages", func() bool { return fast.len() == 50 })
+	cf.Close() // commits its offset: 50
+
+	// "slow" exists (it claimed the partition) but holds its first message.
+	var slowN atomic.Int64
+	gate := make(chan struct{})
+	cs := mustConsume(t, m, "read", "slow", mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
+		if msg.Offset == 0 {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		slowN.Add(1)
+		return nil
+	}))
+	time.Sleep(300 * time.Millisecond) // fifteen upkeep rounds
+	if !stored(t, m, "read", 0, 0) {
+		t.Fatal("offset 0 deleted while group slow has not committed past it")
+	}
+	close(gate)
+	waitFor(t, 10*time.Second, "slow's 50 messages", func() bool { return slowN.Load() == 50 })
+	cs.Close()
+	waitFor(t, 20*time.Second, "the consumed head trimmed", func() bool { return !stored(t, m, "read", 0, 49) })
+	sendBodies(t, p, "b", 1)
+	if !stored(t, m, "read", 0, 50) {
+		t.Fatal("offset 50, consumed by no group, was deleted")
 	}
 }
 

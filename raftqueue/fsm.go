@@ -1,11 +1,11 @@
 package raftqueue
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -164,15 +164,12 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	return out
 }
 
-// Snapshot format: snapMagic, then the partition file as a bbolt copy. The
-// copy is taken in Persist, concurrently with Apply, so it may hold commands
-// after the snapshot's index: it records its own position, and the replica
-// that restores it skips what it holds.
-const snapMagic = "ZQS\x01"
-
-// Snapshot returns a snapshot whose Persist copies the partition once the
-// file holds everything applied by now (and is synced): raft compacts its
-// log only after Persist returns.
+// Snapshot returns a snapshot whose Persist writes the partition's state
+// (store.WriteSnapshot: its live keys, so a trimmed head costs nothing) once
+// the file holds everything applied by now and is synced: raft compacts its
+// log only after Persist returns. Persist runs concurrently with Apply, so
+// the state may hold commands after the snapshot's index: it records its own
+// position, and the replica that restores it skips what it holds.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	return &snapshot{f: f}, nil
 }
@@ -186,14 +183,8 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 		if s.f.failed != nil {
 			return s.f.failed
 		}
-		w := bufio.NewWriterSize(sink, 1<<16)
-		if _, err := w.WriteString(snapMagic); err != nil {
-			return err
-		}
-		if _, err := s.f.part.CopyTo(w); err != nil {
-			return err
-		}
-		return w.Flush()
+		_, err := s.f.part.WriteSnapshot(sink)
+		return err
 	}()
 	if err != nil {
 		_ = sink.Cancel()
@@ -204,41 +195,18 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 
 func (s *snapshot) Release() {}
 
-// Restore replaces the partition by the snapshot's copy (a follower too far
+// Restore replaces the partition by the snapshot's state (a follower too far
 // behind the leader's log, sent the leader's snapshot).
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	tmp := f.path + ".restore"
-	if err := writeSnapshotFile(tmp, rc); err != nil {
-		_ = os.Remove(tmp)
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("raftqueue: restore: %w", err)
+	}
+	if err := store.RestoreSnapshot(tmp, rc); err != nil {
 		return fmt.Errorf("raftqueue: restore: %w", err)
 	}
 	return f.replace(tmp)
-}
-
-// writeSnapshotFile checks the snapshot's magic and writes the file it
-// holds to path, synced.
-func writeSnapshotFile(path string, r io.Reader) error {
-	var magic [len(snapMagic)]byte
-	if _, err := io.ReadFull(r, magic[:]); err != nil {
-		return err
-	}
-	if string(magic[:]) != snapMagic {
-		return fmt.Errorf("%w: snapshot magic %q", store.ErrCorrupt, magic[:])
-	}
-	out, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, r); err != nil {
-		out.Close()
-		return err
-	}
-	if err := out.Sync(); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 // replace closes the partition, moves the file at tmp into its place and

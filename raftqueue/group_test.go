@@ -1,9 +1,11 @@
 package raftqueue
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -308,6 +310,81 @@ func TestGroup_InstallSnapshot(t *testing.T) {
 		}
 	}
 	c.identical(230)
+}
+
+// A snapshot taken after the consumed head was trimmed holds the live state
+// only (not the file, which keeps its freed pages), and a follower that
+// installs it holds the same log, groups and dedup index as the leader.
+func TestGroup_InstallSnapshotConsumed(t *testing.T) {
+	conf := testRaftConfig()
+	conf.TrailingLogs = 10
+	conf.SnapshotThreshold = 1 << 20 // only the snapshot asked for below
+	c := newClusterWith(t, 3, conf)
+	l := c.leader()
+	f := (l + 1) % 3
+	ctx := context.Background()
+	c.stop(f)
+	body := bytes.Repeat([]byte{'x'}, 4096)
+	for k := range 200 {
+		m := msg(fmt.Sprintf("a%d", k))
+		m.Body = body
+		if _, err := c.send(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.apply(ctx, store.Command{Op: store.OpCommitOffset, Group: "g", Offset: 195}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.apply(ctx, store.Command{Op: store.OpTrim, Consumed: true})
+	if err != nil || res.Count != 195 {
+		t.Fatalf("trim of the consumed head: %+v, %v; want 195 deleted", res, err)
+	}
+	for k := range 20 { // entries past the trim, so the log is compacted behind it
+		if _, err := c.send(ctx, msg(fmt.Sprintf("b%d", k))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l = c.leader()
+	if err := c.group(l).Raft().Snapshot().Error(); err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	snaps, err := raft.NewFileSnapshotStore(c.dirs[l], 2, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := snaps.List()
+	if err != nil || len(list) == 0 {
+		t.Fatalf("the leader's snapshots: %v, %v", list, err)
+	}
+	if size := list[0].Size; size > 100<<10 {
+		t.Fatalf("snapshot of %d bytes after trimming 195 of 200 messages of 4 KiB (the partition file holds them in freed pages)", size)
+	} else {
+		t.Logf("snapshot of %d bytes", size)
+	}
+	c.start(f)
+	log := c.identical(220)
+	if n := c.group(f).fsm.restores.Load(); n == 0 {
+		t.Fatalf("%s caught up without installing a snapshot", c.ids[f])
+	}
+	if len(log) != 25 || log[0].Offset != 195 {
+		t.Fatalf("log after the trim: %d messages from %d, want 25 from 195", len(log), log[0].Offset)
+	}
+	p, err := c.group(f).Partition()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off, ok, err := p.GroupOffset("g"); err != nil || !ok || off != 195 {
+		t.Fatalf("%s's group g: %d %v %v, want 195", c.ids[f], off, ok, err)
+	}
+	// The dedup index came with the snapshot: a retried a199 is a duplicate
+	// at its first offset, wherever the leader now is.
+	c.stop(l)
+	m := msg("a199")
+	m.Body = body
+	res, err = c.send(ctx, m)
+	if err != nil || !res.Acks[0].Duplicate || res.Acks[0].Offset != 199 {
+		t.Fatalf("a199 again after the leader's loss: %+v, %v; want a duplicate at 199", res.Acks, err)
+	}
 }
 
 // A leader cut off while its entry is being committed steps down: the

@@ -216,10 +216,10 @@ func (c *cluster) leader() int {
 	return -1
 }
 
-// send appends msgs through whoever leads, retrying on ErrNotLeader and
-// ErrUnknownOutcome with the same message IDs (the store deduplicates them),
-// and returns the result of the attempt that got one.
-func (c *cluster) send(ctx context.Context, msgs ...store.Message) (store.Result, error) {
+// apply runs cmd (stamped t0) through whoever leads, retrying as send does:
+// cmd must be one that a second apply leaves as the first left it.
+func (c *cluster) apply(ctx context.Context, cmd store.Command) (store.Result, error) {
+	cmd.Now = t0
 	for {
 		if err := ctx.Err(); err != nil {
 			return store.Result{}, err
@@ -229,7 +229,7 @@ func (c *cluster) send(ctx context.Context, msgs ...store.Message) (store.Result
 			if g == nil {
 				continue
 			}
-			res, err := g.Apply(ctx, &store.Command{Op: store.OpAppend, Now: t0, Msgs: msgs})
+			res, err := g.Apply(ctx, &cmd)
 			if err == nil {
 				return res, nil
 			}
@@ -239,6 +239,13 @@ func (c *cluster) send(ctx context.Context, msgs ...store.Message) (store.Result
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// send appends msgs through whoever leads, retrying on ErrNotLeader and
+// ErrUnknownOutcome with the same message IDs (the store deduplicates them),
+// and returns the result of the attempt that got one.
+func (c *cluster) send(ctx context.Context, msgs ...store.Message) (store.Result, error) {
+	return c.apply(ctx, store.Command{Op: store.OpAppend, Msgs: msgs})
 }
 
 // log returns replica i's whole log.

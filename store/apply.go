@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -294,7 +295,29 @@ func (v *view) putDedup(id string, off uint64, at int64) {
 	v.g.put(bDedup, id, appendSealed(d[:0], id, d[:dedupBytes]))
 }
 
-// trim deletes the head of the log by age and size, then prunes dedup entries
+// consumed returns the lowest committed offset of the partition's groups: 0
+// when it has none, or when a record is damaged (its group may need all).
+// It reads the file alone (trim scans).
+func (v *view) consumed() uint64 {
+	low, found := uint64(math.MaxUint64), false
+	err := v.bucket(bGroups).ForEach(func(k, val []byte) error {
+		g, ok, err := decodeGroup(string(k), val)
+		if err != nil || !ok {
+			return errDamagedGroup
+		}
+		low, found = min(low, g.Offset), true
+		return nil
+	})
+	if err != nil || !found {
+		return 0
+	}
+	return low
+}
+
+var errDamagedGroup = errors.New("damaged group record")
+
+// trim deletes the head of the log by age, size and (Consumed) what every
+// group has committed past, then prunes dedup entries
 // and transaction decisions past their time to live. It runs on the file
 // alone (scans).
 //
@@ -308,6 +331,10 @@ func (v *view) trim(c *Command, res *Result) {
 	if limit == 0 {
 		limit = defaultTrim
 	}
+	var consumed uint64 // every group has committed past the records below it
+	if c.Consumed {
+		consumed = v.consumed()
+	}
 	cur := v.bucket(bLog).Cursor()
 	k, val := cur.First()
 	for ; k != nil; k, val = cur.Next() {
@@ -317,7 +344,7 @@ func (v *view) trim(c *Command, res *Result) {
 			stored, _, _ := v.recordInfo(k, val)
 			byAge = stored < c.Now-c.MaxAge
 		}
-		if !byBytes && !byAge {
+		if !byBytes && !byAge && be.Uint64(k) >= consumed {
 			break
 		}
 		if res.Count >= limit {

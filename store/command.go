@@ -26,8 +26,10 @@ const (
 	OpCommitOffset Op = 2
 	// OpTrim deletes the head of the log: records stored before
 	// Now-MaxAge, and the oldest records while the log holds more than
-	// MaxBytes. It also prunes dedup entries older than Now-DedupTTL and
-	// transaction decisions older than Now-DecideTTL.
+	// MaxBytes, and, with Consumed, the records below the committed offset
+	// of every consumer group (none when the partition has no group). It
+	// also prunes dedup entries older than Now-DedupTTL and transaction
+	// decisions older than Now-DecideTTL.
 	OpTrim Op = 3
 	// OpPrepare stores Msgs as half messages of transaction TxID.
 	OpPrepare Op = 4
@@ -133,6 +135,7 @@ type Command struct {
 	MaxBytes   int64  // OpTrim: 0 keeps all
 	DedupTTL   int64  // OpTrim: ns; 0 keeps dedup entries
 	DecideTTL  int64  // OpTrim: ns; 0 keeps transaction decisions
+	Consumed   bool   // OpTrim: also delete what every group has committed past
 }
 
 // Result is what applying a command produced. A send is acknowledged with
@@ -190,6 +193,9 @@ func (c *Command) check() error {
 	if c.Start > StartLast || c.Start != StartAt && c.Op != OpClaim {
 		return fmt.Errorf("%w: op %d with start %d", ErrBadCommand, c.Op, c.Start)
 	}
+	if c.Consumed && c.Op != OpTrim {
+		return fmt.Errorf("%w: op %d with consumed", ErrBadCommand, c.Op)
+	}
 	if c.Generation != 0 && c.Op != OpCommitOffset && c.Op != OpUnclaim && c.Op != OpRenew && c.Op != OpClaim {
 		return fmt.Errorf("%w: op %d with a generation", ErrBadCommand, c.Op)
 	}
@@ -238,14 +244,18 @@ func (c *Command) check() error {
 //	limit, max age, max bytes, dedup TTL, decide TTL: uvarint each
 //	generation uvarint, start uint8 (since version 2; version 1 has
 //	        neither, and decodes with both zero)
+//	flags   uint8 (since version 3; 1: Consumed; other bits are
+//	        ErrBadCommand)
 //	group, txid, producer: uvarint length + bytes each
 //	count   uvarint, then each message: uvarint length + its record
 //	        payload (message.go's msgpack array) + flags byte (1: FreshID)
 const (
 	cmdMagic0  = 'Z'
 	cmdMagic1  = 'C'
-	cmdVersion = 2
+	cmdVersion = 3
 	cmdFixed   = 4 + 8 + 8
+
+	cmdConsumed = 1 // flags bits
 )
 
 // AppendCommand appends the encoding of c to dst.
@@ -260,6 +270,11 @@ func AppendCommand(dst []byte, c *Command) []byte {
 	dst = binary.AppendUvarint(dst, uint64(c.DecideTTL))
 	dst = binary.AppendUvarint(dst, c.Generation)
 	dst = append(dst, byte(c.Start))
+	flags := byte(0)
+	if c.Consumed {
+		flags |= cmdConsumed
+	}
+	dst = append(dst, flags)
 	dst = appendString(dst, c.Group)
 	dst = appendString(dst, c.TxID)
 	dst = appendString(dst, c.Producer)
@@ -315,8 +330,8 @@ func decodeCommand(b []byte) (*Command, error) {
 		return nil, errors.New("bad magic")
 	}
 	version := b[2]
-	if version != 1 && version != cmdVersion {
-		return nil, fmt.Errorf("version %d, want 1 or %d", version, cmdVersion)
+	if version < 1 || version > cmdVersion {
+		return nil, fmt.Errorf("version %d, want 1 to %d", version, cmdVersion)
 	}
 	c := &Command{Op: Op(b[3])}
 	c.Now = int64(binary.BigEndian.Uint64(b[4:]))
@@ -337,6 +352,13 @@ func decodeCommand(b []byte) (*Command, error) {
 	if version >= 2 {
 		c.Generation = r.uvarint()
 		c.Start = Start(r.byte())
+	}
+	if version >= 3 {
+		flags := r.byte()
+		if flags&^cmdConsumed != 0 {
+			return nil, fmt.Errorf("flags %#x", flags)
+		}
+		c.Consumed = flags&cmdConsumed != 0
 	}
 	c.Group = r.str()
 	c.TxID = r.str()

@@ -136,3 +136,11 @@ func StateWithGroupGen(v []byte, gen uint64) ([]byte, error) {
 
 // WALChunk is how far the WAL zero-fills a segment at a time.
 const WALChunk = walChunk
+
+// SetSnapTxBytes sets how many bytes a snapshot's restore writes per bbolt
+// transaction, and returns the function that puts it back.
+func SetSnapTxBytes(n int) (restore func()) {
+	old := snapTxBytes
+	snapTxBytes = n
+	return func() { snapTxBytes = old }
+}

@@ -135,14 +135,30 @@ func TestGroup_Layout(t *testing.T) {
 	}
 }
 
-// TestCommand_Layout: version 2's bytes, and version 1's, which decode
-// with Generation and Start zero.
+// TestCommand_Layout: version 3's bytes; version 2's, which decode with
+// Consumed false; and version 1's, which decode with Generation and Start
+// zero too.
 func TestCommand_Layout(t *testing.T) {
 	c := &Command{Op: OpClaim, Now: 1, Offset: 2, Generation: 0x81, Start: StartLast, Group: "g"}
-	const want = "5a43020a" + "0000000000000001" + "0000000000000002" + "0000000000" + // limit..decide TTL
-		"8101" + "02" + "0167" + "00" + "00" + "00"
+	const want = "5a43030a" + "0000000000000001" + "0000000000000002" + "0000000000" + // limit..decide TTL
+		"8101" + "02" + "00" + "0167" + "00" + "00" + "00"
 	if got := hex.EncodeToString(AppendCommand(nil, c)); got != want {
 		t.Fatalf("command layout\n got %s\nwant %s", got, want)
+	}
+	trim := &Command{Op: OpTrim, Now: 1, Consumed: true}
+	const wantTrim = "5a430303" + "0000000000000001" + "0000000000000000" + "0000000000" + "00" + "00" + "01" + "00" + "00" + "00" + "00"
+	if got := hex.EncodeToString(AppendCommand(nil, trim)); got != wantTrim {
+		t.Fatalf("trim layout\n got %s\nwant %s", got, wantTrim)
+	}
+	for _, flags := range []string{"02", "81", "ff"} {
+		b, _ := hex.DecodeString(wantTrim[:len(wantTrim)-10] + flags + "00000000")
+		if _, err := DecodeCommand(b); !errors.Is(err, ErrBadCommand) {
+			t.Fatalf("flags %s: %v, want ErrBadCommand", flags, err)
+		}
+	}
+	v2, _ := hex.DecodeString("5a43020a" + "0000000000000001" + "0000000000000002" + "0000000000" + "8101" + "02" + "0167" + "00" + "00" + "00")
+	if got, err := DecodeCommand(v2); err != nil || !reflect.DeepEqual(got, c) {
+		t.Fatalf("version 2 command = %+v, %v; want %+v", got, err, c)
 	}
 	v1, _ := hex.DecodeString("5a430102" + "0000000000000001" + "0000000000000007" + "0000000000" + "0167" + "00" + "00" + "00")
 	got, err := DecodeCommand(v1)
@@ -150,8 +166,10 @@ func TestCommand_Layout(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(got, want1) {
 		t.Fatalf("version 1 command = %+v, %v; want %+v", got, err, want1)
 	}
-	if _, err := DecodeCommand(append([]byte("ZC\x03"), v1[3:]...)); !errors.Is(err, ErrBadCommand) {
-		t.Fatalf("version 3: %v, want ErrBadCommand", err)
+	for _, v := range []string{"ZC\x00", "ZC\x04"} {
+		if _, err := DecodeCommand(append([]byte(v), v1[3:]...)); !errors.Is(err, ErrBadCommand) {
+			t.Fatalf("version %d: %v, want ErrBadCommand", v[2], err)
+		}
 	}
 }
 
@@ -161,6 +179,7 @@ func TestCommand_RoundTrip(t *testing.T) {
 			Properties: map[string]string{"p": "v"}, Body: []byte("body"), Timestamp: -5, DeliverAt: 9, ReconsumeTimes: 3, FreshID: true}}},
 		{Op: OpCommitOffset, Now: 2, Group: "g", Offset: 1 << 60},
 		{Op: OpTrim, Now: 3, Limit: 10, MaxAge: 11, MaxBytes: 12, DedupTTL: 13, DecideTTL: 14},
+		{Op: OpTrim, Now: 3, Consumed: true},
 		{Op: OpPrepare, Now: 4, TxID: "tx", Producer: "node", Msgs: []Message{{Body: []byte{}}, {}}},
 		{Op: OpCommitTx, Now: 5, TxID: "tx"},
 		{Op: OpCommitOffset, Now: 6, Group: "g", Offset: 3, Generation: 1<<64 - 1},

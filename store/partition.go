@@ -45,7 +45,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"runtime"
@@ -449,28 +448,6 @@ func (p *Partition) Sync() (Position, error) {
 		return Position{}, err
 	}
 	return p.Position(), nil
-}
-
-// CopyTo waits, as Sync does, until the file holds every command applied so
-// far, then writes a consistent copy of the file to w (a bbolt read
-// transaction's) and returns the position the copy holds: it may hold
-// commands applied meanwhile.
-func (p *Partition) CopyTo(w io.Writer) (Position, error) {
-	if err := p.barrier(); err != nil {
-		return Position{}, err
-	}
-	var pos Position
-	err := p.view(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketMeta).Get(metaPosition); v != nil {
-			var err error
-			if pos, err = decodePosition(v); err != nil {
-				return err
-			}
-		}
-		_, err := tx.WriteTo(w)
-		return err
-	})
-	return pos, err
 }
 
 // send queues r and waits for it. On a nil return r is done and the caller

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -98,18 +97,18 @@ func TestPartition_ApplyLogged(t *testing.T) {
 			t.Fatal("Open Replicated with a WAL succeeded")
 		}
 	})
-	t.Run("CopyTo", func(t *testing.T) {
+	t.Run("Snapshot", func(t *testing.T) {
 		dir := t.TempDir()
 		p := openReplicated(t, filepath.Join(dir, "0.db"))
 		applyLogged(t, p, 3, appendCmd("a", "b"), &store.Command{Op: store.OpClaim, Now: t0, Group: "g"})
 		var buf bytes.Buffer
-		pos, err := p.CopyTo(&buf)
+		pos, err := p.WriteSnapshot(&buf)
 		if err != nil {
 			t.Fatal(err)
 		}
-		equal(t, "CopyTo's position", pos, store.Position{Index: 3, Cmds: 2})
+		equal(t, "snapshot's position", pos, store.Position{Index: 3, Cmds: 2})
 		copyPath := filepath.Join(dir, "copy.db")
-		if err := os.WriteFile(copyPath, buf.Bytes(), 0o600); err != nil {
+		if err := store.RestoreSnapshot(copyPath, &buf); err != nil {
 			t.Fatal(err)
 		}
 		q := openReplicated(t, copyPath)

@@ -1028,3 +1028,53 @@ func TestPartition_Corrupt(t *testing.T) {
 		}
 	})
 }
+
+// TestPartition_TrimConsumed: OpTrim with Consumed deletes the head every
+// group has committed past, and nothing while the partition has no group or
+// one group has not moved.
+func TestPartition_TrimConsumed(t *testing.T) {
+	tests := []struct {
+		name      string
+		groups    map[string]uint64
+		cmd       store.Command
+		wantCount int
+		wantMore  bool
+	}{
+		{"NoGroup", nil, store.Command{}, 0, false},
+		{"LowestGroup", map[string]uint64{"g1": 6, "g2": 3, "b@i": 9}, store.Command{}, 3, false},
+		{"GroupAtZero", map[string]uint64{"g1": 6, "g2": 0}, store.Command{}, 0, false},
+		{"PastTheEnd", map[string]uint64{"g1": 50}, store.Command{}, 10, false},
+		{"Limit", map[string]uint64{"g1": 6}, store.Command{Limit: 2}, 2, true},
+		{"AgeFirst", map[string]uint64{"g1": 3}, store.Command{Now: t0 + 9*sec + sec/2, MaxAge: 5 * sec}, 5, false},
+		{"ConsumedPastAge", map[string]uint64{"g1": 8}, store.Command{Now: t0 + 9*sec + sec/2, MaxAge: 5 * sec}, 8, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, _ := open(t)
+			for i := 0; i < 10; i++ {
+				appendAt(t, p, t0+int64(i)*sec, msg(fmt.Sprint(i)))
+			}
+			for g, off := range tt.groups {
+				apply(t, p, &store.Command{Op: store.OpCommitOffset, Now: t0, Group: g, Offset: off})
+			}
+			cmd := tt.cmd
+			cmd.Op, cmd.Consumed = store.OpTrim, true
+			res := apply(t, p, &cmd)
+			if res.Count != tt.wantCount || res.More != tt.wantMore {
+				t.Fatalf("Count, More = %d, %v; want %d, %v", res.Count, res.More, tt.wantCount, tt.wantMore)
+			}
+			if st := p.Stats(); st.Low != uint64(tt.wantCount) || st.Next != 10 {
+				t.Fatalf("Stats = %+v, want Low %d Next 10", st, tt.wantCount)
+			}
+			if _, offsets := readAll(t, p); len(offsets) != 10-tt.wantCount {
+				t.Fatalf("log holds %v after deleting %d", offsets, tt.wantCount)
+			}
+		})
+	}
+	t.Run("OnlyTrim", func(t *testing.T) {
+		p, _ := open(t)
+		if _, err := p.Apply(t.Context(), &store.Command{Op: store.OpRelease, Now: t0, Consumed: true}); !errors.Is(err, store.ErrBadCommand) {
+			t.Fatalf("OpRelease with Consumed: %v, want ErrBadCommand", err)
+		}
+	})
+}

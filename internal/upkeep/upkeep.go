@@ -53,6 +53,7 @@ type Config struct {
 	Clock          Clock
 	Retention      time.Duration // 0: no age limit
 	RetentionBytes int64         // per partition; 0: no size limit
+	Consumed       bool          // also delete what every group committed past (store.Command.Consumed)
 	DedupWindow    time.Duration
 	DecisionTTL    time.Duration
 	Interval       time.Duration // between retention checks
@@ -234,6 +235,8 @@ func (u *upkeeper) trimWanted(now time.Time) (bool, error) {
 		// Messages stored since the last prune have dedup entries that
 		// may have expired.
 		return true, nil
+	case cfg.Consumed && st.Low < st.Next && u.consumedPast(st.Low):
+		return true, nil
 	case cfg.Retention > 0 && st.Low < st.Next:
 		if u.headOffset != st.Low || u.headStored == 0 {
 			head, ok, err := u.log.Get(st.Low)
@@ -250,7 +253,22 @@ func (u *upkeeper) trimWanted(now time.Time) (bool, error) {
 	return false, nil
 }
 
-// trim deletes the head of the log by age and size, and prunes dedup entries
+// consumedPast reports whether every group of the partition, one at least,
+// has committed past offset. A failed read says yes: the trim decides.
+func (u *upkeeper) consumedPast(offset uint64) bool {
+	groups, err := u.log.GroupStates()
+	if err != nil {
+		return true
+	}
+	for _, g := range groups {
+		if g.Offset <= offset {
+			return false
+		}
+	}
+	return len(groups) > 0
+}
+
+// trim deletes the head of the log by age, size and consumption, and prunes dedup entries
 // and, once an hour, transaction decisions past their time, in steps of
 // trimLimit records.
 func (u *upkeeper) trim(ctx context.Context, now time.Time) error {
@@ -261,6 +279,7 @@ func (u *upkeeper) trim(ctx context.Context, now time.Time) error {
 		Limit:    trimLimit,
 		MaxAge:   int64(cfg.Retention),
 		MaxBytes: cfg.RetentionBytes,
+		Consumed: cfg.Consumed,
 		DedupTTL: int64(cfg.DedupWindow),
 	}
 	full := !now.Before(u.nextFull)

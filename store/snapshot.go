@@ -1,0 +1,270 @@
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash"
+	"hash/crc32"
+	"io"
+	"os"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Snapshot format: the partition's live state, key by key, so that its size
+// is what the state holds (a trimmed head, the free pages of a file that
+// once held more, are not in it):
+//
+//	magic   "ZQS\x02"
+//	frames  'B' uvarint length + name: the root bucket the next keys go to
+//	        'K' uvarint length + key, uvarint length + value
+//	end     'E' then the CRC-32C (Castagnoli) of every byte after the magic
+//	        up to and including 'E', 4 bytes BE
+//
+// The copy is a bbolt read transaction's, so it is consistent and holds its
+// own position (meta position), which may be past the one asked for.
+const (
+	snapMagic     = "ZQS\x02"
+	snapBucket    = 'B'
+	snapKey       = 'K'
+	snapEnd       = 'E'
+	snapFillRatio = 0.95 // keys arrive in order: fill the pages
+)
+
+// snapTxBytes: a restore commits every so many bytes, to bound its memory.
+var snapTxBytes = 32 << 20
+
+// WriteSnapshot waits, as Sync does, until the file holds every command
+// applied so far, then writes the partition's state to w (see the format
+// above) and returns the position it holds: it may hold commands applied
+// meanwhile. RestoreSnapshot makes a partition file of it.
+func (p *Partition) WriteSnapshot(w io.Writer) (Position, error) {
+	if err := p.barrier(); err != nil {
+		return Position{}, err
+	}
+	var pos Position
+	err := p.view(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(metaPosition); v != nil {
+			var err error
+			if pos, err = decodePosition(v); err != nil {
+				return err
+			}
+		}
+		sw := snapWriter{w: bufio.NewWriterSize(w, 1<<16), crc: crc32.New(castagnoli)}
+		if _, err := sw.w.WriteString(snapMagic); err != nil {
+			return err
+		}
+		err := tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			sw.frame(snapBucket, name, nil)
+			return b.ForEach(func(k, v []byte) error {
+				if v == nil {
+					return fmt.Errorf("%w: nested bucket %q in %q", ErrCorrupt, k, name)
+				}
+				sw.frame(snapKey, k, v)
+				return sw.err
+			})
+		})
+		if err != nil {
+			return err
+		}
+		sw.end()
+		if sw.err != nil {
+			return sw.err
+		}
+		return sw.w.Flush()
+	})
+	return pos, err
+}
+
+type snapWriter struct {
+	w   *bufio.Writer
+	crc hash.Hash32
+	buf []byte
+	err error
+}
+
+// frame writes a frame of kind with a (and b, for a key).
+func (s *snapWriter) frame(kind byte, a, b []byte) {
+	s.buf = append(s.buf[:0], kind)
+	s.buf = binary.AppendUvarint(s.buf, uint64(len(a)))
+	if kind == snapKey {
+		s.write(s.buf)
+		s.write(a)
+		s.buf = binary.AppendUvarint(s.buf[:0], uint64(len(b)))
+		s.write(s.buf)
+		s.write(b)
+		return
+	}
+	s.write(s.buf)
+	s.write(a)
+}
+
+func (s *snapWriter) write(b []byte) {
+	if s.err != nil {
+		return
+	}
+	s.crc.Write(b)
+	_, s.err = s.w.Write(b)
+}
+
+func (s *snapWriter) end() {
+	s.write([]byte{snapEnd})
+	if s.err == nil {
+		_, s.err = s.w.Write(binary.BigEndian.AppendUint32(nil, s.crc.Sum32()))
+	}
+}
+
+// RestoreSnapshot makes the partition file path, which must not exist, from
+// a snapshot written by WriteSnapshot, and syncs it. A snapshot that is
+// damaged or cut short is an error wrapping ErrCorrupt, and removes what it
+// wrote; so does any other failure. Memory stays bounded whatever the
+// snapshot's size: it is written in transactions of about snapTxBytes.
+func RestoreSnapshot(path string, r io.Reader) (err error) {
+	if _, err := os.Lstat(path); err == nil {
+		return fmt.Errorf("store: restore: %s exists", path)
+	}
+	db, err := openBolt(path)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := db.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			_ = os.Remove(path)
+		}
+	}()
+	sr := snapReader{r: bufio.NewReaderSize(r, 1<<16), crc: crc32.New(castagnoli)}
+	var magic [len(snapMagic)]byte
+	if _, err := io.ReadFull(sr.r, magic[:]); err != nil || string(magic[:]) != snapMagic {
+		return fmt.Errorf("%w: snapshot magic %q (%v)", ErrCorrupt, magic[:], err)
+	}
+	tx, err := db.Begin(true)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if tx != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	var (
+		name    []byte // the current bucket's
+		b       *bolt.Bucket
+		pending int
+	)
+	for {
+		kind, err := sr.byte()
+		if err != nil {
+			return err
+		}
+		switch kind {
+		case snapBucket:
+			if name, err = sr.bytes(bolt.MaxKeySize); err != nil {
+				return err
+			}
+			if b, err = tx.CreateBucketIfNotExists(name); err != nil {
+				return fmt.Errorf("%w: snapshot bucket %q: %v", ErrCorrupt, name, err)
+			}
+			b.FillPercent = snapFillRatio
+		case snapKey:
+			if b == nil {
+				return fmt.Errorf("%w: snapshot key before any bucket", ErrCorrupt)
+			}
+			k, err := sr.bytes(bolt.MaxKeySize)
+			if err != nil {
+				return err
+			}
+			v, err := sr.bytes(MaxCommandBytes)
+			if err != nil {
+				return err
+			}
+			if err := b.Put(k, v); err != nil {
+				return fmt.Errorf("%w: snapshot key %q of %q: %v", ErrCorrupt, k, name, err)
+			}
+			if pending += len(k) + len(v); pending >= snapTxBytes {
+				if err := tx.Commit(); err != nil {
+					tx = nil
+					return err
+				}
+				if tx, err = db.Begin(true); err != nil {
+					tx = nil
+					return err
+				}
+				b = tx.Bucket(name)
+				b.FillPercent = snapFillRatio
+				pending = 0
+			}
+		case snapEnd:
+			want := sr.crc.Sum32()
+			var sum [4]byte
+			if _, err := io.ReadFull(sr.r, sum[:]); err != nil {
+				return fmt.Errorf("%w: snapshot checksum: %v", ErrCorrupt, err)
+			}
+			if got := binary.BigEndian.Uint32(sum[:]); got != want {
+				return fmt.Errorf("%w: snapshot checksum %08x, computed %08x", ErrCorrupt, got, want)
+			}
+			err := tx.Commit() // bbolt syncs the file
+			tx = nil
+			return err
+		default:
+			return fmt.Errorf("%w: snapshot frame %q", ErrCorrupt, kind)
+		}
+	}
+}
+
+type snapReader struct {
+	r       *bufio.Reader
+	crc     hash.Hash32
+	buf     bytes.Buffer
+	readErr error // the reader's, as byte returned it
+}
+
+func (s *snapReader) byte() (byte, error) {
+	c, err := s.r.ReadByte()
+	if err != nil {
+		s.readErr = snapShort(err)
+		return 0, s.readErr
+	}
+	s.crc.Write([]byte{c})
+	return c, nil
+}
+
+// bytes reads a uvarint length of at most limit and that many bytes, into a
+// new slice (bbolt keeps what Put is given until the transaction ends). The
+// buffer grows as the bytes arrive, so a damaged length allocates no more
+// than the snapshot holds.
+func (s *snapReader) bytes(limit int) ([]byte, error) {
+	n, err := binary.ReadUvarint(byteCounter{s})
+	if err != nil {
+		if s.readErr != nil {
+			return nil, s.readErr
+		}
+		return nil, fmt.Errorf("%w: snapshot length: %v", ErrCorrupt, err)
+	}
+	if n > uint64(limit) {
+		return nil, fmt.Errorf("%w: snapshot length %d over %d", ErrCorrupt, n, limit)
+	}
+	s.buf.Reset()
+	if _, err := io.CopyN(&s.buf, s.r, int64(n)); err != nil {
+		return nil, snapShort(err)
+	}
+	s.crc.Write(s.buf.Bytes())
+	return bytes.Clone(s.buf.Bytes()), nil
+}
+
+// byteCounter feeds a length's bytes to the checksum as they are read.
+type byteCounter struct{ s *snapReader }
+
+func (c byteCounter) ReadByte() (byte, error) { return c.s.byte() }
+
+func snapShort(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: snapshot cut short", ErrCorrupt)
+	}
+	return err
+}
