@@ -196,7 +196,9 @@ func WithRetention(d time.Duration) Option {
 // WithRetentionConsumed also deletes, from the head of each partition, the
 // messages that every consumer group of the partition (every broadcast
 // instance too) has committed past: JetStream's interest retention, the
-// draft's dropping of the consumed head. A partition no group has consumed
+// draft's dropping of the consumed head. A consumed message stays until its
+// dedup window (WithDedupWindow) has passed, so a resend within the window
+// is still found and not stored again. A partition no group has consumed
 // keeps its messages; a group created later, or a ResetOffset to an earlier
 // offset, finds them gone. The age and size limits still apply. A Raft3
 // snapshot holds the partition's live state, so with this option it holds

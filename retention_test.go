@@ -156,7 +156,8 @@ func TestRetention_Age(t *testing.T) {
 // TestRetention_Consumed deletes what every group has committed past, and
 // nothing before the slowest group has moved.
 func TestRetention_Consumed(t *testing.T) {
-	m, p := openWithTopic(t, "read", 1, mq.WithRetentionConsumed(), mq.WithMaintenanceInterval(20*time.Millisecond))
+	m, p := openWithTopic(t, "read", 1, mq.WithRetentionConsumed(), mq.WithDedupWindow(100*time.Millisecond),
+		mq.WithMaintenanceInterval(20*time.Millisecond))
 	sendBodies(t, p, "a", 50)
 	fast := &arrivals{}
 	cf := mustConsume(t, m, "read", "fast", fast)

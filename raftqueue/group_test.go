@@ -335,7 +335,7 @@ func TestGroup_InstallSnapshotConsumed(t *testing.T) {
 	if _, err := c.apply(ctx, store.Command{Op: store.OpCommitOffset, Group: "g", Offset: 195}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := c.apply(ctx, store.Command{Op: store.OpTrim, Consumed: true})
+	res, err := c.apply(ctx, store.Command{Op: store.OpTrim, Now: t0 + 1, Consumed: true})
 	if err != nil || res.Count != 195 {
 		t.Fatalf("trim of the consumed head: %+v, %v; want 195 deleted", res, err)
 	}

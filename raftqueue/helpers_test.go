@@ -216,10 +216,13 @@ func (c *cluster) leader() int {
 	return -1
 }
 
-// apply runs cmd (stamped t0) through whoever leads, retrying as send does:
-// cmd must be one that a second apply leaves as the first left it.
+// apply runs cmd (stamped t0 if its Now is zero) through whoever leads,
+// retrying as send does: cmd must be one that a second apply leaves as the
+// first left it.
 func (c *cluster) apply(ctx context.Context, cmd store.Command) (store.Result, error) {
-	cmd.Now = t0
+	if cmd.Now == 0 {
+		cmd.Now = t0
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return store.Result{}, err

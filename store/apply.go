@@ -339,12 +339,16 @@ func (v *view) trim(c *Command, res *Result) {
 	k, val := cur.First()
 	for ; k != nil; k, val = cur.Next() {
 		byBytes := c.MaxBytes > 0 && st.Bytes > c.MaxBytes
-		byAge := false
-		if !byBytes && c.MaxAge > 0 {
+		byAge, byConsumed := false, false
+		if !byBytes && (c.MaxAge > 0 || be.Uint64(k) < consumed) {
 			stored, _, _ := v.recordInfo(k, val)
-			byAge = stored < c.Now-c.MaxAge
+			byAge = c.MaxAge > 0 && stored < c.Now-c.MaxAge
+			// A consumed record goes with its dedup entry, so only once
+			// that entry has expired: a resend within the window is
+			// still found.
+			byConsumed = be.Uint64(k) < consumed && stored < c.Now-c.DedupTTL
 		}
-		if !byBytes && !byAge && be.Uint64(k) >= consumed {
+		if !byBytes && !byAge && !byConsumed {
 			break
 		}
 		if res.Count >= limit {

@@ -27,7 +27,9 @@ const (
 	// OpTrim deletes the head of the log: records stored before
 	// Now-MaxAge, and the oldest records while the log holds more than
 	// MaxBytes, and, with Consumed, the records below the committed offset
-	// of every consumer group (none when the partition has no group). It
+	// of every consumer group (none when the partition has no group) stored
+	// before Now-DedupTTL (a consumed record's dedup entry goes with it, so
+	// it waits for the dedup window). It
 	// also prunes dedup entries older than Now-DedupTTL and transaction
 	// decisions older than Now-DecideTTL.
 	OpTrim Op = 3

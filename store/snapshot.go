@@ -140,8 +140,11 @@ func RestoreSnapshot(path string, r io.Reader) (err error) {
 	}()
 	sr := snapReader{r: bufio.NewReaderSize(r, 1<<16), crc: crc32.New(castagnoli)}
 	var magic [len(snapMagic)]byte
-	if _, err := io.ReadFull(sr.r, magic[:]); err != nil || string(magic[:]) != snapMagic {
-		return fmt.Errorf("%w: snapshot magic %q (%v)", ErrCorrupt, magic[:], err)
+	if _, err := io.ReadFull(sr.r, magic[:]); err != nil {
+		return snapShort(err)
+	}
+	if string(magic[:]) != snapMagic {
+		return fmt.Errorf("%w: snapshot magic %q", ErrCorrupt, magic[:])
 	}
 	tx, err := db.Begin(true)
 	if err != nil {
@@ -203,7 +206,7 @@ func RestoreSnapshot(path string, r io.Reader) (err error) {
 			want := sr.crc.Sum32()
 			var sum [4]byte
 			if _, err := io.ReadFull(sr.r, sum[:]); err != nil {
-				return fmt.Errorf("%w: snapshot checksum: %v", ErrCorrupt, err)
+				return snapShort(err)
 			}
 			if got := binary.BigEndian.Uint32(sum[:]); got != want {
 				return fmt.Errorf("%w: snapshot checksum %08x, computed %08x", ErrCorrupt, got, want)

@@ -28,6 +28,9 @@ type partState struct {
 
 func stateOf(t testing.TB, p *store.Partition) partState {
 	t.Helper()
+	if _, err := p.Sync(); err != nil { // Position is the file's: wait for it
+		t.Fatal(err)
+	}
 	var s partState
 	s.Stats, s.Pos = p.Stats(), p.Position()
 	s.Bodies, s.Offs = readAll(t, p)

@@ -1030,8 +1030,8 @@ func TestPartition_Corrupt(t *testing.T) {
 }
 
 // TestPartition_TrimConsumed: OpTrim with Consumed deletes the head every
-// group has committed past, and nothing while the partition has no group or
-// one group has not moved.
+// group has committed past once out of the dedup window, and nothing while
+// the partition has no group or one group has not moved.
 func TestPartition_TrimConsumed(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -1045,6 +1045,9 @@ func TestPartition_TrimConsumed(t *testing.T) {
 		{"GroupAtZero", map[string]uint64{"g1": 6, "g2": 0}, store.Command{}, 0, false},
 		{"PastTheEnd", map[string]uint64{"g1": 50}, store.Command{}, 10, false},
 		{"Limit", map[string]uint64{"g1": 6}, store.Command{Limit: 2}, 2, true},
+		// Stored before t0+4.5s: out of the dedup window (offsets 0..4).
+		{"DedupWindow", map[string]uint64{"g1": 8}, store.Command{Now: t0 + 9*sec + sec/2, DedupTTL: 5 * sec}, 5, false},
+		{"InDedupWindow", map[string]uint64{"g1": 8}, store.Command{Now: t0 + 9*sec + sec/2, DedupTTL: 10 * sec}, 0, false},
 		{"AgeFirst", map[string]uint64{"g1": 3}, store.Command{Now: t0 + 9*sec + sec/2, MaxAge: 5 * sec}, 5, false},
 		{"ConsumedPastAge", map[string]uint64{"g1": 8}, store.Command{Now: t0 + 9*sec + sec/2, MaxAge: 5 * sec}, 8, false},
 	}
@@ -1059,6 +1062,9 @@ func TestPartition_TrimConsumed(t *testing.T) {
 			}
 			cmd := tt.cmd
 			cmd.Op, cmd.Consumed = store.OpTrim, true
+			if cmd.Now == 0 {
+				cmd.Now = t0 + 100*sec
+			}
 			res := apply(t, p, &cmd)
 			if res.Count != tt.wantCount || res.More != tt.wantMore {
 				t.Fatalf("Count, More = %d, %v; want %d, %v", res.Count, res.More, tt.wantCount, tt.wantMore)

@@ -235,22 +235,24 @@ func (u *upkeeper) trimWanted(now time.Time) (bool, error) {
 		// Messages stored since the last prune have dedup entries that
 		// may have expired.
 		return true, nil
-	case cfg.Consumed && st.Low < st.Next && u.consumedPast(st.Low):
-		return true, nil
-	case cfg.Retention > 0 && st.Low < st.Next:
-		if u.headOffset != st.Low || u.headStored == 0 {
-			head, ok, err := u.log.Get(st.Low)
-			if err != nil {
-				return false, fmt.Errorf("read log head %d: %w", st.Low, err)
-			}
-			if !ok { // trimmed meanwhile: look again next time
-				return false, nil
-			}
-			u.headOffset, u.headStored = st.Low, head.StoredAt
-		}
-		return u.headStored < ns-int64(cfg.Retention), nil
+	case st.Low == st.Next || cfg.Retention == 0 && !cfg.Consumed:
+		return false, nil
 	}
-	return false, nil
+	if u.headOffset != st.Low || u.headStored == 0 {
+		head, ok, err := u.log.Get(st.Low)
+		if err != nil {
+			return false, fmt.Errorf("read log head %d: %w", st.Low, err)
+		}
+		if !ok { // trimmed meanwhile: look again next time
+			return false, nil
+		}
+		u.headOffset, u.headStored = st.Low, head.StoredAt
+	}
+	if cfg.Retention > 0 && u.headStored < ns-int64(cfg.Retention) {
+		return true, nil
+	}
+	// A consumed record waits for its dedup entry to expire (store.OpTrim).
+	return cfg.Consumed && u.headStored < ns-int64(cfg.DedupWindow) && u.consumedPast(st.Low), nil
 }
 
 // consumedPast reports whether every group of the partition, one at least,
