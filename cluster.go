@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/raft"
 
 	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/internal/cluster"
@@ -412,8 +410,7 @@ func (cn *clusterNode) owned(topic string, part int) bool {
 	case *partition.Local:
 		return true
 	case *replica.Raft3: // its leader's node checks its transactions back
-		g := p.Replica()
-		return g != nil && g.State() == raft.Leader
+		return p.Leads()
 	}
 	return false
 }
@@ -502,38 +499,10 @@ func (cn *clusterNode) openGroup(topic string, i int, name string, log *raftqueu
 	if err != nil {
 		return nil, err
 	}
-	trans := raft.NewNetworkTransport(layer, 3, 10*time.Second, io.Discard)
-	conf := raft.DefaultConfig()
-	if t := m.cfg.cluster.ElectionTimeout; t > 0 {
-		conf.HeartbeatTimeout, conf.ElectionTimeout, conf.LeaderLeaseTimeout = t, t, t/2
-	}
-	conf.MaxAppendEntries = 256
-	// An idle leader sends each follower an AppendEntries every
-	// CommitTimeout to tell it the commit index (raft's own heartbeats,
-	// every HeartbeatTimeout/10, do not carry it). Only the leader serves
-	// reads and acks, so a follower may learn it later: half the heartbeat
-	// timeout, not raft's 50 ms, halves the idle CPU and traffic of many
-	// groups (mqbench raft3-idle). Under load entries carry it at once.
-	conf.CommitTimeout = conf.HeartbeatTimeout / 2
-	// The log is a WAL stream: the segments it holds stay until a
-	// snapshot compacts it, so keep it short.
-	conf.TrailingLogs, conf.SnapshotThreshold = 1024, 2048
-	dir := filepath.Join(m.dir, "raft3", topic, strconv.Itoa(i))
-	g, err := raftqueue.Open(raftqueue.Config{ID: raft.ServerID(cn.agent.ID()), Dir: dir, Transport: trans, LogStore: log,
-		Raft: conf, Logger: cluster.NewHCLogger(m.cfg.logger.With("topic", topic, "partition", i), "raft3")})
-	if err != nil {
-		trans.Close()
-		return nil, err
-	}
-	servers := make([]raft.Server, len(replicas))
-	for j, id := range replicas {
-		servers[j] = raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(id)}
-	}
-	if err := g.Bootstrap(servers); err != nil {
-		g.Close()
-		return nil, err
-	}
-	return g, nil
+	return replica.OpenGroup(replica.GroupConfig{Self: cn.agent.ID(), Replicas: replicas,
+		Dir: filepath.Join(m.dir, "raft3", topic, strconv.Itoa(i)), Layer: layer, Log: log,
+		ElectionTimeout: m.cfg.cluster.ElectionTimeout,
+		Logger:          cluster.NewHCLogger(m.cfg.logger.With("topic", topic, "partition", i), "raft3")})
 }
 
 // retainRaftLogs keeps the logs of the Raft3 replicas left in the WAL
@@ -655,7 +624,7 @@ func (m *MQ) ClusterStatus() ClusterStatus {
 		st.Nodes = append(st.Nodes, NodeStatus{ID: nd.ID, Addr: nd.Addr, Up: nd.Up})
 	}
 	m.cluster.eachRaft3(func(r *replica.Raft3) {
-		if g := r.Replica(); g != nil && g.State() == raft.Leader {
+		if r.Leads() {
 			st.Leading = append(st.Leading, r.Name())
 		}
 	})
