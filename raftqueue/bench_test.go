@@ -24,7 +24,7 @@ func BenchmarkGroup_Apply(b *testing.B) {
 func benchApply(b *testing.B, boltLog bool) {
 	// Timeouts as on a LAN (research §8.3): 200 ms lost the leader under
 	// fsync load here.
-	c := newClusterOpts(b, b.TempDir(), 3, raftConfig(time.Second), boltLog)
+	c := newClusterOpts(b, b.TempDir(), 3, raftConfig(time.Second), boltLog, 1)
 	g := c.group(c.leader())
 	body := make([]byte, 1024)
 	var n atomic.Uint64

@@ -8,24 +8,30 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// Entry layout (the Data of a raft LogCommand entry): 'Z' 'Q', entryVersion,
-// then the number of commands (uvarint), then each command as a uvarint
-// length followed by store.AppendCommand's encoding. The proposer packs the
-// commands of many concurrent callers into one entry.
+// Entry layout (the Data of a raft LogCommand entry): 'Z' 'Q', the version,
+// then the number of commands (uvarint), then each command: in version 2 the
+// index of its partition in the group (uvarint), then in both a uvarint
+// length followed by store.AppendCommand's encoding. A group of one
+// partition writes version 1. The proposer packs the commands of many
+// concurrent callers into one entry.
 const (
-	entryMagic0  = 'Z'
-	entryMagic1  = 'Q'
-	entryVersion = 1
+	entryMagic0 = 'Z'
+	entryMagic1 = 'Q'
+	entryOne    = 1 // commands of partition 0 only
+	entryMany   = 2 // each command names its partition
 )
 
 // entryHeader starts an entry of n commands in dst.
-func entryHeader(dst []byte, n int) []byte {
-	dst = append(dst, entryMagic0, entryMagic1, entryVersion)
+func entryHeader(dst []byte, version byte, n int) []byte {
+	dst = append(dst, entryMagic0, entryMagic1, version)
 	return binary.AppendUvarint(dst, uint64(n))
 }
 
-// appendEntryCommand appends c, length-prefixed, to an entry.
-func appendEntryCommand(dst []byte, c *store.Command) []byte {
+// appendEntryCommand appends c, of partition part, to an entry of version.
+func appendEntryCommand(dst []byte, version byte, part int, c *store.Command) []byte {
+	if version == entryMany {
+		dst = binary.AppendUvarint(dst, uint64(part))
+	}
 	start := len(dst)
 	dst = append(dst, make([]byte, binary.MaxVarintLen64)...)
 	body := len(dst)
@@ -38,37 +44,46 @@ func appendEntryCommand(dst []byte, c *store.Command) []byte {
 
 var errEntry = errors.New("malformed entry")
 
-// decodeEntry decodes an entry's commands, appending them to cmds. The
-// commands' message bodies point into b. A malformed entry is an error
-// wrapping store.ErrBadCommand: every replica decodes the same bytes, so
-// every replica answers it the same way.
-func decodeEntry(b []byte, cmds []*store.Command) ([]*store.Command, error) {
+// decodeEntry decodes an entry's commands, appending them to cmds and
+// their partitions to parts; a partition is below nparts. The commands'
+// message bodies point into b. A malformed entry is an error wrapping
+// store.ErrBadCommand: every replica decodes the same bytes, so every
+// replica answers it the same way.
+func decodeEntry(b []byte, nparts int, cmds []*store.Command, parts []int) ([]*store.Command, []int, error) {
 	if len(b) < 3 || b[0] != entryMagic0 || b[1] != entryMagic1 {
-		return cmds, fmt.Errorf("%w: %w: bad magic", store.ErrBadCommand, errEntry)
+		return cmds, parts, fmt.Errorf("%w: %w: bad magic", store.ErrBadCommand, errEntry)
 	}
-	if b[2] != entryVersion {
-		return cmds, fmt.Errorf("%w: %w: version %d, want %d", store.ErrBadCommand, errEntry, b[2], entryVersion)
+	version := b[2]
+	if version != entryOne && version != entryMany {
+		return cmds, parts, fmt.Errorf("%w: %w: version %d, want %d or %d", store.ErrBadCommand, errEntry, version, entryOne, entryMany)
 	}
 	b = b[3:]
 	n, k := binary.Uvarint(b)
 	if k <= 0 || n > uint64(len(b)) {
-		return cmds, fmt.Errorf("%w: %w: command count", store.ErrBadCommand, errEntry)
+		return cmds, parts, fmt.Errorf("%w: %w: command count", store.ErrBadCommand, errEntry)
 	}
 	b = b[k:]
 	for range n {
+		part := uint64(0)
+		if version == entryMany {
+			if part, k = binary.Uvarint(b); k <= 0 || part >= uint64(nparts) {
+				return cmds, parts, fmt.Errorf("%w: %w: partition of a command (the group has %d)", store.ErrBadCommand, errEntry, nparts)
+			}
+			b = b[k:]
+		}
 		l, k := binary.Uvarint(b)
 		if k <= 0 || l > uint64(len(b)-k) {
-			return cmds, fmt.Errorf("%w: %w: command length", store.ErrBadCommand, errEntry)
+			return cmds, parts, fmt.Errorf("%w: %w: command length", store.ErrBadCommand, errEntry)
 		}
 		c, err := store.DecodeCommand(b[k : k+int(l) : k+int(l)])
 		if err != nil {
-			return cmds, err
+			return cmds, parts, err
 		}
-		cmds = append(cmds, c)
+		cmds, parts = append(cmds, c), append(parts, int(part))
 		b = b[k+int(l):]
 	}
 	if len(b) != 0 {
-		return cmds, fmt.Errorf("%w: %w: %d bytes after the commands", store.ErrBadCommand, errEntry, len(b))
+		return cmds, parts, fmt.Errorf("%w: %w: %d bytes after the commands", store.ErrBadCommand, errEntry, len(b))
 	}
-	return cmds, nil
+	return cmds, parts, nil
 }

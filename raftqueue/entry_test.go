@@ -8,57 +8,73 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-func validEntry() []byte {
+func validEntry(version byte) []byte {
 	cmds := []*store.Command{
 		{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg("a"), msg("b")}},
 		{Op: store.OpCommitOffset, Now: t0, Group: "g", Offset: 7, Generation: 2},
 	}
-	b := entryHeader(nil, len(cmds))
-	for _, c := range cmds {
-		b = appendEntryCommand(b, c)
+	b := entryHeader(nil, version, len(cmds))
+	for i, c := range cmds {
+		part := 0
+		if version == entryMany {
+			part = 3 * i
+		}
+		b = appendEntryCommand(b, version, part, c)
+	}
+	return b
+}
+
+// encodeEntry is the proposer's encoding of cmds of parts.
+func encodeEntry(version byte, cmds []*store.Command, parts []int) []byte {
+	b := entryHeader(nil, version, len(cmds))
+	for i, c := range cmds {
+		b = appendEntryCommand(b, version, parts[i], c)
 	}
 	return b
 }
 
 func TestEntry_RoundTrip(t *testing.T) {
-	b := validEntry()
-	cmds, err := decodeEntry(b, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	again := entryHeader(nil, len(cmds))
-	for _, c := range cmds {
-		again = appendEntryCommand(again, c)
-	}
-	if !reflect.DeepEqual(again, b) {
-		t.Fatalf("re-encoded entry differs")
-	}
-	for _, bad := range [][]byte{nil, b[:2], append([]byte{'Z', 'Q', 9}, b[3:]...), b[:len(b)-1], append(b[:len(b):len(b)], 0)} {
-		if _, err := decodeEntry(bad, nil); !errors.Is(err, store.ErrBadCommand) {
-			t.Errorf("decodeEntry(%d bytes) = %v, want ErrBadCommand", len(bad), err)
+	for _, version := range []byte{entryOne, entryMany} {
+		b := validEntry(version)
+		cmds, parts, err := decodeEntry(b, 4, nil, nil)
+		if err != nil {
+			t.Fatal(err)
 		}
+		if want := map[byte][]int{entryOne: {0, 0}, entryMany: {0, 3}}[version]; !reflect.DeepEqual(parts, want) {
+			t.Fatalf("version %d: partitions %v, want %v", version, parts, want)
+		}
+		if again := encodeEntry(version, cmds, parts); !reflect.DeepEqual(again, b) {
+			t.Fatalf("version %d: re-encoded entry differs", version)
+		}
+		for _, bad := range [][]byte{nil, b[:2], append([]byte{'Z', 'Q', 9}, b[3:]...), b[:len(b)-1], append(b[:len(b):len(b)], 0)} {
+			if _, _, err := decodeEntry(bad, 4, nil, nil); !errors.Is(err, store.ErrBadCommand) {
+				t.Errorf("version %d: decodeEntry(%d bytes) = %v, want ErrBadCommand", version, len(bad), err)
+			}
+		}
+	}
+	// A partition the group does not have: every replica refuses the entry.
+	if _, _, err := decodeEntry(validEntry(entryMany), 3, nil, nil); !errors.Is(err, store.ErrBadCommand) {
+		t.Errorf("partition 3 of a group of 3: %v, want ErrBadCommand", err)
 	}
 }
 
 // FuzzDecodeEntry: no panic; what decodes encodes back to the same bytes'
 // commands.
 func FuzzDecodeEntry(f *testing.F) {
-	f.Add(validEntry())
-	f.Add(entryHeader(nil, 0))
+	f.Add(validEntry(entryOne))
+	f.Add(validEntry(entryMany))
+	f.Add(entryHeader(nil, entryOne, 0))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		cmds, err := decodeEntry(b, nil)
+		cmds, parts, err := decodeEntry(b, 8, nil, nil)
 		if err != nil {
 			if !errors.Is(err, store.ErrBadCommand) {
 				t.Fatalf("error %v does not wrap ErrBadCommand", err)
 			}
 			return
 		}
-		again := entryHeader(nil, len(cmds))
-		for _, c := range cmds {
-			again = appendEntryCommand(again, c)
-		}
-		back, err := decodeEntry(again, nil)
-		if err != nil || !reflect.DeepEqual(back, cmds) {
+		again := encodeEntry(entryMany, cmds, parts)
+		back, backParts, err := decodeEntry(again, 8, nil, nil)
+		if err != nil || !reflect.DeepEqual(back, cmds) || !reflect.DeepEqual(backParts, parts) {
 			t.Fatalf("round trip: %v", err)
 		}
 	})

@@ -226,7 +226,7 @@ func (c *faultCluster) settle() ([]store.Message, map[string][]uint64) {
 		err := g.Raft().Barrier(patience).Error()
 		if err == nil {
 			var p *store.Partition
-			if p, err = g.LeaderPartition(ctx); err == nil {
+			if p, err = g.LeaderPartition(ctx, 0); err == nil {
 				return c.identical(p.Stats().Next), c.entryTerms(l)
 			}
 		}
@@ -263,7 +263,7 @@ func (c *faultCluster) entryTerms(i int) map[string][]uint64 {
 		if l.Type != raft.LogCommand {
 			continue
 		}
-		cmds, err := decodeEntry(l.Data, nil)
+		cmds, _, err := decodeEntry(l.Data, 1, nil, nil)
 		if err != nil {
 			c.t.Fatalf("%s: entry %d: %v", c.ids[i], idx, err)
 		}
@@ -425,7 +425,7 @@ func (w *workload) readAt(off uint64, first int) (id string, replica raft.Server
 		if g == nil {
 			continue
 		}
-		p, err := g.LeaderPartition(ctx)
+		p, err := g.LeaderPartition(ctx, 0)
 		if err != nil {
 			continue
 		}

@@ -1,7 +1,9 @@
 package raftqueue
 
 import (
+	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -18,32 +20,44 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// fsm is a replica's state machine: a store.Partition opened Replicated.
-// Raft's log is the durable record of the commands, so the partition applies
-// them without a sync of its own: its materializer writes them into the file
-// in deep batches (bbolt's fsync), and every bbolt transaction records how
-// far into the raft log the file holds (store.Position). After a restart the
-// file stands where its last transaction left it (Config.NoSnapshotRestoreOnStart),
-// and raft replays the log above its last snapshot: the fsm skips what the
-// file already holds. A snapshot waits until the file holds everything
-// applied (Partition.Sync) before raft may compact the log behind it.
+// fsm is a replica's state machine: the group's partitions, each a
+// store.Partition opened Replicated. Raft's log is the durable record of the
+// commands, so a partition applies them without a sync of its own: its
+// materializer writes them into its file in deep batches (bbolt's fsync),
+// and every bbolt transaction records how far into the raft log the file
+// holds (store.Position: the entry's index and the command's number in the
+// whole entry, whichever partitions its commands are for). After a restart
+// each file stands where its last transaction left it
+// (Config.NoSnapshotRestoreOnStart), and raft replays the log above its last
+// snapshot: the fsm skips, per partition, what the file already holds. A
+// snapshot waits until the files hold everything applied (Partition.Sync)
+// before raft may compact the log behind it.
 type fsm struct {
-	path string // the partition file
+	paths []string // the partition files, by partition
 
-	mu   sync.RWMutex // guards part (Restore swaps it) and failed
-	part *store.Partition
-	// failed is sticky: the partition failed (a disk error), or a Restore
-	// could not reopen it. Every entry then answers it, and the file holds
-	// no command after the failure: the next Open replays them from the
-	// raft log, which no snapshot compacts meanwhile (Sync fails too).
+	mu    sync.RWMutex // guards parts (Restore swaps them) and failed
+	parts []*store.Partition
+	// failed is sticky: a partition failed (a disk error), or a Restore
+	// could not reopen one. Every entry then answers it, and no file holds
+	// a command after the failure: the next Open replays them from the
+	// raft log, which no snapshot compacts meanwhile (Persist fails too).
 	failed error
 
-	restores atomic.Int64 // Restores that replaced the file (tests)
+	restores atomic.Int64 // Restores that replaced a file (tests)
 
-	// Owned by raft's FSM goroutine.
-	applied store.Position // the last command applied, or the file's position at open
-	cmds    []*store.Command
-	at      []store.Position
+	// Owned by raft's FSM goroutine (and by Open before raft starts).
+	applied []store.Position // per partition: the last command applied, or its file's position at open
+	cmds    []*store.Command // one batch's decoded commands, and their partitions
+	cmdPart []int
+	byPart  []partBatch
+}
+
+// partBatch is one partition's share of a batch: its commands, their
+// positions, and where their results go in the batch's.
+type partBatch struct {
+	cmds []*store.Command
+	at   []store.Position
+	to   []int
 }
 
 // entryResult is the FSM's response to one entry: per command, its result
@@ -59,22 +73,28 @@ type entryResult struct {
 // applied before the restart, and no caller waits for them here.
 var errApplied = errors.New("raftqueue: applied before the restart")
 
-func openFSM(path string) (*fsm, error) {
-	p, err := store.Open(path, store.Options{Replicated: true, MaterializeAfter: time.Second})
-	if err != nil {
-		return nil, err
+func openFSM(paths []string) (*fsm, error) {
+	f := &fsm{paths: paths, byPart: make([]partBatch, len(paths))}
+	for _, path := range paths {
+		p, err := store.Open(path, store.Options{Replicated: true, MaterializeAfter: time.Second})
+		if err != nil {
+			f.close()
+			return nil, err
+		}
+		f.parts = append(f.parts, p)
+		f.applied = append(f.applied, p.Position())
 	}
-	return &fsm{path: path, part: p, applied: p.Position()}, nil
+	return f, nil
 }
 
-// partition returns the current partition, or the failure.
-func (f *fsm) partition() (*store.Partition, error) {
+// partition returns partition i, or the failure.
+func (f *fsm) partition(i int) (*store.Partition, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	if f.failed != nil {
 		return nil, f.failed
 	}
-	return f.part, nil
+	return f.parts[i], nil
 }
 
 func (f *fsm) fail(err error) {
@@ -91,65 +111,79 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 }
 
 // ApplyBatch applies the commands of every command entry of logs, in one
-// call of the partition (one batch of its writer), skipping what the file
-// already holds.
+// call of each partition they are for (one batch of its writer), skipping
+// what its file already holds.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	out := make([]interface{}, len(logs))
 	type span struct {
-		i, first, skip, n int // logs[i]'s commands: n in all, the first skip skipped, the rest at cmds[first:]
+		i, first, n int // logs[i]'s n commands are at cmds[first:]
 	}
 	var spans []span
-	cmds, at := f.cmds[:0], f.at[:0]
+	cmds, cmdPart := f.cmds[:0], f.cmdPart[:0]
 	for i, l := range logs {
-		if l.Type != raft.LogCommand || l.Index < f.applied.Index {
-			continue // configuration entries; entries the file holds
+		if l.Type != raft.LogCommand {
+			continue
 		}
 		first := len(cmds)
-		decoded, err := decodeEntry(l.Data, cmds)
-		if err != nil {
-			clear(decoded[first:])
-			cmds = decoded[:first]
+		var err error
+		if cmds, cmdPart, err = decodeEntry(l.Data, len(f.paths), cmds, cmdPart); err != nil {
+			clear(cmds[first:])
+			cmds, cmdPart = cmds[:first], cmdPart[:first]
 			out[i] = &entryResult{err: err}
 			continue
 		}
-		n := len(decoded) - first
-		skip := 0
-		if l.Index == f.applied.Index {
-			skip = int(min(f.applied.Cmds, uint64(n)))
+		for k := first; k < len(cmds); k++ {
+			at := store.Position{Index: l.Index, Cmds: uint64(k - first + 1)}
+			part := cmdPart[k]
+			if !f.applied[part].Less(at) {
+				continue // the file holds it
+			}
+			b := &f.byPart[part]
+			b.cmds, b.at, b.to = append(b.cmds, cmds[k]), append(b.at, at), append(b.to, k)
 		}
-		cmds = append(decoded[:first], decoded[first+skip:]...)
-		for k := skip; k < n; k++ {
-			at = append(at, store.Position{Index: l.Index, Cmds: uint64(k + 1)})
-		}
-		spans = append(spans, span{i: i, first: first, skip: skip, n: n})
+		spans = append(spans, span{i: i, first: first, n: len(cmds) - first})
 	}
-	var res []store.Result
-	var errs []error
-	var err error
-	if len(cmds) > 0 {
-		var p *store.Partition
-		if p, err = f.partition(); err == nil {
-			res, errs, err = p.ApplyLogged(context.Background(), cmds, at)
-			if err != nil {
-				f.fail(err)
-			} else {
-				f.applied = at[len(at)-1]
+	res := make([]store.Result, len(cmds))
+	errs := make([]error, len(cmds))
+	for k := range errs {
+		errs[k] = errApplied // unless applied below
+	}
+	var failed error
+	for part := range f.byPart {
+		b := &f.byPart[part]
+		if len(b.cmds) == 0 {
+			continue
+		}
+		err := failed
+		if err == nil {
+			var p *store.Partition
+			if p, err = f.partition(part); err == nil {
+				var pres []store.Result
+				var perrs []error
+				if pres, perrs, err = p.ApplyLogged(context.Background(), b.cmds, b.at); err == nil {
+					f.applied[part] = b.at[len(b.at)-1]
+					for j, k := range b.to {
+						res[k], errs[k] = pres[j], perrs[j]
+					}
+				} else {
+					f.fail(err)
+				}
 			}
 		}
+		if err != nil {
+			failed = err
+		}
+		clear(b.cmds)
+		b.cmds, b.at, b.to = b.cmds[:0], b.at[:0], b.to[:0]
 	}
 	for _, s := range spans {
-		r := &entryResult{res: make([]store.Result, s.n), errs: make([]error, s.n)}
-		for k := range s.skip {
-			r.errs[k] = errApplied
-		}
-		if err != nil {
-			r.err = err
+		r := &entryResult{res: res[s.first : s.first+s.n : s.first+s.n], errs: errs[s.first : s.first+s.n : s.first+s.n]}
+		if failed != nil {
+			r.err = failed
 		} else {
-			copy(r.res[s.skip:], res[s.first:])
-			copy(r.errs[s.skip:], errs[s.first:])
-			// A command's own errors answer it alone; a failure of the
+			// A command's own errors answer it alone; a failure of a
 			// partition (ErrFailed, ErrCorrupt) fails the replica.
-			for _, e := range r.errs[s.skip:] {
+			for _, e := range r.errs {
 				if errors.Is(e, store.ErrFailed) || errors.Is(e, store.ErrCorrupt) {
 					f.fail(e)
 					r.err = e
@@ -160,16 +194,21 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		out[s.i] = r
 	}
 	clear(cmds)
-	f.cmds, f.at = cmds[:0], at[:0]
+	f.cmds, f.cmdPart = cmds[:0], cmdPart[:0]
 	return out
 }
 
-// Snapshot returns a snapshot whose Persist writes the partition's state
-// (store.WriteSnapshot: its live keys, so a trimmed head costs nothing) once
-// the file holds everything applied by now and is synced: raft compacts its
-// log only after Persist returns. Persist runs concurrently with Apply, so
-// the state may hold commands after the snapshot's index: it records its own
-// position, and the replica that restores it skips what it holds.
+// Snapshot format: snapGroupMagic, the number of partitions (uvarint), then
+// each partition's store snapshot (store.WriteSnapshot: its live keys, so a
+// trimmed head costs nothing; each carries its position and its checksum).
+const snapGroupMagic = "ZQG\x01"
+
+// Snapshot returns a snapshot whose Persist writes the partitions' states
+// once their files hold everything applied by now and are synced: raft
+// compacts its log only after Persist returns. Persist runs concurrently
+// with Apply, so a state may hold commands after the snapshot's index: it
+// records its own position, and the replica that restores it skips what it
+// holds.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	return &snapshot{f: f}, nil
 }
@@ -183,8 +222,16 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 		if s.f.failed != nil {
 			return s.f.failed
 		}
-		_, err := s.f.part.WriteSnapshot(sink)
-		return err
+		head := binary.AppendUvarint([]byte(snapGroupMagic), uint64(len(s.f.parts)))
+		if _, err := sink.Write(head); err != nil {
+			return err
+		}
+		for _, p := range s.f.parts {
+			if _, err := p.WriteSnapshot(sink); err != nil {
+				return err
+			}
+		}
+		return nil
 	}()
 	if err != nil {
 		_ = sink.Cancel()
@@ -195,41 +242,96 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 
 func (s *snapshot) Release() {}
 
-// Restore replaces the partition by the snapshot's state (a follower too far
-// behind the leader's log, sent the leader's snapshot).
+// Restore makes the partitions the snapshot's states (a follower too far
+// behind the leader's log, sent the leader's snapshot; or, at Open, a
+// replica whose files stand before its newest snapshot). A partition whose
+// file holds the state's position already is kept: the log's commands
+// between the two had no effect on it. Raft calls it on its FSM goroutine,
+// never beside ApplyBatch.
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	tmp := f.path + ".restore"
-	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	tmps, err := f.readSnapshot(bufio.NewReaderSize(rc, 1<<16))
+	if err != nil {
+		for _, tmp := range tmps {
+			_ = os.Remove(tmp)
+		}
 		return fmt.Errorf("raftqueue: restore: %w", err)
 	}
-	if err := store.RestoreSnapshot(tmp, rc); err != nil {
-		return fmt.Errorf("raftqueue: restore: %w", err)
+	if len(tmps) == 0 {
+		return nil
 	}
-	return f.replace(tmp)
+	return f.replace(tmps)
 }
 
-// replace closes the partition, moves the file at tmp into its place and
-// opens it. A failure leaves the fsm failed.
-func (f *fsm) replace(tmp string) error {
+// readSnapshot restores, beside their files (path.restore), the partitions
+// of the snapshot whose files do not hold its state yet, and returns them.
+func (f *fsm) readSnapshot(r *bufio.Reader) (map[int]string, error) {
+	var magic [len(snapGroupMagic)]byte
+	if _, err := io.ReadFull(r, magic[:]); err != nil {
+		return nil, err
+	}
+	if string(magic[:]) != snapGroupMagic {
+		return nil, fmt.Errorf("%w: snapshot magic %q", store.ErrCorrupt, magic[:])
+	}
+	n, err := binary.ReadUvarint(r)
+	if err != nil || n != uint64(len(f.paths)) {
+		return nil, fmt.Errorf("%w: a snapshot of %d partitions (%v) for a group of %d", store.ErrCorrupt, n, err, len(f.paths))
+	}
+	f.mu.RLock()
+	failed := f.failed != nil
+	f.mu.RUnlock()
+	tmps := map[int]string{}
+	for i, path := range f.paths {
+		s, err := store.NewSnapshotReader(r)
+		if err != nil {
+			return tmps, err
+		}
+		if !failed && !f.applied[i].Less(s.Position()) {
+			if err := s.Skip(); err != nil {
+				return tmps, err
+			}
+			continue
+		}
+		tmp := path + ".restore"
+		if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return tmps, err
+		}
+		tmps[i] = tmp
+		if err := s.RestoreTo(tmp); err != nil {
+			return tmps, err
+		}
+	}
+	return tmps, nil
+}
+
+// replace closes the partitions of tmps, moves each file at tmps[i] into
+// its place and opens them. A failure leaves the fsm failed.
+func (f *fsm) replace(tmps map[int]string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	err := func() error {
-		if f.part != nil {
-			_ = f.part.Close() // its content is replaced: a failure of the old one does not matter
-			f.part = nil
+		for i, tmp := range tmps {
+			if f.parts[i] != nil {
+				_ = f.parts[i].Close() // its content is replaced: a failure of the old one does not matter
+				f.parts[i] = nil
+			}
+			if err := os.Rename(tmp, f.paths[i]); err != nil {
+				return err
+			}
 		}
-		if err := os.Rename(tmp, f.path); err != nil {
+		if err := boltsafe.SyncDir(filepath.Dir(f.paths[0])); err != nil {
 			return err
 		}
-		if err := boltsafe.SyncDir(filepath.Dir(f.path)); err != nil {
-			return err
+		for i := range f.parts {
+			if f.parts[i] != nil {
+				continue
+			}
+			p, err := store.Open(f.paths[i], store.Options{Replicated: true, MaterializeAfter: time.Second})
+			if err != nil {
+				return err
+			}
+			f.parts[i], f.applied[i] = p, p.Position()
 		}
-		p, err := store.Open(f.path, store.Options{Replicated: true})
-		if err != nil {
-			return err
-		}
-		f.part, f.applied = p, p.Position()
 		f.failed = nil
 		f.restores.Add(1)
 		return nil
@@ -241,15 +343,20 @@ func (f *fsm) replace(tmp string) error {
 	return err
 }
 
-// close closes the partition.
+// close closes the partitions.
 func (f *fsm) close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.part == nil {
-		return nil
+	var err error
+	for i, p := range f.parts {
+		if p == nil {
+			continue
+		}
+		if cerr := p.Close(); err == nil {
+			err = cerr
+		}
+		f.parts[i] = nil
 	}
-	err := f.part.Close()
-	f.part = nil
 	if f.failed == nil {
 		f.failed = store.ErrClosed
 	}

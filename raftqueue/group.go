@@ -29,6 +29,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +39,7 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -101,6 +104,12 @@ type Config struct {
 	Raft *raft.Config
 	// Logger receives raft's logs. Nil: silent.
 	Logger hclog.Logger
+	// Partitions is how many partitions the group carries (at least 1,
+	// the default): partition 0 in partition.db, partition i in
+	// partition-<i>.db. Every replica of a group has the same number. Many
+	// partitions in one group share its entries, so their senders fill
+	// them: fewer, larger entries cost less than many small ones.
+	Partitions int
 	// MaxEntryBytes and MaxEntryCmds bound the commands packed into one
 	// entry (a larger command goes alone); InFlight bounds the entries
 	// proposed and not yet applied; QueueDepth bounds the commands waiting
@@ -159,8 +168,16 @@ func Open(cfg Config) (*Group, error) {
 		}
 	}()
 	var err error
+	// raft-boltdb opens bbolt itself, and bbolt panics (or faults) on a
+	// damaged file: check it first, as every other bbolt file is.
+	stable := filepath.Join(cfg.Dir, "raft.db")
+	if _, serr := os.Stat(stable); serr == nil {
+		if err := boltsafe.Check(stable, &bolt.Options{Timeout: time.Second}); err != nil {
+			return nil, fmt.Errorf("raftqueue: %w: %w", store.ErrCorrupt, err)
+		}
+	}
 	g.bolt, err = raftboltdb.New(raftboltdb.Options{
-		Path:        filepath.Join(cfg.Dir, "raft.db"),
+		Path:        stable,
 		BoltOptions: &bolt.Options{Timeout: time.Second},
 	})
 	if err != nil {
@@ -178,7 +195,14 @@ func Open(cfg Config) (*Group, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftqueue: %w", err)
 	}
-	if g.fsm, err = openFSM(filepath.Join(cfg.Dir, "partition.db")); err != nil {
+	if cfg.Partitions <= 0 {
+		cfg.Partitions = 1
+	}
+	paths := []string{filepath.Join(cfg.Dir, "partition.db")}
+	for i := 1; i < cfg.Partitions; i++ {
+		paths = append(paths, filepath.Join(cfg.Dir, "partition-"+strconv.Itoa(i)+".db"))
+	}
+	if g.fsm, err = openFSM(paths); err != nil {
 		return nil, fmt.Errorf("raftqueue: %w", err)
 	}
 	if err := g.fsm.catchUp(snaps); err != nil {
@@ -193,16 +217,16 @@ func Open(cfg Config) (*Group, error) {
 	return g, nil
 }
 
-// catchUp restores the newest snapshot when the file stands before it: raft
-// (NoSnapshotRestoreOnStart) replays only the log after its newest snapshot,
-// and a replica that crashed while restoring a snapshot sent by the leader
-// has the snapshot but not the file.
+// catchUp restores the newest snapshot into the partitions whose files
+// stand before it: raft (NoSnapshotRestoreOnStart) replays only the log
+// after its newest snapshot, and a replica that crashed while restoring a
+// snapshot sent by the leader has the snapshot but not the files.
 func (f *fsm) catchUp(snaps *raft.FileSnapshotStore) error {
 	list, err := snaps.List()
 	if err != nil {
 		return fmt.Errorf("raftqueue: snapshots: %w", err)
 	}
-	if len(list) == 0 || list[0].Index <= f.applied.Index {
+	if len(list) == 0 || !slices.ContainsFunc(f.applied, func(p store.Position) bool { return p.Index < list[0].Index }) {
 		return nil
 	}
 	_, rc, err := snaps.Open(list[0].ID)
@@ -234,26 +258,32 @@ func (g *Group) Leader() (raft.ServerAddress, raft.ServerID) { return g.raft.Lea
 // Raft returns the replica's raft, for membership changes and tests.
 func (g *Group) Raft() *raft.Raft { return g.raft }
 
-// Partition returns the replica's partition, for reads: what it holds is
+// Partitions returns how many partitions the group carries.
+func (g *Group) Partitions() int { return len(g.fsm.paths) }
+
+// Partition returns the replica's partition i, for reads: what it holds is
 // what this replica applied. It returns ErrClosed after Close, and the
 // failure after the replica failed. A follower's restore replaces it: a
 // reader holding the old one gets store.ErrClosed.
-func (g *Group) Partition() (*store.Partition, error) {
-	p, err := g.fsm.partition()
+func (g *Group) Partition(i int) (*store.Partition, error) {
+	if i < 0 || i >= len(g.fsm.paths) {
+		return nil, fmt.Errorf("%w: partition %d of a group of %d", store.ErrBadCommand, i, len(g.fsm.paths))
+	}
+	p, err := g.fsm.partition(i)
 	if errors.Is(err, store.ErrClosed) {
 		return nil, ErrClosed
 	}
 	return p, err
 }
 
-// LeaderPartition returns the replica's partition for reads that must see
+// LeaderPartition returns the replica's partition i for reads that must see
 // every acknowledged command: it returns a *NotLeaderError unless this
 // replica leads, and a new leader first waits (a raft barrier, until ctx
 // ends) until it has applied every entry its predecessors committed. A
 // replica that just won an election may hold less than what was acked.
 // Each call confirms the leadership with a quorum (one round of
 // heartbeats), so a deposed leader that has not noticed yet never answers.
-func (g *Group) LeaderPartition(ctx context.Context) (*store.Partition, error) {
+func (g *Group) LeaderPartition(ctx context.Context, i int) (*store.Partition, error) {
 	for {
 		if g.raft.State() != raft.Leader {
 			return nil, g.notLeader()
@@ -269,7 +299,7 @@ func (g *Group) LeaderPartition(ctx context.Context) (*store.Partition, error) {
 			if err := g.verifyLeader(ctx); err != nil {
 				return nil, err
 			}
-			return g.Partition()
+			return g.Partition(i)
 		}
 		timeout := time.Duration(0)
 		if d, ok := ctx.Deadline(); ok {
@@ -328,15 +358,23 @@ func (g *Group) notLeader() error {
 	return &NotLeaderError{Leader: addr, LeaderID: id}
 }
 
-// Apply proposes cmd, with the commands other callers propose meanwhile, in
-// one raft entry, and returns the result the FSM computed once the entry is
-// committed and applied on this replica. cmd.Now must be set (a zero Now is
-// store.ErrBadCommand, as everywhere). It returns ctx's error if ctx ends
+// Apply proposes cmd to partition 0, with the commands other callers
+// propose meanwhile, in one raft entry, and returns the result the FSM
+// computed once the entry is committed and applied on this replica. cmd.Now
+// must be set (a zero Now is store.ErrBadCommand, as everywhere). It returns ctx's error if ctx ends
 // before cmd was proposed, and ErrUnknownOutcome wrapping it after; the
 // caller may reuse cmd once Apply returns. See the package doc for the
 // other outcomes.
 func (g *Group) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
-	return g.prop.apply(ctx, cmd)
+	return g.prop.apply(ctx, 0, cmd)
+}
+
+// ApplyTo is Apply for the group's partition part.
+func (g *Group) ApplyTo(ctx context.Context, part int, cmd *store.Command) (store.Result, error) {
+	if part < 0 || part >= len(g.fsm.paths) {
+		return store.Result{}, fmt.Errorf("%w: partition %d of a group of %d", store.ErrBadCommand, part, len(g.fsm.paths))
+	}
+	return g.prop.apply(ctx, part, cmd)
 }
 
 // Close stops proposing (commands still queued get ErrClosed), waits for

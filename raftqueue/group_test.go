@@ -181,7 +181,7 @@ func TestGroup_LeaderKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := c.leader()
-	p, err := c.group(l).Partition()
+	p, err := c.group(l).Partition(0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func TestGroup_Restart(t *testing.T) {
 	}
 	c.identical(101)
 	for i := range 3 {
-		p, err := c.group(i).Partition()
+		p, err := c.group(i).Partition(0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -369,7 +369,7 @@ func TestGroup_InstallSnapshotConsumed(t *testing.T) {
 	if len(log) != 25 || log[0].Offset != 195 {
 		t.Fatalf("log after the trim: %d messages from %d, want 25 from 195", len(log), log[0].Offset)
 	}
-	p, err := c.group(f).Partition()
+	p, err := c.group(f).Partition(0)
 	if err != nil {
 		t.Fatal(err)
 	}

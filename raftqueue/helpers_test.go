@@ -58,6 +58,7 @@ type cluster struct {
 	// (WALLog) as a node's does; with boltLog set, raft.db holds them.
 	wals    []*store.WAL
 	boltLog bool
+	parts   int // partitions of the group (Config.Partitions)
 }
 
 func newCluster(t testing.TB, n int) *cluster {
@@ -73,13 +74,14 @@ func newClusterWith(t testing.TB, n int, conf *raft.Config) *cluster {
 // newClusterIn opens (creating or reopening) the replicas kept in base.
 func newClusterIn(t testing.TB, base string, n int, conf *raft.Config) *cluster {
 	t.Helper()
-	return newClusterOpts(t, base, n, conf, false)
+	return newClusterOpts(t, base, n, conf, false, 1)
 }
 
-// newClusterOpts is newClusterIn with the raft logs in raft.db if boltLog.
-func newClusterOpts(t testing.TB, base string, n int, conf *raft.Config, boltLog bool) *cluster {
+// newClusterOpts is newClusterIn with the raft logs in raft.db if boltLog,
+// and parts partitions in the group.
+func newClusterOpts(t testing.TB, base string, n int, conf *raft.Config, boltLog bool, parts int) *cluster {
 	t.Helper()
-	c := &cluster{t: t, conf: conf, boltLog: boltLog}
+	c := &cluster{t: t, conf: conf, boltLog: boltLog, parts: parts}
 	for i := range n {
 		c.dirs = append(c.dirs, filepath.Join(base, fmt.Sprintf("r%d", i)))
 		c.ids = append(c.ids, raft.ServerID(fmt.Sprintf("r%d", i)))
@@ -107,7 +109,7 @@ func (c *cluster) start(i int) {
 	c.t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cfg := Config{ID: c.ids[i], Dir: c.dirs[i], Transport: c.inmem(i), Raft: c.conf}
+	cfg := Config{ID: c.ids[i], Dir: c.dirs[i], Transport: c.inmem(i), Raft: c.conf, Partitions: c.parts}
 	if !c.boltLog {
 		w, l, err := openNodeLog(filepath.Join(c.dirs[i], "wal"))
 		if err != nil {
@@ -220,6 +222,11 @@ func (c *cluster) leader() int {
 // retrying as send does: cmd must be one that a second apply leaves as the
 // first left it.
 func (c *cluster) apply(ctx context.Context, cmd store.Command) (store.Result, error) {
+	return c.applyTo(ctx, 0, cmd)
+}
+
+// applyTo is apply for the group's partition part.
+func (c *cluster) applyTo(ctx context.Context, part int, cmd store.Command) (store.Result, error) {
 	if cmd.Now == 0 {
 		cmd.Now = t0
 	}
@@ -232,7 +239,7 @@ func (c *cluster) apply(ctx context.Context, cmd store.Command) (store.Result, e
 			if g == nil {
 				continue
 			}
-			res, err := g.Apply(ctx, &cmd)
+			res, err := g.ApplyTo(ctx, part, &cmd)
 			if err == nil {
 				return res, nil
 			}
@@ -254,7 +261,13 @@ func (c *cluster) send(ctx context.Context, msgs ...store.Message) (store.Result
 // log returns replica i's whole log.
 func (c *cluster) log(i int) []store.Message {
 	c.t.Helper()
-	p, err := c.group(i).Partition()
+	return c.logOf(i, 0)
+}
+
+// logOf returns the whole log of replica i's partition part.
+func (c *cluster) logOf(i, part int) []store.Message {
+	c.t.Helper()
+	p, err := c.group(i).Partition(part)
 	if err != nil {
 		c.t.Fatalf("Partition %s: %v", c.ids[i], err)
 	}
@@ -271,7 +284,7 @@ func (c *cluster) waitNext(i int, next uint64) {
 	c.t.Helper()
 	deadline := time.Now().Add(patience)
 	for {
-		p, err := c.group(i).Partition()
+		p, err := c.group(i).Partition(0)
 		if err == nil && p.Stats().Next == next {
 			return
 		}
@@ -362,7 +375,7 @@ func (c *cluster) sendFresh(id string) store.Result {
 		}
 		c.t.Logf("send %s: %v; resolving it from the log", id, err)
 		for {
-			p, err := c.group(c.leader()).LeaderPartition(ctx)
+			p, err := c.group(c.leader()).LeaderPartition(ctx, 0)
 			if errors.Is(err, ErrNotLeader) {
 				continue
 			}

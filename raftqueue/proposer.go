@@ -40,7 +40,9 @@ type proposer struct {
 	// committed next: what a proposer that does not wait for the commit
 	// would ack. The linearizability check must fail with it.
 	ackBeforeCommit atomic.Bool
-	guessNext       uint64 // run's: the next offset an early ack hands out
+	guessNext       []uint64 // run's: per partition, the next offset an early ack hands out
+
+	version byte // of the entries: entryMany for a group of several partitions
 }
 
 // request is one Apply call. Its state decides who owns cmd when the
@@ -48,6 +50,7 @@ type proposer struct {
 // is read (encoded) before the caller returns.
 type request struct {
 	cmd     *store.Command
+	part    int // the group's partition cmd is for
 	state   atomic.Int32
 	encoded chan struct{} // cap 1: the proposer no longer reads cmd
 	done    chan reply    // cap 1
@@ -92,6 +95,10 @@ func newProposer(g *Group, cfg Config) *proposer {
 	if depth <= 0 {
 		depth = DefaultQueueDepth
 	}
+	p.version, p.guessNext = entryOne, make([]uint64, cfg.Partitions)
+	if cfg.Partitions > 1 {
+		p.version = entryMany
+	}
 	p.reqs = make(chan *request, depth)
 	p.slots = make(chan struct{}, inflight)
 	p.pending = make(chan *batch, inflight)
@@ -108,11 +115,11 @@ func newProposer(g *Group, cfg Config) *proposer {
 }
 
 // apply queues cmd and waits for its answer.
-func (p *proposer) apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+func (p *proposer) apply(ctx context.Context, part int, cmd *store.Command) (store.Result, error) {
 	if err := ctx.Err(); err != nil {
 		return store.Result{}, err
 	}
-	r := &request{cmd: cmd, encoded: make(chan struct{}, 1), done: make(chan reply, 1)}
+	r := &request{cmd: cmd, part: part, encoded: make(chan struct{}, 1), done: make(chan reply, 1)}
 	p.closeMu.RLock()
 	if p.closing {
 		p.closeMu.RUnlock()
@@ -191,7 +198,7 @@ func (p *proposer) propose(reqs []*request) {
 	var msgs []int // early: the messages of each taken command
 	cmds := 0
 	flush := func() {
-		data := append(entryHeader(make([]byte, 0, len(buf)+16), cmds), buf...)
+		data := append(entryHeader(make([]byte, 0, len(buf)+16), p.version, cmds), buf...)
 		b := &batch{reqs: taken}
 		if p.g.raft.State() != raft.Leader {
 			b.err = p.g.notLeader()
@@ -224,7 +231,7 @@ func (p *proposer) propose(reqs []*request) {
 		if buf == nil {
 			buf = make([]byte, 0, 4096)
 		}
-		buf = appendEntryCommand(buf, r.cmd)
+		buf = appendEntryCommand(buf, p.version, r.part, r.cmd)
 		if early {
 			msgs = append(msgs, len(r.cmd.Msgs))
 		}
@@ -240,17 +247,17 @@ func (p *proposer) propose(reqs []*request) {
 }
 
 // ackEarly answers b's callers before b commits (ackBeforeCommit, tests
-// only): each message gets the next offset after the partition's end and
+// only): each message gets the next offset after its partition's end and
 // the offsets handed out early before.
 func (p *proposer) ackEarly(b *batch, msgs []int) {
-	if part, err := p.g.Partition(); err == nil {
-		p.guessNext = max(p.guessNext, part.Stats().Next)
-	}
 	for i, r := range b.reqs {
+		if part, err := p.g.Partition(r.part); err == nil {
+			p.guessNext[r.part] = max(p.guessNext[r.part], part.Stats().Next)
+		}
 		acks := make([]store.Ack, msgs[i])
 		for k := range acks {
-			acks[k].Offset = p.guessNext
-			p.guessNext++
+			acks[k].Offset = p.guessNext[r.part]
+			p.guessNext[r.part]++
 		}
 		r.done <- reply{res: store.Result{Acks: acks}}
 	}

@@ -29,7 +29,7 @@ type replicaState struct {
 
 func (c *cluster) stateOf(i int) replicaState {
 	c.t.Helper()
-	p, err := c.group(i).Partition()
+	p, err := c.group(i).Partition(0)
 	if err != nil {
 		c.t.Fatalf("%s: %v", c.ids[i], err)
 	}

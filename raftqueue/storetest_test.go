@@ -61,7 +61,7 @@ func openLeaderPartitionIn(t *testing.T, dir string) storetest.Partition {
 	// A new leader may not have applied all that its predecessor acked.
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
-	p, err := g.LeaderPartition(ctx)
+	p, err := g.LeaderPartition(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 // once held more, are not in it):
 //
 //	magic   "ZQS\x02"
+//	position uvarint index, uvarint cmds: the position the state holds
 //	frames  'B' uvarint length + name: the root bucket the next keys go to
 //	        'K' uvarint length + key, uvarint length + value
 //	end     'E' then the CRC-32C (Castagnoli) of every byte after the magic
@@ -57,6 +58,7 @@ func (p *Partition) WriteSnapshot(w io.Writer) (Position, error) {
 		if _, err := sw.w.WriteString(snapMagic); err != nil {
 			return err
 		}
+		sw.write(binary.AppendUvarint(binary.AppendUvarint(nil, pos.Index), pos.Cmds))
 		err := tx.ForEach(func(name []byte, b *bolt.Bucket) error {
 			sw.frame(snapBucket, name, nil)
 			return b.ForEach(func(k, v []byte) error {
@@ -118,11 +120,61 @@ func (s *snapWriter) end() {
 }
 
 // RestoreSnapshot makes the partition file path, which must not exist, from
-// a snapshot written by WriteSnapshot, and syncs it. A snapshot that is
-// damaged or cut short is an error wrapping ErrCorrupt, and removes what it
-// wrote; so does any other failure. Memory stays bounded whatever the
-// snapshot's size: it is written in transactions of about snapTxBytes.
-func RestoreSnapshot(path string, r io.Reader) (err error) {
+// a snapshot written by WriteSnapshot (NewSnapshotReader, then RestoreTo).
+func RestoreSnapshot(path string, r io.Reader) error {
+	s, err := NewSnapshotReader(r)
+	if err != nil {
+		return err
+	}
+	return s.RestoreTo(path)
+}
+
+// SnapshotReader reads one snapshot written by WriteSnapshot: its position
+// first, then RestoreTo or Skip reads the rest and checks its checksum. It
+// reads ahead of the snapshot's end unless r is a *bufio.Reader of at least
+// 64 KiB: snapshots that follow one another in a stream need one.
+type SnapshotReader struct {
+	sr  snapReader
+	pos Position
+}
+
+// NewSnapshotReader reads a snapshot's magic and position. A damaged or cut
+// snapshot is an error wrapping ErrCorrupt; the reader's own failures come
+// back as they are.
+func NewSnapshotReader(r io.Reader) (*SnapshotReader, error) {
+	s := &SnapshotReader{sr: snapReader{r: bufio.NewReaderSize(r, 1<<16), crc: crc32.New(castagnoli)}}
+	var magic [len(snapMagic)]byte
+	if _, err := io.ReadFull(s.sr.r, magic[:]); err != nil {
+		return nil, snapShort(err)
+	}
+	if string(magic[:]) != snapMagic {
+		return nil, fmt.Errorf("%w: snapshot magic %q", ErrCorrupt, magic[:])
+	}
+	var err error
+	if s.pos.Index, err = s.sr.uvarint(); err != nil {
+		return nil, err
+	}
+	if s.pos.Cmds, err = s.sr.uvarint(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Position returns the position the snapshot's state holds. The checksum
+// that vouches for it is checked at the end, by RestoreTo or Skip.
+func (s *SnapshotReader) Position() Position { return s.pos }
+
+// Skip reads the rest of the snapshot and checks it.
+func (s *SnapshotReader) Skip() error {
+	return s.read(func([]byte) error { return nil }, func(k, v []byte) error { return nil })
+}
+
+// RestoreTo makes the partition file path, which must not exist, from the
+// rest of the snapshot, and syncs it. A snapshot that is damaged or cut
+// short is an error wrapping ErrCorrupt, and removes what it wrote; so does
+// any other failure. Memory stays bounded whatever the snapshot's size: it
+// is written in transactions of about snapTxBytes.
+func (s *SnapshotReader) RestoreTo(path string) (err error) {
 	if _, err := os.Lstat(path); err == nil {
 		return fmt.Errorf("store: restore: %s exists", path)
 	}
@@ -138,14 +190,6 @@ func RestoreSnapshot(path string, r io.Reader) (err error) {
 			_ = os.Remove(path)
 		}
 	}()
-	sr := snapReader{r: bufio.NewReaderSize(r, 1<<16), crc: crc32.New(castagnoli)}
-	var magic [len(snapMagic)]byte
-	if _, err := io.ReadFull(sr.r, magic[:]); err != nil {
-		return snapShort(err)
-	}
-	if string(magic[:]) != snapMagic {
-		return fmt.Errorf("%w: snapshot magic %q", ErrCorrupt, magic[:])
-	}
 	tx, err := db.Begin(true)
 	if err != nil {
 		return err
@@ -160,6 +204,50 @@ func RestoreSnapshot(path string, r io.Reader) (err error) {
 		b       *bolt.Bucket
 		pending int
 	)
+	bucket := func(n []byte) (err error) {
+		name = n
+		if b, err = tx.CreateBucketIfNotExists(name); err != nil {
+			return fmt.Errorf("%w: snapshot bucket %q: %v", ErrCorrupt, name, err)
+		}
+		b.FillPercent = snapFillRatio
+		return nil
+	}
+	put := func(k, v []byte) error {
+		if b == nil {
+			return fmt.Errorf("%w: snapshot key before any bucket", ErrCorrupt)
+		}
+		if err := b.Put(k, v); err != nil {
+			return fmt.Errorf("%w: snapshot key %q of %q: %v", ErrCorrupt, k, name, err)
+		}
+		if pending += len(k) + len(v); pending < snapTxBytes {
+			return nil
+		}
+		err := tx.Commit()
+		tx = nil
+		if err != nil {
+			return err
+		}
+		if tx, err = db.Begin(true); err != nil {
+			tx = nil
+			return err
+		}
+		b = tx.Bucket(name)
+		b.FillPercent = snapFillRatio
+		pending = 0
+		return nil
+	}
+	if err := s.read(bucket, put); err != nil {
+		return err
+	}
+	err = tx.Commit() // bbolt syncs the file
+	tx = nil
+	return err
+}
+
+// read reads the frames up to the end and checks the checksum, calling
+// bucket and key with each (their slices are theirs to keep).
+func (s *SnapshotReader) read(bucket func(name []byte) error, key func(k, v []byte) error) error {
+	sr := &s.sr
 	for {
 		kind, err := sr.byte()
 		if err != nil {
@@ -167,17 +255,14 @@ func RestoreSnapshot(path string, r io.Reader) (err error) {
 		}
 		switch kind {
 		case snapBucket:
-			if name, err = sr.bytes(bolt.MaxKeySize); err != nil {
+			name, err := sr.bytes(bolt.MaxKeySize)
+			if err != nil {
 				return err
 			}
-			if b, err = tx.CreateBucketIfNotExists(name); err != nil {
-				return fmt.Errorf("%w: snapshot bucket %q: %v", ErrCorrupt, name, err)
+			if err := bucket(name); err != nil {
+				return err
 			}
-			b.FillPercent = snapFillRatio
 		case snapKey:
-			if b == nil {
-				return fmt.Errorf("%w: snapshot key before any bucket", ErrCorrupt)
-			}
 			k, err := sr.bytes(bolt.MaxKeySize)
 			if err != nil {
 				return err
@@ -186,21 +271,8 @@ func RestoreSnapshot(path string, r io.Reader) (err error) {
 			if err != nil {
 				return err
 			}
-			if err := b.Put(k, v); err != nil {
-				return fmt.Errorf("%w: snapshot key %q of %q: %v", ErrCorrupt, k, name, err)
-			}
-			if pending += len(k) + len(v); pending >= snapTxBytes {
-				if err := tx.Commit(); err != nil {
-					tx = nil
-					return err
-				}
-				if tx, err = db.Begin(true); err != nil {
-					tx = nil
-					return err
-				}
-				b = tx.Bucket(name)
-				b.FillPercent = snapFillRatio
-				pending = 0
+			if err := key(k, v); err != nil {
+				return err
 			}
 		case snapEnd:
 			want := sr.crc.Sum32()
@@ -211,9 +283,7 @@ func RestoreSnapshot(path string, r io.Reader) (err error) {
 			if got := binary.BigEndian.Uint32(sum[:]); got != want {
 				return fmt.Errorf("%w: snapshot checksum %08x, computed %08x", ErrCorrupt, got, want)
 			}
-			err := tx.Commit() // bbolt syncs the file
-			tx = nil
-			return err
+			return nil
 		default:
 			return fmt.Errorf("%w: snapshot frame %q", ErrCorrupt, kind)
 		}
@@ -237,17 +307,26 @@ func (s *snapReader) byte() (byte, error) {
 	return c, nil
 }
 
+// uvarint reads a uvarint.
+func (s *snapReader) uvarint() (uint64, error) {
+	n, err := binary.ReadUvarint(byteCounter{s})
+	if err != nil {
+		if s.readErr != nil {
+			return 0, s.readErr
+		}
+		return 0, fmt.Errorf("%w: snapshot: %v", ErrCorrupt, err)
+	}
+	return n, nil
+}
+
 // bytes reads a uvarint length of at most limit and that many bytes, into a
 // new slice (bbolt keeps what Put is given until the transaction ends). The
 // buffer grows as the bytes arrive, so a damaged length allocates no more
 // than the snapshot holds.
 func (s *snapReader) bytes(limit int) ([]byte, error) {
-	n, err := binary.ReadUvarint(byteCounter{s})
+	n, err := s.uvarint()
 	if err != nil {
-		if s.readErr != nil {
-			return nil, s.readErr
-		}
-		return nil, fmt.Errorf("%w: snapshot length: %v", ErrCorrupt, err)
+		return nil, err
 	}
 	if n > uint64(limit) {
 		return nil, fmt.Errorf("%w: snapshot length %d over %d", ErrCorrupt, n, limit)

@@ -13,14 +13,21 @@ import (
 
 func init() {
 	register("raft3-group", "raftqueue alone, P groups of 3 replicas on loopback TCP as raft-stock: sends of one message through its batching proposer", runRaft3)
+	register("raft3-shared", "raft3-group with the P partitions in one group of 3 replicas (raftqueue Config.Partitions): their sends share its entries", runRaft3Shared)
 }
 
-// runRaft3 measures raftqueue in raft-stock's shape (openRaftGroups,
-// lanRaftConfig): each send is a Group.Apply on its group's leader of an
+func runRaft3(ctx context.Context, b *bench) (result, error) { return runRaft3Groups(ctx, b, false) }
+
+func runRaft3Shared(ctx context.Context, b *bench) (result, error) {
+	return runRaft3Groups(ctx, b, true)
+}
+
+// runRaft3Groups measures raftqueue in raft-stock's shape (openRaftGroups,
+// lanRaftConfig): each send is a Group.ApplyTo on its group's leader of an
 // OpAppend of one message with a new ID (FreshID, so the dedup lookup is
 // skipped), which the leader's proposer packs with the concurrent ones into
-// one raft entry.
-func runRaft3(ctx context.Context, b *bench) (res result, err error) {
+// one raft entry. The P partitions are P groups, or with shared one group.
+func runRaft3Groups(ctx context.Context, b *bench, shared bool) (res result, err error) {
 	var wals []*store.WAL
 	defer func() {
 		for _, w := range wals {
@@ -36,11 +43,16 @@ func runRaft3(ctx context.Context, b *bench) (res result, err error) {
 		}
 		wals = append(wals, w)
 	}
-	gs, err := openRaftGroups(ctx, b, func(s replicaSpec) (*raftqueue.Group, error) {
+	groups, parts := b.partitions, 1
+	if shared {
+		groups, parts = 1, b.partitions
+	}
+	gs, err := openRaftGroups(ctx, b, groups, func(s replicaSpec) (*raftqueue.Group, error) {
 		cfg, err := raft3Config(s, wals[s.node])
 		if err != nil {
 			return nil, err
 		}
+		cfg.Partitions = parts
 		return raftqueue.Open(cfg)
 	})
 	if err != nil {
@@ -59,7 +71,7 @@ func runRaft3(ctx context.Context, b *bench) (res result, err error) {
 			Timestamp: now,
 			FreshID:   attempt == 0, // a retry may find its first attempt stored
 		}
-		_, err := g.Apply(ctx, &store.Command{Op: store.OpAppend, Now: now, Msgs: []store.Message{msg}})
+		_, err := g.ApplyTo(ctx, benchKey(w, seq)%parts, &store.Command{Op: store.OpAppend, Now: now, Msgs: []store.Message{msg}})
 		return err
 	}, raft3Retry)
 	if cerr := gs.close(); err == nil {

@@ -31,7 +31,7 @@ func init() {
 // entries of concurrent Applies into one log write and one AppendEntries,
 // as it does for any user. Both raft cases use lanRaftConfig.
 func runRaftStock(ctx context.Context, b *bench) (result, error) {
-	gs, err := openRaftGroups(ctx, b, openStockReplica)
+	gs, err := openRaftGroups(ctx, b, b.partitions, openStockReplica)
 	if err != nil {
 		return result{}, err
 	}
@@ -293,15 +293,15 @@ type replicaSpec struct {
 // openRaftGroups opens -p groups of raftNodes replicas with open, replica
 // i of each group in node i's directory, bootstraps them and waits until
 // every group has a leader. On error it closes what it opened.
-func openRaftGroups[R raftReplica](ctx context.Context, b *bench, open func(replicaSpec) (R, error)) (gs *raftGroups[R], err error) {
-	gs = &raftGroups[R]{leaders: make([]atomic.Int32, b.partitions), index0: make([]uint64, b.partitions)}
+func openRaftGroups[R raftReplica](ctx context.Context, b *bench, groups int, open func(replicaSpec) (R, error)) (gs *raftGroups[R], err error) {
+	gs = &raftGroups[R]{leaders: make([]atomic.Int32, groups), index0: make([]uint64, groups)}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, gs.close())
 			gs = nil
 		}
 	}()
-	for p := range b.partitions {
+	for p := range groups {
 		gs.reps = append(gs.reps, nil)
 		var servers []raft.Server
 		for n := range raftNodes {

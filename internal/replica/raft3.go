@@ -250,7 +250,7 @@ func applyLeading(ctx context.Context, g *raftqueue.Group, cmd *store.Command, n
 // by RPC otherwise.
 func (r *Raft3) read(ctx context.Context, fn func(p partition.Partition) error) error {
 	return r.route(ctx, true, func(g *raftqueue.Group) error {
-		p, err := g.LeaderPartition(ctx)
+		p, err := g.LeaderPartition(ctx, 0)
 		if err != nil {
 			return err
 		}
@@ -315,7 +315,7 @@ func (r *Raft3) Stats() store.Stats {
 		return nil
 	})
 	if err != nil && r.cfg.Group != nil {
-		if p, perr := r.cfg.Group.Partition(); perr == nil {
+		if p, perr := r.cfg.Group.Partition(0); perr == nil {
 			st = p.Stats()
 		}
 	}
@@ -425,7 +425,7 @@ var _ partition.Partition = (*Leading)(nil)
 
 // partition returns the replica's partition if it leads.
 func (l *Leading) partition(ctx context.Context) (*store.Partition, error) {
-	return l.r.cfg.Group.LeaderPartition(ctx)
+	return l.r.cfg.Group.LeaderPartition(ctx, 0)
 }
 
 func (l *Leading) call(fn func(p *store.Partition) error) error {
@@ -460,7 +460,7 @@ func (l *Leading) Get(offset uint64) (m store.Message, ok bool, err error) {
 
 // Stats is the replica's, leading or not: advisory.
 func (l *Leading) Stats() store.Stats {
-	p, err := l.r.cfg.Group.Partition()
+	p, err := l.r.cfg.Group.Partition(0)
 	if err != nil {
 		return store.Stats{}
 	}
@@ -556,7 +556,7 @@ func (r *Raft3) WhileLeading(ctx context.Context, fn func(ctx context.Context, u
 	defer tick.Stop()
 	for {
 		if g.State() == raft.Leader {
-			if p, err := g.Partition(); err == nil {
+			if p, err := g.Partition(0); err == nil {
 				lctx, cancel := context.WithCancel(ctx)
 				done := make(chan struct{})
 				go func() {
