@@ -259,10 +259,10 @@ func TestRaft3_CloseWithoutQuorum(t *testing.T) {
 }
 
 // TestRaft3_ReplicaOpenRetried: a node that fails to open its replica (its
-// directory's path taken by a file) leaves the topic out of its table and
-// tries again at the metadata state's next change, which then succeeds
-// once the path is free: the replica's log, retained on the first try,
-// must not be lost to it.
+// directory's path taken by a file) serves the partition through the other
+// two and tries again at the metadata state's next change, which then
+// succeeds once the path is free: the replica's log, retained on the first
+// try, must not be lost to it.
 func TestRaft3_ReplicaOpenRetried(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -291,8 +291,17 @@ func TestRaft3_ReplicaOpenRetried(t *testing.T) {
 	if _, err := p.SendMessage(ctx, &mq.Message{ID: "a"}); err != nil {
 		t.Fatalf("send with two of three replicas: %v", err)
 	}
-	if got := c.nodes["n3"].Topics()["r"]; got != 0 {
-		t.Fatalf("n3 shows %d partitions without its replica", got)
+	// n3 serves the topic meanwhile, through the other two replicas.
+	waitFor(t, 10*time.Second, "n3 to show the topic", func() bool { return c.nodes["n3"].Topics()["r"] == 1 })
+	if _, holds := mq.Raft3Leader(c.nodes["n3"], "r", 0); holds {
+		t.Fatal("n3 holds a replica whose directory is taken by a file")
+	}
+	p3, err := c.nodes["n3"].NewProducer("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p3.SendMessage(ctx, &mq.Message{ID: "b"}); err != nil {
+		t.Fatalf("send through n3, whose replica is not open: %v", err)
 	}
 	if err := os.Remove(blocker); err != nil {
 		t.Fatal(err)
@@ -300,7 +309,10 @@ func TestRaft3_ReplicaOpenRetried(t *testing.T) {
 	if err := c.nodes["n1"].CreateMQ(ctx, "other", 1, mq.Options{}); err != nil { // a change: n3 tries again
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "n3's replica opened on the next change", func() bool { return c.nodes["n3"].Topics()["r"] == 1 })
+	waitFor(t, 10*time.Second, "n3's replica opened on the next change", func() bool {
+		_, holds := mq.Raft3Leader(c.nodes["n3"], "r", 0)
+		return holds
+	})
 	c.kill("n1") // n3's replica is now needed for the quorum
 	m, err := c.nodes["n3"].ReadMessage(ctx, "r", 0, 0)
 	if err != nil || m.ID != "a" {

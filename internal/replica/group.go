@@ -63,6 +63,6 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 
 // Leads reports whether this node's replica leads the group.
 func (r *Raft3) Leads() bool {
-	g := r.cfg.Group
+	g := r.Replica()
 	return g != nil && g.State() == raft.Leader
 }

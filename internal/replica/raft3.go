@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -56,6 +58,8 @@ type Raft3Config struct {
 	// CallTimeout bounds the reads that take no ctx (DefaultCallTimeout if
 	// zero).
 	CallTimeout time.Duration
+	// Logger receives the replica's damage (nil: silent).
+	Logger *slog.Logger
 }
 
 // Raft3 is a Raft3 partition as a node holds it: commands and reads go to
@@ -66,7 +70,13 @@ type Raft3 struct {
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 
-	closing atomic.Bool // the node is closing: no waiting for a leader
+	closing atomic.Bool                     // the node is closing: no waiting for a leader
+	group   atomic.Pointer[raftqueue.Group] // this node's replica: cfg.Group, or Attach's
+	// damaged: this node's replica met damage (store.ErrCorrupt or
+	// ErrFailed) in a read or an apply. It no longer serves, and hands its
+	// leadership over whenever it leads (WhileLeading), so the group serves
+	// from the intact replicas. Sticky until the node restarts.
+	damaged atomic.Bool
 
 	mu      sync.Mutex
 	remotes map[string]*remote.Partition // guarded by mu: by node, made when first used
@@ -82,7 +92,13 @@ func NewRaft3(cfg Raft3Config) *Raft3 {
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = DefaultCallTimeout
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	r := &Raft3{cfg: cfg, remotes: map[string]*remote.Partition{}}
+	if cfg.Group != nil {
+		r.group.Store(cfg.Group)
+	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	return r
 }
@@ -91,7 +107,18 @@ func NewRaft3(cfg Raft3Config) *Raft3 {
 func (r *Raft3) Name() string { return r.cfg.Topic + "/" + strconv.Itoa(r.cfg.Index) }
 
 // Replica returns this node's replica, nil if it holds none.
-func (r *Raft3) Replica() *raftqueue.Group { return r.cfg.Group }
+func (r *Raft3) Replica() *raftqueue.Group { return r.group.Load() }
+
+// Attach makes g this node's replica: one that could not be opened with the
+// partition (NewRaft3 without a Group) and opened since. It closes g if the
+// partition is closed, or has a replica already.
+func (r *Raft3) Attach(g *raftqueue.Group) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || !r.group.CompareAndSwap(nil, g) {
+		_ = g.Close()
+	}
+}
 
 // route runs a call at the group's leader: local with this node's replica
 // when it leads, else far with the leader's node. A replica that does not
@@ -105,8 +132,8 @@ func (r *Raft3) Replica() *raftqueue.Group { return r.cfg.Group }
 func (r *Raft3) route(ctx context.Context, idempotent bool, local func(g *raftqueue.Group) error, far func(p *remote.Partition) error) error {
 	backoff := 5 * time.Millisecond
 	for tries := 0; ; tries++ {
-		if g := r.cfg.Group; g != nil && g.State() == raft.Leader {
-			err := local(g)
+		if g := r.local(); g != nil && g.State() == raft.Leader {
+			err := r.checkDamage(local(g))
 			if !errors.Is(err, raftqueue.ErrNotLeader) {
 				return err
 			}
@@ -156,6 +183,33 @@ func (r *Raft3) route(ctx context.Context, idempotent bool, local func(g *raftqu
 	}
 }
 
+// local returns this node's replica while it serves: nil without one, or
+// once it is damaged.
+func (r *Raft3) local() *raftqueue.Group {
+	if r.damaged.Load() {
+		return nil
+	}
+	return r.Replica()
+}
+
+// checkDamage returns err, a local call's: one that met damage of this
+// node's replica (its file corrupt, or failed) marks the replica damaged
+// and becomes raftqueue.ErrNotLeader, which sends the call on to the
+// intact replicas. A command whose outcome is unknown stays so.
+func (r *Raft3) checkDamage(err error) error {
+	if err == nil || !errors.Is(err, store.ErrCorrupt) && !errors.Is(err, store.ErrFailed) {
+		return err
+	}
+	if r.damaged.CompareAndSwap(false, true) {
+		r.cfg.Logger.Error("this node's replica is damaged: it no longer serves, and hands its leadership over; "+
+			"the others serve the partition (restart the node once its files are repaired)", "err", err)
+	}
+	if errors.Is(err, raftqueue.ErrUnknownOutcome) {
+		return err
+	}
+	return fmt.Errorf("%w: this node's replica is damaged: %w", raftqueue.ErrNotLeader, err)
+}
+
 // ErrNoLeader is returned when a call found no leader of the group before
 // its ctx ended (no quorum of its replicas reachable).
 var ErrNoLeader = errors.New("replica: no leader")
@@ -163,7 +217,7 @@ var ErrNoLeader = errors.New("replica: no leader")
 // candidate returns the node to ask: the leader this node's replica knows
 // of, the last node that answered as the leader, or the replicas in turn.
 func (r *Raft3) candidate() string {
-	if g := r.cfg.Group; g != nil {
+	if g := r.Replica(); g != nil {
 		if _, id := g.Leader(); id != "" && string(id) != r.cfg.Self {
 			return string(id)
 		}
@@ -314,8 +368,8 @@ func (r *Raft3) Stats() store.Stats {
 		st = p.Stats()
 		return nil
 	})
-	if err != nil && r.cfg.Group != nil {
-		if p, perr := r.cfg.Group.Partition(0); perr == nil {
+	if g := r.Replica(); err != nil && g != nil {
+		if p, perr := g.Partition(0); perr == nil {
 			st = p.Stats()
 		}
 	}
@@ -379,7 +433,7 @@ func (r *Raft3) Closing() { r.closing.Store(true) }
 // closes. Call it while the node's port still runs; it is best effort (the
 // group elects a leader anyway).
 func (r *Raft3) HandOff() {
-	if g := r.cfg.Group; g != nil && g.State() == raft.Leader {
+	if g := r.Replica(); g != nil && g.State() == raft.Leader {
 		_ = g.Raft().LeadershipTransfer().Error()
 	}
 }
@@ -400,7 +454,7 @@ func (r *Raft3) Close() error {
 	for _, p := range remotes {
 		p.Close()
 	}
-	if g := r.cfg.Group; g != nil {
+	if g := r.Replica(); g != nil {
 		return g.Close()
 	}
 	return nil
@@ -411,7 +465,7 @@ func (r *Raft3) Close() error {
 // otherwise, which sends the caller on), so a call is never forwarded
 // twice. Nil when this node holds no replica.
 func (r *Raft3) Leading() *Leading {
-	if r.cfg.Group == nil {
+	if r.local() == nil {
 		return nil
 	}
 	return &Leading{r: r}
@@ -425,7 +479,7 @@ var _ partition.Partition = (*Leading)(nil)
 
 // partition returns the replica's partition if it leads.
 func (l *Leading) partition(ctx context.Context) (*store.Partition, error) {
-	return l.r.cfg.Group.LeaderPartition(ctx, 0)
+	return l.r.Replica().LeaderPartition(ctx, 0)
 }
 
 func (l *Leading) call(fn func(p *store.Partition) error) error {
@@ -435,11 +489,12 @@ func (l *Leading) call(fn func(p *store.Partition) error) error {
 	if err != nil {
 		return err
 	}
-	return fn(p)
+	return l.r.checkDamage(fn(p))
 }
 
 func (l *Leading) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
-	return applyLeading(ctx, l.r.cfg.Group, cmd, l.r.cfg.Now)
+	res, err := applyLeading(ctx, l.r.Replica(), cmd, l.r.cfg.Now)
+	return res, l.r.checkDamage(err)
 }
 
 func (l *Leading) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error) {
@@ -447,7 +502,8 @@ func (l *Leading) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst
 	if err != nil {
 		return nil, err
 	}
-	return p.Fetch(ctx, from, max, maxBytes, dst)
+	out, err := p.Fetch(ctx, from, max, maxBytes, dst)
+	return out, l.r.checkDamage(err)
 }
 
 func (l *Leading) Get(offset uint64) (m store.Message, ok bool, err error) {
@@ -460,7 +516,7 @@ func (l *Leading) Get(offset uint64) (m store.Message, ok bool, err error) {
 
 // Stats is the replica's, leading or not: advisory.
 func (l *Leading) Stats() store.Stats {
-	p, err := l.r.cfg.Group.Partition(0)
+	p, err := l.r.Replica().Partition(0)
 	if err != nil {
 		return store.Stats{}
 	}
@@ -548,14 +604,16 @@ func (u Upkeep) GroupStates() (map[string]store.GroupState, error) { return u.P.
 // ends), and waits for fn. It returns when ctx ends; at once without a
 // replica here.
 func (r *Raft3) WhileLeading(ctx context.Context, fn func(ctx context.Context, u Upkeep)) {
-	g := r.cfg.Group
-	if g == nil {
+	if !slices.Contains(r.cfg.Replicas, r.cfg.Self) {
 		return
 	}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if g.State() == raft.Leader {
+		g := r.Replica() // nil until a replica that failed to open is attached
+		if g != nil && g.State() == raft.Leader && r.damaged.Load() {
+			r.HandOff()
+		} else if g != nil && g.State() == raft.Leader {
 			if p, err := g.Partition(0); err == nil {
 				lctx, cancel := context.WithCancel(ctx)
 				done := make(chan struct{})
@@ -563,7 +621,7 @@ func (r *Raft3) WhileLeading(ctx context.Context, fn func(ctx context.Context, u
 					defer close(done)
 					fn(lctx, Upkeep{G: g, P: p})
 				}()
-				for g.State() == raft.Leader && ctx.Err() == nil {
+				for g.State() == raft.Leader && !r.damaged.Load() && ctx.Err() == nil {
 					select {
 					case <-ctx.Done():
 					case <-tick.C:
