@@ -319,3 +319,50 @@ func TestRaft3_ReplicaOpenRetried(t *testing.T) {
 		t.Fatalf("read through n3 with n1 down: %v, %v", m, err)
 	}
 }
+
+// TestRaft3_RetentionConsumed: on a Raft3 topic the consumed trim is a
+// replicated command proposed by the leader's upkeep: once the group has
+// committed past them the messages are gone on every replica (a new leader
+// after the old one's kill holds none of them), and the next send goes on
+// at the same offset.
+func TestRaft3_RetentionConsumed(t *testing.T) {
+	c, lead, others := threeNodes(t, 1, func(string) []mq.Option {
+		return []mq.Option{mq.WithRetentionConsumed(), mq.WithDedupWindow(100 * time.Millisecond),
+			mq.WithMaintenanceInterval(50 * time.Millisecond)}
+	})
+	ctx := testCtx(t)
+	p, err := c.nodes[others[0]].NewProducer(r3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		if _, err := p.SendMessage(ctx, &mq.Message{ID: fmt.Sprint("m", i), Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := &arrivals{}
+	cons := mustConsume(t, c.nodes[others[1]], r3, "g", got)
+	waitFor(t, 20*time.Second, "the 30 messages consumed", func() bool { return got.len() == 30 })
+	cons.Close() // commits 30
+	gone := func(m *mq.MQ) bool {
+		for _, off := range []int64{0, 29} {
+			if _, err := m.ReadMessage(ctx, r3, 0, off); !errors.Is(err, mq.ErrNoMessage) {
+				return false
+			}
+		}
+		return true
+	}
+	waitFor(t, 20*time.Second, "the consumed head trimmed", func() bool { return gone(c.nodes[others[0]]) })
+	c.kill(lead)
+	waitFor(t, 20*time.Second, "a new leader", func() bool {
+		l, _ := mq.Raft3Leader(c.nodes[others[0]], r3, 0)
+		return l != "" && l != lead
+	})
+	if !gone(c.nodes[others[0]]) {
+		t.Fatal("the new leader holds messages the old one trimmed: the trim was not replicated")
+	}
+	res, err := p.SendMessage(ctx, &mq.Message{ID: "after", Body: []byte("y")})
+	if err != nil || len(res) != 1 || res[0].Offset != 30 {
+		t.Fatalf("the next send: %+v, %v; want offset 30", res, err)
+	}
+}
