@@ -48,9 +48,6 @@ type Raft3Config struct {
 	// their raft addresses).
 	Self     string
 	Replicas []string
-	// Group is this node's replica when Self is in Replicas, else nil. The
-	// partition owns it: Close closes it.
-	Group *raftqueue.Group
 	// Peer returns the RPC client of a node.
 	Peer func(node string) (*remote.Client, error)
 	// Now stamps the commands this node's replica proposes as the leader.
@@ -71,7 +68,7 @@ type Raft3 struct {
 	cancel context.CancelFunc
 
 	closing atomic.Bool                     // the node is closing: no waiting for a leader
-	group   atomic.Pointer[raftqueue.Group] // this node's replica: cfg.Group, or Attach's
+	group   atomic.Pointer[raftqueue.Group] // this node's replica (Attach); the partition owns it: Close closes it
 	// damaged: this node's replica met damage (store.ErrCorrupt or
 	// ErrFailed) in a read or an apply. It no longer serves, and hands its
 	// leadership over whenever it leads (WhileLeading), so the group serves
@@ -96,9 +93,6 @@ func NewRaft3(cfg Raft3Config) *Raft3 {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	r := &Raft3{cfg: cfg, remotes: map[string]*remote.Partition{}}
-	if cfg.Group != nil {
-		r.group.Store(cfg.Group)
-	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	return r
 }
@@ -109,9 +103,10 @@ func (r *Raft3) Name() string { return r.cfg.Topic + "/" + strconv.Itoa(r.cfg.In
 // Replica returns this node's replica, nil if it holds none.
 func (r *Raft3) Replica() *raftqueue.Group { return r.group.Load() }
 
-// Attach makes g this node's replica: one that could not be opened with the
-// partition (NewRaft3 without a Group) and opened since. It closes g if the
-// partition is closed, or has a replica already.
+// Attach makes g this node's replica (when Self is in Replicas: opened with
+// the partition, or later, once a failed open succeeded); the partition
+// owns it from then on. It closes g if the partition is closed, or has a
+// replica already.
 func (r *Raft3) Attach(g *raftqueue.Group) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
