@@ -9,11 +9,13 @@ import (
 )
 
 // Entry layout (the Data of a raft LogCommand entry): 'Z' 'Q', the version,
-// then the number of commands (uvarint), then each command: in version 2 the
-// index of its partition in the group (uvarint), then in both a uvarint
-// length followed by store.AppendCommand's encoding. A group of one
-// partition writes version 1. The proposer packs the commands of many
-// concurrent callers into one entry.
+// in version 2 the number of partitions of the group (uvarint: a replica
+// configured with another number fails rather than apply less), then the
+// number of commands (uvarint), then each command: in version 2 the index
+// of its partition in the group (uvarint), then in both a uvarint length
+// followed by store.AppendCommand's encoding. A group of one partition
+// writes version 1. The proposer packs the commands of many concurrent
+// callers into one entry.
 const (
 	entryMagic0 = 'Z'
 	entryMagic1 = 'Q'
@@ -21,9 +23,13 @@ const (
 	entryMany   = 2 // each command names its partition
 )
 
-// entryHeader starts an entry of n commands in dst.
-func entryHeader(dst []byte, version byte, n int) []byte {
+// entryHeader starts an entry of n commands for a group of nparts
+// partitions in dst.
+func entryHeader(dst []byte, version byte, nparts, n int) []byte {
 	dst = append(dst, entryMagic0, entryMagic1, version)
+	if version == entryMany {
+		dst = binary.AppendUvarint(dst, uint64(nparts))
+	}
 	return binary.AppendUvarint(dst, uint64(n))
 }
 
@@ -44,11 +50,22 @@ func appendEntryCommand(dst []byte, version byte, part int, c *store.Command) []
 
 var errEntry = errors.New("malformed entry")
 
+// errPartitions is an entry of a group whose number of partitions is not
+// this replica's: its configuration is wrong, and it must not apply a part
+// of what the others apply.
+var errPartitions = errors.New("raftqueue: the group's entries name another number of partitions than this replica's")
+
+// errUndecodable answers a command of an entry that does not decode: the
+// entry's other commands are applied.
+var errUndecodable = fmt.Errorf("%w: %w: a command does not decode", store.ErrBadCommand, errEntry)
+
 // decodeEntry decodes an entry's commands, appending them to cmds and
 // their partitions to parts; a partition is below nparts. The commands'
-// message bodies point into b. A malformed entry is an error wrapping
-// store.ErrBadCommand: every replica decodes the same bytes, so every
-// replica answers it the same way.
+// message bodies point into b. A command that does not decode is appended
+// as nil (errUndecodable answers it). A malformed entry is an error
+// wrapping store.ErrBadCommand: every replica decodes the same bytes, so
+// every replica answers it the same way; an entry of a group of another
+// number of partitions is errPartitions.
 func decodeEntry(b []byte, nparts int, cmds []*store.Command, parts []int) ([]*store.Command, []int, error) {
 	if len(b) < 3 || b[0] != entryMagic0 || b[1] != entryMagic1 {
 		return cmds, parts, fmt.Errorf("%w: %w: bad magic", store.ErrBadCommand, errEntry)
@@ -58,6 +75,16 @@ func decodeEntry(b []byte, nparts int, cmds []*store.Command, parts []int) ([]*s
 		return cmds, parts, fmt.Errorf("%w: %w: version %d, want %d or %d", store.ErrBadCommand, errEntry, version, entryOne, entryMany)
 	}
 	b = b[3:]
+	if version == entryMany {
+		np, k := binary.Uvarint(b)
+		if k <= 0 {
+			return cmds, parts, fmt.Errorf("%w: %w: partition count", store.ErrBadCommand, errEntry)
+		}
+		if np != uint64(nparts) {
+			return cmds, parts, fmt.Errorf("%w: %d in the entry, %d here", errPartitions, np, nparts)
+		}
+		b = b[k:]
+	}
 	n, k := binary.Uvarint(b)
 	if k <= 0 || n > uint64(len(b)) {
 		return cmds, parts, fmt.Errorf("%w: %w: command count", store.ErrBadCommand, errEntry)
@@ -77,7 +104,7 @@ func decodeEntry(b []byte, nparts int, cmds []*store.Command, parts []int) ([]*s
 		}
 		c, err := store.DecodeCommand(b[k : k+int(l) : k+int(l)])
 		if err != nil {
-			return cmds, parts, err
+			c = nil // the command's own error: the entry's others are not its
 		}
 		cmds, parts = append(cmds, c), append(parts, int(part))
 		b = b[k+int(l):]

@@ -129,14 +129,17 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		if cmds, cmdPart, err = decodeEntry(l.Data, len(f.paths), cmds, cmdPart); err != nil {
 			clear(cmds[first:])
 			cmds, cmdPart = cmds[:first], cmdPart[:first]
+			if errors.Is(err, errPartitions) {
+				f.fail(err) // this replica's configuration is not the group's
+			}
 			out[i] = &entryResult{err: err}
 			continue
 		}
 		for k := first; k < len(cmds); k++ {
 			at := store.Position{Index: l.Index, Cmds: uint64(k - first + 1)}
 			part := cmdPart[k]
-			if !f.applied[part].Less(at) {
-				continue // the file holds it
+			if cmds[k] == nil || !f.applied[part].Less(at) {
+				continue // undecodable (answered below), or the file holds it
 			}
 			b := &f.byPart[part]
 			b.cmds, b.at, b.to = append(b.cmds, cmds[k]), append(b.at, at), append(b.to, k)
@@ -147,6 +150,9 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	errs := make([]error, len(cmds))
 	for k := range errs {
 		errs[k] = errApplied // unless applied below
+		if cmds[k] == nil {
+			errs[k] = errUndecodable
+		}
 	}
 	var failed error
 	for part := range f.byPart {

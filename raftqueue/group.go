@@ -183,6 +183,12 @@ func Open(cfg Config) (*Group, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftqueue: open raft.db: %w", err)
 	}
+	if cfg.Partitions <= 0 {
+		cfg.Partitions = 1
+	}
+	if err := checkPartitions(g.bolt, cfg.Partitions); err != nil {
+		return nil, err
+	}
 	var logs raft.LogStore = g.bolt
 	if cfg.LogStore != nil {
 		logs = cfg.LogStore
@@ -194,9 +200,6 @@ func Open(cfg Config) (*Group, error) {
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, conf.Logger.Named("snapshots"))
 	if err != nil {
 		return nil, fmt.Errorf("raftqueue: %w", err)
-	}
-	if cfg.Partitions <= 0 {
-		cfg.Partitions = 1
 	}
 	paths := []string{filepath.Join(cfg.Dir, "partition.db")}
 	for i := 1; i < cfg.Partitions; i++ {
@@ -217,6 +220,29 @@ func Open(cfg Config) (*Group, error) {
 	return g, nil
 }
 
+// partitionsKey is where raft.db records how many partitions the group
+// carries: a replica reopened with another number would apply a part of the
+// entries and drop the rest.
+var partitionsKey = []byte("raftqueue-partitions")
+
+// checkPartitions records n in stable on the replica's first open, and
+// refuses another n after.
+func checkPartitions(stable *raftboltdb.BoltStore, n int) error {
+	had, err := stable.GetUint64(partitionsKey)
+	switch {
+	case errors.Is(err, raftboltdb.ErrKeyNotFound):
+		if err := stable.SetUint64(partitionsKey, uint64(n)); err != nil {
+			return fmt.Errorf("raftqueue: record the partitions: %w", err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("raftqueue: read the partitions: %w", err)
+	case had != uint64(n):
+		return fmt.Errorf("raftqueue: the group carries %d partitions, not %d", had, n)
+	}
+	return nil
+}
+
 // catchUp restores the newest snapshot into the partitions whose files
 // stand before it: raft (NoSnapshotRestoreOnStart) replays only the log
 // after its newest snapshot, and a replica that crashed while restoring a
@@ -226,7 +252,9 @@ func (f *fsm) catchUp(snaps *raft.FileSnapshotStore) error {
 	if err != nil {
 		return fmt.Errorf("raftqueue: snapshots: %w", err)
 	}
-	if len(list) == 0 || !slices.ContainsFunc(f.applied, func(p store.Position) bool { return p.Index < list[0].Index }) {
+	// A file at the snapshot's index may hold only a part of that entry's
+	// commands: readSnapshot compares whole positions.
+	if len(list) == 0 || !slices.ContainsFunc(f.applied, func(p store.Position) bool { return p.Index <= list[0].Index }) {
 		return nil
 	}
 	_, rc, err := snaps.Open(list[0].ID)

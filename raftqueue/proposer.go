@@ -198,7 +198,7 @@ func (p *proposer) propose(reqs []*request) {
 	var msgs []int // early: the messages of each taken command
 	cmds := 0
 	flush := func() {
-		data := append(entryHeader(make([]byte, 0, len(buf)+16), p.version, cmds), buf...)
+		data := append(entryHeader(make([]byte, 0, len(buf)+16), p.version, len(p.guessNext), cmds), buf...)
 		b := &batch{reqs: taken}
 		if p.g.raft.State() != raft.Leader {
 			b.err = p.g.notLeader()

@@ -192,6 +192,9 @@ func (c *Command) check() error {
 	if c.Limit < 0 || c.MaxAge < 0 || c.MaxBytes < 0 || c.DedupTTL < 0 || c.DecideTTL < 0 {
 		return fmt.Errorf("%w: negative limit", ErrBadCommand)
 	}
+	if c.Limit > math.MaxInt32 { // the encoding's bound (DecodeCommand)
+		return fmt.Errorf("%w: limit %d over %d", ErrBadCommand, c.Limit, math.MaxInt32)
+	}
 	if c.Start > StartLast || c.Start != StartAt && c.Op != OpClaim {
 		return fmt.Errorf("%w: op %d with start %d", ErrBadCommand, c.Op, c.Start)
 	}
