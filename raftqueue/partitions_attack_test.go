@@ -721,7 +721,7 @@ func TestPartitionsAttack_SnapshotsUnderLoadAndHalfRenamed(t *testing.T) {
 	}
 	paCopyFile(t, p1+".old", p1)
 	c.start(f)
-	l = c.leader()
+	c.leader()
 	if _, err := c.applyTo(ctx, 3, store.Command{Op: store.OpAppend, Msgs: []store.Message{msg("idle-wakes")}}); err != nil {
 		t.Fatal(err)
 	}
