@@ -43,14 +43,7 @@ type clusterNode struct {
 	// unopened are the Raft3 partitions in the table whose replica here
 	// failed to open: the others serve them meanwhile, and each metadata
 	// change tries to open it again (sync). Guarded by the MQ's adminMu.
-	unopened map[*replica.Raft3]unopened
-}
-
-// unopened is a replica sync tries to open again.
-type unopened struct {
-	topic    string
-	index    int
-	replicas []string
+	unopened map[*replica.Raft3]struct{}
 }
 
 // errStarting is what another node's call gets while this node's agent is
@@ -215,14 +208,11 @@ func (cn *clusterNode) sync(st *cluster.State) {
 	if m.closed.Load() {
 		return
 	}
-	for r, u := range cn.unopened {
-		g, err := cn.openReplica(u.topic, u.index, u.replicas)
-		if err != nil {
-			continue // logged when it first failed
+	for r := range cn.unopened {
+		if cn.attachReplica(r) == nil { // a failure was logged when it first failed
+			delete(cn.unopened, r)
+			m.cfg.logger.Info("replica opened", "partition", r.Name())
 		}
-		r.Attach(g)
-		delete(cn.unopened, r)
-		m.cfg.logger.Info("replica opened", "topic", u.topic, "partition", u.index)
 	}
 	for _, name := range st.Topics() {
 		ct, ok := st.Topic(name)
@@ -244,16 +234,6 @@ func (cn *clusterNode) sync(st *cluster.State) {
 		var local []int
 		for i := have; i < len(ct.Parts); i++ {
 			p, isLocal, err := cn.partition(name, ct.Type, i, ct.Parts[i])
-			if err != nil && ct.Type == cluster.TypeRaft3 {
-				// The other replicas serve it; this one is tried again.
-				m.cfg.logger.Error("cannot open this node's replica of a partition: the others serve it", "topic", name, "partition", i, "err", err)
-				r := cn.newRaft3(name, i, ct.Parts[i].Replicas)
-				if cn.unopened == nil {
-					cn.unopened = map[*replica.Raft3]unopened{}
-				}
-				cn.unopened[r] = unopened{topic: name, index: i, replicas: ct.Parts[i].Replicas}
-				p, isLocal, err = r, true, nil
-			}
 			if err != nil {
 				m.cfg.logger.Error("cannot open a partition placed on this node", "topic", name, "partition", i, "err", err)
 				break // the table gets the partitions before it; the next change tries again
@@ -479,24 +459,33 @@ const maxRaft3Topic = transport.MaxGroupIDLen - len(raft3Prefix) - len("/65535")
 
 // openRaft3 opens partition i of a Raft3 topic replicated on replicas:
 // this node's replica if it is one of them, and the way to the leader.
+// A replica here that fails to open leaves the partition served by the
+// other two, and is tried again at each metadata change (unopened).
 func (cn *clusterNode) openRaft3(topic string, i int, replicas []string) (partition.Partition, bool, error) {
+	r := replica.NewRaft3(replica.Raft3Config{Topic: topic, Index: i, Self: cn.agent.ID(), Replicas: replicas,
+		Peer: cn.agent.Peer, Now: cn.m.cfg.clock.Now, Logger: cn.m.cfg.logger.With("topic", topic, "partition", i)})
 	if !slices.Contains(replicas, cn.agent.ID()) {
-		return cn.newRaft3(topic, i, replicas), false, nil
+		return r, false, nil
 	}
-	g, err := cn.openReplica(topic, i, replicas)
-	if err != nil {
-		return nil, false, err
+	if err := cn.attachReplica(r); err != nil {
+		cn.m.cfg.logger.Error("cannot open this node's replica of a partition: the others serve it", "topic", topic, "partition", i, "err", err)
+		if cn.unopened == nil {
+			cn.unopened = map[*replica.Raft3]struct{}{}
+		}
+		cn.unopened[r] = struct{}{}
 	}
-	r := cn.newRaft3(topic, i, replicas)
-	r.Attach(g)
 	return r, true, nil
 }
 
-// newRaft3 returns partition i of a Raft3 topic without this node's replica
-// (Attach adds it).
-func (cn *clusterNode) newRaft3(topic string, i int, replicas []string) *replica.Raft3 {
-	return replica.NewRaft3(replica.Raft3Config{Topic: topic, Index: i, Self: cn.agent.ID(), Replicas: replicas,
-		Peer: cn.agent.Peer, Now: cn.m.cfg.clock.Now, Logger: cn.m.cfg.logger.With("topic", topic, "partition", i)})
+// attachReplica opens this node's replica of r and attaches it.
+func (cn *clusterNode) attachReplica(r *replica.Raft3) error {
+	topic, i, replicas := r.Placement()
+	g, err := cn.openReplica(topic, i, replicas)
+	if err != nil {
+		return err
+	}
+	r.Attach(g)
+	return nil
 }
 
 // openReplica opens this node's replica of a Raft3 partition: its group

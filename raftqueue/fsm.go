@@ -76,7 +76,7 @@ var errApplied = errors.New("raftqueue: applied before the restart")
 func openFSM(paths []string) (*fsm, error) {
 	f := &fsm{paths: paths, byPart: make([]partBatch, len(paths))}
 	for _, path := range paths {
-		p, err := store.Open(path, store.Options{Replicated: true, MaterializeAfter: time.Second})
+		p, err := openPartition(path)
 		if err != nil {
 			f.close()
 			return nil, err
@@ -85,6 +85,11 @@ func openFSM(paths []string) (*fsm, error) {
 		f.applied = append(f.applied, p.Position())
 	}
 	return f, nil
+}
+
+// openPartition opens a partition file of the group.
+func openPartition(path string) (*store.Partition, error) {
+	return store.Open(path, store.Options{Replicated: true, MaterializeAfter: time.Second})
 }
 
 // partition returns partition i, or the failure.
@@ -157,27 +162,8 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	var failed error
 	for part := range f.byPart {
 		b := &f.byPart[part]
-		if len(b.cmds) == 0 {
-			continue
-		}
-		err := failed
-		if err == nil {
-			var p *store.Partition
-			if p, err = f.partition(part); err == nil {
-				var pres []store.Result
-				var perrs []error
-				if pres, perrs, err = p.ApplyLogged(context.Background(), b.cmds, b.at); err == nil {
-					f.applied[part] = b.at[len(b.at)-1]
-					for j, k := range b.to {
-						res[k], errs[k] = pres[j], perrs[j]
-					}
-				} else {
-					f.fail(err)
-				}
-			}
-		}
-		if err != nil {
-			failed = err
+		if len(b.cmds) > 0 && failed == nil {
+			failed = f.applyPart(part, b, res, errs)
 		}
 		clear(b.cmds)
 		b.cmds, b.at, b.to = b.cmds[:0], b.at[:0], b.to[:0]
@@ -202,6 +188,26 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	clear(cmds)
 	f.cmds, f.cmdPart = cmds[:0], cmdPart[:0]
 	return out
+}
+
+// applyPart applies b, partition part's share of a batch, putting each
+// command's result and error at its place in res and errs. A failure of the
+// partition fails the fsm and is returned.
+func (f *fsm) applyPart(part int, b *partBatch, res []store.Result, errs []error) error {
+	p, err := f.partition(part)
+	if err != nil {
+		return err
+	}
+	pres, perrs, err := p.ApplyLogged(context.Background(), b.cmds, b.at)
+	if err != nil {
+		f.fail(err)
+		return err
+	}
+	f.applied[part] = b.at[len(b.at)-1]
+	for j, k := range b.to {
+		res[k], errs[k] = pres[j], perrs[j]
+	}
+	return nil
 }
 
 // Snapshot format: snapGroupMagic, the number of partitions (uvarint), then
@@ -332,7 +338,7 @@ func (f *fsm) replace(tmps map[int]string) error {
 			if f.parts[i] != nil {
 				continue
 			}
-			p, err := store.Open(f.paths[i], store.Options{Replicated: true, MaterializeAfter: time.Second})
+			p, err := openPartition(f.paths[i])
 			if err != nil {
 				return err
 			}

@@ -294,8 +294,8 @@ func (g *Group) Partitions() int { return len(g.fsm.paths) }
 // failure after the replica failed. A follower's restore replaces it: a
 // reader holding the old one gets store.ErrClosed.
 func (g *Group) Partition(i int) (*store.Partition, error) {
-	if i < 0 || i >= len(g.fsm.paths) {
-		return nil, fmt.Errorf("%w: partition %d of a group of %d", store.ErrBadCommand, i, len(g.fsm.paths))
+	if err := g.checkPart(i); err != nil {
+		return nil, err
 	}
 	p, err := g.fsm.partition(i)
 	if errors.Is(err, store.ErrClosed) {
@@ -399,10 +399,18 @@ func (g *Group) Apply(ctx context.Context, cmd *store.Command) (store.Result, er
 
 // ApplyTo is Apply for the group's partition part.
 func (g *Group) ApplyTo(ctx context.Context, part int, cmd *store.Command) (store.Result, error) {
-	if part < 0 || part >= len(g.fsm.paths) {
-		return store.Result{}, fmt.Errorf("%w: partition %d of a group of %d", store.ErrBadCommand, part, len(g.fsm.paths))
+	if err := g.checkPart(part); err != nil {
+		return store.Result{}, err
 	}
 	return g.prop.apply(ctx, part, cmd)
+}
+
+// checkPart refuses a partition index the group does not carry.
+func (g *Group) checkPart(i int) error {
+	if i < 0 || i >= len(g.fsm.paths) {
+		return fmt.Errorf("%w: partition %d of a group of %d", store.ErrBadCommand, i, len(g.fsm.paths))
+	}
+	return nil
 }
 
 // Close stops proposing (commands still queued get ErrClosed), waits for

@@ -42,6 +42,7 @@ type proposer struct {
 	ackBeforeCommit atomic.Bool
 	guessNext       []uint64 // run's: per partition, the next offset an early ack hands out
 
+	nparts  int  // the group's partitions
 	version byte // of the entries: entryMany for a group of several partitions
 }
 
@@ -95,7 +96,7 @@ func newProposer(g *Group, cfg Config) *proposer {
 	if depth <= 0 {
 		depth = DefaultQueueDepth
 	}
-	p.version, p.guessNext = entryOne, make([]uint64, cfg.Partitions)
+	p.nparts, p.version, p.guessNext = cfg.Partitions, entryOne, make([]uint64, cfg.Partitions)
 	if cfg.Partitions > 1 {
 		p.version = entryMany
 	}
@@ -198,7 +199,7 @@ func (p *proposer) propose(reqs []*request) {
 	var msgs []int // early: the messages of each taken command
 	cmds := 0
 	flush := func() {
-		data := append(entryHeader(make([]byte, 0, len(buf)+16), p.version, len(p.guessNext), cmds), buf...)
+		data := append(entryHeader(make([]byte, 0, len(buf)+16), p.version, p.nparts, cmds), buf...)
 		b := &batch{reqs: taken}
 		if p.g.raft.State() != raft.Leader {
 			b.err = p.g.notLeader()

@@ -100,6 +100,11 @@ func NewRaft3(cfg Raft3Config) *Raft3 {
 // Name is the partition's "topic/index".
 func (r *Raft3) Name() string { return r.cfg.Topic + "/" + strconv.Itoa(r.cfg.Index) }
 
+// Placement returns the partition's topic, index and replica nodes.
+func (r *Raft3) Placement() (topic string, index int, replicas []string) {
+	return r.cfg.Topic, r.cfg.Index, r.cfg.Replicas
+}
+
 // Replica returns this node's replica, nil if it holds none.
 func (r *Raft3) Replica() *raftqueue.Group { return r.group.Load() }
 

@@ -270,9 +270,9 @@ func (u *upkeeper) consumedPast(offset uint64) bool {
 	return len(groups) > 0
 }
 
-// trim deletes the head of the log by age, size and consumption, and prunes dedup entries
-// and, once an hour, transaction decisions past their time, in steps of
-// trimLimit records.
+// trim deletes the head of the log by age, size and consumption, and prunes
+// dedup entries and, once an hour, transaction decisions past their time,
+// in steps of trimLimit records.
 func (u *upkeeper) trim(ctx context.Context, now time.Time) error {
 	cfg := u.cfg
 	cmd := store.Command{
