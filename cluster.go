@@ -44,6 +44,7 @@ type clusterNode struct {
 	// failed to open: the others serve them meanwhile, and each metadata
 	// change tries to open it again (sync). Guarded by the MQ's adminMu.
 	unopened map[*replica.Raft3]struct{}
+	groups   replica.Groups // this node's replicas of raft groups
 }
 
 // errStarting is what another node's call gets while this node's agent is
@@ -233,7 +234,7 @@ func (cn *clusterNode) sync(st *cluster.State) {
 		}
 		var local []int
 		for i := have; i < len(ct.Parts); i++ {
-			p, isLocal, err := cn.partition(name, ct.Type, i, ct.Parts[i])
+			p, isLocal, err := cn.partition(ct, i)
 			if err != nil {
 				m.cfg.logger.Error("cannot open a partition placed on this node", "topic", name, "partition", i, "err", err)
 				break // the table gets the partitions before it; the next change tries again
@@ -257,15 +258,17 @@ func (cn *clusterNode) sync(st *cluster.State) {
 	}
 }
 
-// partition opens partition i of topic, placed as pl: here, or a client of
-// the node holding it; for Raft3 the way to the group's leader, with this
+// partition opens partition i of topic t as placed: here, or a client of
+// the node holding it; for Raft3 the way to its group's leader, with this
 // node's replica if it holds one.
-func (cn *clusterNode) partition(topic string, typ uint8, i int, pl cluster.Partition) (partition.Partition, bool, error) {
+func (cn *clusterNode) partition(t cluster.Topic, i int) (partition.Partition, bool, error) {
+	topic, pl := t.Name, t.Parts[i]
 	if len(pl.Replicas) == 0 {
 		return nil, false, fmt.Errorf("%s/%d has no replica", topic, i)
 	}
-	if typ == cluster.TypeRaft3 {
-		return cn.openRaft3(topic, i, pl.Replicas)
+	if t.Type == cluster.TypeRaft3 {
+		first, n := t.Chunk(i)
+		return cn.openRaft3(replica.Raft3Config{Topic: topic, Index: i, First: first, Partitions: n, Replicas: pl.Replicas})
 	}
 	owner := pl.Replicas[0]
 	if owner == cn.agent.ID() {
@@ -425,10 +428,16 @@ func (cn *clusterNode) owned(topic string, part int) bool {
 }
 
 // handOff hands the leadership of this node's Raft3 replicas to others
-// before the node closes, in parallel.
+// before the node closes, in parallel, once per group.
 func (cn *clusterNode) handOff() {
 	var wg sync.WaitGroup
-	cn.eachRaft3(func(r *replica.Raft3) { wg.Go(r.HandOff) })
+	seen := map[*raftqueue.Group]bool{}
+	cn.eachRaft3(func(r *replica.Raft3) {
+		if g := r.Replica(); g != nil && !seen[g] {
+			seen[g] = true
+			wg.Go(r.HandOff)
+		}
+	})
 	wg.Wait()
 }
 
@@ -447,9 +456,10 @@ func (cn *clusterNode) eachRaft3(fn func(r *replica.Raft3)) {
 	}
 }
 
-// raft3Name is the raft group, and the WAL stream of its log, of partition
-// i of a Raft3 topic (at most 255 bytes: transport.MaxGroupIDLen).
-func raft3Name(topic string, i int) string { return raft3Prefix + topic + "/" + strconv.Itoa(i) }
+// raft3Name is the raft group, and the WAL stream of its log, whose first
+// partition is partition first of a Raft3 topic (at most 255 bytes:
+// transport.MaxGroupIDLen).
+func raft3Name(topic string, first int) string { return raft3Prefix + topic + "/" + strconv.Itoa(first) }
 
 const raft3Prefix = "raft3/"
 
@@ -457,18 +467,21 @@ const raft3Prefix = "raft3/"
 // the port's raft group ids.
 const maxRaft3Topic = transport.MaxGroupIDLen - len(raft3Prefix) - len("/65535")
 
-// openRaft3 opens partition i of a Raft3 topic replicated on replicas:
-// this node's replica if it is one of them, and the way to the leader.
-// A replica here that fails to open leaves the partition served by the
-// other two, and is tried again at each metadata change (unopened).
-func (cn *clusterNode) openRaft3(topic string, i int, replicas []string) (partition.Partition, bool, error) {
-	r := replica.NewRaft3(replica.Raft3Config{Topic: topic, Index: i, Self: cn.agent.ID(), Replicas: replicas,
-		Peer: cn.agent.Peer, Now: cn.m.cfg.clock.Now, Logger: cn.m.cfg.logger.With("topic", topic, "partition", i)})
-	if !slices.Contains(replicas, cn.agent.ID()) {
+// openRaft3 opens a partition of a Raft3 topic placed as cfg says: this
+// node's replica of its group if it is one of them, and the way to the
+// group's leader. A replica here that fails to open leaves the partition
+// served by the other two, and is tried again at each metadata change
+// (unopened).
+func (cn *clusterNode) openRaft3(cfg replica.Raft3Config) (partition.Partition, bool, error) {
+	m := cn.m
+	cfg.Self, cfg.Peer, cfg.Now = cn.agent.ID(), cn.agent.Peer, m.cfg.clock.Now
+	cfg.Logger = m.cfg.logger.With("topic", cfg.Topic, "partition", cfg.Index)
+	r := replica.NewRaft3(cfg)
+	if !slices.Contains(cfg.Replicas, cfg.Self) {
 		return r, false, nil
 	}
 	if err := cn.attachReplica(r); err != nil {
-		cn.m.cfg.logger.Error("cannot open this node's replica of a partition: the others serve it", "topic", topic, "partition", i, "err", err)
+		m.cfg.logger.Error("cannot open this node's replica of a partition: the others serve it", "topic", cfg.Topic, "partition", cfg.Index, "err", err)
 		if cn.unopened == nil {
 			cn.unopened = map[*replica.Raft3]struct{}{}
 		}
@@ -477,24 +490,23 @@ func (cn *clusterNode) openRaft3(topic string, i int, replicas []string) (partit
 	return r, true, nil
 }
 
-// attachReplica opens this node's replica of r and attaches it.
+// attachReplica attaches this node's replica of r's group to r, opening it
+// unless another partition of the group has.
 func (cn *clusterNode) attachReplica(r *replica.Raft3) error {
-	topic, i, replicas := r.Placement()
-	g, err := cn.openReplica(topic, i, replicas)
-	if err != nil {
-		return err
-	}
-	r.Attach(g)
-	return nil
+	cfg := r.Config()
+	return cn.groups.Attach(r, raft3Name(cfg.Topic, cfg.First), func() (*raftqueue.Group, error) {
+		return cn.openReplica(cfg)
+	})
 }
 
-// openReplica opens this node's replica of a Raft3 partition: its group
-// on the port, its log a stream of the node's WAL, its files in
-// <dir>/raft3/<topic>/<i>. A new replica bootstraps the group with the
-// three of them (each does, alike: raft allows it); one with state rejoins.
-func (cn *clusterNode) openReplica(topic string, i int, replicas []string) (*raftqueue.Group, error) {
+// openReplica opens this node's replica of the raft group of a Raft3
+// partition placed as cfg says: the group on the port, its log a stream of
+// the node's WAL, its files in <dir>/raft3/<topic>/<first>. A new replica
+// bootstraps the group with the three of them (each does, alike: raft
+// allows it); one with state rejoins.
+func (cn *clusterNode) openReplica(cfg replica.Raft3Config) (*raftqueue.Group, error) {
 	m := cn.m
-	name := raft3Name(topic, i)
+	name := raft3Name(cfg.Topic, cfg.First)
 	// The log stays in raftLogs until the replica opened: a stream is
 	// retained once per WAL, and a failed open is tried again at the
 	// metadata state's next change.
@@ -509,25 +521,25 @@ func (cn *clusterNode) openReplica(topic string, i int, replicas []string) (*raf
 		}
 		m.raftLogs[name] = log
 	}
-	g, err := cn.openGroup(topic, i, name, log, replicas)
+	g, err := cn.openGroup(cfg, name, log)
 	if err == nil {
 		delete(m.raftLogs, name)
 	}
 	return g, err
 }
 
-// openGroup opens this node's replica of partition i of topic, its raft
-// group name, its log log, and bootstraps it (see openReplica).
-func (cn *clusterNode) openGroup(topic string, i int, name string, log *raftqueue.WALLog, replicas []string) (*raftqueue.Group, error) {
+// openGroup opens this node's replica of the raft group name of the
+// partition cfg places, its log log, and bootstraps it (see openReplica).
+func (cn *clusterNode) openGroup(cfg replica.Raft3Config, name string, log *raftqueue.WALLog) (*raftqueue.Group, error) {
 	m := cn.m
 	layer, err := cn.agent.RaftMux().Layer(name)
 	if err != nil {
 		return nil, err
 	}
-	return replica.OpenGroup(replica.GroupConfig{Self: cn.agent.ID(), Replicas: replicas,
-		Dir: filepath.Join(m.dir, "raft3", topic, strconv.Itoa(i)), Layer: layer, Log: log,
-		ElectionTimeout: m.cfg.cluster.ElectionTimeout,
-		Logger:          cluster.NewHCLogger(m.cfg.logger.With("topic", topic, "partition", i), "raft3")})
+	return replica.OpenGroup(replica.GroupConfig{Self: cn.agent.ID(), Replicas: cfg.Replicas,
+		Dir: filepath.Join(m.dir, "raft3", cfg.Topic, strconv.Itoa(cfg.First)), Partitions: cfg.Partitions,
+		Layer: layer, Log: log, ElectionTimeout: m.cfg.cluster.ElectionTimeout,
+		Logger: cluster.NewHCLogger(m.cfg.logger.With("topic", cfg.Topic, "group", cfg.First), "raft3")})
 }
 
 // retainRaftLogs keeps the logs of the Raft3 replicas left in the WAL
@@ -549,7 +561,8 @@ func (m *MQ) retainRaftLog(stream string) error {
 // partitions, and waits until this node's table has it.
 func (cn *clusterNode) createTopic(ctx context.Context, name string, partitions int, opts Options) error {
 	now := time.Now().UnixNano()
-	_, err := cn.agent.Propose(ctx, cluster.CreateTopic{Name: name, Partitions: partitions, Type: uint8(opts.Type), Now: now})
+	_, err := cn.agent.Propose(ctx, cluster.CreateTopic{Name: name, Partitions: partitions, Type: uint8(opts.Type), Now: now,
+		GroupSize: opts.PartitionsPerRaftGroup})
 	if errors.Is(err, cluster.ErrUnknownOutcome) || errors.Is(err, cluster.ErrTopicExists) {
 		// A create that may have been applied, or repeated after one that
 		// was: it is this call's when the topic carries its time.

@@ -115,7 +115,8 @@ var (
 	// ErrInvalidOption is returned by Open, NewProducer and NewConsumer for a
 	// bad option, and by Open for a directory its options do not fit: a
 	// cluster node's opened without WithCluster or under another NodeID, or
-	// a standalone node's (one with topics) opened WithCluster.
+	// a standalone node's (one with topics) opened WithCluster; and by
+	// CreateMQ for Options out of range.
 	ErrInvalidOption = errors.New("mq: invalid option")
 	// ErrInvalidGroup is returned by NewConsumer for a bad group name (the
 	// same rules as topic names, but at most 248 bytes: a group's retry
@@ -384,7 +385,8 @@ func (m *MQ) Dir() string { return m.dir }
 
 // CreateMQ creates topic with the given number of partitions. It returns
 // ErrInvalidTopic, ErrInvalidPartition, ErrTopicExists, ErrUnsupportedType
-// (DoubleWrite and Raft3 on a standalone node) or ErrClosed.
+// (DoubleWrite and Raft3 on a standalone node), ErrInvalidOption or
+// ErrClosed.
 func (m *MQ) CreateMQ(ctx context.Context, topic string, partitions int, opts Options) error {
 	if err := checkName(topic, ErrInvalidTopic); err != nil {
 		return err
@@ -398,6 +400,9 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 		return fmt.Errorf("%w: %d partitions (1..%d)", ErrInvalidPartition, partitions, MaxPartitions)
 	}
 	opts = opts.withDefaults()
+	if err := opts.check(); err != nil {
+		return err
+	}
 	switch opts.Type {
 	case Single:
 	case Raft3:

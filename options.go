@@ -43,13 +43,41 @@ func (t Type) String() string {
 type Options struct {
 	// Type is the replication type; zero means Single.
 	Type Type
+	// PartitionsPerRaftGroup is, for a Raft3 topic, how many of its
+	// partitions share one raft group (zero means
+	// DefaultPartitionsPerRaftGroup, at most MaxPartitionsPerRaftGroup).
+	// They are placed on the same three nodes, one leader serves them all,
+	// and one raft entry carries the sends and commits of all of them:
+	// fewer, fuller entries, the cheaper the more partitions share them
+	// (docs/DESIGN.md §7). 1 gives each partition a group of its own, so
+	// their leaders spread over the nodes. AlterMQ's new partitions make
+	// groups of their own, of this size. Other types must leave it zero.
+	PartitionsPerRaftGroup int
 }
+
+// Limits of Options.PartitionsPerRaftGroup.
+const (
+	DefaultPartitionsPerRaftGroup = 8
+	MaxPartitionsPerRaftGroup     = cluster.MaxGroupSize
+)
 
 func (o Options) withDefaults() Options {
 	if o.Type == 0 {
 		o.Type = Single
 	}
+	if o.Type == Raft3 && o.PartitionsPerRaftGroup == 0 {
+		o.PartitionsPerRaftGroup = DefaultPartitionsPerRaftGroup
+	}
 	return o
+}
+
+// check returns ErrInvalidOption for settings out of range.
+func (o Options) check() error {
+	n := o.PartitionsPerRaftGroup
+	if o.Type == Raft3 && (n < 1 || n > MaxPartitionsPerRaftGroup) || o.Type != Raft3 && n != 0 {
+		return fmt.Errorf("%w: PartitionsPerRaftGroup %d for %v (Raft3: 1..%d; others: 0)", ErrInvalidOption, n, o.Type, MaxPartitionsPerRaftGroup)
+	}
+	return nil
 }
 
 // Option configures Open.

@@ -40,9 +40,15 @@ func raft3Cluster(t *testing.T, n, parts int, opts func(id string) []mq.Option) 
 // node sees it.
 func createR3(t *testing.T, c *testCluster, parts int) {
 	t.Helper()
+	createR3With(t, c, parts, mq.Options{Type: mq.Raft3})
+}
+
+// createR3With is createR3 with opts.
+func createR3With(t *testing.T, c *testCluster, parts int, opts mq.Options) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := c.nodes["n1"].CreateMQ(ctx, r3, parts, mq.Options{Type: mq.Raft3}); err != nil {
+	if err := c.nodes["n1"].CreateMQ(ctx, r3, parts, opts); err != nil {
 		t.Fatalf("CreateMQ Raft3: %v", err)
 	}
 	for id, m := range c.nodes {

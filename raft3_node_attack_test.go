@@ -433,9 +433,25 @@ func containsStr(list []string, s string) bool {
 	return false
 }
 
-// replicaDir is the directory of node id's replica of partition i of r3.
+// replicaDir is the directory of node id's replica of the raft group of
+// partition i of r3 (created with the default PartitionsPerRaftGroup).
 func replicaDir(c *testCluster, id string, i int) string {
-	return filepath.Join(c.root, id, "raft3", r3, strconv.Itoa(i))
+	first := i / mq.DefaultPartitionsPerRaftGroup * mq.DefaultPartitionsPerRaftGroup
+	return filepath.Join(c.root, id, "raft3", r3, strconv.Itoa(first))
+}
+
+// partitionFile is the file of node id's replica of partition i of r3:
+// partition.db in a group of its own, else in its group's directory.
+func partitionFile(c *testCluster, id string, i int) string {
+	if path := filepath.Join(c.root, id, "raft3", r3, strconv.Itoa(i), "partition.db"); fileExists(path) {
+		return path
+	}
+	return filepath.Join(replicaDir(c, id, i), fmt.Sprintf("partition-%d.db", i%mq.DefaultPartitionsPerRaftGroup))
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // flipMarkers flips a byte inside every copy of the body marker of each
@@ -524,7 +540,14 @@ func breakFreelist(t testing.TB, path string) {
 // acked messages, and closes n3: its replicas hold them all.
 func damagedSetup(t *testing.T, parts int) (*testCluster, *ledger) {
 	t.Helper()
-	c := raft3Cluster(t, 3, parts, nil)
+	return damagedSetupWith(t, parts, mq.Options{Type: mq.Raft3})
+}
+
+// damagedSetupWith is damagedSetup with r3 created with opts.
+func damagedSetupWith(t *testing.T, parts int, opts mq.Options) (*testCluster, *ledger) {
+	t.Helper()
+	c := newClusterWith(t, 3, nil)
+	createR3With(t, c, parts, opts)
 	for i := range parts {
 		leaderOf(t, c, i)
 	}
@@ -604,7 +627,7 @@ func TestRaft3NodeAttack_DamagedPartitionDB(t *testing.T) {
 						ids = append(ids, fmt.Sprintf("a-%d", j))
 					}
 				}
-				n += flipMarkers(t, filepath.Join(replicaDir(c, "n3", i), "partition.db"), ids...)
+				n += flipMarkers(t, partitionFile(c, "n3", i), ids...)
 			}
 			if n == 0 {
 				t.Fatal("no record of n3's partition files found to damage")
@@ -614,13 +637,13 @@ func TestRaft3NodeAttack_DamagedPartitionDB(t *testing.T) {
 	})
 	t.Run("TruncateHalf", func(t *testing.T) {
 		damagedReplica(t, parts, func(c *testCluster) {
-			truncateTo(t, filepath.Join(replicaDir(c, "n3", 1), "partition.db"), 0.5)
+			truncateTo(t, partitionFile(c, "n3", 1), 0.5)
 		})
 	})
 	t.Run("Empty", func(t *testing.T) {
 		// A 0-byte file: bbolt makes a new one; the raft log replays.
 		damagedReplica(t, parts, func(c *testCluster) {
-			truncateTo(t, filepath.Join(replicaDir(c, "n3", 1), "partition.db"), 0)
+			truncateTo(t, partitionFile(c, "n3", 1), 0)
 		})
 	})
 }
@@ -707,10 +730,15 @@ func TestRaft3NodeAttack_DamagedSnapshot(t *testing.T) {
 // ran on two replicas: with n1 then closed, it had no quorum although n2
 // and n3 both hold it intact. Fixed: a Raft3 replica that fails to open is
 // served by the others and tried again at each metadata change.
+//
+// Partitions that share a raft group (PartitionsPerRaftGroup, 8 by
+// default) share this fault: one damaged file keeps the node's replica of
+// their group out, so with n1 closed too none of them has a quorum. Here
+// each partition has a group of its own.
 func TestRaft3NodeAttack_DamagedReplicaBlocksOthers(t *testing.T) {
 	const parts = 2
-	c, l := damagedSetup(t, parts)
-	truncateTo(t, filepath.Join(replicaDir(c, "n3", 0), "partition.db"), 0.5)
+	c, l := damagedSetupWith(t, parts, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 1})
+	truncateTo(t, partitionFile(c, "n3", 0), 0.5)
 	n3 := c.start("n3") // boltsafe reports the damage: no panic here
 	time.Sleep(2 * time.Second)
 	if _, holds := mq.Raft3Leader(n3, r3, 1); !holds {

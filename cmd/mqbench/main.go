@@ -87,6 +87,7 @@ type config struct {
 	rate       int
 	cpuProfile string
 	runs       int
+	raftGroup  int // partitions per raft group of the raft3 cases (0: mq's default)
 }
 
 func main() {
@@ -99,6 +100,7 @@ func main() {
 	flag.StringVar(&cfg.dir, "dir", "", "directory for the data files; each case works in a new subdirectory, removed after it (default: the system's temporary directory)")
 	flag.IntVar(&cfg.rate, "rate", 2000, "e2e: messages sent per second")
 	flag.IntVar(&cfg.runs, "runs", 1, "run the list of cases this many times (the machine's noise shows in the spread of ratios)")
+	flag.IntVar(&cfg.raftGroup, "raft-group", 0, "raft3 and raft3-idle: partitions per raft group (mq.Options.PartitionsPerRaftGroup; 0: its default)")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Usage = usage
 	flag.Parse()
@@ -118,8 +120,8 @@ func usage() {
 }
 
 func run(cfg config) error {
-	if cfg.conc < 1 || cfg.partitions < 1 || cfg.size < 0 || cfg.duration <= 0 || cfg.rate < 1 || cfg.runs < 1 {
-		return fmt.Errorf("-c, -p, -duration, -rate and -runs must be positive, -size not negative")
+	if cfg.conc < 1 || cfg.partitions < 1 || cfg.size < 0 || cfg.duration <= 0 || cfg.rate < 1 || cfg.runs < 1 || cfg.raftGroup < 0 {
+		return fmt.Errorf("-c, -p, -duration, -rate and -runs must be positive, -size and -raft-group not negative")
 	}
 	var todo []benchCase
 	for _, name := range strings.Split(cfg.cases, ",") {

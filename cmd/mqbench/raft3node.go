@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,7 +16,11 @@ import (
 )
 
 func init() {
-	register("raft3", "three cluster nodes in this process, a Raft3 topic of P partitions: C producers spread over the nodes send keyed messages", runRaft3Node)
+	register("raft3", "three cluster nodes in this process, a Raft3 topic of P partitions (-raft-group of them per raft group): C producers spread over the nodes send keyed messages", runRaft3Node)
+	register("raft3-own", "raft3 with a raft group of its own for each partition (PartitionsPerRaftGroup 1)", func(ctx context.Context, b *bench) (result, error) {
+		b.raftGroup = 1
+		return runRaft3Node(ctx, b)
+	})
 }
 
 // raft3Nodes are the nodes of the raft3 case, one replica of every
@@ -90,10 +95,11 @@ func openRaft3Cluster(ctx context.Context, b *bench) ([]*mq.MQ, error) {
 	}); err != nil {
 		return nodes, err
 	}
-	if err := nodes[0].CreateMQ(ctx, "bench", b.partitions, mq.Options{Type: mq.Raft3}); err != nil {
+	opts := mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: b.raftGroup}
+	if err := nodes[0].CreateMQ(ctx, "bench", b.partitions, opts); err != nil {
 		return nodes, err
 	}
-	err := waitUntil(ctx, 60*time.Second, "a leader in every group", func() bool {
+	err := waitUntil(ctx, 60*time.Second, "a leader of every partition", func() bool {
 		led := 0
 		for _, m := range nodes {
 			if m.Topics()["bench"] != b.partitions {
@@ -146,8 +152,9 @@ func runRaft3Idle(ctx context.Context, b *bench) (res result, err error) {
 	secs := time.Since(t0).Seconds()
 	cpu := (cpuTime() - cpu0).Seconds() / secs
 	lo := float64(loopbackBytes()-lo0) / secs
-	note := fmt.Sprintf("%d groups on 3 nodes: %d goroutines, CPU %.0f%% of a core, loopback %.0f KB/s",
-		b.partitions, runtime.NumGoroutine(), 100*cpu, lo/1000)
+	perGroup := cmp.Or(b.raftGroup, mq.DefaultPartitionsPerRaftGroup)
+	note := fmt.Sprintf("%d partitions in %d groups on 3 nodes: %d goroutines, CPU %.0f%% of a core, loopback %.0f KB/s",
+		b.partitions, (b.partitions+perGroup-1)/perGroup, runtime.NumGoroutine(), 100*cpu, lo/1000)
 	return result{elapsed: time.Since(t0), note: note}, nil
 }
 

@@ -34,7 +34,8 @@ func randomCommand(rng *rand.Rand, s *State) Command {
 		return NodeDown{ID: id, Session: n.Session - uint64(rng.IntN(2))}
 	case x < 25:
 		types := []uint8{TypeSingle, TypeDoubleWrite, TypeRaft3, 3}
-		return CreateTopic{Name: pick(genTopics), Partitions: rng.IntN(9), Type: types[rng.IntN(len(types))], Now: rng.Int64()}
+		return CreateTopic{Name: pick(genTopics), Partitions: rng.IntN(9), Type: types[rng.IntN(len(types))], Now: rng.Int64(),
+			GroupSize: rng.IntN(4)}
 	case x < 30:
 		t, _ := s.Topic(pick(genTopics))
 		return AlterTopic{Name: t.Name, Partitions: len(t.Parts) + rng.IntN(4) - 1}
@@ -124,6 +125,97 @@ func TestSnapshot_RoundTrip(t *testing.T) {
 	})
 }
 
+// TestSnapshot_Version1 reads a snapshot of version 1, before partitions
+// shared raft groups: every partition is in a group of its own.
+func TestSnapshot_Version1(t *testing.T) {
+	ft := newFSMT(t)
+	ft.nodes("a", "b", "c")
+	ft.must(CreateTopic{Name: "r", Partitions: 3, Type: TypeRaft3})
+	ft.must(CreateTopic{Name: "s", Partitions: 2, Type: TypeSingle})
+	want := ft.s()
+	b := encodeSnap(t, want)
+	// The same state as version 1 wrote it.
+	var v2 snapV2
+	if err := decodeMsg(b[len(snapMagic)+1:], &v2); err != nil {
+		t.Fatal(err)
+	}
+	var v1 snapV1
+	v1.Index, v1.Nodes, v1.Groups, v1.ACL = v2.Index, v2.Nodes, v2.Groups, v2.ACL
+	for _, st := range v2.Topics {
+		t1 := snapTopicV1{Name: st.Name, Type: st.Type, Created: st.Created}
+		for _, p := range st.Parts {
+			t1.Parts = append(t1.Parts, snapPartV1{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch})
+		}
+		v1.Topics = append(v1.Topics, t1)
+	}
+	body, err := encodeMsg(&v1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeSnapshot(append([]byte(snapMagic+"\x01"), body...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sameState(want, got) {
+		t.Fatalf("version 1 read as\n%+v, want\n%+v", got.topics, want.topics)
+	}
+	// A version 2 body is not a version 1 snapshot.
+	if _, err := DecodeSnapshot(append([]byte(snapMagic+"\x01"), b[len(snapMagic)+1:]...)); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("v2 body as v1: %v", err)
+	}
+}
+
+// TestSnapshot_BadGroups: a snapshot whose raft groups Apply could not
+// have made is ErrCorrupt.
+func TestSnapshot_BadGroups(t *testing.T) {
+	ft := newFSMT(t)
+	ft.nodes("a", "b", "c", "d")
+	ft.must(CreateTopic{Name: "r", Partitions: 4, Type: TypeRaft3, GroupSize: 2})
+	ft.must(CreateTopic{Name: "s", Partitions: 2, Type: TypeSingle})
+	b := encodeSnap(t, ft.s())
+	for _, tc := range []struct {
+		name   string
+		damage func(v *snapV2)
+	}{
+		{"ChunkAhead", func(v *snapV2) { v.Topics[0].Parts[0].Chunk = 1 }},
+		{"ChunkNegative", func(v *snapV2) { v.Topics[0].Parts[1].Chunk = -1 }},
+		{"ChunkSkips", func(v *snapV2) { v.Topics[0].Parts[3].Chunk = 0 }},
+		{"GroupTooLong", func(v *snapV2) { v.Topics[0].Parts[2].Chunk, v.Topics[0].Parts[3].Chunk = 0, 0 }},
+		{"OtherReplicas", func(v *snapV2) { v.Topics[0].Parts[1].Replicas = v.Topics[0].Parts[2].Replicas }},
+		{"SizeZero", func(v *snapV2) { v.Topics[0].GroupSize = 0 }},
+		{"SizeTooBig", func(v *snapV2) { v.Topics[0].GroupSize = MaxGroupSize + 1 }},
+		{"SizeNotRaft3", func(v *snapV2) { v.Topics[1].GroupSize = 2 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var v snapV2
+			if err := decodeMsg(b[len(snapMagic)+1:], &v); err != nil {
+				t.Fatal(err)
+			}
+			tc.damage(&v)
+			body, err := encodeMsg(&v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := DecodeSnapshot(append(slices.Clone(b[:len(snapMagic)+1]), body...)); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("decoded: %v", err)
+			}
+		})
+	}
+}
+
+// TestDecodeCommand_Version1 reads a CreateTopic of version 1, without
+// GroupSize.
+func TestDecodeCommand_Version1(t *testing.T) {
+	body, err := encodeMsg(&createTopicV1{Name: "t", Partitions: 3, Type: TypeRaft3, Replicas: 3, Now: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := DecodeCommand(append([]byte{cmdMagic, 1, kindCreateTopic}, body...))
+	if want := (CreateTopic{Name: "t", Partitions: 3, Type: TypeRaft3, Replicas: 3, Now: 7}); err != nil || c != want {
+		t.Fatalf("decoded %+v, %v", c, err)
+	}
+}
+
 // TestApply_Deterministic feeds two fsms the same commands (one through the
 // raft log's bytes, one as values) and compares their encoded states after
 // every command, and their results.
@@ -161,7 +253,13 @@ func TestDecodeCommand_Errors(t *testing.T) {
 		{"Cut", valid[:len(valid)-1]},
 		{"Trailing", append(slices.Clone(valid), 0)},
 		{"Magic", append([]byte{0}, valid[1:]...)},
-		{"Version", append([]byte{cmdMagic, 2}, valid[2:]...)},
+		{"Version0", append([]byte{cmdMagic, 0}, valid[2:]...)},
+		{"VersionNext", append([]byte{cmdMagic, cmdVersion + 1}, valid[2:]...)},
+		{"CreateTopicV2AsV1", func() []byte {
+			b, _ := EncodeCommand(CreateTopic{Name: "t", Partitions: 1, Type: TypeRaft3, GroupSize: 4})
+			b[1] = 1
+			return b
+		}()},
 		{"Kind", append([]byte{cmdMagic, cmdVersion, 99}, valid[3:]...)},
 		{"Map", append([]byte{cmdMagic, cmdVersion, kindJoinGroup}, []byte("\x81\xa5Topic\xa1t")...)},
 		{"Fields", append([]byte{cmdMagic, cmdVersion, kindJoinGroup}, []byte("\x92\xa1t\xa1g")...)},

@@ -17,10 +17,12 @@ import (
 //
 // New fields go at the end of a struct with a new version; a decoder refuses
 // versions it does not know (a newer node's entry is corruption to an older
-// one, so nodes are upgraded before new commands are proposed).
+// one, so nodes are upgraded before new commands are proposed), and reads an
+// older version's struct with the new fields zero. Version 2 added
+// CreateTopic.GroupSize.
 const (
 	cmdMagic   = 0xC1 // never the first byte of a msgpack value
-	cmdVersion = 1
+	cmdVersion = 2
 )
 
 // Command kinds, the third byte of an encoded command.
@@ -66,8 +68,19 @@ type NodeDown struct {
 // CreateTopic creates a topic and places its partitions. Type is the
 // replication type (TypeSingle, TypeDoubleWrite, TypeRaft3); Replicas is the
 // replica count per partition, 0 for the type's own (1, 2 or 3). Now (unix
-// ns) is stamped by the proposer.
+// ns) is stamped by the proposer. GroupSize is Topic.GroupSize (0 means 1).
 type CreateTopic struct {
+	_msgpack   struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Name       string
+	Partitions int
+	Type       uint8
+	Replicas   int
+	Now        int64
+	GroupSize  int
+}
+
+// createTopicV1 is CreateTopic in version 1, without GroupSize.
+type createTopicV1 struct {
 	_msgpack   struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Name       string
 	Partitions int
@@ -148,7 +161,7 @@ func DecodeCommand(b []byte) (Command, error) {
 	if len(b) < 4 {
 		return nil, fmt.Errorf("%w: command of %d bytes", ErrCorrupt, len(b))
 	}
-	if b[0] != cmdMagic || b[1] != cmdVersion {
+	if b[0] != cmdMagic || b[1] < 1 || b[1] > cmdVersion {
 		return nil, fmt.Errorf("%w: command magic/version %#x %d", ErrCorrupt, b[0], b[1])
 	}
 	var c Command
@@ -159,7 +172,13 @@ func DecodeCommand(b []byte) (Command, error) {
 	case kindNodeDown:
 		c, err = decodeAs[NodeDown](body)
 	case kindCreateTopic:
-		c, err = decodeAs[CreateTopic](body)
+		if b[1] == 1 {
+			var v createTopicV1
+			v, err = decodeAs[createTopicV1](body)
+			c = CreateTopic{Name: v.Name, Partitions: v.Partitions, Type: v.Type, Replicas: v.Replicas, Now: v.Now}
+		} else {
+			c, err = decodeAs[CreateTopic](body)
+		}
 	case kindAlterTopic:
 		c, err = decodeAs[AlterTopic](body)
 	case kindJoinGroup:

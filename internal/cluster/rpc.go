@@ -78,6 +78,7 @@ type resultMsg struct {
 	Type       uint8
 	Created    int64
 	Parts      []partMsg
+	GroupSize  int
 }
 
 type partMsg struct {
@@ -85,22 +86,23 @@ type partMsg struct {
 	Replicas []string
 	Leader   string
 	Epoch    uint64
+	Chunk    int
 }
 
 func toResultMsg(r Result) *resultMsg {
 	m := &resultMsg{Index: r.Index, Generation: r.Generation, Session: r.Session,
-		Name: r.Topic.Name, Type: r.Topic.Type, Created: r.Topic.Created}
+		Name: r.Topic.Name, Type: r.Topic.Type, Created: r.Topic.Created, GroupSize: r.Topic.GroupSize}
 	for _, p := range r.Topic.Parts {
-		m.Parts = append(m.Parts, partMsg{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch})
+		m.Parts = append(m.Parts, partMsg{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk})
 	}
 	return m
 }
 
 func (m *resultMsg) result() Result {
 	r := Result{Index: m.Index, Generation: m.Generation, Session: m.Session,
-		Topic: Topic{Name: m.Name, Type: m.Type, Created: m.Created}}
+		Topic: Topic{Name: m.Name, Type: m.Type, Created: m.Created, GroupSize: m.GroupSize}}
 	for _, p := range m.Parts {
-		r.Topic.Parts = append(r.Topic.Parts, Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch})
+		r.Topic.Parts = append(r.Topic.Parts, Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk})
 	}
 	return r
 }

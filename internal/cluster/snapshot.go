@@ -13,24 +13,66 @@ import (
 //
 //	[4] snapMagic "ZMMS"
 //	[1] snapVersion
-//	[…] snapV1 as a msgpack array: every list sorted by its key, so equal
+//	[…] snapV2 as a msgpack array: every list sorted by its key, so equal
 //	    states encode to equal bytes
+//
+// Version 2 added snapTopic.GroupSize and snapPart.Chunk; a version 1
+// snapshot is read with every partition in a group of its own.
 //
 // The decoder checks what Apply keeps true (sorted unique keys, limits,
 // replicas and members on known nodes, owners that are members), so a
 // damaged snapshot is ErrCorrupt and never a state Apply could not reach.
 const (
 	snapMagic   = "ZMMS"
-	snapVersion = 1
+	snapVersion = 2
 )
 
-type snapV1 struct {
+type snapV2 struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Index    uint64
 	Nodes    []snapNode
 	Topics   []snapTopic
 	Groups   []snapGroup
 	ACL      []Rule
+}
+
+// snapV1 is a version 1 snapshot: its topics and partitions lack the
+// fields of raft groups.
+type snapV1 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Index    uint64
+	Nodes    []snapNode
+	Topics   []snapTopicV1
+	Groups   []snapGroup
+	ACL      []Rule
+}
+
+type snapTopicV1 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Name     string
+	Type     uint8
+	Created  int64
+	Parts    []snapPartV1
+}
+
+type snapPartV1 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Replicas []string
+	Leader   string
+	Epoch    uint64
+}
+
+// v2 is v in version 2: every partition in a group of its own.
+func (v snapV1) v2() snapV2 {
+	out := snapV2{Index: v.Index, Nodes: v.Nodes, Groups: v.Groups, ACL: v.ACL}
+	for _, t := range v.Topics {
+		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: 1}
+		for j, p := range t.Parts {
+			st.Parts = append(st.Parts, snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: j})
+		}
+		out.Topics = append(out.Topics, st)
+	}
+	return out
 }
 
 type snapNode struct {
@@ -47,8 +89,9 @@ type snapTopic struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Name     string
 	Type     uint8
-	Created  int64
-	Parts    []snapPart
+	Created   int64
+	Parts     []snapPart
+	GroupSize int
 }
 
 type snapPart struct {
@@ -56,6 +99,7 @@ type snapPart struct {
 	Replicas []string
 	Leader   string
 	Epoch    uint64
+	Chunk    int
 }
 
 type snapGroup struct {
@@ -83,15 +127,15 @@ type snapRevoke struct {
 
 // EncodeSnapshot returns the encoding of s (the layout above).
 func EncodeSnapshot(s *State) ([]byte, error) {
-	v := snapV1{Index: s.index, ACL: s.acl}
+	v := snapV2{Index: s.index, ACL: s.acl}
 	for _, n := range s.Nodes() {
 		v.Nodes = append(v.Nodes, snapNode{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session})
 	}
 	for _, name := range s.Topics() {
 		t := s.topics[name]
-		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created}
+		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize}
 		for _, p := range t.Parts {
-			st.Parts = append(st.Parts, snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch})
+			st.Parts = append(st.Parts, snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk})
 		}
 		v.Topics = append(v.Topics, st)
 	}
@@ -128,10 +172,19 @@ func DecodeSnapshot(b []byte) (*State, error) {
 	if len(b) < len(snapMagic)+2 || string(b[:len(snapMagic)]) != snapMagic {
 		return nil, fmt.Errorf("%w: not a metadata snapshot", ErrCorrupt)
 	}
-	if b[len(snapMagic)] != snapVersion {
-		return nil, fmt.Errorf("%w: snapshot version %d", ErrCorrupt, b[len(snapMagic)])
+	version := b[len(snapMagic)]
+	if version < 1 || version > snapVersion {
+		return nil, fmt.Errorf("%w: snapshot version %d", ErrCorrupt, version)
 	}
-	v, err := decodeAs[snapV1](b[len(snapMagic)+1:])
+	var v snapV2
+	var err error
+	if version == 1 {
+		var v1 snapV1
+		v1, err = decodeAs[snapV1](b[len(snapMagic)+1:])
+		v = v1.v2()
+	} else {
+		v, err = decodeAs[snapV2](b[len(snapMagic)+1:])
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +196,7 @@ func DecodeSnapshot(b []byte) (*State, error) {
 }
 
 // state builds and checks the State of a decoded snapshot.
-func (v *snapV1) state() (*State, error) {
+func (v *snapV2) state() (*State, error) {
 	s := newState()
 	s.index = v.Index
 	for i, n := range v.Nodes {
@@ -171,8 +224,17 @@ func (v *snapV1) state() (*State, error) {
 		if len(t.Parts) < 1 || len(t.Parts) > MaxPartitions {
 			return nil, fmt.Errorf("topic %s: %d partitions", t.Name, len(t.Parts))
 		}
-		tp := Topic{Name: t.Name, Type: t.Type, Created: t.Created, Parts: make([]Partition, len(t.Parts))}
+		if t.GroupSize < 1 || t.GroupSize > MaxGroupSize || t.GroupSize > 1 && t.Type != TypeRaft3 {
+			return nil, fmt.Errorf("topic %s: %d partitions per group", t.Name, t.GroupSize)
+		}
+		tp := Topic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize, Parts: make([]Partition, len(t.Parts))}
 		for j, p := range t.Parts {
+			// A group starts at its Chunk and goes on with the partitions
+			// after it, at most GroupSize, all on the same replicas.
+			if c := p.Chunk; c != j && (j == 0 || c != t.Parts[j-1].Chunk || j-c >= t.GroupSize ||
+				!slices.Equal(p.Replicas, t.Parts[c].Replicas)) {
+				return nil, fmt.Errorf("topic %s/%d: in the group of %d", t.Name, j, c)
+			}
 			if len(p.Replicas) < 1 || len(p.Replicas) > MaxReplicas || len(p.Replicas) != len(t.Parts[0].Replicas) {
 				return nil, fmt.Errorf("topic %s/%d: %d replicas", t.Name, j, len(p.Replicas))
 			}
@@ -184,7 +246,7 @@ func (v *snapV1) state() (*State, error) {
 			if !slices.Contains(p.Replicas, p.Leader) {
 				return nil, fmt.Errorf("topic %s/%d: leader %q", t.Name, j, p.Leader)
 			}
-			tp.Parts[j] = Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch}
+			tp.Parts[j] = Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk}
 		}
 		s.topics[t.Name] = tp
 	}

@@ -16,6 +16,9 @@ const (
 	MaxNodeIDLen  = 64   // node id bytes: [A-Za-z0-9._-], a certificate's DNS name
 	MaxRules      = 1024 // ACL rules
 	MaxMembers    = 1024 // members of one consumer group
+	// MaxGroupSize is the most partitions of a Raft3 topic that share one
+	// raft group (Topic.GroupSize).
+	MaxGroupSize = 64
 )
 
 // Replication types of a topic (the root's Type values).
@@ -63,7 +66,21 @@ type Topic struct {
 	Name    string
 	Type    uint8
 	Created int64 // unix ns, stamped by the CreateTopic proposer
-	Parts   []Partition
+	// GroupSize is, for a Raft3 topic, how many of the partitions placed
+	// together (by CreateTopic, or one AlterTopic) share one raft group:
+	// they have the same replicas, and one entry of that group carries
+	// commands of several of them. 1 for the other types.
+	GroupSize int
+	Parts     []Partition
+}
+
+// Chunk returns the partitions sharing partition i's raft group: the
+// first, and how many (1 when it shares none).
+func (t Topic) Chunk(i int) (first, n int) {
+	first = t.Parts[i].Chunk
+	for n = 1; first+n < len(t.Parts) && t.Parts[first+n].Chunk == first; n++ {
+	}
+	return first, n
 }
 
 // Partition is one partition's placement: the nodes holding its replicas,
@@ -73,6 +90,10 @@ type Partition struct {
 	Replicas []string
 	Leader   string
 	Epoch    uint64
+	// Chunk is the index of the first partition of the raft group this
+	// one shares (Topic.GroupSize); the partition's own index when it
+	// shares none.
+	Chunk int
 }
 
 // GroupKey names a consumer group: groups are per topic.
@@ -388,14 +409,18 @@ func (s *State) createTopic(c CreateTopic) (Topic, error) {
 	if r != want {
 		return Topic{}, fmt.Errorf("%w: topic %s: %d replicas for type %d (%d)", ErrInvalid, c.Name, c.Replicas, c.Type, want)
 	}
+	size := max(c.GroupSize, 1) // 0: a command of version 1, before groups were shared
+	if size > MaxGroupSize || size > 1 && c.Type != TypeRaft3 {
+		return Topic{}, fmt.Errorf("%w: topic %s: %d partitions per group for type %d (Raft3: 1..%d)", ErrInvalid, c.Name, c.GroupSize, c.Type, MaxGroupSize)
+	}
 	if _, ok := s.topics[c.Name]; ok {
 		return Topic{}, fmt.Errorf("%w: %s", ErrTopicExists, c.Name)
 	}
-	parts, err := s.place(c.Partitions, r)
+	parts, err := s.place(0, c.Partitions, r, size)
 	if err != nil {
 		return Topic{}, fmt.Errorf("topic %s: %w", c.Name, err)
 	}
-	t := Topic{Name: c.Name, Type: c.Type, Created: c.Now, Parts: parts}
+	t := Topic{Name: c.Name, Type: c.Type, Created: c.Now, GroupSize: size, Parts: parts}
 	s.topics[c.Name] = t
 	return t, nil
 }
@@ -413,7 +438,7 @@ func (s *State) alterTopic(c AlterTopic) (Topic, error) {
 	case c.Partitions == len(t.Parts):
 		return t, nil
 	}
-	added, err := s.place(c.Partitions-len(t.Parts), len(t.Parts[0].Replicas))
+	added, err := s.place(len(t.Parts), c.Partitions-len(t.Parts), len(t.Parts[0].Replicas), t.GroupSize)
 	if err != nil {
 		return Topic{}, fmt.Errorf("topic %s: %w", c.Name, err)
 	}
@@ -427,11 +452,13 @@ func (s *State) alterTopic(c AlterTopic) (Topic, error) {
 	return t, nil
 }
 
-// place returns the placement of n new partitions of r replicas each: every
-// partition goes to the r live nodes holding the fewest replicas, ties by
-// node id, counting the partitions placed before it. The first is the
-// leader, at epoch 1.
-func (s *State) place(n, r int) ([]Partition, error) {
+// place returns the placement of n new partitions of r replicas each, the
+// first of them partition first of its topic, in groups of size: every
+// group goes to the r live nodes holding the fewest replicas, ties by node
+// id, counting the partitions placed before it; its partitions all have
+// those replicas, and the group's first partition as their Chunk. The
+// first replica is the leader, at epoch 1.
+func (s *State) place(first, n, r, size int) ([]Partition, error) {
 	type load struct {
 		id       string
 		replicas int
@@ -457,14 +484,17 @@ func (s *State) place(n, r int) ([]Partition, error) {
 		return cmp.Or(cmp.Compare(a.replicas, b.replicas), strings.Compare(a.id, b.id))
 	}
 	parts := make([]Partition, n)
-	for i := range parts {
+	for i := 0; i < n; i += size {
+		k := min(size, n-i) // the group's partitions
 		slices.SortFunc(up, byLoad)
 		reps := make([]string, r)
 		for j := range reps {
 			reps[j] = up[j].id
-			up[j].replicas++
+			up[j].replicas += k
 		}
-		parts[i] = Partition{Replicas: reps, Leader: reps[0], Epoch: 1}
+		for j := i; j < i+k; j++ {
+			parts[j] = Partition{Replicas: slices.Clone(reps), Leader: reps[0], Epoch: 1, Chunk: first + i}
+		}
 	}
 	return parts, nil
 }

@@ -86,6 +86,14 @@ func TestState_Placement(t *testing.T) {
 			want:   [][]string{{"a", "b", "c"}, {"d", "a", "b"}, {"c", "d", "a"}, {"b", "c", "d"}},
 		},
 		{
+			// Groups of 2 partitions: each group on the 3 least loaded
+			// nodes, counting both its partitions.
+			name:   "Raft3Groups",
+			nodes:  []string{"a", "b", "c", "d"},
+			create: CreateTopic{Name: "t", Partitions: 5, Type: TypeRaft3, GroupSize: 2},
+			want:   [][]string{{"a", "b", "c"}, {"a", "b", "c"}, {"d", "a", "b"}, {"d", "a", "b"}, {"c", "d", "a"}},
+		},
+		{
 			name:   "LoadFromOtherTopics",
 			nodes:  []string{"a", "b", "c"},
 			before: []CreateTopic{{Name: "x", Partitions: 2, Type: TypeSingle}},
@@ -122,6 +130,9 @@ func TestState_Placement(t *testing.T) {
 		{name: "TooManyPartitions", nodes: []string{"a"}, create: CreateTopic{Name: "t", Partitions: MaxPartitions + 1, Type: TypeSingle}, wantErr: ErrInvalid},
 		{name: "BadType", nodes: []string{"a"}, create: CreateTopic{Name: "t", Partitions: 1, Type: 3}, wantErr: ErrInvalid},
 		{name: "ReplicasMismatch", nodes: []string{"a", "b"}, create: CreateTopic{Name: "t", Partitions: 1, Type: TypeSingle, Replicas: 2}, wantErr: ErrInvalid},
+		{name: "GroupSizeSingle", nodes: []string{"a"}, create: CreateTopic{Name: "t", Partitions: 2, Type: TypeSingle, GroupSize: 2}, wantErr: ErrInvalid},
+		{name: "GroupSizeTooBig", nodes: []string{"a", "b", "c"}, create: CreateTopic{Name: "t", Partitions: 2, Type: TypeRaft3, GroupSize: MaxGroupSize + 1}, wantErr: ErrInvalid},
+		{name: "GroupSizeNegative", nodes: []string{"a", "b", "c"}, create: CreateTopic{Name: "t", Partitions: 2, Type: TypeRaft3, GroupSize: -1}, wantErr: nil, want: [][]string{{"a", "b", "c"}, {"a", "b", "c"}}},
 		{name: "EmptyName", nodes: []string{"a"}, create: CreateTopic{Partitions: 1, Type: TypeSingle}, wantErr: ErrInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -152,9 +163,16 @@ func TestState_Placement(t *testing.T) {
 			if !slices.EqualFunc(replicas(res.Topic), tc.want, slices.Equal) {
 				t.Fatalf("result placement %v, want %v", replicas(res.Topic), tc.want)
 			}
+			size := max(tc.create.GroupSize, 1)
+			if got.GroupSize != size {
+				t.Fatalf("group size %d, want %d", got.GroupSize, size)
+			}
 			for i, p := range got.Parts {
 				if p.Leader != p.Replicas[0] || p.Epoch != 1 {
 					t.Fatalf("partition %d: leader %s epoch %d", i, p.Leader, p.Epoch)
+				}
+				if first, n := got.Chunk(i); p.Chunk != i/size*size || first != p.Chunk || n != min(size, len(got.Parts)-first) {
+					t.Fatalf("partition %d: chunk %d, Chunk() %d %d", i, p.Chunk, first, n)
 				}
 			}
 		})
@@ -182,6 +200,31 @@ func TestState_AlterTopic(t *testing.T) {
 	t.Run("Same", func(t *testing.T) {
 		ft := setup(t)
 		ft.must(AlterTopic{Name: "t", Partitions: 2})
+	})
+	t.Run("Raft3Groups", func(t *testing.T) {
+		// The added partitions make groups of their own: the first group
+		// keeps its size and replicas.
+		ft := newFSMT(t)
+		ft.nodes("a", "b", "c", "d")
+		ft.must(CreateTopic{Name: "t", Partitions: 3, Type: TypeRaft3, GroupSize: 4})
+		ft.must(AlterTopic{Name: "t", Partitions: 8})
+		got, _ := ft.s().Topic("t")
+		want := [][]string{{"a", "b", "c"}, {"a", "b", "c"}, {"a", "b", "c"},
+			{"d", "a", "b"}, {"d", "a", "b"}, {"d", "a", "b"}, {"d", "a", "b"}, {"c", "d", "a"}}
+		if !slices.EqualFunc(replicas(got), want, slices.Equal) {
+			t.Fatalf("placement %v, want %v", replicas(got), want)
+		}
+		var chunks []int
+		for i, p := range got.Parts {
+			chunks = append(chunks, p.Chunk)
+			first, n := got.Chunk(i)
+			if first != p.Chunk || n != map[int]int{0: 3, 3: 4, 7: 1}[first] {
+				t.Fatalf("partition %d: Chunk() %d %d", i, first, n)
+			}
+		}
+		if want := []int{0, 0, 0, 3, 3, 3, 3, 7}; !slices.Equal(chunks, want) {
+			t.Fatalf("chunks %v, want %v", chunks, want)
+		}
 	})
 	for _, tc := range []struct {
 		name string

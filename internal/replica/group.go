@@ -2,6 +2,8 @@ package replica
 
 import (
 	"io"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -11,11 +13,13 @@ import (
 )
 
 // GroupConfig is what a node gives OpenGroup of its replica of a Raft3
-// partition.
+// raft group.
 type GroupConfig struct {
 	Self     string   // this node's id: its raft server id
 	Replicas []string // the three nodes' ids: raft server ids, and addresses over the port
 	Dir      string   // the replica's files
+	// Partitions is how many partitions the group carries (0 means 1).
+	Partitions int
 	// Layer is the group's stream layer on the node's port (its RaftMux).
 	Layer raft.StreamLayer
 	// Log is the group's log: a stream of the node's WAL.
@@ -24,8 +28,8 @@ type GroupConfig struct {
 	Logger          hclog.Logger
 }
 
-// OpenGroup opens a node's replica of a Raft3 partition and bootstraps its
-// group with the three replicas (each does, alike: raft allows it); one
+// OpenGroup opens a node's replica of a Raft3 raft group and bootstraps it
+// with the three replicas (each does, alike: raft allows it); one
 // with state rejoins.
 func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 	trans := raft.NewNetworkTransport(cfg.Layer, 3, 10*time.Second, io.Discard)
@@ -45,7 +49,7 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 	// snapshot compacts it, so keep it short.
 	conf.TrailingLogs, conf.SnapshotThreshold = 1024, 2048
 	g, err := raftqueue.Open(raftqueue.Config{ID: raft.ServerID(cfg.Self), Dir: cfg.Dir, Transport: trans,
-		LogStore: cfg.Log, Raft: conf, Logger: cfg.Logger})
+		LogStore: cfg.Log, Raft: conf, Logger: cfg.Logger, Partitions: cfg.Partitions})
 	if err != nil {
 		trans.Close()
 		return nil, err
@@ -59,6 +63,70 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 		return nil, err
 	}
 	return g, nil
+}
+
+// Group is this node's replica of a raft group, as the Raft3 partitions it
+// carries share it: the first to be attached opens it (Groups.Attach), the
+// last to close closes it.
+type Group struct {
+	g    *raftqueue.Group
+	name string
+	gs   *Groups
+	refs int // guarded by gs.mu: the partitions attached; 0 once closed
+	// damaged: a partition of this replica met damage (store.ErrCorrupt or
+	// ErrFailed) in a read or an apply. The replica no longer serves, and
+	// hands its leadership over whenever it leads (Raft3.WhileLeading), so
+	// the group serves from the intact replicas. Sticky until the node
+	// restarts.
+	damaged atomic.Bool
+}
+
+// Groups are the raft groups of which a node holds a replica, by name.
+// Safe for concurrent use.
+type Groups struct {
+	mu sync.Mutex
+	m  map[string]*Group
+}
+
+// Attach makes the replica of group name r's (see Raft3.Attach): the one
+// open, or one open returns. It returns open's error.
+func (gs *Groups) Attach(r *Raft3, name string, open func() (*raftqueue.Group, error)) error {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	g := gs.m[name]
+	if g == nil {
+		rg, err := open()
+		if err != nil {
+			return err
+		}
+		g = &Group{g: rg, name: name, gs: gs}
+		if gs.m == nil {
+			gs.m = map[string]*Group{}
+		}
+		gs.m[name] = g
+	}
+	if r.attach(g) {
+		g.refs++
+	} else if g.refs == 0 {
+		g.closeLocked()
+	}
+	return nil
+}
+
+// release drops a partition's hold of g, and closes the replica with the
+// last (under gs.mu: a new Attach of the name waits for it).
+func (g *Group) release() error {
+	g.gs.mu.Lock()
+	defer g.gs.mu.Unlock()
+	if g.refs--; g.refs > 0 {
+		return nil
+	}
+	return g.closeLocked()
+}
+
+func (g *Group) closeLocked() error {
+	delete(g.gs.m, g.name)
+	return g.g.Close()
 }
 
 // Leads reports whether this node's replica leads the group.

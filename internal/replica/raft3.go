@@ -43,6 +43,10 @@ const DefaultCallTimeout = 10 * time.Second
 type Raft3Config struct {
 	Topic string
 	Index int
+	// First is the first partition of the raft group this one shares
+	// (cluster.Partition.Chunk), and Partitions how many the group
+	// carries: the partition is number Index-First of the group's.
+	First, Partitions int
 	// Self is this node's id; Replicas the ids of the three nodes holding
 	// the group's replicas (raft server ids and, over the node's port,
 	// their raft addresses).
@@ -67,13 +71,8 @@ type Raft3 struct {
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 
-	closing atomic.Bool                     // the node is closing: no waiting for a leader
-	group   atomic.Pointer[raftqueue.Group] // this node's replica (Attach); the partition owns it: Close closes it
-	// damaged: this node's replica met damage (store.ErrCorrupt or
-	// ErrFailed) in a read or an apply. It no longer serves, and hands its
-	// leadership over whenever it leads (WhileLeading), so the group serves
-	// from the intact replicas. Sticky until the node restarts.
-	damaged atomic.Bool
+	closing atomic.Bool           // the node is closing: no waiting for a leader
+	group   atomic.Pointer[Group] // this node's replica (Groups.Attach), held until Close
 
 	mu      sync.Mutex
 	remotes map[string]*remote.Partition // guarded by mu: by node, made when first used
@@ -100,24 +99,27 @@ func NewRaft3(cfg Raft3Config) *Raft3 {
 // Name is the partition's "topic/index".
 func (r *Raft3) Name() string { return r.cfg.Topic + "/" + strconv.Itoa(r.cfg.Index) }
 
-// Placement returns the partition's topic, index and replica nodes.
-func (r *Raft3) Placement() (topic string, index int, replicas []string) {
-	return r.cfg.Topic, r.cfg.Index, r.cfg.Replicas
-}
+// Config returns the partition's configuration: its placement.
+func (r *Raft3) Config() Raft3Config { return r.cfg }
 
 // Replica returns this node's replica, nil if it holds none.
-func (r *Raft3) Replica() *raftqueue.Group { return r.group.Load() }
+func (r *Raft3) Replica() *raftqueue.Group {
+	if g := r.group.Load(); g != nil {
+		return g.g
+	}
+	return nil
+}
 
-// Attach makes g this node's replica (when Self is in Replicas: opened with
-// the partition, or later, once a failed open succeeded); the partition
-// owns it from then on. It closes g if the partition is closed, or has a
-// replica already.
-func (r *Raft3) Attach(g *raftqueue.Group) {
+// part is the partition's number in its group.
+func (r *Raft3) part() int { return r.cfg.Index - r.cfg.First }
+
+// attach makes g this node's replica (when Self is in Replicas: opened
+// with the partition, or later, once a failed open succeeded), and reports
+// whether it did: not if the partition is closed, or has a replica.
+func (r *Raft3) attach(g *Group) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed || !r.group.CompareAndSwap(nil, g) {
-		_ = g.Close()
-	}
+	return !r.closed && r.group.CompareAndSwap(nil, g)
 }
 
 // route runs a call at the group's leader: local with this node's replica
@@ -186,10 +188,11 @@ func (r *Raft3) route(ctx context.Context, idempotent bool, local func(g *raftqu
 // local returns this node's replica while it serves: nil without one, or
 // once it is damaged.
 func (r *Raft3) local() *raftqueue.Group {
-	if r.damaged.Load() {
+	g := r.group.Load()
+	if g == nil || g.damaged.Load() {
 		return nil
 	}
-	return r.Replica()
+	return g.g
 }
 
 // checkDamage returns err, a local call's: one that met damage of this
@@ -200,9 +203,9 @@ func (r *Raft3) checkDamage(err error) error {
 	if err == nil || !errors.Is(err, store.ErrCorrupt) && !errors.Is(err, store.ErrFailed) {
 		return err
 	}
-	if r.damaged.CompareAndSwap(false, true) {
+	if r.group.Load().damaged.CompareAndSwap(false, true) {
 		r.cfg.Logger.Error("this node's replica is damaged: it no longer serves, and hands its leadership over; "+
-			"the others serve the partition (restart the node once its files are repaired)", "err", err)
+			"the others serve the partitions of its group (restart the node once its files are repaired)", "err", err)
 	}
 	if errors.Is(err, raftqueue.ErrUnknownOutcome) {
 		return err
@@ -281,7 +284,7 @@ func (r *Raft3) remote(node string) (*remote.Partition, error) {
 func (r *Raft3) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
 	var res store.Result
 	err := r.route(ctx, false, func(g *raftqueue.Group) (err error) {
-		res, err = applyLeading(ctx, g, cmd, r.cfg.Now)
+		res, err = applyLeading(ctx, g, r.part(), cmd, r.cfg.Now)
 		return err
 	}, func(p *remote.Partition) (err error) {
 		res, err = p.Apply(ctx, cmd)
@@ -290,13 +293,13 @@ func (r *Raft3) Apply(ctx context.Context, cmd *store.Command) (store.Result, er
 	return res, err
 }
 
-// applyLeading applies cmd through g, this node's replica, stamping a zero
-// Now.
-func applyLeading(ctx context.Context, g *raftqueue.Group, cmd *store.Command, now func() time.Time) (store.Result, error) {
+// applyLeading applies cmd to partition part of g, this node's replica,
+// stamping a zero Now.
+func applyLeading(ctx context.Context, g *raftqueue.Group, part int, cmd *store.Command, now func() time.Time) (store.Result, error) {
 	if cmd.Now == 0 {
 		cmd.Now = now().UnixNano()
 	}
-	return g.Apply(ctx, cmd)
+	return g.ApplyTo(ctx, part, cmd)
 }
 
 // read runs fn on the leader's partition: this node's replica's when it
@@ -304,7 +307,7 @@ func applyLeading(ctx context.Context, g *raftqueue.Group, cmd *store.Command, n
 // by RPC otherwise.
 func (r *Raft3) read(ctx context.Context, fn func(p partition.Partition) error) error {
 	return r.route(ctx, true, func(g *raftqueue.Group) error {
-		p, err := g.LeaderPartition(ctx, 0)
+		p, err := g.LeaderPartition(ctx, r.part())
 		if err != nil {
 			return err
 		}
@@ -369,7 +372,7 @@ func (r *Raft3) Stats() store.Stats {
 		return nil
 	})
 	if g := r.Replica(); err != nil && g != nil {
-		if p, perr := g.Partition(0); perr == nil {
+		if p, perr := g.Partition(r.part()); perr == nil {
 			st = p.Stats()
 		}
 	}
@@ -454,8 +457,8 @@ func (r *Raft3) Close() error {
 	for _, p := range remotes {
 		p.Close()
 	}
-	if g := r.Replica(); g != nil {
-		return g.Close()
+	if g := r.group.Load(); g != nil {
+		return g.release()
 	}
 	return nil
 }
@@ -479,7 +482,7 @@ var _ partition.Partition = (*Leading)(nil)
 
 // partition returns the replica's partition if it leads.
 func (l *Leading) partition(ctx context.Context) (*store.Partition, error) {
-	return l.r.Replica().LeaderPartition(ctx, 0)
+	return l.r.Replica().LeaderPartition(ctx, l.r.part())
 }
 
 func (l *Leading) call(fn func(p *store.Partition) error) error {
@@ -493,7 +496,7 @@ func (l *Leading) call(fn func(p *store.Partition) error) error {
 }
 
 func (l *Leading) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
-	res, err := applyLeading(ctx, l.r.Replica(), cmd, l.r.cfg.Now)
+	res, err := applyLeading(ctx, l.r.Replica(), l.r.part(), cmd, l.r.cfg.Now)
 	return res, l.r.checkDamage(err)
 }
 
@@ -516,7 +519,7 @@ func (l *Leading) Get(offset uint64) (m store.Message, ok bool, err error) {
 
 // Stats is the replica's, leading or not: advisory.
 func (l *Leading) Stats() store.Stats {
-	p, err := l.r.Replica().Partition(0)
+	p, err := l.r.Replica().Partition(l.r.part())
 	if err != nil {
 		return store.Stats{}
 	}
@@ -586,12 +589,13 @@ var _ io.Closer = (*Raft3)(nil)
 // commands go through the group, its reads and wake-ups are the replica's.
 // Run the upkeep with a ctx that ends when the replica stops leading.
 type Upkeep struct {
-	G *raftqueue.Group
-	P *store.Partition
+	G    *raftqueue.Group
+	Part int // the partition's number in G
+	P    *store.Partition
 }
 
 func (u Upkeep) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
-	return u.G.Apply(ctx, cmd)
+	return u.G.ApplyTo(ctx, u.Part, cmd)
 }
 func (u Upkeep) Stats() store.Stats                                { return u.P.Stats() }
 func (u Upkeep) Changed() <-chan struct{}                          { return u.P.Changed() }
@@ -610,26 +614,30 @@ func (r *Raft3) WhileLeading(ctx context.Context, fn func(ctx context.Context, u
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		g := r.Replica() // nil until a replica that failed to open is attached
-		if g != nil && g.State() == raft.Leader && r.damaged.Load() {
+		g := r.group.Load() // nil until a replica that failed to open is attached
+		switch {
+		case g == nil || g.g.State() != raft.Leader:
+		case g.damaged.Load():
 			r.HandOff()
-		} else if g != nil && g.State() == raft.Leader {
-			if p, err := g.Partition(0); err == nil {
-				lctx, cancel := context.WithCancel(ctx)
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					fn(lctx, Upkeep{G: g, P: p})
-				}()
-				for g.State() == raft.Leader && !r.damaged.Load() && ctx.Err() == nil {
-					select {
-					case <-ctx.Done():
-					case <-tick.C:
-					}
-				}
-				cancel()
-				<-done
+		default:
+			p, err := g.g.Partition(r.part())
+			if err != nil {
+				break
 			}
+			lctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				fn(lctx, Upkeep{G: g.g, Part: r.part(), P: p})
+			}()
+			for g.g.State() == raft.Leader && !g.damaged.Load() && ctx.Err() == nil {
+				select {
+				case <-ctx.Done():
+				case <-tick.C:
+				}
+			}
+			cancel()
+			<-done
 		}
 		select {
 		case <-ctx.Done():
