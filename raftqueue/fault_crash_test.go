@@ -189,7 +189,7 @@ type crashReplica struct {
 func newCrashCluster(t *testing.T, r *crashReplica) *faultCluster {
 	t.Helper()
 	r.disk = newCrashDisk(memfs.New())
-	return newFaultClusterLogs(t, false, func(i int, dir string) (*store.WAL, *WALLog, error) {
+	return newFaultClusterWith(t, false, 1, func(i int, dir string) (*store.WAL, *WALLog, error) {
 		if i == 0 {
 			return openNodeLogWith("/wal", store.WALOptions{FS: r.disk}, "group")
 		}

@@ -68,20 +68,21 @@ type faultCluster struct {
 	// openLog opens replica i's WAL and its raft log, given the replica's
 	// directory; nil: openNodeLog in it.
 	openLog func(i int, dir string) (*store.WAL, *WALLog, error)
+	parts   int // the group's partitions (Config.Partitions)
 }
 
 func newFaultCluster(t testing.TB, tcp bool) *faultCluster {
 	t.Helper()
-	return newFaultClusterLogs(t, tcp, nil)
+	return newFaultClusterWith(t, tcp, 1, nil)
 }
 
-// newFaultClusterLogs is newFaultCluster with the replicas' WALs opened by
-// openLog (nil: in their directories).
-func newFaultClusterLogs(t testing.TB, tcp bool, openLog func(i int, dir string) (*store.WAL, *WALLog, error)) *faultCluster {
+// newFaultClusterWith is newFaultCluster with a group of parts partitions
+// and the replicas' WALs opened by openLog (nil: in their directories).
+func newFaultClusterWith(t testing.TB, tcp bool, parts int, openLog func(i int, dir string) (*store.WAL, *WALLog, error)) *faultCluster {
 	t.Helper()
 	const n = 3
 	base := t.TempDir()
-	c := &faultCluster{cluster: &cluster{t: t, conf: faultConfig()}, tcp: tcp, openLog: openLog}
+	c := &faultCluster{cluster: &cluster{t: t, conf: faultConfig()}, tcp: tcp, openLog: openLog, parts: parts}
 	c.layers, c.logs = make([]*tcpLayer, n), make([]*WALLog, n)
 	c.trans, c.groups, c.wals = make([]*raft.InmemTransport, n), make([]*Group, n), make([]*store.WAL, n)
 	t.Cleanup(c.close)
@@ -142,7 +143,7 @@ func (c *faultCluster) start(i int) {
 		c.t.Fatalf("open the log of %s: %v", c.ids[i], err)
 	}
 	logs := &frozenLog{LogStore: l, net: c.net, self: i, closed: trans.closed}
-	g, err := Open(Config{ID: c.ids[i], Dir: c.dirs[i], Transport: trans, LogStore: logs, Raft: c.conf})
+	g, err := Open(Config{ID: c.ids[i], Dir: c.dirs[i], Transport: trans, LogStore: logs, Raft: c.conf, Partitions: c.parts})
 	if err != nil {
 		trans.Close()
 		w.Close()
@@ -211,11 +212,11 @@ func (c *faultCluster) leaderBesides(old int) int {
 	return -1
 }
 
-// settle heals the cluster and returns the log every replica holds once the
-// leader has applied everything proposed to it (a barrier: acks before the
-// commit leave entries in flight), and the terms of the entries holding each
-// ID in the leader's raft log.
-func (c *faultCluster) settle() ([]store.Message, map[string][]uint64) {
+// settle heals the cluster and returns the log of each partition every
+// replica holds once the leader has applied everything proposed to it (a
+// barrier: acks before the commit leave entries in flight), and the terms
+// of the entries holding each ID in the leader's raft log.
+func (c *faultCluster) settle() ([][]store.Message, map[string][]uint64) {
 	c.t.Helper()
 	c.heal()
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
@@ -224,11 +225,17 @@ func (c *faultCluster) settle() ([]store.Message, map[string][]uint64) {
 		l := c.leader()
 		g := c.group(l)
 		err := g.Raft().Barrier(patience).Error()
-		if err == nil {
+		next := make([]uint64, c.parts)
+		for part := range next {
 			var p *store.Partition
-			if p, err = g.LeaderPartition(ctx, 0); err == nil {
-				return c.identical(p.Stats().Next), c.entryTerms(l)
+			if err == nil {
+				if p, err = g.LeaderPartition(ctx, part); err == nil {
+					next[part] = p.Stats().Next
+				}
 			}
+		}
+		if err == nil {
+			return c.identicalParts(next), c.entryTerms(l)
 		}
 		if ctx.Err() != nil {
 			c.t.Fatalf("settle: %v", err)
@@ -263,7 +270,7 @@ func (c *faultCluster) entryTerms(i int) map[string][]uint64 {
 		if l.Type != raft.LogCommand {
 			continue
 		}
-		cmds, _, err := decodeEntry(l.Data, 1, nil, nil)
+		cmds, _, err := decodeEntry(l.Data, c.parts, nil, nil)
 		if err != nil {
 			c.t.Fatalf("%s: entry %d: %v", c.ids[i], idx, err)
 		}
@@ -278,10 +285,12 @@ func (c *faultCluster) entryTerms(i int) map[string][]uint64 {
 
 // workload is a scenario's clients: writers appending messages of their
 // own IDs, each until acked, and readers reading one offset at a time, all
-// recorded in h.
+// recorded in the history of the partition: writer k's is k%parts, a
+// reader's any, chosen at each read.
 type workload struct {
 	c     *faultCluster
-	h     *history
+	hs    []*history // by partition
+	h     *history   // hs[0]
 	acked atomic.Int64
 	stop  chan struct{}
 	once  sync.Once
@@ -290,7 +299,11 @@ type workload struct {
 }
 
 func startWorkload(c *faultCluster) *workload {
-	w := &workload{c: c, h: newHistory(), stop: make(chan struct{}), errs: make(chan error, faultWriters+faultReaders)}
+	w := &workload{c: c, stop: make(chan struct{}), errs: make(chan error, faultWriters+faultReaders)}
+	for range c.parts {
+		w.hs = append(w.hs, newHistory())
+	}
+	w.h = w.hs[0]
 	c.t.Cleanup(func() { // before the cluster closes; healed, so that each writer's last send is acked
 		c.heal()
 		w.halt()
@@ -349,6 +362,8 @@ func (w *workload) write(client int) {
 // proposed after all, the ID would be stored by no append of the history.
 func (w *workload) send(client int, id string) error {
 	cmd := &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg(id)}}
+	part := client % w.c.parts
+	h := w.hs[part]
 	deadline := time.Now().Add(patience)
 	try := client % 3
 	for time.Now().Before(deadline) {
@@ -359,20 +374,20 @@ func (w *workload) send(client int, id string) error {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), attemptTimeout)
-		call := w.h.now()
-		res, err := g.Apply(ctx, cmd)
-		ret := w.h.now()
+		call := h.now()
+		res, err := g.ApplyTo(ctx, part, cmd)
+		ret := h.now()
 		cancel()
 		var nl *NotLeaderError
 		switch {
 		case err == nil && len(res.Acks) == 1:
-			w.h.appended(client, id, call, ret, res.Acks[0], g.ID())
+			h.appended(client, id, call, ret, res.Acks[0], g.ID())
 			w.acked.Add(1)
 			return nil
 		case err == nil:
 			return fmt.Errorf("%s: %d acks", id, len(res.Acks))
 		case errors.Is(err, ErrUnknownOutcome):
-			w.h.unknown(client, id, call)
+			h.unknown(client, id, call)
 			try = (try + 1) % 3
 		case errors.As(err, &nl):
 			if j := w.c.net.index(nl.Leader); j >= 0 {
@@ -396,8 +411,10 @@ func (w *workload) send(client int, id string) error {
 func (w *workload) read(client int) {
 	rng := rand.New(rand.NewPCG(uint64(client), 0))
 	for !w.stopped() {
+		part := rng.IntN(w.c.parts) // each partition's readers
+		h := w.hs[part]
 		var off uint64
-		switch hi, r := w.h.highest(), rng.IntN(8); {
+		switch hi, r := h.highest(), rng.IntN(8); {
 		case hi < 0:
 		case r < 5:
 			off = uint64(hi)
@@ -406,18 +423,18 @@ func (w *workload) read(client int) {
 		default:
 			off = rng.Uint64N(uint64(hi) + 1)
 		}
-		call := w.h.now()
-		if id, replica, ok := w.readAt(off, rng.IntN(3)); ok {
-			w.h.read(client, off, id, call, w.h.now(), replica)
+		call := h.now()
+		if id, replica, ok := w.readAt(part, off, rng.IntN(3)); ok {
+			h.read(client, off, id, call, h.now(), replica)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 }
 
-// readAt reads the ID at off ("" for none) from the first replica from
-// first on whose LeaderPartition answers, and returns that replica; ok is
-// false when none did.
-func (w *workload) readAt(off uint64, first int) (id string, replica raft.ServerID, ok bool) {
+// readAt reads the ID at off of partition part ("" for none) from the
+// first replica from first on whose LeaderPartition answers, and returns
+// that replica; ok is false when none did.
+func (w *workload) readAt(part int, off uint64, first int) (id string, replica raft.ServerID, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), attemptTimeout)
 	defer cancel()
 	for k := range 3 {
@@ -425,7 +442,7 @@ func (w *workload) readAt(off uint64, first int) (id string, replica raft.Server
 		if g == nil {
 			continue
 		}
-		p, err := g.LeaderPartition(ctx, 0)
+		p, err := g.LeaderPartition(ctx, part)
 		if err != nil {
 			continue
 		}
@@ -457,14 +474,19 @@ func (w *workload) progress(n int64) {
 	}
 }
 
-// verify stops the clients, settles the cluster and checks the history.
+// verify stops the clients, settles the cluster and checks the history of
+// each partition.
 func (w *workload) verify() verdict {
 	w.c.t.Helper()
 	w.halt()
 	final, terms := w.c.settle()
-	v := w.h.check(w.c.t, final, terms, w.c.net.leaderOf)
+	var v verdict
+	for part, h := range w.hs {
+		pv := h.check(w.c.t, final[part], terms, w.c.net.leaderOf)
+		w.c.t.Logf("partition %d: %v; its log holds %d messages", part, pv, len(final[part]))
+		v.add(pv)
+	}
 	_, v.splitTerms = w.c.net.terms()
-	w.c.t.Logf("%v; the log holds %d messages", v, len(final))
 	return v
 }
 
@@ -637,6 +659,61 @@ func TestFault_Pause(t *testing.T) {
 func TestFault_NegativeControl(t *testing.T) {
 	t.Parallel()
 	v := runFaults(t, false, rounds(1), func(c *faultCluster, w *workload) {
+		for i := range 3 {
+			c.group(i).prop.ackBeforeCommit.Store(true)
+		}
+		isolateLeader(c, w)
+	})
+	if v.ok() {
+		t.Fatalf("the checks passed a proposer that acks before the commit: %v", v)
+	}
+	t.Logf("the checks failed the proposer that acks before the commit, as they must: %v", v)
+}
+
+// TestFault_Partitions runs the fault matrix on a group of three
+// partitions (Config.Partitions): the writers and readers of each
+// partition share the group's entries, and each partition's history is
+// checked on its own. The leader killed (in-memory and TCP), isolated,
+// and paused past the election timeout.
+func TestFault_Partitions(t *testing.T) {
+	t.Parallel()
+	const parts = 3
+	t.Run("LeaderKill", func(t *testing.T) {
+		t.Parallel()
+		for _, tr := range transports {
+			t.Run(tr.name, func(t *testing.T) {
+				var last time.Time
+				runFaultsOn(t, newFaultClusterWith(t, tr.tcp, parts, nil), rounds(6), func(c *faultCluster, w *workload) {
+					time.Sleep(time.Until(last.Add(time.Second)))
+					last = time.Now()
+					old := c.leader()
+					c.stop(old)
+					w.progress(20)
+					c.start(old)
+				}).report(t)
+			})
+		}
+	})
+	t.Run("LeaderIsolated", func(t *testing.T) {
+		t.Parallel()
+		runFaultsOn(t, newFaultClusterWith(t, false, parts, nil), rounds(3), isolateLeader).report(t)
+	})
+	t.Run("Pause", func(t *testing.T) {
+		t.Parallel()
+		runFaultsOn(t, newFaultClusterWith(t, false, parts, nil), rounds(2), func(c *faultCluster, w *workload) {
+			old := c.leader()
+			c.net.pause(old)
+			c.leaderBesides(old)
+			w.progress(50)
+		}).report(t)
+	})
+}
+
+// TestFault_PartitionsNegativeControl: the checks of TestFault_Partitions
+// fail a proposer that acks before the commit.
+func TestFault_PartitionsNegativeControl(t *testing.T) {
+	t.Parallel()
+	v := runFaultsOn(t, newFaultClusterWith(t, false, 3, nil), rounds(1), func(c *faultCluster, w *workload) {
 		for i := range 3 {
 			c.group(i).prop.ackBeforeCommit.Store(true)
 		}

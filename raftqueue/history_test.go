@@ -203,6 +203,21 @@ type verdict struct {
 	wrong      []string              // reads that found an ID the final log has elsewhere or not at all
 }
 
+// add adds o, another partition's verdict, to v.
+func (v *verdict) add(o verdict) {
+	if v.ops == 0 || o.lin != porcupine.Ok {
+		v.lin = o.lin
+	}
+	v.ops += o.ops
+	v.lost = append(v.lost, o.lost...)
+	v.moved = append(v.moved, o.moved...)
+	v.twice = append(v.twice, o.twice...)
+	v.notLeader = append(v.notLeader, o.notLeader...)
+	v.splitTerms = append(v.splitTerms, o.splitTerms...)
+	v.stale = append(v.stale, o.stale...)
+	v.wrong = append(v.wrong, o.wrong...)
+}
+
 func (v verdict) ok() bool {
 	return v.lin == porcupine.Ok &&
 		len(v.lost)+len(v.moved)+len(v.twice)+len(v.notLeader)+len(v.splitTerms)+len(v.stale)+len(v.wrong) == 0
