@@ -36,15 +36,25 @@ func HalfRecords(v []byte, fn func(rec []byte)) {
 // now refers to /dev/full; reads go through the memory map and still work)
 // and returns the function that puts the file back.
 func BreakFile(p *Partition) (restore func()) {
-	fd := -1
+	fd, saved := breakPath(p.path)
+	return func() {
+		syscall.Dup2(saved, fd)
+		syscall.Close(saved)
+	}
+}
+
+// breakPath points the descriptor open on path at /dev/full, and returns
+// it and a duplicate of what it was.
+func breakPath(path string) (fd, saved int) {
+	fd = -1
 	ents, _ := os.ReadDir("/proc/self/fd")
 	for _, e := range ents {
-		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && target == p.path {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && target == path {
 			fd, _ = strconv.Atoi(e.Name())
 		}
 	}
 	if fd < 0 {
-		panic("no descriptor of " + p.path)
+		panic("no descriptor of " + path)
 	}
 	saved, err := syscall.Dup(fd)
 	if err != nil {
@@ -58,9 +68,27 @@ func BreakFile(p *Partition) (restore func()) {
 		panic(err)
 	}
 	syscall.Close(full)
+	return fd, saved
+}
+
+// FillDiskDuringRestore makes the writes of a restore fail with ENOSPC
+// from its k-th transaction on (k from 1): the file's descriptor then
+// refers to /dev/full, until the restore closes it. It returns the
+// function that stops doing so.
+func FillDiskDuringRestore(k int) (stop func()) {
+	var saved []int
+	n := 0
+	snapTxCommitted = func(path string) {
+		if n++; n == k {
+			_, s := breakPath(path)
+			saved = append(saved, s)
+		}
+	}
 	return func() {
-		syscall.Dup2(saved, fd)
-		syscall.Close(saved)
+		snapTxCommitted = nil
+		for _, s := range saved {
+			syscall.Close(s) // the restore closed the descriptor it replaced
+		}
 	}
 }
 

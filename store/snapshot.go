@@ -38,6 +38,10 @@ const (
 // snapTxBytes: a restore commits every so many bytes, to bound its memory.
 var snapTxBytes = 32 << 20
 
+// snapTxCommitted, when set (tests), is called with the path after each of
+// a restore's transactions but the last.
+var snapTxCommitted func(path string)
+
 // WriteSnapshot waits, as Sync does, until the file holds every command
 // applied so far, then writes the partition's state to w (see the format
 // above) and returns the position it holds: it may hold commands applied
@@ -226,6 +230,9 @@ func (s *SnapshotReader) RestoreTo(path string) (err error) {
 		tx = nil
 		if err != nil {
 			return err
+		}
+		if snapTxCommitted != nil {
+			snapTxCommitted(path)
 		}
 		if tx, err = db.Begin(true); err != nil {
 			tx = nil

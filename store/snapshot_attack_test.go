@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sync"
+	"syscall"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -560,4 +561,87 @@ func TestSnapshotAttack_ReaderErrorNotCorrupt(t *testing.T) {
 			t.Errorf("a reader failing after %d of %d bytes: %v; want the reader's error, not ErrCorrupt", n, len(snap), err)
 		}
 	}
+}
+
+// Attack: the disk fills during a restore, from its k-th transaction on
+// (its file's descriptor then refers to /dev/full: writes fail with
+// ENOSPC, and bbolt's fstat sees an empty file): RestoreSnapshot fails,
+// not with ErrCorrupt (the snapshot is intact, and a caller must not take
+// it for a damaged one), and leaves no file; a restore with room
+// afterwards gives the partition.
+func TestSnapshotAttack_RestoreDiskFull(t *testing.T) {
+	defer store.SetSnapTxBytes(1 << 10)()
+	dir := t.TempDir()
+	p := snapshotFixture(t, filepath.Join(dir, "0.db"), 200)
+	var buf bytes.Buffer
+	if _, err := p.WriteSnapshot(&buf); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(dir, "copy.db")
+	for _, k := range []int{1, 2, 5, 10} {
+		stop := store.FillDiskDuringRestore(k)
+		err := store.RestoreSnapshot(dst, bytes.NewReader(buf.Bytes()))
+		stop()
+		if err == nil {
+			t.Fatalf("disk full from transaction %d: RestoreSnapshot succeeded", k)
+		}
+		if errors.Is(err, store.ErrCorrupt) {
+			t.Errorf("disk full from transaction %d: %v: an intact snapshot reported damaged", k, err)
+		}
+		t.Logf("disk full from transaction %d: %v", k, err)
+		if _, serr := os.Lstat(dst); !errors.Is(serr, os.ErrNotExist) {
+			t.Fatalf("disk full from transaction %d: the file is left behind (%v)", k, serr)
+		}
+	}
+	if err := store.RestoreSnapshot(dst, bytes.NewReader(buf.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	equal(t, "restored state", stateOf(t, openReplicated(t, dst)), stateOf(t, p))
+}
+
+// Attack: the snapshot's sink fails (EIO, ENOSPC) at any byte:
+// WriteSnapshot returns that error, the partition goes on serving and
+// applying, and the next snapshot is whole.
+func TestSnapshotAttack_WriterError(t *testing.T) {
+	dir := t.TempDir()
+	p := snapshotFixture(t, filepath.Join(dir, "0.db"), 200)
+	var whole bytes.Buffer
+	if _, err := p.WriteSnapshot(&whole); err != nil {
+		t.Fatal(err)
+	}
+	idx := p.Position().Index
+	for n := 0; n < whole.Len(); n += 1 + n/2 {
+		for _, errno := range []syscall.Errno{syscall.EIO, syscall.ENOSPC} {
+			if _, err := p.WriteSnapshot(&failingWriter{n: n, err: errno}); !errors.Is(err, errno) {
+				t.Fatalf("a sink failing with %v after %d of %d bytes: WriteSnapshot returned %v", errno, n, whole.Len(), err)
+			}
+		}
+		idx++
+		applyLogged(t, p, idx, &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg(fmt.Sprint("after-", n))}})
+	}
+	var buf bytes.Buffer
+	if _, err := p.WriteSnapshot(&buf); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(dir, "copy.db")
+	if err := store.RestoreSnapshot(dst, bytes.NewReader(buf.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	equal(t, "restored state", stateOf(t, openReplicated(t, dst)), stateOf(t, p))
+}
+
+// failingWriter takes n bytes, then fails with err.
+type failingWriter struct {
+	n   int
+	err error
+}
+
+func (f *failingWriter) Write(b []byte) (int, error) {
+	if len(b) <= f.n {
+		f.n -= len(b)
+		return len(b), nil
+	}
+	k := f.n
+	f.n = 0
+	return k, f.err
 }
