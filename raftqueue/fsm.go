@@ -313,6 +313,9 @@ func (f *fsm) readSnapshot(r *bufio.Reader) (map[int]string, error) {
 			return tmps, err
 		}
 	}
+	if _, err := r.Peek(1); err != io.EOF {
+		return tmps, fmt.Errorf("%w: bytes after the snapshot's last partition (%v)", store.ErrCorrupt, err)
+	}
 	return tmps, nil
 }
 
