@@ -285,7 +285,9 @@ func (cn *clusterNode) partition(t cluster.Topic, i int) (partition.Partition, b
 // served is the partition of the table that this node serves to another's
 // RPC: one placed here. A topic just created may not be in the table yet
 // (the metadata group's change reaches the nodes one after the other): it
-// waits a little for it.
+// waits a little for it; but a Raft3 partition the metadata shows and the
+// table does not yet is refused at once (store.ErrClosed), so the caller
+// asks another of its replicas.
 func (cn *clusterNode) served(topic string, i int) (partition.Partition, error) {
 	if cn.started.Load() == nil {
 		return nil, errStarting
@@ -293,6 +295,11 @@ func (cn *clusterNode) served(topic string, i int) (partition.Partition, error) 
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		t, ok := cn.m.topics.Get(topic)
+		if !ok || i < 0 || i >= len(t.Parts) {
+			if mt, ok := cn.agent.Meta().State().Topic(topic); ok && mt.Type == cluster.TypeRaft3 && i >= 0 && i < len(mt.Parts) {
+				return nil, fmt.Errorf("%w: %s/%d is not open on node %s yet", store.ErrClosed, topic, i, cn.agent.ID())
+			}
+		}
 		if ok && i >= 0 && i < len(t.Parts) {
 			switch p := t.Parts[i].(type) {
 			case *partition.Local:

@@ -19,3 +19,17 @@ func Raft3Leader(m *MQ, topic string, i int) (leader string, holds bool) {
 	_, id := r.Replica().Leader()
 	return string(id), true
 }
+
+// HoldAdmin holds m's admin lock, which keeps its topic table from
+// following the metadata (sync), until release.
+func HoldAdmin(m *MQ) (release func()) {
+	m.adminMu.Lock()
+	return m.adminMu.Unlock
+}
+
+// Served is what m's partition service finds for a call to partition i of
+// topic from another node.
+func Served(m *MQ, topic string, i int) error {
+	_, err := m.cluster.served(topic, i)
+	return err
+}

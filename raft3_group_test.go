@@ -7,10 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/zeze-go/mq"
+	"github.com/zeze-go/mq/store"
 )
 
 // TestRaft3_PartitionsPerRaftGroup: the option's limits, checked before
@@ -209,4 +211,43 @@ func TestRaft3_SharedGroups(t *testing.T) {
 	verify(c.nodes["n3"], "after the restart")
 	send(c.nodes["n1"], "d", 16)
 	verify(c.nodes["n1"], "after the restart and more sends")
+}
+
+// TestRaft3_ReplicaNotOpenYet: a node whose table has not yet caught up
+// with a new Raft3 topic (its sync held) refuses a call for it at once
+// with store.ErrClosed, which sends the caller to another replica, instead of
+// holding it for 5 s and answering ErrNoTopic (before session 6). The
+// topic is served meanwhile by the two other replicas.
+func TestRaft3_ReplicaNotOpenYet(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	release := sync.OnceFunc(mq.HoldAdmin(c.nodes["n2"]))
+	defer release()
+	if err := c.nodes["n1"].CreateMQ(ctx, "r", 2, mq.Options{Type: mq.Raft3}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err := mq.Served(c.nodes["n2"], "r", 1)
+	if !errors.Is(err, store.ErrClosed) || time.Since(start) > 4*time.Second {
+		t.Fatalf("a call for a partition not open yet: %v after %v, want ErrClosed at once", err, time.Since(start))
+	}
+	p, err := c.nodes["n1"].NewProducer("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := p.SendMessage(ctx, (&mq.Message{Body: []byte("x")}).ToPartition(1)); err != nil {
+		t.Fatalf("send while n2 has not opened the topic: %v", err)
+	}
+	// A topic the node's metadata does not show either is still waited
+	// for, then ErrNoTopic.
+	if err := mq.Served(c.nodes["n2"], "nothing", 0); !errors.Is(err, mq.ErrNoTopic) {
+		t.Fatalf("a call for an unknown topic: %v", err)
+	}
+	release()
+	waitFor(t, 20*time.Second, "n2 serves r once its table caught up", func() bool {
+		_, holds := mq.Raft3Leader(c.nodes["n2"], "r", 1)
+		return holds
+	})
 }
