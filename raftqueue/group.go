@@ -31,6 +31,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -120,8 +121,8 @@ type Config struct {
 // Group is one replica of a partition's raft group. It is safe for
 // concurrent use.
 //
-// Goroutines: raft's own, and the proposer and its completer (proposer.go),
-// all stopped by Close.
+// Goroutines: raft's own, the proposer and its completer (proposer.go), and
+// watchLeader, all stopped by Close.
 type Group struct {
 	id    raft.ServerID
 	raft  *raft.Raft
@@ -132,6 +133,13 @@ type Group struct {
 	// ready is the term in which this replica, leading, has applied every
 	// entry committed before its term (a raft barrier): LeaderPartition.
 	ready atomic.Uint64
+
+	// Leadership changes (LeaderChanged): watchLeader closes leadChanged
+	// at each and makes a new one, until watchStop.
+	leadMu      sync.Mutex
+	leadChanged chan struct{} // guarded by leadMu
+	watchStop   chan struct{}
+	watchDone   chan struct{}
 }
 
 // Open opens (creating if needed) the replica in cfg.Dir and starts its raft.
@@ -216,8 +224,41 @@ func Open(cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("raftqueue: %w", err)
 	}
 	g.prop = newProposer(g, cfg)
+	g.leadChanged, g.watchStop, g.watchDone = make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go g.watchLeader()
 	ok = true
 	return g, nil
+}
+
+// LeaderChanged returns a channel closed at the next change of this
+// replica's leadership (it becomes the leader, or stops being it), or when
+// the replica closes. Take it before looking at State, as
+// store.Partition.Changed.
+func (g *Group) LeaderChanged() <-chan struct{} {
+	g.leadMu.Lock()
+	defer g.leadMu.Unlock()
+	return g.leadChanged
+}
+
+// watchLeader turns raft's leadership notifications (LeaderCh, which this
+// package alone reads) into LeaderChanged, until Close.
+func (g *Group) watchLeader() {
+	defer close(g.watchDone)
+	changed := func() {
+		g.leadMu.Lock()
+		close(g.leadChanged)
+		g.leadChanged = make(chan struct{})
+		g.leadMu.Unlock()
+	}
+	for {
+		select {
+		case <-g.raft.LeaderCh():
+			changed()
+		case <-g.watchStop:
+			changed()
+			return
+		}
+	}
 }
 
 // partitionsKey is where raft.db records how many partitions the group
@@ -421,6 +462,8 @@ func (g *Group) Close() error {
 	g.prop.once.Do(func() {
 		g.prop.close()
 		err = g.raft.Shutdown().Error()
+		close(g.watchStop)
+		<-g.watchDone
 		if nt, ok := g.trans.(*raft.NetworkTransport); ok {
 			nt.CloseStreams() // Shutdown's Close leaves the pooled connections open
 		}

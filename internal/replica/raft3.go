@@ -606,17 +606,31 @@ func (u Upkeep) GroupStates() (map[string]store.GroupState, error) { return u.P.
 // WhileLeading calls fn each time this node's replica starts leading, with
 // the replica's Upkeep and a ctx that ends once it no longer leads (or ctx
 // ends), and waits for fn. It returns when ctx ends; at once without a
-// replica here.
+// replica here. It wakes at the replica's leadership changes
+// (raftqueue.Group.LeaderChanged), and every second for what they do not
+// signal (a replica attached late, damage).
 func (r *Raft3) WhileLeading(ctx context.Context, fn func(ctx context.Context, u Upkeep)) {
 	if !slices.Contains(r.cfg.Replicas, r.cfg.Self) {
 		return
 	}
-	tick := time.NewTicker(50 * time.Millisecond)
+	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	for {
+	wait := func(changed <-chan struct{}) {
+		select {
+		case <-ctx.Done():
+		case <-changed:
+		case <-tick.C:
+		}
+	}
+	for ctx.Err() == nil {
 		g := r.group.Load() // nil until a replica that failed to open is attached
+		if g == nil {
+			wait(nil)
+			continue
+		}
+		changed := g.g.LeaderChanged()
 		switch {
-		case g == nil || g.g.State() != raft.Leader:
+		case g.g.State() != raft.Leader:
 		case g.damaged.Load():
 			r.HandOff()
 		default:
@@ -631,18 +645,13 @@ func (r *Raft3) WhileLeading(ctx context.Context, fn func(ctx context.Context, u
 				fn(lctx, Upkeep{G: g.g, Part: r.part(), P: p})
 			}()
 			for g.g.State() == raft.Leader && !g.damaged.Load() && ctx.Err() == nil {
-				select {
-				case <-ctx.Done():
-				case <-tick.C:
-				}
+				wait(changed)
+				changed = g.g.LeaderChanged()
 			}
 			cancel()
 			<-done
+			continue
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+		wait(changed)
 	}
 }
