@@ -476,3 +476,70 @@ func copyFile(t testing.TB, from, to string) {
 		t.Fatal(err)
 	}
 }
+
+// TestGroup_LeaderChanged: a watcher that takes LeaderChanged, then looks
+// at State, and waits for the channel while the state is not yet the one
+// it waits for, sees each change without polling: the leader cut off stops
+// leading, another replica starts, and a closing replica's channel closes.
+// (A channel may close for a change that came just before it was taken:
+// the watcher looks at State again.)
+func TestGroup_LeaderChanged(t *testing.T) {
+	c := newCluster(t, 3)
+	waitState := func(what string, g *Group, leads bool) {
+		t.Helper()
+		deadline := time.After(20 * time.Second)
+		for {
+			ch := g.LeaderChanged()
+			if (g.State() == raft.Leader) == leads {
+				return
+			}
+			select {
+			case <-ch:
+			case <-deadline:
+				t.Fatalf("%s: no leadership change seen (state %v)", what, g.State())
+			}
+		}
+	}
+	old := c.leader()
+	others := []*Group{c.group((old + 1) % 3), c.group((old + 2) % 3)}
+	c.isolate(old)
+	waitState("the leader cut off", c.group(old), false)
+	// One of the others starts leading: a watcher of each sees it, or
+	// sees that it does not (the watch of the one that does not lead
+	// would wait forever: watch both at once).
+	done, stop := make(chan *Group, 2), make(chan struct{})
+	for _, g := range others {
+		go func() {
+			for {
+				ch := g.LeaderChanged()
+				if g.State() == raft.Leader {
+					done <- g
+					return
+				}
+				select {
+				case <-ch:
+				case <-stop:
+					done <- nil
+					return
+				case <-time.After(20 * time.Second):
+					done <- nil
+					return
+				}
+			}
+		}()
+	}
+	g := <-done
+	close(stop)
+	<-done
+	if g == nil {
+		t.Fatal("no new leader seen through LeaderChanged")
+	}
+	c.heal(old)
+	closing := c.group(old).LeaderChanged()
+	c.stop(old)
+	select {
+	case <-closing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("LeaderChanged not closed by Close")
+	}
+}
