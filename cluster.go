@@ -466,7 +466,9 @@ func (cn *clusterNode) eachRaft3(fn func(r *replica.Raft3)) {
 // raft3Name is the raft group, and the WAL stream of its log, whose first
 // partition is partition first of a Raft3 topic (at most 255 bytes:
 // transport.MaxGroupIDLen).
-func raft3Name(topic string, first int) string { return raft3Prefix + topic + "/" + strconv.Itoa(first) }
+func raft3Name(topic string, first int) string {
+	return raft3Prefix + topic + "/" + strconv.Itoa(first)
+}
 
 const raft3Prefix = "raft3/"
 

@@ -921,9 +921,7 @@ func TestRaft3Attack_ThroughFollowers(t *testing.T) {
 		}
 		for i := 1; i < 3; i++ {
 			msg := (&mq.Message{ID: fmt.Sprintf("x-%s-%d", id, i)}).ToPartition(i)
-			if _, err := p.SendMessage(ctx, msg); err != nil {
-				t.Fatalf("send to new partition %d through %s: %v", i, id, err)
-			}
+			resend(ctx, t, p, msg) // to new partition i through id
 			grown = append(grown, msg.ID)
 		}
 	}
@@ -1056,9 +1054,7 @@ func TestRaft3Attack_HandlerReentry(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cons.Close() })
-	if _, err := p.SendMessage(ctx, &mq.Message{ID: "x-0"}); err != nil {
-		t.Fatal(err)
-	}
+	resend(ctx, t, p, &mq.Message{ID: "x-0"})
 	select {
 	case <-closed:
 	case <-time.After(30 * time.Second):

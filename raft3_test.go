@@ -164,9 +164,7 @@ func TestRaft3_ClusterRestart(t *testing.T) {
 	var first []string
 	for i := range 20 {
 		msg := (&mq.Message{ID: fmt.Sprintf("m%d", i)}).ToPartition(i % 2)
-		if _, err := p.SendMessage(ctx, msg); err != nil {
-			t.Fatal(err)
-		}
+		resend(ctx, t, p, msg)
 		first = append(first, msg.ID)
 	}
 	delayed := (&mq.Message{ID: "late", DeliverAt: time.Now().Add(3 * time.Second)}).ToPartition(1)
@@ -364,5 +362,22 @@ func TestRaft3_RetentionConsumed(t *testing.T) {
 	res, err := p.SendMessage(ctx, &mq.Message{ID: "after", Body: []byte("y")})
 	if err != nil || len(res) != 1 || res[0].Offset != 30 {
 		t.Fatalf("the next send: %+v, %v; want offset 30", res, err)
+	}
+}
+
+// resend sends msg until it is acked: again after ErrUnknownOutcome (a new
+// group's first elections may still settle; the producer's contract is to
+// send the same message again, which stores it once). Any other error
+// fails t.
+func resend(ctx context.Context, t testing.TB, p *mq.Producer, msg *mq.Message) mq.SendResult {
+	t.Helper()
+	for {
+		res, err := p.SendMessage(ctx, msg)
+		if err == nil {
+			return res[0]
+		}
+		if !errors.Is(err, mq.ErrUnknownOutcome) {
+			t.Fatalf("send %s: %v", msg.ID, err)
+		}
 	}
 }

@@ -86,9 +86,9 @@ type snapNode struct {
 }
 
 type snapTopic struct {
-	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
-	Name     string
-	Type     uint8
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Name      string
+	Type      uint8
 	Created   int64
 	Parts     []snapPart
 	GroupSize int
