@@ -87,7 +87,8 @@ type config struct {
 	rate       int
 	cpuProfile string
 	runs       int
-	raftGroup  int // partitions per raft group of the raft3 cases (0: mq's default)
+	raftGroup  int  // partitions per raft group of the raft3 cases (0: mq's default)
+	leaderOnly bool // raft3-leader: the producers on the leading node
 }
 
 func main() {

@@ -21,6 +21,10 @@ func init() {
 		b.raftGroup = 1
 		return runRaft3Node(ctx, b)
 	})
+	register("raft3-leader", "raft3 with every producer on a node that leads: no send forwarded (what forwarding costs, against raft3)", func(ctx context.Context, b *bench) (result, error) {
+		b.leaderOnly = true
+		return runRaft3Node(ctx, b)
+	})
 }
 
 // raft3Nodes are the nodes of the raft3 case, one replica of every
@@ -42,9 +46,21 @@ func runRaft3Node(ctx context.Context, b *bench) (res result, err error) {
 	if err != nil {
 		return result{}, err
 	}
+	from := nodes
+	if b.leaderOnly {
+		from = nil
+		for _, m := range nodes {
+			if len(m.ClusterStatus().Leading) > 0 {
+				from = append(from, m)
+			}
+		}
+		if len(from) != 1 {
+			return result{}, fmt.Errorf("raft3-leader: %d nodes lead some partitions (-raft-group below -p?)", len(from))
+		}
+	}
 	producers := make([]*mq.Producer, b.conc)
 	for w := range producers {
-		if producers[w], err = nodes[w%len(nodes)].NewProducer("bench"); err != nil {
+		if producers[w], err = from[w%len(from)].NewProducer("bench"); err != nil {
 			return result{}, err
 		}
 	}
