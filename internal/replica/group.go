@@ -88,8 +88,10 @@ type Groups struct {
 	m  map[string]*Group
 }
 
-// Attach makes the replica of group name r's (see Raft3.Attach): the one
-// open, or one open returns. It returns open's error.
+// Attach makes this node's replica of group name r's: the one open
+// already, or the one open returns (called under gs's lock). A partition
+// that is closed, or has its replica already, takes no hold of it, and a
+// replica no partition holds is closed again. It returns open's error.
 func (gs *Groups) Attach(r *Raft3, name string, open func() (*raftqueue.Group, error)) error {
 	gs.mu.Lock()
 	defer gs.mu.Unlock()
