@@ -121,7 +121,39 @@ var (
 	// metaPosition: a Replicated partition's Position (state.go); absent
 	// in other files.
 	metaPosition = []byte("position")
+
+	metaKeys = [][]byte{metaVersion, metaState, metaID, metaPosition}
 )
+
+// checkLayout returns an error wrapping ErrCorrupt unless tx is a new file
+// (no bucket yet) or holds a partition: only the partition's buckets, its
+// meta bucket with its version and state, and only the meta keys this code
+// knows. A damaged bucket or key name must not pass for a missing one: load
+// would make it anew, and an existing file would open empty (its meta
+// gone), or without its dedup index or its groups.
+func checkLayout(tx *bolt.Tx, path string) error {
+	existing := false
+	err := tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+		existing = true
+		if !slices.ContainsFunc(allBuckets, func(b []byte) bool { return bytes.Equal(b, name) }) {
+			return fmt.Errorf("%w: %s: unknown bucket %q", ErrCorrupt, path, name)
+		}
+		return nil
+	})
+	if err != nil || !existing {
+		return err
+	}
+	meta := tx.Bucket(bucketMeta)
+	if meta == nil || meta.Get(metaVersion) == nil || meta.Get(metaState) == nil {
+		return fmt.Errorf("%w: %s: no meta bucket, version or state beside the other buckets", ErrCorrupt, path)
+	}
+	return meta.ForEach(func(k, _ []byte) error {
+		if !slices.ContainsFunc(metaKeys, func(m []byte) bool { return bytes.Equal(m, k) }) {
+			return fmt.Errorf("%w: %s: unknown meta key %q", ErrCorrupt, path, k)
+		}
+		return nil
+	})
+}
 
 const (
 	maxBatchCmds = 4096
@@ -263,6 +295,9 @@ func Open(path string, opts Options) (*Partition, error) {
 // upgrading a format 1 file.
 func (p *Partition) load() error {
 	return p.update(func(tx *bolt.Tx) error {
+		if err := checkLayout(tx, p.path); err != nil {
+			return err
+		}
 		for _, name := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err

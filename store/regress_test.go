@@ -618,3 +618,77 @@ func TestRegress_StateOnlyChangeKept(t *testing.T) {
 		t.Fatalf("the prune did not advance DedupLow:\n%s", batched)
 	}
 }
+
+// TestOpen_DamagedNames: a bit flipped in the name of one of a partition
+// file's buckets, or of one of its meta keys, is ErrCorrupt naming the
+// file. Found by TestMQ_CorruptionTrials (seed 1796224600876179737): the
+// meta bucket's name damaged, Open made a new meta bucket and the file
+// opened empty, its 24 acked messages gone without an error; a damaged
+// dedup or groups name would have lost the dedup index or the committed
+// offsets the same way.
+func TestOpen_DamagedNames(t *testing.T) {
+	build := func(t *testing.T) string {
+		p, path := open(t)
+		appendAt(t, p, t0, msg("a"), msg("b"))
+		apply(t, p, &store.Command{Op: store.OpCommitOffset, Group: "g", Offset: 1})
+		apply(t, p, &store.Command{Op: store.OpPrepare, TxID: "tx", Producer: "node", Msgs: []store.Message{msg("h")}})
+		apply(t, p, &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{{ID: "d", Body: []byte("d"), DeliverAt: t0 + 3600e9}}})
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	flip := func(b []byte) []byte { b = bytes.Clone(b); b[0] ^= 0x02; return b }
+	damage := func(t *testing.T, path string, fn func(tx *bolt.Tx) error) {
+		db, err := bolt.Open(path, 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		if err := db.Update(fn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// rename moves bucket name's keys to a bucket of name flipped.
+	rename := func(tx *bolt.Tx, name []byte) error {
+		old := tx.Bucket(name)
+		nb, err := tx.CreateBucket(flip(name))
+		if err != nil {
+			return err
+		}
+		if err := old.ForEach(func(k, v []byte) error { return nb.Put(k, v) }); err != nil {
+			return err
+		}
+		return tx.DeleteBucket(name)
+	}
+	for _, name := range []string{"log", "half", "txs", "groups", "delay", "dedup", "meta"} {
+		t.Run("Bucket/"+name, func(t *testing.T) {
+			path := build(t)
+			damage(t, path, func(tx *bolt.Tx) error { return rename(tx, []byte(name)) })
+			if _, err := store.Open(path, store.Options{}); !errors.Is(err, store.ErrCorrupt) || !strings.Contains(err.Error(), path) {
+				t.Fatalf("bucket %q renamed: %v, want ErrCorrupt naming the file", name, err)
+			}
+		})
+	}
+	for _, key := range []string{"version", "state", "id"} {
+		t.Run("MetaKey/"+key, func(t *testing.T) {
+			path := build(t)
+			damage(t, path, func(tx *bolt.Tx) error {
+				meta := tx.Bucket([]byte("meta"))
+				v := bytes.Clone(meta.Get([]byte(key)))
+				if err := meta.Put(flip([]byte(key)), v); err != nil {
+					return err
+				}
+				return meta.Delete([]byte(key))
+			})
+			if _, err := store.Open(path, store.Options{}); !errors.Is(err, store.ErrCorrupt) || !strings.Contains(err.Error(), path) {
+				t.Fatalf("meta key %q renamed: %v, want ErrCorrupt naming the file", key, err)
+			}
+		})
+	}
+	t.Run("Intact", func(t *testing.T) {
+		p := openAt(t, build(t))
+		bodies, _ := readAll(t, p)
+		equal(t, "log", bodies, []string{"body-a", "body-b"})
+	})
+}
