@@ -636,17 +636,27 @@ func TestRaft3Attack_NoQuorum(t *testing.T) {
 // leader: each delivered no earlier than its time, and stored once.
 func TestRaft3Attack_DelayedAcrossFailover(t *testing.T) {
 	c, lead, others := threeNodes(t, 1, nil)
+	delayedAcrossFailover(t, c, lead, others, 1)
+}
+
+// delayedAcrossFailover sends three delayed messages to each of the parts
+// partitions of r3 through lead, closes lead around the first one's time,
+// and checks that a consumer on others[0] gets each once, no earlier than
+// its time, from its partition, and that each is stored once, in its
+// partition, as others[1] reads them.
+func delayedAcrossFailover(t *testing.T, c *testCluster, lead string, others []string, parts int) {
+	t.Helper()
 	ctx := testCtx(t)
 	var mu sync.Mutex
 	got := map[string]time.Time{}
-	count := map[string]int{}
+	from := map[string]int{}
 	cons, err := c.nodes[others[0]].NewConsumer(r3, "g", mq.ListenerFunc(func(_ context.Context, _ string, m *mq.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
-		if count[m.ID] == 0 {
+		if _, ok := got[m.ID]; !ok {
 			got[m.ID] = time.Now()
+			from[m.ID] = m.PartitionIndex
 		}
-		count[m.ID]++
 		return nil
 	}))
 	if err != nil {
@@ -658,21 +668,22 @@ func TestRaft3Attack_DelayedAcrossFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	due := map[string]time.Time{
-		"x-soon":  now.Add(300 * time.Millisecond), // around the close
-		"x-later": now.Add(1500 * time.Millisecond),
-		"x-last":  now.Add(2500 * time.Millisecond),
-	}
-	for id, at := range due {
-		res, err := p.SendMessage(ctx, &mq.Message{ID: id, DeliverAt: at})
-		if err != nil {
-			t.Fatal(err)
+	due := map[string]time.Time{}
+	want := map[string]int{}
+	for i := range parts {
+		for k, d := range []time.Duration{300, 1200, 2500} { // the first around the close
+			id := fmt.Sprintf("x-%d-%d", i, k)
+			due[id], want[id] = now.Add(d*time.Millisecond+time.Duration(i)*20*time.Millisecond), i
+			res, err := p.SendMessage(ctx, (&mq.Message{ID: id, DeliverAt: due[id]}).ToPartition(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res[0].Delayed || res[0].Offset != -1 || res[0].Partition != i {
+				t.Fatalf("%s delayed: %+v", id, res[0])
+			}
 		}
-		if !res[0].Delayed || res[0].Offset != -1 {
-			t.Fatalf("%s delayed: %+v", id, res[0])
-		}
 	}
-	time.Sleep(time.Until(due["x-soon"]))
+	time.Sleep(time.Until(now.Add(300 * time.Millisecond)))
 	c.kill(lead)
 	waitFor(t, 20*time.Second, "every delayed message", func() bool {
 		mu.Lock()
@@ -684,22 +695,27 @@ func TestRaft3Attack_DelayedAcrossFailover(t *testing.T) {
 		if got[id].Before(at) {
 			t.Errorf("%s delivered at %v, %v before its time", id, got[id].Format(time.StampMilli), at.Sub(got[id]))
 		}
+		if from[id] != want[id] {
+			t.Errorf("%s delivered from partition %d, sent to %d", id, from[id], want[id])
+		}
 	}
 	mu.Unlock()
-	stored := map[string]int{}
-	for off := int64(0); ; off++ {
-		m, err := c.nodes[others[1]].ReadMessage(ctx, r3, 0, off)
-		if errors.Is(err, mq.ErrNoMessage) {
-			break
+	stored := map[string][]int{}
+	for i := range parts {
+		for off := int64(0); ; off++ {
+			m, err := c.nodes[others[1]].ReadMessage(ctx, r3, i, off)
+			if errors.Is(err, mq.ErrNoMessage) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			stored[m.ID] = append(stored[m.ID], i)
 		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		stored[m.ID]++
 	}
-	for id := range due {
-		if stored[id] != 1 {
-			t.Errorf("%s released %d times", id, stored[id])
+	for id, i := range want {
+		if len(stored[id]) != 1 || stored[id][0] != i {
+			t.Errorf("%s (to partition %d) stored in %v", id, i, stored[id])
 		}
 	}
 }
