@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	bolt "go.etcd.io/bbolt"
 	"go.uber.org/goleak"
 
 	"github.com/zeze-go/mq/store"
@@ -542,4 +543,75 @@ func TestGroup_LeaderChanged(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("LeaderChanged not closed by Close")
 	}
+}
+
+// TestGroup_DamagedStableNames: raft.db with a damaged bucket name (raft-
+// boltdb would make the bucket anew, empty: the replica would forget its
+// term and vote), a foreign bucket, or terms without the partition count,
+// is refused by Open with ErrCorrupt; the intact file opens.
+func TestGroup_DamagedStableNames(t *testing.T) {
+	c := newCluster(t, 3)
+	c.sendFresh("a")
+	c.stop(0)
+	clean, err := os.ReadFile(filepath.Join(c.dirs[0], "raft.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reopen := func(t *testing.T, damage func(tx *bolt.Tx) error) error {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "raft.db")
+		if err := os.WriteFile(path, clean, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if damage != nil {
+			db, err := bolt.Open(path, 0o600, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = db.Update(damage)
+			db.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, trans := raft.NewInmemTransport("x")
+		g, err := Open(Config{ID: c.ids[0], Dir: dir, Transport: trans, Raft: testRaftConfig()})
+		if err == nil {
+			g.Close()
+		}
+		return err
+	}
+	rename := func(from, to string) func(tx *bolt.Tx) error {
+		return func(tx *bolt.Tx) error {
+			old := tx.Bucket([]byte(from))
+			nb, err := tx.CreateBucket([]byte(to))
+			if err != nil {
+				return err
+			}
+			if err := old.ForEach(func(k, v []byte) error { return nb.Put(k, v) }); err != nil {
+				return err
+			}
+			return tx.DeleteBucket([]byte(from))
+		}
+	}
+	for name, damage := range map[string]func(tx *bolt.Tx) error{
+		"ConfRenamed": rename("conf", "cpnf"),
+		"LogsRenamed": rename("logs", "lmgs"),
+		"Foreign": func(tx *bolt.Tx) error {
+			_, err := tx.CreateBucket([]byte("other"))
+			return err
+		},
+		"NoPartitionCount": func(tx *bolt.Tx) error { return tx.Bucket([]byte("conf")).Delete(partitionsKey) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			if err := reopen(t, damage); !errors.Is(err, store.ErrCorrupt) {
+				t.Fatalf("Open: %v, want ErrCorrupt", err)
+			}
+		})
+	}
+	t.Run("Intact", func(t *testing.T) {
+		if err := reopen(t, nil); err != nil {
+			t.Fatalf("Open of the intact raft.db: %v", err)
+		}
+	})
 }
