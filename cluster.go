@@ -294,13 +294,7 @@ func (cn *clusterNode) served(topic string, i int) (partition.Partition, error) 
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		t, ok := cn.m.topics.Get(topic)
-		if !ok || i < 0 || i >= len(t.Parts) {
-			if mt, ok := cn.agent.Meta().State().Topic(topic); ok && mt.Type == cluster.TypeRaft3 && i >= 0 && i < len(mt.Parts) {
-				return nil, fmt.Errorf("%w: %s/%d is not open on node %s yet", store.ErrClosed, topic, i, cn.agent.ID())
-			}
-		}
-		if ok && i >= 0 && i < len(t.Parts) {
+		if t, ok := cn.m.topics.Get(topic); ok && i >= 0 && i < len(t.Parts) {
 			switch p := t.Parts[i].(type) {
 			case *partition.Local:
 				return p, nil
@@ -310,6 +304,9 @@ func (cn *clusterNode) served(topic string, i int) (partition.Partition, error) 
 				}
 			}
 			return nil, fmt.Errorf("%w: %s/%d is not on node %s", store.ErrClosed, topic, i, cn.agent.ID())
+		}
+		if mt, ok := cn.agent.Meta().State().Topic(topic); ok && mt.Type == cluster.TypeRaft3 && i >= 0 && i < len(mt.Parts) {
+			return nil, fmt.Errorf("%w: %s/%d is not open on node %s yet", store.ErrClosed, topic, i, cn.agent.ID())
 		}
 		if cn.m.closed.Load() || time.Now().After(deadline) {
 			return nil, fmt.Errorf("%w: %s/%d", ErrNoTopic, topic, i)

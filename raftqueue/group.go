@@ -180,11 +180,8 @@ func Open(cfg Config) (*Group, error) {
 	// damaged file: check it first, as every other bbolt file is.
 	stable := filepath.Join(cfg.Dir, "raft.db")
 	if _, serr := os.Stat(stable); serr == nil {
-		if err := boltsafe.Check(stable, &bolt.Options{Timeout: time.Second}); err != nil {
-			return nil, fmt.Errorf("raftqueue: %w: %w", store.ErrCorrupt, err)
-		}
-		if err := checkStable(stable); err != nil {
-			return nil, fmt.Errorf("raftqueue: %w", err)
+		if err := boltsafe.CheckView(stable, &bolt.Options{Timeout: time.Second}, checkStable); err != nil {
+			return nil, fmt.Errorf("raftqueue: %w: %s: %w", store.ErrCorrupt, stable, err)
 		}
 	}
 	g.bolt, err = raftboltdb.New(raftboltdb.Options{
@@ -270,33 +267,26 @@ func (g *Group) watchLeader() {
 // partition count the file records. A file with buckets must hold raft-
 // boltdb's two and no other, and its conf bucket, once raft wrote to it,
 // the partition count (written at the first Open, before raft starts).
-func checkStable(path string) error {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	return db.View(func(tx *bolt.Tx) error {
-		n := 0
-		err := tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
-			n++
-			if string(name) != "logs" && string(name) != "conf" {
-				return fmt.Errorf("%w: %s: unknown bucket %q", store.ErrCorrupt, path, name)
-			}
-			return nil
-		})
-		if err != nil || n == 0 {
-			return err
-		}
-		conf := tx.Bucket([]byte("conf"))
-		if conf == nil {
-			return fmt.Errorf("%w: %s: no conf bucket beside the logs", store.ErrCorrupt, path)
-		}
-		if k, _ := conf.Cursor().First(); k != nil && conf.Get(partitionsKey) == nil {
-			return fmt.Errorf("%w: %s: terms and votes without the partition count", store.ErrCorrupt, path)
+func checkStable(tx *bolt.Tx) error {
+	n := 0
+	err := tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+		n++
+		if string(name) != "logs" && string(name) != "conf" {
+			return fmt.Errorf("unknown bucket %q", name)
 		}
 		return nil
 	})
+	if err != nil || n == 0 {
+		return err
+	}
+	conf := tx.Bucket([]byte("conf"))
+	if conf == nil {
+		return errors.New("no conf bucket beside the logs")
+	}
+	if k, _ := conf.Cursor().First(); k != nil && conf.Get(partitionsKey) == nil {
+		return errors.New("terms and votes without the partition count")
+	}
+	return nil
 }
 
 // partitionsKey is where raft.db records how many partitions the group

@@ -179,6 +179,13 @@ func SyncDir(dir string) error {
 // opts.Timeout; opts may be nil). It returns nil or an error wrapping
 // ErrCorrupt for damage; the file must exist.
 func Check(path string, opts *bolt.Options) error {
+	return CheckView(path, opts, nil)
+}
+
+// CheckView is Check, then, if the file passed, fn (when not nil) in a read
+// transaction of it, with the same lock: a caller's own checks of the
+// file's content cost no second open.
+func CheckView(path string, opts *bolt.Options, fn func(*bolt.Tx) error) error {
 	o := bolt.Options{}
 	if opts != nil {
 		o = *opts
@@ -187,7 +194,13 @@ func Check(path string, opts *bolt.Options) error {
 	if err != nil {
 		return err
 	}
-	return ro.Close()
+	if fn != nil {
+		err = View(ro, fn)
+	}
+	if cerr := ro.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // checkLocked opens path read-only through bbolt, which takes the shared
