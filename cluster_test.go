@@ -1,6 +1,7 @@
 package mq_test
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/ecdsa"
@@ -15,6 +16,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -108,17 +110,46 @@ func (c *testCluster) start(id string) *mq.MQ {
 		c.t.Fatalf("open %s: %v", id, err)
 	}
 	c.nodes[id] = m
-	c.t.Cleanup(func() { m.Close() })
+	c.t.Cleanup(func() { closeNode(id, m) })
 	return m
 }
 
 // kill closes node id (its data stays).
 func (c *testCluster) kill(id string) {
 	c.t.Helper()
-	if err := c.nodes[id].Close(); err != nil {
+	if err := closeNode(id, c.nodes[id]); err != nil {
 		c.t.Logf("close %s: %v", id, err)
 	}
 	delete(c.nodes, id)
+}
+
+// closeHangs is how long a node's Close may take before closeNode calls it
+// a hang.
+const closeHangs = 2 * time.Minute
+
+// closeNode closes m. A Close still waiting after closeHangs ends the test
+// binary, after printing the goroutines blocked for a minute or more: the
+// whole dump of a package timeout, with every node of every test still in
+// the process, is too long to read the hang from.
+func closeNode(id string, m *mq.MQ) error {
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-stop:
+		case <-time.After(closeHangs):
+			buf := make([]byte, 64<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			fmt.Fprintf(os.Stderr, "closing %s hangs after %v; the goroutines blocked for minutes:\n", id, closeHangs)
+			for _, g := range bytes.Split(buf, []byte("\n\n")) {
+				if first, _, _ := bytes.Cut(g, []byte("\n")); bytes.Contains(first, []byte(" minutes]")) {
+					fmt.Fprintf(os.Stderr, "%s\n\n", g)
+				}
+			}
+			os.Exit(3)
+		}
+	}()
+	return m.Close()
 }
 
 // TestCluster_Basic: a topic created on a node that is not the metadata
