@@ -485,7 +485,10 @@ func copyFile(t testing.TB, from, to string) {
 // (A channel may close for a change that came just before it was taken:
 // the watcher looks at State again.)
 func TestGroup_LeaderChanged(t *testing.T) {
-	c := newCluster(t, 3)
+	// Second-long timeouts: with 200 ms ones an election beside other
+	// packages' fsyncs and -race found no leader in 20 s once (a vote's
+	// fsync outlasting the candidate's timeout, round after round).
+	c := newClusterWith(t, 3, stableConfig())
 	waitState := func(what string, g *Group, leads bool) {
 		t.Helper()
 		deadline := time.After(20 * time.Second)

@@ -386,7 +386,7 @@ func decodeCommand(b []byte) (*Command, error) {
 		}
 		c.Msgs = append(c.Msgs, Message{})
 		m := &c.Msgs[len(c.Msgs)-1]
-		if err := decodeMessagePayload(rec, m); err != nil {
+		if err := decodeMessagePayload(rec, m, true); err != nil {
 			return nil, fmt.Errorf("message %d: %v", i, err)
 		}
 		m.FreshID = flags == 1

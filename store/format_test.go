@@ -237,7 +237,7 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var m Message
 		var err error
-		fuzzseed.CheckAlloc(t, len(b), func() { err = decodeMessagePayload(b, &m) })
+		fuzzseed.CheckAlloc(t, len(b), func() { err = decodeMessagePayload(b, &m, false) })
 		stored := append(binary.BigEndian.AppendUint32(nil, sealCRC(key, b)), b...)
 		var sm Message
 		serr := decodeRecord(key, stored, &sm)

@@ -120,7 +120,7 @@ func AppendMessage(dst []byte, m *Message) []byte { return appendMessage(dst, m)
 // input returns an error wrapping ErrCorrupt; nothing is allocated beyond
 // what b's length allows.
 func DecodeMessage(b []byte, m *Message) error {
-	if err := decodeMessagePayload(b, m); err != nil {
+	if err := decodeMessagePayload(b, m, false); err != nil {
 		return fmt.Errorf("%w: message: %v", ErrCorrupt, err)
 	}
 	return nil
@@ -137,14 +137,17 @@ func decodeRecord(key, value []byte, m *Message) error {
 	if want != got {
 		return fmt.Errorf("%w: crc %08x, want %08x", ErrCorrupt, got, want)
 	}
-	if err := decodeMessagePayload(value[crcLen:], m); err != nil {
+	if err := decodeMessagePayload(value[crcLen:], m, false); err != nil {
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	return nil
 }
 
-// decodeMessagePayload decodes a record payload, all of b.
-func decodeMessagePayload(b []byte, m *Message) error {
+// decodeMessagePayload decodes a record payload, all of b. m.Body is a copy,
+// or with alias a slice of b (a command decoded to be applied: the writer
+// copies the message into its batch, and clones the command before it could
+// outlive the call).
+func decodeMessagePayload(b []byte, m *Message, alias bool) error {
 	r := mpReader{b: b}
 	if n := r.arrayLen(); r.err == nil && n != recordFields {
 		return fmt.Errorf("record has %d fields, want %d", n, recordFields)
@@ -171,11 +174,15 @@ func decodeMessagePayload(b []byte, m *Message) error {
 	}
 	body, isNil := r.raw()
 	m.Body = nil
-	if !isNil {
+	switch {
+	case isNil:
+	case alias:
+		m.Body = body[:len(body):len(body)]
+	default:
 		m.Body = bytes.Clone(body)
-		if m.Body == nil {
-			m.Body = []byte{}
-		}
+	}
+	if !isNil && m.Body == nil {
+		m.Body = []byte{}
 	}
 	m.Timestamp = r.int()
 	m.DeliverAt = r.int()

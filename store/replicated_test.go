@@ -6,6 +6,7 @@ import (
 	"errors"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	"github.com/zeze-go/mq/store"
 )
@@ -121,4 +122,54 @@ func TestPartition_ApplyLogged(t *testing.T) {
 			t.Fatalf("copy's group: %+v %v %v", g, ok, err)
 		}
 	})
+}
+
+// TestReplicated_DecodedBodiesAlias: DecodeCommand's message bodies point
+// into its input (no copy per message on a replica's apply path), and a
+// command applied from them keeps its bodies once the input is overwritten,
+// as a raft entry's buffer or an RPC frame may be after the apply returns.
+func TestReplicated_DecodedBodiesAlias(t *testing.T) {
+	p := openReplicated(t, filepath.Join(t.TempDir(), "p.db"))
+	var want [][]byte
+	var enc []byte
+	for i := range 3 {
+		cmd := &store.Command{Op: store.OpAppend, Now: 1}
+		for j := range 4 {
+			body := bytes.Repeat([]byte{byte('a' + i*4 + j)}, 100+j)
+			want = append(want, body)
+			cmd.Msgs = append(cmd.Msgs, store.Message{ID: string(body[:1]), Body: body})
+		}
+		enc = store.AppendCommand(enc[:0], cmd)
+		dec, err := store.DecodeCommand(enc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range dec.Msgs {
+			if !inside(m.Body, enc) {
+				t.Fatalf("message %s: its body is not a slice of the input", m.ID)
+			}
+		}
+		applyLogged(t, p, uint64(i+1), dec)
+		for k := range enc {
+			enc[k] = 0xff // the next entry reuses the buffer
+		}
+	}
+	for off, body := range want {
+		m, ok, err := p.Get(uint64(off))
+		if err != nil || !ok {
+			t.Fatalf("Get(%d): %v, %v", off, ok, err)
+		}
+		if !bytes.Equal(m.Body, body) {
+			t.Fatalf("offset %d: body %q, want %q", off, m.Body, body)
+		}
+	}
+}
+
+// inside reports whether b is a non-empty slice of buf's array.
+func inside(b, buf []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	p, lo, hi := uintptr(unsafe.Pointer(&b[0])), uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&buf[len(buf)-1]))
+	return p >= lo && p <= hi
 }
