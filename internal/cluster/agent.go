@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -155,7 +154,7 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	rt := raft.NewNetworkTransport(layer, 3, 10*time.Second, io.Discard)
+	rt := transport.NewRaftTransport(layer)
 	n.meta, err = OpenMeta(MetaConfig{NodeID: cfg.ID, Addr: n.addr, RaftAddr: raftAddrIsID, Dir: filepath.Clean(cfg.Dir), Transport: rt,
 		Logger: n.log, Bootstrap: len(cfg.Seeds) == 0, SessionTimeout: n.timeout,
 		HeartbeatTimeout: cfg.HeartbeatTimeout, ElectionTimeout: cfg.ElectionTimeout,

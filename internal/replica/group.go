@@ -1,7 +1,6 @@
 package replica
 
 import (
-	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,6 +8,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
+	"github.com/zeze-go/mq/internal/transport"
 	"github.com/zeze-go/mq/raftqueue"
 )
 
@@ -32,7 +32,7 @@ type GroupConfig struct {
 // with the three replicas (each does, alike: raft allows it); one
 // with state rejoins.
 func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
-	trans := raft.NewNetworkTransport(cfg.Layer, 3, 10*time.Second, io.Discard)
+	trans := transport.NewRaftTransport(cfg.Layer)
 	conf := raft.DefaultConfig()
 	if t := cfg.ElectionTimeout; t > 0 {
 		conf.HeartbeatTimeout, conf.ElectionTimeout, conf.LeaderLeaseTimeout = t, t, t/2

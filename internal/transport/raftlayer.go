@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"github.com/hashicorp/yamux"
 )
@@ -592,3 +593,24 @@ func (y yamuxLogger) Printf(format string, v ...any) {
 	y.l.Debug(strings.TrimSpace(fmt.Sprintf(format, v...)))
 }
 func (y yamuxLogger) Println(v ...any) { y.l.Debug(strings.TrimSpace(fmt.Sprintln(v...))) }
+
+// NewRaftTransport is the raft.NetworkTransport every raft group of a node
+// runs on: layer's streams, 3 pooled connections a peer, a 10 s timeout
+// per RPC, raft's transport log discarded.
+//
+// It replicates without raft's pipeline (MaxRPCsInFlight 1: one
+// AppendEntries in flight per follower, of up to MaxAppendEntries entries).
+// In hashicorp/raft v1.7.3 the pipeline deadlocks when a follower answers
+// an AppendEntries with Success=false over a healthy connection, as one
+// whose log write failed does (hashicorp/raft#612): the pipeline's decoder
+// returns, the sender's next AppendEntries parks on the pipeline's
+// unbuffered channels, and their only way out is a Close that the parked
+// goroutine itself defers. The follower then gets heartbeats and never
+// another entry, and the leader's Shutdown waits for the goroutine forever
+// (TestGroup_FollowerRejectsThenCatchesUp in raftqueue).
+func NewRaftTransport(layer raft.StreamLayer) *raft.NetworkTransport {
+	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, MaxRPCsInFlight: 1,
+		Logger: hclog.NewNullLogger(),
+	})
+}
