@@ -425,7 +425,10 @@ func TestRaft3GroupAttack_CloseWhileGroupsOpen(t *testing.T) {
 	go func() {
 		created <- c.nodes["n1"].CreateMQ(ctx, "r2", parts, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 8})
 	}()
-	time.Sleep(30 * time.Millisecond)
+	// n3 closes once its copy of the metadata places r2, so the placement
+	// counted it and its sync is opening the new groups. Closed before
+	// that, the placement sees two live nodes, and ErrNoQuorum is right.
+	waitFor(t, 20*time.Second, "r2 placed in n3's metadata", func() bool { return mq.PartitionNode(c.nodes["n3"], "r2", 0) != "" })
 	bounded(t, 20*time.Second, "Close of n3 while a topic is created", func() { c.kill("n3") })
 	if err := <-created; err != nil {
 		t.Fatalf("CreateMQ with n3 closing: %v", err)
