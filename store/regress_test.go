@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -317,6 +318,14 @@ func TestOpen_DamagedFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	const page = 4096
+	// The pages of zeros that end the file are bbolt's growth ahead
+	// (openBolt's boltGrowBy), which it never reads: the first two of them
+	// are damaged, and the data's pages before them.
+	damaged := len(clean)
+	for damaged >= page && !slices.ContainsFunc(clean[damaged-page:damaged], func(c byte) bool { return c != 0 }) {
+		damaged -= page
+	}
+	damaged = min(len(clean), damaged+2*page)
 	damages := map[string]func(b []byte, at int){
 		"Flip":  func(b []byte, at int) { b[at+page/2] ^= 0xff; b[at+page/2+1] ^= 0x5a },
 		"Head":  func(b []byte, at int) { copy(b[at:at+16], bytes.Repeat([]byte{0xee}, 16)) },
@@ -326,7 +335,7 @@ func TestOpen_DamagedFile(t *testing.T) {
 	for name, damage := range damages {
 		t.Run(name, func(t *testing.T) {
 			var corrupt, fine int
-			for at := 0; at+page <= len(clean); at += page {
+			for at := 0; at+page <= damaged; at += page {
 				b := bytes.Clone(clean)
 				damage(b, at)
 				dpath := filepath.Join(t.TempDir(), "d.db")
@@ -344,9 +353,9 @@ func TestOpen_DamagedFile(t *testing.T) {
 				}
 			}
 			if corrupt == 0 {
-				t.Fatalf("no damage of %d pages detected", len(clean)/page)
+				t.Fatalf("no damage of %d pages detected", damaged/page)
 			}
-			t.Logf("%d pages: %d ErrCorrupt, %d read fine", len(clean)/page, corrupt, fine)
+			t.Logf("%d of the file's %d pages: %d ErrCorrupt, %d read fine", damaged/page, len(clean)/page, corrupt, fine)
 		})
 	}
 }
@@ -691,4 +700,29 @@ func TestOpen_DamagedNames(t *testing.T) {
 		bodies, _ := readAll(t, p)
 		equal(t, "log", bodies, []string{"body-a", "body-b"})
 	})
+}
+
+// TestOpen_NewFileStaysSmall: a partition file is mapped ahead of its data
+// (openBolt's boltMapSize) but grows in small steps. bbolt sizes a file
+// whose mapping is within its AllocSize to the whole mapping, which made
+// every new partition file 16 MiB or more in an earlier attempt.
+func TestOpen_NewFileStaysSmall(t *testing.T) {
+	p, path := open(t)
+	for i := range 100 {
+		appendAt(t, p, t0+int64(i), msg(fmt.Sprint(i)))
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() > 2<<20 {
+		t.Fatalf("a file holding 100 small messages is %d bytes", fi.Size())
+	}
+	p = openAt(t, path)
+	if bodies, _ := readAll(t, p); len(bodies) != 100 {
+		t.Fatalf("reopened: %d messages, want 100", len(bodies))
+	}
 }
