@@ -43,6 +43,8 @@ func randomCommand(rng *rand.Rand, s *State) Command {
 		return JoinGroup{Topic: pick(genTopics), Group: pick(genGroups), Member: pick(genMembers), Node: pick(genNodes)}
 	case x < 65:
 		return LeaveGroup{Topic: pick(genTopics), Group: pick(genGroups), Member: pick(genMembers)}
+	case x < 88:
+		return randomPairCommand(rng, s, pick(genTopics))
 	case x < 95:
 		k := GroupKey{pick(genTopics), pick(genGroups)}
 		g := s.groups[k]
@@ -59,6 +61,26 @@ func randomCommand(rng *rand.Rand, s *State) Command {
 		}
 		return SetACL{Rules: rules}
 	}
+}
+
+// randomPairCommand returns a command of a DoubleWrite partition of topic,
+// at its version or the one before (stale), often of another type's
+// partition (refused).
+func randomPairCommand(rng *rand.Rand, s *State, topic string) Command {
+	t, _ := s.Topic(topic)
+	if len(t.Parts) == 0 {
+		return ReplaceFollower{Topic: topic}
+	}
+	i := rng.IntN(len(t.Parts))
+	p := t.Parts[i]
+	v := p.Version - uint64(rng.IntN(2))
+	switch rng.IntN(3) {
+	case 0:
+		return Promote{Topic: topic, Partition: i, Version: v, Leader: p.Follower()}
+	case 1:
+		return SetInSync{Topic: topic, Partition: i, Version: v, InSync: p.Replicas[:1+rng.IntN(len(p.Replicas))]}
+	}
+	return ReplaceFollower{Topic: topic, Partition: i, Version: v}
 }
 
 // randomState applies n random commands from seed to a new fsm.
@@ -135,13 +157,13 @@ func TestSnapshot_Version1(t *testing.T) {
 	want := ft.s()
 	b := encodeSnap(t, want)
 	// The same state as version 1 wrote it.
-	var v2 snapV2
-	if err := decodeMsg(b[len(snapMagic)+1:], &v2); err != nil {
+	var v3 snapV3
+	if err := decodeMsg(b[len(snapMagic)+1:], &v3); err != nil {
 		t.Fatal(err)
 	}
 	var v1 snapV1
-	v1.Index, v1.Nodes, v1.Groups, v1.ACL = v2.Index, v2.Nodes, v2.Groups, v2.ACL
-	for _, st := range v2.Topics {
+	v1.Index, v1.Nodes, v1.Groups, v1.ACL = v3.Index, v3.Nodes, v3.Groups, v3.ACL
+	for _, st := range v3.Topics {
 		t1 := snapTopicV1{Name: st.Name, Type: st.Type, Created: st.Created}
 		for _, p := range st.Parts {
 			t1.Parts = append(t1.Parts, snapPartV1{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch})
@@ -159,9 +181,9 @@ func TestSnapshot_Version1(t *testing.T) {
 	if !sameState(want, got) {
 		t.Fatalf("version 1 read as\n%+v, want\n%+v", got.topics, want.topics)
 	}
-	// A version 2 body is not a version 1 snapshot.
+	// A version 3 body is not a version 1 snapshot.
 	if _, err := DecodeSnapshot(append([]byte(snapMagic+"\x01"), b[len(snapMagic)+1:]...)); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("v2 body as v1: %v", err)
+		t.Fatalf("v3 body as v1: %v", err)
 	}
 }
 
@@ -175,31 +197,36 @@ func TestSnapshot_BadGroups(t *testing.T) {
 	b := encodeSnap(t, ft.s())
 	for _, tc := range []struct {
 		name   string
-		damage func(v *snapV2)
+		damage func(v *snapV3)
 	}{
-		{"ChunkAhead", func(v *snapV2) { v.Topics[0].Parts[0].Chunk = 1 }},
-		{"ChunkNegative", func(v *snapV2) { v.Topics[0].Parts[1].Chunk = -1 }},
-		{"ChunkSkips", func(v *snapV2) { v.Topics[0].Parts[3].Chunk = 0 }},
-		{"GroupTooLong", func(v *snapV2) { v.Topics[0].Parts[2].Chunk, v.Topics[0].Parts[3].Chunk = 0, 0 }},
-		{"OtherReplicas", func(v *snapV2) { v.Topics[0].Parts[1].Replicas = v.Topics[0].Parts[2].Replicas }},
-		{"SizeZero", func(v *snapV2) { v.Topics[0].GroupSize = 0 }},
-		{"SizeTooBig", func(v *snapV2) { v.Topics[0].GroupSize = MaxGroupSize + 1 }},
-		{"SizeNotRaft3", func(v *snapV2) { v.Topics[1].GroupSize = 2 }},
+		{"ChunkAhead", func(v *snapV3) { v.Topics[0].Parts[0].Chunk = 1 }},
+		{"ChunkNegative", func(v *snapV3) { v.Topics[0].Parts[1].Chunk = -1 }},
+		{"ChunkSkips", func(v *snapV3) { v.Topics[0].Parts[3].Chunk = 0 }},
+		{"GroupTooLong", func(v *snapV3) { v.Topics[0].Parts[2].Chunk, v.Topics[0].Parts[3].Chunk = 0, 0 }},
+		{"OtherReplicas", func(v *snapV3) { v.Topics[0].Parts[1].Replicas = v.Topics[0].Parts[2].Replicas }},
+		{"SizeZero", func(v *snapV3) { v.Topics[0].GroupSize = 0 }},
+		{"SizeTooBig", func(v *snapV3) { v.Topics[0].GroupSize = MaxGroupSize + 1 }},
+		{"SizeNotRaft3", func(v *snapV3) { v.Topics[1].GroupSize = 2 }},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var v snapV2
-			if err := decodeMsg(b[len(snapMagic)+1:], &v); err != nil {
-				t.Fatal(err)
-			}
-			tc.damage(&v)
-			body, err := encodeMsg(&v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := DecodeSnapshot(append(slices.Clone(b[:len(snapMagic)+1]), body...)); !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("decoded: %v", err)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { corruptSnapshot(t, b, tc.damage) })
+	}
+}
+
+// corruptSnapshot fails the test unless snapshot b, with damage done to
+// its decoded fields, is ErrCorrupt.
+func corruptSnapshot(t *testing.T, b []byte, damage func(v *snapV3)) {
+	t.Helper()
+	var v snapV3
+	if err := decodeMsg(b[len(snapMagic)+1:], &v); err != nil {
+		t.Fatal(err)
+	}
+	damage(&v)
+	body, err := encodeMsg(&v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DecodeSnapshot(append(slices.Clone(b[:len(snapMagic)+1]), body...)); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("decoded: %v", err)
 	}
 }
 

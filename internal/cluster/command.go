@@ -19,10 +19,11 @@ import (
 // versions it does not know (a newer node's entry is corruption to an older
 // one, so nodes are upgraded before new commands are proposed), and reads an
 // older version's struct with the new fields zero. Version 2 added
-// CreateTopic.GroupSize.
+// CreateTopic.GroupSize; version 3 CreateTopic.AllowAlone and the commands
+// of DoubleWrite partitions (SetInSync, Promote, ReplaceFollower).
 const (
 	cmdMagic   = 0xC1 // never the first byte of a msgpack value
-	cmdVersion = 2
+	cmdVersion = 3
 )
 
 // Command kinds, the third byte of an encoded command.
@@ -35,11 +36,14 @@ const (
 	kindLeaveGroup
 	kindReleased
 	kindSetACL
+	kindSetInSync
+	kindPromote
+	kindReplaceFollower
 )
 
 // Command is one mutation of the metadata state: one of RegisterNode,
 // NodeDown, CreateTopic, AlterTopic, JoinGroup, LeaveGroup, Released,
-// SetACL. A command carries inputs only; what it does is decided by Apply
+// SetACL, SetInSync, Promote, ReplaceFollower. A command carries inputs only; what it does is decided by Apply
 // from the state, identically on every node.
 type Command interface {
 	kind() byte
@@ -68,8 +72,21 @@ type NodeDown struct {
 // CreateTopic creates a topic and places its partitions. Type is the
 // replication type (TypeSingle, TypeDoubleWrite, TypeRaft3); Replicas is the
 // replica count per partition, 0 for the type's own (1, 2 or 3). Now (unix
-// ns) is stamped by the proposer. GroupSize is Topic.GroupSize (0 means 1).
+// ns) is stamped by the proposer. GroupSize is Topic.GroupSize (0 means 1);
+// AllowAlone is Topic.Alone.
 type CreateTopic struct {
+	_msgpack   struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Name       string
+	Partitions int
+	Type       uint8
+	Replicas   int
+	Now        int64
+	GroupSize  int
+	AllowAlone bool
+}
+
+// createTopicV2 is CreateTopic in version 2, without AllowAlone.
+type createTopicV2 struct {
 	_msgpack   struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Name       string
 	Partitions int
@@ -136,14 +153,52 @@ type SetACL struct {
 	Rules    []Rule
 }
 
-func (RegisterNode) kind() byte { return kindRegisterNode }
-func (NodeDown) kind() byte     { return kindNodeDown }
-func (CreateTopic) kind() byte  { return kindCreateTopic }
-func (AlterTopic) kind() byte   { return kindAlterTopic }
-func (JoinGroup) kind() byte    { return kindJoinGroup }
-func (LeaveGroup) kind() byte   { return kindLeaveGroup }
-func (Released) kind() byte     { return kindReleased }
-func (SetACL) kind() byte       { return kindSetACL }
+// SetInSync sets the in-sync replicas of DoubleWrite partition Partition
+// of Topic (Partition.InSync, its leader first), if its record is still at
+// Version (else ErrStale). Its leader proposes it.
+type SetInSync struct {
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Topic     string
+	Partition int
+	Version   uint64
+	InSync    []string
+}
+
+// Promote makes Leader, an in-sync replica (else ErrNotInSync), the leader
+// of a DoubleWrite partition at the next epoch, with itself alone in sync
+// and a new follower chosen by load (the old leader when no other node is
+// up), if its record is still at Version (else ErrStale). The metadata
+// leader proposes it once the old leader is gone.
+type Promote struct {
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Topic     string
+	Partition int
+	Version   uint64
+	Leader    string
+}
+
+// ReplaceFollower gives a DoubleWrite partition a new follower chosen by
+// load, with its leader alone in sync until the follower caught up, if its
+// record is still at Version (else ErrStale). The metadata leader proposes
+// it once the follower is gone.
+type ReplaceFollower struct {
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Topic     string
+	Partition int
+	Version   uint64
+}
+
+func (RegisterNode) kind() byte    { return kindRegisterNode }
+func (NodeDown) kind() byte        { return kindNodeDown }
+func (CreateTopic) kind() byte     { return kindCreateTopic }
+func (AlterTopic) kind() byte      { return kindAlterTopic }
+func (JoinGroup) kind() byte       { return kindJoinGroup }
+func (LeaveGroup) kind() byte      { return kindLeaveGroup }
+func (Released) kind() byte        { return kindReleased }
+func (SetACL) kind() byte          { return kindSetACL }
+func (SetInSync) kind() byte       { return kindSetInSync }
+func (Promote) kind() byte         { return kindPromote }
+func (ReplaceFollower) kind() byte { return kindReplaceFollower }
 
 // EncodeCommand returns c's encoding (the layout above).
 func EncodeCommand(c Command) ([]byte, error) {
@@ -172,11 +227,16 @@ func DecodeCommand(b []byte) (Command, error) {
 	case kindNodeDown:
 		c, err = decodeAs[NodeDown](body)
 	case kindCreateTopic:
-		if b[1] == 1 {
+		switch b[1] {
+		case 1:
 			var v createTopicV1
 			v, err = decodeAs[createTopicV1](body)
 			c = CreateTopic{Name: v.Name, Partitions: v.Partitions, Type: v.Type, Replicas: v.Replicas, Now: v.Now}
-		} else {
+		case 2:
+			var v createTopicV2
+			v, err = decodeAs[createTopicV2](body)
+			c = CreateTopic{Name: v.Name, Partitions: v.Partitions, Type: v.Type, Replicas: v.Replicas, Now: v.Now, GroupSize: v.GroupSize}
+		default:
 			c, err = decodeAs[CreateTopic](body)
 		}
 	case kindAlterTopic:
@@ -189,6 +249,12 @@ func DecodeCommand(b []byte) (Command, error) {
 		c, err = decodeAs[Released](body)
 	case kindSetACL:
 		c, err = decodeAs[SetACL](body)
+	case kindSetInSync:
+		c, err = decodeAs[SetInSync](body)
+	case kindPromote:
+		c, err = decodeAs[Promote](body)
+	case kindReplaceFollower:
+		c, err = decodeAs[ReplaceFollower](body)
 	default:
 		return nil, fmt.Errorf("%w: command kind %d", ErrCorrupt, k)
 	}

@@ -72,6 +72,16 @@ var (
 	// revoked from that member, or the release is older than the revocation
 	// (a stale or repeated release changes nothing).
 	ErrNotRevoking = errors.New("cluster: partition is not being revoked from this member")
+
+	// ErrStale is returned by SetInSync, Promote and ReplaceFollower when
+	// the DoubleWrite partition's record changed since the proposer read
+	// it (its Version): the proposal lost a race and changes nothing.
+	ErrStale = errors.New("cluster: stale partition version")
+
+	// ErrNotInSync is returned by Promote for a replica outside the
+	// partition's in-sync set: it may lack acked batches, and is never
+	// promoted automatically.
+	ErrNotInSync = errors.New("cluster: replica not in sync")
 )
 
 // NotLeaderError is the ErrNotLeader of a node that knows (or does not know,

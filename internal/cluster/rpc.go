@@ -79,6 +79,7 @@ type resultMsg struct {
 	Created    int64
 	Parts      []partMsg
 	GroupSize  int
+	Alone      bool
 }
 
 type partMsg struct {
@@ -87,22 +88,26 @@ type partMsg struct {
 	Leader   string
 	Epoch    uint64
 	Chunk    int
+	InSync   []string
+	Version  uint64
 }
 
 func toResultMsg(r Result) *resultMsg {
 	m := &resultMsg{Index: r.Index, Generation: r.Generation, Session: r.Session,
-		Name: r.Topic.Name, Type: r.Topic.Type, Created: r.Topic.Created, GroupSize: r.Topic.GroupSize}
+		Name: r.Topic.Name, Type: r.Topic.Type, Created: r.Topic.Created, GroupSize: r.Topic.GroupSize, Alone: r.Topic.Alone}
 	for _, p := range r.Topic.Parts {
-		m.Parts = append(m.Parts, partMsg{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk})
+		m.Parts = append(m.Parts, partMsg{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
+			InSync: p.InSync, Version: p.Version})
 	}
 	return m
 }
 
 func (m *resultMsg) result() Result {
 	r := Result{Index: m.Index, Generation: m.Generation, Session: m.Session,
-		Topic: Topic{Name: m.Name, Type: m.Type, Created: m.Created, GroupSize: m.GroupSize}}
+		Topic: Topic{Name: m.Name, Type: m.Type, Created: m.Created, GroupSize: m.GroupSize, Alone: m.Alone}}
 	for _, p := range m.Parts {
-		r.Topic.Parts = append(r.Topic.Parts, Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk})
+		r.Topic.Parts = append(r.Topic.Parts, Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
+			InSync: p.InSync, Version: p.Version})
 	}
 	return r
 }

@@ -13,21 +13,24 @@ import (
 //
 //	[4] snapMagic "ZMMS"
 //	[1] snapVersion
-//	[…] snapV2 as a msgpack array: every list sorted by its key, so equal
+//	[…] snapV3 as a msgpack array: every list sorted by its key, so equal
 //	    states encode to equal bytes
 //
 // Version 2 added snapTopic.GroupSize and snapPart.Chunk; a version 1
-// snapshot is read with every partition in a group of its own.
+// snapshot is read with every partition in a group of its own. Version 3
+// added snapTopic.Alone, snapPart.InSync and snapPart.Version; a version 2
+// snapshot is read with both replicas of a DoubleWrite partition in sync,
+// at version 1.
 //
 // The decoder checks what Apply keeps true (sorted unique keys, limits,
 // replicas and members on known nodes, owners that are members), so a
 // damaged snapshot is ErrCorrupt and never a state Apply could not reach.
 const (
 	snapMagic   = "ZMMS"
-	snapVersion = 2
+	snapVersion = 3
 )
 
-type snapV2 struct {
+type snapV3 struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Index    uint64
 	Nodes    []snapNode
@@ -66,9 +69,55 @@ type snapPartV1 struct {
 func (v snapV1) v2() snapV2 {
 	out := snapV2{Index: v.Index, Nodes: v.Nodes, Groups: v.Groups, ACL: v.ACL}
 	for _, t := range v.Topics {
-		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: 1}
+		st := snapTopicV2{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: 1}
 		for j, p := range t.Parts {
-			st.Parts = append(st.Parts, snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: j})
+			st.Parts = append(st.Parts, snapPartV2{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: j})
+		}
+		out.Topics = append(out.Topics, st)
+	}
+	return out
+}
+
+// snapV2 is a version 2 snapshot: its topics and partitions lack the
+// fields of DoubleWrite pairs.
+type snapV2 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Index    uint64
+	Nodes    []snapNode
+	Topics   []snapTopicV2
+	Groups   []snapGroup
+	ACL      []Rule
+}
+
+type snapTopicV2 struct {
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Name      string
+	Type      uint8
+	Created   int64
+	Parts     []snapPartV2
+	GroupSize int
+}
+
+type snapPartV2 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Replicas []string
+	Leader   string
+	Epoch    uint64
+	Chunk    int
+}
+
+// v3 is v in version 3: both replicas of a DoubleWrite partition in sync,
+// at version 1 (as CreateTopic places them).
+func (v snapV2) v3() snapV3 {
+	out := snapV3{Index: v.Index, Nodes: v.Nodes, Groups: v.Groups, ACL: v.ACL}
+	for _, t := range v.Topics {
+		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize}
+		for _, p := range t.Parts {
+			sp := snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk}
+			if t.Type == TypeDoubleWrite {
+				sp.InSync, sp.Version = slices.Clone(p.Replicas), 1
+			}
+			st.Parts = append(st.Parts, sp)
 		}
 		out.Topics = append(out.Topics, st)
 	}
@@ -92,6 +141,7 @@ type snapTopic struct {
 	Created   int64
 	Parts     []snapPart
 	GroupSize int
+	Alone     bool
 }
 
 type snapPart struct {
@@ -100,6 +150,8 @@ type snapPart struct {
 	Leader   string
 	Epoch    uint64
 	Chunk    int
+	InSync   []string
+	Version  uint64
 }
 
 type snapGroup struct {
@@ -127,15 +179,16 @@ type snapRevoke struct {
 
 // EncodeSnapshot returns the encoding of s (the layout above).
 func EncodeSnapshot(s *State) ([]byte, error) {
-	v := snapV2{Index: s.index, ACL: s.acl}
+	v := snapV3{Index: s.index, ACL: s.acl}
 	for _, n := range s.Nodes() {
 		v.Nodes = append(v.Nodes, snapNode{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session})
 	}
 	for _, name := range s.Topics() {
 		t := s.topics[name]
-		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize}
+		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize, Alone: t.Alone}
 		for _, p := range t.Parts {
-			st.Parts = append(st.Parts, snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk})
+			st.Parts = append(st.Parts, snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
+				InSync: p.InSync, Version: p.Version})
 		}
 		v.Topics = append(v.Topics, st)
 	}
@@ -176,14 +229,19 @@ func DecodeSnapshot(b []byte) (*State, error) {
 	if version < 1 || version > snapVersion {
 		return nil, fmt.Errorf("%w: snapshot version %d", ErrCorrupt, version)
 	}
-	var v snapV2
+	var v snapV3
 	var err error
-	if version == 1 {
+	switch body := b[len(snapMagic)+1:]; version {
+	case 1:
 		var v1 snapV1
-		v1, err = decodeAs[snapV1](b[len(snapMagic)+1:])
-		v = v1.v2()
-	} else {
-		v, err = decodeAs[snapV2](b[len(snapMagic)+1:])
+		v1, err = decodeAs[snapV1](body)
+		v = v1.v2().v3()
+	case 2:
+		var v2 snapV2
+		v2, err = decodeAs[snapV2](body)
+		v = v2.v3()
+	default:
+		v, err = decodeAs[snapV3](body)
 	}
 	if err != nil {
 		return nil, err
@@ -196,7 +254,7 @@ func DecodeSnapshot(b []byte) (*State, error) {
 }
 
 // state builds and checks the State of a decoded snapshot.
-func (v *snapV2) state() (*State, error) {
+func (v *snapV3) state() (*State, error) {
 	s := newState()
 	s.index = v.Index
 	for i, n := range v.Nodes {
@@ -227,7 +285,10 @@ func (v *snapV2) state() (*State, error) {
 		if t.GroupSize < 1 || t.GroupSize > MaxGroupSize || t.GroupSize > 1 && t.Type != TypeRaft3 {
 			return nil, fmt.Errorf("topic %s: %d partitions per group", t.Name, t.GroupSize)
 		}
-		tp := Topic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize, Parts: make([]Partition, len(t.Parts))}
+		if t.Alone && t.Type != TypeDoubleWrite {
+			return nil, fmt.Errorf("topic %s: a leader alone in sync for type %d", t.Name, t.Type)
+		}
+		tp := Topic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize, Alone: t.Alone, Parts: make([]Partition, len(t.Parts))}
 		for j, p := range t.Parts {
 			// A group starts at its Chunk and goes on with the partitions
 			// after it, at most GroupSize, all on the same replicas.
@@ -246,7 +307,11 @@ func (v *snapV2) state() (*State, error) {
 			if !slices.Contains(p.Replicas, p.Leader) {
 				return nil, fmt.Errorf("topic %s/%d: leader %q", t.Name, j, p.Leader)
 			}
-			tp.Parts[j] = Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk}
+			if err := checkPair(t.Type, p); err != nil {
+				return nil, fmt.Errorf("topic %s/%d: %v", t.Name, j, err)
+			}
+			tp.Parts[j] = Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
+				InSync: p.InSync, Version: p.Version}
 		}
 		s.topics[t.Name] = tp
 	}
@@ -299,4 +364,22 @@ func (v *snapV2) state() (*State, error) {
 	}
 	s.acl = v.ACL
 	return s, nil
+}
+
+// checkPair checks the fields of a DoubleWrite pair in a partition of a
+// topic of type typ: what SetInSync, Promote and ReplaceFollower keep true
+// (the leader first in sync, the rest replicas, a version), and their
+// absence in the other types.
+func checkPair(typ uint8, p snapPart) error {
+	if typ != TypeDoubleWrite {
+		if p.InSync != nil || p.Version != 0 {
+			return fmt.Errorf("in sync %q, version %d for type %d", p.InSync, p.Version, typ)
+		}
+		return nil
+	}
+	if p.Version == 0 || len(p.InSync) < 1 || len(p.InSync) > len(p.Replicas) || p.InSync[0] != p.Leader ||
+		len(p.InSync) == 2 && (p.InSync[1] == p.Leader || !slices.Contains(p.Replicas, p.InSync[1])) {
+		return fmt.Errorf("in sync %q of replicas %q led by %q, version %d", p.InSync, p.Replicas, p.Leader, p.Version)
+	}
+	return nil
 }

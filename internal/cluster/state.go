@@ -72,6 +72,10 @@ type Topic struct {
 	// commands of several of them. 1 for the other types.
 	GroupSize int
 	Parts     []Partition
+	// Alone is, for a DoubleWrite topic, whether a partition's leader may
+	// ack sends while it alone is in sync (the risk stage: an ack is then
+	// one copy). False for the other types.
+	Alone bool
 }
 
 // Chunk returns the partitions sharing partition i's raft group: the
@@ -94,6 +98,25 @@ type Partition struct {
 	// one shares (Topic.GroupSize); the partition's own index when it
 	// shares none.
 	Chunk int
+	// InSync is, for a DoubleWrite partition, the replicas holding every
+	// batch its leader acked, the leader first: the follower is promoted
+	// only from it. Nil for the other types.
+	InSync []string
+	// Version is, for a DoubleWrite partition, raised by every change of
+	// its record (Promote, SetInSync, ReplaceFollower): the token their
+	// compare-and-set carries. 0 for the other types.
+	Version uint64
+}
+
+// Follower returns a DoubleWrite partition's follower: its replica that
+// is not the leader.
+func (p Partition) Follower() string {
+	for _, id := range p.Replicas {
+		if id != p.Leader {
+			return id
+		}
+	}
+	return ""
 }
 
 // GroupKey names a consumer group: groups are per topic.
@@ -326,6 +349,12 @@ func (s *State) apply(index uint64, c Command) (next *State, res Result, err err
 		res.Generation, err = n.released(c)
 	case SetACL:
 		err = n.setACL(c)
+	case SetInSync:
+		res.Topic, err = n.setInSync(c)
+	case Promote:
+		res.Topic, err = n.promote(c)
+	case ReplaceFollower:
+		res.Topic, err = n.replaceFollower(c)
 	default:
 		err = fmt.Errorf("%w: command %T", ErrInvalid, c)
 	}
@@ -420,7 +449,10 @@ func (s *State) createTopic(c CreateTopic) (Topic, error) {
 	if err != nil {
 		return Topic{}, fmt.Errorf("topic %s: %w", c.Name, err)
 	}
-	t := Topic{Name: c.Name, Type: c.Type, Created: c.Now, GroupSize: size, Parts: parts}
+	if c.AllowAlone && c.Type != TypeDoubleWrite {
+		return Topic{}, fmt.Errorf("%w: topic %s: a leader alone in sync is an option of DoubleWrite, not of type %d", ErrInvalid, c.Name, c.Type)
+	}
+	t := Topic{Name: c.Name, Type: c.Type, Created: c.Now, GroupSize: size, Parts: pairs(c.Type, parts), Alone: c.AllowAlone}
 	s.topics[c.Name] = t
 	return t, nil
 }
@@ -442,7 +474,7 @@ func (s *State) alterTopic(c AlterTopic) (Topic, error) {
 	if err != nil {
 		return Topic{}, fmt.Errorf("topic %s: %w", c.Name, err)
 	}
-	t.Parts = append(slices.Clip(t.Parts), added...)
+	t.Parts = append(slices.Clip(t.Parts), pairs(t.Type, added)...)
 	s.topics[c.Name] = t
 	for _, k := range s.groupsOf(c.Name) {
 		g := s.groups[k].clone()
@@ -464,14 +496,7 @@ func (s *State) place(first, n, r, size int) ([]Partition, error) {
 		replicas int
 	}
 	var up []load
-	count := map[string]int{}
-	for _, t := range s.topics {
-		for _, p := range t.Parts {
-			for _, id := range p.Replicas {
-				count[id]++
-			}
-		}
-	}
+	count := s.replicaCounts()
 	for id, nd := range s.nodes {
 		if nd.Up {
 			up = append(up, load{id, count[id]})
@@ -497,6 +522,20 @@ func (s *State) place(first, n, r, size int) ([]Partition, error) {
 		}
 	}
 	return parts, nil
+}
+
+// replicaCounts returns how many replicas each node holds, the load that
+// placement evens out.
+func (s *State) replicaCounts() map[string]int {
+	count := map[string]int{}
+	for _, t := range s.topics {
+		for _, p := range t.Parts {
+			for _, id := range p.Replicas {
+				count[id]++
+			}
+		}
+	}
+	return count
 }
 
 func (s *State) groupsOf(topic string) []GroupKey {

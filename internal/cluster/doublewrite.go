@@ -1,0 +1,133 @@
+package cluster
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// The record of a DoubleWrite partition: Replicas are its leader and its
+// follower, Leader the one that takes sends at Epoch, InSync those holding
+// every batch it acked (the leader first), Version the token of the
+// compare-and-set every change carries. Who proposes what:
+//
+//   - the partition's leader, SetInSync: {leader} when its follower is lost
+//     or lags, {leader, follower} once the follower caught up;
+//   - the metadata leader, Promote: the leader is gone, its in-sync
+//     follower leads at Epoch+1 (which the follower persists before it
+//     serves, so the old leader, whose batches it then refuses, can no
+//     longer ack); a new follower is chosen by load;
+//   - the metadata leader, ReplaceFollower: the follower is gone, a new one
+//     is chosen by load and caught up by the leader.
+//
+// Each refuses a Version other than the partition's (ErrStale): of two
+// proposals made from the same record, one wins.
+
+// pairs returns the new partitions of a topic of type typ with the record
+// of a DoubleWrite pair: both replicas in sync (they are empty), version 1.
+func pairs(typ uint8, parts []Partition) []Partition {
+	if typ != TypeDoubleWrite {
+		return parts
+	}
+	for i := range parts {
+		parts[i].InSync = slices.Clone(parts[i].Replicas)
+		parts[i].Version = 1
+	}
+	return parts
+}
+
+// pair returns the DoubleWrite partition a command names, checked against
+// the Version it carries.
+func (s *State) pair(topic string, part int, version uint64) (Topic, Partition, error) {
+	t, ok := s.topics[topic]
+	switch {
+	case !ok:
+		return Topic{}, Partition{}, fmt.Errorf("%w: %s", ErrNoTopic, topic)
+	case t.Type != TypeDoubleWrite:
+		return Topic{}, Partition{}, fmt.Errorf("%w: topic %s is of type %d, not DoubleWrite", ErrInvalid, topic, t.Type)
+	case part < 0 || part >= len(t.Parts):
+		return Topic{}, Partition{}, fmt.Errorf("%w: %s/%d: %d partitions", ErrInvalid, topic, part, len(t.Parts))
+	}
+	p := t.Parts[part]
+	if version != p.Version {
+		return Topic{}, Partition{}, fmt.Errorf("%w: %s/%d at version %d, the command read %d", ErrStale, topic, part, p.Version, version)
+	}
+	return t, p, nil
+}
+
+// withPart returns t with partition i replaced by p (t's slice is shared
+// with older States: copied, never modified).
+func (s *State) withPart(t Topic, i int, p Partition) Topic {
+	p.Version++
+	t.Parts = slices.Clone(t.Parts)
+	t.Parts[i] = p
+	s.topics[t.Name] = t
+	return t
+}
+
+func (s *State) setInSync(c SetInSync) (Topic, error) {
+	t, p, err := s.pair(c.Topic, c.Partition, c.Version)
+	if err != nil {
+		return Topic{}, err
+	}
+	switch {
+	case len(c.InSync) < 1 || len(c.InSync) > len(p.Replicas) || c.InSync[0] != p.Leader:
+		return Topic{}, fmt.Errorf("%w: %s/%d: in sync %q, the leader %s first", ErrInvalid, c.Topic, c.Partition, c.InSync, p.Leader)
+	case len(c.InSync) == 2 && (c.InSync[1] == p.Leader || !slices.Contains(p.Replicas, c.InSync[1])):
+		return Topic{}, fmt.Errorf("%w: %s/%d: in sync %q, replicas %q", ErrInvalid, c.Topic, c.Partition, c.InSync, p.Replicas)
+	}
+	p.InSync = slices.Clone(c.InSync)
+	return s.withPart(t, c.Partition, p), nil
+}
+
+func (s *State) promote(c Promote) (Topic, error) {
+	t, p, err := s.pair(c.Topic, c.Partition, c.Version)
+	if err != nil {
+		return Topic{}, err
+	}
+	switch {
+	case c.Leader == p.Leader:
+		return Topic{}, fmt.Errorf("%w: %s/%d: %s leads already", ErrInvalid, c.Topic, c.Partition, c.Leader)
+	case !slices.Contains(p.InSync, c.Leader):
+		return Topic{}, fmt.Errorf("%w: %s/%d: %s (in sync: %q)", ErrNotInSync, c.Topic, c.Partition, c.Leader, p.InSync)
+	case !s.nodes[c.Leader].Up:
+		return Topic{}, fmt.Errorf("%w: %s, to lead %s/%d", ErrNodeDown, c.Leader, c.Topic, c.Partition)
+	}
+	old := p.Leader
+	follower := s.leastLoaded(c.Leader, old)
+	if follower == "" {
+		follower = old // no other node up: the old leader follows once it is back
+	}
+	p.Replicas, p.Leader, p.Epoch, p.InSync = []string{c.Leader, follower}, c.Leader, p.Epoch+1, []string{c.Leader}
+	return s.withPart(t, c.Partition, p), nil
+}
+
+func (s *State) replaceFollower(c ReplaceFollower) (Topic, error) {
+	t, p, err := s.pair(c.Topic, c.Partition, c.Version)
+	if err != nil {
+		return Topic{}, err
+	}
+	follower := s.leastLoaded(p.Leader, p.Follower())
+	if follower == "" {
+		return Topic{}, fmt.Errorf("%w: %s/%d: no node up besides its leader and follower", ErrNotEnoughNodes, c.Topic, c.Partition)
+	}
+	p.Replicas, p.InSync = []string{p.Leader, follower}, []string{p.Leader}
+	return s.withPart(t, c.Partition, p), nil
+}
+
+// leastLoaded returns the node that is up, not one of not, and holds the
+// fewest replicas (ties by id, as place): "" when there is none.
+func (s *State) leastLoaded(not ...string) string {
+	count := s.replicaCounts()
+	best := ""
+	for id, nd := range s.nodes {
+		if !nd.Up || slices.Contains(not, id) {
+			continue
+		}
+		if best == "" || cmp.Or(cmp.Compare(count[id], count[best]), strings.Compare(id, best)) < 0 {
+			best = id
+		}
+	}
+	return best
+}

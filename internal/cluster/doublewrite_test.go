@@ -1,0 +1,245 @@
+package cluster
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+// dwPart returns partition i of DoubleWrite topic "d" as ft's state has it.
+func (ft *fsmT) dwPart(i int) Partition {
+	ft.t.Helper()
+	p, ok := ft.s().Partition("d", i)
+	if !ok {
+		ft.t.Fatalf("no partition d/%d", i)
+	}
+	return p
+}
+
+// refused applies c and fails the test unless it returns want, leaving the
+// state as it was.
+func (ft *fsmT) refused(c Command, want error) {
+	ft.t.Helper()
+	before := ft.s()
+	if _, err := ft.do(c); !errors.Is(err, want) {
+		ft.t.Fatalf("%T %+v: %v, want %v", c, c, err, want)
+	}
+	if !sameState(before, ft.s()) {
+		ft.t.Fatalf("%T %+v refused, and the state changed", c, c)
+	}
+}
+
+// TestDoubleWrite_Placement: a DoubleWrite partition is placed as a pair
+// both in sync at version 1 and epoch 1, also when AlterTopic adds it;
+// the risk stage is an option of DoubleWrite only.
+func TestDoubleWrite_Placement(t *testing.T) {
+	ft := newFSMT(t)
+	ft.nodes("a", "b", "c")
+	top := ft.must(CreateTopic{Name: "d", Partitions: 3, Type: TypeDoubleWrite, AllowAlone: true}).Topic
+	if !top.Alone {
+		t.Fatal("AllowAlone not recorded")
+	}
+	ft.must(AlterTopic{Name: "d", Partitions: 5})
+	load := map[string]int{}
+	for i := range 5 {
+		p := ft.dwPart(i)
+		if len(p.Replicas) != 2 || p.Leader != p.Replicas[0] || p.Follower() != p.Replicas[1] ||
+			!slices.Equal(p.InSync, p.Replicas) || p.Version != 1 || p.Epoch != 1 {
+			t.Fatalf("d/%d placed as %+v", i, p)
+		}
+		for _, id := range p.Replicas {
+			load[id]++
+		}
+	}
+	if slices.Max([]int{load["a"], load["b"], load["c"]})-slices.Min([]int{load["a"], load["b"], load["c"]}) > 1 {
+		t.Fatalf("replicas per node %v: not spread by load", load)
+	}
+	ft.refused(CreateTopic{Name: "r", Partitions: 1, Type: TypeRaft3, AllowAlone: true}, ErrInvalid)
+	ft.refused(CreateTopic{Name: "s", Partitions: 1, Type: TypeSingle, AllowAlone: true}, ErrInvalid)
+	r := ft.must(CreateTopic{Name: "r", Partitions: 1, Type: TypeRaft3}).Topic
+	if r.Parts[0].InSync != nil || r.Parts[0].Version != 0 || r.Alone {
+		t.Fatalf("a Raft3 partition with a pair's record: %+v", r)
+	}
+}
+
+// TestDoubleWrite_SetInSync: the leader shrinks and expands the in-sync
+// set with the version it read; a stale version, a set not led by the
+// leader, or one naming another node is refused and changes nothing.
+func TestDoubleWrite_SetInSync(t *testing.T) {
+	ft := newFSMT(t)
+	ft.nodes("a", "b", "c")
+	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite})
+	p := ft.dwPart(0)
+	l, f := p.Leader, p.Follower()
+	ft.refused(SetInSync{Topic: "d", Partition: 0, Version: 1, InSync: []string{f}}, ErrInvalid)
+	ft.refused(SetInSync{Topic: "d", Partition: 0, Version: 1, InSync: nil}, ErrInvalid)
+	ft.refused(SetInSync{Topic: "d", Partition: 0, Version: 1, InSync: []string{l, l}}, ErrInvalid)
+	ft.refused(SetInSync{Topic: "d", Partition: 0, Version: 1, InSync: []string{l, "c"}}, ErrInvalid)
+	ft.refused(SetInSync{Topic: "d", Partition: 0, Version: 1, InSync: []string{l, f, "c"}}, ErrInvalid)
+	ft.refused(SetInSync{Topic: "d", Partition: 1, Version: 1, InSync: []string{l}}, ErrInvalid)
+	ft.refused(SetInSync{Topic: "d", Partition: -1, Version: 1, InSync: []string{l}}, ErrInvalid)
+	ft.refused(SetInSync{Topic: "x", Partition: 0, Version: 1, InSync: []string{l}}, ErrNoTopic)
+	ft.refused(SetInSync{Topic: "d", Partition: 0, Version: 0, InSync: []string{l}}, ErrStale)
+	ft.refused(SetInSync{Topic: "d", Partition: 0, Version: 2, InSync: []string{l}}, ErrStale)
+
+	ft.must(SetInSync{Topic: "d", Partition: 0, Version: 1, InSync: []string{l}})
+	if p := ft.dwPart(0); !slices.Equal(p.InSync, []string{l}) || p.Version != 2 || p.Epoch != 1 || p.Leader != l {
+		t.Fatalf("after the shrink: %+v", p)
+	}
+	// A second proposal made from version 1 lost the race.
+	ft.refused(SetInSync{Topic: "d", Partition: 0, Version: 1, InSync: []string{l}}, ErrStale)
+	ft.must(SetInSync{Topic: "d", Partition: 0, Version: 2, InSync: []string{l, f}})
+	if p := ft.dwPart(0); !slices.Equal(p.InSync, []string{l, f}) || p.Version != 3 {
+		t.Fatalf("after the expand: %+v", p)
+	}
+
+	ft.must(CreateTopic{Name: "r", Partitions: 1, Type: TypeRaft3})
+	ft.refused(SetInSync{Topic: "r", Partition: 0, Version: 0, InSync: []string{ft.s().topics["r"].Parts[0].Leader}}, ErrInvalid)
+}
+
+// TestDoubleWrite_Promote: only an in-sync follower on a live node is
+// promoted, to the next epoch, alone in sync, with a new follower chosen
+// by load among the other live nodes (the old leader when there is none);
+// of a promotion and a shrink made from the same version, one wins.
+func TestDoubleWrite_Promote(t *testing.T) {
+	ft := newFSMT(t)
+	ft.nodes("a", "b", "c", "d")
+	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite})
+	ft.must(CreateTopic{Name: "load", Partitions: 1, Type: TypeSingle}) // one replica on c (the least loaded after d's pair)
+	p := ft.dwPart(0)
+	l, f := p.Leader, p.Follower()
+	if l != "a" || f != "b" {
+		t.Fatalf("d/0 on %q: the test expects a and b", p.Replicas)
+	}
+	ft.refused(Promote{Topic: "d", Partition: 0, Version: 1, Leader: l}, ErrInvalid)
+	ft.refused(Promote{Topic: "d", Partition: 0, Version: 1, Leader: "c"}, ErrNotInSync)
+	ft.refused(Promote{Topic: "d", Partition: 0, Version: 0, Leader: f}, ErrStale)
+	ft.refused(Promote{Topic: "load", Partition: 0, Version: 0, Leader: "c"}, ErrInvalid)
+
+	// The leader, cut from its follower, shrinks; the master, finding it
+	// gone, promotes: both read version 1, the shrink lands first.
+	ft.must(SetInSync{Topic: "d", Partition: 0, Version: 1, InSync: []string{l}})
+	ft.refused(Promote{Topic: "d", Partition: 0, Version: 1, Leader: f}, ErrStale)
+	ft.refused(Promote{Topic: "d", Partition: 0, Version: 2, Leader: f}, ErrNotInSync) // it may lack acked batches
+	ft.must(SetInSync{Topic: "d", Partition: 0, Version: 2, InSync: []string{l, f}})
+
+	ft.must(NodeDown{ID: "b", Session: 1})
+	ft.refused(Promote{Topic: "d", Partition: 0, Version: 3, Leader: f}, ErrNodeDown)
+	ft.must(RegisterNode{ID: "b", Addr: "b:7000"})
+	ft.must(NodeDown{ID: "a", Session: 1})
+	ft.must(Promote{Topic: "d", Partition: 0, Version: 3, Leader: f})
+	p = ft.dwPart(0)
+	if p.Leader != f || p.Epoch != 2 || p.Version != 4 || !slices.Equal(p.InSync, []string{f}) ||
+		!slices.Equal(p.Replicas, []string{f, "d"}) {
+		t.Fatalf("promoted: %+v, want b leading at epoch 2 alone in sync, d (least loaded, up) its follower", p)
+	}
+	// The old leader's master view is stale: its shrink is refused.
+	ft.refused(SetInSync{Topic: "d", Partition: 0, Version: 3, InSync: []string{l}}, ErrStale)
+
+	// With no other node up the old leader stays as the follower.
+	ft.must(RegisterNode{ID: "a", Addr: "a:7000"})
+	ft.must(SetInSync{Topic: "d", Partition: 0, Version: 4, InSync: []string{f, "d"}})
+	ft.must(NodeDown{ID: "a", Session: 2})
+	ft.must(NodeDown{ID: "c", Session: 1})
+	ft.must(NodeDown{ID: "b", Session: 2})
+	ft.must(Promote{Topic: "d", Partition: 0, Version: 5, Leader: "d"})
+	if p := ft.dwPart(0); p.Leader != "d" || p.Epoch != 3 || !slices.Equal(p.Replicas, []string{"d", "b"}) {
+		t.Fatalf("promoted with no other node up: %+v, want b kept as the follower", p)
+	}
+}
+
+// TestDoubleWrite_ReplaceFollower: a lost follower is replaced by the
+// least loaded live node other than the pair, the leader alone in sync
+// until the new one caught up; with no such node it is refused.
+func TestDoubleWrite_ReplaceFollower(t *testing.T) {
+	ft := newFSMT(t)
+	ft.nodes("a", "b", "c")
+	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite})
+	p := ft.dwPart(0)
+	ft.must(ReplaceFollower{Topic: "d", Partition: 0, Version: 1})
+	q := ft.dwPart(0)
+	if q.Leader != p.Leader || q.Epoch != p.Epoch || q.Follower() != "c" || !slices.Equal(q.InSync, []string{p.Leader}) || q.Version != 2 {
+		t.Fatalf("after ReplaceFollower: %+v (before %+v)", q, p)
+	}
+	ft.refused(ReplaceFollower{Topic: "d", Partition: 0, Version: 1}, ErrStale)
+	ft.must(NodeDown{ID: p.Follower(), Session: 1})
+	ft.refused(ReplaceFollower{Topic: "d", Partition: 0, Version: 2}, ErrNotEnoughNodes)
+}
+
+// TestDoubleWrite_Snapshot: a pair round-trips; a version 2 snapshot's DoubleWrite
+// partitions read with both replicas in sync at version 1; damaged pair
+// fields are ErrCorrupt.
+func TestDoubleWrite_Snapshot(t *testing.T) {
+	ft := newFSMT(t)
+	ft.nodes("a", "b", "c")
+	ft.must(CreateTopic{Name: "d", Partitions: 2, Type: TypeDoubleWrite, AllowAlone: true})
+	ft.must(CreateTopic{Name: "r", Partitions: 1, Type: TypeRaft3})
+	ft.must(Promote{Topic: "d", Partition: 1, Version: 1, Leader: ft.dwPart(1).Follower()})
+	s := ft.s()
+	b := encodeSnap(t, s)
+	got, err := DecodeSnapshot(b)
+	if err != nil || !sameState(s, got) {
+		t.Fatalf("round trip: %v", err)
+	}
+
+	var v3 snapV3
+	if err := decodeMsg(b[len(snapMagic)+1:], &v3); err != nil {
+		t.Fatal(err)
+	}
+	var v2 snapV2
+	v2.Index, v2.Nodes, v2.Groups, v2.ACL = v3.Index, v3.Nodes, v3.Groups, v3.ACL
+	for _, st := range v3.Topics {
+		t2 := snapTopicV2{Name: st.Name, Type: st.Type, Created: st.Created, GroupSize: st.GroupSize}
+		for _, p := range st.Parts {
+			t2.Parts = append(t2.Parts, snapPartV2{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk})
+		}
+		v2.Topics = append(v2.Topics, t2)
+	}
+	body, err := encodeMsg(&v2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := DecodeSnapshot(append([]byte(snapMagic+"\x02"), body...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		p, _ := old.Partition("d", i)
+		if !slices.Equal(p.InSync, p.Replicas) || p.Version != 1 {
+			t.Fatalf("d/%d of a version 2 snapshot: %+v", i, p)
+		}
+	}
+	if p, _ := old.Partition("r", 0); p.InSync != nil || p.Version != 0 {
+		t.Fatalf("r/0 of a version 2 snapshot: %+v", p)
+	}
+
+	for name, damage := range map[string]func(v *snapV3){
+		"VersionZero":   func(v *snapV3) { v.Topics[0].Parts[0].Version = 0 },
+		"NoneInSync":    func(v *snapV3) { v.Topics[0].Parts[0].InSync = nil },
+		"FollowerFirst": func(v *snapV3) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Replicas[1], p.Replicas[0]} },
+		"LeaderTwice":   func(v *snapV3) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Leader, p.Leader} },
+		"OtherInSync":   func(v *snapV3) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Leader, "zz"} },
+		"ThreeInSync":   func(v *snapV3) { p := &v.Topics[0].Parts[0]; p.InSync = append(p.InSync, "c") },
+		"Raft3InSync":   func(v *snapV3) { v.Topics[1].Parts[0].InSync = []string{v.Topics[1].Parts[0].Leader} },
+		"Raft3Version":  func(v *snapV3) { v.Topics[1].Parts[0].Version = 1 },
+		"Raft3Alone":    func(v *snapV3) { v.Topics[1].Alone = true },
+	} {
+		t.Run(name, func(t *testing.T) { corruptSnapshot(t, b, damage) })
+	}
+}
+
+// TestDoubleWrite_CommandVersion2: a CreateTopic of version 2 (without
+// AllowAlone) still decodes.
+func TestDoubleWrite_CommandVersion2(t *testing.T) {
+	body, err := encodeMsg(&createTopicV2{Name: "d", Partitions: 2, Type: TypeDoubleWrite, Now: 5, GroupSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := DecodeCommand(append([]byte{cmdMagic, 2, kindCreateTopic}, body...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (CreateTopic{Name: "d", Partitions: 2, Type: TypeDoubleWrite, Now: 5, GroupSize: 1}); c != want {
+		t.Fatalf("decoded %+v, want %+v", c, want)
+	}
+}
