@@ -1,7 +1,6 @@
 package mq_test
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/ecdsa"
@@ -16,7 +15,6 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -138,14 +136,8 @@ func closeNode(id string, m *mq.MQ) error {
 		select {
 		case <-stop:
 		case <-time.After(closeHangs):
-			buf := make([]byte, 64<<20)
-			buf = buf[:runtime.Stack(buf, true)]
-			fmt.Fprintf(os.Stderr, "closing %s hangs after %v; the goroutines blocked for minutes:\n", id, closeHangs)
-			for _, g := range bytes.Split(buf, []byte("\n\n")) {
-				if first, _, _ := bytes.Cut(g, []byte("\n")); bytes.Contains(first, []byte(" minutes]")) {
-					fmt.Fprintf(os.Stderr, "%s\n\n", g)
-				}
-			}
+			fmt.Fprintf(os.Stderr, "closing %s hangs after %v; the goroutines blocked for minutes:\n%s\n",
+				id, closeHangs, testlog.Goroutines(testlog.BlockedMinutes))
 			os.Exit(3)
 		}
 	}()

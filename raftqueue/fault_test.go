@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
+	"github.com/zeze-go/mq/internal/transport"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -123,9 +123,10 @@ func (c *faultCluster) start(i int) {
 			}
 			c.layers[i] = l
 		}
-		inner = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-			Stream: c.layers[i], MaxPool: 3, Timeout: time.Second, Logger: hclog.NewNullLogger(),
-		})
+		// The node's transport (no pipeline), with a shorter timeout.
+		cfg := transport.RaftTransportConfig(c.layers[i])
+		cfg.Timeout = time.Second
+		inner = raft.NewNetworkTransportWithConfig(cfg)
 	} else {
 		inner = c.inmem(i)
 	}
@@ -142,7 +143,7 @@ func (c *faultCluster) start(i int) {
 		trans.Close()
 		c.t.Fatalf("open the log of %s: %v", c.ids[i], err)
 	}
-	logs := &frozenLog{LogStore: l, net: c.net, self: i, closed: trans.closed}
+	logs := &hookedLog{LogStore: l, before: func() error { return c.net.thawed(i, trans.closed) }}
 	g, err := Open(Config{ID: c.ids[i], Dir: c.dirs[i], Transport: trans, LogStore: logs, Raft: c.conf, Partitions: c.parts})
 	if err != nil {
 		trans.Close()

@@ -18,7 +18,7 @@ import (
 // lost, as on a real network. A paused replica neither sends nor receives:
 // the RPCs to and from it wait, unanswered, and go through late when it
 // resumes. A frozen one is paused and its raft log writes wait too
-// (frozenLog), which stops raft's main loop at its next write, as in a
+// (hookedLog), which stops raft's main loop at its next write, as in a
 // process that was stopped (SIGSTOP) and then resumed.
 //
 // Over TCP the links are cut lower down instead, in the stream layer
@@ -384,31 +384,30 @@ func (l *tcpLayer) Close() error {
 	return err
 }
 
-// frozenLog is a replica's raft log whose writes wait while the replica is
-// frozen: raft's main loop, which writes the leader's entries, stops at its
-// next write as in a stopped process. It no longer checks its lease, so a
-// frozen leader still says it leads.
-type frozenLog struct {
+// hookedLog is a replica's raft log whose writes call before first: its
+// error fails the write. The fault matrix's before waits while the replica
+// is frozen (net.thawed): raft's main loop, which writes the leader's
+// entries, stops at its next write as in a stopped process, and no longer
+// checks its lease, so a frozen leader still says it leads.
+type hookedLog struct {
 	raft.LogStore
-	net    *faultNet
-	self   int
-	closed chan struct{}
+	before func() error
 }
 
-var _ raft.MonotonicLogStore = (*frozenLog)(nil)
+var _ raft.MonotonicLogStore = (*hookedLog)(nil)
 
 // IsMonotonic passes on the inner log's answer.
-func (l *frozenLog) IsMonotonic() bool {
+func (l *hookedLog) IsMonotonic() bool {
 	m, ok := l.LogStore.(raft.MonotonicLogStore)
 	return ok && m.IsMonotonic()
 }
 
-func (l *frozenLog) StoreLog(e *raft.Log) error {
+func (l *hookedLog) StoreLog(e *raft.Log) error {
 	return l.StoreLogs([]*raft.Log{e})
 }
 
-func (l *frozenLog) StoreLogs(es []*raft.Log) error {
-	if err := l.net.thawed(l.self, l.closed); err != nil {
+func (l *hookedLog) StoreLogs(es []*raft.Log) error {
+	if err := l.before(); err != nil {
 		return err
 	}
 	return l.LogStore.StoreLogs(es)

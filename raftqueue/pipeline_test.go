@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
+	"github.com/zeze-go/mq/internal/testlog"
 	"github.com/zeze-go/mq/internal/transport"
 	"github.com/zeze-go/mq/store"
 )
@@ -46,22 +46,19 @@ import (
 // set, without writing: a disk error that passes (the follower answers
 // Success=false over a healthy connection).
 type flakyLog struct {
-	raft.LogStore
+	hookedLog
 	failing atomic.Bool
 	fails   atomic.Int64
 	delay   atomic.Int64 // ns each write waits first: a slow disk, so that the leader's pipeline to it fills
 }
 
-var _ raft.MonotonicLogStore = (*flakyLog)(nil)
-
-func (l *flakyLog) IsMonotonic() bool {
-	m, ok := l.LogStore.(raft.MonotonicLogStore)
-	return ok && m.IsMonotonic()
+func newFlakyLog(l raft.LogStore) *flakyLog {
+	f := &flakyLog{}
+	f.hookedLog = hookedLog{LogStore: l, before: f.before}
+	return f
 }
 
-func (l *flakyLog) StoreLog(e *raft.Log) error { return l.StoreLogs([]*raft.Log{e}) }
-
-func (l *flakyLog) StoreLogs(es []*raft.Log) error {
+func (l *flakyLog) before() error {
 	if d := l.delay.Load(); d > 0 {
 		time.Sleep(time.Duration(d))
 	}
@@ -69,7 +66,7 @@ func (l *flakyLog) StoreLogs(es []*raft.Log) error {
 		l.fails.Add(1)
 		return errors.New("write: file too large")
 	}
-	return l.LogStore.StoreLogs(es)
+	return nil
 }
 
 // pipelineReplica is one replica of openPipelineGroup's group.
@@ -114,7 +111,7 @@ func openPipelineGroup(t *testing.T, stock bool, lines *raftLines) []*pipelineRe
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.wal, r.log = w, &flakyLog{LogStore: wl}
+		r.wal, r.log = w, newFlakyLog(wl)
 		r.g, err = Open(Config{ID: servers[i].ID, Dir: dir, Transport: trans, LogStore: r.log, Raft: conf, Logger: logger})
 		if err != nil {
 			t.Fatal(err)
@@ -158,17 +155,10 @@ func (r *pipelineReplica) lastIndex() uint64 { return r.g.Raft().LastIndex() }
 // raftStacks returns the goroutines running raft's replication or the
 // pipeline, and Group.Close.
 func raftStacks() string {
-	buf := make([]byte, 16<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	var out []string
-	for _, g := range bytes.Split(buf, []byte("\n\n")) {
-		s := string(g)
-		if strings.Contains(s, "raft.(*netPipeline)") || strings.Contains(s, "raft.(*Raft).pipeline") ||
-			strings.Contains(s, "raftqueue.(*Group).Close") {
-			out = append(out, s)
-		}
-	}
-	return strings.Join(out, "\n\n")
+	return testlog.Goroutines(func(s string) bool {
+		return strings.Contains(s, "raft.(*netPipeline)") || strings.Contains(s, "raft.(*Raft).pipeline") ||
+			strings.Contains(s, "raftqueue.(*Group).Close")
+	})
 }
 
 // testFollowerRejects makes the follower's log writes fail for a moment,

@@ -609,8 +609,14 @@ func (y yamuxLogger) Println(v ...any) { y.l.Debug(strings.TrimSpace(fmt.Sprintl
 // another entry, and the leader's Shutdown waits for the goroutine forever
 // (TestGroup_FollowerRejectsThenCatchesUp in raftqueue).
 func NewRaftTransport(layer raft.StreamLayer) *raft.NetworkTransport {
-	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+	return raft.NewNetworkTransportWithConfig(RaftTransportConfig(layer))
+}
+
+// RaftTransportConfig is NewRaftTransport's configuration, for tests that
+// change its timeout and keep the rest.
+func RaftTransportConfig(layer raft.StreamLayer) *raft.NetworkTransportConfig {
+	return &raft.NetworkTransportConfig{
 		Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, MaxRPCsInFlight: 1,
 		Logger: hclog.NewNullLogger(),
-	})
+	}
 }
