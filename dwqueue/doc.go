@@ -1,0 +1,17 @@
+// Package dwqueue replicates a DoubleWrite partition: a leader and a
+// follower, each with a copy of the partition's log, written synchronously,
+// the leader chosen and fenced by the metadata group (internal/cluster's
+// pair records) rather than elected.
+//
+// A pair's log is a sequence of entries {index, epoch, data}, kept in a
+// raft.LogStore (raftqueue.WALLog, a stream of the node's WAL) with raft's
+// Term as the epoch. Each replica persists the epoch it serves before it
+// writes or accepts anything of that epoch, and accepts appends of that
+// epoch only: once a promoted follower has persisted epoch E+1, the old
+// leader, whose appends carry E, can never again have a batch on two
+// copies, so it can never ack one.
+//
+// This is the first piece (Log, the follower's side of the log); the
+// leader's proposer and replication, the node's wiring and failover are
+// the next steps (internal/cluster/NOTES.md).
+package dwqueue

@@ -1,0 +1,243 @@
+package dwqueue
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/hashicorp/raft"
+)
+
+var (
+	// ErrStaleEpoch is returned for an append of an epoch other than the
+	// one the replica serves, and by SetEpoch for a lower epoch. The error
+	// is an *EpochError naming the replica's epoch.
+	ErrStaleEpoch = errors.New("dwqueue: stale epoch")
+
+	// ErrMismatch is returned by Append when the log does not hold the
+	// entry the batch follows (a gap) or holds another in its place. The
+	// error is a *MismatchError telling where the leader resumes.
+	ErrMismatch = errors.New("dwqueue: log mismatch")
+
+	// ErrCommitted is returned by Append for a batch that would replace an
+	// entry known to be committed: a leader whose log lacks what both
+	// copies held, which fencing rules out. Nothing is changed.
+	ErrCommitted = errors.New("dwqueue: append would replace a committed entry")
+
+	// ErrBadAppend is returned for an append whose fields do not hold
+	// together (indexes not consecutive, epochs out of order).
+	ErrBadAppend = errors.New("dwqueue: malformed append")
+)
+
+// EpochError is ErrStaleEpoch with the epoch the replica serves.
+type EpochError struct{ Epoch uint64 }
+
+func (e *EpochError) Error() string {
+	return fmt.Sprintf("%v (the replica serves epoch %d)", ErrStaleEpoch, e.Epoch)
+}
+
+// Is makes errors.Is(err, ErrStaleEpoch) true.
+func (e *EpochError) Is(target error) bool { return target == ErrStaleEpoch }
+
+// MismatchError is ErrMismatch with the index of the last entry the
+// replica holds that may match the leader's: the leader resends from the
+// one after it.
+type MismatchError struct{ Last uint64 }
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("%v (resend from %d)", ErrMismatch, e.Last+1)
+}
+
+// Is makes errors.Is(err, ErrMismatch) true.
+func (e *MismatchError) Is(target error) bool { return target == ErrMismatch }
+
+// Append is one batch of a pair's log, sent by the leader of Epoch: the
+// entries following the one at PrevIndex (of epoch PrevEpoch; 0 and 0
+// before the first), and Commit, the leader's commit index (what both
+// copies hold).
+type Append struct {
+	Epoch     uint64
+	PrevIndex uint64
+	PrevEpoch uint64
+	Entries   []*raft.Log // Index consecutive from PrevIndex+1, Term the epoch each was written in
+	Commit    uint64
+}
+
+// epochKey is the stable-store key of the epoch a replica serves.
+var epochKey = []byte("DoubleWriteEpoch")
+
+// Log is one replica's copy of a pair's log and the epoch it serves. Safe
+// for concurrent use.
+type Log struct {
+	mu     sync.Mutex
+	log    raft.LogStore
+	stable raft.StableStore
+	epoch  uint64 // persisted in stable
+	commit uint64 // entries up to it are on both copies: never cut
+}
+
+// OpenLog opens a replica's log kept in log, its epoch in stable. Entries
+// up to committed are known to be committed (the state machine's applied
+// index): Append never cuts them.
+func OpenLog(log raft.LogStore, stable raft.StableStore, committed uint64) (*Log, error) {
+	epoch, err := stable.GetUint64(epochKey)
+	if err != nil && err.Error() != "not found" { // raft-boltdb's missing key, as raft itself tells it
+		return nil, fmt.Errorf("dwqueue: read the epoch: %w", err)
+	}
+	last, err := log.LastIndex()
+	if err != nil {
+		return nil, fmt.Errorf("dwqueue: read the log: %w", err)
+	}
+	if committed > last {
+		first, err := log.FirstIndex()
+		if err != nil {
+			return nil, fmt.Errorf("dwqueue: read the log: %w", err)
+		}
+		if first != 0 || last != 0 {
+			return nil, fmt.Errorf("dwqueue: %d entries committed, the log ends at %d", committed, last)
+		}
+	}
+	return &Log{log: log, stable: stable, epoch: epoch, commit: committed}, nil
+}
+
+// Epoch returns the epoch the replica serves (0 before its first).
+func (l *Log) Epoch() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.epoch
+}
+
+// Commit returns the index up to which the log is known committed.
+func (l *Log) Commit() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.commit
+}
+
+// SetEpoch makes the replica serve epoch e from now on, persisted before it
+// returns: appends of any other epoch are refused from then on. A lower
+// epoch than the current one is ErrStaleEpoch; the same one is a no-op.
+func (l *Log) SetEpoch(e uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case e < l.epoch:
+		return &EpochError{l.epoch}
+	case e == l.epoch:
+		return nil
+	}
+	if err := l.stable.SetUint64(epochKey, e); err != nil {
+		return fmt.Errorf("dwqueue: persist epoch %d: %w", e, err)
+	}
+	l.epoch = e
+	return nil
+}
+
+// Append adds a's entries to the log, durably before it returns, and
+// returns the index up to which the log now matches the leader's (the
+// batch's last entry; a tail after it, of an older epoch, may not match
+// and is left for the next batch to check). Entries it holds (a resend) are
+// skipped; a tail that does not match a's entries, never acked since the
+// leader acks only what both copies hold, is cut first. It refuses an
+// epoch other than the replica's (ErrStaleEpoch), a batch that does not
+// follow what the log holds (ErrMismatch), and one that would cut a
+// committed entry (ErrCommitted), changing nothing.
+func (l *Log) Append(a Append) (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if a.Epoch != l.epoch || a.Epoch == 0 {
+		return 0, &EpochError{l.epoch}
+	}
+	if err := checkAppend(a); err != nil {
+		return 0, err
+	}
+	first, last, err := l.bounds()
+	if err != nil {
+		return 0, err
+	}
+	if a.PrevIndex > last {
+		return 0, &MismatchError{last}
+	}
+	if a.PrevIndex >= first && a.PrevIndex > 0 {
+		// Below first the log was compacted, which it is only up to the
+		// commit index: committed entries match.
+		epoch, err := l.epochAt(a.PrevIndex)
+		if err != nil {
+			return 0, err
+		}
+		if epoch != a.PrevEpoch {
+			if a.PrevIndex <= l.commit {
+				return 0, fmt.Errorf("%w: entry %d of epoch %d, the leader's of %d", ErrCommitted, a.PrevIndex, epoch, a.PrevEpoch)
+			}
+			return 0, &MismatchError{a.PrevIndex - 1}
+		}
+	}
+	es := a.Entries
+	for len(es) > 0 && es[0].Index <= last {
+		if es[0].Index < first {
+			es = es[1:] // compacted, so committed and the same
+			continue
+		}
+		epoch, err := l.epochAt(es[0].Index)
+		if err != nil {
+			return 0, err
+		}
+		if epoch != es[0].Term {
+			if es[0].Index <= l.commit {
+				return 0, fmt.Errorf("%w: entry %d of epoch %d, the leader's of %d", ErrCommitted, es[0].Index, epoch, es[0].Term)
+			}
+			if err := l.log.DeleteRange(es[0].Index, last); err != nil {
+				return 0, fmt.Errorf("dwqueue: cut the log from %d: %w", es[0].Index, err)
+			}
+			break
+		}
+		es = es[1:]
+	}
+	if len(es) > 0 {
+		if err := l.log.StoreLogs(es); err != nil {
+			return 0, fmt.Errorf("dwqueue: write the log: %w", err)
+		}
+	}
+	end := a.PrevIndex
+	if n := len(a.Entries); n > 0 {
+		end = a.Entries[n-1].Index
+	}
+	l.commit = max(l.commit, min(a.Commit, end))
+	return end, nil
+}
+
+// checkAppend checks that a's entries follow PrevIndex one by one, with
+// epochs that never decrease from PrevEpoch and never pass a's.
+func checkAppend(a Append) error {
+	if a.PrevEpoch > a.Epoch || a.PrevIndex == 0 && a.PrevEpoch != 0 {
+		return fmt.Errorf("%w: previous entry %d of epoch %d in epoch %d", ErrBadAppend, a.PrevIndex, a.PrevEpoch, a.Epoch)
+	}
+	prev, epoch := a.PrevIndex, a.PrevEpoch
+	for _, e := range a.Entries {
+		if e == nil || e.Index != prev+1 || e.Term < epoch || e.Term > a.Epoch {
+			return fmt.Errorf("%w: entry after %d of epoch %d in epoch %d", ErrBadAppend, prev, epoch, a.Epoch)
+		}
+		prev, epoch = e.Index, e.Term
+	}
+	return nil
+}
+
+// bounds returns the log's first and last index (0, 0 when empty).
+func (l *Log) bounds() (first, last uint64, err error) {
+	if first, err = l.log.FirstIndex(); err == nil {
+		last, err = l.log.LastIndex()
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("dwqueue: read the log: %w", err)
+	}
+	return first, last, nil
+}
+
+// epochAt returns the epoch of the entry at index, which the log holds.
+func (l *Log) epochAt(index uint64) (uint64, error) {
+	var e raft.Log
+	if err := l.log.GetLog(index, &e); err != nil {
+		return 0, fmt.Errorf("dwqueue: read entry %d: %w", index, err)
+	}
+	return e.Term, nil
+}

@@ -1,0 +1,387 @@
+package dwqueue
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/zeze-go/mq/raftqueue"
+	"github.com/zeze-go/mq/store"
+)
+
+// ents returns entries from index first on, one per epoch given.
+func ents(first uint64, epochs ...uint64) []*raft.Log {
+	out := make([]*raft.Log, len(epochs))
+	for i, e := range epochs {
+		idx := first + uint64(i)
+		out[i] = &raft.Log{Index: idx, Term: e, Type: raft.LogCommand, Data: fmt.Appendf(nil, "%d@%d", idx, e)}
+	}
+	return out
+}
+
+// memLog returns a Log over a new in-memory store serving epoch, holding
+// entries of the epochs given from index 1 on (written directly, as an
+// earlier leader's appends left them).
+func memLog(t *testing.T, epoch uint64, epochs ...uint64) (*Log, *raft.InmemStore) {
+	t.Helper()
+	s := raft.NewInmemStore()
+	if len(epochs) > 0 {
+		if err := s.StoreLogs(ents(1, epochs...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := OpenLog(s, s, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetEpoch(epoch); err != nil {
+		t.Fatal(err)
+	}
+	return l, s
+}
+
+// held returns "index@epoch" of every entry in s, checking each entry's
+// data names its own index and epoch.
+func held(t *testing.T, s raft.LogStore) []string {
+	t.Helper()
+	first, _ := s.FirstIndex()
+	last, _ := s.LastIndex()
+	var out []string
+	for i := first; i <= last && last > 0; i++ {
+		var e raft.Log
+		if err := s.GetLog(i, &e); err != nil {
+			t.Fatalf("entry %d: %v", i, err)
+		}
+		if want := fmt.Sprintf("%d@%d", e.Index, e.Term); string(e.Data) != want {
+			t.Fatalf("entry %d holds %q, want %q", i, e.Data, want)
+		}
+		out = append(out, string(e.Data))
+	}
+	return out
+}
+
+func names(es []*raft.Log) []string {
+	var out []string
+	for _, e := range es {
+		out = append(out, string(e.Data))
+	}
+	return out
+}
+
+// TestLog_EpochFencing: a replica accepts appends of the epoch it serves
+// only, that epoch persisted (kept across a reopen) and never lowered; one
+// that never set an epoch accepts nothing.
+func TestLog_EpochFencing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stable.db")
+	open := func() (*Log, *raftboltdb.BoltStore) {
+		b, err := raftboltdb.New(raftboltdb.Options{Path: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := OpenLog(b, b, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, b
+	}
+	l, b := open()
+	var ee *EpochError
+	if _, err := l.Append(Append{Epoch: 0, Entries: ents(1, 0)}); !errors.As(err, &ee) || ee.Epoch != 0 {
+		t.Fatalf("append before any epoch: %v", err)
+	}
+	if err := l.SetEpoch(1); err != nil {
+		t.Fatal(err)
+	}
+	if end, err := l.Append(Append{Epoch: 1, Entries: ents(1, 1, 1)}); err != nil || end != 2 {
+		t.Fatalf("append of epoch 1: %d, %v", end, err)
+	}
+	// The follower is promoted: epoch 2 persisted before it serves.
+	if err := l.SetEpoch(2); err != nil {
+		t.Fatal(err)
+	}
+	// The old leader's next batch is refused, naming the epoch.
+	if _, err := l.Append(Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 1, Entries: ents(3, 1)}); !errors.As(err, &ee) || ee.Epoch != 2 {
+		t.Fatalf("append of the old epoch: %v", err)
+	}
+	if _, err := l.Append(Append{Epoch: 3, PrevIndex: 2, PrevEpoch: 1, Entries: ents(3, 3)}); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("append of an epoch not yet served: %v", err)
+	}
+	if err := l.SetEpoch(1); !errors.Is(err, ErrStaleEpoch) || l.Epoch() != 2 {
+		t.Fatalf("SetEpoch lower: %v, epoch %d", err, l.Epoch())
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, b = open()
+	defer b.Close()
+	if l.Epoch() != 2 {
+		t.Fatalf("reopened at epoch %d, want 2", l.Epoch())
+	}
+	if _, err := l.Append(Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 1, Entries: ents(3, 1)}); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("reopened, append of the old epoch: %v", err)
+	}
+	if got := held(t, b); !slices.Equal(got, []string{"1@1", "2@1"}) {
+		t.Fatalf("log %v", got)
+	}
+}
+
+// TestLog_GapAndResend: a batch past the log's end is refused with where
+// to resume; a batch resent (a lost reply) changes nothing; an overlapping
+// one adds only what is new.
+func TestLog_GapAndResend(t *testing.T) {
+	l, s := memLog(t, 1, 1, 1, 1)
+	var me *MismatchError
+	if _, err := l.Append(Append{Epoch: 1, PrevIndex: 5, PrevEpoch: 1, Entries: ents(6, 1)}); !errors.As(err, &me) || me.Last != 3 {
+		t.Fatalf("gap: %v", err)
+	}
+	if end, err := l.Append(Append{Epoch: 1, PrevIndex: 1, PrevEpoch: 1, Entries: ents(2, 1, 1), Commit: 3}); err != nil || end != 3 {
+		t.Fatalf("resend: %d, %v", end, err)
+	}
+	if end, err := l.Append(Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 1, Entries: ents(3, 1, 1, 1), Commit: 4}); err != nil || end != 5 {
+		t.Fatalf("overlap: %d, %v", end, err)
+	}
+	if got := held(t, s); !slices.Equal(got, []string{"1@1", "2@1", "3@1", "4@1", "5@1"}) {
+		t.Fatalf("log %v", got)
+	}
+	if l.Commit() != 4 {
+		t.Fatalf("commit %d, want 4", l.Commit())
+	}
+	// A heartbeat (no entries) moves the commit up to its previous entry
+	// only, and never back.
+	if _, err := l.Append(Append{Epoch: 1, PrevIndex: 5, PrevEpoch: 1, Commit: 9}); err != nil || l.Commit() != 5 {
+		t.Fatalf("heartbeat: %v, commit %d", err, l.Commit())
+	}
+	if _, err := l.Append(Append{Epoch: 1, PrevIndex: 5, PrevEpoch: 1, Commit: 2}); err != nil || l.Commit() != 5 {
+		t.Fatalf("older commit: %v, commit %d", err, l.Commit())
+	}
+}
+
+// TestLog_RejoiningLeaderCutsItsTail: an old leader holding a tail of
+// epoch 1 that its follower never got (so never acked) follows the new
+// leader of epoch 2: the leader walks back to where the logs match and the
+// old tail is replaced by the new leader's entries.
+func TestLog_RejoiningLeaderCutsItsTail(t *testing.T) {
+	l, s := memLog(t, 2, 1, 1, 1, 1, 1) // 1-5 of epoch 1; 4 and 5 never acked
+	leader := append(ents(1, 1, 1, 1), ents(4, 2)...)
+	var me *MismatchError
+	next := uint64(5)
+	for range 10 {
+		prev := next - 1
+		_, err := l.Append(Append{Epoch: 2, PrevIndex: prev, PrevEpoch: leader[prev-1].Term, Entries: leader[prev:], Commit: 3})
+		if err == nil {
+			break
+		}
+		if !errors.As(err, &me) {
+			t.Fatal(err)
+		}
+		next = me.Last + 1
+	}
+	if got := held(t, s); !slices.Equal(got, names(leader)) {
+		t.Fatalf("log %v, want the leader's %v", got, names(leader))
+	}
+}
+
+// TestLog_NeverCutsCommitted: a batch that would replace an entry known
+// to be committed (opened as committed, or told by a commit index) is
+// refused and the log is unchanged.
+func TestLog_NeverCutsCommitted(t *testing.T) {
+	s := raft.NewInmemStore()
+	if err := s.StoreLogs(ents(1, 1, 1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	l, err := OpenLog(s, s, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetEpoch(2); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []Append{
+		{Epoch: 2, PrevIndex: 1, PrevEpoch: 1, Entries: ents(2, 2, 2)},
+		{Epoch: 2, PrevIndex: 2, PrevEpoch: 2, Entries: ents(3, 2)},
+	} {
+		if _, err := l.Append(a); !errors.Is(err, ErrCommitted) {
+			t.Fatalf("append %+v: %v, want ErrCommitted", a, err)
+		}
+	}
+	// A commit index told by the leader protects as much.
+	if _, err := l.Append(Append{Epoch: 2, PrevIndex: 4, PrevEpoch: 1, Commit: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Append(Append{Epoch: 2, PrevIndex: 3, PrevEpoch: 1, Entries: ents(4, 2)}); !errors.Is(err, ErrCommitted) {
+		t.Fatalf("cut below the told commit: %v", err)
+	}
+	if got := held(t, s); !slices.Equal(got, []string{"1@1", "2@1", "3@1", "4@1"}) {
+		t.Fatalf("log %v", got)
+	}
+	if _, err := OpenLog(raft.NewInmemStore(), s, 9); err != nil {
+		t.Fatalf("an empty log (compacted away) with entries committed: %v", err)
+	}
+	if _, err := OpenLog(s, s, 9); err == nil {
+		t.Fatal("opened a log ending at 4 with 9 entries committed")
+	}
+}
+
+// TestLog_Malformed: batches whose fields do not hold together are
+// refused, the log unchanged.
+func TestLog_Malformed(t *testing.T) {
+	l, s := memLog(t, 2, 1, 1)
+	for name, a := range map[string]Append{
+		"NotConsecutive": {Epoch: 2, PrevIndex: 2, PrevEpoch: 1, Entries: append(ents(3, 2), ents(5, 2)...)},
+		"NotAfterPrev":   {Epoch: 2, PrevIndex: 2, PrevEpoch: 1, Entries: ents(4, 2)},
+		"EpochBack":      {Epoch: 2, PrevIndex: 2, PrevEpoch: 1, Entries: ents(3, 2, 1)},
+		"EpochAhead":     {Epoch: 2, PrevIndex: 2, PrevEpoch: 1, Entries: ents(3, 3)},
+		"BeforePrev":     {Epoch: 2, PrevIndex: 2, PrevEpoch: 2, Entries: ents(3, 1)},
+		"PrevAhead":      {Epoch: 2, PrevIndex: 2, PrevEpoch: 3},
+		"NoPrevEpoch":    {Epoch: 2, PrevIndex: 0, PrevEpoch: 1, Entries: ents(1, 1)},
+		"Nil":            {Epoch: 2, PrevIndex: 2, PrevEpoch: 1, Entries: []*raft.Log{nil}},
+	} {
+		if _, err := l.Append(a); !errors.Is(err, ErrBadAppend) {
+			t.Errorf("%s: %v, want ErrBadAppend", name, err)
+		}
+	}
+	if got := held(t, s); !slices.Equal(got, []string{"1@1", "2@1"}) {
+		t.Fatalf("log %v", got)
+	}
+}
+
+// TestLog_Compacted: entries before the log's first (compacted, so
+// committed) are taken as matching.
+func TestLog_Compacted(t *testing.T) {
+	l, s := memLog(t, 1, 1, 1, 1, 1, 1)
+	if err := s.DeleteRange(1, 3); err != nil {
+		t.Fatal(err)
+	}
+	if end, err := l.Append(Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 1, Entries: ents(3, 1, 1, 1, 1)}); err != nil || end != 6 {
+		t.Fatalf("append over the compacted prefix: %d, %v", end, err)
+	}
+	if got := held(t, s); !slices.Equal(got, []string{"4@1", "5@1", "6@1"}) {
+		t.Fatalf("log %v", got)
+	}
+}
+
+// TestLog_RandomLeaders: leaders of rising epochs each write a log that
+// keeps the previous one's committed prefix and replaces some of its
+// uncommitted tail; the follower gets random batches of it (resends,
+// gaps, stale leaders, walking back on a mismatch), and after a full
+// catch-up holds exactly the current leader's log, and never lost a
+// committed entry on the way.
+func TestLog_RandomLeaders(t *testing.T) {
+	for seed := range uint64(50) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		l, s := memLog(t, 1)
+		var leader []*raft.Log
+		commit := uint64(0)
+		for epoch := uint64(1); epoch <= 8; epoch++ {
+			if epoch > 1 {
+				if err := l.SetEpoch(epoch); err != nil {
+					t.Fatal(err)
+				}
+				// The new leader holds the committed prefix and some of
+				// the rest; it writes new entries of its own epoch.
+				keep := commit + uint64(rng.IntN(len(leader)-int(commit)+1))
+				leader = leader[:keep]
+			}
+			leader = append(leader, ents(uint64(len(leader))+1, slices.Repeat([]uint64{epoch}, 1+rng.IntN(6))...)...)
+			for range 20 {
+				prev := uint64(rng.IntN(len(leader) + 1))
+				prevEpoch := uint64(0)
+				if prev > 0 {
+					prevEpoch = leader[prev-1].Term
+				}
+				a := Append{Epoch: epoch, PrevIndex: prev, PrevEpoch: prevEpoch, Entries: leader[prev:min(len(leader), int(prev)+1+rng.IntN(4))]}
+				if rng.IntN(5) == 0 {
+					a.Epoch = epoch - 1 // a stale leader's batch
+				}
+				end, err := l.Append(a)
+				switch {
+				case err == nil:
+					if a.Epoch != epoch {
+						t.Fatalf("seed %d: a batch of epoch %d accepted at %d", seed, a.Epoch, epoch)
+					}
+					commit = max(commit, min(end, uint64(rng.IntN(len(leader)+1)))) // what the leader learns both hold
+				case errors.Is(err, ErrMismatch), errors.Is(err, ErrStaleEpoch):
+				default:
+					t.Fatalf("seed %d: %v", seed, err)
+				}
+			}
+		}
+		// Catch up: walk back from the end until the batch fits.
+		next := uint64(len(leader)) + 1
+		for {
+			prev := next - 1
+			prevEpoch := uint64(0)
+			if prev > 0 {
+				prevEpoch = leader[prev-1].Term
+			}
+			_, err := l.Append(Append{Epoch: 8, PrevIndex: prev, PrevEpoch: prevEpoch, Entries: leader[prev:]})
+			var me *MismatchError
+			if err == nil {
+				break
+			}
+			if !errors.As(err, &me) || me.Last+1 >= next {
+				t.Fatalf("seed %d: catch-up from %d: %v", seed, next, err)
+			}
+			next = me.Last + 1
+		}
+		if got := held(t, s); !slices.Equal(got, names(leader)) {
+			t.Fatalf("seed %d: log %v, want the leader's %v", seed, got, names(leader))
+		}
+	}
+}
+
+// TestLog_WALDurable: over the node's WAL, a cut tail and the entries that
+// replaced it are what a reopened log holds.
+func TestLog_WALDurable(t *testing.T) {
+	dir := t.TempDir()
+	stable := filepath.Join(dir, "stable.db")
+	open := func() (*store.WAL, *raftqueue.WALLog, *raftboltdb.BoltStore, *Log) {
+		w, err := store.OpenWAL(filepath.Join(dir, "wal"), store.WALOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wl, err := raftqueue.OpenWALLog(w, "dw/t/0")
+		if err == nil {
+			err = w.FinishRecovery()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := raftboltdb.New(raftboltdb.Options{Path: stable})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := OpenLog(wl, b, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w, wl, b, l
+	}
+	w, _, b, l := open()
+	if err := l.SetEpoch(1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Append(Append{Epoch: 1, Entries: ents(1, 1, 1, 1, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetEpoch(2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Append(Append{Epoch: 2, PrevIndex: 2, PrevEpoch: 1, Entries: ents(3, 2, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	w.Close()
+	w, wl, b, l := open()
+	defer w.Close()
+	defer b.Close()
+	if got := held(t, wl); l.Epoch() != 2 || !slices.Equal(got, []string{"1@1", "2@1", "3@2", "4@2"}) {
+		t.Fatalf("reopened at epoch %d holding %v", l.Epoch(), got)
+	}
+}
