@@ -609,9 +609,10 @@ func (m *Meta) sessionLoop() {
 }
 
 // checkSessions, on the leader, registers this node if the state does not
-// have it up at its address, and proposes NodeDown for every other up node
-// not heard from within the session timeout. Failed proposals are retried on
-// the next tick.
+// have it up at its address, proposes NodeDown for every other up node
+// not heard from within the session timeout, and then the failover of the
+// DoubleWrite pairs on down nodes. Failed proposals are retried on the
+// next tick.
 func (m *Meta) checkSessions(now time.Time) {
 	if m.raft.State() != raft.Leader {
 		return
@@ -650,4 +651,5 @@ func (m *Meta) checkSessions(now time.Time) {
 			m.log.Warn("cannot mark node down", "node", c.ID, "err", err)
 		}
 	}
+	m.failover(ctx)
 }

@@ -211,6 +211,41 @@ func (c *testCluster) synced(want *Meta) {
 	})
 }
 
+// heartbeat sends the heartbeats of nodes ids every 100 ms to whichever
+// open node leads, but for the ids stored in the map it returns (silent:
+// their sessions expire), until the test ends.
+func (c *testCluster) heartbeat(ids ...string) *sync.Map {
+	var silent sync.Map
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+			for _, id := range c.open() {
+				m := c.meta(id)
+				if m == nil || !m.IsLeader() {
+					continue
+				}
+				for _, n := range ids {
+					if _, ok := silent.Load(n); !ok {
+						_ = m.Heartbeat(n)
+					}
+				}
+			}
+		}
+	}()
+	c.t.Cleanup(func() { close(stop); wg.Wait() })
+	return &silent
+}
+
 // eventually polls cond until it holds or waitFor passes.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
@@ -343,34 +378,7 @@ func TestMeta_SessionExpiry(t *testing.T) {
 	c.addNode("n2")
 	c.addNode("n3")
 
-	var silent sync.Map // node id → true: no heartbeats
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		tk := time.NewTicker(100 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tk.C:
-			}
-			for _, id := range c.open() {
-				m := c.meta(id)
-				if m == nil || !m.IsLeader() {
-					continue
-				}
-				for _, n := range []string{"n1", "n2", "n3"} {
-					if _, ok := silent.Load(n); !ok {
-						_ = m.Heartbeat(n)
-					}
-				}
-			}
-		}
-	}()
-	defer func() { close(stop); wg.Wait() }()
+	silent := c.heartbeat("n1", "n2", "n3")
 
 	c.mustPropose(CreateTopic{Name: "t", Partitions: 4, Type: TypeSingle})
 	c.mustPropose(JoinGroup{Topic: "t", Group: "g", Member: "m2", Node: "n2"})
