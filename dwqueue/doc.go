@@ -11,7 +11,11 @@
 // leader, whose appends carry E, can never again have a batch on two
 // copies, so it can never ack one.
 //
-// This is the first piece (Log, the follower's side of the log); the
-// leader's proposer and replication, the node's wiring and failover are
-// the next steps (internal/cluster/NOTES.md).
+// Log is a replica's copy (the follower's side: Append). Leader is the
+// writing side: each proposed entry goes to its own log and, at the same
+// time, to the follower, and commits once both hold it; committed entries
+// are applied in order and answered. The node's wiring (the store's state
+// machine and raftqueue's proposer on top, the follower's RPC, snapshots
+// for a follower too far behind) is the next step (internal/cluster's
+// NOTES.md).
 package dwqueue

@@ -3,6 +3,7 @@ package dwqueue
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/hashicorp/raft"
@@ -27,6 +28,10 @@ var (
 	// ErrBadAppend is returned for an append whose fields do not hold
 	// together (indexes not consecutive, epochs out of order).
 	ErrBadAppend = errors.New("dwqueue: malformed append")
+
+	// ErrCompacted is returned by Entries for entries compacted away: a
+	// follower that lacks them needs a snapshot.
+	ErrCompacted = errors.New("dwqueue: entries compacted away")
 )
 
 // EpochError is ErrStaleEpoch with the epoch the replica serves.
@@ -61,6 +66,14 @@ type Append struct {
 	PrevEpoch uint64
 	Entries   []*raft.Log // Index consecutive from PrevIndex+1, Term the epoch each was written in
 	Commit    uint64
+	// Reset is set on a leader's batches until the first one is taken:
+	// what the follower holds after PrevIndex (above its commit) is
+	// replaced by Entries, whatever epochs it carries. A leader that
+	// restarted in the same epoch may lack a tail its previous run sent
+	// (and never acked), at the same indexes and epoch; and a follower's
+	// tail past the leader's log would otherwise stay until the leader
+	// writes that far.
+	Reset bool
 }
 
 // epochKey is the stable-store key of the epoch a replica serves.
@@ -84,20 +97,17 @@ func OpenLog(log raft.LogStore, stable raft.StableStore, committed uint64) (*Log
 	if err != nil && err.Error() != "not found" { // raft-boltdb's missing key, as raft itself tells it
 		return nil, fmt.Errorf("dwqueue: read the epoch: %w", err)
 	}
-	last, err := log.LastIndex()
+	l := &Log{log: log, stable: stable, epoch: epoch}
+	first, last, err := l.bounds()
 	if err != nil {
-		return nil, fmt.Errorf("dwqueue: read the log: %w", err)
+		return nil, err
 	}
-	if committed > last {
-		first, err := log.FirstIndex()
-		if err != nil {
-			return nil, fmt.Errorf("dwqueue: read the log: %w", err)
-		}
-		if first != 0 || last != 0 {
-			return nil, fmt.Errorf("dwqueue: %d entries committed, the log ends at %d", committed, last)
-		}
+	if committed > last && (first != 0 || last != 0) {
+		return nil, fmt.Errorf("dwqueue: %d entries committed, the log ends at %d", committed, last)
 	}
-	return &Log{log: log, stable: stable, epoch: epoch, commit: committed}, nil
+	// What was compacted away was committed.
+	l.commit = max(committed, first-min(first, 1))
+	return l, nil
 }
 
 // Epoch returns the epoch the replica serves (0 before its first).
@@ -172,6 +182,12 @@ func (l *Log) Append(a Append) (uint64, error) {
 			return 0, &MismatchError{a.PrevIndex - 1}
 		}
 	}
+	if cut := max(a.PrevIndex, l.commit) + 1; a.Reset && cut <= last {
+		if err := l.log.DeleteRange(max(cut, first), last); err != nil {
+			return 0, fmt.Errorf("dwqueue: cut the log from %d: %w", cut, err)
+		}
+		last = cut - 1
+	}
 	es := a.Entries
 	for len(es) > 0 && es[0].Index <= last {
 		if es[0].Index < first {
@@ -206,15 +222,72 @@ func (l *Log) Append(a Append) (uint64, error) {
 	return end, nil
 }
 
+// Write appends the leader's own entries, durably before it returns: they
+// follow the log's last entry one by one, all of the epoch the replica
+// serves (ErrBadAppend otherwise, nothing written).
+func (l *Log) Write(es []*raft.Log) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, last, err := l.bounds()
+	if err != nil {
+		return err
+	}
+	for i, e := range es {
+		if e == nil || e.Index == 0 || e.Index != last+1+uint64(i) || e.Term != l.epoch || l.epoch == 0 {
+			return fmt.Errorf("%w: the leader's entry %d of %d after %d, serving epoch %d", ErrBadAppend, i, len(es), last, l.epoch)
+		}
+	}
+	if len(es) == 0 {
+		return nil
+	}
+	if err := l.log.StoreLogs(es); err != nil {
+		return fmt.Errorf("dwqueue: write the log: %w", err)
+	}
+	return nil
+}
+
+// Last returns the index and epoch of the log's last entry (0, 0 when it
+// is empty).
+func (l *Log) Last() (index, epoch uint64, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, index, err = l.bounds(); err != nil || index == 0 {
+		return index, 0, err
+	}
+	epoch, err = l.epochAt(index)
+	return index, epoch, err
+}
+
+// Entries returns the entries from index from through to: ErrCompacted
+// when the log no longer holds from.
+func (l *Log) Entries(from, to uint64) ([]*raft.Log, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if first, _, err := l.bounds(); err != nil {
+		return nil, err
+	} else if from < first || first == 0 && from <= to {
+		return nil, fmt.Errorf("%w: entry %d, the log starts at %d", ErrCompacted, from, first)
+	}
+	var out []*raft.Log
+	for i := from; i <= to; i++ {
+		e := new(raft.Log)
+		if err := l.log.GetLog(i, e); err != nil {
+			return nil, fmt.Errorf("dwqueue: read entry %d: %w", i, err)
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
 // checkAppend checks that a's entries follow PrevIndex one by one, with
 // epochs that never decrease from PrevEpoch and never pass a's.
 func checkAppend(a Append) error {
-	if a.PrevEpoch > a.Epoch || a.PrevIndex == 0 && a.PrevEpoch != 0 {
+	if a.PrevEpoch > a.Epoch || a.PrevIndex == 0 && a.PrevEpoch != 0 || a.PrevIndex == math.MaxUint64 {
 		return fmt.Errorf("%w: previous entry %d of epoch %d in epoch %d", ErrBadAppend, a.PrevIndex, a.PrevEpoch, a.Epoch)
 	}
 	prev, epoch := a.PrevIndex, a.PrevEpoch
 	for _, e := range a.Entries {
-		if e == nil || e.Index != prev+1 || e.Term < epoch || e.Term > a.Epoch {
+		if e == nil || e.Index == 0 || e.Index != prev+1 || e.Term < epoch || e.Term > a.Epoch {
 			return fmt.Errorf("%w: entry after %d of epoch %d in epoch %d", ErrBadAppend, prev, epoch, a.Epoch)
 		}
 		prev, epoch = e.Index, e.Term

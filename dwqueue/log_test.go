@@ -46,20 +46,30 @@ func memLog(t *testing.T, epoch uint64, epochs ...uint64) (*Log, *raft.InmemStor
 	return l, s
 }
 
-// held returns "index@epoch" of every entry in s, checking each entry's
-// data names its own index and epoch.
-func held(t *testing.T, s raft.LogStore) []string {
+// entriesOf returns every entry s holds.
+func entriesOf(t *testing.T, s raft.LogStore) []raft.Log {
 	t.Helper()
 	first, _ := s.FirstIndex()
 	last, _ := s.LastIndex()
-	var out []string
+	var out []raft.Log
 	for i := first; i <= last && last > 0; i++ {
 		var e raft.Log
 		if err := s.GetLog(i, &e); err != nil {
 			t.Fatalf("entry %d: %v", i, err)
 		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// held returns "index@epoch" of every entry in s, checking each entry's
+// data names its own index and epoch.
+func held(t *testing.T, s raft.LogStore) []string {
+	t.Helper()
+	var out []string
+	for _, e := range entriesOf(t, s) {
 		if want := fmt.Sprintf("%d@%d", e.Index, e.Term); string(e.Data) != want {
-			t.Fatalf("entry %d holds %q, want %q", i, e.Data, want)
+			t.Fatalf("entry %d holds %q, want %q", e.Index, e.Data, want)
 		}
 		out = append(out, string(e.Data))
 	}

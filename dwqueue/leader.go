@@ -1,0 +1,445 @@
+package dwqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+var (
+	// ErrDeposed answers the entries in flight once the follower refused
+	// the leader's epoch for a newer one: this leader can never ack again.
+	// Their outcome is unknown (the follower may hold them).
+	ErrDeposed = errors.New("dwqueue: deposed: the follower serves a newer epoch")
+
+	// ErrClosed answers what a closed Leader had not applied; an entry
+	// already written may still be in the log.
+	ErrClosed = errors.New("dwqueue: leader closed")
+)
+
+// Peer is the leader's way to its follower: Append delivers a batch to the
+// follower's Log.Append and returns its result.
+type Peer interface {
+	Append(ctx context.Context, a Append) (uint64, error)
+}
+
+// LeaderConfig configures a Leader.
+type LeaderConfig struct {
+	Log *Log // this replica's log, serving the leader's epoch
+	// Peer is the follower. Nil: the leader alone, whose entries commit
+	// on its own write (the risk stage: one copy).
+	Peer Peer
+	// Apply applies committed entries to the state machine, in log order,
+	// one call at a time, and returns one response per entry. It must not
+	// call the Leader's Close, which waits for it, nor Propose, which may
+	// wait for room that only its return frees.
+	Apply func(logs []*raft.Log) []any
+	// Applied is the index up to which the state machine has applied the
+	// log. Entries after it, written under earlier epochs, are applied
+	// once the follower holds them too.
+	Applied uint64
+	// MaxBatch bounds the entries of one Append (default 256).
+	MaxBatch int
+	// MaxPending bounds the entries proposed and not yet applied: Propose
+	// waits for room (default 1024).
+	MaxPending int
+	// RetryAfter is the wait after an Append that failed (default 20 ms).
+	RetryAfter time.Duration
+}
+
+// Leader is the writing side of a pair: it writes each proposed entry to
+// its own log and, at the same time, sends it to the follower; an entry
+// commits once both hold it durably, and is then applied and answered.
+// Safe for concurrent use.
+type Leader struct {
+	cfg    LeaderConfig
+	epoch  uint64
+	own    uint64 // the index of the first entry proposed here
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	room   chan struct{} // a token per pending entry
+
+	mu        sync.Mutex
+	queue     []*entry // proposed here and not yet applied, by index
+	next      uint64   // the index of the next proposal
+	written   uint64   // this replica's log holds up to here
+	matched   uint64   // the follower's log matches up to here
+	sendAfter uint64   // the next Append follows this index
+	reset     bool     // no Append taken yet: the next one is a Reset
+	told      uint64   // the commit index the follower last heard
+	applied   uint64
+	failed    error
+	wakeWrite chan struct{}
+	wakeSend  chan struct{}
+	wakeApply chan struct{}
+	appends   int // Appends the follower accepted (tests)
+}
+
+// entry is one proposed entry and its future.
+type entry struct {
+	log  raft.Log
+	done chan struct{}
+	resp any
+	err  error
+}
+
+var _ raft.ApplyFuture = (*entry)(nil)
+
+// Error waits for the entry's outcome: nil once applied.
+func (e *entry) Error() error { <-e.done; return e.err }
+
+// Index is the entry's index in the log.
+func (e *entry) Index() uint64 { return e.log.Index }
+
+// Response is the state machine's response, after Error returned nil.
+func (e *entry) Response() any { return e.resp }
+
+// NewLeader starts the leader of cfg.Log's epoch.
+func NewLeader(cfg LeaderConfig) (*Leader, error) {
+	if cfg.Log == nil || cfg.Apply == nil {
+		return nil, errors.New("dwqueue: a leader needs a Log and an Apply")
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 256
+	}
+	if cfg.MaxPending <= 0 {
+		cfg.MaxPending = 1024
+	}
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = 20 * time.Millisecond
+	}
+	epoch := cfg.Log.Epoch()
+	if epoch == 0 {
+		return nil, fmt.Errorf("%w: a leader needs an epoch", ErrStaleEpoch)
+	}
+	last, _, err := cfg.Log.Last()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Applied > last {
+		return nil, fmt.Errorf("dwqueue: applied up to %d, the log ends at %d", cfg.Applied, last)
+	}
+	l := &Leader{
+		cfg: cfg, epoch: epoch, own: last + 1,
+		room: make(chan struct{}, cfg.MaxPending),
+		next: last + 1, written: last, sendAfter: last, applied: cfg.Applied,
+		wakeWrite: make(chan struct{}, 1), wakeSend: make(chan struct{}, 1), wakeApply: make(chan struct{}, 1),
+	}
+	if cfg.Peer == nil {
+		l.matched = last
+	}
+	l.reset = cfg.Peer != nil
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	l.wg.Add(3)
+	go l.run(l.write)
+	go l.run(l.send)
+	go l.run(l.apply)
+	return l, nil
+}
+
+// Propose appends data as the next entry and returns its future, answered
+// once the entry is applied (its response), or with the leader's failure
+// (ErrDeposed, ErrClosed, a write error: the outcome is then unknown).
+func (l *Leader) Propose(data []byte) raft.ApplyFuture {
+	if l.ctx.Err() != nil {
+		return failedEntry(l.stopped())
+	}
+	select {
+	case l.room <- struct{}{}:
+	case <-l.ctx.Done():
+		return failedEntry(l.stopped())
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.failed != nil {
+		<-l.room
+		return failedEntry(l.failed)
+	}
+	e := &entry{log: raft.Log{Index: l.next, Term: l.epoch, Type: raft.LogCommand, Data: data}, done: make(chan struct{})}
+	l.next++
+	l.queue = append(l.queue, e)
+	signal(l.wakeWrite)
+	signal(l.wakeSend)
+	return e
+}
+
+func failedEntry(err error) *entry {
+	e := &entry{err: err, done: make(chan struct{})}
+	close(e.done)
+	return e
+}
+
+// Close stops the leader: what it has not applied is answered with
+// ErrClosed.
+func (l *Leader) Close() error {
+	l.cancel()
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.failLocked(ErrClosed)
+	return nil
+}
+
+// stopped returns why the leader stopped: its failure, or ErrClosed.
+func (l *Leader) stopped() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.failed != nil {
+		return l.failed
+	}
+	return ErrClosed
+}
+
+// Err returns the leader's failure: ErrDeposed, a write error, ErrClosed;
+// nil while it serves.
+func (l *Leader) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.failed
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// run runs step until it reports the leader stopped.
+func (l *Leader) run(step func() bool) {
+	defer l.wg.Done()
+	for step() {
+	}
+}
+
+// wait waits for a signal on ch or the leader's end (false).
+func (l *Leader) wait(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	case <-l.ctx.Done():
+		return false
+	}
+}
+
+// commit is the index up to which both copies hold the log. mu is held.
+func (l *Leader) commit() uint64 { return min(l.written, l.matched) }
+
+// failLocked makes the leader's failure err (the first one stays) and
+// answers every entry not applied with it. mu is held.
+func (l *Leader) failLocked(err error) {
+	if l.failed == nil {
+		l.failed = err
+	}
+	for _, e := range l.queue {
+		if e.log.Index > l.applied {
+			e.err = l.failed
+			close(e.done)
+			<-l.room
+		}
+	}
+	l.queue = nil
+	l.cancel()
+}
+
+// at returns the entry at index i of what was proposed here. mu is held.
+func (l *Leader) at(i uint64) *entry { return l.queue[i-l.queue[0].log.Index] }
+
+// write writes the proposed entries not yet in this replica's log, in one
+// write.
+func (l *Leader) write() bool {
+	l.mu.Lock()
+	if l.failed != nil || l.ctx.Err() != nil { // closing: no new write
+		l.mu.Unlock()
+		return false
+	}
+	var es []*raft.Log
+	for i := l.written + 1; i < l.next; i++ {
+		es = append(es, &l.at(i).log)
+	}
+	l.mu.Unlock()
+	if len(es) == 0 {
+		return l.wait(l.wakeWrite)
+	}
+	err := l.cfg.Log.Write(es)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		l.failLocked(err)
+		return false
+	}
+	l.written = es[len(es)-1].Index
+	if l.cfg.Peer == nil {
+		l.matched = l.written
+	}
+	signal(l.wakeApply)
+	signal(l.wakeSend)
+	return true
+}
+
+// send sends the follower the entries it lacks, or the commit index it has
+// not heard, one Append at a time; a refused one is sent again from where
+// the follower's log matches, a failed one after RetryAfter. The first one
+// (and one after a refusal) may carry no entry: it finds whether the
+// follower's log matches this replica's up to where it starts.
+func (l *Leader) send() bool {
+	if l.cfg.Peer == nil {
+		<-l.ctx.Done()
+		return false
+	}
+	l.mu.Lock()
+	if l.failed != nil || l.ctx.Err() != nil {
+		l.mu.Unlock()
+		return false
+	}
+	prev := l.sendAfter
+	to := min(l.next-1, prev+uint64(l.cfg.MaxBatch))
+	mem := l.memFrom()
+	a := Append{Epoch: l.epoch, PrevIndex: prev, Commit: l.commit(), Reset: l.reset}
+	if prev >= mem && prev > 0 {
+		a.PrevEpoch = l.at(prev).log.Term
+	}
+	for i := max(prev+1, mem); i <= to; i++ {
+		a.Entries = append(a.Entries, &l.at(i).log)
+	}
+	idle := l.matched >= prev && to == prev && a.Commit <= l.told && !l.reset
+	l.mu.Unlock()
+	if idle {
+		return l.wait(l.wakeSend)
+	}
+	if hi := min(to, mem-1); prev < mem && max(prev, 1) <= hi {
+		// prev's epoch, and the entries no longer in memory (applied, so
+		// written), from this replica's log.
+		es, err := l.cfg.Log.Entries(max(prev, 1), hi)
+		if errors.Is(err, ErrCompacted) {
+			// The follower is behind what this log still holds: it needs
+			// a snapshot, and until it has one nothing can commit.
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.failLocked(err)
+			return false
+		}
+		if err != nil {
+			return l.retry()
+		}
+		if prev > 0 {
+			a.PrevEpoch, es = es[0].Term, es[1:]
+		}
+		a.Entries = append(es, a.Entries...)
+	}
+	end, err := l.cfg.Peer.Append(l.ctx, a)
+	if want := prev + uint64(len(a.Entries)); err == nil && end != want {
+		// The follower's log matches up to the batch's end and no
+		// further: a reply saying otherwise is not trusted.
+		err = fmt.Errorf("%w: the follower answered %d to a batch ending at %d", ErrBadAppend, end, want)
+	}
+	l.mu.Lock()
+	var me *MismatchError
+	var ee *EpochError
+	switch {
+	case l.failed != nil:
+		l.mu.Unlock()
+		return false
+	case err == nil:
+		l.appends++
+		l.reset = false
+		l.matched, l.sendAfter = max(l.matched, end), max(l.sendAfter, end)
+		l.told = max(l.told, a.Commit)
+		signal(l.wakeApply)
+		l.mu.Unlock()
+		return true
+	case errors.As(err, &me):
+		l.sendAfter = min(me.Last, prev-1)
+		l.mu.Unlock()
+		return true
+	case errors.As(err, &ee) && ee.Epoch > l.epoch:
+		l.failLocked(fmt.Errorf("%w (%d, this leader's %d)", ErrDeposed, ee.Epoch, l.epoch))
+		l.mu.Unlock()
+		return false
+	case errors.Is(err, ErrCommitted), errors.Is(err, ErrBadAppend):
+		// This replica's log lacks what both copies held, or sent what
+		// does not hold together: it must not lead.
+		l.failLocked(err)
+		l.mu.Unlock()
+		return false
+	}
+	l.mu.Unlock()
+	return l.retry()
+}
+
+// memFrom returns the index from which the entries are in memory (the
+// queue): those proposed here and not yet applied. mu is held.
+func (l *Leader) memFrom() uint64 {
+	if len(l.queue) > 0 {
+		return l.queue[0].log.Index
+	}
+	return l.next
+}
+
+// retry waits RetryAfter after a failed Append (the follower unreachable,
+// or not yet serving this epoch), false once the leader stops.
+func (l *Leader) retry() bool {
+	t := time.NewTimer(l.cfg.RetryAfter)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-l.ctx.Done():
+		return false
+	}
+}
+
+// apply applies the committed entries not yet applied, in one call, and
+// answers those proposed here.
+func (l *Leader) apply() bool {
+	l.mu.Lock()
+	if l.failed != nil || l.ctx.Err() != nil {
+		l.mu.Unlock()
+		return false
+	}
+	from, to := l.applied+1, l.commit()
+	var es []*raft.Log
+	for i := max(from, l.own); i <= to; i++ {
+		es = append(es, &l.at(i).log)
+	}
+	l.mu.Unlock()
+	if from > to {
+		return l.wait(l.wakeApply)
+	}
+	if from < l.own {
+		old, err := l.cfg.Log.Entries(from, min(to, l.own-1))
+		if err != nil {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.failLocked(err)
+			return false
+		}
+		es = append(old, es...)
+	}
+	resps := l.cfg.Apply(es)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.failed != nil {
+		return false
+	}
+	if len(resps) != len(es) {
+		l.failLocked(fmt.Errorf("dwqueue: %d responses to %d entries applied", len(resps), len(es)))
+		return false
+	}
+	for i, e := range es {
+		if e.Index >= l.own {
+			f := l.queue[0]
+			f.resp = resps[i]
+			close(f.done)
+			l.queue = l.queue[1:]
+			<-l.room
+		}
+	}
+	l.applied = to
+	return true
+}
