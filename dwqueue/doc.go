@@ -14,8 +14,7 @@
 // Log is a replica's copy (the follower's side: Append). Leader is the
 // writing side: each proposed entry goes to its own log and, at the same
 // time, to the follower, and commits once both hold it; committed entries
-// are applied in order and answered. The node's wiring (the store's state
-// machine and raftqueue's proposer on top, the follower's RPC, snapshots
-// for a follower too far behind) is the next step (internal/cluster's
-// NOTES.md).
+// are applied in order and answered. raftqueue.Pair puts the store's state
+// machine and the proposer (many sends per entry) on top: a replica that
+// leads or follows as the metadata says.
 package dwqueue

@@ -185,6 +185,36 @@ func (l *Leader) Close() error {
 	return nil
 }
 
+// Alone reports whether the leader has no follower: its entries commit on
+// its own write (the risk stage).
+func (l *Leader) Alone() bool { return l.cfg.Peer == nil }
+
+// Verify confirms that the follower still serves this leader's epoch, so
+// that no newer leader can have acked anything yet: an empty append, which
+// changes nothing on the follower. A refusal for a newer epoch deposes the
+// leader (ErrDeposed); a follower not reached is its error. A leader alone
+// (no Peer) has no one to ask: nil while it serves.
+func (l *Leader) Verify(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	if l.cfg.Peer == nil {
+		return nil
+	}
+	_, err := l.cfg.Peer.Append(ctx, Append{Epoch: l.epoch})
+	var ee *EpochError
+	if errors.As(err, &ee) && ee.Epoch > l.epoch {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.failLocked(fmt.Errorf("%w (%d, this leader's %d)", ErrDeposed, ee.Epoch, l.epoch))
+		return l.failed
+	}
+	if err != nil {
+		return err
+	}
+	return l.Err()
+}
+
 // stopped returns why the leader stopped: its failure, or ErrClosed.
 func (l *Leader) stopped() error {
 	l.mu.Lock()

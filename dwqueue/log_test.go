@@ -10,9 +10,6 @@ import (
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-
-	"github.com/zeze-go/mq/raftqueue"
-	"github.com/zeze-go/mq/store"
 )
 
 // ents returns entries from index first on, one per epoch given.
@@ -343,55 +340,5 @@ func TestLog_RandomLeaders(t *testing.T) {
 		if got := held(t, s); !slices.Equal(got, names(leader)) {
 			t.Fatalf("seed %d: log %v, want the leader's %v", seed, got, names(leader))
 		}
-	}
-}
-
-// TestLog_WALDurable: over the node's WAL, a cut tail and the entries that
-// replaced it are what a reopened log holds.
-func TestLog_WALDurable(t *testing.T) {
-	dir := t.TempDir()
-	stable := filepath.Join(dir, "stable.db")
-	open := func() (*store.WAL, *raftqueue.WALLog, *raftboltdb.BoltStore, *Log) {
-		w, err := store.OpenWAL(filepath.Join(dir, "wal"), store.WALOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		wl, err := raftqueue.OpenWALLog(w, "dw/t/0")
-		if err == nil {
-			err = w.FinishRecovery()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := raftboltdb.New(raftboltdb.Options{Path: stable})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := OpenLog(wl, b, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return w, wl, b, l
-	}
-	w, _, b, l := open()
-	if err := l.SetEpoch(1); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.Append(Append{Epoch: 1, Entries: ents(1, 1, 1, 1, 1)}); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.SetEpoch(2); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.Append(Append{Epoch: 2, PrevIndex: 2, PrevEpoch: 1, Entries: ents(3, 2, 2)}); err != nil {
-		t.Fatal(err)
-	}
-	b.Close()
-	w.Close()
-	w, wl, b, l := open()
-	defer w.Close()
-	defer b.Close()
-	if got := held(t, wl); l.Epoch() != 2 || !slices.Equal(got, []string{"1@1", "2@1", "3@2", "4@2"}) {
-		t.Fatalf("reopened at epoch %d holding %v", l.Epoch(), got)
 	}
 }

@@ -7,8 +7,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -289,18 +287,14 @@ func (c *faultCluster) entryTerms(i int) map[string][]uint64 {
 // recorded in the history of the partition: writer k's is k%parts, a
 // reader's any, chosen at each read.
 type workload struct {
-	c     *faultCluster
-	hs    []*history // by partition
-	h     *history   // hs[0]
-	acked atomic.Int64
-	stop  chan struct{}
-	once  sync.Once
-	wg    sync.WaitGroup
-	errs  chan error
+	*clients
+	c  *faultCluster
+	hs []*history // by partition
+	h  *history   // hs[0]
 }
 
 func startWorkload(c *faultCluster) *workload {
-	w := &workload{c: c, stop: make(chan struct{}), errs: make(chan error, faultWriters+faultReaders)}
+	w := &workload{c: c, clients: newClients(c.t)}
 	for range c.parts {
 		w.hs = append(w.hs, newHistory())
 	}
@@ -309,51 +303,8 @@ func startWorkload(c *faultCluster) *workload {
 		c.heal()
 		w.halt()
 	})
-	for k := range faultWriters + faultReaders {
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			if k < faultWriters {
-				w.write(k)
-			} else {
-				w.read(k)
-			}
-		}()
-	}
+	w.start(w.send, w.read)
 	return w
-}
-
-// halt stops the clients, each writer once its message is acked, and fails
-// the test with their errors.
-func (w *workload) halt() {
-	w.once.Do(func() { close(w.stop) })
-	w.wg.Wait()
-	for {
-		select {
-		case err := <-w.errs:
-			w.c.t.Error(err)
-		default:
-			return
-		}
-	}
-}
-
-func (w *workload) stopped() bool {
-	select {
-	case <-w.stop:
-		return true
-	default:
-		return false
-	}
-}
-
-func (w *workload) write(client int) {
-	for k := 0; !w.stopped(); k++ {
-		if err := w.send(client, fmt.Sprintf("c%d-%d", client, k)); err != nil {
-			w.errs <- err
-			return
-		}
-	}
 }
 
 // send appends id until it is acked: at the replica the last refusal named
@@ -460,19 +411,6 @@ func (w *workload) readAt(part int, off uint64, first int) (id string, replica r
 		return got[0].ID, g.ID(), true
 	}
 	return "", "", false
-}
-
-// progress waits until n more appends are acked.
-func (w *workload) progress(n int64) {
-	w.c.t.Helper()
-	want := w.acked.Load() + n
-	deadline := time.Now().Add(patience)
-	for w.acked.Load() < want {
-		if time.Now().After(deadline) {
-			w.c.t.Fatalf("%d appends acked, %d wanted within %v", w.acked.Load(), want, patience)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // verify stops the clients, settles the cluster and checks the history of

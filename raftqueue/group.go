@@ -449,6 +449,10 @@ func (g *Group) verifyLeader(ctx context.Context) error {
 	}
 }
 
+func (g *Group) leading() bool { return g.raft.State() == raft.Leader }
+
+func (g *Group) propose(data []byte) raft.ApplyFuture { return g.raft.Apply(data, 0) }
+
 // notLeader returns the error for a replica that does not lead.
 func (g *Group) notLeader() error {
 	addr, id := g.raft.LeaderWithID()
@@ -502,13 +506,17 @@ func (g *Group) Close() error {
 	return err
 }
 
-func (g *Group) closeFiles() error {
+func (g *Group) closeFiles() error { return closeFiles(g.fsm, g.bolt) }
+
+// closeFiles closes a replica's partitions and its raft-boltdb file, either
+// nil when it did not open.
+func closeFiles(f *fsm, stable *raftboltdb.BoltStore) error {
 	var err error
-	if g.fsm != nil {
-		err = g.fsm.close()
+	if f != nil {
+		err = f.close()
 	}
-	if g.bolt != nil {
-		if cerr := g.bolt.Close(); err == nil {
+	if stable != nil {
+		if cerr := stable.Close(); err == nil {
 			err = cerr
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -359,4 +360,78 @@ func (h *history) prune(at map[string]uint64) []porcupine.Operation {
 		ops = append(ops, op)
 	}
 	return ops
+}
+
+// clients are a fault test's writers and readers: faultWriters goroutines
+// appending messages of their own IDs (send retries one until it is acked),
+// and faultReaders reading.
+type clients struct {
+	t     testing.TB
+	acked atomic.Int64 // appends acked; send adds to it
+	stop  chan struct{}
+	once  sync.Once
+	wg    sync.WaitGroup
+	errs  chan error
+}
+
+func newClients(t testing.TB) *clients {
+	return &clients{t: t, stop: make(chan struct{}), errs: make(chan error, faultWriters+faultReaders)}
+}
+
+// start starts the writers, each sending c<k>-<n> for n = 0, 1, ... with
+// send, and the readers, each running read until the clients stop.
+func (c *clients) start(send func(client int, id string) error, read func(client int)) {
+	for k := range faultWriters + faultReaders {
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			if k >= faultWriters {
+				read(k)
+				return
+			}
+			for n := 0; !c.stopped(); n++ {
+				if err := send(k, fmt.Sprintf("c%d-%d", k, n)); err != nil {
+					c.errs <- err
+					return
+				}
+			}
+		}()
+	}
+}
+
+// halt stops the clients, each writer once its message is acked, and fails
+// the test with their errors.
+func (c *clients) halt() {
+	c.once.Do(func() { close(c.stop) })
+	c.wg.Wait()
+	for {
+		select {
+		case err := <-c.errs:
+			c.t.Error(err)
+		default:
+			return
+		}
+	}
+}
+
+func (c *clients) stopped() bool {
+	select {
+	case <-c.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// progress waits until n more appends are acked.
+func (c *clients) progress(n int64) {
+	c.t.Helper()
+	want := c.acked.Load() + n
+	deadline := time.Now().Add(patience)
+	for c.acked.Load() < want {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%d appends acked, %d wanted within %v", c.acked.Load(), want, patience)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

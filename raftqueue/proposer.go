@@ -22,7 +22,7 @@ import (
 //
 // Lock order: closeMu alone.
 type proposer struct {
-	g                    *Group
+	g                    target
 	maxBytes, maxCmds    int
 	reqs                 chan *request
 	slots                chan struct{} // a token per entry in flight
@@ -76,7 +76,21 @@ type batch struct {
 	early bool // ackBeforeCommit answered its callers already
 }
 
-func newProposer(g *Group, cfg Config) *proposer {
+// target is what a proposer proposes through: a raft group (Group) or a
+// DoubleWrite pair's leader (Pair).
+type target interface {
+	// leading reports whether this replica may propose now.
+	leading() bool
+	// notLeader is the error for a command refused because it does not.
+	notLeader() error
+	// propose hands an entry to the replication; the future is answered
+	// with the FSM's response once the entry is committed and applied.
+	propose(data []byte) raft.ApplyFuture
+	// Partition is the replica's partition i (ackBeforeCommit's guess).
+	Partition(i int) (*store.Partition, error)
+}
+
+func newProposer(g target, cfg Config) *proposer {
 	p := &proposer{
 		g:        g,
 		maxBytes: cfg.MaxEntryBytes,
@@ -126,7 +140,7 @@ func (p *proposer) apply(ctx context.Context, part int, cmd *store.Command) (sto
 		p.closeMu.RUnlock()
 		return store.Result{}, ErrClosed
 	}
-	if p.g.raft.State() != raft.Leader {
+	if !p.g.leading() {
 		p.closeMu.RUnlock()
 		return store.Result{}, p.g.notLeader()
 	}
@@ -201,10 +215,10 @@ func (p *proposer) propose(reqs []*request) {
 	flush := func() {
 		data := append(entryHeader(make([]byte, 0, len(buf)+16), p.version, p.nparts, cmds), buf...)
 		b := &batch{reqs: taken}
-		if p.g.raft.State() != raft.Leader {
+		if !p.g.leading() {
 			b.err = p.g.notLeader()
 		} else {
-			b.f = p.g.raft.Apply(data, 0)
+			b.f = p.g.propose(data)
 			if early {
 				p.ackEarly(b, msgs)
 			}
@@ -330,7 +344,7 @@ func (p *proposer) complete() {
 }
 
 // outcome maps raft's error for a proposed entry to Apply's.
-func outcome(err error, g *Group) error {
+func outcome(err error, g target) error {
 	var nl *NotLeaderError
 	switch {
 	case errors.As(err, &nl):

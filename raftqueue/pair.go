@@ -1,0 +1,373 @@
+package raftqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/zeze-go/mq/dwqueue"
+	"github.com/zeze-go/mq/internal/boltsafe"
+	"github.com/zeze-go/mq/store"
+)
+
+// PairConfig configures one replica of a DoubleWrite pair.
+type PairConfig struct {
+	// Dir holds the replica: its partition files (as a Group's), and
+	// pair.db (raft-boltdb: the epoch it serves, the partition count, and
+	// the log unless Log is set). Created if missing.
+	Dir string
+	// Log replaces pair.db as the pair's log: the seam for the node's
+	// shared write-ahead log. It must be durable when StoreLogs returns.
+	Log raft.LogStore
+	// Partitions is how many partitions the pair carries (at least 1).
+	Partitions int
+	// MaxEntryBytes, MaxEntryCmds, InFlight and QueueDepth tune the
+	// leader's proposer as Config's do; MaxBatch, MaxPending and
+	// RetryAfter the leader's replication (dwqueue.LeaderConfig). Zero:
+	// the defaults.
+	MaxEntryBytes, MaxEntryCmds, InFlight, QueueDepth int
+	MaxBatch, MaxPending                              int
+	RetryAfter                                        time.Duration
+}
+
+// Pair is one replica of a DoubleWrite partition (package dwqueue): the
+// same state machine as a Group's, over a log that a leader writes to its
+// own copy and its follower's at once, and that the metadata group, not an
+// election, assigns. The node makes it lead (Lead) or follow (Follow) an
+// epoch as the partition's record says; as the follower it takes the
+// leader's batches (Append, which a Pair's leader calls through a
+// dwqueue.Peer) and applies what both copies hold.
+//
+// Apply and ApplyTo have Group's outcomes: the command's result once both
+// copies hold its entry and it is applied here; ErrNotLeader (nothing was
+// proposed) on a replica that does not lead, or no longer may (a follower
+// serving a newer epoch deposed it); ErrUnknownOutcome for an entry
+// proposed whose fate is not known (deposed or closed while committing).
+//
+// Goroutines: the proposer's two, and the leader's three (dwqueue.Leader)
+// while it leads, all stopped by Close.
+type Pair struct {
+	cfg    PairConfig
+	fsm    *fsm
+	stable *raftboltdb.BoltStore
+	log    *dwqueue.Log
+	prop   *proposer
+
+	roleMu sync.Mutex                     // serializes Lead, Follow and Close
+	lead   atomic.Pointer[dwqueue.Leader] // while this replica leads
+	closed bool                           // guarded by roleMu
+
+	// applyMu serializes the state machine's applies: the leader's (its
+	// Apply) and the follower's (Append). Lock order: roleMu, applyMu.
+	applyMu sync.Mutex
+	applied uint64        // guarded by applyMu: the log is applied up to here
+	readyAt uint64        // guarded by applyMu: the log's end when this replica took the lead
+	ready   chan struct{} // guarded by applyMu: closed once applied reaches readyAt
+}
+
+// OpenPair opens (creating if needed) the replica in cfg.Dir. It neither
+// leads nor follows until told (Lead, Follow); its log is applied up to
+// what its files hold.
+func OpenPair(cfg PairConfig) (*Pair, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("raftqueue: PairConfig needs a Dir")
+	}
+	if cfg.Partitions <= 0 {
+		cfg.Partitions = 1
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	p := &Pair{cfg: cfg}
+	ok := false
+	defer func() {
+		if !ok {
+			p.closeFiles()
+		}
+	}()
+	path := filepath.Join(cfg.Dir, "pair.db")
+	if _, serr := os.Stat(path); serr == nil {
+		if err := boltsafe.CheckView(path, &bolt.Options{Timeout: time.Second}, checkStable); err != nil {
+			return nil, fmt.Errorf("raftqueue: %w: %s: %w", store.ErrCorrupt, path, err)
+		}
+	}
+	var err error
+	p.stable, err = raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bolt.Options{Timeout: time.Second}})
+	if err != nil {
+		return nil, fmt.Errorf("raftqueue: open pair.db: %w", err)
+	}
+	if err := checkPartitions(p.stable, cfg.Partitions); err != nil {
+		return nil, err
+	}
+	paths := []string{filepath.Join(cfg.Dir, "partition.db")}
+	for i := 1; i < cfg.Partitions; i++ {
+		paths = append(paths, filepath.Join(cfg.Dir, "partition-"+strconv.Itoa(i)+".db"))
+	}
+	if p.fsm, err = openFSM(paths); err != nil {
+		return nil, fmt.Errorf("raftqueue: %w", err)
+	}
+	// The files hold the log up to the lowest of their positions (each
+	// skips, when the rest is applied again, what it holds).
+	p.applied = p.fsm.applied[0].Index
+	for _, at := range p.fsm.applied {
+		p.applied = min(p.applied, at.Index)
+	}
+	var logs raft.LogStore = p.stable
+	if cfg.Log != nil {
+		logs = cfg.Log
+	}
+	if p.log, err = dwqueue.OpenLog(logs, p.stable, p.applied); err != nil {
+		return nil, fmt.Errorf("raftqueue: %w", err)
+	}
+	p.ready = make(chan struct{})
+	close(p.ready)
+	p.prop = newProposer(p, Config{Partitions: cfg.Partitions, MaxEntryBytes: cfg.MaxEntryBytes,
+		MaxEntryCmds: cfg.MaxEntryCmds, InFlight: cfg.InFlight, QueueDepth: cfg.QueueDepth})
+	ok = true
+	return p, nil
+}
+
+// Epoch returns the epoch the replica serves (0 before its first).
+func (p *Pair) Epoch() uint64 { return p.log.Epoch() }
+
+// Leading reports whether the replica leads and may still ack: it was
+// told to lead, and its follower has not refused its epoch for a newer one.
+func (p *Pair) Leading() bool { return p.leading() }
+
+// Lead makes the replica the leader of epoch, replicating to peer (nil:
+// alone, each entry committed on this replica's write: the risk stage's one
+// copy). The epoch is persisted before it returns; a lower epoch than the
+// one served is dwqueue.ErrStaleEpoch. The entries of the log not yet
+// applied, written under earlier epochs, are applied once peer holds them
+// too (LeaderPartition waits for them). Leading again replaces the
+// replication (a new follower).
+func (p *Pair) Lead(epoch uint64, peer dwqueue.Peer) error {
+	return p.serve("lead", epoch, func() error { return p.startLeading(peer) })
+}
+
+// startLeading starts the leader of the epoch served. roleMu and applyMu
+// are held.
+func (p *Pair) startLeading(peer dwqueue.Peer) error {
+	last, _, err := p.log.Last()
+	if err != nil {
+		return fmt.Errorf("raftqueue: lead: %w", err)
+	}
+	l, err := dwqueue.NewLeader(dwqueue.LeaderConfig{Log: p.log, Peer: peer, Apply: p.applyLeader, Applied: p.applied,
+		MaxBatch: p.cfg.MaxBatch, MaxPending: p.cfg.MaxPending, RetryAfter: p.cfg.RetryAfter})
+	if err != nil {
+		return err
+	}
+	p.readyAt = last
+	if p.applied < last {
+		p.ready = make(chan struct{})
+	}
+	p.lead.Store(l)
+	return nil
+}
+
+// Follow makes the replica the follower of epoch: it stops leading (what
+// its leader had in flight is answered ErrUnknownOutcome), persists the
+// epoch and from then on takes the appends of that epoch's leader only.
+func (p *Pair) Follow(epoch uint64) error {
+	return p.serve("follow", epoch, func() error { return nil })
+}
+
+// serve stops leading, persists epoch and runs then (Lead's start), with
+// the state machine's applies held.
+func (p *Pair) serve(role string, epoch uint64, then func() error) error {
+	p.roleMu.Lock()
+	defer p.roleMu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	p.stopLeading()
+	p.applyMu.Lock()
+	defer p.applyMu.Unlock()
+	err := p.log.SetEpoch(epoch)
+	if err == nil {
+		err = then()
+	}
+	if err != nil {
+		return fmt.Errorf("raftqueue: %s epoch %d: %w", role, epoch, err)
+	}
+	return nil
+}
+
+// stopLeading closes the leader, if any. roleMu is held, not applyMu
+// (the leader's Apply takes it).
+func (p *Pair) stopLeading() {
+	if l := p.lead.Swap(nil); l != nil {
+		_ = l.Close()
+	}
+}
+
+// applyLeader is the leader's Apply: the state machine applies the
+// committed entries.
+func (p *Pair) applyLeader(logs []*raft.Log) []any {
+	p.applyMu.Lock()
+	defer p.applyMu.Unlock()
+	out := p.fsm.ApplyBatch(logs)
+	p.appliedTo(logs[len(logs)-1].Index)
+	return out
+}
+
+// appliedTo records that the log is applied up to i. applyMu is held.
+func (p *Pair) appliedTo(i uint64) {
+	p.applied = max(p.applied, i)
+	if p.applied >= p.readyAt {
+		select {
+		case <-p.ready:
+		default:
+			close(p.ready)
+		}
+	}
+}
+
+// Append takes a batch of the leader's (the follower's side: it is what a
+// dwqueue.Peer delivers), durably in the log before it returns, and
+// applies what the batch says both copies hold. It returns the index up to
+// which the log matches the leader's, or dwqueue.Log.Append's refusals; a
+// replica that leads refuses any append (an *dwqueue.EpochError).
+func (p *Pair) Append(ctx context.Context, a dwqueue.Append) (uint64, error) {
+	p.applyMu.Lock()
+	defer p.applyMu.Unlock()
+	if p.lead.Load() != nil {
+		return 0, &dwqueue.EpochError{Epoch: p.log.Epoch()}
+	}
+	if _, err := p.fsm.partition(0); err != nil {
+		return 0, err // closed, or failed: take nothing more
+	}
+	end, err := p.log.Append(a)
+	if err != nil {
+		return 0, err
+	}
+	if commit := p.log.Commit(); commit > p.applied {
+		es, err := p.log.Entries(p.applied+1, commit)
+		if err != nil {
+			return 0, err
+		}
+		for _, r := range p.fsm.ApplyBatch(es) {
+			if er, ok := r.(*entryResult); ok && er.err != nil && !errors.Is(er.err, store.ErrBadCommand) {
+				return 0, er.err // the replica failed: the leader must not count on this copy
+			}
+		}
+		p.appliedTo(commit)
+	}
+	return end, nil
+}
+
+// Apply proposes cmd to partition 0, as Group.Apply does.
+func (p *Pair) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+	return p.prop.apply(ctx, 0, cmd)
+}
+
+// ApplyTo is Apply for the pair's partition part.
+func (p *Pair) ApplyTo(ctx context.Context, part int, cmd *store.Command) (store.Result, error) {
+	if part < 0 || part >= len(p.fsm.paths) {
+		return store.Result{}, fmt.Errorf("%w: partition %d of a pair of %d", store.ErrBadCommand, part, len(p.fsm.paths))
+	}
+	return p.prop.apply(ctx, part, cmd)
+}
+
+// Partition returns the replica's partition i as it applied it (a
+// follower's may lag the leader's).
+func (p *Pair) Partition(i int) (*store.Partition, error) {
+	if i < 0 || i >= len(p.fsm.paths) {
+		return nil, fmt.Errorf("%w: partition %d of a pair of %d", store.ErrBadCommand, i, len(p.fsm.paths))
+	}
+	part, err := p.fsm.partition(i)
+	if errors.Is(err, store.ErrClosed) {
+		return nil, ErrClosed
+	}
+	return part, err
+}
+
+// LeaderPartition returns partition i for reads that must see every
+// acknowledged command: ErrNotLeader unless this replica leads and its
+// follower confirms that it still serves its epoch; a new leader first
+// waits (until ctx ends) until it has applied the entries its predecessors
+// wrote.
+func (p *Pair) LeaderPartition(ctx context.Context, i int) (*store.Partition, error) {
+	if !p.leading() {
+		return nil, p.notLeader()
+	}
+	p.applyMu.Lock()
+	ready := p.ready
+	p.applyMu.Unlock()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	// A follower promoted meanwhile may have acked what this replica
+	// lacks: the follower confirms it still serves this epoch (a round
+	// trip per call, as raft's VerifyLeader).
+	l := p.lead.Load()
+	if l == nil {
+		return nil, p.notLeader()
+	}
+	if err := l.Verify(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w (%w)", p.notLeader(), err)
+	}
+	return p.Partition(i)
+}
+
+func (p *Pair) leading() bool {
+	l := p.lead.Load()
+	return l != nil && l.Err() == nil
+}
+
+func (p *Pair) notLeader() error { return &NotLeaderError{} }
+
+// propose hands data to the leader; a replica that no longer leads
+// proposes nothing (ErrNotLeader).
+func (p *Pair) propose(data []byte) raft.ApplyFuture {
+	l := p.lead.Load()
+	if l == nil || l.Err() != nil {
+		return failedFuture{p.notLeader()}
+	}
+	return l.Propose(data)
+}
+
+// failedFuture is a proposal refused before it was made.
+type failedFuture struct{ err error }
+
+func (f failedFuture) Error() error  { return f.err }
+func (f failedFuture) Index() uint64 { return 0 }
+func (f failedFuture) Response() any { return nil }
+
+// Close stops leading (what was not applied is answered with ErrClosed
+// or ErrUnknownOutcome), stops the proposer and closes the files. It is
+// idempotent.
+func (p *Pair) Close() error {
+	p.roleMu.Lock()
+	defer p.roleMu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	p.stopLeading()
+	p.prop.close()
+	p.applyMu.Lock()
+	defer p.applyMu.Unlock()
+	return p.closeFiles()
+}
+
+func (p *Pair) closeFiles() error { return closeFiles(p.fsm, p.stable) }
+
+var _ io.Closer = (*Pair)(nil)
+var _ dwqueue.Peer = (*Pair)(nil)

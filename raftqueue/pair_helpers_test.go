@@ -1,0 +1,277 @@
+package raftqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/zeze-go/mq/dwqueue"
+	"github.com/zeze-go/mq/store"
+)
+
+// pairs is a DoubleWrite pair in one process, each replica with its log in
+// its own WAL (a node's), and the test playing the metadata group: it
+// decides who leads which epoch (promote, rejoin). Replica i's Appends to
+// the other go through a link the test can cut.
+type pairs struct {
+	t    testing.TB
+	dirs [2]string
+	opts func(cfg *PairConfig) // adjusts each replica's config (nil: none)
+
+	mu     sync.Mutex
+	reps   [2]*Pair
+	wals   [2]*store.WAL
+	logs   [2]*WALLog
+	epoch  uint64         // the newest epoch given
+	leader int            // the replica that leads it
+	ledBy  map[uint64]int // which replica each epoch was given to
+	cut    [2]atomic.Bool // replica i's appends to the other fail
+}
+
+var errLinkCut = errors.New("test: link cut")
+
+// pairLink is replica from's way to the other replica.
+type pairLink struct {
+	ps   *pairs
+	from int
+}
+
+func (l pairLink) Append(ctx context.Context, a dwqueue.Append) (uint64, error) {
+	if l.ps.cut[l.from].Load() {
+		return 0, errLinkCut
+	}
+	p := l.ps.rep(1 - l.from)
+	if p == nil {
+		return 0, errLinkCut
+	}
+	return p.Append(ctx, a)
+}
+
+// newPairs opens two replicas, replica 0 leading epoch 1 and replica 1
+// following it.
+func newPairs(t testing.TB, opts func(cfg *PairConfig)) *pairs {
+	t.Helper()
+	base := t.TempDir()
+	ps := &pairs{t: t, opts: opts, ledBy: map[uint64]int{}}
+	ps.dirs = [2]string{filepath.Join(base, "a"), filepath.Join(base, "b")}
+	t.Cleanup(ps.close)
+	ps.start(0)
+	ps.start(1)
+	ps.epoch, ps.leader, ps.ledBy[1] = 1, 0, 0
+	if err := ps.rep(1).Follow(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.rep(0).Lead(1, pairLink{ps, 0}); err != nil {
+		t.Fatal(err)
+	}
+	return ps
+}
+
+// id is replica i's name in histories.
+func (ps *pairs) id(i int) raft.ServerID { return raft.ServerID([]string{"a", "b"}[i]) }
+
+func (ps *pairs) rep(i int) *Pair {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.reps[i]
+}
+
+// start opens replica i from its directory; it neither leads nor follows.
+func (ps *pairs) start(i int) {
+	ps.t.Helper()
+	w, l, err := openNodeLogWith(filepath.Join(ps.dirs[i], "wal"), store.WALOptions{}, "dw")
+	if err != nil {
+		ps.t.Fatal(err)
+	}
+	cfg := PairConfig{Dir: ps.dirs[i], Log: l, RetryAfter: 5 * time.Millisecond}
+	if ps.opts != nil {
+		ps.opts(&cfg)
+	}
+	p, err := OpenPair(cfg)
+	if err != nil {
+		w.Close()
+		ps.t.Fatal(err)
+	}
+	ps.mu.Lock()
+	ps.reps[i], ps.wals[i], ps.logs[i] = p, w, l
+	ps.mu.Unlock()
+}
+
+// stop closes replica i (a kill as far as the other sees it: what it had
+// not synced is in its WAL or lost with it).
+func (ps *pairs) stop(i int) {
+	ps.t.Helper()
+	ps.mu.Lock()
+	p, w := ps.reps[i], ps.wals[i]
+	ps.reps[i], ps.wals[i], ps.logs[i] = nil, nil, nil
+	ps.mu.Unlock()
+	if p == nil {
+		return
+	}
+	if err := p.Close(); err != nil {
+		ps.t.Errorf("close %s: %v", ps.id(i), err)
+	}
+	if err := w.Close(); err != nil {
+		ps.t.Errorf("close %s's WAL: %v", ps.id(i), err)
+	}
+}
+
+func (ps *pairs) close() {
+	ps.stop(0)
+	ps.stop(1)
+}
+
+// promote makes the follower the leader of the next epoch, replicating to
+// the old leader (alone: to none, the risk stage), as the metadata group's
+// Promote does. The old leader may still run: its appends are refused
+// from now on.
+func (ps *pairs) promote(alone bool) int {
+	ps.t.Helper()
+	ps.mu.Lock()
+	next := 1 - ps.leader
+	ps.epoch++
+	epoch := ps.epoch
+	ps.leader, ps.ledBy[epoch] = next, next
+	p := ps.reps[next]
+	ps.mu.Unlock()
+	var peer dwqueue.Peer = pairLink{ps, next}
+	if alone {
+		peer = nil
+	}
+	if err := p.Lead(epoch, peer); err != nil {
+		ps.t.Fatalf("promote %s to epoch %d: %v", ps.id(next), epoch, err)
+	}
+	return next
+}
+
+// rejoin makes the replica that does not lead (started if down) follow the
+// current epoch, and the leader replicate to it.
+func (ps *pairs) rejoin() {
+	ps.t.Helper()
+	ps.mu.Lock()
+	f, epoch, leader := 1-ps.leader, ps.epoch, ps.leader
+	down := ps.reps[f] == nil
+	ps.mu.Unlock()
+	if down {
+		ps.start(f)
+	}
+	if err := ps.rep(f).Follow(epoch); err != nil {
+		ps.t.Fatalf("%s follows epoch %d: %v", ps.id(f), epoch, err)
+	}
+	if !ps.rep(leader).Leading() || ps.rep(leader).Epoch() != epoch || ps.isAlone(leader) {
+		if err := ps.rep(leader).Lead(epoch, pairLink{ps, leader}); err != nil {
+			ps.t.Fatalf("%s leads epoch %d: %v", ps.id(leader), epoch, err)
+		}
+	}
+}
+
+// isAlone reports whether replica i leads with no follower.
+func (ps *pairs) isAlone(i int) bool {
+	l := ps.rep(i).lead.Load()
+	return l != nil && l.Alone()
+}
+
+// current returns the replica leading the newest epoch.
+func (ps *pairs) current() int {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.leader
+}
+
+// leaderOf names who led epoch (history.check).
+func (ps *pairs) leaderOf(epoch uint64) (raft.ServerID, bool) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	i, ok := ps.ledBy[epoch]
+	return ps.id(i), ok
+}
+
+// send appends msgs through replica i.
+func (ps *pairs) send(ctx context.Context, i int, msgs ...store.Message) (store.Result, error) {
+	p := ps.rep(i)
+	if p == nil {
+		return store.Result{}, ErrClosed
+	}
+	return p.Apply(ctx, &store.Command{Op: store.OpAppend, Now: t0, Msgs: msgs})
+}
+
+// logOf returns what replica i's partition 0 holds.
+func (ps *pairs) logOf(i int) []store.Message {
+	ps.t.Helper()
+	p, err := ps.rep(i).Partition(0)
+	if err != nil {
+		ps.t.Fatal(err)
+	}
+	msgs, err := p.Read(0, 1<<20, 0, nil)
+	if err != nil {
+		ps.t.Fatal(err)
+	}
+	return msgs
+}
+
+// settle waits until both replicas are up and hold the same messages,
+// and returns them: the follower applies what the leader's last append
+// told it was committed.
+func (ps *pairs) settle() []store.Message {
+	ps.t.Helper()
+	deadline := time.Now().Add(patience)
+	for {
+		a, b := ps.logOf(0), ps.logOf(1)
+		if slices.EqualFunc(a, b, sameMessage) {
+			return a
+		}
+		if time.Now().After(deadline) {
+			ps.t.Fatalf("the replicas differ: %d and %d messages", len(a), len(b))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func sameMessage(a, b store.Message) bool {
+	return a.ID == b.ID && a.Offset == b.Offset && string(a.Body) == string(b.Body)
+}
+
+// entryEpochs reads replica i's log: the epochs of the entries holding
+// each message ID.
+func (ps *pairs) entryEpochs(i int) map[string][]uint64 {
+	ps.t.Helper()
+	ps.mu.Lock()
+	logs := ps.logs[i]
+	ps.mu.Unlock()
+	first, _ := logs.FirstIndex()
+	last, err := logs.LastIndex()
+	if err != nil {
+		ps.t.Fatal(err)
+	}
+	out := map[string][]uint64{}
+	for idx := max(first, 1); idx <= last; idx++ {
+		var l raft.Log
+		if err := logs.GetLog(idx, &l); err != nil {
+			ps.t.Fatalf("%s: entry %d: %v", ps.id(i), idx, err)
+		}
+		cmds, _, err := decodeEntry(l.Data, 1, nil, nil)
+		if err != nil {
+			ps.t.Fatalf("%s: entry %d: %v", ps.id(i), idx, err)
+		}
+		for _, c := range cmds {
+			for _, m := range c.Msgs {
+				out[m.ID] = append(out[m.ID], l.Term)
+			}
+		}
+	}
+	return out
+}
+
+func (ps *pairs) String() string {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return fmt.Sprintf("epoch %d led by %s", ps.epoch, ps.id(ps.leader))
+}
