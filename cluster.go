@@ -69,7 +69,7 @@ func (m *MQ) openCluster() error {
 		SessionTimeout: c.SessionTimeout, HandshakeTimeout: c.HandshakeTimeout, MaxFrameBytes: maxFrame,
 		HeartbeatTimeout: c.ElectionTimeout, ElectionTimeout: c.ElectionTimeout,
 		LeaderLeaseTimeout: c.ElectionTimeout / 2,
-		Partitions:         cn.served, Authorize: cn.authorize, CheckTx: cn.checkTx, Logger: m.cfg.logger,
+		Partitions:         cn.served, Authorize: cn.authorize, CheckTx: cn.checkTx, Serve: cn.serveReplicas, Logger: m.cfg.logger,
 	})
 	if err != nil {
 		return fmt.Errorf("mq: cluster: %w", translate(err))
@@ -146,7 +146,7 @@ func claimDir(dir, id string) error {
 // lost with the segments.
 func (m *MQ) recoverLogged() error {
 	for _, stream := range m.wal.Streams() {
-		if strings.HasPrefix(stream, raft3Prefix) {
+		if strings.HasPrefix(stream, raft3Prefix) || strings.HasPrefix(stream, dwPrefix) {
 			if err := m.retainRaftLog(stream); err != nil {
 				return err
 			}
@@ -215,6 +215,7 @@ func (cn *clusterNode) sync(st *cluster.State) {
 			m.cfg.logger.Info("replica opened", "partition", r.Name())
 		}
 	}
+	cn.updateDoubleWrite(st)
 	for _, name := range st.Topics() {
 		ct, ok := st.Topic(name)
 		if !ok {
@@ -266,9 +267,12 @@ func (cn *clusterNode) partition(t cluster.Topic, i int) (partition.Partition, b
 	if len(pl.Replicas) == 0 {
 		return nil, false, fmt.Errorf("%s/%d has no replica", topic, i)
 	}
-	if t.Type == cluster.TypeRaft3 {
+	switch t.Type {
+	case cluster.TypeRaft3:
 		first, n := t.Chunk(i)
 		return cn.openRaft3(replica.Raft3Config{Topic: topic, Index: i, First: first, Partitions: n, Replicas: pl.Replicas})
+	case cluster.TypeDoubleWrite:
+		return cn.openDoubleWrite(t, i)
 	}
 	owner := pl.Replicas[0]
 	if owner == cn.agent.ID() {
@@ -302,10 +306,14 @@ func (cn *clusterNode) served(topic string, i int) (partition.Partition, error) 
 				if l := p.Leading(); l != nil {
 					return l, nil // it answers while it leads
 				}
+			case *replica.DoubleWrite:
+				if l := p.Leading(); l != nil {
+					return l, nil // it answers while it leads
+				}
 			}
 			return nil, fmt.Errorf("%w: %s/%d is not on node %s", store.ErrClosed, topic, i, cn.agent.ID())
 		}
-		if mt, ok := cn.agent.Meta().State().Topic(topic); ok && mt.Type == cluster.TypeRaft3 && i >= 0 && i < len(mt.Parts) {
+		if mt, ok := cn.agent.Meta().State().Topic(topic); ok && mt.Type != cluster.TypeSingle && i >= 0 && i < len(mt.Parts) {
 			return nil, fmt.Errorf("%w: %s/%d is not open on node %s yet", store.ErrClosed, topic, i, cn.agent.ID())
 		}
 		if cn.m.closed.Load() || time.Now().After(deadline) {
@@ -383,6 +391,10 @@ func (cn *clusterNode) halfProducer(topic string, index int, txid string) (strin
 		if l := p.Leading(); l != nil {
 			return l.HalfProducer(txid)
 		}
+	case *replica.DoubleWrite:
+		if l := p.Leading(); l != nil {
+			return l.HalfProducer(txid)
+		}
 	}
 	return "", false, nil
 }
@@ -427,6 +439,8 @@ func (cn *clusterNode) owned(topic string, part int) bool {
 		return true
 	case *replica.Raft3: // its leader's node checks its transactions back
 		return p.Leads()
+	case *replica.DoubleWrite:
+		return p.Leads()
 	}
 	return false
 }
@@ -447,7 +461,10 @@ func (cn *clusterNode) handOff() {
 
 // closing tells the Raft3 partitions that the node is closing (see
 // replica.Raft3.Closing).
-func (cn *clusterNode) closing() { cn.eachRaft3((*replica.Raft3).Closing) }
+func (cn *clusterNode) closing() {
+	cn.eachRaft3((*replica.Raft3).Closing)
+	cn.eachDoubleWrite((*replica.DoubleWrite).Closing)
+}
 
 // eachRaft3 calls fn with each Raft3 partition in the table.
 func (cn *clusterNode) eachRaft3(fn func(r *replica.Raft3)) {
@@ -511,27 +528,32 @@ func (cn *clusterNode) attachReplica(r *replica.Raft3) error {
 // bootstraps the group with the three of them (each does, alike: raft
 // allows it); one with state rejoins.
 func (cn *clusterNode) openReplica(cfg replica.Raft3Config) (*raftqueue.Group, error) {
-	m := cn.m
 	name := raft3Name(cfg.Topic, cfg.First)
-	// The log stays in raftLogs until the replica opened: a stream is
-	// retained once per WAL, and a failed open is tried again at the
-	// metadata state's next change.
+	return openWithLog(cn.m, name, func(log *raftqueue.WALLog) (*raftqueue.Group, error) { return cn.openGroup(cfg, name, log) })
+}
+
+// openWithLog opens a replica with open, given its log, the WAL stream
+// name. The log stays in raftLogs until the replica opened: a stream is
+// retained once per WAL, and a failed open is tried again at the metadata
+// state's next change.
+func openWithLog[R any](m *MQ, name string, open func(log *raftqueue.WALLog) (R, error)) (R, error) {
 	log, ok := m.raftLogs[name]
 	if !ok {
 		var err error
 		if log, err = raftqueue.OpenWALLog(m.wal, name); err != nil {
-			return nil, err
+			var none R
+			return none, err
 		}
 		if m.raftLogs == nil {
 			m.raftLogs = map[string]*raftqueue.WALLog{}
 		}
 		m.raftLogs[name] = log
 	}
-	g, err := cn.openGroup(cfg, name, log)
+	r, err := open(log)
 	if err == nil {
 		delete(m.raftLogs, name)
 	}
-	return g, err
+	return r, err
 }
 
 // openGroup opens this node's replica of the raft group name of the
@@ -568,7 +590,7 @@ func (m *MQ) retainRaftLog(stream string) error {
 func (cn *clusterNode) createTopic(ctx context.Context, name string, partitions int, opts Options) error {
 	now := time.Now().UnixNano()
 	_, err := cn.agent.Propose(ctx, cluster.CreateTopic{Name: name, Partitions: partitions, Type: uint8(opts.Type), Now: now,
-		GroupSize: opts.PartitionsPerRaftGroup})
+		GroupSize: opts.PartitionsPerRaftGroup, AllowAlone: opts.AckAlone})
 	if errors.Is(err, cluster.ErrUnknownOutcome) || errors.Is(err, cluster.ErrTopicExists) {
 		// A create that may have been applied, or repeated after one that
 		// was: it is this call's when the topic carries its time.
@@ -643,8 +665,8 @@ type ClusterStatus struct {
 	Addr   string // this node's advertised address
 	Leader string // the metadata leader's node id, "" while none is known
 	Nodes  []NodeStatus
-	// Leading lists the Raft3 partitions whose replica on this node leads
-	// its group now, as "topic/partition", sorted.
+	// Leading lists the replicated partitions (Raft3, DoubleWrite) whose
+	// replica on this node leads now, as "topic/partition", sorted.
 	Leading []string
 }
 
@@ -670,6 +692,11 @@ func (m *MQ) ClusterStatus() ClusterStatus {
 	m.cluster.eachRaft3(func(r *replica.Raft3) {
 		if r.Leads() {
 			st.Leading = append(st.Leading, r.Name())
+		}
+	})
+	m.cluster.eachDoubleWrite(func(d *replica.DoubleWrite) {
+		if d.Leads() {
+			st.Leading = append(st.Leading, d.Name())
 		}
 	})
 	slices.Sort(st.Leading)

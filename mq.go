@@ -413,10 +413,9 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 			return fmt.Errorf("%w: a Raft3 topic's name is at most %d bytes", ErrInvalidTopic, maxRaft3Topic)
 		}
 	case DoubleWrite:
-		if m.cluster != nil {
-			return fmt.Errorf("%w: %v is not built yet", ErrUnsupportedType, opts.Type)
+		if m.cluster == nil {
+			return fmt.Errorf("%w: %v on a standalone node", ErrUnsupportedType, opts.Type)
 		}
-		return fmt.Errorf("%w: %v on a standalone node", ErrUnsupportedType, opts.Type)
 	default:
 		return fmt.Errorf("%w: %v", ErrUnsupportedType, opts.Type)
 	}
@@ -598,6 +597,8 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrPartitionDecrease, err)
 	case errors.Is(err, cluster.ErrNotEnoughNodes):
 		return fmt.Errorf("%w: %v", ErrNoQuorum, err)
+	case errors.Is(err, replica.ErrNoInSync):
+		return fmt.Errorf("%w: %v", ErrNoQuorum, err)
 	case errors.Is(err, replica.ErrNoLeader): // and still the ctx's error that ended the wait
 		return fmt.Errorf("%w: %w", ErrNoQuorum, err)
 	case errors.Is(err, raftqueue.ErrUnknownOutcome), errors.Is(err, cluster.ErrUnknownOutcome):
@@ -650,6 +651,10 @@ func (m *MQ) maintainPartitions(topic string, first int, parts []partition.Parti
 		case *partition.Local:
 			m.goFunc(func(ctx context.Context) { upkeep.Run(ctx, p, &m.upkeep, logger) })
 		case *replica.Raft3: // only its leader proposes upkeep
+			m.goFunc(func(ctx context.Context) {
+				p.WhileLeading(ctx, func(ctx context.Context, u replica.Upkeep) { upkeep.Run(ctx, u, &m.upkeep, logger) })
+			})
+		case *replica.DoubleWrite:
 			m.goFunc(func(ctx context.Context) {
 				p.WhileLeading(ctx, func(ctx context.Context, u replica.Upkeep) { upkeep.Run(ctx, u, &m.upkeep, logger) })
 			})

@@ -53,6 +53,14 @@ type Options struct {
 	// their leaders spread over the nodes. AlterMQ's new partitions make
 	// groups of their own, of this size. Other types must leave it zero.
 	PartitionsPerRaftGroup int
+	// AckAlone is, for a DoubleWrite topic, the risk stage: a leader whose
+	// follower is lost (or still catching up after a failover) goes on
+	// acking sends with its own copy alone, recorded in the metadata as
+	// alone in sync, until a follower has caught up. An ack then means one
+	// copy: losing that node's disk in that time loses what it acked. Off
+	// (the default), such a leader refuses sends with ErrNoQuorum until a
+	// follower is in sync again. Other types must leave it false.
+	AckAlone bool
 }
 
 // Limits of Options.PartitionsPerRaftGroup.
@@ -76,6 +84,9 @@ func (o Options) check() error {
 	n := o.PartitionsPerRaftGroup
 	if o.Type == Raft3 && (n < 1 || n > MaxPartitionsPerRaftGroup) || o.Type != Raft3 && n != 0 {
 		return fmt.Errorf("%w: PartitionsPerRaftGroup %d for %v (Raft3: 1..%d; others: 0)", ErrInvalidOption, n, o.Type, MaxPartitionsPerRaftGroup)
+	}
+	if o.AckAlone && o.Type != DoubleWrite {
+		return fmt.Errorf("%w: AckAlone is for DoubleWrite topics, not %v", ErrInvalidOption, o.Type)
 	}
 	return nil
 }

@@ -42,8 +42,14 @@ type LeaderConfig struct {
 	// log. Entries after it, written under earlier epochs, are applied
 	// once the follower holds them too.
 	Applied uint64
-	// MaxBatch bounds the entries of one Append (default 256).
-	MaxBatch int
+	// MaxBatch bounds the entries of one Append (default 256), and
+	// MaxBatchBytes their data (0: no bound; an entry larger goes alone).
+	MaxBatch, MaxBatchBytes int
+	// Async makes the leader commit each entry on its own write while it
+	// still sends every entry to Peer: the risk stage, for a follower that
+	// is catching up while the metadata records the leader alone in sync.
+	// SetSync switches.
+	Async bool
 	// MaxPending bounds the entries proposed and not yet applied: Propose
 	// waits for room (default 1024).
 	MaxPending int
@@ -73,6 +79,8 @@ type Leader struct {
 	reset     bool     // no Append taken yet: the next one is a Reset
 	told      uint64   // the commit index the follower last heard
 	applied   uint64
+	async     bool   // commit on this replica's write alone
+	acked     uint64 // what may have been acked without the follower: up to here (own-1 at start)
 	failed    error
 	wakeWrite chan struct{}
 	wakeSend  chan struct{}
@@ -134,6 +142,7 @@ func NewLeader(cfg LeaderConfig) (*Leader, error) {
 		l.matched = last
 	}
 	l.reset = cfg.Peer != nil
+	l.async, l.acked = cfg.Async, last
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.wg.Add(3)
 	go l.run(l.write)
@@ -193,12 +202,15 @@ func (l *Leader) Alone() bool { return l.cfg.Peer == nil }
 // that no newer leader can have acked anything yet: an empty append, which
 // changes nothing on the follower. A refusal for a newer epoch deposes the
 // leader (ErrDeposed); a follower not reached is its error. A leader alone
-// (no Peer) has no one to ask: nil while it serves.
+// (no Peer, or the risk stage) has no one to ask: nil while it serves.
 func (l *Leader) Verify(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	if l.cfg.Peer == nil {
+	l.mu.Lock()
+	alone := l.cfg.Peer == nil || l.async
+	l.mu.Unlock()
+	if alone {
 		return nil
 	}
 	_, err := l.cfg.Peer.Append(ctx, Append{Epoch: l.epoch})
@@ -257,8 +269,61 @@ func (l *Leader) wait(ch chan struct{}) bool {
 	}
 }
 
-// commit is the index up to which both copies hold the log. mu is held.
-func (l *Leader) commit() uint64 { return min(l.written, l.matched) }
+// commit is the index up to which the log is committed: both copies hold
+// it, or this one in the risk stage. mu is held.
+func (l *Leader) commit() uint64 {
+	if l.async {
+		return l.written
+	}
+	return min(l.written, l.matched)
+}
+
+// SetSync switches the leader between committing on both copies (sync)
+// and on its own write (the risk stage: see LeaderConfig.Async). Switch
+// to async only once the metadata records this leader alone in sync;
+// record the follower in sync only once InSync reports it, after the
+// switch back.
+func (l *Leader) SetSync(sync bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if sync == !l.async {
+		return
+	}
+	if !sync {
+		l.async = true
+		signal(l.wakeApply)
+		return
+	}
+	l.async = false
+	l.acked = max(l.acked, l.written) // committed alone, perhaps acked
+}
+
+// InSync reports whether the follower holds every entry that may have been
+// acknowledged, and every entry committed from now on will need it: the
+// leader commits on both copies and the follower's log matches this one up
+// to every entry written before (by this run in the risk stage, or by
+// earlier leaders) that might have been acked.
+func (l *Leader) InSync() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cfg.Peer != nil && !l.async && l.failed == nil && !l.reset && l.matched >= l.acked
+}
+
+// Matched returns the index up to which the follower's log is known to
+// match this replica's.
+func (l *Leader) Matched() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.matched
+}
+
+// Lag returns how many entries this replica's log holds past what the
+// follower's is known to match.
+func (l *Leader) Lag() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.written - min(l.written, l.matched)
+}
 
 // failLocked makes the leader's failure err (the first one stays) and
 // answers every entry not applied with it. mu is held.
@@ -361,6 +426,14 @@ func (l *Leader) send() bool {
 			a.PrevEpoch, es = es[0].Term, es[1:]
 		}
 		a.Entries = append(es, a.Entries...)
+	}
+	if limit := l.cfg.MaxBatchBytes; limit > 0 {
+		n, size := 0, 0
+		for n < len(a.Entries) && (n == 0 || size+len(a.Entries[n].Data) <= limit) {
+			size += len(a.Entries[n].Data)
+			n++
+		}
+		a.Entries = a.Entries[:n]
 	}
 	end, err := l.cfg.Peer.Append(l.ctx, a)
 	if want := prev + uint64(len(a.Entries)); err == nil && end != want {

@@ -477,3 +477,98 @@ func TestNewLeader_Invalid(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestLeader_RiskStage: async, entries commit on the leader's write while
+// the follower is unreachable, and are still sent to it; InSync stays
+// false until the leader is switched back to sync and the follower holds
+// every entry committed alone; from then on an entry waits for it again.
+func TestLeader_RiskStage(t *testing.T) {
+	p := newPair(t, 1, newGatedStore(), newGatedStore(), LeaderConfig{Async: true, RetryAfter: time.Millisecond})
+	p.peer.down.Store(true)
+	for i := range 5 {
+		if err := answer(t, p.leader.Propose(fmt.Appendf(nil, "a%d", i))); err != nil {
+			t.Fatalf("async, follower down: %v", err)
+		}
+	}
+	if p.leader.InSync() {
+		t.Fatal("in sync while async")
+	}
+	p.leader.SetSync(true)
+	if p.leader.InSync() {
+		t.Fatal("in sync with the follower holding nothing")
+	}
+	f := p.leader.Propose([]byte("b"))
+	time.Sleep(20 * time.Millisecond)
+	if isDone(f) {
+		t.Fatal("sync again: answered without the follower")
+	}
+	p.peer.down.Store(false)
+	if err := answer(t, f); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !p.leader.InSync() {
+		if time.Now().After(deadline) {
+			t.Fatal("never in sync")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := dump(t, p.fstore); len(got) != 6 {
+		t.Fatalf("the follower holds %v", got)
+	}
+	p.leader.SetSync(false)
+	if p.leader.InSync() {
+		t.Fatal("in sync after the switch to async")
+	}
+}
+
+// TestLeader_MaxBatchBytes: an Append carries at most MaxBatchBytes of
+// entry data, but always one entry, however large.
+func TestLeader_MaxBatchBytes(t *testing.T) {
+	fs := newGatedStore()
+	var sizes []int
+	var mu sync.Mutex
+	p := newPair(t, 1, newGatedStore(), fs, LeaderConfig{MaxBatchBytes: 100})
+	p.leader.Close()
+	// A leader whose peer records each batch's size.
+	llog, err := OpenLog(p.lstore, p.lstore, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := peerFunc(func(ctx context.Context, a Append) (uint64, error) {
+		n := 0
+		for _, e := range a.Entries {
+			n += len(e.Data)
+		}
+		mu.Lock()
+		sizes = append(sizes, n)
+		mu.Unlock()
+		return p.flog.Append(a)
+	})
+	l, err := NewLeader(LeaderConfig{Log: llog, Peer: peer, Apply: p.sm.apply, MaxBatchBytes: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var fs2 []raft.ApplyFuture
+	for i := range 20 {
+		fs2 = append(fs2, l.Propose(make([]byte, 30+i%2*200)))
+	}
+	for _, f := range fs2 {
+		if err := answer(t, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, n := range sizes {
+		if n > 100 && n != 230 {
+			t.Fatalf("a batch of %d bytes (sizes %v)", n, sizes)
+		}
+	}
+}
+
+// peerFunc is a Peer in a function.
+type peerFunc func(ctx context.Context, a Append) (uint64, error)
+
+func (f peerFunc) Append(ctx context.Context, a Append) (uint64, error) { return f(ctx, a) }

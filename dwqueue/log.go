@@ -32,6 +32,11 @@ var (
 	// ErrCompacted is returned by Entries for entries compacted away: a
 	// follower that lacks them needs a snapshot.
 	ErrCompacted = errors.New("dwqueue: entries compacted away")
+
+	// ErrEpochLed is returned by Lead for an epoch this replica has led
+	// before: a leader's run needs an epoch of its own (see Lead); ask the
+	// metadata for the next one.
+	ErrEpochLed = errors.New("dwqueue: epoch led before")
 )
 
 // EpochError is ErrStaleEpoch with the epoch the replica serves.
@@ -76,8 +81,12 @@ type Append struct {
 	Reset bool
 }
 
-// epochKey is the stable-store key of the epoch a replica serves.
-var epochKey = []byte("DoubleWriteEpoch")
+// epochKey is the stable-store key of the epoch a replica serves, ledKey
+// the one of the last epoch it led.
+var (
+	epochKey = []byte("DoubleWriteEpoch")
+	ledKey   = []byte("DoubleWriteLed")
+)
 
 // Log is one replica's copy of a pair's log and the epoch it serves. Safe
 // for concurrent use.
@@ -86,6 +95,7 @@ type Log struct {
 	log    raft.LogStore
 	stable raft.StableStore
 	epoch  uint64 // persisted in stable
+	led    uint64 // persisted in stable: the last epoch this replica led
 	commit uint64 // entries up to it are on both copies: never cut
 }
 
@@ -97,7 +107,11 @@ func OpenLog(log raft.LogStore, stable raft.StableStore, committed uint64) (*Log
 	if err != nil && err.Error() != "not found" { // raft-boltdb's missing key, as raft itself tells it
 		return nil, fmt.Errorf("dwqueue: read the epoch: %w", err)
 	}
-	l := &Log{log: log, stable: stable, epoch: epoch}
+	led, err := stable.GetUint64(ledKey)
+	if err != nil && err.Error() != "not found" {
+		return nil, fmt.Errorf("dwqueue: read the epoch led: %w", err)
+	}
+	l := &Log{log: log, stable: stable, epoch: epoch, led: led}
 	first, last, err := l.bounds()
 	if err != nil {
 		return nil, err
@@ -124,12 +138,68 @@ func (l *Log) Commit() uint64 {
 	return l.commit
 }
 
+// Lead makes the replica serve epoch e as its leader: persisted, as
+// SetEpoch does, with the mark that it led e. Each leader's run needs an
+// epoch no run wrote entries in before: a replica that led e, restarted (or
+// stopped and started leading again), writes its new entries at indexes its
+// earlier run may have sent the follower other entries at, with the same
+// epoch, and log matching, which compares indexes and epochs, would take
+// them for the same. So an epoch led before, or below, is refused
+// (ErrEpochLed, ErrStaleEpoch).
+func (l *Log) Lead(e uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.checkLead(e); err != nil {
+		return err
+	}
+	if err := l.stable.SetUint64(ledKey, e); err != nil {
+		return fmt.Errorf("dwqueue: persist the epoch led %d: %w", e, err)
+	}
+	l.led = e
+	return l.setEpoch(e)
+}
+
+// CheckLead returns what Lead would refuse e with, changing nothing.
+func (l *Log) CheckLead(e uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.checkLead(e)
+}
+
+func (l *Log) checkLead(e uint64) error {
+	if err := l.checkEpoch(e); err != nil {
+		return err
+	}
+	if e <= l.led {
+		return fmt.Errorf("%w: %d (the last led: %d)", ErrEpochLed, e, l.led)
+	}
+	return nil
+}
+
+// CheckEpoch returns what SetEpoch would refuse e with, changing nothing.
+func (l *Log) CheckEpoch(e uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.checkEpoch(e)
+}
+
+func (l *Log) checkEpoch(e uint64) error {
+	if e < l.epoch || e == 0 {
+		return &EpochError{l.epoch}
+	}
+	return nil
+}
+
 // SetEpoch makes the replica serve epoch e from now on, persisted before it
 // returns: appends of any other epoch are refused from then on. A lower
 // epoch than the current one is ErrStaleEpoch; the same one is a no-op.
 func (l *Log) SetEpoch(e uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.setEpoch(e)
+}
+
+func (l *Log) setEpoch(e uint64) error {
 	switch {
 	case e < l.epoch:
 		return &EpochError{l.epoch}

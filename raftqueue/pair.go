@@ -37,7 +37,7 @@ type PairConfig struct {
 	// RetryAfter the leader's replication (dwqueue.LeaderConfig). Zero:
 	// the defaults.
 	MaxEntryBytes, MaxEntryCmds, InFlight, QueueDepth int
-	MaxBatch, MaxPending                              int
+	MaxBatch, MaxBatchBytes, MaxPending               int
 	RetryAfter                                        time.Duration
 }
 
@@ -73,7 +73,8 @@ type Pair struct {
 	applyMu sync.Mutex
 	applied uint64        // guarded by applyMu: the log is applied up to here
 	readyAt uint64        // guarded by applyMu: the log's end when this replica took the lead
-	ready   chan struct{} // guarded by applyMu: closed once applied reaches readyAt
+	closing bool          // guarded by applyMu: Close began
+	changed chan struct{} // guarded by applyMu: closed when applied, the role or closed change
 }
 
 // OpenPair opens (creating if needed) the replica in cfg.Dir. It neither
@@ -130,8 +131,7 @@ func OpenPair(cfg PairConfig) (*Pair, error) {
 	if p.log, err = dwqueue.OpenLog(logs, p.stable, p.applied); err != nil {
 		return nil, fmt.Errorf("raftqueue: %w", err)
 	}
-	p.ready = make(chan struct{})
-	close(p.ready)
+	p.changed = make(chan struct{})
 	p.prop = newProposer(p, Config{Partitions: cfg.Partitions, MaxEntryBytes: cfg.MaxEntryBytes,
 		MaxEntryCmds: cfg.MaxEntryCmds, InFlight: cfg.InFlight, QueueDepth: cfg.QueueDepth})
 	ok = true
@@ -146,33 +146,35 @@ func (p *Pair) Epoch() uint64 { return p.log.Epoch() }
 func (p *Pair) Leading() bool { return p.leading() }
 
 // Lead makes the replica the leader of epoch, replicating to peer (nil:
-// alone, each entry committed on this replica's write: the risk stage's one
-// copy). The epoch is persisted before it returns; a lower epoch than the
-// one served is dwqueue.ErrStaleEpoch. The entries of the log not yet
+// alone, each entry committed on this replica's write: one copy), each
+// entry committed once both copies hold it, or on this replica's write
+// alone when async (the risk stage: dwqueue.LeaderConfig.Async; SetSync
+// switches). The epoch is persisted before it returns; a lower epoch than
+// the one served is dwqueue.ErrStaleEpoch. The entries of the log not yet
 // applied, written under earlier epochs, are applied once peer holds them
 // too (LeaderPartition waits for them). Leading again replaces the
-// replication (a new follower).
-func (p *Pair) Lead(epoch uint64, peer dwqueue.Peer) error {
-	return p.serve("lead", epoch, func() error { return p.startLeading(peer) })
+// replication (a new follower): what the previous leader had in flight is
+// answered ErrUnknownOutcome.
+func (p *Pair) Lead(epoch uint64, peer dwqueue.Peer, async bool) error {
+	return p.serve("lead", epoch, p.log.CheckLead, p.log.Lead, func() error { return p.startLeading(peer, async) })
 }
 
 // startLeading starts the leader of the epoch served. roleMu and applyMu
 // are held.
-func (p *Pair) startLeading(peer dwqueue.Peer) error {
+func (p *Pair) startLeading(peer dwqueue.Peer, async bool) error {
 	last, _, err := p.log.Last()
 	if err != nil {
 		return fmt.Errorf("raftqueue: lead: %w", err)
 	}
 	l, err := dwqueue.NewLeader(dwqueue.LeaderConfig{Log: p.log, Peer: peer, Apply: p.applyLeader, Applied: p.applied,
-		MaxBatch: p.cfg.MaxBatch, MaxPending: p.cfg.MaxPending, RetryAfter: p.cfg.RetryAfter})
+		Async: async, MaxBatch: p.cfg.MaxBatch, MaxBatchBytes: p.cfg.MaxBatchBytes, MaxPending: p.cfg.MaxPending,
+		RetryAfter: p.cfg.RetryAfter})
 	if err != nil {
 		return err
 	}
 	p.readyAt = last
-	if p.applied < last {
-		p.ready = make(chan struct{})
-	}
 	p.lead.Store(l)
+	p.wake()
 	return nil
 }
 
@@ -180,21 +182,27 @@ func (p *Pair) startLeading(peer dwqueue.Peer) error {
 // its leader had in flight is answered ErrUnknownOutcome), persists the
 // epoch and from then on takes the appends of that epoch's leader only.
 func (p *Pair) Follow(epoch uint64) error {
-	return p.serve("follow", epoch, func() error { return nil })
+	return p.serve("follow", epoch, p.log.CheckEpoch, p.log.SetEpoch, func() error { return nil })
 }
 
-// serve stops leading, persists epoch and runs then (Lead's start), with
-// the state machine's applies held.
-func (p *Pair) serve(role string, epoch uint64, then func() error) error {
+// serve checks that epoch may be served in role (check: a refusal changes
+// nothing, so a late, stale call does not stop a live leader), stops
+// leading, persists epoch (set) and runs then (Lead's start), with the
+// state machine's applies held.
+func (p *Pair) serve(role string, epoch uint64, check, set func(uint64) error, then func() error) error {
 	p.roleMu.Lock()
 	defer p.roleMu.Unlock()
 	if p.closed {
 		return ErrClosed
 	}
+	if err := check(epoch); err != nil {
+		return fmt.Errorf("raftqueue: %s epoch %d: %w", role, epoch, err)
+	}
 	p.stopLeading()
 	p.applyMu.Lock()
 	defer p.applyMu.Unlock()
-	err := p.log.SetEpoch(epoch)
+	defer p.wake()
+	err := set(epoch)
 	if err == nil {
 		err = then()
 	}
@@ -202,6 +210,13 @@ func (p *Pair) serve(role string, epoch uint64, then func() error) error {
 		return fmt.Errorf("raftqueue: %s epoch %d: %w", role, epoch, err)
 	}
 	return nil
+}
+
+// wake wakes the reads waiting for the leader to be ready (LeaderPartition)
+// to look again. applyMu is held.
+func (p *Pair) wake() {
+	close(p.changed)
+	p.changed = make(chan struct{})
 }
 
 // stopLeading closes the leader, if any. roleMu is held, not applyMu
@@ -225,13 +240,7 @@ func (p *Pair) applyLeader(logs []*raft.Log) []any {
 // appliedTo records that the log is applied up to i. applyMu is held.
 func (p *Pair) appliedTo(i uint64) {
 	p.applied = max(p.applied, i)
-	if p.applied >= p.readyAt {
-		select {
-		case <-p.ready:
-		default:
-			close(p.ready)
-		}
-	}
+	p.wake()
 }
 
 // Append takes a batch of the leader's (the follower's side: it is what a
@@ -293,37 +302,83 @@ func (p *Pair) Partition(i int) (*store.Partition, error) {
 	return part, err
 }
 
-// LeaderPartition returns partition i for reads that must see every
-// acknowledged command: ErrNotLeader unless this replica leads and its
-// follower confirms that it still serves its epoch; a new leader first
-// waits (until ctx ends) until it has applied the entries its predecessors
-// wrote.
+// LeaderPartition returns partition i for reads at the leader: ErrNotLeader
+// unless this replica leads (it may not know yet that it was deposed: see
+// Verify); a new leader first waits (until ctx ends) until it has applied
+// the entries its predecessors wrote. What it holds was committed.
 func (p *Pair) LeaderPartition(ctx context.Context, i int) (*store.Partition, error) {
-	if !p.leading() {
-		return nil, p.notLeader()
+	for {
+		if !p.leading() {
+			return nil, p.notLeader()
+		}
+		p.applyMu.Lock()
+		ready, changed, closed := p.applied >= p.readyAt, p.changed, p.closing
+		p.applyMu.Unlock()
+		switch {
+		case closed:
+			return nil, ErrClosed
+		case ready:
+			return p.Partition(i)
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
-	p.applyMu.Lock()
-	ready := p.ready
-	p.applyMu.Unlock()
-	select {
-	case <-ready:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	// A follower promoted meanwhile may have acked what this replica
-	// lacks: the follower confirms it still serves this epoch (a round
-	// trip per call, as raft's VerifyLeader).
+}
+
+// Verify confirms that this replica still leads: its follower still
+// serves its epoch, so no newer leader can have acked anything (a round
+// trip, as raft's VerifyLeader). A read at LeaderPartition after Verify
+// returned nil sees every ack given before Verify began. A leader alone or
+// in the risk stage has no one to ask: nil while it leads.
+func (p *Pair) Verify(ctx context.Context) error {
 	l := p.lead.Load()
 	if l == nil {
-		return nil, p.notLeader()
+		return p.notLeader()
 	}
 	if err := l.Verify(ctx); err != nil {
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
-		return nil, fmt.Errorf("%w (%w)", p.notLeader(), err)
+		return fmt.Errorf("%w (%w)", p.notLeader(), err)
 	}
-	return p.Partition(i)
+	return nil
+}
+
+// SetSync switches the leader between committing on both copies and on
+// its own write (see Lead); a no-op when it does not lead.
+func (p *Pair) SetSync(sync bool) {
+	if l := p.lead.Load(); l != nil {
+		l.SetSync(sync)
+	}
+}
+
+// InSync reports whether this replica leads and its follower holds every
+// entry that may have been acked, every later one needing it too
+// (dwqueue.Leader.InSync): the follower may be recorded in sync.
+func (p *Pair) InSync() bool {
+	l := p.lead.Load()
+	return l != nil && l.InSync()
+}
+
+// Matched returns the index up to which the follower's log is known to
+// match the leader's (0 when this replica does not lead).
+func (p *Pair) Matched() uint64 {
+	if l := p.lead.Load(); l != nil {
+		return l.Matched()
+	}
+	return 0
+}
+
+// Lag returns how many entries the leader's log holds past what its
+// follower's is known to match (0 when it does not lead).
+func (p *Pair) Lag() uint64 {
+	if l := p.lead.Load(); l != nil {
+		return l.Lag()
+	}
+	return 0
 }
 
 func (p *Pair) leading() bool {
@@ -364,6 +419,8 @@ func (p *Pair) Close() error {
 	p.prop.close()
 	p.applyMu.Lock()
 	defer p.applyMu.Unlock()
+	p.closing = true
+	p.wake()
 	return p.closeFiles()
 }
 

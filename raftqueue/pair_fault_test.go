@@ -91,6 +91,9 @@ func (w *pairLoad) readAt(off uint64, first int) (string, raft.ServerID, bool) {
 			continue
 		}
 		p, err := rp.LeaderPartition(ctx, 0)
+		if err == nil {
+			err = rp.Verify(ctx)
+		}
 		if err != nil {
 			continue
 		}

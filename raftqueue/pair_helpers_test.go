@@ -69,7 +69,7 @@ func newPairs(t testing.TB, opts func(cfg *PairConfig)) *pairs {
 	if err := ps.rep(1).Follow(1); err != nil {
 		t.Fatal(err)
 	}
-	if err := ps.rep(0).Lead(1, pairLink{ps, 0}); err != nil {
+	if err := ps.rep(0).Lead(1, pairLink{ps, 0}, false); err != nil {
 		t.Fatal(err)
 	}
 	return ps
@@ -146,10 +146,31 @@ func (ps *pairs) promote(alone bool) int {
 	if alone {
 		peer = nil
 	}
-	if err := p.Lead(epoch, peer); err != nil {
+	if err := p.Lead(epoch, peer, false); err != nil {
 		ps.t.Fatalf("promote %s to epoch %d: %v", ps.id(next), epoch, err)
 	}
 	return next
+}
+
+// renew gives the leader a new epoch, as the metadata does for a leader
+// that restarted (a run needs an epoch of its own: dwqueue.Log.Lead): the
+// follower, if up, follows it, and the leader leads it.
+func (ps *pairs) renew() {
+	ps.t.Helper()
+	ps.mu.Lock()
+	ps.epoch++
+	epoch, leader := ps.epoch, ps.leader
+	ps.ledBy[epoch] = leader
+	f := ps.reps[1-leader]
+	ps.mu.Unlock()
+	if f != nil {
+		if err := f.Follow(epoch); err != nil {
+			ps.t.Fatalf("%s follows epoch %d: %v", ps.id(1-leader), epoch, err)
+		}
+	}
+	if err := ps.rep(leader).Lead(epoch, pairLink{ps, leader}, false); err != nil {
+		ps.t.Fatalf("%s leads epoch %d: %v", ps.id(leader), epoch, err)
+	}
 }
 
 // rejoin makes the replica that does not lead (started if down) follow the
@@ -167,9 +188,7 @@ func (ps *pairs) rejoin() {
 		ps.t.Fatalf("%s follows epoch %d: %v", ps.id(f), epoch, err)
 	}
 	if !ps.rep(leader).Leading() || ps.rep(leader).Epoch() != epoch || ps.isAlone(leader) {
-		if err := ps.rep(leader).Lead(epoch, pairLink{ps, leader}); err != nil {
-			ps.t.Fatalf("%s leads epoch %d: %v", ps.id(leader), epoch, err)
-		}
+		ps.renew()
 	}
 }
 

@@ -113,7 +113,7 @@ func TestPair_PromotionFencesOldLeader(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the old leader still leads")
 		}
-		_, _ = ps.rep(0).LeaderPartition(ctx, 0)
+		_ = ps.rep(0).Verify(ctx)
 		time.Sleep(5 * time.Millisecond)
 	}
 	if _, err := ps.send(ctx, 0, msg("late")); !errors.Is(err, ErrNotLeader) {
@@ -249,7 +249,7 @@ func TestPair_LeadLowerEpoch(t *testing.T) {
 	if err := ps.rep(0).Follow(1); !errors.Is(err, dwqueue.ErrStaleEpoch) {
 		t.Fatalf("Follow(1) at epoch 2: %v, want ErrStaleEpoch", err)
 	}
-	if err := ps.rep(1).Lead(1, nil); !errors.Is(err, dwqueue.ErrStaleEpoch) {
+	if err := ps.rep(1).Lead(1, nil, false); !errors.Is(err, dwqueue.ErrStaleEpoch) {
 		t.Fatalf("Lead(1) at epoch 2: %v, want ErrStaleEpoch", err)
 	}
 }

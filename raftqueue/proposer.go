@@ -131,6 +131,9 @@ func newProposer(g target, cfg Config) *proposer {
 
 // apply queues cmd and waits for its answer.
 func (p *proposer) apply(ctx context.Context, part int, cmd *store.Command) (store.Result, error) {
+	if cmd == nil {
+		return store.Result{}, fmt.Errorf("%w: no command", store.ErrBadCommand)
+	}
 	if err := ctx.Err(); err != nil {
 		return store.Result{}, err
 	}

@@ -78,17 +78,18 @@ func lookup(name string) (benchCase, bool) {
 
 // config holds the flags shared by every case.
 type config struct {
-	cases      string
-	conc       int
-	partitions int
-	size       int
-	duration   time.Duration
-	dir        string
-	rate       int
-	cpuProfile string
-	runs       int
-	raftGroup  int  // partitions per raft group of the raft3 cases (0: mq's default)
-	leaderOnly bool // raft3-leader: the producers on the leading node
+	cases       string
+	conc        int
+	partitions  int
+	size        int
+	duration    time.Duration
+	dir         string
+	rate        int
+	cpuProfile  string
+	runs        int
+	raftGroup   int  // partitions per raft group of the raft3 cases (0: mq's default)
+	leaderOnly  bool // raft3-leader: the producers on the leading node
+	doubleWrite bool // doublewrite: the raft3 case's cluster with a DoubleWrite topic
 }
 
 func main() {
@@ -197,6 +198,8 @@ var ratioPairs = [][2]string{
 	{"send", "ceiling"},
 	{"raft3", "raft-stock"},
 	{"raft3", "send"},
+	{"doublewrite", "raft3"},
+	{"doublewrite", "send"},
 }
 
 // runCase runs c once in a new directory under root, removed afterwards.

@@ -53,6 +53,9 @@ type AgentConfig struct {
 	// node prepared, whose half messages it holds in parts: the decision,
 	// or store.Undecided while it runs.
 	CheckTx func(ctx context.Context, txid string, parts []PartRef) (store.Decision, error)
+	// Serve, unless nil, registers more ops on the node's RPC server (the
+	// replicas' own), before the node joins its cluster.
+	Serve func(srv *remote.Server)
 
 	Logger *slog.Logger // nil: silent
 }
@@ -176,6 +179,9 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 	n.srv.Handle(opPropose, n.handlePropose)
 	n.srv.Handle(opCheckTx, n.handleCheckTx)
 	n.srv.Handle(opAnnounce, n.handleAnnounce)
+	if cfg.Serve != nil {
+		cfg.Serve(n.srv)
+	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.goFunc(n.sessionLoop)
 	n.goFunc(n.bookLoop)

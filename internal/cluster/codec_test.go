@@ -74,9 +74,11 @@ func randomPairCommand(rng *rand.Rand, s *State, topic string) Command {
 	i := rng.IntN(len(t.Parts))
 	p := t.Parts[i]
 	v := p.Version - uint64(rng.IntN(2))
-	switch rng.IntN(3) {
+	switch rng.IntN(4) {
 	case 0:
 		return Promote{Topic: topic, Partition: i, Version: v, Leader: p.Follower()}
+	case 2:
+		return RenewEpoch{Topic: topic, Partition: i, Version: v}
 	case 1:
 		return SetInSync{Topic: topic, Partition: i, Version: v, InSync: p.Replicas[:1+rng.IntN(len(p.Replicas))]}
 	}

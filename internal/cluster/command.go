@@ -20,7 +20,8 @@ import (
 // one, so nodes are upgraded before new commands are proposed), and reads an
 // older version's struct with the new fields zero. Version 2 added
 // CreateTopic.GroupSize; version 3 CreateTopic.AllowAlone and the commands
-// of DoubleWrite partitions (SetInSync, Promote, ReplaceFollower).
+// of DoubleWrite partitions (SetInSync, Promote, ReplaceFollower,
+// RenewEpoch).
 const (
 	cmdMagic   = 0xC1 // never the first byte of a msgpack value
 	cmdVersion = 3
@@ -39,11 +40,12 @@ const (
 	kindSetInSync
 	kindPromote
 	kindReplaceFollower
+	kindRenewEpoch
 )
 
 // Command is one mutation of the metadata state: one of RegisterNode,
 // NodeDown, CreateTopic, AlterTopic, JoinGroup, LeaveGroup, Released,
-// SetACL, SetInSync, Promote, ReplaceFollower. A command carries inputs only; what it does is decided by Apply
+// SetACL, SetInSync, Promote, ReplaceFollower, RenewEpoch. A command carries inputs only; what it does is decided by Apply
 // from the state, identically on every node.
 type Command interface {
 	kind() byte
@@ -178,9 +180,10 @@ type Promote struct {
 }
 
 // ReplaceFollower gives a DoubleWrite partition a new follower chosen by
-// load, with its leader alone in sync until the follower caught up, if its
-// record is still at Version (else ErrStale). The metadata leader proposes
-// it once the follower is gone.
+// load, with its leader alone in sync until the follower caught up, at the
+// next epoch (the leader's replication to the new follower is a run of its
+// own), if its record is still at Version (else ErrStale). The metadata
+// leader proposes it once the follower is gone.
 type ReplaceFollower struct {
 	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic     string
@@ -199,6 +202,19 @@ func (SetACL) kind() byte          { return kindSetACL }
 func (SetInSync) kind() byte       { return kindSetInSync }
 func (Promote) kind() byte         { return kindPromote }
 func (ReplaceFollower) kind() byte { return kindReplaceFollower }
+func (RenewEpoch) kind() byte      { return kindRenewEpoch }
+
+// RenewEpoch gives a DoubleWrite partition's leader the next epoch, its
+// replicas and in-sync set unchanged, if its record is still at Version
+// (else ErrStale). Its leader proposes it when it must start leading again
+// (after a restart, or after its replication failed): each run of a
+// leader writes under an epoch of its own (dwqueue.Log.Lead).
+type RenewEpoch struct {
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Topic     string
+	Partition int
+	Version   uint64
+}
 
 // EncodeCommand returns c's encoding (the layout above).
 func EncodeCommand(c Command) ([]byte, error) {
@@ -255,6 +271,8 @@ func DecodeCommand(b []byte) (Command, error) {
 		c, err = decodeAs[Promote](body)
 	case kindReplaceFollower:
 		c, err = decodeAs[ReplaceFollower](body)
+	case kindRenewEpoch:
+		c, err = decodeAs[RenewEpoch](body)
 	default:
 		return nil, fmt.Errorf("%w: command kind %d", ErrCorrupt, k)
 	}

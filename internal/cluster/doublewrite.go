@@ -19,7 +19,9 @@ import (
 //     serves, so the old leader, whose batches it then refuses, can no
 //     longer ack); a new follower is chosen by load;
 //   - the metadata leader, ReplaceFollower: the follower is gone, a new one
-//     is chosen by load and caught up by the leader.
+//     is chosen by load and caught up by the leader, at Epoch+1;
+//   - the partition's leader, RenewEpoch: it must start leading again
+//     (restarted), which it does at Epoch+1.
 //
 // Each refuses a Version other than the partition's (ErrStale): of two
 // proposals made from the same record, one wins.
@@ -112,7 +114,16 @@ func (s *State) replaceFollower(c ReplaceFollower) (Topic, error) {
 	if follower == "" {
 		return Topic{}, fmt.Errorf("%w: %s/%d: no node up besides its leader and follower", ErrNotEnoughNodes, c.Topic, c.Partition)
 	}
-	p.Replicas, p.InSync = []string{p.Leader, follower}, []string{p.Leader}
+	p.Replicas, p.InSync, p.Epoch = []string{p.Leader, follower}, []string{p.Leader}, p.Epoch+1
+	return s.withPart(t, c.Partition, p), nil
+}
+
+func (s *State) renewEpoch(c RenewEpoch) (Topic, error) {
+	t, p, err := s.pair(c.Topic, c.Partition, c.Version)
+	if err != nil {
+		return Topic{}, err
+	}
+	p.Epoch++
 	return s.withPart(t, c.Partition, p), nil
 }
 

@@ -149,8 +149,9 @@ func TestDoubleWrite_Promote(t *testing.T) {
 }
 
 // TestDoubleWrite_ReplaceFollower: a lost follower is replaced by the
-// least loaded live node other than the pair, the leader alone in sync
-// until the new one caught up; with no such node it is refused.
+// least loaded live node other than the pair, at the next epoch, the
+// leader alone in sync until the new one caught up; with no such node it is
+// refused.
 func TestDoubleWrite_ReplaceFollower(t *testing.T) {
 	ft := newFSMT(t)
 	ft.nodes("a", "b", "c")
@@ -158,12 +159,41 @@ func TestDoubleWrite_ReplaceFollower(t *testing.T) {
 	p := ft.dwPart(0)
 	ft.must(ReplaceFollower{Topic: "d", Partition: 0, Version: 1})
 	q := ft.dwPart(0)
-	if q.Leader != p.Leader || q.Epoch != p.Epoch || q.Follower() != "c" || !slices.Equal(q.InSync, []string{p.Leader}) || q.Version != 2 {
+	if q.Leader != p.Leader || q.Epoch != p.Epoch+1 || q.Follower() != "c" || !slices.Equal(q.InSync, []string{p.Leader}) || q.Version != 2 {
 		t.Fatalf("after ReplaceFollower: %+v (before %+v)", q, p)
 	}
 	ft.refused(ReplaceFollower{Topic: "d", Partition: 0, Version: 1}, ErrStale)
 	ft.must(NodeDown{ID: p.Follower(), Session: 1})
 	ft.refused(ReplaceFollower{Topic: "d", Partition: 0, Version: 2}, ErrNotEnoughNodes)
+}
+
+// TestDoubleWrite_RenewEpoch: the leader's new epoch changes nothing else;
+// a stale version is refused, and only the leader's node may propose it
+// (or SetInSync) through the RPC.
+func TestDoubleWrite_RenewEpoch(t *testing.T) {
+	ft := newFSMT(t)
+	ft.nodes("a", "b")
+	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite})
+	p := ft.dwPart(0)
+	ft.must(RenewEpoch{Topic: "d", Partition: 0, Version: 1})
+	q := ft.dwPart(0)
+	if q.Epoch != p.Epoch+1 || q.Leader != p.Leader || !slices.Equal(q.Replicas, p.Replicas) || !slices.Equal(q.InSync, p.InSync) || q.Version != 2 {
+		t.Fatalf("after RenewEpoch: %+v (before %+v)", q, p)
+	}
+	ft.refused(RenewEpoch{Topic: "d", Partition: 0, Version: 1}, ErrStale)
+	ft.refused(RenewEpoch{Topic: "x", Partition: 0, Version: 2}, ErrNoTopic)
+	s := ft.s()
+	for _, c := range []Command{RenewEpoch{Topic: "d", Partition: 0, Version: 2}, SetInSync{Topic: "d", Partition: 0, Version: 2, InSync: []string{q.Leader}}} {
+		if err := pairLeader(s, q.Follower(), "d", 0); !errors.Is(err, ErrDenied) {
+			t.Fatalf("%T from the follower: %v, want ErrDenied", c, err)
+		}
+		if err := pairLeader(s, q.Leader, "d", 0); err != nil {
+			t.Fatalf("%T from the leader: %v", c, err)
+		}
+	}
+	if err := pairLeader(s, q.Leader, "d", 5); !errors.Is(err, ErrDenied) {
+		t.Fatalf("a partition out of range: %v", err)
+	}
 }
 
 // TestDoubleWrite_Snapshot: a pair round-trips; a version 2 snapshot's DoubleWrite

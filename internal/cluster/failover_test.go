@@ -65,7 +65,7 @@ func TestMeta_DoubleWriteFailover(t *testing.T) {
 		return c.leader().AddNode(ctx, "n4", "n4") == nil
 	})
 	eventually(t, "d/1 gets a new follower", func() bool { return part(1).Follower() != "n5" })
-	if p := part(1); p.Leader != "n4" || p.Epoch != 1 || !slices.Equal(p.InSync, []string{"n4"}) || p.Follower() != "n3" {
+	if p := part(1); p.Leader != "n4" || p.Epoch != 2 || !slices.Equal(p.InSync, []string{"n4"}) || p.Follower() != "n3" {
 		t.Fatalf("d/1 after its follower's loss: %+v", p)
 	}
 }

@@ -196,6 +196,15 @@ func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]b
 	return encodeMsg(toResultMsg(r))
 }
 
+// pairLeader refuses a command on a DoubleWrite partition from a node that
+// does not lead it: its leader's own.
+func pairLeader(s *State, peer, topic string, i int) error {
+	if t, ok := s.Topic(topic); ok && i >= 0 && i < len(t.Parts) && t.Parts[i].Leader == peer {
+		return nil
+	}
+	return fmt.Errorf("%w: %s does not lead %s/%d", ErrDenied, peer, topic, i)
+}
+
 func (n *Agent) authorize(peer string, c Command) error {
 	s := n.meta.State()
 	deny := func(topic string, right Rights) error {
@@ -226,6 +235,10 @@ func (n *Agent) authorize(peer string, c Command) error {
 			return fmt.Errorf("%w: node %s cannot release for member %s", ErrDenied, peer, c.Member)
 		}
 		return nil
+	case SetInSync:
+		return pairLeader(s, peer, c.Topic, c.Partition)
+	case RenewEpoch:
+		return pairLeader(s, peer, c.Topic, c.Partition)
 	}
 	return fmt.Errorf("%w: %T is the leader's own", ErrDenied, c)
 }

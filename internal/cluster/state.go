@@ -355,6 +355,8 @@ func (s *State) apply(index uint64, c Command) (next *State, res Result, err err
 		res.Topic, err = n.promote(c)
 	case ReplaceFollower:
 		res.Topic, err = n.replaceFollower(c)
+	case RenewEpoch:
+		res.Topic, err = n.renewEpoch(c)
 	default:
 		err = fmt.Errorf("%w: command %T", ErrInvalid, c)
 	}

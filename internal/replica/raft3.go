@@ -67,6 +67,7 @@ type Raft3Config struct {
 // the group's leader, waiting (until their ctx ends) while the group has
 // none. Safe for concurrent use.
 type Raft3 struct {
+	reads
 	cfg    Raft3Config
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -93,6 +94,7 @@ func NewRaft3(cfg Raft3Config) *Raft3 {
 	}
 	r := &Raft3{cfg: cfg, remotes: map[string]*remote.Partition{}}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.reads = reads{at: r.read, ctx: r.ctx, timeout: cfg.CallTimeout}
 	return r
 }
 
@@ -296,10 +298,29 @@ func (r *Raft3) Apply(ctx context.Context, cmd *store.Command) (store.Result, er
 // applyLeading applies cmd to partition part of g, this node's replica,
 // stamping a zero Now.
 func applyLeading(ctx context.Context, g *raftqueue.Group, part int, cmd *store.Command, now func() time.Time) (store.Result, error) {
+	stamp(cmd, now)
+	return g.ApplyTo(ctx, part, cmd)
+}
+
+// stamp sets a zero Now of cmd, which the leader proposes.
+func stamp(cmd *store.Command, now func() time.Time) {
 	if cmd.Now == 0 {
 		cmd.Now = now().UnixNano()
 	}
-	return g.ApplyTo(ctx, part, cmd)
+}
+
+func (r *Raft3) leaderPartition(ctx context.Context) (*store.Partition, error) {
+	return r.Replica().LeaderPartition(ctx, r.part())
+}
+
+func (r *Raft3) leaderApply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+	return applyLeading(ctx, r.Replica(), r.part(), cmd, r.cfg.Now)
+}
+
+func (r *Raft3) replicaPartition() (*store.Partition, error) { return r.Replica().Partition(r.part()) }
+
+func (r *Raft3) callCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.ctx, r.cfg.CallTimeout)
 }
 
 // read runs fn on the leader's partition: this node's replica's when it
@@ -313,54 +334,6 @@ func (r *Raft3) read(ctx context.Context, fn func(p partition.Partition) error) 
 		}
 		return fn(p)
 	}, func(p *remote.Partition) error { return fn(p) })
-}
-
-// call is read with the partition's CallTimeout, for the reads that take
-// no ctx.
-func (r *Raft3) call(fn func(p partition.Partition) error) error {
-	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.CallTimeout)
-	defer cancel()
-	return r.read(ctx, fn)
-}
-
-// Fetch reads from the leader, waiting there as store.Partition.Fetch does.
-func (r *Raft3) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) (out []store.Message, err error) {
-	err = r.read(ctx, func(p partition.Partition) (err error) {
-		out, err = p.Fetch(ctx, from, max, maxBytes, dst)
-		return err
-	})
-	return out, err
-}
-
-func (r *Raft3) Get(offset uint64) (m store.Message, ok bool, err error) {
-	err = r.call(func(p partition.Partition) (err error) {
-		m, ok, err = p.Get(offset)
-		return err
-	})
-	return m, ok, err
-}
-
-// GetContext is Get ending with ctx (partition.Get).
-func (r *Raft3) GetContext(ctx context.Context, offset uint64) (m store.Message, ok bool, err error) {
-	err = r.read(ctx, func(p partition.Partition) (err error) {
-		m, ok, err = p.Get(offset)
-		return err
-	})
-	return m, ok, err
-}
-
-// SeekTimeContext is SeekTime ending with ctx (partition.SeekTime).
-func (r *Raft3) SeekTimeContext(ctx context.Context, t int64) (off uint64, err error) {
-	err = r.read(ctx, func(p partition.Partition) (err error) {
-		off, err = p.SeekTime(t)
-		return err
-	})
-	return off, err
-}
-
-// HalfTxsContext is HalfTxs ending with ctx (partition.HalfTxs).
-func (r *Raft3) HalfTxsContext(ctx context.Context, fn func(store.HalfTx) bool) error {
-	return r.read(ctx, func(p partition.Partition) error { return p.HalfTxs(fn) })
 }
 
 // Stats returns the leader's, or this node's replica's while no leader
@@ -377,52 +350,6 @@ func (r *Raft3) Stats() store.Stats {
 		}
 	}
 	return st
-}
-
-func (r *Raft3) Group(name string) (g store.GroupState, ok bool, err error) {
-	err = r.call(func(p partition.Partition) (err error) {
-		g, ok, err = p.Group(name)
-		return err
-	})
-	return g, ok, err
-}
-
-func (r *Raft3) GroupStates() (gs map[string]store.GroupState, err error) {
-	err = r.call(func(p partition.Partition) (err error) {
-		gs, err = p.GroupStates()
-		return err
-	})
-	return gs, err
-}
-
-func (r *Raft3) SeekTime(t int64) (off uint64, err error) {
-	err = r.call(func(p partition.Partition) (err error) {
-		off, err = p.SeekTime(t)
-		return err
-	})
-	return off, err
-}
-
-func (r *Raft3) NextDue() (due int64, ok bool, err error) {
-	err = r.call(func(p partition.Partition) (err error) {
-		due, ok, err = p.NextDue()
-		return err
-	})
-	return due, ok, err
-}
-
-// HalfTxs lists the leader's half transactions. fn may see one twice when
-// leadership moves while it runs.
-func (r *Raft3) HalfTxs(fn func(store.HalfTx) bool) error {
-	return r.call(func(p partition.Partition) error { return p.HalfTxs(fn) })
-}
-
-func (r *Raft3) Decision(txid string) (d store.Decision, err error) {
-	err = r.call(func(p partition.Partition) (err error) {
-		d, err = p.Decision(txid)
-		return err
-	})
-	return d, err
 }
 
 // Closing tells the partition that its node is closing: a call tries each
@@ -474,124 +401,21 @@ func (r *Raft3) Leading() *Leading {
 	return &Leading{r: r}
 }
 
-// Leading is what Raft3.Leading returns: a partition.Partition, and the
-// half messages' producer for the partition service's ACL.
-type Leading struct{ r *Raft3 }
-
-var _ partition.Partition = (*Leading)(nil)
-
-// partition returns the replica's partition if it leads.
-func (l *Leading) partition(ctx context.Context) (*store.Partition, error) {
-	return l.r.Replica().LeaderPartition(ctx, l.r.part())
-}
-
-func (l *Leading) call(fn func(p *store.Partition) error) error {
-	ctx, cancel := context.WithTimeout(l.r.ctx, l.r.cfg.CallTimeout)
-	defer cancel()
-	p, err := l.partition(ctx)
-	if err != nil {
-		return err
-	}
-	return l.r.checkDamage(fn(p))
-}
-
-func (l *Leading) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
-	res, err := applyLeading(ctx, l.r.Replica(), l.r.part(), cmd, l.r.cfg.Now)
-	return res, l.r.checkDamage(err)
-}
-
-func (l *Leading) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error) {
-	p, err := l.partition(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out, err := p.Fetch(ctx, from, max, maxBytes, dst)
-	return out, l.r.checkDamage(err)
-}
-
-func (l *Leading) Get(offset uint64) (m store.Message, ok bool, err error) {
-	err = l.call(func(p *store.Partition) (err error) {
-		m, ok, err = p.Get(offset)
-		return err
-	})
-	return m, ok, err
-}
-
-// Stats is the replica's, leading or not: advisory.
-func (l *Leading) Stats() store.Stats {
-	p, err := l.r.Replica().Partition(l.r.part())
-	if err != nil {
-		return store.Stats{}
-	}
-	return p.Stats()
-}
-
-func (l *Leading) Group(name string) (g store.GroupState, ok bool, err error) {
-	err = l.call(func(p *store.Partition) (err error) {
-		g, ok, err = p.Group(name)
-		return err
-	})
-	return g, ok, err
-}
-
-func (l *Leading) GroupStates() (gs map[string]store.GroupState, err error) {
-	err = l.call(func(p *store.Partition) (err error) {
-		gs, err = p.GroupStates()
-		return err
-	})
-	return gs, err
-}
-
-func (l *Leading) SeekTime(t int64) (off uint64, err error) {
-	err = l.call(func(p *store.Partition) (err error) {
-		off, err = p.SeekTime(t)
-		return err
-	})
-	return off, err
-}
-
-func (l *Leading) NextDue() (due int64, ok bool, err error) {
-	err = l.call(func(p *store.Partition) (err error) {
-		due, ok, err = p.NextDue()
-		return err
-	})
-	return due, ok, err
-}
-
-func (l *Leading) HalfTxs(fn func(store.HalfTx) bool) error {
-	return l.call(func(p *store.Partition) error { return p.HalfTxs(fn) })
-}
-
-func (l *Leading) Decision(txid string) (d store.Decision, err error) {
-	err = l.call(func(p *store.Partition) (err error) {
-		d, err = p.Decision(txid)
-		return err
-	})
-	return d, err
-}
-
-// Close does nothing: the Raft3 partition owns the replica.
-func (l *Leading) Close() error { return nil }
-
-// HalfProducer returns the producer of txid's half messages on the leader
-// (this node's replica must lead).
-func (l *Leading) HalfProducer(txid string) (producer string, ok bool, err error) {
-	err = l.call(func(p *store.Partition) (err error) {
-		producer, ok, err = p.HalfProducer(txid)
-		return err
-	})
-	return producer, ok, err
-}
-
 var _ io.Closer = (*Raft3)(nil)
 
 // Upkeep is this node's replica as the upkeep sees it while it leads: its
 // commands go through the group, its reads and wake-ups are the replica's.
 // Run the upkeep with a ctx that ends when the replica stops leading.
 type Upkeep struct {
-	G    *raftqueue.Group
-	Part int // the partition's number in G
+	G    Proposer // the replica: a raftqueue.Group, or a raftqueue.Pair
+	Part int      // the partition's number in G
 	P    *store.Partition
+}
+
+// Proposer is a replica through which the leader proposes commands to
+// its group's partition part.
+type Proposer interface {
+	ApplyTo(ctx context.Context, part int, cmd *store.Command) (store.Result, error)
 }
 
 func (u Upkeep) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {

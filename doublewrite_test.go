@@ -1,0 +1,237 @@
+package mq_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zeze-go/mq"
+)
+
+// TestDoubleWrite_Refusals: a DoubleWrite topic needs two nodes up
+// (ErrNoQuorum at once on one) and a cluster (ErrUnsupportedType
+// standalone); AckAlone is for DoubleWrite only.
+func TestDoubleWrite_Refusals(t *testing.T) {
+	c := newCluster(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := c.nodes["n1"].CreateMQ(ctx, "d", 1, mq.Options{Type: mq.DoubleWrite}); !errors.Is(err, mq.ErrNoQuorum) {
+		t.Fatalf("DoubleWrite on one node: %v, want ErrNoQuorum", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("refused after %v: not at once", took)
+	}
+	if err := c.nodes["n1"].CreateMQ(ctx, "s", 1, mq.Options{AckAlone: true}); !errors.Is(err, mq.ErrInvalidOption) {
+		t.Fatalf("AckAlone on a Single topic: %v, want ErrInvalidOption", err)
+	}
+	m := openNode(t, t.TempDir())
+	if err := m.CreateMQ(ctx, "d", 1, mq.Options{Type: mq.DoubleWrite}); !errors.Is(err, mq.ErrUnsupportedType) {
+		t.Fatalf("DoubleWrite standalone: %v, want ErrUnsupportedType", err)
+	}
+}
+
+// leaderOf returns the node whose replica leads partition part of topic.
+func (c *testCluster) leaderOf(topic string, part int) string {
+	c.t.Helper()
+	var leader string
+	waitFor(c.t, 20*time.Second, fmt.Sprintf("a leader of %s/%d", topic, part), func() bool {
+		for id, m := range c.nodes {
+			if slices.Contains(m.ClusterStatus().Leading, fmt.Sprintf("%s/%d", topic, part)) {
+				leader = id
+				return true
+			}
+		}
+		return false
+	})
+	return leader
+}
+
+// TestDoubleWrite_SendConsumeFailover: a DoubleWrite topic on three nodes
+// takes sends from every node and a consumer group receives them; the
+// leader's node killed, its follower is promoted, a new follower caught up,
+// and sends go on (refused with ErrNoQuorum or outcome-unknown meanwhile,
+// never lost): every acked message is stored once, in its partition.
+func TestDoubleWrite_SendConsumeFailover(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const parts = 2
+	if err := c.nodes["n2"].CreateMQ(ctx, "d", parts, mq.Options{Type: mq.DoubleWrite}); err != nil {
+		t.Fatalf("CreateMQ DoubleWrite: %v", err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["d"] == parts })
+	}
+	var mu sync.Mutex
+	var acked []string
+	sendFrom := func(ids []string, tag string) {
+		var wg sync.WaitGroup
+		for _, id := range ids {
+			wg.Go(func() {
+				sent := sendAll(ctx, t, c.nodes[id], "d", parts, 30, tag+"-"+id)
+				mu.Lock()
+				acked = append(acked, sent...)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+	}
+	sendFrom([]string{"n1", "n2", "n3"}, "a")
+	leader := c.leaderOf("d", 0)
+	var others []string
+	for id := range c.nodes {
+		if id != leader {
+			others = append(others, id)
+		}
+	}
+	col := collect(t, c.nodes[others[0]], "d", "g")
+	waitSeen(t, col, acked...)
+
+	c.kill(leader)
+	sendFrom(others, "b")
+	waitSeen(t, col, acked...)
+	if now := c.leaderOf("d", 0); now == leader {
+		t.Fatalf("%s still leads", leader)
+	}
+	seen := readAll(ctx, t, c.nodes[others[1]], "d", parts)
+	for _, id := range acked {
+		if seen[id] != 1 {
+			t.Errorf("%s stored %d times", id, seen[id])
+		}
+	}
+	if len(seen) != len(acked) {
+		t.Errorf("%d messages stored, %d acked", len(seen), len(acked))
+	}
+}
+
+// sendAll sends n messages tagged tag through node from to partition
+// i%parts of topic, each resent until acked (ErrUnknownOutcome and
+// ErrNoQuorum are waited out), and returns their IDs.
+func sendAll(ctx context.Context, t *testing.T, m *mq.MQ, topic string, parts, n int, tag string) []string {
+	t.Helper()
+	p, err := m.NewProducer(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var ids []string
+	for i := range n {
+		msg := (&mq.Message{ID: fmt.Sprintf("%s-%d", tag, i), Body: []byte(tag)}).ToPartition(i % parts)
+		for {
+			_, err := p.SendMessage(ctx, msg)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, mq.ErrUnknownOutcome) && !errors.Is(err, mq.ErrNoQuorum) {
+				t.Fatalf("send %s: %v", msg.ID, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		ids = append(ids, msg.ID)
+	}
+	return ids
+}
+
+// readAll returns how many times each ID is stored in topic, read through
+// m; a message of sendAll's must be in the partition its ID's tag-<n> sent
+// it to (n%parts).
+func readAll(ctx context.Context, t *testing.T, m *mq.MQ, topic string, parts int) map[string]int {
+	t.Helper()
+	seen := map[string]int{}
+	for i := range parts {
+		for off := int64(0); ; off++ {
+			msg, err := m.ReadMessage(ctx, topic, i, off)
+			if errors.Is(err, mq.ErrNoMessage) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("read %s %d/%d: %v", topic, i, off, err)
+			}
+			seen[msg.ID]++
+			k := strings.LastIndexByte(msg.ID, '-')
+			if n, err := strconv.Atoi(msg.ID[k+1:]); err == nil && k > 0 && n%parts != i {
+				t.Errorf("%s in partition %d, sent to %d", msg.ID, i, n%parts)
+			}
+		}
+	}
+	return seen
+}
+
+// TestDoubleWrite_ClusterRestart: the whole cluster closed and reopened
+// from its directories keeps every acked message, once; the leaders, which
+// led their epochs before, take new ones (RenewEpoch) and take sends again.
+func TestDoubleWrite_ClusterRestart(t *testing.T) {
+	c := newCluster(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const parts = 2
+	if err := c.nodes["n1"].CreateMQ(ctx, "d", parts, mq.Options{Type: mq.DoubleWrite}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the topic on n2", func() bool { return c.nodes["n2"].Topics()["d"] == parts })
+	acked := sendAll(ctx, t, c.nodes["n2"], "d", parts, 40, "a")
+	c.kill("n2")
+	c.kill("n1")
+	c.start("n1")
+	c.start("n2")
+	c.waitUp(2)
+	acked = append(acked, sendAll(ctx, t, c.nodes["n1"], "d", parts, 40, "b")...)
+	seen := readAll(ctx, t, c.nodes["n2"], "d", parts)
+	for _, id := range acked {
+		if seen[id] != 1 {
+			t.Errorf("%s stored %d times", id, seen[id])
+		}
+	}
+	if len(seen) != len(acked) {
+		t.Errorf("%d messages stored, %d acked", len(seen), len(acked))
+	}
+}
+
+// TestDoubleWrite_FollowerLost: without the risk stage, a pair whose
+// follower's node is gone (and no node free to replace it) refuses sends
+// with ErrNoQuorum, at once, not a hang; the follower back, it catches up
+// and sends are acked again, nothing lost.
+func TestDoubleWrite_FollowerLost(t *testing.T) {
+	c := newCluster(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if err := c.nodes["n1"].CreateMQ(ctx, "d", 1, mq.Options{Type: mq.DoubleWrite}); err != nil {
+		t.Fatal(err)
+	}
+	acked := sendAll(ctx, t, c.nodes["n1"], "d", 1, 20, "a")
+	leader := c.leaderOf("d", 0)
+	follower := "n1"
+	if leader == "n1" {
+		follower = "n2"
+	}
+	c.kill(follower)
+	p, err := c.nodes[leader].NewProducer("d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitFor(t, 20*time.Second, "ErrNoQuorum once the follower's node is down", func() bool {
+		sctx, scancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer scancel()
+		start := time.Now()
+		_, err := p.SendMessage(sctx, &mq.Message{ID: "refused", Body: []byte("x")})
+		t.Logf("send with the follower down: %v after %v", err, time.Since(start))
+		return errors.Is(err, mq.ErrNoQuorum) && !errors.Is(err, context.DeadlineExceeded) && time.Since(start) < 400*time.Millisecond
+	})
+	c.start(follower)
+	c.waitUp(2)
+	acked = append(acked, sendAll(ctx, t, c.nodes[leader], "d", 1, 20, "b")...)
+	seen := readAll(ctx, t, c.nodes[follower], "d", 1)
+	for _, id := range acked {
+		if seen[id] != 1 {
+			t.Errorf("%s stored %d times", id, seen[id])
+		}
+	}
+}
