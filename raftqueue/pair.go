@@ -55,8 +55,8 @@ type PairConfig struct {
 // serving a newer epoch deposed it); ErrUnknownOutcome for an entry
 // proposed whose fate is not known (deposed or closed while committing).
 //
-// Goroutines: the proposer's two, and the leader's three (dwqueue.Leader)
-// while it leads, all stopped by Close.
+// Goroutines: the proposer's two, the follower's applier, and the leader's
+// three (dwqueue.Leader) while it leads, all stopped by Close.
 type Pair struct {
 	cfg    PairConfig
 	fsm    *fsm
@@ -68,10 +68,17 @@ type Pair struct {
 	lead   atomic.Pointer[dwqueue.Leader] // while this replica leads
 	closed bool                           // guarded by roleMu
 
+	// appendMu serializes the follower's appends (Append) and orders them
+	// with Lead and Follow.
+	appendMu sync.Mutex
 	// applyMu serializes the state machine's applies: the leader's (its
-	// Apply) and the follower's (Append). Lock order: roleMu, applyMu.
+	// Apply) and the follower's (the applier). Lock order: roleMu,
+	// appendMu, applyMu.
 	applyMu sync.Mutex
 	applied uint64        // guarded by applyMu: the log is applied up to here
+	// The follower's applier (applier): woken by Append, stopped by Close.
+	applyWake                chan struct{}
+	applierStop, applierDone chan struct{}
 	readyAt uint64        // guarded by applyMu: the log's end when this replica took the lead
 	closing bool          // guarded by applyMu: Close began
 	changed chan struct{} // guarded by applyMu: closed when applied, the role or closed change
@@ -134,8 +141,54 @@ func OpenPair(cfg PairConfig) (*Pair, error) {
 	p.changed = make(chan struct{})
 	p.prop = newProposer(p, Config{Partitions: cfg.Partitions, MaxEntryBytes: cfg.MaxEntryBytes,
 		MaxEntryCmds: cfg.MaxEntryCmds, InFlight: cfg.InFlight, QueueDepth: cfg.QueueDepth})
+	p.applyWake, p.applierStop, p.applierDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	go p.applier()
 	ok = true
 	return p, nil
+}
+
+// maxApply bounds the entries the follower's applier applies at once.
+const maxApply = 256
+
+// applier is the follower's applier: it applies what the leader said both
+// copies hold, off the path of the appends (an append is answered once it
+// is in the log), until Close.
+func (p *Pair) applier() {
+	defer close(p.applierDone)
+	for {
+		select {
+		case <-p.applyWake:
+		case <-p.applierStop:
+			return
+		}
+		for p.applyCommitted() {
+		}
+	}
+}
+
+// applyCommitted applies up to maxApply committed entries not applied yet,
+// and reports whether more remain. Nothing while this replica leads (its
+// leader applies) or closes; a failure stays in the fsm, which refuses the
+// appends after it.
+func (p *Pair) applyCommitted() bool {
+	p.applyMu.Lock()
+	defer p.applyMu.Unlock()
+	if p.lead.Load() != nil || p.closing {
+		return false
+	}
+	commit := p.log.Commit()
+	if commit <= p.applied {
+		return false
+	}
+	to := min(commit, p.applied+maxApply)
+	es, err := p.log.Entries(p.applied+1, to)
+	if err != nil {
+		p.fsm.fail(err)
+		return false
+	}
+	p.fsm.ApplyBatch(es)
+	p.appliedTo(to)
+	return to < commit
 }
 
 // Epoch returns the epoch the replica serves (0 before its first).
@@ -199,6 +252,8 @@ func (p *Pair) serve(role string, epoch uint64, check, set func(uint64) error, t
 		return fmt.Errorf("raftqueue: %s epoch %d: %w", role, epoch, err)
 	}
 	p.stopLeading()
+	p.appendMu.Lock()
+	defer p.appendMu.Unlock()
 	p.applyMu.Lock()
 	defer p.applyMu.Unlock()
 	defer p.wake()
@@ -244,13 +299,13 @@ func (p *Pair) appliedTo(i uint64) {
 }
 
 // Append takes a batch of the leader's (the follower's side: it is what a
-// dwqueue.Peer delivers), durably in the log before it returns, and
-// applies what the batch says both copies hold. It returns the index up to
+// dwqueue.Peer delivers), durably in the log before it returns; the
+// applier then applies what the batch says both copies hold. It returns the index up to
 // which the log matches the leader's, or dwqueue.Log.Append's refusals; a
 // replica that leads refuses any append (an *dwqueue.EpochError).
 func (p *Pair) Append(ctx context.Context, a dwqueue.Append) (uint64, error) {
-	p.applyMu.Lock()
-	defer p.applyMu.Unlock()
+	p.appendMu.Lock()
+	defer p.appendMu.Unlock()
 	if p.lead.Load() != nil {
 		return 0, &dwqueue.EpochError{Epoch: p.log.Epoch()}
 	}
@@ -261,17 +316,9 @@ func (p *Pair) Append(ctx context.Context, a dwqueue.Append) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if commit := p.log.Commit(); commit > p.applied {
-		es, err := p.log.Entries(p.applied+1, commit)
-		if err != nil {
-			return 0, err
-		}
-		for _, r := range p.fsm.ApplyBatch(es) {
-			if er, ok := r.(*entryResult); ok && er.err != nil && !errors.Is(er.err, store.ErrBadCommand) {
-				return 0, er.err // the replica failed: the leader must not count on this copy
-			}
-		}
-		p.appliedTo(commit)
+	select {
+	case p.applyWake <- struct{}{}:
+	default:
 	}
 	return end, nil
 }
@@ -417,6 +464,10 @@ func (p *Pair) Close() error {
 	p.closed = true
 	p.stopLeading()
 	p.prop.close()
+	close(p.applierStop)
+	<-p.applierDone
+	p.appendMu.Lock()
+	defer p.appendMu.Unlock()
 	p.applyMu.Lock()
 	defer p.applyMu.Unlock()
 	p.closing = true

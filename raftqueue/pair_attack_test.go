@@ -542,6 +542,7 @@ func TestPairAttack_HostileAppends(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := func() []string {
+		p.waitApplied(t)
 		part, err := p.Partition(0)
 		if err != nil {
 			t.Fatal(err)

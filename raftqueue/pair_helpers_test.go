@@ -294,3 +294,22 @@ func (ps *pairs) String() string {
 	defer ps.mu.Unlock()
 	return fmt.Sprintf("epoch %d led by %s", ps.epoch, ps.id(ps.leader))
 }
+
+// waitApplied waits until p's applier has applied everything its log
+// knows committed (a follower applies off the path of its appends).
+func (p *Pair) waitApplied(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(patience)
+	for {
+		p.applyMu.Lock()
+		done := p.applied >= p.log.Commit() || p.closing
+		p.applyMu.Unlock()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the follower's applier did not catch up within %v", patience)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
