@@ -75,13 +75,13 @@ type Pair struct {
 	// Apply) and the follower's (the applier). Lock order: roleMu,
 	// appendMu, applyMu.
 	applyMu sync.Mutex
-	applied uint64        // guarded by applyMu: the log is applied up to here
+	applied uint64 // guarded by applyMu: the log is applied up to here
 	// The follower's applier (applier): woken by Append, stopped by Close.
 	applyWake                chan struct{}
 	applierStop, applierDone chan struct{}
-	readyAt uint64        // guarded by applyMu: the log's end when this replica took the lead
-	closing bool          // guarded by applyMu: Close began
-	changed chan struct{} // guarded by applyMu: closed when applied, the role or closed change
+	readyAt                  uint64        // guarded by applyMu: the log's end when this replica took the lead
+	closing                  bool          // guarded by applyMu: Close began
+	changed                  chan struct{} // guarded by applyMu: closed when applied, the role or closed change
 }
 
 // OpenPair opens (creating if needed) the replica in cfg.Dir. It neither
