@@ -529,14 +529,14 @@ func (cn *clusterNode) attachReplica(r *replica.Raft3) error {
 // allows it); one with state rejoins.
 func (cn *clusterNode) openReplica(cfg replica.Raft3Config) (*raftqueue.Group, error) {
 	name := raft3Name(cfg.Topic, cfg.First)
-	return openWithLog(cn.m, name, func(log *raftqueue.WALLog) (*raftqueue.Group, error) { return cn.openGroup(cfg, name, log) })
+	return openWithLog(cn.m, name, false, func(log *raftqueue.WALLog) (*raftqueue.Group, error) { return cn.openGroup(cfg, name, log) })
 }
 
 // openWithLog opens a replica with open, given its log, the WAL stream
-// name. The log stays in raftLogs until the replica opened: a stream is
-// retained once per WAL, and a failed open is tried again at the metadata
-// state's next change.
-func openWithLog[R any](m *MQ, name string, open func(log *raftqueue.WALLog) (R, error)) (R, error) {
+// name. The log stays in raftLogs until the replica opened (for good with
+// keep): a stream is retained once per WAL, and a failed open is tried
+// again at the metadata state's next change.
+func openWithLog[R any](m *MQ, name string, keep bool, open func(log *raftqueue.WALLog) (R, error)) (R, error) {
 	log, ok := m.raftLogs[name]
 	if !ok {
 		var err error
@@ -550,7 +550,7 @@ func openWithLog[R any](m *MQ, name string, open func(log *raftqueue.WALLog) (R,
 		m.raftLogs[name] = log
 	}
 	r, err := open(log)
-	if err == nil {
+	if err == nil && !keep {
 		delete(m.raftLogs, name)
 	}
 	return r, err

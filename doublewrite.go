@@ -65,7 +65,9 @@ func (cn *clusterNode) openPair(topic string, i int) (*raftqueue.Pair, error) {
 	if maxFrame == 0 {
 		maxFrame = DefaultMaxFrameBytes
 	}
-	return openWithLog(m, dwName(topic, i), func(log *raftqueue.WALLog) (*raftqueue.Pair, error) {
+	// The log is kept in raftLogs: a replica the record removes from this
+	// node is closed, and one it places here again reopens on its log.
+	return openWithLog(m, dwName(topic, i), true, func(log *raftqueue.WALLog) (*raftqueue.Pair, error) {
 		return raftqueue.OpenPair(raftqueue.PairConfig{Dir: filepath.Join(m.dir, "dw", topic, strconv.Itoa(i)), Log: log,
 			MaxBatchBytes: maxFrame - frameOverhead})
 	})

@@ -235,3 +235,105 @@ func TestDoubleWrite_FollowerLost(t *testing.T) {
 		}
 	}
 }
+
+// TestDoubleWrite_AckAlone: with the risk stage, a pair whose follower's
+// node is gone goes on acking on its leader's copy while a new follower
+// catches up (no ErrNoQuorum); the old follower back, the leader is
+// killed, the new follower, once in sync, is promoted, and every acked
+// message is there, once. The
+// loss the option documents (the lone copy's disk) is not caused here: the
+// killed nodes keep their disks.
+func TestDoubleWrite_AckAlone(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	if err := c.nodes["n1"].CreateMQ(ctx, "d", 1, mq.Options{Type: mq.DoubleWrite, AckAlone: true}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["d"] == 1 })
+	}
+	leader := c.leaderOf("d", 0)
+	var follower, other string
+	for id := range c.nodes {
+		if id == leader {
+			continue
+		}
+		// The follower is the node holding a replica besides the leader.
+		if c.holdsReplica(id, "d", 0) {
+			follower = id
+		} else {
+			other = id
+		}
+	}
+	if follower == "" || other == "" {
+		t.Fatalf("leader %s, follower %q, other %q", leader, follower, other)
+	}
+	acked := sendAll(ctx, t, c.nodes[leader], "d", 1, 30, "a")
+	c.kill(follower)
+	// Sends go on: no ErrNoQuorum (sendAll would wait it out; count them).
+	p, err := c.nodes[leader].NewProducer("d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	refused := 0
+	for i := range 60 {
+		msg := &mq.Message{ID: fmt.Sprintf("b-%d", i), Body: []byte("b")}
+		for {
+			_, err := p.SendMessage(ctx, msg)
+			if err == nil {
+				break
+			}
+			if errors.Is(err, mq.ErrNoQuorum) {
+				refused++
+			} else if !errors.Is(err, mq.ErrUnknownOutcome) {
+				t.Fatalf("send %s with the follower gone: %v", msg.ID, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		acked = append(acked, msg.ID)
+	}
+	if refused > 0 {
+		t.Errorf("the risk stage refused %d sends with ErrNoQuorum", refused)
+	}
+	// The new follower (the third node) catches up and is recorded in sync;
+	// then the leader is killed and it is promoted.
+	waitFor(t, 30*time.Second, other+" in sync", func() bool { return c.holdsReplica(other, "d", 0) && c.inSync("d", 0, other) })
+	c.start(follower) // back, holding no replica now: the metadata group keeps its quorum when the leader goes
+	c.waitUp(3)
+	c.kill(leader)
+	acked = append(acked, sendAll(ctx, t, c.nodes[other], "d", 1, 20, "c")...)
+	if now := c.leaderOf("d", 0); now != other {
+		t.Fatalf("%s leads, not the in-sync %s", now, other)
+	}
+	c.start(leader)
+	seen := readAll(ctx, t, c.nodes[other], "d", 1)
+	for _, id := range acked {
+		if seen[id] != 1 {
+			t.Errorf("%s stored %d times", id, seen[id])
+		}
+	}
+}
+
+// record returns the metadata record of partition part of topic as some
+// open node sees it.
+func (c *testCluster) record(topic string, part int) (leader string, replicas, inSync []string) {
+	for _, m := range c.nodes {
+		leader, replicas, inSync, _ = mq.PairRecord(m, topic, part)
+		return leader, replicas, inSync
+	}
+	return "", nil, nil
+}
+
+// holdsReplica reports whether node id holds a replica of the partition.
+func (c *testCluster) holdsReplica(id, topic string, part int) bool {
+	_, replicas, _ := c.record(topic, part)
+	return slices.Contains(replicas, id)
+}
+
+// inSync reports whether node id is recorded in sync for the partition.
+func (c *testCluster) inSync(topic string, part int, id string) bool {
+	_, _, inSync := c.record(topic, part)
+	return slices.Contains(inSync, id)
+}

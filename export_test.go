@@ -96,3 +96,13 @@ func ReviewRemotePartition(m *MQ, node, topic string, i int) (partition.Partitio
 	}
 	return remote.NewPartition(c, topic, i, remote.PartitionConfig{}), nil
 }
+
+// PairRecord returns the metadata record of partition part of topic as node
+// m sees it: its leader, replicas, in-sync replicas and epoch.
+func PairRecord(m *MQ, topic string, part int) (leader string, replicas, inSync []string, epoch uint64) {
+	p, ok := m.cluster.agent.Meta().State().Partition(topic, part)
+	if !ok {
+		return "", nil, nil, 0
+	}
+	return p.Leader, p.Replicas, p.InSync, p.Epoch
+}
