@@ -241,6 +241,7 @@ func (d *DoubleWrite) watch() {
 	defer tick.Stop()
 	var laggingSince time.Time // since when the follower lags and matched nothing new
 	var lastMatched uint64
+	asyncFrom := uint64(0) // async: what the follower matched when the leader went async
 	for {
 		select {
 		case <-d.ctx.Done():
@@ -268,11 +269,15 @@ func (d *DoubleWrite) watch() {
 		}
 		lastMatched = matched
 		stuck := !laggingSince.IsZero() && time.Since(laggingSince) > d.cfg.FollowerTimeout
-		d.setStalled(stuck && !rec.Alone)
+		d.setStalled(stuck)
+		if !role.async {
+			asyncFrom = matched
+		}
 		switch {
-		case !rec.followerInSync() && role.async && lag <= 64:
-			// Close enough: commit on both copies again, so that the
-			// follower ends up holding everything.
+		case !rec.followerInSync() && role.async && lag <= 64 && matched > asyncFrom:
+			// The follower answers again (it matched something since the
+			// leader went async) and is close: commit on both copies
+			// again, so that it ends up holding everything.
 			d.mu.Lock()
 			if d.role == role {
 				d.syncing = true
@@ -341,7 +346,13 @@ func (d *DoubleWrite) local() (p *raftqueue.Pair, refuse bool) {
 	if d.pair == nil || !d.role.lead || d.rec.leader() != d.cfg.Self {
 		return nil, false
 	}
-	return d.pair, !d.rec.Alone && (!d.rec.followerInSync() || !d.rec.FollowerUp || d.stalled)
+	if d.rec.Alone {
+		// The risk stage: refused only while the follower, recorded in
+		// sync, stalled and the leader could not yet be recorded alone
+		// (no metadata quorum): they would wait for it.
+		return d.pair, d.stalled && d.rec.followerInSync()
+	}
+	return d.pair, !d.rec.followerInSync() || !d.rec.FollowerUp || d.stalled
 }
 
 // route runs a call at the leader the record names: local with this node's
@@ -525,6 +536,11 @@ func (d *DoubleWrite) callCtx() (context.Context, context.CancelFunc) {
 func (d *DoubleWrite) AppendFrom(leader string) (*raftqueue.Pair, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.pair != nil && d.rec.leader() == d.cfg.Self {
+		// A leader deposed by this one: the replica refuses its epoch
+		// (dwqueue.EpochError), which tells it so.
+		return d.pair, nil
+	}
 	if d.pair == nil || d.rec.follower() != d.cfg.Self {
 		return nil, fmt.Errorf("%w: %s does not follow here", store.ErrClosed, d.Name())
 	}
