@@ -795,7 +795,7 @@ func (w *WAL) run() {
 		tick = t.C
 	}
 	var prevDur time.Duration
-	var prevRecs, queued int
+	var prevRecs, queued, skip int
 	for {
 		select {
 		case <-w.queued:
@@ -821,15 +821,24 @@ func (w *WAL) run() {
 		}
 		// The senders the last write acknowledged are on their way back:
 		// wait for them a little (at most half a write), so that they join
-		// this write instead of making the next one.
-		if target := prevRecs + queued; len(batch) < target && prevDur > 0 {
+		// this write instead of making the next one. Writers whose acks
+		// travel further first (a replica's log, answered after a round
+		// trip) do not come back that soon: after a wait that gained
+		// nothing the next waitSkips writes do not wait.
+		if target := prevRecs + queued; len(batch) < target && prevDur > 0 && skip == 0 {
 			deadline := time.Now().Add(min(prevDur/2, time.Millisecond))
+			before := len(batch)
 			for len(batch) < target && time.Now().Before(deadline) {
 				n := len(batch)
 				if batch = w.take(batch); len(batch) == n {
 					runtime.Gosched()
 				}
 			}
+			if len(batch) == before {
+				skip = waitSkips
+			}
+		} else if skip > 0 {
+			skip--
 		}
 		if len(batch) == 0 {
 			continue
@@ -845,6 +854,10 @@ func (w *WAL) run() {
 		batch = batch[:0]
 	}
 }
+
+// waitSkips is how many writes go without waiting for returning writers
+// after a wait that gained none.
+const waitSkips = 16
 
 // take moves the queued appends to batch.
 func (w *WAL) take(batch []*walReq) []*walReq {
