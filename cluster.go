@@ -45,6 +45,7 @@ type clusterNode struct {
 	// change tries to open it again (sync). Guarded by the MQ's adminMu.
 	unopened map[*replica.Raft3]struct{}
 	groups   replica.Groups // this node's replicas of raft groups
+	pairs    replica.Pairs  // the DoubleWrite pairs of the table
 }
 
 // errStarting is what another node's call gets while this node's agent is
@@ -590,7 +591,7 @@ func (m *MQ) retainRaftLog(stream string) error {
 func (cn *clusterNode) createTopic(ctx context.Context, name string, partitions int, opts Options) error {
 	now := time.Now().UnixNano()
 	_, err := cn.agent.Propose(ctx, cluster.CreateTopic{Name: name, Partitions: partitions, Type: uint8(opts.Type), Now: now,
-		GroupSize: opts.PartitionsPerRaftGroup, AllowAlone: opts.AckAlone})
+		GroupSize: opts.PartitionsPerRaftGroup + opts.PartitionsPerPair, AllowAlone: opts.AckAlone}) // one of them is zero (Options.check)
 	if errors.Is(err, cluster.ErrUnknownOutcome) || errors.Is(err, cluster.ErrTopicExists) {
 		// A create that may have been applied, or repeated after one that
 		// was: it is this call's when the topic carries its time.

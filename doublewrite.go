@@ -14,18 +14,22 @@ import (
 	"github.com/zeze-go/mq/raftqueue"
 )
 
-// A DoubleWrite partition on a node (replica.DoubleWrite): its replica
-// here, if the metadata places one here, in <dir>/dw/<topic>/<index>, its
-// log a stream of the node's WAL, dw/<topic>/<index>; it leads or follows
-// as the partition's record says, and the record's changes (a promotion, a
-// new follower, the in-sync set) reach it at each sync.
+// A DoubleWrite partition on a node (replica.DoubleWrite) shares the pair
+// of its chunk (replica.Pair: the partitions placed together, which share
+// one log and one record): the pair's replica here, if the metadata places
+// one here, is in <dir>/dw/<topic>/<first>, its log a stream of the node's
+// WAL, dw/<topic>/<first>; it leads or follows as the record says, and the
+// record's changes (a promotion, a new follower, the in-sync set) reach it
+// at each sync.
 
 const dwPrefix = "dw/"
 
-// dwName is the WAL stream of a DoubleWrite partition's log.
-func dwName(topic string, i int) string { return dwPrefix + topic + "/" + strconv.Itoa(i) }
+// dwName is the WAL stream of the log of the pair whose chunk starts at
+// partition first.
+func dwName(topic string, first int) string { return dwPrefix + topic + "/" + strconv.Itoa(first) }
 
-// pairRecord is partition i of t in st as replica.DoubleWrite reads it.
+// pairRecord is the record of partition i's pair of t in st as
+// replica.Pair reads it.
 func pairRecord(st *cluster.State, t cluster.Topic, i int) replica.PairRecord {
 	p := t.Parts[i]
 	reps := []string{p.Leader}
@@ -37,29 +41,35 @@ func pairRecord(st *cluster.State, t cluster.Topic, i int) replica.PairRecord {
 	return replica.PairRecord{Replicas: reps, Epoch: p.Epoch, Version: p.Version, InSync: p.InSync, Alone: t.Alone, FollowerUp: nd.Up}
 }
 
-// openDoubleWrite opens partition i of DoubleWrite topic t.
+// openDoubleWrite opens partition i of DoubleWrite topic t, on the pair of
+// its chunk.
 func (cn *clusterNode) openDoubleWrite(t cluster.Topic, i int) (partition.Partition, bool, error) {
 	m := cn.m
-	topic, rec := t.Name, pairRecord(cn.agent.Meta().State(), t, i)
-	d := replica.NewDoubleWrite(replica.DoubleWriteConfig{Topic: topic, Index: i, Self: cn.agent.ID(), Peer: cn.agent.Peer,
-		Open: func() (*raftqueue.Pair, error) { return cn.openPair(topic, i) },
+	topic := t.Name
+	first, n := t.Chunk(i)
+	logger := m.cfg.logger.With("topic", topic, "pair", first)
+	pair := cn.pairs.Attach(replica.PairConfig{Topic: topic, First: first, Self: cn.agent.ID(), Peer: cn.agent.Peer,
+		Open: func() (*raftqueue.Pair, error) { return cn.openPair(topic, first, n) },
 		SetInSync: func(ctx context.Context, rec replica.PairRecord, inSync []string) error {
-			_, err := cn.agent.Propose(ctx, cluster.SetInSync{Topic: topic, Partition: i, Version: rec.Version, InSync: inSync})
+			_, err := cn.agent.Propose(ctx, cluster.SetInSync{Topic: topic, Partition: first, Version: rec.Version, InSync: inSync})
 			return err
 		},
 		RenewEpoch: func(ctx context.Context, rec replica.PairRecord) error {
-			_, err := cn.agent.Propose(ctx, cluster.RenewEpoch{Topic: topic, Partition: i, Version: rec.Version})
+			_, err := cn.agent.Propose(ctx, cluster.RenewEpoch{Topic: topic, Partition: first, Version: rec.Version})
 			return err
 		},
-		Now: m.cfg.clock.Now, Logger: m.cfg.logger.With("topic", topic, "partition", i)}, rec)
+		Logger: logger}, pairRecord(cn.agent.Meta().State(), t, first))
+	d := replica.NewDoubleWrite(replica.DoubleWriteConfig{Topic: topic, Index: i, First: first, Self: cn.agent.ID(),
+		Peer: cn.agent.Peer, Now: m.cfg.clock.Now}, pair)
 	// Its upkeep runs wherever the record moves its leader: every node
 	// watches (WhileLeading).
 	return d, true, nil
 }
 
-// openPair opens this node's replica of partition i of DoubleWrite topic
-// topic, its log a stream of the node's WAL (openWithLog).
-func (cn *clusterNode) openPair(topic string, i int) (*raftqueue.Pair, error) {
+// openPair opens this node's replica of the pair of the n partitions of
+// DoubleWrite topic topic from first, its log a stream of the node's WAL
+// (openWithLog).
+func (cn *clusterNode) openPair(topic string, first, n int) (*raftqueue.Pair, error) {
 	m := cn.m
 	maxFrame := m.cfg.cluster.MaxFrameBytes
 	if maxFrame == 0 {
@@ -67,14 +77,14 @@ func (cn *clusterNode) openPair(topic string, i int) (*raftqueue.Pair, error) {
 	}
 	// The log is kept in raftLogs: a replica the record removes from this
 	// node is closed, and one it places here again reopens on its log.
-	return openWithLog(m, dwName(topic, i), true, func(log *raftqueue.WALLog) (*raftqueue.Pair, error) {
-		return raftqueue.OpenPair(raftqueue.PairConfig{Dir: filepath.Join(m.dir, "dw", topic, strconv.Itoa(i)), Log: log,
-			MaxBatchBytes: maxFrame - frameOverhead})
+	return openWithLog(m, dwName(topic, first), true, func(log *raftqueue.WALLog) (*raftqueue.Pair, error) {
+		return raftqueue.OpenPair(raftqueue.PairConfig{Dir: filepath.Join(m.dir, "dw", topic, strconv.Itoa(first)), Log: log,
+			Partitions: n, MaxBatchBytes: maxFrame - frameOverhead})
 	})
 }
 
-// updateDoubleWrite hands each DoubleWrite partition of the table its
-// record in st.
+// updateDoubleWrite hands each DoubleWrite pair of the table its record
+// in st, once.
 func (cn *clusterNode) updateDoubleWrite(st *cluster.State) {
 	for _, t := range cn.m.topics.All() {
 		ct, ok := st.Topic(t.Name)
@@ -82,8 +92,8 @@ func (cn *clusterNode) updateDoubleWrite(st *cluster.State) {
 			continue
 		}
 		for i, p := range t.Parts {
-			if d, ok := p.(*replica.DoubleWrite); ok && i < len(ct.Parts) {
-				d.Update(pairRecord(st, ct, i))
+			if d, ok := p.(*replica.DoubleWrite); ok && i < len(ct.Parts) && ct.Parts[i].Chunk == i {
+				d.Pair().Update(pairRecord(st, ct, i))
 			}
 		}
 	}

@@ -258,6 +258,8 @@ func dwaFollower(c *testCluster, leader string, part int) string {
 
 // dwaPairOff returns a partition of "d" (parts partitions) whose leader
 // and follower are both nodes other than the metadata leader, and them.
+// The topic needs pairs of their own (PartitionsPerPair 1), spread over
+// the nodes.
 func dwaPairOff(t *testing.T, c *testCluster, parts int) (part int, leader, follower string) {
 	t.Helper()
 	var meta string
@@ -286,7 +288,7 @@ func dwaPairOff(t *testing.T, c *testCluster, parts int) (part int, leader, foll
 func TestDoubleWriteAttack_AckAloneLinkCut(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{AckAlone: true}, &logs)
+	c := newDWACluster(t, 3, parts, mq.Options{AckAlone: true, PartitionsPerPair: 1}, &logs)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	part, leader, follower := dwaPairOff(t, c, parts)
@@ -695,7 +697,7 @@ func TestDoubleWriteAttack_ClusterRestartUnderLoad(t *testing.T) {
 func TestDoubleWriteAttack_LeaderCutFromMetadata(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{}, &logs)
+	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 1}, &logs)
 	part, leader, follower := dwaPairOff(t, c, parts)
 	meta := dwaOthers(c, leader, follower)[0]
 	l := newDWALoad(c, parts)
@@ -744,7 +746,7 @@ func TestDoubleWriteAttack_LeaderCutFromMetadata(t *testing.T) {
 func TestDoubleWriteAttack_LinkCutNoAckAlone(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{}, &logs)
+	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 1}, &logs)
 	part, leader, follower := dwaPairOff(t, c, parts)
 	acked, err := dwaSend(c.nodes[leader], parts, part, 20, "a", 20*time.Second)
 	if err != nil {
@@ -1194,7 +1196,8 @@ func TestDoubleWriteAttack_AlterUnderLoad(t *testing.T) {
 }
 
 // TestDoubleWriteAttack_Options: AckAlone only with DoubleWrite (Raft3,
-// Single, the zero Type refused), DoubleWrite refuses a group size,
+// Single, the zero Type refused), DoubleWrite refuses a raft group size,
+// PartitionsPerPair only with DoubleWrite and within 1..MaxPartitionsPerPair,
 // DoubleWrite (with or without AckAlone) needs a cluster, AlterMQ cannot
 // shrink a DoubleWrite topic, and a producer reports the type.
 func TestDoubleWriteAttack_Options(t *testing.T) {
@@ -1203,7 +1206,9 @@ func TestDoubleWriteAttack_Options(t *testing.T) {
 	defer cancel()
 	m := c.nodes["n1"]
 	for _, o := range []mq.Options{{Type: mq.Raft3, AckAlone: true}, {Type: mq.Single, AckAlone: true}, {AckAlone: true},
-		{Type: mq.DoubleWrite, PartitionsPerRaftGroup: 2}, {Type: mq.DoubleWrite, AckAlone: true, PartitionsPerRaftGroup: 1}} {
+		{Type: mq.DoubleWrite, PartitionsPerRaftGroup: 2}, {Type: mq.DoubleWrite, AckAlone: true, PartitionsPerRaftGroup: 1},
+		{Type: mq.DoubleWrite, PartitionsPerPair: -1}, {Type: mq.DoubleWrite, PartitionsPerPair: mq.MaxPartitionsPerPair + 1},
+		{Type: mq.DoubleWrite, PartitionsPerPair: 1 << 62}, {Type: mq.Raft3, PartitionsPerPair: 2}, {PartitionsPerPair: 1}} {
 		if err := m.CreateMQ(ctx, "x", 1, o); !errors.Is(err, mq.ErrInvalidOption) {
 			t.Errorf("CreateMQ %+v: %v, want ErrInvalidOption", o, err)
 		}
@@ -1332,7 +1337,7 @@ func TestDoubleWriteAttack_AckAloneFollowerKilled(t *testing.T) {
 func TestDoubleWriteAttack_StaleLeaderRead(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{}, &logs)
+	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 1}, &logs)
 	part, leader, follower := dwaPairOff(t, c, parts)
 	meta := dwaOthers(c, leader, follower)[0]
 	if _, err := dwaSend(c.nodes[meta], parts, part, 5, "a", 20*time.Second); err != nil {

@@ -53,6 +53,15 @@ type Options struct {
 	// their leaders spread over the nodes. AlterMQ's new partitions make
 	// groups of their own, of this size. Other types must leave it zero.
 	PartitionsPerRaftGroup int
+	// PartitionsPerPair is, for a DoubleWrite topic, how many of its
+	// partitions share one pair (zero means DefaultPartitionsPerPair, at
+	// most MaxPartitionsPerPair): they are placed on the same leader and
+	// follower, one write to each copy carries the sends and commits of
+	// all of them, and they fail over together (one record in the
+	// metadata). 1 gives each partition a pair of its own, so their leaders
+	// spread over the nodes. AlterMQ's new partitions make pairs of their
+	// own, of this size. Other types must leave it zero.
+	PartitionsPerPair int
 	// AckAlone is, for a DoubleWrite topic, the risk stage: a leader whose
 	// follower is lost (or still catching up after a failover) goes on
 	// acking sends with its own copy alone, recorded in the metadata as
@@ -63,10 +72,12 @@ type Options struct {
 	AckAlone bool
 }
 
-// Limits of Options.PartitionsPerRaftGroup.
+// Limits of Options.PartitionsPerRaftGroup and Options.PartitionsPerPair.
 const (
 	DefaultPartitionsPerRaftGroup = 8
 	MaxPartitionsPerRaftGroup     = cluster.MaxGroupSize
+	DefaultPartitionsPerPair      = 8
+	MaxPartitionsPerPair          = cluster.MaxGroupSize
 )
 
 func (o Options) withDefaults() Options {
@@ -76,6 +87,9 @@ func (o Options) withDefaults() Options {
 	if o.Type == Raft3 && o.PartitionsPerRaftGroup == 0 {
 		o.PartitionsPerRaftGroup = DefaultPartitionsPerRaftGroup
 	}
+	if o.Type == DoubleWrite && o.PartitionsPerPair == 0 {
+		o.PartitionsPerPair = DefaultPartitionsPerPair
+	}
 	return o
 }
 
@@ -84,6 +98,10 @@ func (o Options) check() error {
 	n := o.PartitionsPerRaftGroup
 	if o.Type == Raft3 && (n < 1 || n > MaxPartitionsPerRaftGroup) || o.Type != Raft3 && n != 0 {
 		return fmt.Errorf("%w: PartitionsPerRaftGroup %d for %v (Raft3: 1..%d; others: 0)", ErrInvalidOption, n, o.Type, MaxPartitionsPerRaftGroup)
+	}
+	n = o.PartitionsPerPair
+	if o.Type == DoubleWrite && (n < 1 || n > MaxPartitionsPerPair) || o.Type != DoubleWrite && n != 0 {
+		return fmt.Errorf("%w: PartitionsPerPair %d for %v (DoubleWrite: 1..%d; others: 0)", ErrInvalidOption, n, o.Type, MaxPartitionsPerPair)
 	}
 	if o.AckAlone && o.Type != DoubleWrite {
 		return fmt.Errorf("%w: AckAlone is for DoubleWrite topics, not %v", ErrInvalidOption, o.Type)

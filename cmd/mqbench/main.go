@@ -102,7 +102,7 @@ func main() {
 	flag.StringVar(&cfg.dir, "dir", "", "directory for the data files; each case works in a new subdirectory, removed after it (default: the system's temporary directory)")
 	flag.IntVar(&cfg.rate, "rate", 2000, "e2e: messages sent per second")
 	flag.IntVar(&cfg.runs, "runs", 1, "run the list of cases this many times (the machine's noise shows in the spread of ratios)")
-	flag.IntVar(&cfg.raftGroup, "raft-group", 0, "raft3 and raft3-idle: partitions per raft group (mq.Options.PartitionsPerRaftGroup; 0: its default)")
+	flag.IntVar(&cfg.raftGroup, "raft-group", 0, "raft3, raft3-idle and doublewrite: partitions per raft group or pair (mq.Options.PartitionsPerRaftGroup, PartitionsPerPair; 0: the default)")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Usage = usage
 	flag.Parse()

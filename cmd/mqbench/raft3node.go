@@ -21,8 +21,12 @@ func init() {
 		b.raftGroup = 1
 		return runRaft3Node(ctx, b)
 	})
-	register("doublewrite", "the three nodes of raft3 with a DoubleWrite topic of P partitions (a leader and a follower each, placed by load): C producers spread over the nodes send keyed messages", func(ctx context.Context, b *bench) (result, error) {
+	register("doublewrite", "the three nodes of raft3 with a DoubleWrite topic of P partitions (-raft-group of them per pair: a leader and a follower, placed by load): C producers spread over the nodes send keyed messages", func(ctx context.Context, b *bench) (result, error) {
 		b.doubleWrite = true
+		return runRaft3Node(ctx, b)
+	})
+	register("doublewrite-own", "doublewrite with a pair of its own for each partition (PartitionsPerPair 1)", func(ctx context.Context, b *bench) (result, error) {
+		b.doubleWrite, b.raftGroup = true, 1
 		return runRaft3Node(ctx, b)
 	})
 	register("raft3-leader", "raft3 with every producer on a node that leads: no send forwarded (what forwarding costs, against raft3)", func(ctx context.Context, b *bench) (result, error) {
@@ -117,7 +121,7 @@ func openRaft3Cluster(ctx context.Context, b *bench) ([]*mq.MQ, error) {
 	}
 	opts := mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: b.raftGroup}
 	if b.doubleWrite {
-		opts = mq.Options{Type: mq.DoubleWrite}
+		opts = mq.Options{Type: mq.DoubleWrite, PartitionsPerPair: b.raftGroup}
 	}
 	if err := nodes[0].CreateMQ(ctx, "bench", b.partitions, opts); err != nil {
 		return nodes, err

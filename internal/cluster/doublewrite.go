@@ -58,12 +58,17 @@ func (s *State) pair(topic string, part int, version uint64) (Topic, Partition, 
 	return t, p, nil
 }
 
-// withPart returns t with partition i replaced by p (t's slice is shared
-// with older States: copied, never modified).
+// withPart returns t with the record of partition i's chunk replaced by
+// p's: the partitions sharing a pair share its record, so a command naming
+// any of them changes all (t's slice is shared with older States: copied,
+// never modified).
 func (s *State) withPart(t Topic, i int, p Partition) Topic {
 	p.Version++
+	first, n := t.Chunk(i)
 	t.Parts = slices.Clone(t.Parts)
-	t.Parts[i] = p
+	for j := first; j < first+n; j++ {
+		t.Parts[j] = p
+	}
 	s.topics[t.Name] = t
 	return t
 }

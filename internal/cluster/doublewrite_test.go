@@ -273,3 +273,64 @@ func TestDoubleWrite_CommandVersion2(t *testing.T) {
 		t.Fatalf("decoded %+v, want %+v", c, want)
 	}
 }
+
+// TestDoubleWrite_Chunks: the partitions placed together share a pair and
+// its record: a command naming any of them changes all of them, and none
+// of another chunk; a snapshot round-trips them, and one whose chunk
+// members disagree is ErrCorrupt.
+func TestDoubleWrite_Chunks(t *testing.T) {
+	ft := newFSMT(t)
+	ft.nodes("a", "b", "c", "d")
+	top := ft.must(CreateTopic{Name: "d", Partitions: 5, Type: TypeDoubleWrite, GroupSize: 2}).Topic
+	for i, want := range []int{0, 0, 2, 2, 4} {
+		if got := top.Parts[i].Chunk; got != want {
+			t.Fatalf("d/%d in chunk %d, want %d", i, got, want)
+		}
+	}
+	if slices.Equal(top.Parts[0].Replicas, top.Parts[2].Replicas) {
+		t.Fatalf("two chunks on the same pair %q: not spread by load", top.Parts[0].Replicas)
+	}
+	p := ft.dwPart(1)
+	ft.must(SetInSync{Topic: "d", Partition: 1, Version: 1, InSync: []string{p.Leader}})
+	for i := range 2 {
+		if q := ft.dwPart(i); q.Version != 2 || !slices.Equal(q.InSync, []string{p.Leader}) || q.Chunk != 0 {
+			t.Fatalf("d/%d after SetInSync on d/1: %+v", i, q)
+		}
+	}
+	if q := ft.dwPart(2); q.Version != 1 || len(q.InSync) != 2 {
+		t.Fatalf("d/2, another chunk, changed: %+v", q)
+	}
+	ft.refused(RenewEpoch{Topic: "d", Partition: 0, Version: 1}, ErrStale)
+	ft.must(SetInSync{Topic: "d", Partition: 0, Version: 2, InSync: p.Replicas})
+	ft.must(NodeDown{ID: p.Leader, Session: 1})
+	ft.must(Promote{Topic: "d", Partition: 0, Version: 3, Leader: p.Follower()})
+	a, b := ft.dwPart(0), ft.dwPart(1)
+	if a.Leader != p.Follower() || a.Epoch != 2 || a.Version != 4 || !slices.Equal(a.Replicas, b.Replicas) ||
+		a.Leader != b.Leader || a.Epoch != b.Epoch || a.Version != b.Version || !slices.Equal(a.InSync, b.InSync) || b.Chunk != 0 {
+		t.Fatalf("after Promote on d/0: d/0 %+v, d/1 %+v", a, b)
+	}
+	ft.must(AlterTopic{Name: "d", Partitions: 6})
+	if q := ft.dwPart(5); q.Chunk != 5 || q.Version != 1 {
+		t.Fatalf("d/5 added by AlterTopic: %+v, want a chunk of its own", q)
+	}
+
+	s := ft.s()
+	b64 := encodeSnap(t, s)
+	got, err := DecodeSnapshot(b64)
+	if err != nil || !sameState(s, got) {
+		t.Fatalf("round trip: %v", err)
+	}
+	for name, damage := range map[string]func(v *snapV3){
+		"Epoch":   func(v *snapV3) { v.Topics[0].Parts[1].Epoch++ },
+		"Version": func(v *snapV3) { v.Topics[0].Parts[3].Version++ },
+		"InSync":  func(v *snapV3) { p := &v.Topics[0].Parts[1]; p.InSync = p.Replicas },
+		"Leader": func(v *snapV3) {
+			p := &v.Topics[0].Parts[3]
+			p.Leader, p.InSync = p.Replicas[1], []string{p.Replicas[1]}
+		},
+	} {
+		t.Run(name, func(t *testing.T) { corruptSnapshot(t, b64, damage) })
+	}
+	ft.refused(CreateTopic{Name: "s", Partitions: 2, Type: TypeSingle, GroupSize: 2}, ErrInvalid)
+	ft.refused(CreateTopic{Name: "big", Partitions: 2, Type: TypeDoubleWrite, GroupSize: MaxGroupSize + 1}, ErrInvalid)
+}

@@ -23,6 +23,9 @@ func (m *Meta) failover(ctx context.Context) {
 			continue
 		}
 		for i, p := range t.Parts {
+			if p.Chunk != i {
+				continue // the record of its chunk's first partition, changed with it
+			}
 			f := p.Follower()
 			leader, _ := s.Node(p.Leader)
 			follower, _ := s.Node(f)

@@ -282,7 +282,7 @@ func (v *snapV3) state() (*State, error) {
 		if len(t.Parts) < 1 || len(t.Parts) > MaxPartitions {
 			return nil, fmt.Errorf("topic %s: %d partitions", t.Name, len(t.Parts))
 		}
-		if t.GroupSize < 1 || t.GroupSize > MaxGroupSize || t.GroupSize > 1 && t.Type != TypeRaft3 {
+		if t.GroupSize < 1 || t.GroupSize > MaxGroupSize || t.GroupSize > 1 && !shares(t.Type) {
 			return nil, fmt.Errorf("topic %s: %d partitions per group", t.Name, t.GroupSize)
 		}
 		if t.Alone && t.Type != TypeDoubleWrite {
@@ -309,6 +309,10 @@ func (v *snapV3) state() (*State, error) {
 			}
 			if err := checkPair(t.Type, p); err != nil {
 				return nil, fmt.Errorf("topic %s/%d: %v", t.Name, j, err)
+			}
+			if c := t.Parts[p.Chunk]; t.Type == TypeDoubleWrite && (p.Leader != c.Leader || p.Epoch != c.Epoch ||
+				p.Version != c.Version || !slices.Equal(p.InSync, c.InSync)) {
+				return nil, fmt.Errorf("topic %s/%d: a record other than its pair's (partition %d)", t.Name, j, p.Chunk)
 			}
 			tp.Parts[j] = Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
 				InSync: p.InSync, Version: p.Version}

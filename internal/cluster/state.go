@@ -66,10 +66,13 @@ type Topic struct {
 	Name    string
 	Type    uint8
 	Created int64 // unix ns, stamped by the CreateTopic proposer
-	// GroupSize is, for a Raft3 topic, how many of the partitions placed
-	// together (by CreateTopic, or one AlterTopic) share one raft group:
-	// they have the same replicas, and one entry of that group carries
-	// commands of several of them. 1 for the other types.
+	// GroupSize is, for a Raft3 or DoubleWrite topic, how many of the
+	// partitions placed together (by CreateTopic, or one AlterTopic) share
+	// one replicated log (a raft group, a pair): they have the same
+	// replicas, and one entry of that log carries commands of several of
+	// them. A DoubleWrite chunk's partitions also share their record
+	// (leader, epoch, in-sync set, version): a change of one is a change
+	// of all. 1 for the other types.
 	GroupSize int
 	Parts     []Partition
 	// Alone is, for a DoubleWrite topic, whether a partition's leader may
@@ -78,8 +81,12 @@ type Topic struct {
 	Alone bool
 }
 
-// Chunk returns the partitions sharing partition i's raft group: the
-// first, and how many (1 when it shares none).
+// shares reports whether a topic of type typ may have partitions share a
+// log (GroupSize > 1).
+func shares(typ uint8) bool { return typ == TypeRaft3 || typ == TypeDoubleWrite }
+
+// Chunk returns the partitions sharing partition i's raft group or pair:
+// the first, and how many (1 when it shares none).
 func (t Topic) Chunk(i int) (first, n int) {
 	first = t.Parts[i].Chunk
 	for n = 1; first+n < len(t.Parts) && t.Parts[first+n].Chunk == first; n++ {
@@ -441,8 +448,8 @@ func (s *State) createTopic(c CreateTopic) (Topic, error) {
 		return Topic{}, fmt.Errorf("%w: topic %s: %d replicas for type %d (%d)", ErrInvalid, c.Name, c.Replicas, c.Type, want)
 	}
 	size := max(c.GroupSize, 1) // 0: a command of version 1, before groups were shared
-	if size > MaxGroupSize || size > 1 && c.Type != TypeRaft3 {
-		return Topic{}, fmt.Errorf("%w: topic %s: %d partitions per group for type %d (Raft3: 1..%d)", ErrInvalid, c.Name, c.GroupSize, c.Type, MaxGroupSize)
+	if size > MaxGroupSize || size > 1 && !shares(c.Type) {
+		return Topic{}, fmt.Errorf("%w: topic %s: %d partitions per group for type %d (Raft3, DoubleWrite: 1..%d)", ErrInvalid, c.Name, c.GroupSize, c.Type, MaxGroupSize)
 	}
 	if _, ok := s.topics[c.Name]; ok {
 		return Topic{}, fmt.Errorf("%w: %s", ErrTopicExists, c.Name)

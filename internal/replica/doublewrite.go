@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
 
-	"github.com/zeze-go/mq/dwqueue"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/raftqueue"
@@ -57,303 +55,62 @@ func (r PairRecord) followerInSync() bool {
 type DoubleWriteConfig struct {
 	Topic string
 	Index int
+	First int    // the first partition of its chunk: the one naming its Pair
 	Self  string // this node's id
 	// Peer returns the RPC client of a node.
 	Peer func(node string) (*remote.Client, error)
-	// Open opens this node's replica, when the record places one here.
-	Open func() (*raftqueue.Pair, error)
-	// SetInSync proposes to the metadata group that the replicas inSync
-	// hold the partition, compare-and-set on the version of rec.
-	SetInSync func(ctx context.Context, rec PairRecord, inSync []string) error
-	// RenewEpoch proposes to the metadata group the next epoch for this
-	// node's replica to lead (a run of a leader needs an epoch of its own:
-	// dwqueue.Log.Lead), compare-and-set on the version of rec.
-	RenewEpoch func(ctx context.Context, rec PairRecord) error
-	// Now stamps the commands this node's replica proposes as the leader.
+	// Now stamps the commands this node's replica proposes as the leader
+	// (time.Now if nil).
 	Now func() time.Time
 	// CallTimeout bounds the reads that take no ctx (DefaultCallTimeout
 	// if zero).
 	CallTimeout time.Duration
-	// FollowerTimeout is how long the leader waits for a follower that
-	// matches none of its new entries before it refuses sends
-	// (ErrNoInSync) until the follower answers again, or, in the risk
-	// stage, has the metadata record it alone in sync and acks on its own
-	// copy (2 s if zero).
-	FollowerTimeout time.Duration
-	// Logger receives the replica's changes (nil: silent).
-	Logger *slog.Logger
 }
 
 // DoubleWrite is a DoubleWrite partition as a node holds it: commands and
-// reads go to the leader the metadata records, this node's replica when it
-// is the one. The replica leads or follows as the record says (Update),
-// and, leading, has the metadata record its follower in sync once it
-// holds everything (and, in the risk stage, out of sync once it stopped
-// answering). Safe for concurrent use.
-//
-// Goroutines: the in-sync watch (watch), stopped by Close.
+// reads go to the leader its pair's record names (Pair), this node's
+// replica when it is the one. Safe for concurrent use.
 type DoubleWrite struct {
 	reads
 	cfg    DoubleWriteConfig
+	pair   *Pair           // shared with the partitions of its chunk; released by Close
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
-	done   chan struct{} // closed when watch returns
 
 	mu      sync.Mutex
-	rec     PairRecord                   // guarded by mu
-	changed chan struct{}                // guarded by mu: closed at each Update
-	pair    *raftqueue.Pair              // guarded by mu: this node's replica, nil if none
-	role    pairRole                     // guarded by mu: what pair was told
-	syncing bool                         // guarded by mu: the risk stage ended, the follower catching up in sync
-	renew   bool                         // guarded by mu: the replica led the record's epoch before: ask for the next
-	stalled bool                         // guarded by mu: leading, the follower matched nothing new for FollowerTimeout
 	remotes map[string]*remote.Partition // guarded by mu
 	closing bool                         // guarded by mu: no waiting for a leader
 	closed  bool                         // guarded by mu
 }
 
-// pairRole is what this node's replica was last told.
-type pairRole struct {
-	lead, follow bool
-	epoch        uint64
-	follower     string // leading: the follower it replicates to
-	async        bool   // leading: the risk stage
-}
-
 var _ partition.Partition = (*DoubleWrite)(nil)
 
-// NewDoubleWrite returns the partition cfg describes, led and followed as
-// rec says.
-func NewDoubleWrite(cfg DoubleWriteConfig, rec PairRecord) *DoubleWrite {
+// NewDoubleWrite returns the partition cfg describes, on pair: a hold
+// taken for it with Pairs.Attach, which its Close releases.
+func NewDoubleWrite(cfg DoubleWriteConfig, pair *Pair) *DoubleWrite {
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = DefaultCallTimeout
 	}
-	if cfg.FollowerTimeout <= 0 {
-		cfg.FollowerTimeout = 2 * time.Second
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	d := &DoubleWrite{cfg: cfg, changed: make(chan struct{}), remotes: map[string]*remote.Partition{}, done: make(chan struct{})}
+	d := &DoubleWrite{cfg: cfg, pair: pair, remotes: map[string]*remote.Partition{}}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	d.reads = reads{at: d.read, ctx: d.ctx, timeout: cfg.CallTimeout}
-	d.Update(rec)
-	go d.watch()
 	return d
 }
 
 // Name is the partition's "topic/index".
 func (d *DoubleWrite) Name() string { return d.cfg.Topic + "/" + strconv.Itoa(d.cfg.Index) }
 
+// Pair is the pair the partition shares with its chunk.
+func (d *DoubleWrite) Pair() *Pair { return d.pair }
+
 // Replica returns this node's replica, nil if it holds none.
-func (d *DoubleWrite) Replica() *raftqueue.Pair {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.pair
-}
+func (d *DoubleWrite) Replica() *raftqueue.Pair { return d.pair.Replica() }
 
-// Update makes rec the partition's record: this node's replica (opened if
-// the record places one here, closed if it no longer does) leads or follows
-// its epoch. A replica that cannot open or take its role is logged and
-// tried again at the next Update.
-func (d *DoubleWrite) Update(rec PairRecord) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return
-	}
-	if rec.follower() != d.rec.follower() || rec.followerInSync() {
-		d.syncing = false
-	}
-	d.rec, d.renew = rec, false
-	close(d.changed)
-	d.changed = make(chan struct{})
-	if err := d.takeRole(); err != nil {
-		d.cfg.Logger.Error("DoubleWrite replica cannot take its role", "epoch", rec.Epoch, "replicas", rec.Replicas, "err", err)
-	}
-}
-
-// takeRole gives this node's replica the role d.rec gives it. mu is held.
-func (d *DoubleWrite) takeRole() error {
-	rec, self := d.rec, d.cfg.Self
-	if self != rec.leader() && self != rec.follower() {
-		if d.pair != nil {
-			err := d.pair.Close()
-			d.pair, d.role = nil, pairRole{}
-			return err
-		}
-		return nil
-	}
-	if d.pair == nil {
-		p, err := d.cfg.Open()
-		if err != nil {
-			return err
-		}
-		d.pair = p
-	}
-	if self == rec.follower() {
-		if d.role.follow && d.role.epoch == rec.Epoch {
-			return nil
-		}
-		d.role = pairRole{}
-		if err := d.pair.Follow(rec.Epoch); err != nil {
-			return err
-		}
-		d.role = pairRole{follow: true, epoch: rec.Epoch}
-		return nil
-	}
-	async := rec.Alone && !rec.followerInSync() && !d.syncing
-	if d.role.lead && d.role.epoch == rec.Epoch && d.role.follower == rec.follower() && d.pair.Leading() {
-		if async != d.role.async {
-			d.pair.SetSync(!async)
-			d.role.async = async
-		}
-		return nil
-	}
-	var peer dwqueue.Peer
-	if f := rec.follower(); f != "" {
-		c, err := d.cfg.Peer(f)
-		if err != nil {
-			return err
-		}
-		peer = PairPeer{Client: c, Topic: d.cfg.Topic, Index: d.cfg.Index}
-	}
-	d.role = pairRole{}
-	if err := d.pair.Lead(rec.Epoch, peer, async); err != nil {
-		if errors.Is(err, dwqueue.ErrEpochLed) {
-			d.renew = true // watch asks for the next epoch
-			return nil
-		}
-		return err
-	}
-	d.role = pairRole{lead: true, epoch: rec.Epoch, follower: rec.follower(), async: async}
-	return nil
-}
-
-// watch is the in-sync watch: while this node's replica leads, it has the
-// metadata record the follower in sync once it holds everything that may
-// have been acked (ending the risk stage first: commits wait for the
-// follower again once it is close), and, in the risk stage, the leader
-// alone once the follower has matched nothing new for FollowerTimeout.
-func (d *DoubleWrite) watch() {
-	defer close(d.done)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	var laggingSince time.Time // since when the follower lags and matched nothing new
-	var lastMatched uint64
-	asyncFrom := uint64(0) // async: what the follower matched when the leader went async
-	for {
-		select {
-		case <-d.ctx.Done():
-			return
-		case <-tick.C:
-		}
-		d.mu.Lock()
-		rec, p, role, renew := d.rec, d.pair, d.role, d.renew
-		d.mu.Unlock()
-		if renew {
-			d.propose(rec, func(ctx context.Context) error { return d.cfg.RenewEpoch(ctx, rec) }, "renew the epoch")
-			continue
-		}
-		if p == nil || !role.lead || rec.follower() == "" || !p.Leading() {
-			laggingSince = time.Time{}
-			d.setStalled(false)
-			continue
-		}
-		matched, lag := p.Matched(), p.Lag()
-		switch {
-		case lag == 0:
-			laggingSince = time.Time{}
-		case laggingSince.IsZero() || matched != lastMatched:
-			laggingSince = time.Now()
-		}
-		lastMatched = matched
-		stuck := !laggingSince.IsZero() && time.Since(laggingSince) > d.cfg.FollowerTimeout
-		d.setStalled(stuck)
-		if !role.async {
-			asyncFrom = matched
-		}
-		switch {
-		case !rec.followerInSync() && role.async && lag <= 64 && matched > asyncFrom:
-			// The follower answers again (it matched something since the
-			// leader went async) and is close: commit on both copies
-			// again, so that it ends up holding everything.
-			d.mu.Lock()
-			if d.role == role {
-				d.syncing = true
-				d.role.async = false
-				p.SetSync(true)
-			}
-			d.mu.Unlock()
-		case !rec.followerInSync() && !role.async && p.InSync():
-			d.setInSync(rec, []string{d.cfg.Self, rec.follower()})
-		case rec.followerInSync() && rec.Alone && stuck:
-			d.setInSync(rec, []string{d.cfg.Self})
-			laggingSince = time.Time{}
-		}
-	}
-}
-
-// setStalled records whether the follower stalled.
-func (d *DoubleWrite) setStalled(stalled bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.stalled != stalled {
-		d.stalled = stalled
-		d.cfg.Logger.Warn("DoubleWrite follower stalled: sends refused until it answers", "stalled", stalled)
-	}
-}
-
-// setInSync has the metadata record inSync for rec's version.
-func (d *DoubleWrite) setInSync(rec PairRecord, inSync []string) {
-	d.propose(rec, func(ctx context.Context) error { return d.cfg.SetInSync(ctx, rec, inSync) },
-		fmt.Sprintf("record %q in sync", inSync))
-}
-
-// propose runs call, a proposal made from rec, and waits for the record to
-// change (Update) before the watch acts on it again: at most a second after
-// a refusal (the record moved on, or no metadata leader answered).
-func (d *DoubleWrite) propose(rec PairRecord, call func(ctx context.Context) error, what string) {
-	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.CallTimeout)
-	defer cancel()
-	d.mu.Lock()
-	changed := d.changed
-	d.mu.Unlock()
-	wait := d.cfg.CallTimeout
-	if err := call(ctx); err != nil {
-		d.cfg.Logger.Warn("DoubleWrite: the metadata did not "+what, "epoch", rec.Epoch, "version", rec.Version, "err", err)
-		wait = time.Second
-	} else {
-		d.cfg.Logger.Info("DoubleWrite: the metadata did "+what, "epoch", rec.Epoch, "version", rec.Version)
-	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-changed:
-	case <-t.C:
-	case <-d.ctx.Done():
-	}
-}
-
-// local returns this node's replica when the record makes it the leader
-// and it was told so, and whether sends are refused: without the risk
-// stage, while no follower is in sync, its node is down, or it has matched
-// nothing new for FollowerTimeout (they would wait for it; ErrNoInSync at
-// once is clearer).
-func (d *DoubleWrite) local() (p *raftqueue.Pair, refuse bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.pair == nil || !d.role.lead || d.rec.leader() != d.cfg.Self {
-		return nil, false
-	}
-	if d.rec.Alone {
-		// The risk stage: refused only while the follower, recorded in
-		// sync, stalled and the leader could not yet be recorded alone
-		// (no metadata quorum): they would wait for it.
-		return d.pair, d.stalled && d.rec.followerInSync()
-	}
-	return d.pair, !d.rec.followerInSync() || !d.rec.FollowerUp || d.stalled
-}
+// part is the partition's number in its pair.
+func (d *DoubleWrite) part() int { return d.cfg.Index - d.cfg.First }
 
 // route runs a call at the leader the record names: local with this node's
 // replica, far with the leader's node. A leader that does not lead yet (its
@@ -365,12 +122,13 @@ func (d *DoubleWrite) local() (p *raftqueue.Pair, refuse bool) {
 func (d *DoubleWrite) route(ctx context.Context, idempotent bool, local func(p *raftqueue.Pair, refuse bool) error, far func(p *remote.Partition) error) error {
 	backoff := 5 * time.Millisecond
 	for {
+		leader, changed := d.pair.leader()
 		d.mu.Lock()
-		leader, changed, closing := d.rec.leader(), d.changed, d.closing
+		closing := d.closing
 		d.mu.Unlock()
 		var err error
 		if leader == d.cfg.Self {
-			if p, refuse := d.local(); p != nil {
+			if p, refuse := d.pair.local(); p != nil {
 				err = local(p, refuse)
 			} else {
 				err = raftqueue.ErrNotLeader
@@ -455,13 +213,13 @@ func (d *DoubleWrite) applyAt(ctx context.Context, p *raftqueue.Pair, refuse boo
 		return store.Result{}, fmt.Errorf("%w: %s", ErrNoInSync, d.Name())
 	}
 	stamp(cmd, d.cfg.Now)
-	return p.Apply(ctx, cmd)
+	return p.ApplyTo(ctx, d.part(), cmd)
 }
 
 // read runs fn on the leader's partition.
 func (d *DoubleWrite) read(ctx context.Context, fn func(p partition.Partition) error) error {
 	return d.route(ctx, true, func(p *raftqueue.Pair, _ bool) error {
-		sp, err := p.LeaderPartition(ctx, 0)
+		sp, err := p.LeaderPartition(ctx, d.part())
 		if err != nil {
 			return err
 		}
@@ -478,7 +236,7 @@ func (d *DoubleWrite) Stats() store.Stats {
 		return nil
 	})
 	if p := d.Replica(); err != nil && p != nil {
-		if sp, perr := p.Partition(0); perr == nil {
+		if sp, perr := p.Partition(d.part()); perr == nil {
 			st = sp.Stats()
 		}
 	}
@@ -487,7 +245,7 @@ func (d *DoubleWrite) Stats() store.Stats {
 
 // Leads reports whether this node's replica leads the partition.
 func (d *DoubleWrite) Leads() bool {
-	p, _ := d.local()
+	p, _ := d.pair.local()
 	return p != nil && p.Leading()
 }
 
@@ -502,15 +260,15 @@ func (d *DoubleWrite) Leading() *Leading {
 }
 
 func (d *DoubleWrite) leaderPartition(ctx context.Context) (*store.Partition, error) {
-	p, _ := d.local()
+	p, _ := d.pair.local()
 	if p == nil {
 		return nil, raftqueue.ErrNotLeader
 	}
-	return p.LeaderPartition(ctx, 0)
+	return p.LeaderPartition(ctx, d.part())
 }
 
 func (d *DoubleWrite) leaderApply(ctx context.Context, cmd *store.Command) (store.Result, error) {
-	p, refuse := d.local()
+	p, refuse := d.pair.local()
 	if p == nil {
 		return store.Result{}, raftqueue.ErrNotLeader
 	}
@@ -524,32 +282,17 @@ func (d *DoubleWrite) replicaPartition() (*store.Partition, error) {
 	if p == nil {
 		return nil, store.ErrClosed
 	}
-	return p.Partition(0)
+	return p.Partition(d.part())
 }
 
 func (d *DoubleWrite) callCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(d.ctx, d.cfg.CallTimeout)
 }
 
-// AppendFrom is the follower's side of OpPairAppend: this node's replica,
-// when the record makes it the follower of node leader.
+// AppendFrom is the follower's side of OpPairAppend for the pair the
+// partition shares.
 func (d *DoubleWrite) AppendFrom(leader string) (*raftqueue.Pair, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.pair != nil && d.rec.leader() == d.cfg.Self {
-		// A leader deposed by this one: the replica refuses its epoch
-		// (dwqueue.EpochError), which tells it so.
-		return d.pair, nil
-	}
-	if d.pair == nil || d.rec.follower() != d.cfg.Self {
-		return nil, fmt.Errorf("%w: %s does not follow here", store.ErrClosed, d.Name())
-	}
-	if leader != d.rec.leader() {
-		// The leader's epoch is refused anyway if it was deposed; a node
-		// the record does not name gets no say.
-		return nil, fmt.Errorf("%w: %s is led by %s, not %s", dwqueue.ErrBadAppend, d.Name(), d.rec.leader(), leader)
-	}
-	return d.pair, nil
+	return d.pair.AppendFrom(leader)
 }
 
 // Closing tells the partition that its node is closing: a call tries the
@@ -560,8 +303,8 @@ func (d *DoubleWrite) Closing() {
 	d.mu.Unlock()
 }
 
-// Close stops the in-sync watch, ends the calls waiting for a leader,
-// closes the RPC partitions and this node's replica.
+// Close ends the calls waiting for a leader, closes the RPC partitions and
+// releases the pair (closed with the last partition of its chunk).
 func (d *DoubleWrite) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -573,18 +316,10 @@ func (d *DoubleWrite) Close() error {
 	d.remotes = nil
 	d.mu.Unlock()
 	d.cancel()
-	<-d.done
 	for _, p := range remotes {
 		p.Close()
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.pair != nil {
-		err := d.pair.Close()
-		d.pair = nil
-		return err
-	}
-	return nil
+	return d.pair.release()
 }
 
 // WhileLeading calls fn each time this node's replica starts leading, with
@@ -595,19 +330,17 @@ func (d *DoubleWrite) WhileLeading(ctx context.Context, fn func(ctx context.Cont
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for ctx.Err() == nil {
-		d.mu.Lock()
-		changed := d.changed
-		d.mu.Unlock()
-		if p, _ := d.local(); p != nil && p.Leading() {
-			if sp, err := p.Partition(0); err == nil {
+		_, changed := d.pair.leader()
+		if p, _ := d.pair.local(); p != nil && p.Leading() {
+			if sp, err := p.Partition(d.part()); err == nil {
 				lctx, cancel := context.WithCancel(ctx)
 				done := make(chan struct{})
 				go func() {
 					defer close(done)
-					fn(lctx, Upkeep{G: p, P: sp})
+					fn(lctx, Upkeep{G: p, Part: d.part(), P: sp})
 				}()
 				for ctx.Err() == nil {
-					if q, _ := d.local(); q != p || !p.Leading() {
+					if q, _ := d.pair.local(); q != p || !p.Leading() {
 						break
 					}
 					select {
@@ -615,9 +348,7 @@ func (d *DoubleWrite) WhileLeading(ctx context.Context, fn func(ctx context.Cont
 					case <-changed:
 					case <-tick.C:
 					}
-					d.mu.Lock()
-					changed = d.changed
-					d.mu.Unlock()
+					_, changed = d.pair.leader()
 				}
 				cancel()
 				<-done

@@ -1,0 +1,401 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/zeze-go/mq/dwqueue"
+	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/raftqueue"
+	"github.com/zeze-go/mq/store"
+)
+
+// PairConfig configures a node's view of a DoubleWrite pair: the chunk of
+// partitions First..First+Partitions-1 of Topic, which share one log and
+// one record.
+type PairConfig struct {
+	Topic string
+	First int    // the chunk's first partition: the name of the pair in the metadata and in OpPairAppend
+	Self  string // this node's id
+	// Peer returns the RPC client of a node.
+	Peer func(node string) (*remote.Client, error)
+	// Open opens this node's replica, when the record places one here.
+	Open func() (*raftqueue.Pair, error)
+	// SetInSync proposes to the metadata group that the replicas inSync
+	// hold the pair, compare-and-set on the version of rec.
+	SetInSync func(ctx context.Context, rec PairRecord, inSync []string) error
+	// RenewEpoch proposes to the metadata group the next epoch for this
+	// node's replica to lead (a run of a leader needs an epoch of its own:
+	// dwqueue.Log.Lead), compare-and-set on the version of rec.
+	RenewEpoch func(ctx context.Context, rec PairRecord) error
+	// CallTimeout bounds each proposal to the metadata group
+	// (DefaultCallTimeout if zero).
+	CallTimeout time.Duration
+	// FollowerTimeout is how long the leader waits for a follower that
+	// matches none of its new entries before it refuses sends
+	// (ErrNoInSync) until the follower answers again, or, in the risk
+	// stage, has the metadata record it alone in sync and acks on its own
+	// copy (2 s if zero).
+	FollowerTimeout time.Duration
+	// Logger receives the replica's changes (nil: silent).
+	Logger *slog.Logger
+}
+
+// Pair is a DoubleWrite pair as a node sees it, shared by the partitions
+// of its chunk (Pairs.Attach): the record the metadata keeps of it, and
+// this node's replica when the record places one here. The replica leads
+// or follows as the record says (Update), and, leading, has the metadata
+// record its follower in sync once it holds everything (and, in the risk
+// stage, out of sync once it stopped answering). Safe for concurrent use.
+//
+// Goroutines: the in-sync watch (watch), stopped by the release of the
+// last partition holding the pair.
+type Pair struct {
+	cfg    PairConfig
+	name   string          // "topic/first"
+	ctx    context.Context // cancelled when the pair closes
+	cancel context.CancelFunc
+	done   chan struct{} // closed when watch returns
+	ps     *Pairs
+	refs   int // guarded by ps.mu: the partitions holding the pair
+
+	mu      sync.Mutex
+	rec     PairRecord      // guarded by mu
+	changed chan struct{}   // guarded by mu: closed at each Update
+	rep     *raftqueue.Pair // guarded by mu: this node's replica, nil if none
+	role    pairRole        // guarded by mu: what rep was told
+	syncing bool            // guarded by mu: the risk stage ended, the follower catching up in sync
+	renew   bool            // guarded by mu: the replica led the record's epoch before: ask for the next
+	stalled bool            // guarded by mu: leading, the follower matched nothing new for FollowerTimeout
+	closed  bool            // guarded by mu
+}
+
+// pairRole is what this node's replica was last told.
+type pairRole struct {
+	lead, follow bool
+	epoch        uint64
+	follower     string // leading: the follower it replicates to
+	async        bool   // leading: the risk stage
+}
+
+// Pairs are the DoubleWrite pairs a node sees, by name ("topic/first").
+// Safe for concurrent use.
+type Pairs struct {
+	mu sync.Mutex
+	m  map[string]*Pair
+}
+
+// Attach takes a hold of the pair cfg names for one of its partitions:
+// the one open already (rec then changes nothing: Update gives it
+// records), or a new one with rec. Release the hold with Pair.release.
+func (ps *Pairs) Attach(cfg PairConfig, rec PairRecord) *Pair {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	name := cfg.Topic + "/" + strconv.Itoa(cfg.First)
+	p := ps.m[name]
+	if p == nil {
+		p = newPair(cfg, name, rec)
+		p.ps = ps
+		if ps.m == nil {
+			ps.m = map[string]*Pair{}
+		}
+		ps.m[name] = p
+	}
+	p.refs++
+	return p
+}
+
+// newPair returns the pair cfg describes, led and followed as rec says.
+func newPair(cfg PairConfig, name string, rec PairRecord) *Pair {
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = DefaultCallTimeout
+	}
+	if cfg.FollowerTimeout <= 0 {
+		cfg.FollowerTimeout = 2 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	p := &Pair{cfg: cfg, name: name, changed: make(chan struct{}), done: make(chan struct{})}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	p.Update(rec)
+	go p.watch()
+	return p
+}
+
+// release drops a partition's hold of p, and closes p with the last
+// (under ps.mu: a new Attach of the name waits for it).
+func (p *Pair) release() error {
+	p.ps.mu.Lock()
+	defer p.ps.mu.Unlock()
+	if p.refs--; p.refs > 0 {
+		return nil
+	}
+	delete(p.ps.m, p.name)
+	return p.close()
+}
+
+// close stops the in-sync watch and closes this node's replica.
+func (p *Pair) close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	p.cancel()
+	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rep != nil {
+		err := p.rep.Close()
+		p.rep = nil
+		return err
+	}
+	return nil
+}
+
+// Replica returns this node's replica, nil if it holds none.
+func (p *Pair) Replica() *raftqueue.Pair {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rep
+}
+
+// leader returns the node the record makes the leader, and the channel
+// the next Update closes.
+func (p *Pair) leader() (string, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rec.leader(), p.changed
+}
+
+// Update makes rec the pair's record: this node's replica (opened if the
+// record places one here, closed if it no longer does) leads or follows
+// its epoch. A replica that cannot open or take its role is logged and
+// tried again at the next Update.
+func (p *Pair) Update(rec PairRecord) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	if rec.follower() != p.rec.follower() || rec.followerInSync() {
+		p.syncing = false
+	}
+	p.rec, p.renew = rec, false
+	close(p.changed)
+	p.changed = make(chan struct{})
+	if err := p.takeRole(); err != nil {
+		p.cfg.Logger.Error("DoubleWrite replica cannot take its role", "epoch", rec.Epoch, "replicas", rec.Replicas, "err", err)
+	}
+}
+
+// takeRole gives this node's replica the role p.rec gives it. mu is held.
+func (p *Pair) takeRole() error {
+	rec, self := p.rec, p.cfg.Self
+	if self != rec.leader() && self != rec.follower() {
+		if p.rep != nil {
+			err := p.rep.Close()
+			p.rep, p.role = nil, pairRole{}
+			return err
+		}
+		return nil
+	}
+	if p.rep == nil {
+		r, err := p.cfg.Open()
+		if err != nil {
+			return err
+		}
+		p.rep = r
+	}
+	if self == rec.follower() {
+		if p.role.follow && p.role.epoch == rec.Epoch {
+			return nil
+		}
+		p.role = pairRole{}
+		if err := p.rep.Follow(rec.Epoch); err != nil {
+			return err
+		}
+		p.role = pairRole{follow: true, epoch: rec.Epoch}
+		return nil
+	}
+	async := rec.Alone && !rec.followerInSync() && !p.syncing
+	if p.role.lead && p.role.epoch == rec.Epoch && p.role.follower == rec.follower() && p.rep.Leading() {
+		if async != p.role.async {
+			p.rep.SetSync(!async)
+			p.role.async = async
+		}
+		return nil
+	}
+	var peer dwqueue.Peer
+	if f := rec.follower(); f != "" {
+		c, err := p.cfg.Peer(f)
+		if err != nil {
+			return err
+		}
+		peer = PairPeer{Client: c, Topic: p.cfg.Topic, Index: p.cfg.First}
+	}
+	p.role = pairRole{}
+	if err := p.rep.Lead(rec.Epoch, peer, async); err != nil {
+		if errors.Is(err, dwqueue.ErrEpochLed) {
+			p.renew = true // watch asks for the next epoch
+			return nil
+		}
+		return err
+	}
+	p.role = pairRole{lead: true, epoch: rec.Epoch, follower: rec.follower(), async: async}
+	return nil
+}
+
+// watch is the in-sync watch: while this node's replica leads, it has the
+// metadata record the follower in sync once it holds everything that may
+// have been acked (ending the risk stage first: commits wait for the
+// follower again once it is close), and, in the risk stage, the leader
+// alone once the follower has matched nothing new for FollowerTimeout.
+func (p *Pair) watch() {
+	defer close(p.done)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var laggingSince time.Time // since when the follower lags and matched nothing new
+	var lastMatched uint64
+	asyncFrom := uint64(0) // async: what the follower matched when the leader went async
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		p.mu.Lock()
+		rec, r, role, renew := p.rec, p.rep, p.role, p.renew
+		p.mu.Unlock()
+		if renew {
+			p.propose(rec, func(ctx context.Context) error { return p.cfg.RenewEpoch(ctx, rec) }, "renew the epoch")
+			continue
+		}
+		if r == nil || !role.lead || rec.follower() == "" || !r.Leading() {
+			laggingSince = time.Time{}
+			p.setStalled(false)
+			continue
+		}
+		matched, lag := r.Matched(), r.Lag()
+		switch {
+		case lag == 0:
+			laggingSince = time.Time{}
+		case laggingSince.IsZero() || matched != lastMatched:
+			laggingSince = time.Now()
+		}
+		lastMatched = matched
+		stuck := !laggingSince.IsZero() && time.Since(laggingSince) > p.cfg.FollowerTimeout
+		p.setStalled(stuck)
+		if !role.async {
+			asyncFrom = matched
+		}
+		switch {
+		case !rec.followerInSync() && role.async && lag <= 64 && matched > asyncFrom:
+			// The follower answers again (it matched something since the
+			// leader went async) and is close: commit on both copies
+			// again, so that it ends up holding everything.
+			p.mu.Lock()
+			if p.role == role {
+				p.syncing = true
+				p.role.async = false
+				r.SetSync(true)
+			}
+			p.mu.Unlock()
+		case !rec.followerInSync() && !role.async && r.InSync():
+			p.setInSync(rec, []string{p.cfg.Self, rec.follower()})
+		case rec.followerInSync() && rec.Alone && stuck:
+			p.setInSync(rec, []string{p.cfg.Self})
+			laggingSince = time.Time{}
+		}
+	}
+}
+
+// setStalled records whether the follower stalled.
+func (p *Pair) setStalled(stalled bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stalled != stalled {
+		p.stalled = stalled
+		p.cfg.Logger.Warn("DoubleWrite follower stalled: sends refused until it answers", "stalled", stalled)
+	}
+}
+
+// setInSync has the metadata record inSync for rec's version.
+func (p *Pair) setInSync(rec PairRecord, inSync []string) {
+	p.propose(rec, func(ctx context.Context) error { return p.cfg.SetInSync(ctx, rec, inSync) },
+		fmt.Sprintf("record %q in sync", inSync))
+}
+
+// propose runs call, a proposal made from rec, and waits for the record to
+// change (Update) before the watch acts on it again: at most a second after
+// a refusal (the record moved on, or no metadata leader answered).
+func (p *Pair) propose(rec PairRecord, call func(ctx context.Context) error, what string) {
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.CallTimeout)
+	defer cancel()
+	p.mu.Lock()
+	changed := p.changed
+	p.mu.Unlock()
+	wait := p.cfg.CallTimeout
+	if err := call(ctx); err != nil {
+		p.cfg.Logger.Warn("DoubleWrite: the metadata did not "+what, "epoch", rec.Epoch, "version", rec.Version, "err", err)
+		wait = time.Second
+	} else {
+		p.cfg.Logger.Info("DoubleWrite: the metadata did "+what, "epoch", rec.Epoch, "version", rec.Version)
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-changed:
+	case <-t.C:
+	case <-p.ctx.Done():
+	}
+}
+
+// local returns this node's replica when the record makes it the leader
+// and it was told so, and whether sends are refused: without the risk
+// stage, while no follower is in sync, its node is down, or it has matched
+// nothing new for FollowerTimeout (they would wait for it; ErrNoInSync at
+// once is clearer).
+func (p *Pair) local() (rep *raftqueue.Pair, refuse bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rep == nil || !p.role.lead || p.rec.leader() != p.cfg.Self {
+		return nil, false
+	}
+	if p.rec.Alone {
+		// The risk stage: refused only while the follower, recorded in
+		// sync, stalled and the leader could not yet be recorded alone
+		// (no metadata quorum): they would wait for it.
+		return p.rep, p.stalled && p.rec.followerInSync()
+	}
+	return p.rep, !p.rec.followerInSync() || !p.rec.FollowerUp || p.stalled
+}
+
+// AppendFrom is the follower's side of OpPairAppend: this node's replica,
+// when the record makes it the follower of node leader.
+func (p *Pair) AppendFrom(leader string) (*raftqueue.Pair, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rep != nil && p.rec.leader() == p.cfg.Self {
+		// A leader deposed by this one: the replica refuses its epoch
+		// (dwqueue.EpochError), which tells it so.
+		return p.rep, nil
+	}
+	if p.rep == nil || p.rec.follower() != p.cfg.Self {
+		return nil, fmt.Errorf("%w: %s does not follow here", store.ErrClosed, p.name)
+	}
+	if leader != p.rec.leader() {
+		// The leader's epoch is refused anyway if it was deposed; a node
+		// the record does not name gets no say.
+		return nil, fmt.Errorf("%w: %s is led by %s, not %s", dwqueue.ErrBadAppend, p.name, p.rec.leader(), leader)
+	}
+	return p.rep, nil
+}

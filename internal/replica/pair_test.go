@@ -1,0 +1,90 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/zeze-go/mq/raftqueue"
+	"github.com/zeze-go/mq/store"
+)
+
+// TestPairs_Attach: the partitions of a chunk share one Pair (one replica
+// opened once, one record: an Update through any of them is seen by all);
+// the replica closes with the last partition's Close, and a partition
+// closed twice releases once; the pair's own partition numbers route each
+// partition to its own file.
+func TestPairs_Attach(t *testing.T) {
+	dir := t.TempDir()
+	var ps Pairs
+	var opened atomic.Int32
+	cfg := PairConfig{Topic: "d", First: 4, Self: "a",
+		Open: func() (*raftqueue.Pair, error) {
+			opened.Add(1)
+			return raftqueue.OpenPair(raftqueue.PairConfig{Dir: dir, Partitions: 2})
+		},
+		SetInSync:  func(context.Context, PairRecord, []string) error { return nil },
+		RenewEpoch: func(context.Context, PairRecord) error { return nil }}
+	rec := PairRecord{Replicas: []string{"a"}, Epoch: 1, Version: 1, InSync: []string{"a"}, Alone: true}
+	var parts []*DoubleWrite
+	for i := range 2 {
+		p := ps.Attach(cfg, rec)
+		parts = append(parts, NewDoubleWrite(DoubleWriteConfig{Topic: "d", Index: 4 + i, First: 4, Self: "a"}, p))
+	}
+	if parts[0].Pair() != parts[1].Pair() || opened.Load() != 1 {
+		t.Fatalf("two partitions of a chunk: pairs %p %p, replica opened %d times", parts[0].Pair(), parts[1].Pair(), opened.Load())
+	}
+	other := ps.Attach(PairConfig{Topic: "d", First: 6, Self: "b"}, PairRecord{Replicas: []string{"a"}})
+	if other == parts[0].Pair() {
+		t.Fatal("another chunk shares the pair")
+	}
+	if err := other.release(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i, d := range parts {
+		cmd := &store.Command{Op: store.OpAppend, Msgs: []store.Message{{ID: "m" + string(rune('0'+i)), Body: []byte{byte(i)}}}}
+		if _, err := d.Apply(ctx, cmd); err != nil {
+			t.Fatalf("partition %d: %v", 4+i, err)
+		}
+	}
+	for i := range 2 {
+		sp, err := parts[0].Replica().Partition(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := sp.Stats(); st.Next != 1 {
+			t.Fatalf("pair partition %d holds next offset %d, want 1", i, st.Next)
+		}
+	}
+	// A new record through the chunk's pair reaches both partitions.
+	parts[1].Pair().Update(PairRecord{Replicas: []string{"b", "a"}, Epoch: 2, Version: 2, InSync: []string{"b"}})
+	if l, _ := parts[0].Pair().leader(); l != "b" {
+		t.Fatalf("partition 4 sees leader %q after the Update, want b", l)
+	}
+	if err := parts[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := parts[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if parts[1].Replica() == nil {
+		t.Fatal("the replica closed while partition 5 still holds the pair")
+	}
+	if err := parts[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if parts[1].Replica() != nil {
+		t.Fatal("the replica is open after its last partition closed")
+	}
+	if _, err := parts[1].Apply(ctx, &store.Command{Op: store.OpAppend, Msgs: []store.Message{{ID: "x"}}}); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("Apply after Close: %v, want store.ErrClosed", err)
+	}
+	// A new Attach after the last release opens the replica again.
+	p := ps.Attach(cfg, rec)
+	defer p.release()
+	if p == parts[0].Pair() || opened.Load() != 2 {
+		t.Fatalf("Attach after the last release: same pair %v, opened %d", p == parts[0].Pair(), opened.Load())
+	}
+}
