@@ -79,7 +79,7 @@ func (cn *clusterNode) openPair(topic string, first, n int) (*raftqueue.Pair, er
 	// node is closed, and one it places here again reopens on its log.
 	return openWithLog(m, dwName(topic, first), true, func(log *raftqueue.WALLog) (*raftqueue.Pair, error) {
 		return raftqueue.OpenPair(raftqueue.PairConfig{Dir: filepath.Join(m.dir, "dw", topic, strconv.Itoa(first)), Log: log,
-			Partitions: n, MaxBatchBytes: maxFrame - frameOverhead})
+			Partitions: n, MaxBatchBytes: maxFrame - frameOverhead, CompactEvery: m.cfg.pairCompactEvery, KeepEntries: m.cfg.pairKeepEntries})
 	})
 }
 

@@ -398,59 +398,76 @@ func (l *dwaLoad) node(id string) *mq.MQ {
 // run starts a producer through node id.
 func (l *dwaLoad) run(id string) {
 	l.wg.Go(func() {
-		var p *mq.Producer
-		var via *mq.MQ
-		defer func() {
+		dwaProduce(l.stop, func() *mq.MQ { return l.node(id) }, func(k int) []*mq.Message {
+			return []*mq.Message{(&mq.Message{ID: fmt.Sprintf("%s-%d", id, k), Body: []byte(id)}).ToPartition(k % l.parts)}
+		}, func(batch []*mq.Message, _ []mq.SendResult) {
+			l.mu.Lock()
+			l.acked = append(l.acked, batch[0].ID)
+			l.mu.Unlock()
+		}, func(batch []*mq.Message, err error) {
+			l.mu.Lock()
+			if len(l.errs) < 10 {
+				l.errs = append(l.errs, fmt.Sprintf("send %s via %s: %v", batch[0].ID, id, err))
+			}
+			l.mu.Unlock()
+		})
+	})
+}
+
+// dwaProduce sends batch(k), for k = 0, 1, ..., through the node node
+// returns (a producer of "d" made anew when it changes; none while it is
+// nil) until stop closes, each batch resent until acked: ErrUnknownOutcome,
+// ErrNoQuorum, ErrClosed and a send's 2 s timeout are waited out, acked
+// gets each acked batch with its results, fail the batches refused
+// otherwise (sent again after a wait).
+func dwaProduce(stop <-chan struct{}, node func() *mq.MQ, batch func(k int) []*mq.Message,
+	acked func([]*mq.Message, []mq.SendResult), fail func([]*mq.Message, error)) {
+	var p *mq.Producer
+	var via *mq.MQ
+	defer func() {
+		if p != nil {
+			p.Close()
+		}
+	}()
+	for k := 0; ; {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		m := node()
+		if m == nil {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if via != m {
 			if p != nil {
 				p.Close()
 			}
-		}()
-		for k := 0; ; {
-			select {
-			case <-l.stop:
-				return
-			default:
-			}
-			m := l.node(id)
-			if m == nil {
+			var err error
+			if p, err = m.NewProducer("d"); err != nil {
+				p, via = nil, nil
 				time.Sleep(50 * time.Millisecond)
 				continue
 			}
-			if via != m {
-				if p != nil {
-					p.Close()
-				}
-				var err error
-				if p, err = m.NewProducer("d"); err != nil {
-					p, via = nil, nil
-					time.Sleep(50 * time.Millisecond)
-					continue
-				}
-				via = m
-			}
-			msg := (&mq.Message{ID: fmt.Sprintf("%s-%d", id, k), Body: []byte(id)}).ToPartition(k % l.parts)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_, err := p.SendMessage(ctx, msg)
-			cancel()
-			switch {
-			case err == nil:
-				l.mu.Lock()
-				l.acked = append(l.acked, msg.ID)
-				l.mu.Unlock()
-				k++
-			case errors.Is(err, mq.ErrUnknownOutcome), errors.Is(err, mq.ErrNoQuorum), errors.Is(err, mq.ErrClosed),
-				errors.Is(err, context.DeadlineExceeded):
-				time.Sleep(20 * time.Millisecond)
-			default:
-				l.mu.Lock()
-				if len(l.errs) < 10 {
-					l.errs = append(l.errs, fmt.Sprintf("send %s via %s: %v", msg.ID, id, err))
-				}
-				l.mu.Unlock()
-				time.Sleep(50 * time.Millisecond)
-			}
+			via = m
 		}
-	})
+		b := batch(k)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		res, err := p.SendMessage(ctx, b...)
+		cancel()
+		switch {
+		case err == nil:
+			acked(b, res)
+			k++
+		case errors.Is(err, mq.ErrUnknownOutcome), errors.Is(err, mq.ErrNoQuorum), errors.Is(err, mq.ErrClosed),
+			errors.Is(err, context.DeadlineExceeded):
+			time.Sleep(20 * time.Millisecond)
+		default:
+			fail(b, err)
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 }
 
 func (l *dwaLoad) finish() (acked, errs []string) {

@@ -337,3 +337,58 @@ func (c *testCluster) inSync(topic string, part int, id string) bool {
 	_, _, inSync := c.record(topic, part)
 	return slices.Contains(inSync, id)
 }
+
+// TestDoubleWrite_CompactedNewFollower: the replicas compact their logs as
+// they go (every 8 entries here); a new follower, chosen when the
+// follower's node is lost, finds the leader's log compacted and catches up
+// from a snapshot of the leader's sent over the node's port in pieces;
+// once in sync it is promoted when the leader is killed (the old follower's
+// node back, for the metadata's quorum), and holds every acked message of
+// both partitions of the pair, once.
+func TestDoubleWrite_CompactedNewFollower(t *testing.T) {
+	c := newClusterWith(t, 3, func(string) []mq.Option { return []mq.Option{mq.WithPairCompaction(8, 2)} })
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	const parts = 2
+	if err := c.nodes["n1"].CreateMQ(ctx, "d", parts, mq.Options{Type: mq.DoubleWrite}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["d"] == parts })
+	}
+	leader := c.leaderOf("d", 0)
+	var follower, other string
+	for id := range c.nodes {
+		switch {
+		case id == leader:
+		case c.holdsReplica(id, "d", 0):
+			follower = id
+		default:
+			other = id
+		}
+	}
+	acked := sendAll(ctx, t, c.nodes[leader], "d", parts, 100, "a")
+	if n, _ := mq.PairReplica(c.nodes[leader], "d", 0); n < 1 {
+		t.Fatalf("the leader compacted its log %d times in 100 entries", n)
+	}
+	c.kill(follower)
+	waitFor(t, 30*time.Second, other+" recorded in sync", func() bool { return c.inSync("d", 0, other) })
+	if _, in := mq.PairReplica(c.nodes[other], "d", 1); in < 1 {
+		t.Fatalf("the new follower caught up with %d snapshots installed", in)
+	}
+	acked = append(acked, sendAll(ctx, t, c.nodes[leader], "d", parts, 20, "b")...)
+	c.start(follower) // back as a node (the metadata's quorum), no longer in the pair
+	c.waitUp(3)
+	c.kill(leader)
+	waitFor(t, 30*time.Second, other+" leads", func() bool { return c.leaderOf("d", 0) == other })
+	acked = append(acked, sendAll(ctx, t, c.nodes[other], "d", parts, 10, "c")...)
+	seen := readAll(ctx, t, c.nodes[other], "d", parts)
+	for _, id := range acked {
+		if seen[id] != 1 {
+			t.Errorf("%s stored %d times", id, seen[id])
+		}
+	}
+	if len(seen) != len(acked) {
+		t.Errorf("%d messages stored, %d acked", len(seen), len(acked))
+	}
+}

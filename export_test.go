@@ -7,6 +7,7 @@ import (
 	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/internal/replica"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -18,6 +19,16 @@ import (
 func WithMaterializeAfter(d time.Duration) Option {
 	return func(c *config) error {
 		c.materializeAfter = d
+		return nil
+	}
+}
+
+// WithPairCompaction compacts the logs of DoubleWrite replicas every
+// `every` applied entries, keeping `keep`
+// (raftqueue.PairConfig.CompactEvery, KeepEntries).
+func WithPairCompaction(every, keep int) Option {
+	return func(c *config) error {
+		c.pairCompactEvery, c.pairKeepEntries = every, keep
 		return nil
 	}
 }
@@ -95,6 +106,21 @@ func ReviewRemotePartition(m *MQ, node, topic string, i int) (partition.Partitio
 		return nil, err
 	}
 	return remote.NewPartition(c, topic, i, remote.PartitionConfig{}), nil
+}
+
+// PairReplica returns how many times node m's replica of the pair of
+// partition part of DoubleWrite topic has compacted its log and installed
+// a snapshot of its leader's (-1, -1 without a replica there).
+func PairReplica(m *MQ, topic string, part int) (compactions, installs int64) {
+	t, ok := m.topics.Get(topic)
+	if !ok || part < 0 || part >= len(t.Parts) {
+		return -1, -1
+	}
+	d, ok := t.Parts[part].(*replica.DoubleWrite)
+	if !ok || d.Replica() == nil {
+		return -1, -1
+	}
+	return d.Replica().Compactions(), d.Replica().Installs()
 }
 
 // PairRecord returns the metadata record of partition part of topic as node

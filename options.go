@@ -118,9 +118,13 @@ type config struct {
 	// materializeAfter is the partitions' store.Options.MaterializeAfter;
 	// only tests set it (export_test.go).
 	materializeAfter time.Duration
-	dedupWindow      time.Duration
-	maxMessageBytes  int
-	clock            Clock
+	// pairCompactEvery and pairKeepEntries are the DoubleWrite replicas'
+	// raftqueue.PairConfig.CompactEvery and KeepEntries (0: its defaults;
+	// tests set them).
+	pairCompactEvery, pairKeepEntries int
+	dedupWindow                       time.Duration
+	maxMessageBytes                   int
+	clock                             Clock
 
 	// Upkeep (maintenance.go).
 	retention           time.Duration // 0: no age limit

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -22,9 +23,23 @@ var (
 )
 
 // Peer is the leader's way to its follower: Append delivers a batch to the
-// follower's Log.Append and returns its result.
+// follower's Log.Append and returns its result; Install delivers a piece
+// of a snapshot (the follower assembles them and, at the last, restores
+// it: raftqueue.Pair.Install).
 type Peer interface {
 	Append(ctx context.Context, a Append) (uint64, error)
+	Install(ctx context.Context, in Install) error
+}
+
+// Install is one piece of a snapshot that the leader of Epoch sends a
+// follower needing entries its log no longer holds: the state machine's
+// state, holding every entry's effects up to Index, in pieces sent in
+// order from Offset 0, Done on the last. The follower's log then follows
+// Index.
+type Install struct {
+	Epoch, Index, Offset uint64
+	Data                 []byte
+	Done                 bool
 }
 
 // LeaderConfig configures a Leader.
@@ -55,6 +70,11 @@ type LeaderConfig struct {
 	MaxPending int
 	// RetryAfter is the wait after an Append that failed (default 20 ms).
 	RetryAfter time.Duration
+	// Snapshot returns the state machine's state, holding every effect up
+	// to the index it returns, for a follower that needs entries the log
+	// no longer holds (sent with Peer.Install in pieces of MaxBatchBytes,
+	// at most 1 MiB). Nil: such a follower fails the leader (ErrCompacted).
+	Snapshot func() (uint64, io.ReadCloser, error)
 }
 
 // Leader is the writing side of a pair: it writes each proposed entry to
@@ -86,6 +106,7 @@ type Leader struct {
 	wakeSend  chan struct{}
 	wakeApply chan struct{}
 	appends   int // Appends the follower accepted (tests)
+	installs  int // snapshots the follower installed (tests)
 }
 
 // entry is one proposed entry and its future.
@@ -411,9 +432,12 @@ func (l *Leader) send() bool {
 		// prev's epoch, and the entries no longer in memory (applied, so
 		// written), from this replica's log.
 		es, err := l.cfg.Log.Entries(max(prev, 1), hi)
-		if errors.Is(err, ErrCompacted) {
+		if errors.Is(err, ErrCompacted) && l.cfg.Snapshot != nil {
 			// The follower is behind what this log still holds: it needs
-			// a snapshot, and until it has one nothing can commit.
+			// a snapshot.
+			return l.install()
+		}
+		if errors.Is(err, ErrCompacted) {
 			l.mu.Lock()
 			defer l.mu.Unlock()
 			l.failLocked(err)
@@ -473,6 +497,56 @@ func (l *Leader) send() bool {
 	}
 	l.mu.Unlock()
 	return l.retry()
+}
+
+// install sends the follower a snapshot of this replica's state, in
+// pieces; once it has restored it, its log matches this one up to the
+// snapshot's index, and the appends go on from there. A failure starts
+// again from the first piece after RetryAfter; a refusal of the epoch for
+// a newer one deposes the leader.
+func (l *Leader) install() bool {
+	index, rc, err := l.cfg.Snapshot()
+	if err != nil {
+		return l.retry()
+	}
+	defer rc.Close()
+	size := l.cfg.MaxBatchBytes
+	if size <= 0 || size > 1<<20 {
+		size = 1 << 20
+	}
+	buf := make([]byte, size)
+	for off := uint64(0); ; {
+		n, rerr := io.ReadFull(rc, buf)
+		done := rerr == io.EOF || rerr == io.ErrUnexpectedEOF
+		if rerr != nil && !done {
+			return l.retry()
+		}
+		err := l.cfg.Peer.Install(l.ctx, Install{Epoch: l.epoch, Index: index, Offset: off, Data: buf[:n], Done: done})
+		var ee *EpochError
+		switch {
+		case errors.As(err, &ee) && ee.Epoch > l.epoch:
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.failLocked(fmt.Errorf("%w (%d, this leader's %d)", ErrDeposed, ee.Epoch, l.epoch))
+			return false
+		case err != nil:
+			return l.retry()
+		}
+		if done {
+			break
+		}
+		off += uint64(n)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.failed != nil {
+		return false
+	}
+	l.installs++
+	l.reset = false
+	l.matched, l.sendAfter = max(l.matched, index), max(l.sendAfter, index)
+	signal(l.wakeApply)
+	return true
 }
 
 // memFrom returns the index from which the entries are in memory (the

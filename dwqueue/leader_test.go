@@ -572,3 +572,12 @@ func TestLeader_MaxBatchBytes(t *testing.T) {
 type peerFunc func(ctx context.Context, a Append) (uint64, error)
 
 func (f peerFunc) Append(ctx context.Context, a Append) (uint64, error) { return f(ctx, a) }
+
+// errNoInstall answers the installs of the peers of these tests, whose
+// leaders have no Snapshot (they never send one).
+var errNoInstall = errors.New("test peer: no snapshot install")
+
+func (f peerFunc) Install(context.Context, Install) error  { return errNoInstall }
+func (p *testPeer) Install(context.Context, Install) error { return errNoInstall }
+func (p *lastPeer) Install(context.Context, Install) error { return errNoInstall }
+func (p *skipPeer) Install(context.Context, Install) error { return errNoInstall }

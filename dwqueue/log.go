@@ -82,10 +82,13 @@ type Append struct {
 }
 
 // epochKey is the stable-store key of the epoch a replica serves, ledKey
-// the one of the last epoch it led.
+// the one of the last epoch it led, syncedKey the one of the index up to
+// which the state machine holds every entry's effects durably (Compact,
+// Restored): a restart applies the log from after it.
 var (
-	epochKey = []byte("DoubleWriteEpoch")
-	ledKey   = []byte("DoubleWriteLed")
+	epochKey  = []byte("DoubleWriteEpoch")
+	ledKey    = []byte("DoubleWriteLed")
+	syncedKey = []byte("DoubleWriteSynced")
 )
 
 // Log is one replica's copy of a pair's log and the epoch it serves. Safe
@@ -96,32 +99,135 @@ type Log struct {
 	stable raft.StableStore
 	epoch  uint64 // persisted in stable
 	led    uint64 // persisted in stable: the last epoch this replica led
+	synced uint64 // persisted in stable: the state machine holds the effects up to here
 	commit uint64 // entries up to it are on both copies: never cut
+	// base is, while the log holds no entry, the index it follows: what
+	// was compacted or restored up to (committed, so matching any leader).
+	base uint64
 }
 
 // OpenLog opens a replica's log kept in log, its epoch in stable. Entries
 // up to committed are known to be committed (the state machine's applied
-// index): Append never cuts them.
+// index): Append never cuts them. So are those up to Synced, which the
+// state machine holds as well (it applies the log from after
+// max(committed, Synced)). A log that holds entries but ends before them
+// lost some: an error.
 func OpenLog(log raft.LogStore, stable raft.StableStore, committed uint64) (*Log, error) {
-	epoch, err := stable.GetUint64(epochKey)
-	if err != nil && err.Error() != "not found" { // raft-boltdb's missing key, as raft itself tells it
-		return nil, fmt.Errorf("dwqueue: read the epoch: %w", err)
+	var keys [3]uint64
+	for i, k := range [][]byte{epochKey, ledKey, syncedKey} {
+		v, err := stable.GetUint64(k)
+		if err != nil && err.Error() != "not found" { // raft-boltdb's missing key, as raft itself tells it
+			return nil, fmt.Errorf("dwqueue: read %s: %w", k, err)
+		}
+		keys[i] = v
 	}
-	led, err := stable.GetUint64(ledKey)
-	if err != nil && err.Error() != "not found" {
-		return nil, fmt.Errorf("dwqueue: read the epoch led: %w", err)
-	}
-	l := &Log{log: log, stable: stable, epoch: epoch, led: led}
+	l := &Log{log: log, stable: stable, epoch: keys[0], led: keys[1], synced: keys[2]}
+	committed = max(committed, l.synced)
+	l.base = committed
 	first, last, err := l.bounds()
 	if err != nil {
 		return nil, err
 	}
-	if committed > last && (first != 0 || last != 0) {
+	if committed > last && first <= last {
+		// The state machine applied entries the log lost (a log is
+		// emptied before a restore, Truncate, and compacted only behind
+		// Synced).
 		return nil, fmt.Errorf("dwqueue: %d entries committed, the log ends at %d", committed, last)
 	}
 	// What was compacted away was committed.
-	l.commit = max(committed, first-min(first, 1))
+	l.commit = max(committed, first-1)
 	return l, nil
+}
+
+// Synced returns the index up to which the state machine holds every
+// entry's effects durably, as Compact or Restored last recorded.
+func (l *Log) Synced() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.synced
+}
+
+// Bounds returns the index of the log's first and last entry: first is
+// last+1 when it holds none.
+func (l *Log) Bounds() (first, last uint64, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.bounds()
+}
+
+// Compact drops the entries up to upTo, which the state machine applied
+// (so they are committed) and holds durably: that is recorded first
+// (Synced), so that a restart applies from after upTo. A follower that
+// needs them then needs a snapshot (Entries answers ErrCompacted).
+func (l *Log) Compact(upTo uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	first, last, err := l.bounds()
+	if err != nil || upTo < first {
+		return err
+	}
+	if upTo > last {
+		return fmt.Errorf("%w: compact to %d, the log ends at %d", ErrBadAppend, upTo, last)
+	}
+	l.commit = max(l.commit, upTo)
+	if err := l.setSynced(upTo); err != nil {
+		return err
+	}
+	if err := l.log.DeleteRange(first, min(upTo, last)); err != nil {
+		return fmt.Errorf("dwqueue: compact the log to %d: %w", upTo, err)
+	}
+	if upTo >= last {
+		l.base = upTo
+	}
+	return nil
+}
+
+// Truncate drops every entry, before a snapshot replaces the state
+// machine's (then Restored): the log then follows applied, up to which the
+// state machine holds the effects. Whatever a crash leaves between the
+// two, the log never holds an entry the restored state contradicts.
+func (l *Log) Truncate(applied uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	first, last, err := l.bounds()
+	if err != nil {
+		return err
+	}
+	if first <= last {
+		if err := l.log.DeleteRange(first, last); err != nil {
+			return fmt.Errorf("dwqueue: empty the log: %w", err)
+		}
+	}
+	l.base, l.commit = applied, applied
+	return nil
+}
+
+// Restored records that the state machine holds, durably, every effect up
+// to index (a snapshot restored after Truncate): the log follows index.
+func (l *Log) Restored(index uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if first, last, err := l.bounds(); err != nil {
+		return err
+	} else if first <= last {
+		return fmt.Errorf("%w: restored to %d with entries %d-%d in the log", ErrBadAppend, index, first, last)
+	}
+	if err := l.setSynced(index); err != nil {
+		return err
+	}
+	l.base, l.commit = index, index
+	return nil
+}
+
+func (l *Log) setSynced(index uint64) error {
+	if index <= l.synced {
+		return nil
+	}
+	if err := l.stable.SetUint64(syncedKey, index); err != nil {
+		return fmt.Errorf("dwqueue: persist the synced index %d: %w", index, err)
+	}
+	l.synced = index
+	return nil
 }
 
 // Epoch returns the epoch the replica serves (0 before its first).
@@ -238,7 +344,7 @@ func (l *Log) Append(a Append) (uint64, error) {
 	if a.PrevIndex > last {
 		return 0, &MismatchError{last}
 	}
-	if a.PrevIndex >= first && a.PrevIndex > 0 {
+	if a.PrevIndex >= first && a.PrevIndex <= last {
 		// Below first the log was compacted, which it is only up to the
 		// commit index: committed entries match.
 		epoch, err := l.epochAt(a.PrevIndex)
@@ -321,8 +427,12 @@ func (l *Log) Write(es []*raft.Log) error {
 func (l *Log) Last() (index, epoch uint64, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, index, err = l.bounds(); err != nil || index == 0 {
+	first, index, err := l.bounds()
+	if err != nil || index == 0 {
 		return index, 0, err
+	}
+	if first > index {
+		return index, 0, nil // compacted or restored: its epoch no longer matters (committed)
 	}
 	epoch, err = l.epochAt(index)
 	return index, epoch, err
@@ -335,7 +445,7 @@ func (l *Log) Entries(from, to uint64) ([]*raft.Log, error) {
 	defer l.mu.Unlock()
 	if first, _, err := l.bounds(); err != nil {
 		return nil, err
-	} else if from < first || first == 0 && from <= to {
+	} else if from < first && from <= to {
 		return nil, fmt.Errorf("%w: entry %d, the log starts at %d", ErrCompacted, from, first)
 	}
 	var out []*raft.Log
@@ -365,13 +475,17 @@ func checkAppend(a Append) error {
 	return nil
 }
 
-// bounds returns the log's first and last index (0, 0 when empty).
+// bounds returns the log's first and last index; an empty log is
+// (base+1, base): it follows what was compacted or restored.
 func (l *Log) bounds() (first, last uint64, err error) {
 	if first, err = l.log.FirstIndex(); err == nil {
 		last, err = l.log.LastIndex()
 	}
 	if err != nil {
 		return 0, 0, fmt.Errorf("dwqueue: read the log: %w", err)
+	}
+	if last == 0 {
+		return l.base + 1, l.base, nil
 	}
 	return first, last, nil
 }

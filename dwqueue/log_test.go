@@ -342,3 +342,87 @@ func TestLog_RandomLeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestLog_CompactAndRestore: a compacted log records what its state
+// machine holds (Synced, kept across a reopen) and still takes appends
+// that follow its compacted entries (committed: any epoch matches them);
+// Entries below its start is ErrCompacted; a compaction past its end is
+// refused. Truncate empties it for a snapshot, after which it follows the
+// replica's applied index, and Restored the snapshot's: appends go on
+// from there, and a reopen of the emptied log follows Synced.
+func TestLog_CompactAndRestore(t *testing.T) {
+	l, s := memLog(t, 2, 1, 1, 2, 2, 2)
+	if err := l.Compact(9); !errors.Is(err, ErrBadAppend) {
+		t.Fatalf("compact past the end: %v, want ErrBadAppend", err)
+	}
+	if err := l.Compact(3); err != nil {
+		t.Fatal(err)
+	}
+	if first, last, _ := l.Bounds(); first != 4 || last != 5 || l.Synced() != 3 {
+		t.Fatalf("after Compact(3): %d-%d, synced %d", first, last, l.Synced())
+	}
+	if _, err := l.Entries(2, 4); !errors.Is(err, ErrCompacted) {
+		t.Fatalf("Entries below the start: %v, want ErrCompacted", err)
+	}
+	// A resend from the compacted entry 2, of whatever epoch, matches.
+	if end, err := l.Append(Append{Epoch: 2, PrevIndex: 2, PrevEpoch: 1, Entries: ents(3, 2, 2, 2, 2), Commit: 6}); err != nil || end != 6 {
+		t.Fatalf("append after the compacted entries: %d, %v", end, err)
+	}
+	re, err := OpenLog(s, s, 0)
+	if err != nil || re.Synced() != 3 || re.Commit() != 3 {
+		t.Fatalf("reopened: synced %d, commit %d, %v", re.Synced(), re.Commit(), err)
+	}
+
+	if err := l.Truncate(4); err != nil {
+		t.Fatal(err)
+	}
+	if first, last, _ := l.Bounds(); first != 5 || last != 4 || len(entriesOf(t, s)) != 0 {
+		t.Fatalf("after Truncate(4): %d-%d, %d entries", first, last, len(entriesOf(t, s)))
+	}
+	if err := l.Restored(10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Append(Append{Epoch: 2, PrevIndex: 12, PrevEpoch: 2, Entries: ents(13, 2)}); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("an append past the restored index: %v, want ErrMismatch", err)
+	}
+	if end, err := l.Append(Append{Epoch: 2, PrevIndex: 10, PrevEpoch: 1, Entries: ents(11, 2, 2), Commit: 12}); err != nil || end != 12 {
+		t.Fatalf("append after the restored index: %d, %v", end, err)
+	}
+	if idx, e, err := l.Last(); idx != 12 || e != 2 || err != nil {
+		t.Fatalf("Last: %d@%d, %v", idx, e, err)
+	}
+	if err := l.Truncate(12); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Write(ents(13, 2)); err != nil {
+		t.Fatalf("the leader's write after an emptied log: %v", err)
+	}
+	// A crash after Truncate, before the restore: the reopened log is empty
+	// and follows what the state machine holds.
+	s2 := raft.NewInmemStore()
+	l2, _ := OpenLog(s2, s2, 0)
+	_ = l2.SetEpoch(1)
+	if err := l2.Write(ents(1, 1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Truncate(2); err != nil {
+		t.Fatal(err)
+	}
+	re2, err := OpenLog(s2, s2, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first, last, _ := re2.Bounds(); first != 3 || last != 2 {
+		t.Fatalf("reopened after Truncate: %d-%d, want to follow 2", first, last)
+	}
+	if err := re2.Restored(7); err != nil {
+		t.Fatal(err)
+	}
+	re3, err := OpenLog(s2, s2, 0)
+	if err != nil || re3.Synced() != 7 || re3.Commit() != 7 {
+		t.Fatalf("reopened after Restored(7): synced %d, commit %d, %v", re3.Synced(), re3.Commit(), err)
+	}
+	if first, last, _ := re3.Bounds(); first != 8 || last != 7 {
+		t.Fatalf("reopened after Restored(7): %d-%d", first, last)
+	}
+}

@@ -39,6 +39,11 @@ type PairConfig struct {
 	MaxEntryBytes, MaxEntryCmds, InFlight, QueueDepth int
 	MaxBatch, MaxBatchBytes, MaxPending               int
 	RetryAfter                                        time.Duration
+	// CompactEvery is how many entries are applied between two compactions
+	// of the log (default 1024; negative: never), and KeepEntries how many
+	// applied entries each keeps (default 256), so that a follower a little
+	// behind needs no snapshot. The leader keeps what its follower lacks.
+	CompactEvery, KeepEntries int
 }
 
 // Pair is one replica of a DoubleWrite partition (package dwqueue): the
@@ -82,6 +87,15 @@ type Pair struct {
 	readyAt                  uint64        // guarded by applyMu: the log's end when this replica took the lead
 	closing                  bool          // guarded by applyMu: Close began
 	changed                  chan struct{} // guarded by applyMu: closed when applied, the role or closed change
+	// The compactor (compactor): woken when CompactEvery entries were
+	// applied since the last compaction, stopped by Close.
+	compactWake              chan struct{}
+	compactStop, compactDone chan struct{}
+	compactedAt              uint64 // guarded by applyMu: applied at the last compaction
+	compactions, installs    atomic.Int64
+	// The follower's snapshot being received (Install), guarded by appendMu.
+	inst   *os.File
+	instAt dwqueue.Install // the pieces' epoch and index, and Offset: the size received
 }
 
 // OpenPair opens (creating if needed) the replica in cfg.Dir. It neither
@@ -93,6 +107,12 @@ func OpenPair(cfg PairConfig) (*Pair, error) {
 	}
 	if cfg.Partitions <= 0 {
 		cfg.Partitions = 1
+	}
+	if cfg.CompactEvery == 0 {
+		cfg.CompactEvery = 1024
+	}
+	if cfg.KeepEntries <= 0 {
+		cfg.KeepEntries = 256
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, err
@@ -138,11 +158,23 @@ func OpenPair(cfg PairConfig) (*Pair, error) {
 	if p.log, err = dwqueue.OpenLog(logs, p.stable, p.applied); err != nil {
 		return nil, fmt.Errorf("raftqueue: %w", err)
 	}
+	// The files hold every effect up to where the log was compacted or
+	// restored.
+	p.applied = max(p.applied, p.log.Synced())
+	p.compactedAt = p.applied
+	for _, pat := range []string{installFile, sendPattern} { // a run's leftovers
+		old, _ := filepath.Glob(filepath.Join(cfg.Dir, pat))
+		for _, f := range old {
+			_ = os.Remove(f)
+		}
+	}
 	p.changed = make(chan struct{})
 	p.prop = newProposer(p, Config{Partitions: cfg.Partitions, MaxEntryBytes: cfg.MaxEntryBytes,
 		MaxEntryCmds: cfg.MaxEntryCmds, InFlight: cfg.InFlight, QueueDepth: cfg.QueueDepth})
 	p.applyWake, p.applierStop, p.applierDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	p.compactWake, p.compactStop, p.compactDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
 	go p.applier()
+	go p.compactor()
 	ok = true
 	return p, nil
 }
@@ -221,7 +253,7 @@ func (p *Pair) startLeading(peer dwqueue.Peer, async bool) error {
 	}
 	l, err := dwqueue.NewLeader(dwqueue.LeaderConfig{Log: p.log, Peer: peer, Apply: p.applyLeader, Applied: p.applied,
 		Async: async, MaxBatch: p.cfg.MaxBatch, MaxBatchBytes: p.cfg.MaxBatchBytes, MaxPending: p.cfg.MaxPending,
-		RetryAfter: p.cfg.RetryAfter})
+		RetryAfter: p.cfg.RetryAfter, Snapshot: p.snapshot})
 	if err != nil {
 		return err
 	}
@@ -295,7 +327,190 @@ func (p *Pair) applyLeader(logs []*raft.Log) []any {
 // appliedTo records that the log is applied up to i. applyMu is held.
 func (p *Pair) appliedTo(i uint64) {
 	p.applied = max(p.applied, i)
+	if every := p.cfg.CompactEvery; every > 0 && p.applied >= p.compactedAt+uint64(every) {
+		p.compactedAt = p.applied
+		select {
+		case p.compactWake <- struct{}{}:
+		default:
+		}
+	}
 	p.wake()
+}
+
+// compactor compacts the log each time it is woken, until Close. A
+// failure is left for the next time (the log just stays longer).
+func (p *Pair) compactor() {
+	defer close(p.compactDone)
+	for {
+		select {
+		case <-p.compactWake:
+		case <-p.compactStop:
+			return
+		}
+		if p.compact() == nil {
+			p.compactions.Add(1)
+		}
+	}
+}
+
+// compact drops the log's entries up to KeepEntries before what this
+// replica applied and, leading, what its follower holds: first the
+// partition files are synced with every effect applied, then the log
+// records that and drops them (dwqueue.Log.Compact).
+func (p *Pair) compact() error {
+	p.applyMu.Lock()
+	upTo := p.applied
+	p.applyMu.Unlock()
+	if l := p.lead.Load(); l != nil {
+		upTo = min(upTo, l.Matched())
+	}
+	keep := uint64(p.cfg.KeepEntries)
+	first, _, err := p.log.Bounds()
+	if err != nil || upTo < first+keep {
+		return err
+	}
+	upTo -= keep
+	for i := range p.cfg.Partitions {
+		sp, err := p.fsm.partition(i)
+		if err != nil {
+			return err
+		}
+		if _, err := sp.Sync(); err != nil {
+			return err
+		}
+	}
+	return p.log.Compact(upTo)
+}
+
+// Compactions returns how many times the log was compacted, Installs how
+// many snapshots of the leader's this replica restored.
+func (p *Pair) Compactions() int64 { return p.compactions.Load() }
+func (p *Pair) Installs() int64    { return p.installs.Load() }
+
+// installFile is where a follower assembles a snapshot's pieces,
+// sendPattern the leader's snapshots being sent (both removed at Open).
+const (
+	installFile = "install.snap"
+	sendPattern = "send-*.snap"
+)
+
+// snapshot is the leader's dwqueue.LeaderConfig.Snapshot: this replica's
+// state, written to a file in Dir (removed when the reader closes),
+// holding every effect up to what it had applied when it began.
+func (p *Pair) snapshot() (uint64, io.ReadCloser, error) {
+	p.applyMu.Lock()
+	index := p.applied
+	p.applyMu.Unlock()
+	f, err := os.CreateTemp(p.cfg.Dir, sendPattern)
+	if err != nil {
+		return 0, nil, err
+	}
+	rc := &removeOnClose{f}
+	if err := (&snapshot{f: p.fsm}).Persist(&fileSink{f}); err != nil {
+		rc.Close()
+		return 0, nil, err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		rc.Close()
+		return 0, nil, err
+	}
+	return index, rc, nil
+}
+
+// removeOnClose is a file removed when closed.
+type removeOnClose struct{ *os.File }
+
+func (r *removeOnClose) Close() error {
+	err := r.File.Close()
+	_ = os.Remove(r.File.Name())
+	return err
+}
+
+// fileSink is a raft.SnapshotSink writing to a file that stays open.
+type fileSink struct{ *os.File }
+
+func (s *fileSink) ID() string    { return s.File.Name() }
+func (s *fileSink) Cancel() error { return nil }
+func (s *fileSink) Close() error  { return nil }
+
+// Install takes a piece of the leader's snapshot (the follower's side of
+// dwqueue.Peer.Install): the pieces are assembled in Dir in order, and the
+// last one restores the state machine from them (each partition whose file
+// holds the snapshot's state or more is kept) and makes the log follow
+// the snapshot's index. The log is emptied first, so a crash in between
+// leaves a replica consistent with its files (dwqueue.Log.Truncate). An
+// epoch other than the one served, or a replica that leads, is refused
+// (*dwqueue.EpochError); a piece out of order is dwqueue.ErrBadAppend (the
+// leader starts again).
+func (p *Pair) Install(ctx context.Context, in dwqueue.Install) error {
+	p.appendMu.Lock()
+	defer p.appendMu.Unlock()
+	if e := p.log.Epoch(); p.lead.Load() != nil || in.Epoch != e || e == 0 {
+		return &dwqueue.EpochError{Epoch: e}
+	}
+	p.applyMu.Lock()
+	closing := p.closing
+	p.applyMu.Unlock()
+	if closing {
+		return ErrClosed
+	}
+	if in.Index < p.log.Synced() {
+		return fmt.Errorf("%w: a snapshot at %d, the replica holds %d", dwqueue.ErrBadAppend, in.Index, p.log.Synced())
+	}
+	path := filepath.Join(p.cfg.Dir, installFile)
+	if in.Offset == 0 {
+		p.dropInstall()
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		p.inst, p.instAt = f, dwqueue.Install{Epoch: in.Epoch, Index: in.Index}
+	}
+	if p.inst == nil || in.Offset != p.instAt.Offset || in.Index != p.instAt.Index || in.Epoch != p.instAt.Epoch {
+		p.dropInstall()
+		return fmt.Errorf("%w: a snapshot piece at %d, expected %d", dwqueue.ErrBadAppend, in.Offset, p.instAt.Offset)
+	}
+	if _, err := p.inst.Write(in.Data); err != nil {
+		p.dropInstall()
+		return err
+	}
+	p.instAt.Offset += uint64(len(in.Data))
+	if !in.Done {
+		return nil
+	}
+	defer p.dropInstall()
+	if _, err := p.inst.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	p.applyMu.Lock()
+	defer p.applyMu.Unlock()
+	if p.closing {
+		return ErrClosed
+	}
+	defer p.wake()
+	if err := p.log.Truncate(p.applied); err != nil {
+		return err
+	}
+	if err := p.fsm.Restore(io.NopCloser(p.inst)); err != nil {
+		return err
+	}
+	if err := p.log.Restored(in.Index); err != nil {
+		return err
+	}
+	p.applied, p.compactedAt = in.Index, in.Index
+	p.installs.Add(1)
+	return nil
+}
+
+// dropInstall closes and removes the snapshot being received. appendMu is
+// held.
+func (p *Pair) dropInstall() {
+	if p.inst != nil {
+		_ = p.inst.Close()
+		_ = os.Remove(p.inst.Name())
+		p.inst = nil
+	}
+	p.instAt = dwqueue.Install{}
 }
 
 // Append takes a batch of the leader's (the follower's side: it is what a
@@ -466,8 +681,11 @@ func (p *Pair) Close() error {
 	p.prop.close()
 	close(p.applierStop)
 	<-p.applierDone
+	close(p.compactStop)
+	<-p.compactDone
 	p.appendMu.Lock()
 	defer p.appendMu.Unlock()
+	p.dropInstall()
 	p.applyMu.Lock()
 	defer p.applyMu.Unlock()
 	p.closing = true

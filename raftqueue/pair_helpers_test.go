@@ -34,6 +34,97 @@ type pairs struct {
 	leader int            // the replica that leads it
 	ledBy  map[uint64]int // which replica each epoch was given to
 	cut    [2]atomic.Bool // replica i's appends to the other fail
+	seen   entryRecord    // the entries both replicas' logs took, kept past compaction
+	// compacted and installed count the compactions and snapshot installs
+	// of the replicas stopped.
+	compacted, installed int64
+}
+
+// entryRecord records, for the history's check, the epochs of the entries
+// holding each ID in the replicas' logs, which compaction and snapshots
+// empty: every entry stored, less the tails cut from a log (a
+// deletion that does not start at its first entry). A log emptied for a
+// snapshot keeps its record: the check may then take a cut entry for one
+// that held the ID (a weaker "acked by the leader" check there; "lost"
+// and the history still see such acks).
+type entryRecord struct {
+	mu sync.Mutex
+	m  map[uint64]map[uint64][]string // index → epoch → IDs
+}
+
+func (r *entryRecord) store(logs []*raft.Log) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[uint64]map[uint64][]string{}
+	}
+	for _, l := range logs {
+		cmds, _, err := decodeEntry(l.Data, 1, nil, nil)
+		if err != nil {
+			continue
+		}
+		var ids []string
+		for _, c := range cmds {
+			for _, m := range c.Msgs {
+				ids = append(ids, m.ID)
+			}
+		}
+		if r.m[l.Index] == nil {
+			r.m[l.Index] = map[uint64][]string{}
+		}
+		r.m[l.Index][l.Term] = ids
+	}
+}
+
+func (r *entryRecord) cut(lo, hi uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := range r.m {
+		if i >= lo && i <= hi {
+			delete(r.m, i)
+		}
+	}
+}
+
+// epochs returns, for each ID, the epochs of the recorded entries holding
+// it.
+func (r *entryRecord) epochs() map[string][]uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string][]uint64{}
+	for _, byEpoch := range r.m {
+		for e, ids := range byEpoch {
+			for _, id := range ids {
+				out[id] = append(out[id], e)
+			}
+		}
+	}
+	return out
+}
+
+// recordingLog is a replica's log that records in rec what it stores.
+type recordingLog struct {
+	*WALLog
+	rec *entryRecord
+}
+
+func (l recordingLog) StoreLogs(logs []*raft.Log) error {
+	err := l.WALLog.StoreLogs(logs)
+	if err == nil {
+		l.rec.store(logs)
+	}
+	return err
+}
+
+func (l recordingLog) StoreLog(e *raft.Log) error { return l.StoreLogs([]*raft.Log{e}) }
+
+func (l recordingLog) DeleteRange(lo, hi uint64) error {
+	first, _ := l.WALLog.FirstIndex()
+	err := l.WALLog.DeleteRange(lo, hi)
+	if err == nil && lo > first {
+		l.rec.cut(lo, hi)
+	}
+	return err
 }
 
 var errLinkCut = errors.New("test: link cut")
@@ -53,6 +144,17 @@ func (l pairLink) Append(ctx context.Context, a dwqueue.Append) (uint64, error) 
 		return 0, errLinkCut
 	}
 	return p.Append(ctx, a)
+}
+
+func (l pairLink) Install(ctx context.Context, in dwqueue.Install) error {
+	if l.ps.cut[l.from].Load() {
+		return errLinkCut
+	}
+	p := l.ps.rep(1 - l.from)
+	if p == nil {
+		return errLinkCut
+	}
+	return p.Install(ctx, in)
 }
 
 // newPairs opens two replicas, replica 0 leading epoch 1 and replica 1
@@ -91,7 +193,7 @@ func (ps *pairs) start(i int) {
 	if err != nil {
 		ps.t.Fatal(err)
 	}
-	cfg := PairConfig{Dir: ps.dirs[i], Log: l, RetryAfter: 5 * time.Millisecond}
+	cfg := PairConfig{Dir: ps.dirs[i], Log: recordingLog{l, &ps.seen}, RetryAfter: 5 * time.Millisecond}
 	if ps.opts != nil {
 		ps.opts(&cfg)
 	}
@@ -116,6 +218,12 @@ func (ps *pairs) stop(i int) {
 	if p == nil {
 		return
 	}
+	defer func() {
+		ps.mu.Lock()
+		ps.compacted += p.Compactions()
+		ps.installed += p.Installs()
+		ps.mu.Unlock()
+	}()
 	if err := p.Close(); err != nil {
 		ps.t.Errorf("close %s: %v", ps.id(i), err)
 	}
@@ -289,10 +397,20 @@ func (ps *pairs) entryEpochs(i int) map[string][]uint64 {
 	return out
 }
 
+// seenEpochs is entryEpochs over what both replicas' logs took, compacted
+// or not (entryRecord).
+func (ps *pairs) seenEpochs() map[string][]uint64 { return ps.seen.epochs() }
+
 func (ps *pairs) String() string {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	return fmt.Sprintf("epoch %d led by %s", ps.epoch, ps.id(ps.leader))
+	c, in := ps.compacted, ps.installed
+	for _, p := range ps.reps {
+		if p != nil {
+			c, in = c+p.Compactions(), in+p.Installs()
+		}
+	}
+	return fmt.Sprintf("epoch %d led by %s, %d compactions, %d snapshots installed", ps.epoch, ps.id(ps.leader), c, in)
 }
 
 // waitApplied waits until p's applier has applied everything its log

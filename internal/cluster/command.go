@@ -21,10 +21,14 @@ import (
 // older version's struct with the new fields zero. Version 2 added
 // CreateTopic.GroupSize; version 3 CreateTopic.AllowAlone and the commands
 // of DoubleWrite partitions (SetInSync, Promote, ReplaceFollower,
-// RenewEpoch).
+// RenewEpoch); version 4 changed no struct but lets a DoubleWrite
+// CreateTopic have a GroupSize above 1 (pairs shared by several
+// partitions), which a version 3 node would refuse where a version 4 one
+// applies it: an older node must refuse the entry as unknown rather than
+// apply it otherwise.
 const (
 	cmdMagic   = 0xC1 // never the first byte of a msgpack value
-	cmdVersion = 3
+	cmdVersion = 4
 )
 
 // Command kinds, the third byte of an encoded command.

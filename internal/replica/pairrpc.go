@@ -14,8 +14,12 @@ import (
 )
 
 // OpPairAppend carries a DoubleWrite leader's batch to its follower's node
-// (dwqueue.Append → the follower's raftqueue.Pair.Append).
-const OpPairAppend = remote.FirstOp + 80
+// (dwqueue.Append → the follower's raftqueue.Pair.Append), OpPairInstall a
+// piece of its snapshot (dwqueue.Install → raftqueue.Pair.Install).
+const (
+	OpPairAppend  = remote.FirstOp + 80
+	OpPairInstall = remote.FirstOp + 81
+)
 
 // Codes of dwqueue's errors on the wire.
 const (
@@ -174,6 +178,52 @@ func (p PairPeer) Append(ctx context.Context, a dwqueue.Append) (uint64, error) 
 	return decodePairReply(resp)
 }
 
+// Install sends a piece of a snapshot to the follower's node.
+func (p PairPeer) Install(ctx context.Context, in dwqueue.Install) error {
+	req := appendPairHead(nil, p.Topic, p.Index)
+	req = appendInstallRequest(req, in)
+	resp, err := p.Client.Call(ctx, OpPairInstall, req)
+	if err != nil {
+		return err
+	}
+	_, err = decodePairReply(resp)
+	return err
+}
+
+// The install request, version 1: the version byte, a flags byte (1:
+// Done), uvarints Epoch, Index, Offset, then the piece's data. The reply
+// is Append's, with 0 for the end.
+const flagDone = 1
+
+// appendInstallRequest encodes in.
+func appendInstallRequest(dst []byte, in dwqueue.Install) []byte {
+	flags := byte(0)
+	if in.Done {
+		flags |= flagDone
+	}
+	dst = append(dst, pairVersion, flags)
+	for _, v := range []uint64{in.Epoch, in.Index, in.Offset} {
+		dst = binary.AppendUvarint(dst, v)
+	}
+	return append(dst, in.Data...)
+}
+
+// decodeInstallRequest decodes an install request. Data aliases b.
+func decodeInstallRequest(b []byte) (dwqueue.Install, error) {
+	var in dwqueue.Install
+	if len(b) < 2 || b[0] != pairVersion || b[1]&^flagDone != 0 {
+		return in, errPairFormat
+	}
+	in.Done = b[1]&flagDone != 0
+	r := uvarints{b: b[2:]}
+	in.Epoch, in.Index, in.Offset = r.next(), r.next(), r.next()
+	if r.bad {
+		return in, errPairFormat
+	}
+	in.Data = r.b
+	return in, nil
+}
+
 // appendPairHead names the partition: a uvarint length and the topic, then
 // the partition's index as a uvarint.
 func appendPairHead(dst []byte, topic string, index int) []byte {
@@ -196,10 +246,25 @@ func decodePairHead(b []byte) (topic string, index int, rest []byte, err error) 
 	return topic, int(i), b[k:], nil
 }
 
-// ServePairs registers OpPairAppend on srv: lookup finds this node's
-// replica of a partition for a call from node peer (an error when it holds
-// none, or peer does not lead it).
+// ServePairs registers OpPairAppend and OpPairInstall on srv: lookup finds
+// this node's replica of a partition for a call from node peer (an error
+// when it holds none, or peer does not lead it).
 func ServePairs(srv *remote.Server, lookup func(peer, topic string, index int) (*raftqueue.Pair, error)) {
+	srv.Handle(OpPairInstall, func(ctx context.Context, peer string, req []byte) ([]byte, error) {
+		topic, index, rest, err := decodePairHead(req)
+		if err != nil {
+			return nil, err
+		}
+		in, err := decodeInstallRequest(rest)
+		if err != nil {
+			return nil, err
+		}
+		p, err := lookup(peer, topic, index)
+		if err != nil {
+			return nil, err
+		}
+		return pairReply(0, p.Install(ctx, in))
+	})
 	srv.Handle(OpPairAppend, func(ctx context.Context, peer string, req []byte) ([]byte, error) {
 		topic, index, rest, err := decodePairHead(req)
 		if err != nil {

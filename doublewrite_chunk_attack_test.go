@@ -1,0 +1,542 @@
+package mq_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/zeze-go/mq"
+)
+
+// Attacks on DoubleWrite chunks (Options.PartitionsPerPair > 1): several
+// partitions share one pair (one log, one record, one failover). The
+// helpers of doublewrite_attack_test.go (dwa*) are used; this file's own
+// are prefixed dwc.
+
+// dwcAck is one acked message: where the producer was told it is.
+type dwcAck struct {
+	id     string
+	part   int
+	offset int64
+	dup    bool
+}
+
+// dwcLoad is producers sending to "d" through the open nodes of a cluster
+// while nodes are killed and restarted. Each producer sends batches of
+// messages spanning several partitions (one per partition of its set, so
+// that the partitions of a chunk are applied concurrently); message k of
+// producer pre is pre-<n> with n%parts its partition, in order per
+// partition, resent with the same IDs until acked.
+type dwcLoad struct {
+	mu    sync.Mutex
+	parts int // the partitions sent to; grown by setParts
+	nodes map[string]*mq.MQ
+	acked []dwcAck
+	errs  []string
+	stop  chan struct{}
+	wg    sync.WaitGroup
+}
+
+func newDWCLoad(c *testCluster, parts int) *dwcLoad {
+	l := &dwcLoad{parts: parts, nodes: map[string]*mq.MQ{}, stop: make(chan struct{})}
+	for id, m := range c.nodes {
+		l.nodes[id] = m
+	}
+	return l
+}
+
+func (l *dwcLoad) set(id string, m *mq.MQ) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.nodes[id] = m
+}
+
+func (l *dwcLoad) node(id string) *mq.MQ {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.nodes[id]
+}
+
+func (l *dwcLoad) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acked)
+}
+
+// run starts producer pre through node id, sending batches to partitions
+// want (fixed numbering modulo total, the topic's final partition count).
+func (l *dwcLoad) run(id, pre string, total int, want []int) {
+	l.wg.Go(func() {
+		dwaProduce(l.stop, func() *mq.MQ { return l.node(id) }, func(k int) []*mq.Message {
+			var batch []*mq.Message
+			for _, part := range want {
+				n := k*total + part
+				id := fmt.Sprintf("%s-%d", pre, n)
+				batch = append(batch, (&mq.Message{ID: id, Body: []byte("body:" + id)}).ToPartition(part))
+			}
+			return batch
+		}, func(batch []*mq.Message, res []mq.SendResult) {
+			l.mu.Lock()
+			for i, r := range res {
+				l.acked = append(l.acked, dwcAck{id: batch[i].ID, part: r.Partition, offset: r.Offset, dup: r.Duplicate})
+			}
+			l.mu.Unlock()
+		}, func(batch []*mq.Message, err error) {
+			l.mu.Lock()
+			if len(l.errs) < 10 {
+				l.errs = append(l.errs, fmt.Sprintf("send %s.. via %s: %v", batch[0].ID, id, err))
+			}
+			l.mu.Unlock()
+		})
+	})
+}
+
+func (l *dwcLoad) finish() ([]dwcAck, []string) {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.acked), slices.Clone(l.errs)
+}
+
+// dwcRead returns every message of each partition of "d", in offset order,
+// read through m.
+func dwcRead(ctx context.Context, t *testing.T, m *mq.MQ, parts int) [][]*mq.Message {
+	t.Helper()
+	out := make([][]*mq.Message, parts)
+	for i := range parts {
+		for off := int64(0); ; off++ {
+			msg, err := m.ReadMessage(ctx, "d", i, off)
+			if errors.Is(err, mq.ErrNoMessage) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("read d %d/%d: %v", i, off, err)
+			}
+			out[i] = append(out[i], msg)
+		}
+	}
+	return out
+}
+
+// dwcCheck is dwaCheck (total: the modulus of the producers' numbering)
+// plus: each message's body is its own, and each ack's partition and offset
+// (a fresh store, not a duplicate) hold that message.
+func dwcCheck(t *testing.T, stored [][]*mq.Message, acked []dwcAck, total int) {
+	t.Helper()
+	ids := make([][]string, len(stored))
+	bad := 0
+	report := func(format string, args ...any) {
+		if bad++; bad <= 10 {
+			t.Errorf(format, args...)
+		}
+	}
+	for i, msgs := range stored {
+		for off, m := range msgs {
+			ids[i] = append(ids[i], m.ID)
+			if string(m.Body) != "body:"+m.ID && strings.HasPrefix(string(m.Body), "body:") {
+				report("d/%d offset %d: %s carries the body %q", i, off, m.ID, m.Body)
+			}
+		}
+	}
+	ackIDs := make([]string, 0, len(acked))
+	for _, a := range acked {
+		ackIDs = append(ackIDs, a.id)
+		k := strings.LastIndexByte(a.id, '-')
+		n, _ := strconv.Atoi(a.id[k+1:])
+		if a.part != n%total {
+			report("%s acked in partition %d, sent to %d", a.id, a.part, n%total)
+			continue
+		}
+		if a.dup || a.offset < 0 {
+			continue
+		}
+		if a.offset >= int64(len(ids[a.part])) {
+			report("%s acked at d/%d offset %d; the partition holds %d", a.id, a.part, a.offset, len(ids[a.part]))
+		} else if got := ids[a.part][a.offset]; got != a.id {
+			report("%s acked at d/%d offset %d, which holds %s", a.id, a.part, a.offset, got)
+		}
+	}
+	dwaCheck(t, ids, ackIDs, total)
+	if bad > 0 {
+		t.Errorf("%d acks or bodies wrong", bad)
+	}
+}
+
+// dwcLeaders returns the node leading each partition of d.
+func dwcLeaders(c *testCluster, parts int) []string {
+	out := make([]string, parts)
+	for i := range parts {
+		out[i] = c.leaderOf("d", i)
+	}
+	return out
+}
+
+// TestDWChunkAttack_KillChunkLeadersAlter: four nodes, five partitions in
+// chunks of two ({0,1} {2,3} {4}), producers through every node sending
+// batches that span the partitions of a chunk; the node leading chunk
+// {0,1} is killed, and while the failover runs AlterMQ grows the topic to
+// 8 partitions (new chunks {5,6} {7}); then the leader of the new chunk
+// {5,6} is killed too. Every chunk must be led by a live node afterwards,
+// every partition of a chunk by the same node; every acked message is
+// stored once, in its partition, at the offset its ack gave, with its own
+// body, in each producer's order.
+func TestDWChunkAttack_KillChunkLeadersAlter(t *testing.T) {
+	var logs dwaLogs
+	const parts, grown = 5, 8
+	c := newDWACluster(t, 4, parts, mq.Options{PartitionsPerPair: 2}, &logs)
+	l := newDWCLoad(c, parts)
+	defer l.finish()
+	for _, id := range dwaOthers(c) {
+		l.run(id, id+"a", grown, []int{0, 1})
+		l.run(id, id+"b", grown, []int{2, 3, 4})
+	}
+	waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() > 40 })
+	victim := c.leaderOf("d", 0)
+	if v1 := c.leaderOf("d", 1); v1 != victim {
+		t.Fatalf("d/0 led by %s, d/1 (same chunk) by %s", victim, v1)
+	}
+	admin := dwaOthers(c, victim)[0]
+	t.Logf("kill %s, the leader of chunk {0,1}; AlterMQ through %s", victim, admin)
+	l.set(victim, nil)
+	c.kill(victim)
+	actx, acancel := context.WithTimeout(context.Background(), 20*time.Second)
+	err := c.nodes[admin].AlterMQ(actx, "d", grown)
+	acancel()
+	if err != nil {
+		t.Fatalf("AlterMQ during the failover: %v", err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "the new partitions on "+id, func() bool { return m.Topics()["d"] == grown })
+	}
+	for _, id := range dwaOthers(c) {
+		l.run(id, id+"c", grown, []int{5, 6, 7})
+	}
+	waitFor(t, 30*time.Second, "d/0 led by a live node", func() bool {
+		for id := range c.nodes {
+			if slices.Contains(c.nodes[id].ClusterStatus().Leading, "d/0") {
+				return true
+			}
+		}
+		return false
+	})
+	before := l.count()
+	waitFor(t, 30*time.Second, "acks after the first failover", func() bool { return l.count() > before+60 })
+	victim2 := c.leaderOf("d", 5)
+	t.Logf("kill %s, the leader of chunk {5,6}", victim2)
+	l.set(victim2, nil)
+	c.kill(victim2)
+	time.Sleep(3 * time.Second)
+	l.set(victim, c.start(victim))
+	l.set(victim2, c.start(victim2))
+	c.waitUp(4)
+	before = l.count()
+	waitFor(t, 30*time.Second, "acks after the restarts", func() bool { return l.count() > before+60 })
+	acked, errs := l.finish()
+	for _, e := range errs {
+		t.Errorf("unexpected: %s", e)
+	}
+	leaders := dwcLeaders(c, grown)
+	for _, ch := range [][]int{{0, 1}, {2, 3}, {5, 6}} {
+		if leaders[ch[0]] != leaders[ch[1]] {
+			t.Errorf("chunk %v led by %s and %s", ch, leaders[ch[0]], leaders[ch[1]])
+		}
+	}
+	per := make([]int, grown)
+	for _, a := range acked {
+		per[a.part]++
+	}
+	for i, n := range per {
+		if n == 0 {
+			t.Errorf("no send acked to d/%d", i)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dwcCheck(t, dwcRead(ctx, t, c.nodes[admin], grown), acked, grown)
+	t.Logf("%d acked, per partition %v; leaders %v", len(acked), per, leaders)
+}
+
+// TestDWChunkAttack_CloseUnderSends: three nodes, one chunk of four
+// partitions, producers on every node sending batches over all four (the
+// partitions of the chunk applied at once); the leader's node closed with
+// them in flight, then, once its follower leads, the new leader's follower
+// closed too and both reopened. Each Close returns in bounded time, every
+// send returns, sends are acked again, and every acked message is stored
+// once where its ack said.
+func TestDWChunkAttack_CloseUnderSends(t *testing.T) {
+	var logs dwaLogs
+	const parts = 4
+	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: parts}, &logs)
+	l := newDWCLoad(c, parts)
+	defer l.finish()
+	for _, id := range dwaOthers(c) {
+		l.run(id, id+"a", parts, []int{0, 1, 2, 3})
+		l.run(id, id+"b", parts, []int{3, 1})
+	}
+	waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() > 60 })
+	closeTimed := func(id string) {
+		t.Helper()
+		m := c.nodes[id]
+		l.set(id, nil)
+		done := make(chan error, 1)
+		go func() { done <- m.Close() }()
+		select {
+		case err := <-done:
+			t.Logf("close %s: %v", id, err)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("closing %s with sends in flight on every partition of its chunk takes more than 30s", id)
+		}
+		delete(c.nodes, id)
+	}
+	leader := c.leaderOf("d", 0)
+	closeTimed(leader)
+	var next string
+	waitFor(t, 30*time.Second, "a new leader of the chunk", func() bool {
+		for id, m := range c.nodes {
+			if slices.Contains(m.ClusterStatus().Leading, "d/0") {
+				next = id
+				return true
+			}
+		}
+		return false
+	})
+	before := l.count()
+	waitFor(t, 30*time.Second, "acks after the promotion", func() bool { return l.count() > before+40 })
+	l.set(leader, c.start(leader))
+	c.waitUp(3)
+	time.Sleep(2 * time.Second)
+	f := dwaFollower(c, next, 0)
+	if f != "" {
+		closeTimed(f)
+		time.Sleep(2 * time.Second)
+		l.set(f, c.start(f))
+		c.waitUp(3)
+	}
+	before = l.count()
+	waitFor(t, 30*time.Second, "acks after the follower came back", func() bool { return l.count() > before+40 })
+	acked, errs := l.finish()
+	for _, e := range errs {
+		t.Errorf("unexpected: %s", e)
+	}
+	leaders := dwcLeaders(c, parts)
+	for i := 1; i < parts; i++ {
+		if leaders[i] != leaders[0] {
+			t.Errorf("one chunk, leaders %v", leaders)
+			break
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, id := range dwaOthers(c) {
+		dwcCheck(t, dwcRead(ctx, t, c.nodes[id], parts), acked, parts)
+	}
+	t.Logf("%d acked; closed %s then %s", len(acked), leader, f)
+}
+
+// TestDWChunkAttack_ClusterRestart: three nodes, seven partitions in
+// chunks of three ({0,1,2} {3,4,5} {6}) under load; the whole cluster
+// closed mid-load (one node after the other) and reopened from disk, twice:
+// every acked message is there once, at the offset its ack gave, and each
+// chunk takes sends again, led as one.
+func TestDWChunkAttack_ClusterRestart(t *testing.T) {
+	var logs dwaLogs
+	const parts = 7
+	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 3}, &logs)
+	l := newDWCLoad(c, parts)
+	defer l.finish()
+	for _, id := range dwaOthers(c) {
+		l.run(id, id+"a", parts, []int{0, 1, 2, 6})
+		l.run(id, id+"b", parts, []int{3, 4, 5})
+	}
+	for round := range 2 {
+		before := l.count()
+		waitFor(t, 30*time.Second, "acks", func() bool { return l.count() > before+40 })
+		for _, id := range []string{"n2", "n1", "n3"} {
+			l.set(id, nil)
+			c.kill(id)
+		}
+		for _, id := range []string{"n3", "n2", "n1"} {
+			l.set(id, c.start(id))
+		}
+		c.waitUp(3)
+		t.Logf("round %d: restarted", round)
+	}
+	before := l.count()
+	waitFor(t, 30*time.Second, "acks after the restarts", func() bool { return l.count() > before+60 })
+	acked, errs := l.finish()
+	for _, e := range errs {
+		t.Errorf("unexpected: %s", e)
+	}
+	leaders := dwcLeaders(c, parts)
+	if leaders[0] != leaders[1] || leaders[0] != leaders[2] || leaders[3] != leaders[4] || leaders[3] != leaders[5] {
+		t.Errorf("chunks not led as one: %v", leaders)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dwcCheck(t, dwcRead(ctx, t, c.nodes["n2"], parts), acked, parts)
+	t.Logf("%d acked; leaders %v", len(acked), leaders)
+}
+
+// TestDWChunkAttack_IsolateNode: four nodes, six partitions in chunks of
+// two; the node leading chunk {0,1} is cut from every other node (not
+// killed: it goes on believing it leads until it learns otherwise) while
+// producers on every node, its own included, send batches over all
+// partitions. Its chunks fail over; nothing it acks may be lost; the links
+// back, every chunk takes sends again and every acked message is stored
+// once, where its ack said.
+func TestDWChunkAttack_IsolateNode(t *testing.T) {
+	var logs dwaLogs
+	const parts = 6
+	c := newDWACluster(t, 4, parts, mq.Options{PartitionsPerPair: 2}, &logs)
+	l := newDWCLoad(c, parts)
+	defer l.finish()
+	for _, id := range dwaOthers(c) {
+		l.run(id, id+"a", parts, []int{0, 1, 2})
+		l.run(id, id+"b", parts, []int{3, 4, 5})
+	}
+	waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() > 60 })
+	victim := c.leaderOf("d", 0)
+	dwaIsolate(c, victim, true)
+	waitFor(t, 30*time.Second, "chunk {0,1} led by another node", func() bool {
+		for _, id := range dwaOthers(c, victim) {
+			if slices.Contains(c.nodes[id].ClusterStatus().Leading, "d/0") {
+				return true
+			}
+		}
+		return false
+	})
+	before := l.count()
+	waitFor(t, 30*time.Second, "acks with "+victim+" cut off", func() bool { return l.count() > before+60 })
+	time.Sleep(2 * time.Second)
+	dwaIsolate(c, victim, false)
+	c.waitUp(4)
+	before = l.count()
+	waitFor(t, 30*time.Second, "acks after the links came back", func() bool { return l.count() > before+100 })
+	acked, errs := l.finish()
+	for _, e := range errs {
+		t.Errorf("unexpected: %s", e)
+	}
+	per := make([]int, parts)
+	for _, a := range acked {
+		per[a.part]++
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dwcCheck(t, dwcRead(ctx, t, c.nodes[dwaOthers(c, victim)[0]], parts), acked, parts)
+	t.Logf("%d acked, per partition %v; leaders %v", len(acked), per, dwcLeaders(c, parts))
+}
+
+// TestDWChunkAttack_AckAloneLinkCutThenPromote: AckAlone, four nodes, two
+// chunks of two; the link between the leader and the follower of the chunk
+// off the metadata leader cut while producers send batches over both of
+// its partitions: once the follower timeout passed the leader acks alone
+// (recorded alone in sync, for the whole chunk). The link back, the
+// follower catches up and is recorded in sync again; then the leader is
+// killed: the follower is promoted and holds every acked message of both
+// partitions, once, where its ack said.
+func TestDWChunkAttack_AckAloneLinkCutThenPromote(t *testing.T) {
+	var logs dwaLogs
+	const parts = 4
+	c := newDWACluster(t, 4, parts, mq.Options{PartitionsPerPair: 2, AckAlone: true}, &logs)
+	first, leader, follower, meta := dwcChunkOff(t, c, []int{0, 2})
+	l := newDWCLoad(c, parts)
+	defer l.finish()
+	for _, id := range dwaOthers(c) {
+		l.run(id, id+"a", parts, []int{first, first + 1})
+	}
+	waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() > 40 })
+	dwaCut(c, leader, follower, true)
+	time.Sleep(3 * time.Second) // past the follower timeout (2s)
+	before := l.count()
+	waitFor(t, 12*time.Second, "acks with the link "+leader+"-"+follower+" cut (AckAlone)", func() bool { return l.count() > before+40 })
+	dwaCut(c, leader, follower, false)
+	waitFor(t, 30*time.Second, follower+" in sync again", func() bool {
+		_, _, in, _ := mq.PairRecord(c.nodes[meta], "d", first+1)
+		return slices.Contains(in, follower)
+	})
+	before = l.count()
+	waitFor(t, 20*time.Second, "acks with the follower in sync", func() bool { return l.count() > before+20 })
+	l.set(leader, nil)
+	c.kill(leader)
+	waitFor(t, 30*time.Second, follower+" promoted", func() bool {
+		return slices.Contains(c.nodes[follower].ClusterStatus().Leading, fmt.Sprintf("d/%d", first+1))
+	})
+	before = l.count()
+	waitFor(t, 20*time.Second, "acks after the promotion", func() bool { return l.count() > before+20 })
+	acked, errs := l.finish()
+	for _, e := range errs {
+		t.Errorf("unexpected: %s", e)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dwcCheck(t, dwcRead(ctx, t, c.nodes[follower], parts), acked, parts)
+	t.Logf("%d acked on chunk {%d,%d}; %s then %s led it", len(acked), first, first+1, leader, follower)
+}
+
+// dwcChunkOff returns the first partition of a chunk among firsts whose
+// leader and follower are both nodes other than the metadata leader, them,
+// and the metadata leader.
+func dwcChunkOff(t *testing.T, c *testCluster, firsts []int) (first int, leader, follower, meta string) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "a metadata leader", func() bool {
+		meta = c.nodes["n1"].ClusterStatus().Leader
+		return meta != ""
+	})
+	for _, i := range firsts {
+		leader = c.leaderOf("d", i)
+		follower = dwaFollower(c, leader, i)
+		if leader != meta && follower != meta && follower != "" {
+			return i, leader, follower, meta
+		}
+	}
+	t.Fatalf("no chunk off the metadata leader %s", meta)
+	return
+}
+
+// TestDWChunkAttack_LeaderCutFromMetadata: four nodes, two chunks of two;
+// the leader of the chunk off the metadata leader cut from it (it still
+// reaches its follower and believes it leads) while producers on every
+// node send batches over both partitions of every chunk: its session
+// expires and its follower is promoted. Nothing the old leader acks may be
+// lost (it must not ack after the promotion); the link back, every acked
+// message is stored once, where its ack said, and sends are acked again.
+func TestDWChunkAttack_LeaderCutFromMetadata(t *testing.T) {
+	var logs dwaLogs
+	const parts = 4
+	c := newDWACluster(t, 4, parts, mq.Options{PartitionsPerPair: 2}, &logs)
+	first, leader, follower, meta := dwcChunkOff(t, c, []int{0, 2})
+	l := newDWCLoad(c, parts)
+	defer l.finish()
+	for _, id := range dwaOthers(c) {
+		l.run(id, id+"a", parts, []int{first, first + 1})
+		l.run(id, id+"b", parts, []int{0, 1, 2, 3})
+	}
+	waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() > 40 })
+	dwaCut(c, leader, meta, true)
+	time.Sleep(5 * time.Second)
+	t.Logf("cut %s (leader of chunk {%d,%d}) from %s: %s leads %v; %s leads %v", leader, first, first+1, meta,
+		leader, c.nodes[leader].ClusterStatus().Leading, follower, c.nodes[follower].ClusterStatus().Leading)
+	dwaCut(c, leader, meta, false)
+	c.waitUp(4)
+	before := l.count()
+	waitFor(t, 30*time.Second, "acks after the link came back", func() bool { return l.count() > before+60 })
+	acked, errs := l.finish()
+	for _, e := range errs {
+		t.Errorf("unexpected: %s", e)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dwcCheck(t, dwcRead(ctx, t, c.nodes[meta], parts), acked, parts)
+	t.Logf("%d acked", len(acked))
+}
