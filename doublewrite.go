@@ -58,6 +58,13 @@ func (cn *clusterNode) openDoubleWrite(t cluster.Topic, i int) (partition.Partit
 			_, err := cn.agent.Propose(ctx, cluster.RenewEpoch{Topic: topic, Partition: first, Version: rec.Version})
 			return err
 		},
+		HandOff: func(ctx context.Context, rec replica.PairRecord) error {
+			if len(rec.Replicas) < 2 {
+				return nil
+			}
+			_, err := cn.agent.Propose(ctx, cluster.Promote{Topic: topic, Partition: first, Version: rec.Version, Leader: rec.Replicas[1]})
+			return err
+		},
 		Logger: logger}, pairRecord(cn.agent.Meta().State(), t, first))
 	d := replica.NewDoubleWrite(replica.DoubleWriteConfig{Topic: topic, Index: i, First: first, Self: cn.agent.ID(),
 		Peer: cn.agent.Peer, Now: m.cfg.clock.Now}, pair)

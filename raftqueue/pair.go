@@ -643,6 +643,22 @@ func (p *Pair) Lag() uint64 {
 	return 0
 }
 
+// Failed returns why this replica can no longer serve, nil while it can:
+// its state machine failed (a file it could not write), or, leading, its
+// log did (a write that failed, a follower's log that contradicts what
+// both held). A leader deposed by a newer epoch, or closed, has not failed.
+func (p *Pair) Failed() error {
+	if _, err := p.fsm.partition(0); err != nil {
+		return err
+	}
+	if l := p.lead.Load(); l != nil {
+		if err := l.Err(); err != nil && !errors.Is(err, dwqueue.ErrDeposed) && !errors.Is(err, dwqueue.ErrClosed) {
+			return err
+		}
+	}
+	return nil
+}
+
 func (p *Pair) leading() bool {
 	l := p.lead.Load()
 	return l != nil && l.Err() == nil

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/zeze-go/mq/dwqueue"
 )
@@ -187,5 +190,70 @@ func TestPair_InstallFaults(t *testing.T) {
 				t.Fatalf("after the follower's restart the replicas hold %d messages", len(got))
 			}
 		})
+	}
+}
+
+// failingLog is a log whose writes fail while fail is set (a disk that
+// went bad).
+type failingLog struct {
+	raft.LogStore
+	fail *atomic.Bool
+}
+
+var errDisk = errors.New("test: input/output error")
+
+func (l failingLog) StoreLogs(logs []*raft.Log) error {
+	if l.fail.Load() {
+		return errDisk
+	}
+	return l.LogStore.StoreLogs(logs)
+}
+
+func (l failingLog) StoreLog(e *raft.Log) error { return l.StoreLogs([]*raft.Log{e}) }
+
+// TestPair_FailedLeader: a leader whose log write fails reports it
+// (Failed), which the node hands the pair over on; its follower has not
+// failed, and, promoted, holds every acked message; a leader merely
+// deposed by a newer epoch has not failed.
+func TestPair_FailedLeader(t *testing.T) {
+	var fail atomic.Bool
+	ps := newPairs(t, func(cfg *PairConfig) {
+		if filepath.Base(cfg.Dir) == "a" {
+			cfg.Log = failingLog{cfg.Log, &fail}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	ps.sendN(ctx, 0, 10, "a")
+	if err := ps.rep(0).Failed(); err != nil {
+		t.Fatalf("a sound leader: Failed %v", err)
+	}
+	fail.Store(true)
+	if _, err := ps.send(ctx, 0, msg("lost")); !errors.Is(err, ErrUnknownOutcome) {
+		t.Fatalf("a send whose write failed: %v, want ErrUnknownOutcome", err)
+	}
+	if err := ps.rep(0).Failed(); !errors.Is(err, errDisk) {
+		t.Fatalf("the leader whose write failed: Failed %v, want the write's error", err)
+	}
+	if err := ps.rep(1).Failed(); err != nil {
+		t.Fatalf("its follower: Failed %v", err)
+	}
+	ps.promote(true)
+	ps.sendN(ctx, 1, 5, "b")
+	// The send of unknown outcome may be there too: the follower may have
+	// taken it while the leader's own write failed.
+	if n := len(ps.logOf(1)); n != 15 && n != 16 {
+		t.Fatalf("the promoted follower holds %d messages, 15 acked and one of unknown outcome", n)
+	}
+	fail.Store(false)
+
+	// Deposed, not failed.
+	ps2 := newPairs(t, nil)
+	ps2.sendN(ctx, 0, 3, "a")
+	ps2.promote(false)
+	ps2.rejoin()
+	ps2.sendN(ctx, 1, 3, "b")
+	if err := ps2.rep(0).Failed(); err != nil {
+		t.Fatalf("a deposed leader, following: Failed %v", err)
 	}
 }

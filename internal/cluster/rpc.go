@@ -239,6 +239,10 @@ func (n *Agent) authorize(peer string, c Command) error {
 		return pairLeader(s, peer, c.Topic, c.Partition)
 	case RenewEpoch:
 		return pairLeader(s, peer, c.Topic, c.Partition)
+	case Promote:
+		// A leader whose replica failed hands the pair to its follower
+		// (which Promote requires in sync and up).
+		return pairLeader(s, peer, c.Topic, c.Partition)
 	}
 	return fmt.Errorf("%w: %T is the leader's own", ErrDenied, c)
 }

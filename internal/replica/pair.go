@@ -33,6 +33,11 @@ type PairConfig struct {
 	// node's replica to lead (a run of a leader needs an epoch of its own:
 	// dwqueue.Log.Lead), compare-and-set on the version of rec.
 	RenewEpoch func(ctx context.Context, rec PairRecord) error
+	// HandOff proposes to the metadata group that the follower of rec, in
+	// sync, lead the pair (a Promote from its leader, whose replica
+	// failed), compare-and-set on the version of rec. Nil: a leader whose
+	// replica failed stays until its node is found down.
+	HandOff func(ctx context.Context, rec PairRecord) error
 	// CallTimeout bounds each proposal to the metadata group
 	// (DefaultCallTimeout if zero).
 	CallTimeout time.Duration
@@ -279,6 +284,14 @@ func (p *Pair) watch() {
 			p.propose(rec, func(ctx context.Context) error { return p.cfg.RenewEpoch(ctx, rec) }, "renew the epoch")
 			continue
 		}
+		if err := p.failedLeader(rec, r, role); err != nil {
+			// This replica failed (its disk): the follower, which holds
+			// every acked entry, is to lead instead of a node that stays
+			// up but can no longer ack.
+			p.propose(rec, func(ctx context.Context) error { return p.cfg.HandOff(ctx, rec) },
+				fmt.Sprintf("hand the pair to %s (this replica failed: %v)", rec.follower(), err))
+			continue
+		}
 		if r == nil || !role.lead || rec.follower() == "" || !r.Leading() {
 			laggingSince = time.Time{}
 			p.setStalled(false)
@@ -316,6 +329,16 @@ func (p *Pair) watch() {
 			laggingSince = time.Time{}
 		}
 	}
+}
+
+// failedLeader returns why this node's replica, which leads rec, failed,
+// when it should hand the pair to its follower: in sync and up. Nil
+// otherwise.
+func (p *Pair) failedLeader(rec PairRecord, r *raftqueue.Pair, role pairRole) error {
+	if r == nil || !role.lead || rec.leader() != p.cfg.Self || p.cfg.HandOff == nil || !rec.followerInSync() || !rec.FollowerUp {
+		return nil
+	}
+	return r.Failed()
 }
 
 // setStalled records whether the follower stalled.

@@ -3,9 +3,15 @@ package replica
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/hashicorp/raft"
+
+	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/internal/transport"
 	"github.com/zeze-go/mq/raftqueue"
 	"github.com/zeze-go/mq/store"
 )
@@ -86,5 +92,86 @@ func TestPairs_Attach(t *testing.T) {
 	defer p.release()
 	if p == parts[0].Pair() || opened.Load() != 2 {
 		t.Fatalf("Attach after the last release: same pair %v, opened %d", p == parts[0].Pair(), opened.Load())
+	}
+}
+
+// failingLog is a log whose writes fail while fail is set.
+type failingLog struct {
+	raft.LogStore
+	fail *atomic.Bool
+}
+
+func (l failingLog) StoreLogs(logs []*raft.Log) error {
+	if l.fail.Load() {
+		return errors.New("test: input/output error")
+	}
+	return l.LogStore.StoreLogs(logs)
+}
+
+func (l failingLog) StoreLog(e *raft.Log) error { return l.StoreLogs([]*raft.Log{e}) }
+
+// TestPair_HandOff: a leader whose replica failed (its log's write) has
+// the metadata promote its follower, in sync and up, with the version of
+// the record it read; with the follower out of sync, or its node down, it
+// does not (the follower may lack acked entries, or could not serve).
+func TestPair_HandOff(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		rec    PairRecord
+		handed bool
+	}{
+		{"InSync", PairRecord{Replicas: []string{"a", "b"}, Epoch: 1, Version: 3, InSync: []string{"a", "b"}, FollowerUp: true}, true},
+		{"OutOfSync", PairRecord{Replicas: []string{"a", "b"}, Epoch: 1, Version: 3, InSync: []string{"a"}, FollowerUp: true, Alone: true}, false},
+		{"FollowerDown", PairRecord{Replicas: []string{"a", "b"}, Epoch: 1, Version: 3, InSync: []string{"a", "b"}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var fail atomic.Bool
+			handed := make(chan PairRecord, 10)
+			unreachable := remote.NewClient(func(context.Context) (*transport.Conn, error) { return nil, errors.New("test: unreachable") }, remote.ClientConfig{})
+			defer unreachable.Close()
+			var ps Pairs
+			dir := t.TempDir()
+			p := ps.Attach(PairConfig{Topic: "d", Self: "a",
+				Peer: func(string) (*remote.Client, error) { return unreachable, nil },
+				Open: func() (*raftqueue.Pair, error) {
+					w, err := store.OpenWAL(filepath.Join(dir, "wal"), store.WALOptions{})
+					if err != nil {
+						return nil, err
+					}
+					t.Cleanup(func() { w.Close() })
+					l, err := raftqueue.OpenWALLog(w, "dw")
+					if err == nil {
+						err = w.FinishRecovery()
+					}
+					if err != nil {
+						return nil, err
+					}
+					return raftqueue.OpenPair(raftqueue.PairConfig{Dir: dir, Log: failingLog{l, &fail}})
+				},
+				SetInSync:  func(context.Context, PairRecord, []string) error { return nil },
+				RenewEpoch: func(context.Context, PairRecord) error { return nil },
+				HandOff: func(_ context.Context, rec PairRecord) error {
+					handed <- rec
+					return nil
+				}}, tc.rec)
+			d := NewDoubleWrite(DoubleWriteConfig{Topic: "d", Index: 0, Self: "a"}, p)
+			defer d.Close()
+			fail.Store(true)
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			if _, err := d.Apply(ctx, &store.Command{Op: store.OpAppend, Msgs: []store.Message{{ID: "x", Body: []byte("x")}}}); err == nil {
+				t.Fatal("a send acked while the leader's write fails")
+			}
+			select {
+			case rec := <-handed:
+				if !tc.handed || rec.Version != tc.rec.Version {
+					t.Fatalf("handed off with record %+v (want a hand-off: %v)", rec, tc.handed)
+				}
+			case <-time.After(time.Second):
+				if tc.handed {
+					t.Fatal("no hand-off within a second of the leader's failure")
+				}
+			}
+		})
 	}
 }
