@@ -107,6 +107,9 @@ type Leader struct {
 	wakeApply chan struct{}
 	appends   int // Appends the follower accepted (tests)
 	installs  int // snapshots the follower installed (tests)
+	// installed is the index of the last snapshot the follower restored:
+	// its log holds no entry there (send).
+	installed uint64
 }
 
 // entry is one proposed entry and its future.
@@ -432,6 +435,15 @@ func (l *Leader) send() bool {
 		// prev's epoch, and the entries no longer in memory (applied, so
 		// written), from this replica's log.
 		es, err := l.cfg.Log.Entries(max(prev, 1), hi)
+		atSnapshot := false
+		if errors.Is(err, ErrCompacted) && prev > 0 && prev == l.installed {
+			// The follower restored this replica's snapshot at prev and
+			// holds no entry there (its log follows it, Log.Restored), so
+			// it checks no epoch at prev: one this log may no longer know
+			// (compacted or restored at prev itself).
+			es, err = l.cfg.Log.Entries(prev+1, hi)
+			atSnapshot = true
+		}
 		if errors.Is(err, ErrCompacted) && l.cfg.Snapshot != nil {
 			// The follower is behind what this log still holds: it needs
 			// a snapshot.
@@ -446,7 +458,7 @@ func (l *Leader) send() bool {
 		if err != nil {
 			return l.retry()
 		}
-		if prev > 0 {
+		if prev > 0 && !atSnapshot {
 			a.PrevEpoch, es = es[0].Term, es[1:]
 		}
 		a.Entries = append(es, a.Entries...)
@@ -543,6 +555,7 @@ func (l *Leader) install() bool {
 		return false
 	}
 	l.installs++
+	l.installed = index
 	l.reset = false
 	l.matched, l.sendAfter = max(l.matched, index), max(l.sendAfter, index)
 	signal(l.wakeApply)

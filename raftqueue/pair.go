@@ -1,10 +1,12 @@
 package raftqueue
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -454,6 +456,9 @@ func (p *Pair) Install(ctx context.Context, in dwqueue.Install) error {
 	if closing {
 		return ErrClosed
 	}
+	if in.Index == math.MaxUint64 {
+		return fmt.Errorf("%w: a snapshot at %d", dwqueue.ErrBadAppend, in.Index)
+	}
 	if in.Index < p.log.Synced() {
 		return fmt.Errorf("%w: a snapshot at %d, the replica holds %d", dwqueue.ErrBadAppend, in.Index, p.log.Synced())
 	}
@@ -488,16 +493,46 @@ func (p *Pair) Install(ctx context.Context, in dwqueue.Install) error {
 		return ErrClosed
 	}
 	defer p.wake()
-	if err := p.log.Truncate(p.applied); err != nil {
+	// The snapshot is read first (its partitions restored beside their
+	// files): a damaged or hostile one changes nothing, the log included.
+	tmps, err := p.fsm.readSnapshot(bufio.NewReaderSize(p.inst, 1<<16))
+	if err == nil {
+		err = p.log.Truncate(p.applied)
+	}
+	if err != nil {
+		for _, tmp := range tmps {
+			_ = os.Remove(tmp)
+		}
+		return fmt.Errorf("raftqueue: restore: %w", err)
+	}
+	if len(tmps) > 0 {
+		if err := p.fsm.replace(tmps); err != nil {
+			return err
+		}
+	}
+	// Restored records the state durable: every file must hold it, those
+	// the snapshot left as they were (their position was this replica's in
+	// memory, perhaps not yet in the file) as well. The state may hold
+	// effects past in.Index (the leader went on applying while it wrote
+	// it): the log follows the lowest position the files hold, as a restart
+	// would find it.
+	index := uint64(math.MaxUint64)
+	for i := range p.fsm.paths {
+		sp, err := p.fsm.partition(i)
+		if err != nil {
+			return err
+		}
+		pos, err := sp.Sync()
+		if err != nil {
+			return err
+		}
+		index = min(index, pos.Index)
+	}
+	index = max(index, in.Index)
+	if err := p.log.Restored(index); err != nil {
 		return err
 	}
-	if err := p.fsm.Restore(io.NopCloser(p.inst)); err != nil {
-		return err
-	}
-	if err := p.log.Restored(in.Index); err != nil {
-		return err
-	}
-	p.applied, p.compactedAt = in.Index, in.Index
+	p.applied, p.compactedAt = index, index
 	p.installs.Add(1)
 	return nil
 }
