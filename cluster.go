@@ -446,8 +446,9 @@ func (cn *clusterNode) owned(topic string, part int) bool {
 	return false
 }
 
-// handOff hands the leadership of this node's Raft3 replicas to others
-// before the node closes, in parallel, once per group.
+// handOff hands the leadership of this node's Raft3 replicas to others,
+// and its DoubleWrite pairs to their followers in sync, before the node
+// closes, in parallel, once per group and pair.
 func (cn *clusterNode) handOff() {
 	var wg sync.WaitGroup
 	seen := map[*raftqueue.Group]bool{}
@@ -455,6 +456,17 @@ func (cn *clusterNode) handOff() {
 		if g := r.Replica(); g != nil && !seen[g] {
 			seen[g] = true
 			wg.Go(r.HandOff)
+		}
+	})
+	pairs := map[*replica.Pair]bool{}
+	cn.eachDoubleWrite(func(d *replica.DoubleWrite) {
+		if p := d.Pair(); !pairs[p] {
+			pairs[p] = true
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				defer cancel()
+				p.HandOff(ctx)
+			})
 		}
 	})
 	wg.Wait()

@@ -67,7 +67,7 @@ func (cn *clusterNode) openDoubleWrite(t cluster.Topic, i int) (partition.Partit
 		},
 		Logger: logger}, pairRecord(cn.agent.Meta().State(), t, first))
 	d := replica.NewDoubleWrite(replica.DoubleWriteConfig{Topic: topic, Index: i, First: first, Self: cn.agent.ID(),
-		Peer: cn.agent.Peer, Now: m.cfg.clock.Now}, pair)
+		Peer: cn.agent.Peer, Now: m.cfg.clock.Now, Report: cn.agent.ReportLater}, pair)
 	// Its upkeep runs wherever the record moves its leader: every node
 	// watches (WhileLeading).
 	return d, true, nil

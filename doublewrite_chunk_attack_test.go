@@ -69,6 +69,19 @@ func (l *dwcLoad) count() int {
 	return len(l.acked)
 }
 
+// countIn returns how many acks went to partition part.
+func (l *dwcLoad) countIn(part int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, a := range l.acked {
+		if a.part == part {
+			n++
+		}
+	}
+	return n
+}
+
 // run starts producer pre through node id, sending batches to partitions
 // want (fixed numbering modulo total, the topic's final partition count).
 func (l *dwcLoad) run(id, pre string, total int, want []int) {
@@ -232,6 +245,9 @@ func TestDWChunkAttack_KillChunkLeadersAlter(t *testing.T) {
 	})
 	before := l.count()
 	waitFor(t, 30*time.Second, "acks after the first failover", func() bool { return l.count() > before+60 })
+	// The new chunks take sends once their followers are in sync (a
+	// follower placed on the closed node was replaced by the failover).
+	waitFor(t, 30*time.Second, "acks to the new partitions", func() bool { return l.countIn(5) > 0 && l.countIn(7) > 0 })
 	victim2 := c.leaderOf("d", 5)
 	t.Logf("kill %s, the leader of chunk {5,6}", victim2)
 	l.set(victim2, nil)
@@ -240,8 +256,8 @@ func TestDWChunkAttack_KillChunkLeadersAlter(t *testing.T) {
 	l.set(victim, c.start(victim))
 	l.set(victim2, c.start(victim2))
 	c.waitUp(4)
-	before = l.count()
-	waitFor(t, 30*time.Second, "acks after the restarts", func() bool { return l.count() > before+60 })
+	before, before5 := l.count(), l.countIn(5)
+	waitFor(t, 30*time.Second, "acks after the restarts", func() bool { return l.count() > before+60 && l.countIn(5) > before5 })
 	acked, errs := l.finish()
 	for _, e := range errs {
 		t.Errorf("unexpected: %s", e)

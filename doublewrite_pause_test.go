@@ -22,17 +22,79 @@ import (
 // gave, once. The old leader then rejoins as the follower (the other
 // follower's node closed, it is the one left) and is recorded in sync.
 func TestDoubleWrite_PausedLeader(t *testing.T) {
-	c := newCluster(t, 2)
-	ch := startNodeChild(t, c, "n3", 3)
-	ch.expect(30*time.Second, "OPENED")
-	c.waitUp(3)
+	c, ch, part, follower, other, epoch := childLedPair(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	// One pair per partition, spread by load: one is led by the child.
+	l := startAckLog(ctx, t, c.nodes[other], part)
+	waitFor(t, 20*time.Second, "sends acked by n3", func() bool { return l.count() >= 50 })
+
+	if err := ch.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	paused := l.count()
+	waitFor(t, 30*time.Second, follower+" promoted", func() bool {
+		l, _, _, e := mq.PairRecord(c.nodes[other], r3, part)
+		return l == follower && e > epoch
+	})
+	waitFor(t, 30*time.Second, "sends acked by the new leader", func() bool { return l.count() >= paused+50 })
+	if err := ch.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	resumed := l.count()
+	waitFor(t, 30*time.Second, "sends acked after the resume", func() bool { return l.count() >= resumed+50 })
+	l.halt()
+	// The old leader rejoins as the follower once it is the node left.
+	c.kill(other)
+	waitFor(t, 30*time.Second, "n3 the follower, in sync", func() bool {
+		l, reps, inSync, _ := mq.PairRecord(c.nodes[follower], r3, part)
+		return l == follower && slices.Equal(reps, []string{follower, "n3"}) && slices.Contains(inSync, "n3")
+	})
+	l.check(ctx, t, c.nodes[follower])
+	t.Logf("%d acks (%d before the pause, %d before the resume)", l.count(), paused, resumed)
+}
+
+// TestDoubleWrite_ReportedLeaderDown: the process of the node leading a
+// pair is killed (SIGKILL) while the sessions last 30 s: the producer's
+// node, which can no longer reach it, reports it; the metadata leader's
+// probe finds no answer either, marks it down and promotes the follower
+// within seconds, not at the session's end; every ack is stored once at
+// its offset.
+func TestDoubleWrite_ReportedLeaderDown(t *testing.T) {
+	c, ch, part, follower, other, epoch := childLedPair(t, 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	l := startAckLog(ctx, t, c.nodes[other], part)
+	waitFor(t, 20*time.Second, "sends acked by n3", func() bool { return l.count() >= 50 })
+	ch.kill()
+	start := time.Now()
+	waitFor(t, 15*time.Second, follower+" promoted", func() bool {
+		l, _, _, e := mq.PairRecord(c.nodes[other], r3, part)
+		return l == follower && e > epoch
+	})
+	t.Logf("%s promoted %v after n3 was killed (sessions of 30 s)", follower, time.Since(start))
+	killed := l.count()
+	waitFor(t, 30*time.Second, "sends acked by the new leader", func() bool { return l.count() >= killed+50 })
+	l.halt()
+	l.check(ctx, t, c.nodes[follower])
+}
+
+// childLedPair starts nodes n1 and n2 here and n3 in a child process, with
+// sessions of sess (a second if zero), and a DoubleWrite topic r3 of three
+// pairs of one partition, spread by load: it returns the partition led by
+// n3, its follower, the node out of that pair and the pair's epoch.
+func childLedPair(t *testing.T, sess time.Duration) (c *testCluster, ch *nodeChild, part int, follower, other string, epoch uint64) {
+	t.Helper()
+	c = &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: sess}
+	c.startAll(2)
+	ch = startNodeChild(t, c, "n3", 3)
+	ch.expect(30*time.Second, "OPENED")
+	c.waitUp(3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	if err := c.nodes["n1"].CreateMQ(ctx, r3, 3, mq.Options{Type: mq.DoubleWrite, PartitionsPerPair: 1}); err != nil {
 		t.Fatal(err)
 	}
-	part := -1
+	part = -1
 	waitFor(t, 20*time.Second, "a pair led by n3", func() bool {
 		for i := range 3 {
 			if l, _, inSync, _ := mq.PairRecord(c.nodes["n1"], r3, i); l == "n3" && len(inSync) == 2 {
@@ -43,28 +105,50 @@ func TestDoubleWrite_PausedLeader(t *testing.T) {
 		return false
 	})
 	_, replicas, _, epoch := mq.PairRecord(c.nodes["n1"], r3, part)
-	follower := replicas[1]
-	other := "n1"
+	follower = replicas[1]
+	other = "n1"
 	if follower == "n1" {
 		other = "n2"
 	}
 	for id, m := range c.nodes {
 		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()[r3] == 3 })
 	}
+	return c, ch, part, follower, other, epoch
+}
 
-	// The producer, on the node that is not in the pair, resends an ID
-	// until acked and records where each was acked.
-	type ack struct {
-		id  string
-		off int64
-	}
-	var mu sync.Mutex
-	var acks []ack
-	stop := make(chan struct{})
-	done := make(chan struct{})
+// ackLog is a producer on one node sending to one partition of r3, each ID
+// resent until acked, and where each was acked.
+type ackLog struct {
+	mu   sync.Mutex
+	acks []pauseAck
+	stop chan struct{}
+	done chan struct{}
+	part int
+}
+
+type pauseAck struct {
+	id  string
+	off int64
+}
+
+func (l *ackLog) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acks)
+}
+
+// halt stops the producer and waits for it.
+func (l *ackLog) halt() {
+	close(l.stop)
+	<-l.done
+}
+
+// startAckLog starts the producer through m.
+func startAckLog(ctx context.Context, t *testing.T, m *mq.MQ, part int) *ackLog {
+	l := &ackLog{stop: make(chan struct{}), done: make(chan struct{}), part: part}
 	go func() {
-		defer close(done)
-		p, err := c.nodes[other].NewProducer(r3)
+		defer close(l.done)
+		p, err := m.NewProducer(r3)
 		if err != nil {
 			t.Error(err)
 			return
@@ -74,7 +158,7 @@ func TestDoubleWrite_PausedLeader(t *testing.T) {
 			msg := (&mq.Message{ID: fmt.Sprintf("p-%d", k), Body: []byte("x")}).ToPartition(part)
 			for {
 				select {
-				case <-stop:
+				case <-l.stop:
 					return
 				default:
 				}
@@ -82,9 +166,9 @@ func TestDoubleWrite_PausedLeader(t *testing.T) {
 				res, err := p.SendMessage(sctx, msg)
 				scancel()
 				if err == nil {
-					mu.Lock()
-					acks = append(acks, ack{msg.ID, res[0].Offset})
-					mu.Unlock()
+					l.mu.Lock()
+					l.acks = append(l.acks, pauseAck{msg.ID, res[0].Offset})
+					l.mu.Unlock()
 					break
 				}
 				if !errors.Is(err, mq.ErrUnknownOutcome) && !errors.Is(err, mq.ErrNoQuorum) && !errors.Is(err, context.DeadlineExceeded) {
@@ -95,38 +179,15 @@ func TestDoubleWrite_PausedLeader(t *testing.T) {
 			}
 		}
 	}()
-	count := func() int { mu.Lock(); defer mu.Unlock(); return len(acks) }
-	waitFor(t, 20*time.Second, "sends acked by n3", func() bool { return count() >= 50 })
+	return l
+}
 
-	if err := ch.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	paused := count()
-	waitFor(t, 30*time.Second, follower+" promoted", func() bool {
-		l, _, _, e := mq.PairRecord(c.nodes[other], r3, part)
-		return l == follower && e > epoch
-	})
-	waitFor(t, 30*time.Second, "sends acked by the new leader", func() bool { return count() >= paused+50 })
-	if err := ch.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	resumed := count()
-	waitFor(t, 30*time.Second, "sends acked after the resume", func() bool { return count() >= resumed+50 })
-
-	close(stop)
-	<-done
-	// The old leader rejoins as the follower once it is the node left.
-	c.kill(other)
-	waitFor(t, 30*time.Second, "n3 the follower, in sync", func() bool {
-		l, reps, inSync, _ := mq.PairRecord(c.nodes[follower], r3, part)
-		return l == follower && slices.Equal(reps, []string{follower, "n3"}) && slices.Contains(inSync, "n3")
-	})
-
-	// Every ack at its offset, once.
-	m := c.nodes[follower]
+// check reads the partition through m: every ack at its offset, once.
+func (l *ackLog) check(ctx context.Context, t *testing.T, m *mq.MQ) {
+	t.Helper()
 	stored := map[string]int64{}
 	for off := int64(0); ; off++ {
-		msg, err := m.ReadMessage(ctx, r3, part, off)
+		msg, err := m.ReadMessage(ctx, r3, l.part, off)
 		if errors.Is(err, mq.ErrNoMessage) {
 			break
 		}
@@ -138,12 +199,11 @@ func TestDoubleWrite_PausedLeader(t *testing.T) {
 		}
 		stored[msg.ID] = off
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, a := range acks {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, a := range l.acks {
 		if off, ok := stored[a.id]; !ok || off != a.off {
 			t.Errorf("%s acked at %d, stored at %d (%v)", a.id, a.off, off, ok)
 		}
 	}
-	t.Logf("%d acks (%d before the pause, %d before the resume), %d stored", len(acks), paused, resumed, len(stored))
 }

@@ -392,3 +392,48 @@ func TestDoubleWrite_CompactedNewFollower(t *testing.T) {
 		t.Errorf("%d messages stored, %d acked", len(seen), len(acked))
 	}
 }
+
+// TestDoubleWrite_CloseHandsOff: a node that closes cleanly hands the pair
+// it leads to its follower in sync at once: the follower leads long
+// before the old leader's session would expire (30 s here), the sends go
+// on there, and every acked message is stored once.
+func TestDoubleWrite_CloseHandsOff(t *testing.T) {
+	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: 30 * time.Second}
+	c.startAll(3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const parts = 2
+	if err := c.nodes["n1"].CreateMQ(ctx, "d", parts, mq.Options{Type: mq.DoubleWrite}); err != nil {
+		t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["d"] == parts })
+	}
+	leader := c.leaderOf("d", 0)
+	var follower, other string
+	for id := range c.nodes {
+		switch {
+		case id == leader:
+		case c.holdsReplica(id, "d", 0):
+			follower = id
+		default:
+			other = id
+		}
+	}
+	waitFor(t, 10*time.Second, follower+" in sync", func() bool { return c.inSync("d", 0, follower) })
+	acked := sendAll(ctx, t, c.nodes[other], "d", parts, 20, "a")
+	start := time.Now()
+	c.kill(leader)
+	waitFor(t, 10*time.Second, follower+" leads", func() bool { return c.leaderOf("d", 0) == follower })
+	t.Logf("%s leads %v after %s began to close", follower, time.Since(start), leader)
+	acked = append(acked, sendAll(ctx, t, c.nodes[other], "d", parts, 20, "b")...)
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("the sends went on %v after the leader's node closed: not before its session expired", took)
+	}
+	seen := readAll(ctx, t, c.nodes[follower], "d", parts)
+	for _, id := range acked {
+		if seen[id] != 1 {
+			t.Errorf("%s stored %d times", id, seen[id])
+		}
+	}
+}

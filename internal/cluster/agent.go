@@ -90,6 +90,8 @@ type Agent struct {
 
 	book      atomic.Pointer[map[string]string] // the address book as last saved: node id → address
 	announced sync.Map                          // node id → the address it announced itself at (opAnnounce)
+	probing   sync.Map                          // node id → true while a report of it is probed (opReport)
+	reports   chan string                       // the nodes to report (ReportLater), sent by reportLoop
 	metaRef   atomic.Pointer[Meta]              // meta, for resolve, which raft calls from its goroutines
 
 	mu      sync.Mutex                // guards peers, seeds and closed
@@ -128,7 +130,7 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := &Agent{cfg: cfg, log: log.With("node", cfg.ID), timeout: cfg.SessionTimeout,
-		peers: map[string]*remote.Client{}, seeds: map[string]*remote.Client{}}
+		peers: map[string]*remote.Client{}, seeds: map[string]*remote.Client{}, reports: make(chan string, 16)}
 	if n.timeout <= 0 {
 		n.timeout = DefaultSessionTimeout
 	}
@@ -179,12 +181,14 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 	n.srv.Handle(opPropose, n.handlePropose)
 	n.srv.Handle(opCheckTx, n.handleCheckTx)
 	n.srv.Handle(opAnnounce, n.handleAnnounce)
+	n.srv.Handle(opReport, n.handleReport)
 	if cfg.Serve != nil {
 		cfg.Serve(n.srv)
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.goFunc(n.sessionLoop)
 	n.goFunc(n.bookLoop)
+	n.goFunc(n.reportLoop)
 	ok = true
 	return n, nil
 }

@@ -152,3 +152,49 @@ func firstKey(m map[string]*Agent) string {
 	}
 	return ""
 }
+
+// TestAgent_Report: a report of a node that answers the metadata leader's
+// probe leaves it up (the fault was the reporter's); one of a node that
+// is gone marks it down as soon as the probe fails, well before its
+// session would expire; reports of the reporter itself, of the leader and
+// of an unknown node change nothing.
+func TestAgent_Report(t *testing.T) {
+	a := newAgents(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	leader := a.leader()
+	if leader == nil {
+		t.Fatal("no leader")
+	}
+	var others []*Agent
+	for _, ag := range a.all {
+		if ag != leader {
+			others = append(others, ag)
+		}
+	}
+	reporter, reported := others[0], others[1]
+	up := func(id string) bool { nd, ok := leader.Meta().State().Node(id); return ok && nd.Up }
+	for _, id := range []string{reported.ID(), reporter.ID(), leader.ID(), "nobody"} {
+		if err := reporter.Report(ctx, id); err != nil {
+			t.Fatalf("report of %s: %v", id, err)
+		}
+	}
+	for _, id := range []string{reported.ID(), reporter.ID(), leader.ID()} {
+		if !up(id) {
+			t.Fatalf("%s, alive, marked down after a report", id)
+		}
+	}
+	id := reported.ID()
+	reported.Close()
+	delete(a.all, id)
+	start := time.Now()
+	if err := reporter.Report(ctx, id); err != nil {
+		t.Fatalf("report of the closed %s: %v", id, err)
+	}
+	if up(id) {
+		t.Fatalf("%s, closed, still up after the report", id)
+	}
+	if took := time.Since(start); took > 900*time.Millisecond {
+		t.Logf("marked down %v after the close: a session expiry could have done it", took)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -23,6 +24,7 @@ const (
 	opPropose   = remote.FirstOp + 67 // EncodeCommand → resultMsg
 	opCheckTx   = remote.FirstOp + 68 // checkTxReq → checkTxResp
 	opAnnounce  = remote.FirstOp + 69 // joinReq → nothing: where the calling node listens now
+	opReport    = remote.FirstOp + 70 // joinReq (the node, Addr empty) → nothing: the leader probed it
 )
 
 // Error codes of the metadata group's errors on the wire.
@@ -130,6 +132,8 @@ func (n *Agent) handle(ctx context.Context, peer string, op uint16, req []byte) 
 		return n.handleHeartbeat(ctx, peer, req)
 	case opPropose:
 		return n.handlePropose(ctx, peer, req)
+	case opReport:
+		return n.handleReport(ctx, peer, req)
 	}
 	return nil, fmt.Errorf("%w: op %d", ErrInvalid, op)
 }
@@ -194,6 +198,101 @@ func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]b
 		return nil, err
 	}
 	return encodeMsg(toResultMsg(r))
+}
+
+// Report tells the metadata leader that this node cannot reach node id
+// (the leader of a DoubleWrite pair it sends to): the metadata leader
+// probes id and, if id does not answer either, marks it down at once, as
+// if its session had expired, and fails its pairs over (Meta.failover).
+// One that answers is left as it is: the fault is the reporter's. Reports
+// of a node are probed one at a time; the others return at once.
+func (n *Agent) Report(ctx context.Context, id string) error {
+	req, err := encodeMsg(&joinReq{ID: id})
+	if err != nil {
+		return err
+	}
+	_, err = n.toLeader(ctx, opReport, req)
+	return err
+}
+
+// ReportLater is Report without waiting: the report is sent by a
+// goroutine of the agent's, one at a time; one made while the queue is
+// full, or the agent closed, is dropped (the session check follows
+// anyway).
+func (n *Agent) ReportLater(id string) {
+	select {
+	case n.reports <- id:
+	default:
+	}
+}
+
+// reportLoop sends the queued reports until the agent closes.
+func (n *Agent) reportLoop() {
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case id := <-n.reports:
+			ctx, cancel := context.WithTimeout(n.ctx, 2*probeTries*probeTimeout)
+			if err := n.Report(ctx, id); err != nil && n.ctx.Err() == nil {
+				n.log.Info("report not taken", "node", id, "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// probeTimeout bounds each of a probe's calls, probeTries how many it makes.
+const (
+	probeTimeout = time.Second
+	probeTries   = 2
+)
+
+// handleReport probes the node a report names, on the leader.
+func (n *Agent) handleReport(ctx context.Context, peer string, req []byte) ([]byte, error) {
+	var j joinReq
+	if err := decodeMsg(req, &j); err != nil {
+		return nil, err
+	}
+	if !n.meta.IsLeader() {
+		return nil, n.meta.notLeader() // the reporter finds the leader
+	}
+	nd, ok := n.meta.State().Node(j.ID)
+	if !ok || !nd.Up || j.ID == n.cfg.ID || j.ID == peer {
+		return nil, nil // down already, or this node, alive; or the reporter itself
+	}
+	if _, busy := n.probing.LoadOrStore(j.ID, true); busy {
+		return nil, nil
+	}
+	defer n.probing.Delete(j.ID)
+	for try := range probeTries {
+		if try > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(probeTimeout / 5):
+			}
+		}
+		c, err := n.Peer(j.ID)
+		if err == nil {
+			pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+			_, err = c.Call(pctx, opWhoLeads, nil)
+			cancel()
+		}
+		if err == nil {
+			n.log.Info("reported node answers the metadata leader: left up", "node", j.ID, "reporter", peer)
+			return nil, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	n.log.Warn("reported node does not answer: marked down", "node", j.ID, "reporter", peer)
+	if _, err := n.meta.Propose(ctx, NodeDown{ID: j.ID, Session: nd.Session}); err != nil && !errors.Is(err, ErrStaleSession) {
+		return nil, err
+	}
+	n.meta.failover(ctx)
+	return nil, nil
 }
 
 // pairLeader refuses a command on a DoubleWrite partition from a node that

@@ -65,7 +65,14 @@ type DoubleWriteConfig struct {
 	// CallTimeout bounds the reads that take no ctx (DefaultCallTimeout
 	// if zero).
 	CallTimeout time.Duration
+	// Report tells the metadata group, without waiting, that this node
+	// cannot reach node, the leader, which it probes
+	// (cluster.Agent.ReportLater). Nil: none.
+	Report func(node string)
 }
+
+// reportEvery is the least time between two reports of a partition.
+const reportEvery = time.Second
 
 // DoubleWrite is a DoubleWrite partition as a node holds it: commands and
 // reads go to the leader its pair's record names (Pair), this node's
@@ -77,10 +84,11 @@ type DoubleWrite struct {
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 
-	mu      sync.Mutex
-	remotes map[string]*remote.Partition // guarded by mu
-	closing bool                         // guarded by mu: no waiting for a leader
-	closed  bool                         // guarded by mu
+	mu       sync.Mutex
+	remotes  map[string]*remote.Partition // guarded by mu
+	closing  bool                         // guarded by mu: no waiting for a leader
+	closed   bool                         // guarded by mu
+	reported time.Time                    // guarded by mu: the last report
 }
 
 var _ partition.Partition = (*DoubleWrite)(nil)
@@ -138,7 +146,9 @@ func (d *DoubleWrite) route(ctx context.Context, idempotent bool, local func(p *
 			if p, err = d.remote(leader); err != nil {
 				return err
 			}
-			err = far(p)
+			if err = far(p); errors.Is(err, remote.ErrUnavailable) || errors.Is(err, remote.ErrNotSent) {
+				d.report(leader)
+			}
 		} else {
 			err = raftqueue.ErrNotLeader
 		}
@@ -165,6 +175,20 @@ func (d *DoubleWrite) route(ctx context.Context, idempotent bool, local func(p *
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+}
+
+// report reports that the leader's node was not reached, at most once
+// every reportEvery.
+func (d *DoubleWrite) report(leader string) {
+	d.mu.Lock()
+	due := d.cfg.Report != nil && time.Since(d.reported) >= reportEvery
+	if due {
+		d.reported = time.Now()
+	}
+	d.mu.Unlock()
+	if due {
+		d.cfg.Report(leader)
 	}
 }
 

@@ -331,6 +331,23 @@ func (p *Pair) watch() {
 	}
 }
 
+// HandOff has the metadata make the follower lead, when this node's
+// replica leads and its follower is in sync and up: for a node that
+// closes, so that the pair does not wait for its session to expire. Best
+// effort (the session check promotes the follower anyway); call it while
+// the node still reaches the metadata group.
+func (p *Pair) HandOff(ctx context.Context) {
+	p.mu.Lock()
+	rec, r, role := p.rec, p.rep, p.role
+	p.mu.Unlock()
+	if r == nil || !role.lead || rec.leader() != p.cfg.Self || p.cfg.HandOff == nil || !rec.followerInSync() || !rec.FollowerUp {
+		return
+	}
+	if err := p.cfg.HandOff(ctx, rec); err != nil {
+		p.cfg.Logger.Warn("DoubleWrite: the pair not handed to its follower before the node closes", "follower", rec.follower(), "err", err)
+	}
+}
+
 // failedLeader returns why this node's replica, which leads rec, failed,
 // when it should hand the pair to its follower: in sync and up. Nil
 // otherwise.
