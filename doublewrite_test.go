@@ -338,6 +338,30 @@ func (c *testCluster) inSync(topic string, part int, id string) bool {
 	return slices.Contains(inSync, id)
 }
 
+// createPair creates DoubleWrite topic "d" of parts partitions in one
+// pair on a cluster of three nodes, waits until every node has it, and
+// returns the pair's leader, its follower and the third node.
+func (c *testCluster) createPair(ctx context.Context, parts int) (leader, follower, other string) {
+	c.t.Helper()
+	if err := c.nodes["n1"].CreateMQ(ctx, "d", parts, mq.Options{Type: mq.DoubleWrite}); err != nil {
+		c.t.Fatal(err)
+	}
+	for id, m := range c.nodes {
+		waitFor(c.t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["d"] == parts })
+	}
+	leader = c.leaderOf("d", 0)
+	for id := range c.nodes {
+		switch {
+		case id == leader:
+		case c.holdsReplica(id, "d", 0):
+			follower = id
+		default:
+			other = id
+		}
+	}
+	return leader, follower, other
+}
+
 // TestDoubleWrite_CompactedNewFollower: the replicas compact their logs as
 // they go (every 8 entries here); a new follower, chosen when the
 // follower's node is lost, finds the leader's log compacted and catches up
@@ -350,23 +374,7 @@ func TestDoubleWrite_CompactedNewFollower(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	const parts = 2
-	if err := c.nodes["n1"].CreateMQ(ctx, "d", parts, mq.Options{Type: mq.DoubleWrite}); err != nil {
-		t.Fatal(err)
-	}
-	for id, m := range c.nodes {
-		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["d"] == parts })
-	}
-	leader := c.leaderOf("d", 0)
-	var follower, other string
-	for id := range c.nodes {
-		switch {
-		case id == leader:
-		case c.holdsReplica(id, "d", 0):
-			follower = id
-		default:
-			other = id
-		}
-	}
+	leader, follower, other := c.createPair(ctx, parts)
 	acked := sendAll(ctx, t, c.nodes[leader], "d", parts, 100, "a")
 	if n, _ := mq.PairReplica(c.nodes[leader], "d", 0); n < 1 {
 		t.Fatalf("the leader compacted its log %d times in 100 entries", n)
@@ -403,23 +411,7 @@ func TestDoubleWrite_CloseHandsOff(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const parts = 2
-	if err := c.nodes["n1"].CreateMQ(ctx, "d", parts, mq.Options{Type: mq.DoubleWrite}); err != nil {
-		t.Fatal(err)
-	}
-	for id, m := range c.nodes {
-		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["d"] == parts })
-	}
-	leader := c.leaderOf("d", 0)
-	var follower, other string
-	for id := range c.nodes {
-		switch {
-		case id == leader:
-		case c.holdsReplica(id, "d", 0):
-			follower = id
-		default:
-			other = id
-		}
-	}
+	leader, follower, other := c.createPair(ctx, parts)
 	waitFor(t, 10*time.Second, follower+" in sync", func() bool { return c.inSync("d", 0, follower) })
 	acked := sendAll(ctx, t, c.nodes[other], "d", parts, 20, "a")
 	start := time.Now()
