@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -276,6 +277,47 @@ func TestPair_CloseWhileSending(t *testing.T) {
 	for err := range errs {
 		if err == nil || !(errors.Is(err, ErrUnknownOutcome) || errors.Is(err, ErrClosed) || errors.Is(err, ErrNotLeader)) {
 			t.Fatalf("a send cut by Close: %v", err)
+		}
+	}
+}
+
+// TestPair_RiskStageKillNewLeader: promoted alone (the risk stage), the new
+// leader acks on its own copy; killed, it comes back on its disk with every
+// ack (a crash loses nothing: the lone copy is durable). Killed again with
+// its disk lost (what Options.AckAlone documents: an ack then means one
+// copy), the old leader, made to lead, lacks exactly what was acked alone,
+// and nothing acked before.
+func TestPair_RiskStageKillNewLeader(t *testing.T) {
+	ps := newPairs(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	ps.sendN(ctx, 0, 10, "a")
+	ps.stop(0)
+	ps.promote(true)
+	ps.sendN(ctx, 1, 20, "b")
+	ps.stop(1)
+	ps.start(1)
+	ps.renew() // the restarted leader at an epoch of its own (its follower down)
+	p, err := ps.rep(1).LeaderPartition(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next := p.Stats().Next; next != 30 {
+		t.Fatalf("the lone leader, restarted on its disk, holds %d messages, 30 acked", next)
+	}
+	ps.stop(1)
+	if err := os.RemoveAll(ps.dirs[1]); err != nil {
+		t.Fatal(err)
+	}
+	ps.start(0)
+	ps.promote(true)
+	got := ps.logOf(0)
+	if len(got) != 10 {
+		t.Fatalf("after the lone copy's loss the old leader holds %d messages, want the 10 acked on both copies", len(got))
+	}
+	for k, m := range got {
+		if m.ID != fmt.Sprintf("a%d", k) {
+			t.Fatalf("offset %d holds %s, want a%d", k, m.ID, k)
 		}
 	}
 }
