@@ -680,16 +680,22 @@ func (p *Pair) Lag() uint64 {
 
 // Failed returns why this replica can no longer serve, nil while it can:
 // its state machine failed (a file it could not write), or, leading, its
-// log did (a write that failed, a follower's log that contradicts what
-// both held). A leader deposed by a newer epoch, or closed, has not failed.
+// own log did (a write that failed). A leader deposed by a newer epoch, or
+// closed, has not failed; nor has one whose follower's log contradicts
+// what both held (dwqueue.ErrCommitted, ErrBadAppend): which copy is at
+// fault is not known, and the follower must not be handed the pair.
 func (p *Pair) Failed() error {
 	if _, err := p.fsm.partition(0); err != nil {
 		return err
 	}
 	if l := p.lead.Load(); l != nil {
-		if err := l.Err(); err != nil && !errors.Is(err, dwqueue.ErrDeposed) && !errors.Is(err, dwqueue.ErrClosed) {
-			return err
+		err := l.Err()
+		for _, not := range []error{dwqueue.ErrDeposed, dwqueue.ErrClosed, dwqueue.ErrCommitted, dwqueue.ErrBadAppend} {
+			if errors.Is(err, not) {
+				return nil
+			}
 		}
+		return err
 	}
 	return nil
 }

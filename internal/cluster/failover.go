@@ -16,6 +16,38 @@ import (
 // so one that lost a race (ErrStale) changes nothing, and the next tick
 // looks at the new record.
 func (m *Meta) failover(ctx context.Context) {
+	m.movePairs(ctx, "failover", func(s *State, name string, i int, p Partition) Command {
+		f := p.Follower()
+		leader, _ := s.Node(p.Leader)
+		follower, _ := s.Node(f)
+		switch {
+		case !leader.Up && follower.Up && slices.Contains(p.InSync, f):
+			return Promote{Topic: name, Partition: i, Version: p.Version, Leader: f}
+		case leader.Up && !follower.Up && s.leastLoaded(p.Leader, f) != "":
+			return ReplaceFollower{Topic: name, Partition: i, Version: p.Version}
+		}
+		return nil
+	})
+}
+
+// promoteFrom promotes the in-sync follower, when up, of every DoubleWrite
+// pair node leads (a report of node that its probe confirmed).
+func (m *Meta) promoteFrom(ctx context.Context, node string) {
+	m.movePairs(ctx, "hand-off of a reported leader", func(s *State, name string, i int, p Partition) Command {
+		f := p.Follower()
+		follower, _ := s.Node(f)
+		if p.Leader != node || f == "" || f == node || !follower.Up || !slices.Contains(p.InSync, f) {
+			return nil
+		}
+		return Promote{Topic: name, Partition: i, Version: p.Version, Leader: f}
+	})
+}
+
+// movePairs proposes, for each DoubleWrite pair (the record of its chunk's
+// first partition, which a command changes for the whole chunk), the
+// command decide returns, if any. A proposal that lost a race (ErrStale)
+// changes nothing; others failing are logged.
+func (m *Meta) movePairs(ctx context.Context, what string, decide func(s *State, topic string, i int, p Partition) Command) {
 	s := m.State()
 	for _, name := range s.Topics() {
 		t, _ := s.Topic(name)
@@ -24,25 +56,17 @@ func (m *Meta) failover(ctx context.Context) {
 		}
 		for i, p := range t.Parts {
 			if p.Chunk != i {
-				continue // the record of its chunk's first partition, changed with it
+				continue
 			}
-			f := p.Follower()
-			leader, _ := s.Node(p.Leader)
-			follower, _ := s.Node(f)
-			var c Command
-			switch {
-			case !leader.Up && follower.Up && slices.Contains(p.InSync, f):
-				c = Promote{Topic: name, Partition: i, Version: p.Version, Leader: f}
-			case leader.Up && !follower.Up && s.leastLoaded(p.Leader, f) != "":
-				c = ReplaceFollower{Topic: name, Partition: i, Version: p.Version}
-			default:
+			c := decide(s, name, i, p)
+			if c == nil {
 				continue
 			}
 			if _, err := m.Propose(ctx, c); err != nil && !errors.Is(err, ErrStale) {
-				m.log.Warn("DoubleWrite failover not recorded", "topic", name, "partition", i, "command", c, "err", err)
+				m.log.Warn("DoubleWrite "+what+" not recorded", "topic", name, "partition", i, "command", c, "err", err)
 				continue
 			}
-			m.log.Info("DoubleWrite failover", "topic", name, "partition", i, "command", c)
+			m.log.Info("DoubleWrite "+what, "topic", name, "partition", i, "command", c)
 		}
 	}
 }

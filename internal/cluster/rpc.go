@@ -287,11 +287,13 @@ func (n *Agent) handleReport(ctx context.Context, peer string, req []byte) ([]by
 			return nil, ctx.Err()
 		}
 	}
-	n.log.Warn("reported node does not answer: marked down", "node", j.ID, "reporter", peer)
-	if _, err := n.meta.Propose(ctx, NodeDown{ID: j.ID, Session: nd.Session}); err != nil && !errors.Is(err, ErrStaleSession) {
-		return nil, err
-	}
-	n.meta.failover(ctx)
+	// Not marked down: a node cut off, or paused, still believes its
+	// session valid, and delivers to its consumers, until SessionDeadline;
+	// NodeDown would give its group members' partitions to others at once.
+	// Its pairs alone move now, which their epochs fence; its session
+	// expires as any other.
+	n.log.Warn("reported node does not answer: its DoubleWrite pairs handed to their followers", "node", j.ID, "reporter", peer)
+	n.meta.promoteFrom(ctx, j.ID)
 	return nil, nil
 }
 
