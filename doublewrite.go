@@ -59,10 +59,7 @@ func (cn *clusterNode) openDoubleWrite(t cluster.Topic, i int) (partition.Partit
 			return err
 		},
 		HandOff: func(ctx context.Context, rec replica.PairRecord) error {
-			if len(rec.Replicas) < 2 {
-				return nil
-			}
-			_, err := cn.agent.Propose(ctx, cluster.Promote{Topic: topic, Partition: first, Version: rec.Version, Leader: rec.Replicas[1]})
+			_, err := cn.agent.Propose(ctx, cluster.Promote{Topic: topic, Partition: first, Version: rec.Version, Leader: rec.Follower()})
 			return err
 		},
 		Logger: logger}, pairRecord(cn.agent.Meta().State(), t, first))

@@ -470,6 +470,29 @@ func dwaProduce(stop <-chan struct{}, node func() *mq.MQ, batch func(k int) []*m
 	}
 }
 
+// finishChecked stops the producers and checks what was acked against
+// what m reads (dwaCheck), failing t for any unexpected send error; it
+// returns the acked IDs.
+func (l *dwaLoad) finishChecked(t *testing.T, m *mq.MQ) []string {
+	t.Helper()
+	acked := l.ended(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dwaCheck(t, dwaReadOrder(ctx, t, m, l.parts), acked, l.parts)
+	return acked
+}
+
+// ended stops the producers and returns what was acked, failing t for
+// each unexpected send error.
+func (l *dwaLoad) ended(t *testing.T) []string {
+	t.Helper()
+	acked, errs := l.finish()
+	for _, e := range errs {
+		t.Errorf("unexpected: %s", e)
+	}
+	return acked
+}
+
 func (l *dwaLoad) finish() (acked, errs []string) {
 	close(l.stop)
 	l.wg.Wait()
@@ -597,10 +620,7 @@ func dwaKillAlternately(t *testing.T, opts mq.Options, rounds int) {
 		time.Sleep(time.Second)
 	}
 	time.Sleep(2 * time.Second)
-	acked, errs := l.finish()
-	for _, e := range errs {
-		t.Errorf("unexpected: %s", e)
-	}
+	acked := l.ended(t)
 	if len(acked) < 50 {
 		t.Errorf("only %d sends acked in the whole run", len(acked))
 	}
@@ -646,13 +666,7 @@ func TestDoubleWriteAttack_FollowerThenLeaderKilled(t *testing.T) {
 	l.set(leader, c.start(leader))
 	c.waitUp(3)
 	time.Sleep(3 * time.Second)
-	acked, errs := l.finish()
-	for _, e := range errs {
-		t.Errorf("unexpected: %s", e)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	dwaCheck(t, dwaReadOrder(ctx, t, c.nodes[third], parts), acked, parts)
+	acked := l.finishChecked(t, c.nodes[third])
 	t.Logf("%d acked; failover log: %q", len(acked), logs.matching("DoubleWrite failover"))
 }
 
@@ -695,13 +709,7 @@ func TestDoubleWriteAttack_ClusterRestartUnderLoad(t *testing.T) {
 		defer l.mu.Unlock()
 		return len(l.acked) > before+30
 	})
-	acked, errs := l.finish()
-	for _, e := range errs {
-		t.Errorf("unexpected: %s", e)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	dwaCheck(t, dwaReadOrder(ctx, t, c.nodes["n2"], parts), acked, parts)
+	acked := l.finishChecked(t, c.nodes["n2"])
 	t.Logf("%d acked", len(acked))
 }
 
@@ -744,13 +752,7 @@ func TestDoubleWriteAttack_LeaderCutFromMetadata(t *testing.T) {
 		return len(l.acked) > before+30
 	})
 	time.Sleep(time.Second)
-	acked, errs := l.finish()
-	for _, e := range errs {
-		t.Errorf("unexpected: %s", e)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	dwaCheck(t, dwaReadOrder(ctx, t, c.nodes[meta], parts), acked, parts)
+	acked := l.finishChecked(t, c.nodes[meta])
 	t.Logf("%d acked; %q", len(acked), logs.matching("DoubleWrite"))
 }
 
@@ -933,10 +935,7 @@ func TestDoubleWriteAttack_GroupAcrossFailover(t *testing.T) {
 	c.kill(leader)
 	before := c1.ids() // its node closed: it delivers no more
 	time.Sleep(4 * time.Second)
-	acked, errs := l.finish()
-	for _, e := range errs {
-		t.Errorf("unexpected: %s", e)
-	}
+	acked := l.ended(t)
 	var missing []string
 	waitFor2 := time.Now().Add(30 * time.Second)
 	for {

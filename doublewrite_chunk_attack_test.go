@@ -110,6 +110,28 @@ func (l *dwcLoad) run(id, pre string, total int, want []int) {
 	})
 }
 
+// ended stops the producers and returns what was acked, failing t for
+// each unexpected send error.
+func (l *dwcLoad) ended(t *testing.T) []dwcAck {
+	t.Helper()
+	acked, errs := l.finish()
+	for _, e := range errs {
+		t.Errorf("unexpected: %s", e)
+	}
+	return acked
+}
+
+// endedChecked is ended, then dwcCheck of what m reads of parts
+// partitions.
+func (l *dwcLoad) endedChecked(t *testing.T, m *mq.MQ, parts int) []dwcAck {
+	t.Helper()
+	acked := l.ended(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dwcCheck(t, dwcRead(ctx, t, m, parts), acked, parts)
+	return acked
+}
+
 func (l *dwcLoad) finish() ([]dwcAck, []string) {
 	select {
 	case <-l.stop:
@@ -258,10 +280,7 @@ func TestDWChunkAttack_KillChunkLeadersAlter(t *testing.T) {
 	c.waitUp(4)
 	before, before5 := l.count(), l.countIn(5)
 	waitFor(t, 30*time.Second, "acks after the restarts", func() bool { return l.count() > before+60 && l.countIn(5) > before5 })
-	acked, errs := l.finish()
-	for _, e := range errs {
-		t.Errorf("unexpected: %s", e)
-	}
+	acked := l.ended(t)
 	leaders := dwcLeaders(c, grown)
 	for _, ch := range [][]int{{0, 1}, {2, 3}, {5, 6}} {
 		if leaders[ch[0]] != leaders[ch[1]] {
@@ -341,10 +360,7 @@ func TestDWChunkAttack_CloseUnderSends(t *testing.T) {
 	}
 	before = l.count()
 	waitFor(t, 30*time.Second, "acks after the follower came back", func() bool { return l.count() > before+40 })
-	acked, errs := l.finish()
-	for _, e := range errs {
-		t.Errorf("unexpected: %s", e)
-	}
+	acked := l.ended(t)
 	leaders := dwcLeaders(c, parts)
 	for i := 1; i < parts; i++ {
 		if leaders[i] != leaders[0] {
@@ -390,10 +406,7 @@ func TestDWChunkAttack_ClusterRestart(t *testing.T) {
 	}
 	before := l.count()
 	waitFor(t, 30*time.Second, "acks after the restarts", func() bool { return l.count() > before+60 })
-	acked, errs := l.finish()
-	for _, e := range errs {
-		t.Errorf("unexpected: %s", e)
-	}
+	acked := l.ended(t)
 	leaders := dwcLeaders(c, parts)
 	if leaders[0] != leaders[1] || leaders[0] != leaders[2] || leaders[3] != leaders[4] || leaders[3] != leaders[5] {
 		t.Errorf("chunks not led as one: %v", leaders)
@@ -439,10 +452,7 @@ func TestDWChunkAttack_IsolateNode(t *testing.T) {
 	c.waitUp(4)
 	before = l.count()
 	waitFor(t, 30*time.Second, "acks after the links came back", func() bool { return l.count() > before+100 })
-	acked, errs := l.finish()
-	for _, e := range errs {
-		t.Errorf("unexpected: %s", e)
-	}
+	acked := l.ended(t)
 	per := make([]int, parts)
 	for _, a := range acked {
 		per[a.part]++
@@ -490,13 +500,7 @@ func TestDWChunkAttack_AckAloneLinkCutThenPromote(t *testing.T) {
 	})
 	before = l.count()
 	waitFor(t, 20*time.Second, "acks after the promotion", func() bool { return l.count() > before+20 })
-	acked, errs := l.finish()
-	for _, e := range errs {
-		t.Errorf("unexpected: %s", e)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	dwcCheck(t, dwcRead(ctx, t, c.nodes[follower], parts), acked, parts)
+	acked := l.endedChecked(t, c.nodes[follower], parts)
 	t.Logf("%d acked on chunk {%d,%d}; %s then %s led it", len(acked), first, first+1, leader, follower)
 }
 
@@ -547,12 +551,6 @@ func TestDWChunkAttack_LeaderCutFromMetadata(t *testing.T) {
 	c.waitUp(4)
 	before := l.count()
 	waitFor(t, 30*time.Second, "acks after the link came back", func() bool { return l.count() > before+60 })
-	acked, errs := l.finish()
-	for _, e := range errs {
-		t.Errorf("unexpected: %s", e)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	dwcCheck(t, dwcRead(ctx, t, c.nodes[meta], parts), acked, parts)
+	acked := l.endedChecked(t, c.nodes[meta], parts)
 	t.Logf("%d acked", len(acked))
 }

@@ -105,8 +105,6 @@ type Leader struct {
 	wakeWrite chan struct{}
 	wakeSend  chan struct{}
 	wakeApply chan struct{}
-	appends   int // Appends the follower accepted (tests)
-	installs  int // snapshots the follower installed (tests)
 	// installed is the index of the last snapshot the follower restored:
 	// its log holds no entry there (send).
 	installed uint64
@@ -485,7 +483,6 @@ func (l *Leader) send() bool {
 		l.mu.Unlock()
 		return false
 	case err == nil:
-		l.appends++
 		l.reset = false
 		l.matched, l.sendAfter = max(l.matched, end), max(l.sendAfter, end)
 		l.told = max(l.told, a.Commit)
@@ -554,7 +551,6 @@ func (l *Leader) install() bool {
 	if l.failed != nil {
 		return false
 	}
-	l.installs++
 	l.installed = index
 	l.reset = false
 	l.matched, l.sendAfter = max(l.matched, index), max(l.sendAfter, index)

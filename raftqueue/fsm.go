@@ -262,7 +262,18 @@ func (s *snapshot) Release() {}
 // never beside ApplyBatch.
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	tmps, err := f.readSnapshot(bufio.NewReaderSize(rc, 1<<16))
+	return f.restore(rc, nil)
+}
+
+// restore reads the snapshot in r, restoring beside their files the
+// partitions it is ahead on, then runs before (if not nil) and only then
+// puts them in place: a damaged snapshot, or before failing, leaves the
+// files as they were.
+func (f *fsm) restore(r io.Reader, before func() error) error {
+	tmps, err := f.readSnapshot(bufio.NewReaderSize(r, 1<<16))
+	if err == nil && before != nil {
+		err = before()
+	}
 	if err != nil {
 		for _, tmp := range tmps {
 			_ = os.Remove(tmp)

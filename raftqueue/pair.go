@@ -1,7 +1,6 @@
 package raftqueue
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -371,17 +370,28 @@ func (p *Pair) compact() error {
 	if err != nil || upTo < first+keep {
 		return err
 	}
-	upTo -= keep
+	if _, err := p.syncFiles(); err != nil {
+		return err
+	}
+	return p.log.Compact(upTo - keep)
+}
+
+// syncFiles puts everything applied into the synced partition files and
+// returns the lowest position they hold.
+func (p *Pair) syncFiles() (uint64, error) {
+	lowest := uint64(math.MaxUint64)
 	for i := range p.cfg.Partitions {
 		sp, err := p.fsm.partition(i)
 		if err != nil {
-			return err
+			return 0, err
 		}
-		if _, err := sp.Sync(); err != nil {
-			return err
+		pos, err := sp.Sync()
+		if err != nil {
+			return 0, err
 		}
+		lowest = min(lowest, pos.Index)
 	}
-	return p.log.Compact(upTo)
+	return lowest, nil
 }
 
 // Compactions returns how many times the log was compacted, Installs how
@@ -495,20 +505,8 @@ func (p *Pair) Install(ctx context.Context, in dwqueue.Install) error {
 	defer p.wake()
 	// The snapshot is read first (its partitions restored beside their
 	// files): a damaged or hostile one changes nothing, the log included.
-	tmps, err := p.fsm.readSnapshot(bufio.NewReaderSize(p.inst, 1<<16))
-	if err == nil {
-		err = p.log.Truncate(p.applied)
-	}
-	if err != nil {
-		for _, tmp := range tmps {
-			_ = os.Remove(tmp)
-		}
-		return fmt.Errorf("raftqueue: restore: %w", err)
-	}
-	if len(tmps) > 0 {
-		if err := p.fsm.replace(tmps); err != nil {
-			return err
-		}
+	if err := p.fsm.restore(p.inst, func() error { return p.log.Truncate(p.applied) }); err != nil {
+		return err
 	}
 	// Restored records the state durable: every file must hold it, those
 	// the snapshot left as they were (their position was this replica's in
@@ -516,19 +514,11 @@ func (p *Pair) Install(ctx context.Context, in dwqueue.Install) error {
 	// effects past in.Index (the leader went on applying while it wrote
 	// it): the log follows the lowest position the files hold, as a restart
 	// would find it.
-	index := uint64(math.MaxUint64)
-	for i := range p.fsm.paths {
-		sp, err := p.fsm.partition(i)
-		if err != nil {
-			return err
-		}
-		pos, err := sp.Sync()
-		if err != nil {
-			return err
-		}
-		index = min(index, pos.Index)
+	lowest, err := p.syncFiles()
+	if err != nil {
+		return err
 	}
-	index = max(index, in.Index)
+	index := max(lowest, in.Index)
 	if err := p.log.Restored(index); err != nil {
 		return err
 	}

@@ -202,10 +202,11 @@ func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]b
 
 // Report tells the metadata leader that this node cannot reach node id
 // (the leader of a DoubleWrite pair it sends to): the metadata leader
-// probes id and, if id does not answer either, marks it down at once, as
-// if its session had expired, and fails its pairs over (Meta.failover).
-// One that answers is left as it is: the fault is the reporter's. Reports
-// of a node are probed one at a time; the others return at once.
+// probes id and, if id does not answer either, promotes the in-sync
+// followers of the pairs it leads (Meta.promoteFrom); the node itself is
+// marked down only when its session expires. One that answers is left as
+// it is: the fault is the reporter's. Reports of a node are probed one at
+// a time; the others return at once.
 func (n *Agent) Report(ctx context.Context, id string) error {
 	req, err := encodeMsg(&joinReq{ID: id})
 	if err != nil {

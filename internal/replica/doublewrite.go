@@ -39,7 +39,8 @@ func (r PairRecord) leader() string {
 	return r.Replicas[0]
 }
 
-func (r PairRecord) follower() string {
+// Follower is the record's follower, "" while it has none.
+func (r PairRecord) Follower() string {
 	if len(r.Replicas) < 2 {
 		return ""
 	}
@@ -47,7 +48,7 @@ func (r PairRecord) follower() string {
 }
 
 func (r PairRecord) followerInSync() bool {
-	f := r.follower()
+	f := r.Follower()
 	return f != "" && slices.Contains(r.InSync, f)
 }
 

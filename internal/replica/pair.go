@@ -191,7 +191,7 @@ func (p *Pair) Update(rec PairRecord) {
 	if p.closed {
 		return
 	}
-	if rec.follower() != p.rec.follower() || rec.followerInSync() {
+	if rec.Follower() != p.rec.Follower() || rec.followerInSync() {
 		p.syncing = false
 	}
 	p.rec, p.renew = rec, false
@@ -205,7 +205,7 @@ func (p *Pair) Update(rec PairRecord) {
 // takeRole gives this node's replica the role p.rec gives it. mu is held.
 func (p *Pair) takeRole() error {
 	rec, self := p.rec, p.cfg.Self
-	if self != rec.leader() && self != rec.follower() {
+	if self != rec.leader() && self != rec.Follower() {
 		if p.rep != nil {
 			err := p.rep.Close()
 			p.rep, p.role = nil, pairRole{}
@@ -220,7 +220,7 @@ func (p *Pair) takeRole() error {
 		}
 		p.rep = r
 	}
-	if self == rec.follower() {
+	if self == rec.Follower() {
 		if p.role.follow && p.role.epoch == rec.Epoch {
 			return nil
 		}
@@ -232,7 +232,7 @@ func (p *Pair) takeRole() error {
 		return nil
 	}
 	async := rec.Alone && !rec.followerInSync() && !p.syncing
-	if p.role.lead && p.role.epoch == rec.Epoch && p.role.follower == rec.follower() && p.rep.Leading() {
+	if p.role.lead && p.role.epoch == rec.Epoch && p.role.follower == rec.Follower() && p.rep.Leading() {
 		if async != p.role.async {
 			p.rep.SetSync(!async)
 			p.role.async = async
@@ -240,7 +240,7 @@ func (p *Pair) takeRole() error {
 		return nil
 	}
 	var peer dwqueue.Peer
-	if f := rec.follower(); f != "" {
+	if f := rec.Follower(); f != "" {
 		c, err := p.cfg.Peer(f)
 		if err != nil {
 			return err
@@ -255,7 +255,7 @@ func (p *Pair) takeRole() error {
 		}
 		return err
 	}
-	p.role = pairRole{lead: true, epoch: rec.Epoch, follower: rec.follower(), async: async}
+	p.role = pairRole{lead: true, epoch: rec.Epoch, follower: rec.Follower(), async: async}
 	return nil
 }
 
@@ -289,10 +289,10 @@ func (p *Pair) watch() {
 			// every acked entry, is to lead instead of a node that stays
 			// up but can no longer ack.
 			p.propose(rec, func(ctx context.Context) error { return p.cfg.HandOff(ctx, rec) },
-				fmt.Sprintf("hand the pair to %s (this replica failed: %v)", rec.follower(), err))
+				fmt.Sprintf("hand the pair to %s (this replica failed: %v)", rec.Follower(), err))
 			continue
 		}
-		if r == nil || !role.lead || rec.follower() == "" || !r.Leading() {
+		if r == nil || !role.lead || rec.Follower() == "" || !r.Leading() {
 			laggingSince = time.Time{}
 			p.setStalled(false)
 			continue
@@ -323,7 +323,7 @@ func (p *Pair) watch() {
 			}
 			p.mu.Unlock()
 		case !rec.followerInSync() && !role.async && r.InSync():
-			p.setInSync(rec, []string{p.cfg.Self, rec.follower()})
+			p.setInSync(rec, []string{p.cfg.Self, rec.Follower()})
 		case rec.followerInSync() && rec.Alone && stuck:
 			p.setInSync(rec, []string{p.cfg.Self})
 			laggingSince = time.Time{}
@@ -340,11 +340,11 @@ func (p *Pair) HandOff(ctx context.Context) {
 	p.mu.Lock()
 	rec, r, role := p.rec, p.rep, p.role
 	p.mu.Unlock()
-	if r == nil || !role.lead || rec.leader() != p.cfg.Self || p.cfg.HandOff == nil || !rec.followerInSync() || !rec.FollowerUp {
+	if !p.mayHandOff(rec, r, role) {
 		return
 	}
 	if err := p.cfg.HandOff(ctx, rec); err != nil {
-		p.cfg.Logger.Warn("DoubleWrite: the pair not handed to its follower before the node closes", "follower", rec.follower(), "err", err)
+		p.cfg.Logger.Warn("DoubleWrite: the pair not handed to its follower before the node closes", "follower", rec.Follower(), "err", err)
 	}
 }
 
@@ -352,10 +352,16 @@ func (p *Pair) HandOff(ctx context.Context) {
 // when it should hand the pair to its follower: in sync and up. Nil
 // otherwise.
 func (p *Pair) failedLeader(rec PairRecord, r *raftqueue.Pair, role pairRole) error {
-	if r == nil || !role.lead || rec.leader() != p.cfg.Self || p.cfg.HandOff == nil || !rec.followerInSync() || !rec.FollowerUp {
+	if !p.mayHandOff(rec, r, role) {
 		return nil
 	}
 	return r.Failed()
+}
+
+// mayHandOff reports whether this node's replica r, in role, leads rec and
+// may hand it to its follower: in sync and up.
+func (p *Pair) mayHandOff(rec PairRecord, r *raftqueue.Pair, role pairRole) bool {
+	return r != nil && role.lead && rec.leader() == p.cfg.Self && p.cfg.HandOff != nil && rec.followerInSync() && rec.FollowerUp
 }
 
 // setStalled records whether the follower stalled.
@@ -429,7 +435,7 @@ func (p *Pair) AppendFrom(leader string) (*raftqueue.Pair, error) {
 		// (dwqueue.EpochError), which tells it so.
 		return p.rep, nil
 	}
-	if p.rep == nil || p.rec.follower() != p.cfg.Self {
+	if p.rep == nil || p.rec.Follower() != p.cfg.Self {
 		return nil, fmt.Errorf("%w: %s does not follow here", store.ErrClosed, p.name)
 	}
 	if leader != p.rec.leader() {

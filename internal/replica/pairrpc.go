@@ -250,27 +250,25 @@ func decodePairHead(b []byte) (topic string, index int, rest []byte, err error) 
 // this node's replica of a partition for a call from node peer (an error
 // when it holds none, or peer does not lead it).
 func ServePairs(srv *remote.Server, lookup func(peer, topic string, index int) (*raftqueue.Pair, error)) {
-	srv.Handle(OpPairInstall, func(ctx context.Context, peer string, req []byte) ([]byte, error) {
-		topic, index, rest, err := decodePairHead(req)
-		if err != nil {
-			return nil, err
-		}
-		in, err := decodeInstallRequest(rest)
-		if err != nil {
-			return nil, err
-		}
-		p, err := lookup(peer, topic, index)
-		if err != nil {
-			return nil, err
-		}
+	srv.Handle(OpPairInstall, pairHandler(lookup, decodeInstallRequest, func(ctx context.Context, p *raftqueue.Pair, in dwqueue.Install) ([]byte, error) {
 		return pairReply(0, p.Install(ctx, in))
-	})
-	srv.Handle(OpPairAppend, func(ctx context.Context, peer string, req []byte) ([]byte, error) {
+	}))
+	srv.Handle(OpPairAppend, pairHandler(lookup, decodePairRequest, func(ctx context.Context, p *raftqueue.Pair, a dwqueue.Append) ([]byte, error) {
+		return pairReply(p.Append(ctx, a))
+	}))
+}
+
+// pairHandler is the handler of a pair op: the partition its request
+// names (decodePairHead), the rest decoded by decode, this node's replica
+// found by lookup, then call.
+func pairHandler[R any](lookup func(peer, topic string, index int) (*raftqueue.Pair, error), decode func([]byte) (R, error),
+	call func(ctx context.Context, p *raftqueue.Pair, r R) ([]byte, error)) remote.Handler {
+	return func(ctx context.Context, peer string, req []byte) ([]byte, error) {
 		topic, index, rest, err := decodePairHead(req)
 		if err != nil {
 			return nil, err
 		}
-		a, err := decodePairRequest(rest)
+		r, err := decode(rest)
 		if err != nil {
 			return nil, err
 		}
@@ -278,6 +276,6 @@ func ServePairs(srv *remote.Server, lookup func(peer, topic string, index int) (
 		if err != nil {
 			return nil, err
 		}
-		return pairReply(p.Append(ctx, a))
-	})
+		return call(ctx, p, r)
+	}
 }
