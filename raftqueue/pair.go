@@ -17,8 +17,8 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/zeze-go/mq/dwqueue"
 	"github.com/zeze-go/mq/internal/boltsafe"
+	"github.com/zeze-go/mq/raftqueue/pairlog"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -35,7 +35,7 @@ type PairConfig struct {
 	Partitions int
 	// MaxEntryBytes, MaxEntryCmds, InFlight and QueueDepth tune the
 	// leader's proposer as Config's do; MaxBatch, MaxPending and
-	// RetryAfter the leader's replication (dwqueue.LeaderConfig). Zero:
+	// RetryAfter the leader's replication (pairlog.LeaderConfig). Zero:
 	// the defaults.
 	MaxEntryBytes, MaxEntryCmds, InFlight, QueueDepth int
 	MaxBatch, MaxBatchBytes, MaxPending               int
@@ -47,13 +47,13 @@ type PairConfig struct {
 	CompactEvery, KeepEntries int
 }
 
-// Pair is one replica of a DoubleWrite partition (package dwqueue): the
+// Pair is one replica of a DoubleWrite partition (package pairlog): the
 // same state machine as a Group's, over a log that a leader writes to its
 // own copy and its follower's at once, and that the metadata group, not an
 // election, assigns. The node makes it lead (Lead) or follow (Follow) an
 // epoch as the partition's record says; as the follower it takes the
 // leader's batches (Append, which a Pair's leader calls through a
-// dwqueue.Peer) and applies what both copies hold.
+// pairlog.Peer) and applies what both copies hold.
 //
 // Apply and ApplyTo have Group's outcomes: the command's result once both
 // copies hold its entry and it is applied here; ErrNotLeader (nothing was
@@ -62,16 +62,16 @@ type PairConfig struct {
 // proposed whose fate is not known (deposed or closed while committing).
 //
 // Goroutines: the proposer's two, the follower's applier, and the leader's
-// three (dwqueue.Leader) while it leads, all stopped by Close.
+// three (pairlog.Leader) while it leads, all stopped by Close.
 type Pair struct {
 	cfg    PairConfig
 	fsm    *fsm
 	stable *raftboltdb.BoltStore
-	log    *dwqueue.Log
+	log    *pairlog.Log
 	prop   *proposer
 
 	roleMu sync.Mutex                     // serializes Lead, Follow and Close
-	lead   atomic.Pointer[dwqueue.Leader] // while this replica leads
+	lead   atomic.Pointer[pairlog.Leader] // while this replica leads
 	closed bool                           // guarded by roleMu
 
 	// appendMu serializes the follower's appends (Append) and orders them
@@ -96,7 +96,7 @@ type Pair struct {
 	compactions, installs    atomic.Int64
 	// The follower's snapshot being received (Install), guarded by appendMu.
 	inst   *os.File
-	instAt dwqueue.Install // the pieces' epoch and index, and Offset: the size received
+	instAt pairlog.Install // the pieces' epoch and index, and Offset: the size received
 }
 
 // OpenPair opens (creating if needed) the replica in cfg.Dir. It neither
@@ -156,7 +156,7 @@ func OpenPair(cfg PairConfig) (*Pair, error) {
 	if cfg.Log != nil {
 		logs = cfg.Log
 	}
-	if p.log, err = dwqueue.OpenLog(logs, p.stable, p.applied); err != nil {
+	if p.log, err = pairlog.OpenLog(logs, p.stable, p.applied); err != nil {
 		return nil, fmt.Errorf("raftqueue: %w", err)
 	}
 	// The files hold every effect up to where the log was compacted or
@@ -234,25 +234,25 @@ func (p *Pair) Leading() bool { return p.leading() }
 // Lead makes the replica the leader of epoch, replicating to peer (nil:
 // alone, each entry committed on this replica's write: one copy), each
 // entry committed once both copies hold it, or on this replica's write
-// alone when async (the risk stage: dwqueue.LeaderConfig.Async; SetSync
+// alone when async (the risk stage: pairlog.LeaderConfig.Async; SetSync
 // switches). The epoch is persisted before it returns; a lower epoch than
-// the one served is dwqueue.ErrStaleEpoch. The entries of the log not yet
+// the one served is pairlog.ErrStaleEpoch. The entries of the log not yet
 // applied, written under earlier epochs, are applied once peer holds them
 // too (LeaderPartition waits for them). Leading again replaces the
 // replication (a new follower): what the previous leader had in flight is
 // answered ErrUnknownOutcome.
-func (p *Pair) Lead(epoch uint64, peer dwqueue.Peer, async bool) error {
+func (p *Pair) Lead(epoch uint64, peer pairlog.Peer, async bool) error {
 	return p.serve("lead", epoch, p.log.CheckLead, p.log.Lead, func() error { return p.startLeading(peer, async) })
 }
 
 // startLeading starts the leader of the epoch served. roleMu and applyMu
 // are held.
-func (p *Pair) startLeading(peer dwqueue.Peer, async bool) error {
+func (p *Pair) startLeading(peer pairlog.Peer, async bool) error {
 	last, _, err := p.log.Last()
 	if err != nil {
 		return fmt.Errorf("raftqueue: lead: %w", err)
 	}
-	l, err := dwqueue.NewLeader(dwqueue.LeaderConfig{Log: p.log, Peer: peer, Apply: p.applyLeader, Applied: p.applied,
+	l, err := pairlog.NewLeader(pairlog.LeaderConfig{Log: p.log, Peer: peer, Apply: p.applyLeader, Applied: p.applied,
 		Async: async, MaxBatch: p.cfg.MaxBatch, MaxBatchBytes: p.cfg.MaxBatchBytes, MaxPending: p.cfg.MaxPending,
 		RetryAfter: p.cfg.RetryAfter, Snapshot: p.snapshot})
 	if err != nil {
@@ -357,7 +357,7 @@ func (p *Pair) compactor() {
 // compact drops the log's entries up to KeepEntries before what this
 // replica applied and, leading, what its follower holds: first the
 // partition files are synced with every effect applied, then the log
-// records that and drops them (dwqueue.Log.Compact).
+// records that and drops them (pairlog.Log.Compact).
 func (p *Pair) compact() error {
 	p.applyMu.Lock()
 	upTo := p.applied
@@ -406,7 +406,7 @@ const (
 	sendPattern = "send-*.snap"
 )
 
-// snapshot is the leader's dwqueue.LeaderConfig.Snapshot: this replica's
+// snapshot is the leader's pairlog.LeaderConfig.Snapshot: this replica's
 // state, written to a file in Dir (removed when the reader closes),
 // holding every effect up to what it had applied when it began.
 func (p *Pair) snapshot() (uint64, io.ReadCloser, error) {
@@ -446,19 +446,19 @@ func (s *fileSink) Cancel() error { return nil }
 func (s *fileSink) Close() error  { return nil }
 
 // Install takes a piece of the leader's snapshot (the follower's side of
-// dwqueue.Peer.Install): the pieces are assembled in Dir in order, and the
+// pairlog.Peer.Install): the pieces are assembled in Dir in order, and the
 // last one restores the state machine from them (each partition whose file
 // holds the snapshot's state or more is kept) and makes the log follow
 // the snapshot's index. The log is emptied first, so a crash in between
-// leaves a replica consistent with its files (dwqueue.Log.Truncate). An
+// leaves a replica consistent with its files (pairlog.Log.Truncate). An
 // epoch other than the one served, or a replica that leads, is refused
-// (*dwqueue.EpochError); a piece out of order is dwqueue.ErrBadAppend (the
+// (*pairlog.EpochError); a piece out of order is pairlog.ErrBadAppend (the
 // leader starts again).
-func (p *Pair) Install(ctx context.Context, in dwqueue.Install) error {
+func (p *Pair) Install(ctx context.Context, in pairlog.Install) error {
 	p.appendMu.Lock()
 	defer p.appendMu.Unlock()
 	if e := p.log.Epoch(); p.lead.Load() != nil || in.Epoch != e || e == 0 {
-		return &dwqueue.EpochError{Epoch: e}
+		return &pairlog.EpochError{Epoch: e}
 	}
 	p.applyMu.Lock()
 	closing := p.closing
@@ -467,10 +467,10 @@ func (p *Pair) Install(ctx context.Context, in dwqueue.Install) error {
 		return ErrClosed
 	}
 	if in.Index == math.MaxUint64 {
-		return fmt.Errorf("%w: a snapshot at %d", dwqueue.ErrBadAppend, in.Index)
+		return fmt.Errorf("%w: a snapshot at %d", pairlog.ErrBadAppend, in.Index)
 	}
 	if in.Index < p.log.Synced() {
-		return fmt.Errorf("%w: a snapshot at %d, the replica holds %d", dwqueue.ErrBadAppend, in.Index, p.log.Synced())
+		return fmt.Errorf("%w: a snapshot at %d, the replica holds %d", pairlog.ErrBadAppend, in.Index, p.log.Synced())
 	}
 	path := filepath.Join(p.cfg.Dir, installFile)
 	if in.Offset == 0 {
@@ -479,11 +479,11 @@ func (p *Pair) Install(ctx context.Context, in dwqueue.Install) error {
 		if err != nil {
 			return err
 		}
-		p.inst, p.instAt = f, dwqueue.Install{Epoch: in.Epoch, Index: in.Index}
+		p.inst, p.instAt = f, pairlog.Install{Epoch: in.Epoch, Index: in.Index}
 	}
 	if p.inst == nil || in.Offset != p.instAt.Offset || in.Index != p.instAt.Index || in.Epoch != p.instAt.Epoch {
 		p.dropInstall()
-		return fmt.Errorf("%w: a snapshot piece at %d, expected %d", dwqueue.ErrBadAppend, in.Offset, p.instAt.Offset)
+		return fmt.Errorf("%w: a snapshot piece at %d, expected %d", pairlog.ErrBadAppend, in.Offset, p.instAt.Offset)
 	}
 	if _, err := p.inst.Write(in.Data); err != nil {
 		p.dropInstall()
@@ -535,19 +535,19 @@ func (p *Pair) dropInstall() {
 		_ = os.Remove(p.inst.Name())
 		p.inst = nil
 	}
-	p.instAt = dwqueue.Install{}
+	p.instAt = pairlog.Install{}
 }
 
 // Append takes a batch of the leader's (the follower's side: it is what a
-// dwqueue.Peer delivers), durably in the log before it returns; the
+// pairlog.Peer delivers), durably in the log before it returns; the
 // applier then applies what the batch says both copies hold. It returns the index up to
-// which the log matches the leader's, or dwqueue.Log.Append's refusals; a
-// replica that leads refuses any append (an *dwqueue.EpochError).
-func (p *Pair) Append(ctx context.Context, a dwqueue.Append) (uint64, error) {
+// which the log matches the leader's, or pairlog.Log.Append's refusals; a
+// replica that leads refuses any append (an *pairlog.EpochError).
+func (p *Pair) Append(ctx context.Context, a pairlog.Append) (uint64, error) {
 	p.appendMu.Lock()
 	defer p.appendMu.Unlock()
 	if p.lead.Load() != nil {
-		return 0, &dwqueue.EpochError{Epoch: p.log.Epoch()}
+		return 0, &pairlog.EpochError{Epoch: p.log.Epoch()}
 	}
 	if _, err := p.fsm.partition(0); err != nil {
 		return 0, err // closed, or failed: take nothing more
@@ -644,7 +644,7 @@ func (p *Pair) SetSync(sync bool) {
 
 // InSync reports whether this replica leads and its follower holds every
 // entry that may have been acked, every later one needing it too
-// (dwqueue.Leader.InSync): the follower may be recorded in sync.
+// (pairlog.Leader.InSync): the follower may be recorded in sync.
 func (p *Pair) InSync() bool {
 	l := p.lead.Load()
 	return l != nil && l.InSync()
@@ -672,7 +672,7 @@ func (p *Pair) Lag() uint64 {
 // its state machine failed (a file it could not write), or, leading, its
 // own log did (a write that failed). A leader deposed by a newer epoch, or
 // closed, has not failed; nor has one whose follower's log contradicts
-// what both held (dwqueue.ErrCommitted, ErrBadAppend): which copy is at
+// what both held (pairlog.ErrCommitted, ErrBadAppend): which copy is at
 // fault is not known, and the follower must not be handed the pair.
 func (p *Pair) Failed() error {
 	if _, err := p.fsm.partition(0); err != nil {
@@ -680,7 +680,7 @@ func (p *Pair) Failed() error {
 	}
 	if l := p.lead.Load(); l != nil {
 		err := l.Err()
-		for _, not := range []error{dwqueue.ErrDeposed, dwqueue.ErrClosed, dwqueue.ErrCommitted, dwqueue.ErrBadAppend} {
+		for _, not := range []error{pairlog.ErrDeposed, pairlog.ErrClosed, pairlog.ErrCommitted, pairlog.ErrBadAppend} {
 			if errors.Is(err, not) {
 				return nil
 			}
@@ -743,4 +743,4 @@ func (p *Pair) Close() error {
 func (p *Pair) closeFiles() error { return closeFiles(p.fsm, p.stable) }
 
 var _ io.Closer = (*Pair)(nil)
-var _ dwqueue.Peer = (*Pair)(nil)
+var _ pairlog.Peer = (*Pair)(nil)

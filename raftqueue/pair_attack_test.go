@@ -17,7 +17,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/zeze-go/mq/dwqueue"
+	"github.com/zeze-go/mq/raftqueue/pairlog"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -182,7 +182,7 @@ func writeOnlyToFollower(t *testing.T, ps *pairs, d *diskHooks, id string) uint6
 		t.Fatalf("setup: a tried to write %d entries", len(captured))
 	}
 	// The batch a's leader sent alongside its write.
-	end, err := ps.rep(1).Append(context.Background(), dwqueue.Append{Epoch: 1, PrevIndex: want - 1, PrevEpoch: 1,
+	end, err := ps.rep(1).Append(context.Background(), pairlog.Append{Epoch: 1, PrevIndex: want - 1, PrevEpoch: 1,
 		Entries: captured, Commit: want - 1})
 	if err != nil || end != want {
 		t.Fatalf("setup: deliver a's batch to b: %d %v", end, err)
@@ -219,7 +219,7 @@ func TestPairAttack_BreakSameEpochRestartThenPromotionDiverges(t *testing.T) {
 	ps.stop(0)
 	ps.cut[0].Store(true)
 	ps.start(0)
-	if err := ps.rep(0).Lead(1, pairLink{ps, 0}, false); !errors.Is(err, dwqueue.ErrEpochLed) {
+	if err := ps.rep(0).Lead(1, pairLink{ps, 0}, false); !errors.Is(err, pairlog.ErrEpochLed) {
 		t.Fatalf("Lead(1) again: %v, want ErrEpochLed", err)
 	}
 	ps.renew() // the metadata gives the leader a new epoch
@@ -284,7 +284,7 @@ func TestPairAttack_BreakSameEpochDoubleRestartDiverges(t *testing.T) {
 	ps.stop(0)
 	ps.cut[0].Store(true)
 	ps.start(0)
-	if err := ps.rep(0).Lead(1, pairLink{ps, 0}, false); !errors.Is(err, dwqueue.ErrEpochLed) {
+	if err := ps.rep(0).Lead(1, pairLink{ps, 0}, false); !errors.Is(err, pairlog.ErrEpochLed) {
 		t.Fatalf("Lead(1) again: %v, want ErrEpochLed", err)
 	}
 	ps.renew() // the metadata gives the leader a new epoch
@@ -298,7 +298,7 @@ func TestPairAttack_BreakSameEpochDoubleRestartDiverges(t *testing.T) {
 	ps.stop(0)
 	ps.cut[0].Store(false)
 	ps.start(0)
-	if err := ps.rep(0).Lead(2, pairLink{ps, 0}, false); !errors.Is(err, dwqueue.ErrEpochLed) {
+	if err := ps.rep(0).Lead(2, pairLink{ps, 0}, false); !errors.Is(err, pairlog.ErrEpochLed) {
 		t.Fatalf("Lead(2) again: %v, want ErrEpochLed", err)
 	}
 	ps.renew() // the metadata gives the leader a new epoch
@@ -434,7 +434,7 @@ func TestPairAttack_BreakStaleReadinessBlocksReads(t *testing.T) {
 		t.Fatalf("send cut off: %v", err)
 	}
 	// a leads a new epoch with entry 1 unapplied: its reads wait for it.
-	if err := ps.rep(0).Lead(1, pairLink{ps, 0}, false); !errors.Is(err, dwqueue.ErrEpochLed) {
+	if err := ps.rep(0).Lead(1, pairLink{ps, 0}, false); !errors.Is(err, pairlog.ErrEpochLed) {
 		t.Fatalf("Lead(1) again: %v, want ErrEpochLed", err)
 	}
 	ps.renew()        // the metadata gives the leader a new epoch
@@ -480,7 +480,7 @@ func TestPairAttack_BreakRefusedRoleCallStopsLeader(t *testing.T) {
 		{"Follow(1)", func() error { return ps.rep(1).Follow(1) }},
 		{"Lead(1, peer)", func() error { return ps.rep(1).Lead(1, pairLink{ps, 1}, false) }},
 	} {
-		if err := call.f(); !errors.Is(err, dwqueue.ErrStaleEpoch) {
+		if err := call.f(); !errors.Is(err, pairlog.ErrStaleEpoch) {
 			t.Fatalf("%s at epoch 2: %v, want ErrStaleEpoch", call.name, err)
 		}
 		c, cc := context.WithTimeout(ctx, time.Second)
@@ -535,7 +535,7 @@ func TestPairAttack_HostileAppends(t *testing.T) {
 	}
 	defer p.Close()
 	ctx := context.Background()
-	if _, err := p.Append(ctx, dwqueue.Append{Epoch: 1, Entries: []*raft.Log{logEntry(1, 1, entryData(msg("m0")))}}); !errors.Is(err, dwqueue.ErrStaleEpoch) {
+	if _, err := p.Append(ctx, pairlog.Append{Epoch: 1, Entries: []*raft.Log{logEntry(1, 1, entryData(msg("m0")))}}); !errors.Is(err, pairlog.ErrStaleEpoch) {
 		t.Fatalf("append before any epoch: %v", err)
 	}
 	if err := p.Follow(1); err != nil {
@@ -553,15 +553,15 @@ func TestPairAttack_HostileAppends(t *testing.T) {
 		}
 		return ids(msgs)
 	}
-	if end, err := p.Append(ctx, dwqueue.Append{Epoch: 1, Entries: []*raft.Log{logEntry(1, 1, entryData(msg("m0")))}}); err != nil || end != 1 {
+	if end, err := p.Append(ctx, pairlog.Append{Epoch: 1, Entries: []*raft.Log{logEntry(1, 1, entryData(msg("m0")))}}); err != nil || end != 1 {
 		t.Fatalf("append 1: %d %v", end, err)
 	}
-	if end, err := p.Append(ctx, dwqueue.Append{Epoch: 1, PrevIndex: 1, PrevEpoch: 1,
+	if end, err := p.Append(ctx, pairlog.Append{Epoch: 1, PrevIndex: 1, PrevEpoch: 1,
 		Entries: []*raft.Log{logEntry(2, 1, entryData(msg("m1")))}}); err != nil || end != 2 {
 		t.Fatalf("append 2: %d %v", end, err)
 	}
 	// A commit far past the batch's end commits up to its end only.
-	if end, err := p.Append(ctx, dwqueue.Append{Epoch: 1, PrevIndex: 1, PrevEpoch: 1, Commit: math.MaxUint64}); err != nil || end != 1 {
+	if end, err := p.Append(ctx, pairlog.Append{Epoch: 1, PrevIndex: 1, PrevEpoch: 1, Commit: math.MaxUint64}); err != nil || end != 1 {
 		t.Fatalf("empty append with a huge commit: %d %v", end, err)
 	}
 	if got := held(); !slices.Equal(got, []string{"0:m0"}) {
@@ -570,20 +570,20 @@ func TestPairAttack_HostileAppends(t *testing.T) {
 	e := func(i, ep uint64) *raft.Log { return logEntry(i, ep, entryData(msg(fmt.Sprintf("h%d", i)))) }
 	for _, tc := range []struct {
 		name string
-		a    dwqueue.Append
+		a    pairlog.Append
 		want error
 	}{
-		{"other epoch", dwqueue.Append{Epoch: 2, PrevIndex: 2, PrevEpoch: 1, Commit: 2}, dwqueue.ErrStaleEpoch},
-		{"epoch 0", dwqueue.Append{Epoch: 0, Commit: 2}, dwqueue.ErrStaleEpoch},
-		{"gap", dwqueue.Append{Epoch: 1, PrevIndex: 9, PrevEpoch: 1, Entries: []*raft.Log{e(10, 1)}, Commit: 10}, dwqueue.ErrMismatch},
-		{"prev epoch past epoch", dwqueue.Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 7, Commit: 2}, dwqueue.ErrBadAppend},
-		{"prev epoch at 0", dwqueue.Append{Epoch: 1, PrevEpoch: 1, Commit: 2}, dwqueue.ErrBadAppend},
-		{"prev max", dwqueue.Append{Epoch: 1, PrevIndex: math.MaxUint64, PrevEpoch: 1}, dwqueue.ErrBadAppend},
-		{"not consecutive", dwqueue.Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 1, Entries: []*raft.Log{e(3, 1), e(5, 1)}, Commit: 5}, dwqueue.ErrBadAppend},
-		{"nil entry", dwqueue.Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 1, Entries: []*raft.Log{nil}, Commit: 3}, dwqueue.ErrBadAppend},
-		{"index 0", dwqueue.Append{Epoch: 1, Entries: []*raft.Log{e(0, 1)}}, dwqueue.ErrBadAppend},
-		{"entry epoch past append's", dwqueue.Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 1, Entries: []*raft.Log{e(3, 2)}, Commit: 3}, dwqueue.ErrBadAppend},
-		{"committed entry replaced", dwqueue.Append{Epoch: 1, PrevIndex: 1, PrevEpoch: 0, Commit: 2}, dwqueue.ErrCommitted},
+		{"other epoch", pairlog.Append{Epoch: 2, PrevIndex: 2, PrevEpoch: 1, Commit: 2}, pairlog.ErrStaleEpoch},
+		{"epoch 0", pairlog.Append{Epoch: 0, Commit: 2}, pairlog.ErrStaleEpoch},
+		{"gap", pairlog.Append{Epoch: 1, PrevIndex: 9, PrevEpoch: 1, Entries: []*raft.Log{e(10, 1)}, Commit: 10}, pairlog.ErrMismatch},
+		{"prev epoch past epoch", pairlog.Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 7, Commit: 2}, pairlog.ErrBadAppend},
+		{"prev epoch at 0", pairlog.Append{Epoch: 1, PrevEpoch: 1, Commit: 2}, pairlog.ErrBadAppend},
+		{"prev max", pairlog.Append{Epoch: 1, PrevIndex: math.MaxUint64, PrevEpoch: 1}, pairlog.ErrBadAppend},
+		{"not consecutive", pairlog.Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 1, Entries: []*raft.Log{e(3, 1), e(5, 1)}, Commit: 5}, pairlog.ErrBadAppend},
+		{"nil entry", pairlog.Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 1, Entries: []*raft.Log{nil}, Commit: 3}, pairlog.ErrBadAppend},
+		{"index 0", pairlog.Append{Epoch: 1, Entries: []*raft.Log{e(0, 1)}}, pairlog.ErrBadAppend},
+		{"entry epoch past append's", pairlog.Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 1, Entries: []*raft.Log{e(3, 2)}, Commit: 3}, pairlog.ErrBadAppend},
+		{"committed entry replaced", pairlog.Append{Epoch: 1, PrevIndex: 1, PrevEpoch: 0, Commit: 2}, pairlog.ErrCommitted},
 	} {
 		if _, err := p.Append(ctx, tc.a); !errors.Is(err, tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
@@ -593,11 +593,11 @@ func TestPairAttack_HostileAppends(t *testing.T) {
 		}
 	}
 	// An undecodable entry is skipped, the follower goes on.
-	if _, err := p.Append(ctx, dwqueue.Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 1,
+	if _, err := p.Append(ctx, pairlog.Append{Epoch: 1, PrevIndex: 2, PrevEpoch: 1,
 		Entries: []*raft.Log{logEntry(3, 1, []byte("junk"))}, Commit: 3}); err != nil {
 		t.Fatalf("junk entry: %v", err)
 	}
-	if _, err := p.Append(ctx, dwqueue.Append{Epoch: 1, PrevIndex: 3, PrevEpoch: 1,
+	if _, err := p.Append(ctx, pairlog.Append{Epoch: 1, PrevIndex: 3, PrevEpoch: 1,
 		Entries: []*raft.Log{logEntry(4, 1, entryData(msg("m2")))}, Commit: 4}); err != nil {
 		t.Fatalf("after the junk entry: %v", err)
 	}
@@ -608,8 +608,8 @@ func TestPairAttack_HostileAppends(t *testing.T) {
 	if err := p.Lead(1, nil, false); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Append(ctx, dwqueue.Append{Epoch: 1, PrevIndex: 4, PrevEpoch: 1,
-		Entries: []*raft.Log{logEntry(5, 1, entryData(msg("intruder")))}, Commit: 5}); !errors.Is(err, dwqueue.ErrStaleEpoch) {
+	if _, err := p.Append(ctx, pairlog.Append{Epoch: 1, PrevIndex: 4, PrevEpoch: 1,
+		Entries: []*raft.Log{logEntry(5, 1, entryData(msg("intruder")))}, Commit: 5}); !errors.Is(err, pairlog.ErrStaleEpoch) {
 		t.Fatalf("append to a leader: %v", err)
 	}
 	if res, err := p.Apply(ctx, &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg("m3")}}); err != nil || res.Acks[0].Offset != 3 {
@@ -618,7 +618,7 @@ func TestPairAttack_HostileAppends(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Append(ctx, dwqueue.Append{Epoch: 1, PrevIndex: 5, PrevEpoch: 1}); err == nil {
+	if _, err := p.Append(ctx, pairlog.Append{Epoch: 1, PrevIndex: 5, PrevEpoch: 1}); err == nil {
 		t.Fatal("a closed replica took an append")
 	}
 }
@@ -649,7 +649,7 @@ func TestPairAttack_AfterClose(t *testing.T) {
 	if _, err := a.LeaderPartition(ctx, 0); err == nil {
 		t.Errorf("LeaderPartition after Close: nil error")
 	}
-	if _, err := a.Append(ctx, dwqueue.Append{Epoch: 1}); err == nil {
+	if _, err := a.Append(ctx, pairlog.Append{Epoch: 1}); err == nil {
 		t.Errorf("Append after Close: nil error")
 	}
 	if err := a.Close(); err != nil {
@@ -838,7 +838,7 @@ func TestPairAttack_LeaderDiskFailsThenRelead(t *testing.T) {
 		t.Fatalf("send to the failed leader: %v", err)
 	}
 	d.set(0, nil)
-	if err := ps.rep(0).Lead(1, pairLink{ps, 0}, false); !errors.Is(err, dwqueue.ErrEpochLed) {
+	if err := ps.rep(0).Lead(1, pairLink{ps, 0}, false); !errors.Is(err, pairlog.ErrEpochLed) {
 		t.Fatalf("Lead(1) again: %v, want ErrEpochLed", err)
 	}
 	ps.renew() // the metadata gives the leader a new epoch
@@ -867,7 +867,7 @@ func TestPairAttack_RestartLeaderSameEpochFollowerTail(t *testing.T) {
 	writeOnlyToFollower(t, ps, &d, "X")
 	ps.stop(0)
 	ps.start(0)
-	if err := ps.rep(0).Lead(1, pairLink{ps, 0}, false); !errors.Is(err, dwqueue.ErrEpochLed) {
+	if err := ps.rep(0).Lead(1, pairLink{ps, 0}, false); !errors.Is(err, pairlog.ErrEpochLed) {
 		t.Fatalf("Lead(1) again: %v, want ErrEpochLed", err)
 	}
 	ps.renew() // the metadata gives the leader a new epoch
@@ -1036,7 +1036,7 @@ func TestPairAttack_ConcurrentRoleChurn(t *testing.T) {
 	})
 	run(func(int) {
 		_ = b.Follow(1)
-		_, _ = b.Append(ctx, dwqueue.Append{Epoch: 1})
+		_, _ = b.Append(ctx, pairlog.Append{Epoch: 1})
 		time.Sleep(5 * time.Millisecond)
 	})
 	time.Sleep(700 * time.Millisecond)

@@ -14,13 +14,13 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/zeze-go/mq/dwqueue"
+	"github.com/zeze-go/mq/raftqueue/pairlog"
 	"github.com/zeze-go/mq/store"
 )
 
 // Attacks on a DoubleWrite pair's compaction and snapshot installs
-// (Pair.compact, Pair.Install, dwqueue.Log.Compact/Truncate/Restored,
-// dwqueue.Leader.install).
+// (Pair.compact, Pair.Install, pairlog.Log.Compact/Truncate/Restored,
+// pairlog.Leader.install).
 
 // sendTo appends msgs to partition part through replica i.
 func (ps *pairs) sendTo(ctx context.Context, i, part int, msgs ...store.Message) (store.Result, error) {
@@ -229,10 +229,10 @@ func TestPairCompactAttack_RestoredAheadOfIndexReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Install(ctx, dwqueue.Install{Epoch: epoch, Index: index, Data: data, Done: true}); err != nil {
+	if err := b.Install(ctx, pairlog.Install{Epoch: epoch, Index: index, Data: data, Done: true}); err != nil {
 		t.Fatal(err)
 	}
-	if end, err := b.Append(ctx, dwqueue.Append{Epoch: epoch, PrevIndex: index, PrevEpoch: es[0].Term, Entries: es[1:], Commit: index + 1}); err != nil || end != index+1 {
+	if end, err := b.Append(ctx, pairlog.Append{Epoch: epoch, PrevIndex: index, PrevEpoch: es[0].Term, Entries: es[1:], Commit: index + 1}); err != nil || end != index+1 {
 		t.Fatalf("append after the install: %d, %v", end, err)
 	}
 	b.waitApplied(t)
@@ -261,33 +261,33 @@ func TestPairCompactAttack_RestoredAheadOfIndexReopen(t *testing.T) {
 // the entries it holds (committed ones among them, perhaps not yet in its
 // files) and the pair goes on. Each case on a pair of its own.
 func TestPairCompactAttack_HostileInstalls(t *testing.T) {
-	type install func(epoch uint64, good []byte) dwqueue.Install
+	type install func(epoch uint64, good []byte) pairlog.Install
 	for _, c := range []struct {
 		name string
 		in   install
 	}{
-		{"stale epoch", func(e uint64, g []byte) dwqueue.Install {
-			return dwqueue.Install{Epoch: e - 1, Index: 10, Data: g, Done: true}
+		{"stale epoch", func(e uint64, g []byte) pairlog.Install {
+			return pairlog.Install{Epoch: e - 1, Index: 10, Data: g, Done: true}
 		}},
-		{"newer epoch", func(e uint64, g []byte) dwqueue.Install {
-			return dwqueue.Install{Epoch: e + 1, Index: 10, Data: g, Done: true}
+		{"newer epoch", func(e uint64, g []byte) pairlog.Install {
+			return pairlog.Install{Epoch: e + 1, Index: 10, Data: g, Done: true}
 		}},
-		{"epoch 0", func(e uint64, g []byte) dwqueue.Install { return dwqueue.Install{Index: 10, Data: g, Done: true} }},
-		{"piece without a first", func(e uint64, g []byte) dwqueue.Install {
-			return dwqueue.Install{Epoch: e, Index: 10, Offset: 5, Data: g[5:], Done: true}
+		{"epoch 0", func(e uint64, g []byte) pairlog.Install { return pairlog.Install{Index: 10, Data: g, Done: true} }},
+		{"piece without a first", func(e uint64, g []byte) pairlog.Install {
+			return pairlog.Install{Epoch: e, Index: 10, Offset: 5, Data: g[5:], Done: true}
 		}},
-		{"huge offset", func(e uint64, g []byte) dwqueue.Install {
-			return dwqueue.Install{Epoch: e, Index: 10, Offset: math.MaxUint64, Data: []byte("x")}
+		{"huge offset", func(e uint64, g []byte) pairlog.Install {
+			return pairlog.Install{Epoch: e, Index: 10, Offset: math.MaxUint64, Data: []byte("x")}
 		}},
-		{"done, no data", func(e uint64, g []byte) dwqueue.Install { return dwqueue.Install{Epoch: e, Index: 10, Done: true} }},
-		{"done, garbage", func(e uint64, g []byte) dwqueue.Install {
-			return dwqueue.Install{Epoch: e, Index: 10, Data: []byte("not a snapshot"), Done: true}
+		{"done, no data", func(e uint64, g []byte) pairlog.Install { return pairlog.Install{Epoch: e, Index: 10, Done: true} }},
+		{"done, garbage", func(e uint64, g []byte) pairlog.Install {
+			return pairlog.Install{Epoch: e, Index: 10, Data: []byte("not a snapshot"), Done: true}
 		}},
-		{"done, truncated", func(e uint64, g []byte) dwqueue.Install {
-			return dwqueue.Install{Epoch: e, Index: 10, Data: g[:len(g)/2], Done: true}
+		{"done, truncated", func(e uint64, g []byte) pairlog.Install {
+			return pairlog.Install{Epoch: e, Index: 10, Data: g[:len(g)/2], Done: true}
 		}},
-		{"index at the end of the uint64s", func(e uint64, g []byte) dwqueue.Install {
-			return dwqueue.Install{Epoch: e, Index: math.MaxUint64, Data: g, Done: true}
+		{"index at the end of the uint64s", func(e uint64, g []byte) pairlog.Install {
+			return pairlog.Install{Epoch: e, Index: math.MaxUint64, Data: g, Done: true}
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -341,16 +341,16 @@ func TestPairCompactAttack_InstallOutOfOrder(t *testing.T) {
 	rc.Close()
 	epoch := b.Epoch()
 	half := len(good) / 2
-	if err := b.Install(ctx, dwqueue.Install{Epoch: epoch, Index: 10, Data: good[:half]}); err != nil {
+	if err := b.Install(ctx, pairlog.Install{Epoch: epoch, Index: 10, Data: good[:half]}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Install(ctx, dwqueue.Install{Epoch: epoch, Index: 10, Offset: uint64(half) + 1, Data: good[half+1:], Done: true}); !errors.Is(err, dwqueue.ErrBadAppend) {
+	if err := b.Install(ctx, pairlog.Install{Epoch: epoch, Index: 10, Offset: uint64(half) + 1, Data: good[half+1:], Done: true}); !errors.Is(err, pairlog.ErrBadAppend) {
 		t.Errorf("a piece past the end: %v, want ErrBadAppend", err)
 	}
 	if _, err := os.Stat(filepath.Join(ps.dirs[1], installFile)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("a refused install leaves %s: %v", installFile, err)
 	}
-	if err := a.Install(ctx, dwqueue.Install{Epoch: epoch, Index: 10, Data: good, Done: true}); err == nil {
+	if err := a.Install(ctx, pairlog.Install{Epoch: epoch, Index: 10, Data: good, Done: true}); err == nil {
 		t.Error("the leader installed a snapshot")
 	}
 	ps.sendN(ctx, 0, 5, "b")

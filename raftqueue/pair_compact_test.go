@@ -11,7 +11,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/zeze-go/mq/dwqueue"
+	"github.com/zeze-go/mq/raftqueue/pairlog"
 )
 
 // compactOften compacts every 8 entries, keeping 2.
@@ -136,7 +136,7 @@ type breakLink struct {
 
 var errPiece = errors.New("test: piece lost")
 
-func (l breakLink) Install(ctx context.Context, in dwqueue.Install) error {
+func (l breakLink) Install(ctx context.Context, in pairlog.Install) error {
 	l.tried.Add(1)
 	if l.bad.Add(-1) >= 0 {
 		if !l.flip {

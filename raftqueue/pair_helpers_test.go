@@ -13,7 +13,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/zeze-go/mq/dwqueue"
+	"github.com/zeze-go/mq/raftqueue/pairlog"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -135,7 +135,7 @@ type pairLink struct {
 	from int
 }
 
-func (l pairLink) Append(ctx context.Context, a dwqueue.Append) (uint64, error) {
+func (l pairLink) Append(ctx context.Context, a pairlog.Append) (uint64, error) {
 	if l.ps.cut[l.from].Load() {
 		return 0, errLinkCut
 	}
@@ -146,7 +146,7 @@ func (l pairLink) Append(ctx context.Context, a dwqueue.Append) (uint64, error) 
 	return p.Append(ctx, a)
 }
 
-func (l pairLink) Install(ctx context.Context, in dwqueue.Install) error {
+func (l pairLink) Install(ctx context.Context, in pairlog.Install) error {
 	if l.ps.cut[l.from].Load() {
 		return errLinkCut
 	}
@@ -250,7 +250,7 @@ func (ps *pairs) promote(alone bool) int {
 	ps.leader, ps.ledBy[epoch] = next, next
 	p := ps.reps[next]
 	ps.mu.Unlock()
-	var peer dwqueue.Peer = pairLink{ps, next}
+	var peer pairlog.Peer = pairLink{ps, next}
 	if alone {
 		peer = nil
 	}
@@ -261,7 +261,7 @@ func (ps *pairs) promote(alone bool) int {
 }
 
 // renew gives the leader a new epoch, as the metadata does for a leader
-// that restarted (a run needs an epoch of its own: dwqueue.Log.Lead): the
+// that restarted (a run needs an epoch of its own: pairlog.Log.Lead): the
 // follower, if up, follows it, and the leader leads it.
 func (ps *pairs) renew() {
 	ps.t.Helper()

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zeze-go/mq/dwqueue"
+	"github.com/zeze-go/mq/raftqueue/pairlog"
 )
 
 // TestPair_Replicates: concurrent sends through the leader are acked with
@@ -247,10 +247,10 @@ func TestPair_LeadLowerEpoch(t *testing.T) {
 	ps := newPairs(t, nil)
 	ps.promote(false)
 	ps.rejoin()
-	if err := ps.rep(0).Follow(1); !errors.Is(err, dwqueue.ErrStaleEpoch) {
+	if err := ps.rep(0).Follow(1); !errors.Is(err, pairlog.ErrStaleEpoch) {
 		t.Fatalf("Follow(1) at epoch 2: %v, want ErrStaleEpoch", err)
 	}
-	if err := ps.rep(1).Lead(1, nil, false); !errors.Is(err, dwqueue.ErrStaleEpoch) {
+	if err := ps.rep(1).Lead(1, nil, false); !errors.Is(err, pairlog.ErrStaleEpoch) {
 		t.Fatalf("Lead(1) at epoch 2: %v, want ErrStaleEpoch", err)
 	}
 }

@@ -212,7 +212,7 @@ func (RenewEpoch) kind() byte      { return kindRenewEpoch }
 // replicas and in-sync set unchanged, if its record is still at Version
 // (else ErrStale). Its leader proposes it when it must start leading again
 // (after a restart, or after its replication failed): each run of a
-// leader writes under an epoch of its own (dwqueue.Log.Lead).
+// leader writes under an epoch of its own (pairlog.Log.Lead).
 type RenewEpoch struct {
 	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic     string

@@ -9,9 +9,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/zeze-go/mq/dwqueue"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/raftqueue"
+	"github.com/zeze-go/mq/raftqueue/pairlog"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -31,7 +31,7 @@ type PairConfig struct {
 	SetInSync func(ctx context.Context, rec PairRecord, inSync []string) error
 	// RenewEpoch proposes to the metadata group the next epoch for this
 	// node's replica to lead (a run of a leader needs an epoch of its own:
-	// dwqueue.Log.Lead), compare-and-set on the version of rec.
+	// pairlog.Log.Lead), compare-and-set on the version of rec.
 	RenewEpoch func(ctx context.Context, rec PairRecord) error
 	// HandOff proposes to the metadata group that the follower of rec, in
 	// sync, lead the pair (a Promote from its leader, whose replica
@@ -239,7 +239,7 @@ func (p *Pair) takeRole() error {
 		}
 		return nil
 	}
-	var peer dwqueue.Peer
+	var peer pairlog.Peer
 	if f := rec.Follower(); f != "" {
 		c, err := p.cfg.Peer(f)
 		if err != nil {
@@ -249,7 +249,7 @@ func (p *Pair) takeRole() error {
 	}
 	p.role = pairRole{}
 	if err := p.rep.Lead(rec.Epoch, peer, async); err != nil {
-		if errors.Is(err, dwqueue.ErrEpochLed) {
+		if errors.Is(err, pairlog.ErrEpochLed) {
 			p.renew = true // watch asks for the next epoch
 			return nil
 		}
@@ -432,7 +432,7 @@ func (p *Pair) AppendFrom(leader string) (*raftqueue.Pair, error) {
 	defer p.mu.Unlock()
 	if p.rep != nil && p.rec.leader() == p.cfg.Self {
 		// A leader deposed by this one: the replica refuses its epoch
-		// (dwqueue.EpochError), which tells it so.
+		// (pairlog.EpochError), which tells it so.
 		return p.rep, nil
 	}
 	if p.rep == nil || p.rec.Follower() != p.cfg.Self {
@@ -441,7 +441,7 @@ func (p *Pair) AppendFrom(leader string) (*raftqueue.Pair, error) {
 	if leader != p.rec.leader() {
 		// The leader's epoch is refused anyway if it was deposed; a node
 		// the record does not name gets no say.
-		return nil, fmt.Errorf("%w: %s is led by %s, not %s", dwqueue.ErrBadAppend, p.name, p.rec.leader(), leader)
+		return nil, fmt.Errorf("%w: %s is led by %s, not %s", pairlog.ErrBadAppend, p.name, p.rec.leader(), leader)
 	}
 	return p.rep, nil
 }

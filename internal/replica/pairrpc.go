@@ -8,20 +8,20 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/zeze-go/mq/dwqueue"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/raftqueue"
+	"github.com/zeze-go/mq/raftqueue/pairlog"
 )
 
 // OpPairAppend carries a DoubleWrite leader's batch to its follower's node
-// (dwqueue.Append → the follower's raftqueue.Pair.Append), OpPairInstall a
-// piece of its snapshot (dwqueue.Install → raftqueue.Pair.Install).
+// (pairlog.Append → the follower's raftqueue.Pair.Append), OpPairInstall a
+// piece of its snapshot (pairlog.Install → raftqueue.Pair.Install).
 const (
 	OpPairAppend  = remote.FirstOp + 80
 	OpPairInstall = remote.FirstOp + 81
 )
 
-// Codes of dwqueue's errors on the wire.
+// Codes of pairlog's errors on the wire.
 const (
 	codeCommitted = remote.FirstUserCode + 102
 	codeBadAppend = remote.FirstUserCode + 103
@@ -29,8 +29,8 @@ const (
 )
 
 func init() {
-	remote.RegisterError(codeCommitted, dwqueue.ErrCommitted)
-	remote.RegisterError(codeBadAppend, dwqueue.ErrBadAppend)
+	remote.RegisterError(codeCommitted, pairlog.ErrCommitted)
+	remote.RegisterError(codeBadAppend, pairlog.ErrBadAppend)
 	remote.RegisterError(codeNoInSync, ErrNoInSync)
 }
 
@@ -38,7 +38,7 @@ func init() {
 // uvarints Epoch, PrevIndex, PrevEpoch, Commit, the number of entries and,
 // per entry, its Index, Term, Type and data length, then the data. The
 // reply: the version byte, a status byte (statusOK with the end, or the
-// refusals dwqueue's callers read fields of: statusEpoch with the epoch the
+// refusals pairlog's callers read fields of: statusEpoch with the epoch the
 // follower serves, statusMismatch with where the leader resumes) and that
 // uvarint.
 const (
@@ -54,7 +54,7 @@ const (
 const minEntryBytes = 4
 
 // appendPairRequest encodes a.
-func appendPairRequest(dst []byte, a dwqueue.Append) []byte {
+func appendPairRequest(dst []byte, a pairlog.Append) []byte {
 	flags := byte(0)
 	if a.Reset {
 		flags |= flagReset
@@ -74,11 +74,11 @@ func appendPairRequest(dst []byte, a dwqueue.Append) []byte {
 }
 
 // errPairFormat is a request or reply that does not decode.
-var errPairFormat = fmt.Errorf("%w: malformed pair append", dwqueue.ErrBadAppend)
+var errPairFormat = fmt.Errorf("%w: malformed pair append", pairlog.ErrBadAppend)
 
 // decodePairRequest decodes a request. The entries' data alias b.
-func decodePairRequest(b []byte) (dwqueue.Append, error) {
-	var a dwqueue.Append
+func decodePairRequest(b []byte) (pairlog.Append, error) {
+	var a pairlog.Append
 	if len(b) < 2 || b[0] != pairVersion || b[1]&^flagReset != 0 {
 		return a, errPairFormat
 	}
@@ -126,8 +126,8 @@ func (r *uvarints) next() uint64 {
 // pairReply encodes Append's answer: the end, or the refusals whose fields
 // the leader reads; other errors go as errors.
 func pairReply(end uint64, err error) ([]byte, error) {
-	var ee *dwqueue.EpochError
-	var me *dwqueue.MismatchError
+	var ee *pairlog.EpochError
+	var me *pairlog.MismatchError
 	switch {
 	case err == nil:
 		return binary.AppendUvarint([]byte{pairVersion, statusOK}, end), nil
@@ -152,15 +152,15 @@ func decodePairReply(b []byte) (uint64, error) {
 	case statusOK:
 		return v, nil
 	case statusEpoch:
-		return 0, &dwqueue.EpochError{Epoch: v}
+		return 0, &pairlog.EpochError{Epoch: v}
 	case statusMismatch:
-		return 0, &dwqueue.MismatchError{Last: v}
+		return 0, &pairlog.MismatchError{Last: v}
 	}
 	return 0, errPairFormat
 }
 
 // PairPeer is a DoubleWrite leader's way to its follower on another node:
-// a dwqueue.Peer over the RPC client of the follower's node.
+// a pairlog.Peer over the RPC client of the follower's node.
 type PairPeer struct {
 	Client *remote.Client
 	Topic  string
@@ -168,7 +168,7 @@ type PairPeer struct {
 }
 
 // Append sends a to the follower's node.
-func (p PairPeer) Append(ctx context.Context, a dwqueue.Append) (uint64, error) {
+func (p PairPeer) Append(ctx context.Context, a pairlog.Append) (uint64, error) {
 	req := appendPairHead(nil, p.Topic, p.Index)
 	req = appendPairRequest(req, a)
 	resp, err := p.Client.Call(ctx, OpPairAppend, req)
@@ -179,7 +179,7 @@ func (p PairPeer) Append(ctx context.Context, a dwqueue.Append) (uint64, error) 
 }
 
 // Install sends a piece of a snapshot to the follower's node.
-func (p PairPeer) Install(ctx context.Context, in dwqueue.Install) error {
+func (p PairPeer) Install(ctx context.Context, in pairlog.Install) error {
 	req := appendPairHead(nil, p.Topic, p.Index)
 	req = appendInstallRequest(req, in)
 	resp, err := p.Client.Call(ctx, OpPairInstall, req)
@@ -196,7 +196,7 @@ func (p PairPeer) Install(ctx context.Context, in dwqueue.Install) error {
 const flagDone = 1
 
 // appendInstallRequest encodes in.
-func appendInstallRequest(dst []byte, in dwqueue.Install) []byte {
+func appendInstallRequest(dst []byte, in pairlog.Install) []byte {
 	flags := byte(0)
 	if in.Done {
 		flags |= flagDone
@@ -209,8 +209,8 @@ func appendInstallRequest(dst []byte, in dwqueue.Install) []byte {
 }
 
 // decodeInstallRequest decodes an install request. Data aliases b.
-func decodeInstallRequest(b []byte) (dwqueue.Install, error) {
-	var in dwqueue.Install
+func decodeInstallRequest(b []byte) (pairlog.Install, error) {
+	var in pairlog.Install
 	if len(b) < 2 || b[0] != pairVersion || b[1]&^flagDone != 0 {
 		return in, errPairFormat
 	}
@@ -250,10 +250,10 @@ func decodePairHead(b []byte) (topic string, index int, rest []byte, err error) 
 // this node's replica of a partition for a call from node peer (an error
 // when it holds none, or peer does not lead it).
 func ServePairs(srv *remote.Server, lookup func(peer, topic string, index int) (*raftqueue.Pair, error)) {
-	srv.Handle(OpPairInstall, pairHandler(lookup, decodeInstallRequest, func(ctx context.Context, p *raftqueue.Pair, in dwqueue.Install) ([]byte, error) {
+	srv.Handle(OpPairInstall, pairHandler(lookup, decodeInstallRequest, func(ctx context.Context, p *raftqueue.Pair, in pairlog.Install) ([]byte, error) {
 		return pairReply(0, p.Install(ctx, in))
 	}))
-	srv.Handle(OpPairAppend, pairHandler(lookup, decodePairRequest, func(ctx context.Context, p *raftqueue.Pair, a dwqueue.Append) ([]byte, error) {
+	srv.Handle(OpPairAppend, pairHandler(lookup, decodePairRequest, func(ctx context.Context, p *raftqueue.Pair, a pairlog.Append) ([]byte, error) {
 		return pairReply(p.Append(ctx, a))
 	}))
 }

@@ -1,4 +1,4 @@
-// Package dwqueue replicates a DoubleWrite partition: a leader and a
+// Package pairlog replicates a DoubleWrite partition: a leader and a
 // follower, each with a copy of the partition's log, written synchronously,
 // the leader chosen and fenced by the metadata group (internal/cluster's
 // pair records) rather than elected.
@@ -17,4 +17,4 @@
 // are applied in order and answered. raftqueue.Pair puts the store's state
 // machine and the proposer (many sends per entry) on top: a replica that
 // leads or follows as the metadata says.
-package dwqueue
+package pairlog

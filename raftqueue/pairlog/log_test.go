@@ -1,4 +1,4 @@
-package dwqueue
+package pairlog
 
 import (
 	"errors"

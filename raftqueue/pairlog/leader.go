@@ -1,4 +1,4 @@
-package dwqueue
+package pairlog
 
 import (
 	"context"
@@ -15,11 +15,11 @@ var (
 	// ErrDeposed answers the entries in flight once the follower refused
 	// the leader's epoch for a newer one: this leader can never ack again.
 	// Their outcome is unknown (the follower may hold them).
-	ErrDeposed = errors.New("dwqueue: deposed: the follower serves a newer epoch")
+	ErrDeposed = errors.New("pairlog: deposed: the follower serves a newer epoch")
 
 	// ErrClosed answers what a closed Leader had not applied; an entry
 	// already written may still be in the log.
-	ErrClosed = errors.New("dwqueue: leader closed")
+	ErrClosed = errors.New("pairlog: leader closed")
 )
 
 // Peer is the leader's way to its follower: Append delivers a batch to the
@@ -132,7 +132,7 @@ func (e *entry) Response() any { return e.resp }
 // NewLeader starts the leader of cfg.Log's epoch.
 func NewLeader(cfg LeaderConfig) (*Leader, error) {
 	if cfg.Log == nil || cfg.Apply == nil {
-		return nil, errors.New("dwqueue: a leader needs a Log and an Apply")
+		return nil, errors.New("pairlog: a leader needs a Log and an Apply")
 	}
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 256
@@ -152,7 +152,7 @@ func NewLeader(cfg LeaderConfig) (*Leader, error) {
 		return nil, err
 	}
 	if cfg.Applied > last {
-		return nil, fmt.Errorf("dwqueue: applied up to %d, the log ends at %d", cfg.Applied, last)
+		return nil, fmt.Errorf("pairlog: applied up to %d, the log ends at %d", cfg.Applied, last)
 	}
 	l := &Leader{
 		cfg: cfg, epoch: epoch, own: last + 1,
@@ -614,7 +614,7 @@ func (l *Leader) apply() bool {
 		return false
 	}
 	if len(resps) != len(es) {
-		l.failLocked(fmt.Errorf("dwqueue: %d responses to %d entries applied", len(resps), len(es)))
+		l.failLocked(fmt.Errorf("pairlog: %d responses to %d entries applied", len(resps), len(es)))
 		return false
 	}
 	for i, e := range es {

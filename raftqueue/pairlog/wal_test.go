@@ -1,4 +1,4 @@
-package dwqueue_test
+package pairlog_test
 
 import (
 	"fmt"
@@ -9,20 +9,20 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
-	"github.com/zeze-go/mq/dwqueue"
 	"github.com/zeze-go/mq/raftqueue"
+	"github.com/zeze-go/mq/raftqueue/pairlog"
 	"github.com/zeze-go/mq/store"
 )
 
 // This file is an external test package: raftqueue, whose WALLog a node
-// keeps a pair's log in, imports dwqueue.
+// keeps a pair's log in, imports pairlog.
 
 // TestLog_WALDurable: over the node's WAL, a cut tail and the entries that
 // replaced it are what a reopened log holds.
 func TestLog_WALDurable(t *testing.T) {
 	dir := t.TempDir()
 	stable := filepath.Join(dir, "stable.db")
-	open := func() (*store.WAL, *raftboltdb.BoltStore, *dwqueue.Log) {
+	open := func() (*store.WAL, *raftboltdb.BoltStore, *pairlog.Log) {
 		w, err := store.OpenWAL(filepath.Join(dir, "wal"), store.WALOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -38,7 +38,7 @@ func TestLog_WALDurable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := dwqueue.OpenLog(wl, b, 0)
+		l, err := pairlog.OpenLog(wl, b, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -56,13 +56,13 @@ func TestLog_WALDurable(t *testing.T) {
 	if err := l.SetEpoch(1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Append(dwqueue.Append{Epoch: 1, Entries: ents(1, 1, 1, 1, 1)}); err != nil {
+	if _, err := l.Append(pairlog.Append{Epoch: 1, Entries: ents(1, 1, 1, 1, 1)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.SetEpoch(2); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Append(dwqueue.Append{Epoch: 2, PrevIndex: 2, PrevEpoch: 1, Entries: ents(3, 2, 2)}); err != nil {
+	if _, err := l.Append(pairlog.Append{Epoch: 2, PrevIndex: 2, PrevEpoch: 1, Entries: ents(3, 2, 2)}); err != nil {
 		t.Fatal(err)
 	}
 	b.Close()

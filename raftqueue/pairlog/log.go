@@ -1,4 +1,4 @@
-package dwqueue
+package pairlog
 
 import (
 	"errors"
@@ -13,30 +13,30 @@ var (
 	// ErrStaleEpoch is returned for an append of an epoch other than the
 	// one the replica serves, and by SetEpoch for a lower epoch. The error
 	// is an *EpochError naming the replica's epoch.
-	ErrStaleEpoch = errors.New("dwqueue: stale epoch")
+	ErrStaleEpoch = errors.New("pairlog: stale epoch")
 
 	// ErrMismatch is returned by Append when the log does not hold the
 	// entry the batch follows (a gap) or holds another in its place. The
 	// error is a *MismatchError telling where the leader resumes.
-	ErrMismatch = errors.New("dwqueue: log mismatch")
+	ErrMismatch = errors.New("pairlog: log mismatch")
 
 	// ErrCommitted is returned by Append for a batch that would replace an
 	// entry known to be committed: a leader whose log lacks what both
 	// copies held, which fencing rules out. Nothing is changed.
-	ErrCommitted = errors.New("dwqueue: append would replace a committed entry")
+	ErrCommitted = errors.New("pairlog: append would replace a committed entry")
 
 	// ErrBadAppend is returned for an append whose fields do not hold
 	// together (indexes not consecutive, epochs out of order).
-	ErrBadAppend = errors.New("dwqueue: malformed append")
+	ErrBadAppend = errors.New("pairlog: malformed append")
 
 	// ErrCompacted is returned by Entries for entries compacted away: a
 	// follower that lacks them needs a snapshot.
-	ErrCompacted = errors.New("dwqueue: entries compacted away")
+	ErrCompacted = errors.New("pairlog: entries compacted away")
 
 	// ErrEpochLed is returned by Lead for an epoch this replica has led
 	// before: a leader's run needs an epoch of its own (see Lead); ask the
 	// metadata for the next one.
-	ErrEpochLed = errors.New("dwqueue: epoch led before")
+	ErrEpochLed = errors.New("pairlog: epoch led before")
 )
 
 // EpochError is ErrStaleEpoch with the epoch the replica serves.
@@ -117,7 +117,7 @@ func OpenLog(log raft.LogStore, stable raft.StableStore, committed uint64) (*Log
 	for i, k := range [][]byte{epochKey, ledKey, syncedKey} {
 		v, err := stable.GetUint64(k)
 		if err != nil && err.Error() != "not found" { // raft-boltdb's missing key, as raft itself tells it
-			return nil, fmt.Errorf("dwqueue: read %s: %w", k, err)
+			return nil, fmt.Errorf("pairlog: read %s: %w", k, err)
 		}
 		keys[i] = v
 	}
@@ -132,7 +132,7 @@ func OpenLog(log raft.LogStore, stable raft.StableStore, committed uint64) (*Log
 		// The state machine applied entries the log lost (a log is
 		// emptied before a restore, Truncate, and compacted only behind
 		// Synced).
-		return nil, fmt.Errorf("dwqueue: %d entries committed, the log ends at %d", committed, last)
+		return nil, fmt.Errorf("pairlog: %d entries committed, the log ends at %d", committed, last)
 	}
 	// What was compacted away was committed.
 	l.commit = max(committed, first-1)
@@ -174,7 +174,7 @@ func (l *Log) Compact(upTo uint64) error {
 		return err
 	}
 	if err := l.log.DeleteRange(first, min(upTo, last)); err != nil {
-		return fmt.Errorf("dwqueue: compact the log to %d: %w", upTo, err)
+		return fmt.Errorf("pairlog: compact the log to %d: %w", upTo, err)
 	}
 	if upTo >= last {
 		l.base = upTo
@@ -195,7 +195,7 @@ func (l *Log) Truncate(applied uint64) error {
 	}
 	if first <= last {
 		if err := l.log.DeleteRange(first, last); err != nil {
-			return fmt.Errorf("dwqueue: empty the log: %w", err)
+			return fmt.Errorf("pairlog: empty the log: %w", err)
 		}
 	}
 	l.base, l.commit = applied, applied
@@ -224,7 +224,7 @@ func (l *Log) setSynced(index uint64) error {
 		return nil
 	}
 	if err := l.stable.SetUint64(syncedKey, index); err != nil {
-		return fmt.Errorf("dwqueue: persist the synced index %d: %w", index, err)
+		return fmt.Errorf("pairlog: persist the synced index %d: %w", index, err)
 	}
 	l.synced = index
 	return nil
@@ -259,7 +259,7 @@ func (l *Log) Lead(e uint64) error {
 		return err
 	}
 	if err := l.stable.SetUint64(ledKey, e); err != nil {
-		return fmt.Errorf("dwqueue: persist the epoch led %d: %w", e, err)
+		return fmt.Errorf("pairlog: persist the epoch led %d: %w", e, err)
 	}
 	l.led = e
 	return l.setEpoch(e)
@@ -313,7 +313,7 @@ func (l *Log) setEpoch(e uint64) error {
 		return nil
 	}
 	if err := l.stable.SetUint64(epochKey, e); err != nil {
-		return fmt.Errorf("dwqueue: persist epoch %d: %w", e, err)
+		return fmt.Errorf("pairlog: persist epoch %d: %w", e, err)
 	}
 	l.epoch = e
 	return nil
@@ -360,7 +360,7 @@ func (l *Log) Append(a Append) (uint64, error) {
 	}
 	if cut := max(a.PrevIndex, l.commit) + 1; a.Reset && cut <= last {
 		if err := l.log.DeleteRange(max(cut, first), last); err != nil {
-			return 0, fmt.Errorf("dwqueue: cut the log from %d: %w", cut, err)
+			return 0, fmt.Errorf("pairlog: cut the log from %d: %w", cut, err)
 		}
 		last = cut - 1
 	}
@@ -379,7 +379,7 @@ func (l *Log) Append(a Append) (uint64, error) {
 				return 0, fmt.Errorf("%w: entry %d of epoch %d, the leader's of %d", ErrCommitted, es[0].Index, epoch, es[0].Term)
 			}
 			if err := l.log.DeleteRange(es[0].Index, last); err != nil {
-				return 0, fmt.Errorf("dwqueue: cut the log from %d: %w", es[0].Index, err)
+				return 0, fmt.Errorf("pairlog: cut the log from %d: %w", es[0].Index, err)
 			}
 			break
 		}
@@ -387,7 +387,7 @@ func (l *Log) Append(a Append) (uint64, error) {
 	}
 	if len(es) > 0 {
 		if err := l.log.StoreLogs(es); err != nil {
-			return 0, fmt.Errorf("dwqueue: write the log: %w", err)
+			return 0, fmt.Errorf("pairlog: write the log: %w", err)
 		}
 	}
 	end := a.PrevIndex
@@ -417,7 +417,7 @@ func (l *Log) Write(es []*raft.Log) error {
 		return nil
 	}
 	if err := l.log.StoreLogs(es); err != nil {
-		return fmt.Errorf("dwqueue: write the log: %w", err)
+		return fmt.Errorf("pairlog: write the log: %w", err)
 	}
 	return nil
 }
@@ -452,7 +452,7 @@ func (l *Log) Entries(from, to uint64) ([]*raft.Log, error) {
 	for i := from; i <= to; i++ {
 		e := new(raft.Log)
 		if err := l.log.GetLog(i, e); err != nil {
-			return nil, fmt.Errorf("dwqueue: read entry %d: %w", i, err)
+			return nil, fmt.Errorf("pairlog: read entry %d: %w", i, err)
 		}
 		out = append(out, e)
 	}
@@ -482,7 +482,7 @@ func (l *Log) bounds() (first, last uint64, err error) {
 		last, err = l.log.LastIndex()
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("dwqueue: read the log: %w", err)
+		return 0, 0, fmt.Errorf("pairlog: read the log: %w", err)
 	}
 	if last == 0 {
 		return l.base + 1, l.base, nil
@@ -494,7 +494,7 @@ func (l *Log) bounds() (first, last uint64, err error) {
 func (l *Log) epochAt(index uint64) (uint64, error) {
 	var e raft.Log
 	if err := l.log.GetLog(index, &e); err != nil {
-		return 0, fmt.Errorf("dwqueue: read entry %d: %w", index, err)
+		return 0, fmt.Errorf("pairlog: read entry %d: %w", index, err)
 	}
 	return e.Term, nil
 }

@@ -1,4 +1,4 @@
-package dwqueue
+package pairlog
 
 // Attack tests: each tries to break one of the package's promises. The
 // tests named TestAttack_Break* failed with the first version of Log and
