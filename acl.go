@@ -1,12 +1,13 @@
 package mq
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"context"
 	"fmt"
 	"strings"
 	"sync"
 
-	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/meta"
 )
 
@@ -16,13 +17,13 @@ type Rights uint8
 // The rights. They are independent: Admin does not imply Produce.
 const (
 	// Produce: send to the topic (SendMessage, transactional sends).
-	Produce Rights = Rights(cluster.RightProduce)
+	Produce Rights = Rights(metastate.RightProduce)
 	// Consume: consume the topic in a group (NewConsumer), read it
 	// (ReadMessage, Lag).
-	Consume Rights = Rights(cluster.RightConsume)
+	Consume Rights = Rights(metastate.RightConsume)
 	// Admin: create and alter the topic, reset and delete its groups'
 	// offsets, resolve transactions; Admin on "*" also sets the ACL.
-	Admin Rights = Rights(cluster.RightAdmin)
+	Admin Rights = Rights(metastate.RightAdmin)
 )
 
 // ACLRule allows the nodes whose id matches Identity to do Rights on the
@@ -51,11 +52,11 @@ func (m *MQ) SetACL(ctx context.Context, rules []ACLRule) error {
 	if m.cluster == nil {
 		return fmt.Errorf("%w: ACLs need a cluster", ErrUnsupportedType)
 	}
-	cr := make([]cluster.Rule, len(rules))
+	cr := make([]metastate.Rule, len(rules))
 	for i, r := range rules {
-		cr[i] = cluster.Rule{Identity: r.Identity, Topic: r.Topic, Rights: cluster.Rights(r.Rights)}
+		cr[i] = metastate.Rule{Identity: r.Identity, Topic: r.Topic, Rights: metastate.Rights(r.Rights)}
 	}
-	res, err := m.cluster.agent.Propose(ctx, cluster.SetACL{Rules: cr})
+	res, err := m.cluster.agent.Propose(ctx, metastate.SetACL{Rules: cr})
 	if err != nil {
 		return clusterErr(err)
 	}
@@ -90,7 +91,7 @@ type refusals struct{ logged sync.Map } // "identity\x00topic\x00right" → stru
 // the current rules, logging a refusal the first time.
 func (cn *clusterNode) allowed(identity, topic string, right Rights) error {
 	st := cn.agent.Meta().State()
-	if st.Allowed(identity, topic, cluster.Rights(right)) {
+	if st.Allowed(identity, topic, metastate.Rights(right)) {
 		return nil
 	}
 	what := strings.Join([]string{identity, topic, right.String()}, "\x00")

@@ -1,6 +1,8 @@
 package mq
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"cmp"
 	"context"
 	"errors"
@@ -105,7 +107,7 @@ func checkDirOwner(dir string, cfg *config) (claim bool, err error) {
 	case err == nil:
 		id, hasHeader := strings.CutPrefix(string(b), nodeFileHeader)
 		id, hasEnd := strings.CutSuffix(id, "\n")
-		if owner = id; !hasHeader || !hasEnd || cluster.CheckNodeID(owner) != nil {
+		if owner = id; !hasHeader || !hasEnd || metastate.CheckNodeID(owner) != nil {
 			return false, fmt.Errorf("%w: %s is not a node file", ErrCorrupt, path)
 		}
 	case !errors.Is(err, os.ErrNotExist):
@@ -203,7 +205,7 @@ func (cn *clusterNode) syncLoop(ctx context.Context) {
 // opened (and their upkeep started), the others reached by RPC. A
 // partition's placement never changes for a Single topic, so what is in the
 // table is kept and only added partitions are made.
-func (cn *clusterNode) sync(st *cluster.State) {
+func (cn *clusterNode) sync(st *metastate.State) {
 	m := cn.m
 	m.adminMu.Lock()
 	defer m.adminMu.Unlock()
@@ -263,16 +265,16 @@ func (cn *clusterNode) sync(st *cluster.State) {
 // partition opens partition i of topic t as placed: here, or a client of
 // the node holding it; for Raft3 the way to its group's leader, with this
 // node's replica if it holds one.
-func (cn *clusterNode) partition(t cluster.Topic, i int) (partition.Partition, bool, error) {
+func (cn *clusterNode) partition(t metastate.Topic, i int) (partition.Partition, bool, error) {
 	topic, pl := t.Name, t.Parts[i]
 	if len(pl.Replicas) == 0 {
 		return nil, false, fmt.Errorf("%s/%d has no replica", topic, i)
 	}
 	switch t.Type {
-	case cluster.TypeRaft3:
+	case metastate.TypeRaft3:
 		first, n := t.Chunk(i)
 		return cn.openRaft3(replica.Raft3Config{Topic: topic, Index: i, First: first, Partitions: n, Replicas: pl.Replicas})
-	case cluster.TypeDoubleWrite:
+	case metastate.TypeDoubleWrite:
 		return cn.openDoubleWrite(t, i)
 	}
 	owner := pl.Replicas[0]
@@ -314,7 +316,7 @@ func (cn *clusterNode) served(topic string, i int) (partition.Partition, error) 
 			}
 			return nil, fmt.Errorf("%w: %s/%d is not on node %s", store.ErrClosed, topic, i, cn.agent.ID())
 		}
-		if mt, ok := cn.agent.Meta().State().Topic(topic); ok && mt.Type != cluster.TypeSingle && i >= 0 && i < len(mt.Parts) {
+		if mt, ok := cn.agent.Meta().State().Topic(topic); ok && mt.Type != metastate.TypeSingle && i >= 0 && i < len(mt.Parts) {
 			return nil, fmt.Errorf("%w: %s/%d is not open on node %s yet", store.ErrClosed, topic, i, cn.agent.ID())
 		}
 		if cn.m.closed.Load() || time.Now().After(deadline) {
@@ -343,7 +345,7 @@ func (cn *clusterNode) authorize(peer, topic string, index int, op uint16, cmd *
 	case op == remote.OpHalfTxs || op == remote.OpDecision: // transaction state: a producer's or an admin's check
 		st := cn.agent.Meta().State()
 		for _, r := range []Rights{Produce, Consume, Admin} {
-			if st.Allowed(peer, topic, cluster.Rights(r)) {
+			if st.Allowed(peer, topic, metastate.Rights(r)) {
 				return nil
 			}
 		}
@@ -353,7 +355,7 @@ func (cn *clusterNode) authorize(peer, topic string, index int, op uint16, cmd *
 		return fmt.Errorf("%w: %s prepares half messages as %q", cluster.ErrDenied, peer, cmd.Producer)
 	case cmd.Op == store.OpCommitTx || cmd.Op == store.OpRollbackTx:
 		right = Produce
-		if cn.agent.Meta().State().Allowed(peer, topic, cluster.Rights(Admin)) {
+		if cn.agent.Meta().State().Allowed(peer, topic, metastate.Rights(Admin)) {
 			return nil
 		}
 		producer, ok, err := cn.halfProducer(topic, index, cmd.TxID)
@@ -602,9 +604,9 @@ func (m *MQ) retainRaftLog(stream string) error {
 // partitions, and waits until this node's table has it.
 func (cn *clusterNode) createTopic(ctx context.Context, name string, partitions int, opts Options) error {
 	now := time.Now().UnixNano()
-	_, err := cn.agent.Propose(ctx, cluster.CreateTopic{Name: name, Partitions: partitions, Type: uint8(opts.Type), Now: now,
+	_, err := cn.agent.Propose(ctx, metastate.CreateTopic{Name: name, Partitions: partitions, Type: uint8(opts.Type), Now: now,
 		GroupSize: opts.PartitionsPerRaftGroup + opts.PartitionsPerPair, AllowAlone: opts.AckAlone}) // one of them is zero (Options.check)
-	if errors.Is(err, cluster.ErrUnknownOutcome) || errors.Is(err, cluster.ErrTopicExists) {
+	if errors.Is(err, cluster.ErrUnknownOutcome) || errors.Is(err, metastate.ErrTopicExists) {
 		// A create that may have been applied, or repeated after one that
 		// was: it is this call's when the topic carries its time.
 		if t, ok := cn.agent.Meta().State().Topic(name); ok && t.Created == now {
@@ -620,7 +622,7 @@ func (cn *clusterNode) createTopic(ctx context.Context, name string, partitions 
 // alterTopic grows a topic through the metadata leader and waits until
 // this node's table has the new partitions.
 func (cn *clusterNode) alterTopic(ctx context.Context, name string, partitions int) error {
-	if _, err := cn.agent.Propose(ctx, cluster.AlterTopic{Name: name, Partitions: partitions}); err != nil {
+	if _, err := cn.agent.Propose(ctx, metastate.AlterTopic{Name: name, Partitions: partitions}); err != nil {
 		return clusterErr(err)
 	}
 	return cn.await(ctx, name, partitions)

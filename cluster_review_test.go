@@ -19,6 +19,8 @@ package mq_test
 // TestReview_TxPreparerCrashAfterHostCommit; and delivery_review_test.go.
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"context"
 	"errors"
 	"fmt"
@@ -259,7 +261,7 @@ func TestReview_JoinGroupSquatsOtherNodesMember(t *testing.T) {
 	for id, m := range c.nodes {
 		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["t"] == 2 })
 	}
-	_, err := mq.ReviewPropose(ctx, c.nodes["n2"], cluster.JoinGroup{Topic: "t", Group: "g", Member: "n3/1", Node: "n2"})
+	_, err := mq.ReviewPropose(ctx, c.nodes["n2"], metastate.JoinGroup{Topic: "t", Group: "g", Member: "n3/1", Node: "n2"})
 	if !errors.Is(err, cluster.ErrDenied) {
 		t.Errorf("n2 joins the member n3/1: %v, want ErrDenied", err)
 	}

@@ -1,13 +1,14 @@
 package mq
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"strconv"
 
-	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/internal/replica"
@@ -30,7 +31,7 @@ func dwName(topic string, first int) string { return dwPrefix + topic + "/" + st
 
 // pairRecord is the record of partition i's pair of t in st as
 // replica.Pair reads it.
-func pairRecord(st *cluster.State, t cluster.Topic, i int) replica.PairRecord {
+func pairRecord(st *metastate.State, t metastate.Topic, i int) replica.PairRecord {
 	p := t.Parts[i]
 	reps := []string{p.Leader}
 	f := p.Follower()
@@ -43,7 +44,7 @@ func pairRecord(st *cluster.State, t cluster.Topic, i int) replica.PairRecord {
 
 // openDoubleWrite opens partition i of DoubleWrite topic t, on the pair of
 // its chunk.
-func (cn *clusterNode) openDoubleWrite(t cluster.Topic, i int) (partition.Partition, bool, error) {
+func (cn *clusterNode) openDoubleWrite(t metastate.Topic, i int) (partition.Partition, bool, error) {
 	m := cn.m
 	topic := t.Name
 	first, n := t.Chunk(i)
@@ -51,15 +52,15 @@ func (cn *clusterNode) openDoubleWrite(t cluster.Topic, i int) (partition.Partit
 	pair := cn.pairs.Attach(replica.PairConfig{Topic: topic, First: first, Self: cn.agent.ID(), Peer: cn.agent.Peer,
 		Open: func() (*raftqueue.Pair, error) { return cn.openPair(topic, first, n) },
 		SetInSync: func(ctx context.Context, rec replica.PairRecord, inSync []string) error {
-			_, err := cn.agent.Propose(ctx, cluster.SetInSync{Topic: topic, Partition: first, Version: rec.Version, InSync: inSync})
+			_, err := cn.agent.Propose(ctx, metastate.SetInSync{Topic: topic, Partition: first, Version: rec.Version, InSync: inSync})
 			return err
 		},
 		RenewEpoch: func(ctx context.Context, rec replica.PairRecord) error {
-			_, err := cn.agent.Propose(ctx, cluster.RenewEpoch{Topic: topic, Partition: first, Version: rec.Version})
+			_, err := cn.agent.Propose(ctx, metastate.RenewEpoch{Topic: topic, Partition: first, Version: rec.Version})
 			return err
 		},
 		HandOff: func(ctx context.Context, rec replica.PairRecord) error {
-			_, err := cn.agent.Propose(ctx, cluster.Promote{Topic: topic, Partition: first, Version: rec.Version, Leader: rec.Follower()})
+			_, err := cn.agent.Propose(ctx, metastate.Promote{Topic: topic, Partition: first, Version: rec.Version, Leader: rec.Follower()})
 			return err
 		},
 		Logger: logger}, pairRecord(cn.agent.Meta().State(), t, first))
@@ -89,10 +90,10 @@ func (cn *clusterNode) openPair(topic string, first, n int) (*raftqueue.Pair, er
 
 // updateDoubleWrite hands each DoubleWrite pair of the table its record
 // in st, once.
-func (cn *clusterNode) updateDoubleWrite(st *cluster.State) {
+func (cn *clusterNode) updateDoubleWrite(st *metastate.State) {
 	for _, t := range cn.m.topics.All() {
 		ct, ok := st.Topic(t.Name)
-		if !ok || ct.Type != cluster.TypeDoubleWrite {
+		if !ok || ct.Type != metastate.TypeDoubleWrite {
 			continue
 		}
 		for i, p := range t.Parts {

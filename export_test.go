@@ -1,10 +1,11 @@
 package mq
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"context"
 	"time"
 
-	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/internal/replica"
@@ -88,12 +89,12 @@ func ReviewSetLinkDown(m *MQ, peer string, down bool) {
 
 // ReviewPropose proposes c through m's agent, as node m: what any node
 // knowing the secret can send to the metadata leader.
-func ReviewPropose(ctx context.Context, m *MQ, c cluster.Command) (cluster.Result, error) {
+func ReviewPropose(ctx context.Context, m *MQ, c metastate.Command) (metastate.Result, error) {
 	return m.cluster.agent.Propose(ctx, c)
 }
 
 // ReviewGroup is the metadata group's record of a consumer group, as m sees it.
-func ReviewGroup(m *MQ, topic, group string) (cluster.Group, bool) {
+func ReviewGroup(m *MQ, topic, group string) (metastate.Group, bool) {
 	return m.cluster.agent.Meta().State().Group(topic, group)
 }
 

@@ -59,6 +59,8 @@
 package mq
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"context"
 	"errors"
 	"fmt"
@@ -571,7 +573,7 @@ func translate(err error) error {
 	case errors.Is(err, store.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)
 	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt), errors.Is(err, meta.ErrCorrupt),
-		errors.Is(err, txn.ErrCorrupt), errors.Is(err, cluster.ErrCorrupt):
+		errors.Is(err, txn.ErrCorrupt), errors.Is(err, metastate.ErrCorrupt):
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	case errors.Is(err, delivery.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)
@@ -589,13 +591,13 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrMessageTooLarge, err)
 	case errors.Is(err, cluster.ErrDenied):
 		return fmt.Errorf("%w: %v", ErrDenied, err)
-	case errors.Is(err, cluster.ErrTopicExists):
+	case errors.Is(err, metastate.ErrTopicExists):
 		return fmt.Errorf("%w: %v", ErrTopicExists, err)
-	case errors.Is(err, cluster.ErrNoTopic):
+	case errors.Is(err, metastate.ErrNoTopic):
 		return fmt.Errorf("%w: %v", ErrNoTopic, err)
-	case errors.Is(err, cluster.ErrPartitionDecrease):
+	case errors.Is(err, metastate.ErrPartitionDecrease):
 		return fmt.Errorf("%w: %v", ErrPartitionDecrease, err)
-	case errors.Is(err, cluster.ErrNotEnoughNodes):
+	case errors.Is(err, metastate.ErrNotEnoughNodes):
 		return fmt.Errorf("%w: %v", ErrNoQuorum, err)
 	case errors.Is(err, replica.ErrNoInSync):
 		return fmt.Errorf("%w: %v", ErrNoQuorum, err)

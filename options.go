@@ -1,13 +1,14 @@
 package mq
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"slices"
 	"time"
 
-	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/delivery"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/localtx"
@@ -75,9 +76,9 @@ type Options struct {
 // Limits of Options.PartitionsPerRaftGroup and Options.PartitionsPerPair.
 const (
 	DefaultPartitionsPerRaftGroup = 8
-	MaxPartitionsPerRaftGroup     = cluster.MaxGroupSize
+	MaxPartitionsPerRaftGroup     = metastate.MaxGroupSize
 	DefaultPartitionsPerPair      = 8
-	MaxPartitionsPerPair          = cluster.MaxGroupSize
+	MaxPartitionsPerPair          = metastate.MaxGroupSize
 )
 
 func (o Options) withDefaults() Options {
@@ -638,8 +639,8 @@ func WithCluster(c ClusterConfig) Option {
 		switch {
 		case c.NodeID == "":
 			return fmt.Errorf("%w: cluster needs a NodeID", ErrInvalidOption)
-		case cluster.CheckNodeID(c.NodeID) != nil:
-			return fmt.Errorf("%w: cluster NodeID %q: 1 to %d letters, digits, '.', '-' and '_'", ErrInvalidOption, c.NodeID, cluster.MaxNodeIDLen)
+		case metastate.CheckNodeID(c.NodeID) != nil:
+			return fmt.Errorf("%w: cluster NodeID %q: 1 to %d letters, digits, '.', '-' and '_'", ErrInvalidOption, c.NodeID, metastate.MaxNodeIDLen)
 		case c.Bind == "":
 			return fmt.Errorf("%w: cluster needs a Bind address", ErrInvalidOption)
 		case len(c.Secret) < 16:

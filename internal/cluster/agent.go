@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"context"
 	"crypto/tls"
 	"errors"
@@ -119,11 +121,11 @@ const metaGroup = "meta"
 // node through the metadata leader and heartbeats its session. Close stops
 // everything.
 func OpenAgent(cfg AgentConfig) (*Agent, error) {
-	if err := checkNodeID(cfg.ID); err != nil {
+	if err := metastate.CheckNodeID(cfg.ID); err != nil {
 		return nil, err
 	}
 	if cfg.Partitions == nil || cfg.CheckTx == nil {
-		return nil, fmt.Errorf("%w: AgentConfig needs Partitions and CheckTx", ErrInvalid)
+		return nil, fmt.Errorf("%w: AgentConfig needs Partitions and CheckTx", metastate.ErrInvalid)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -396,7 +398,7 @@ func (n *Agent) sessionLoop() {
 			registered = err == nil
 		} else {
 			err = n.heartbeat(ctx)
-			if errors.Is(err, ErrNodeDown) || errors.Is(err, ErrNoNode) {
+			if errors.Is(err, metastate.ErrNodeDown) || errors.Is(err, metastate.ErrNoNode) {
 				n.log.Warn("metadata leader marked this node down; registering again", "err", err)
 				registered = false
 			}
@@ -479,18 +481,18 @@ func (n *Agent) heartbeat(ctx context.Context) error {
 // Propose applies c through the metadata leader, wherever it is, and
 // returns its result. It retries while no leader is known or leadership
 // moves, until ctx ends; ErrUnknownOutcome means c may have been applied.
-func (n *Agent) Propose(ctx context.Context, c Command) (Result, error) {
-	req, err := EncodeCommand(c)
+func (n *Agent) Propose(ctx context.Context, c metastate.Command) (metastate.Result, error) {
+	req, err := metastate.EncodeCommand(c)
 	if err != nil {
-		return Result{}, err
+		return metastate.Result{}, err
 	}
 	resp, err := n.toLeader(ctx, opPropose, req)
 	if err != nil {
-		return Result{}, err
+		return metastate.Result{}, err
 	}
 	var r resultMsg
 	if err := decodeMsg(resp, &r); err != nil {
-		return Result{}, err
+		return metastate.Result{}, err
 	}
 	return r.result(), nil
 }
@@ -597,7 +599,7 @@ func (n *Agent) loadBook() {
 	book := map[string]string{}
 	for _, l := range lines[1:] {
 		id, addr, ok := strings.Cut(l, " ")
-		if !ok || checkNodeID(id) != nil || addr == "" {
+		if !ok || metastate.CheckNodeID(id) != nil || addr == "" {
 			n.log.Warn("address book damaged; ignored", "path", n.bookPath())
 			return
 		}
@@ -632,7 +634,7 @@ func (n *Agent) bookLoop() {
 // changes it: a new file, synced, renamed over the old one. Entries st does
 // not have are kept: a restarted node's state is empty until a leader
 // sends it the log.
-func (n *Agent) saveBook(st *State) {
+func (n *Agent) saveBook(st *metastate.State) {
 	book := map[string]string{}
 	if old := n.book.Load(); old != nil {
 		maps.Copy(book, *old)

@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"context"
 	"errors"
 	"fmt"
@@ -23,7 +25,7 @@ type agents struct {
 	seed string
 }
 
-func noPartitions(string, int) (partition.Partition, error)           { return nil, ErrNoTopic }
+func noPartitions(string, int) (partition.Partition, error)           { return nil, metastate.ErrNoTopic }
 func noTx(context.Context, string, []PartRef) (store.Decision, error) { return store.Undecided, nil }
 
 // agentElection is the agents' raft election timeout.
@@ -94,7 +96,7 @@ func TestAgent_Cluster(t *testing.T) {
 	defer cancel()
 	for id, ag := range a.all {
 		name := "t-" + id
-		r, err := ag.Propose(ctx, CreateTopic{Name: name, Partitions: 3, Type: TypeSingle, Now: time.Now().UnixNano()})
+		r, err := ag.Propose(ctx, metastate.CreateTopic{Name: name, Partitions: 3, Type: metastate.TypeSingle, Now: time.Now().UnixNano()})
 		if err != nil {
 			t.Fatalf("create from %s: %v", id, err)
 		}
@@ -106,8 +108,8 @@ func TestAgent_Cluster(t *testing.T) {
 		eventually(t, "topics on "+id, func() bool { return len(ag.Meta().State().Topics()) == 3 })
 		eventually(t, "the session of "+id, ag.SessionValid)
 	}
-	_, err := a.all["n2"].Propose(ctx, CreateTopic{Name: "t-n1", Partitions: 1, Type: TypeSingle, Now: 1})
-	if !errors.Is(err, ErrTopicExists) {
+	_, err := a.all["n2"].Propose(ctx, metastate.CreateTopic{Name: "t-n1", Partitions: 1, Type: metastate.TypeSingle, Now: 1})
+	if !errors.Is(err, metastate.ErrTopicExists) {
 		t.Fatalf("create of an existing topic: %v, want ErrTopicExists", err)
 	}
 
@@ -124,7 +126,7 @@ func TestAgent_Cluster(t *testing.T) {
 		survivor = ag
 	}
 	start := time.Now()
-	if _, err := survivor.Propose(ctx, CreateTopic{Name: "after", Partitions: 2, Type: TypeSingle, Now: time.Now().UnixNano()}); err != nil {
+	if _, err := survivor.Propose(ctx, metastate.CreateTopic{Name: "after", Partitions: 2, Type: metastate.TypeSingle, Now: time.Now().UnixNano()}); err != nil {
 		t.Fatalf("create after the leader died: %v", err)
 	}
 	// A few election timeouts (raft waits one to two of them before it
@@ -178,7 +180,7 @@ func TestAgent_Report(t *testing.T) {
 	reporter, reported := others[0], others[1]
 	up := func(id string) bool { nd, ok := leader.Meta().State().Node(id); return ok && nd.Up }
 	// Pairs of one partition each, spread by load: some led by reported.
-	if _, err := reporter.Propose(ctx, CreateTopic{Name: "d", Partitions: 3, Type: TypeDoubleWrite, Now: 1}); err != nil {
+	if _, err := reporter.Propose(ctx, metastate.CreateTopic{Name: "d", Partitions: 3, Type: metastate.TypeDoubleWrite, Now: 1}); err != nil {
 		t.Fatal(err)
 	}
 	ledBy := func(id string) []int {

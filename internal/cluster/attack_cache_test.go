@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"os"
 	"path/filepath"
 	"testing"
@@ -11,11 +13,11 @@ import (
 // topic "ghost" at log index 1000.
 func foreignCache(t *testing.T, dir string) {
 	t.Helper()
-	s, _, err := newState().apply(999, RegisterNode{ID: "other", Addr: "10.9.9.9:1"})
+	s, _, err := metastate.New().Apply(999, metastate.RegisterNode{ID: "other", Addr: "10.9.9.9:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, _, err = s.apply(1000, CreateTopic{Name: "ghost", Partitions: 4, Type: 1, Replicas: 1, Now: 1})
+	s, _, err = s.Apply(1000, metastate.CreateTopic{Name: "ghost", Partitions: 4, Type: 1, Replicas: 1, Now: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,11 +75,11 @@ func TestAttack_CloseDropsLastChangesFromCache(t *testing.T) {
 	c.leader()
 	c.addNode("n2")
 	c.addNode("n3")
-	c.mustPropose(CreateTopic{Name: "t", Partitions: 2, Type: TypeRaft3, Now: 7})
+	c.mustPropose(metastate.CreateTopic{Name: "t", Partitions: 2, Type: metastate.TypeRaft3, Now: 7})
 	l := c.leader()
 	c.synced(l)
 	time.Sleep(3 * cacheEvery) // the cache holds t with 2 partitions
-	c.mustPropose(AlterTopic{Name: "t", Partitions: 4})
+	c.mustPropose(metastate.AlterTopic{Name: "t", Partitions: 4})
 	l = c.leader()
 	if tp, _ := l.State().Topic("t"); len(tp.Parts) != 4 {
 		t.Fatalf("the leader shows %d partitions after AlterTopic", len(tp.Parts))

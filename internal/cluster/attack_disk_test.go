@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"bufio"
 	"bytes"
 	"context"
@@ -197,7 +199,7 @@ func metaFullChild(dir string, snapshots bool) {
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := m.Propose(ctx, CreateTopic{Name: name, Partitions: parts, Type: TypeSingle, Replicas: 1, Now: int64(i + 1)})
+		_, err := m.Propose(ctx, metastate.CreateTopic{Name: name, Partitions: parts, Type: metastate.TypeSingle, Replicas: 1, Now: int64(i + 1)})
 		cancel()
 		if err != nil {
 			errs++
@@ -205,7 +207,7 @@ func metaFullChild(dir string, snapshots bool) {
 				firstErr = time.Now()
 			}
 			fmt.Printf("err %d %q\n", i, err.Error())
-			if errors.Is(err, ErrNotEnoughNodes) {
+			if errors.Is(err, metastate.ErrNotEnoughNodes) {
 				fail("the leader is not registered: %v", err)
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -249,7 +251,7 @@ func TestAttack_MetaSnapshotDamaged(t *testing.T) {
 				t.Helper()
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
-				if _, err := m.Propose(ctx, CreateTopic{Name: fmt.Sprint("t", i), Partitions: 1, Type: TypeSingle, Replicas: 1, Now: int64(i + 1)}); err != nil {
+				if _, err := m.Propose(ctx, metastate.CreateTopic{Name: fmt.Sprint("t", i), Partitions: 1, Type: metastate.TypeSingle, Replicas: 1, Now: int64(i + 1)}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -276,7 +278,7 @@ func TestAttack_MetaSnapshotDamaged(t *testing.T) {
 				if tc.name == "SnapshotGone" {
 					want = filepath.Join(dir, "raft.db")
 				}
-				if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), want) {
+				if !errors.Is(err, metastate.ErrCorrupt) || !strings.Contains(err.Error(), want) {
 					t.Fatalf("reopen: %v, want ErrCorrupt naming %s", err, want)
 				}
 				return
@@ -320,11 +322,11 @@ func cutFile(t *testing.T, path string, to int64) {
 func TestAttack_AddressBookDamaged(t *testing.T) {
 	dir := t.TempDir()
 	n := &Agent{cfg: AgentConfig{ID: "n1", Dir: dir}, log: discardLogger(), addr: "127.0.0.1:7001"}
-	st, _, err := newState().apply(1, RegisterNode{ID: "n2", Addr: "127.0.0.1:7002"})
+	st, _, err := metastate.New().Apply(1, metastate.RegisterNode{ID: "n2", Addr: "127.0.0.1:7002"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, _, err = st.apply(2, RegisterNode{ID: "node-3.x_y", Addr: "[::1]:7003"})
+	st, _, err = st.Apply(2, metastate.RegisterNode{ID: "node-3.x_y", Addr: "[::1]:7003"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +347,7 @@ func TestAttack_AddressBookDamaged(t *testing.T) {
 			return
 		}
 		for id, addr := range *book {
-			if checkNodeID(id) != nil || addr == "" || strings.ContainsAny(addr, "\n") {
+			if metastate.CheckNodeID(id) != nil || addr == "" || strings.ContainsAny(addr, "\n") {
 				t.Fatalf("%s: the book loaded %q → %q", what, id, addr)
 			}
 		}
@@ -384,7 +386,7 @@ func TestAttack_HintFilesUnwritable(t *testing.T) {
 	}
 	before, _ := os.ReadFile(cachePath(dir))
 	for i := range 5 {
-		if _, err := ag.Propose(ctx, CreateTopic{Name: fmt.Sprint("t", i), Partitions: 2, Type: TypeSingle, Now: int64(i + 1)}); err != nil {
+		if _, err := ag.Propose(ctx, metastate.CreateTopic{Name: fmt.Sprint("t", i), Partitions: 2, Type: metastate.TypeSingle, Now: int64(i + 1)}); err != nil {
 			t.Fatalf("propose with the hint files blocked: %v", err)
 		}
 		time.Sleep(cacheEvery)
@@ -496,12 +498,12 @@ func stableFailChild(dir string) {
 	}
 	fail.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	_, err = m.Propose(ctx, CreateTopic{Name: "t", Partitions: 1, Type: TypeSingle, Replicas: 1, Now: 1})
+	_, err = m.Propose(ctx, metastate.CreateTopic{Name: "t", Partitions: 1, Type: metastate.TypeSingle, Replicas: 1, Now: 1})
 	cancel()
 	fmt.Println("propose after the failure:", err)
 	time.Sleep(time.Second) // elections
 	ctx, cancel = context.WithTimeout(context.Background(), time.Second)
-	_, err = m.Propose(ctx, CreateTopic{Name: "u", Partitions: 1, Type: TypeSingle, Replicas: 1, Now: 2})
+	_, err = m.Propose(ctx, metastate.CreateTopic{Name: "u", Partitions: 1, Type: metastate.TypeSingle, Replicas: 1, Now: 2})
 	cancel()
 	if err == nil || m.IsLeader() {
 		fmt.Printf("the failed member goes on: leader %v, propose %v\n", m.IsLeader(), err)

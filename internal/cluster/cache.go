@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -30,8 +32,8 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 func cachePath(dir string) string { return filepath.Join(dir, "state") }
 
 // encodeCache returns the cache file of s.
-func encodeCache(s *State) ([]byte, error) {
-	snap, err := EncodeSnapshot(s)
+func encodeCache(s *metastate.State) ([]byte, error) {
+	snap, err := metastate.EncodeSnapshot(s)
 	if err != nil {
 		return nil, err
 	}
@@ -41,21 +43,21 @@ func encodeCache(s *State) ([]byte, error) {
 }
 
 // decodeCache returns the State of a cache file, or ErrCorrupt.
-func decodeCache(b []byte) (*State, error) {
+func decodeCache(b []byte) (*metastate.State, error) {
 	n := len(cacheMagic) + 4
 	if len(b) < n || string(b[:len(cacheMagic)]) != cacheMagic {
-		return nil, fmt.Errorf("%w: not a state cache", ErrCorrupt)
+		return nil, fmt.Errorf("%w: not a state cache", metastate.ErrCorrupt)
 	}
 	if crc32.Checksum(b[n:], castagnoli) != binary.BigEndian.Uint32(b[len(cacheMagic):]) {
-		return nil, fmt.Errorf("%w: state cache checksum", ErrCorrupt)
+		return nil, fmt.Errorf("%w: state cache checksum", metastate.ErrCorrupt)
 	}
-	return DecodeSnapshot(b[n:])
+	return metastate.DecodeSnapshot(b[n:])
 }
 
 // loadCache returns the cached State of dir, or nil when there is none or
 // it cannot be used (logged: the node then waits for a leader, as before
 // there was a cache).
-func (m *Meta) loadCache(dir string) *State {
+func (m *Meta) loadCache(dir string) *metastate.State {
 	b, err := os.ReadFile(cachePath(dir))
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
@@ -75,7 +77,7 @@ func (m *Meta) loadCache(dir string) *State {
 // (which saves it a last time, once raft stopped).
 func (m *Meta) cacheLoop() {
 	if c := m.fsm.cached.Load(); c != nil {
-		m.cacheSaved = c.index
+		m.cacheSaved = c.Index()
 	}
 	for {
 		st := m.fsm.cur.Load()
@@ -83,7 +85,7 @@ func (m *Meta) cacheLoop() {
 		select {
 		case <-m.ctx.Done():
 			return
-		case <-st.changed:
+		case <-st.Changed():
 		}
 		select { // changes coming in a burst are saved once
 		case <-m.ctx.Done():
@@ -97,7 +99,7 @@ func (m *Meta) cacheLoop() {
 // cacheLoop calls it, and Close once that ended.
 func (m *Meta) saveCache() {
 	st := m.fsm.cur.Load()
-	if st.index <= m.cacheSaved {
+	if st.Index() <= m.cacheSaved {
 		return
 	}
 	b, err := encodeCache(st)
@@ -108,5 +110,5 @@ func (m *Meta) saveCache() {
 		m.log.Warn("cannot save the metadata state cache", "err", err)
 		return
 	}
-	m.cacheSaved = st.index
+	m.cacheSaved = st.Index()
 }

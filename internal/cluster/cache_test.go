@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"errors"
 	"testing"
 )
@@ -8,11 +10,11 @@ import (
 // TestCache_Damage: every damaged byte and every cut of a state cache is
 // ErrCorrupt, never a State.
 func TestCache_Damage(t *testing.T) {
-	s, _, err := newState().apply(1, RegisterNode{ID: "n1", Addr: "127.0.0.1:1"})
+	s, _, err := metastate.New().Apply(1, metastate.RegisterNode{ID: "n1", Addr: "127.0.0.1:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, _, err = s.apply(2, CreateTopic{Name: "t", Partitions: 2, Type: 1, Replicas: 1, Now: 1})
+	s, _, err = s.Apply(2, metastate.CreateTopic{Name: "t", Partitions: 2, Type: 1, Replicas: 1, Now: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,12 +32,12 @@ func TestCache_Damage(t *testing.T) {
 	for i := range b {
 		d := append([]byte(nil), b...)
 		d[i] ^= 0x5a
-		if _, err := decodeCache(d); !errors.Is(err, ErrCorrupt) {
+		if _, err := decodeCache(d); !errors.Is(err, metastate.ErrCorrupt) {
 			t.Fatalf("byte %d damaged: %v, want ErrCorrupt", i, err)
 		}
 	}
 	for n := range len(b) {
-		if _, err := decodeCache(b[:n]); !errors.Is(err, ErrCorrupt) {
+		if _, err := decodeCache(b[:n]); !errors.Is(err, metastate.ErrCorrupt) {
 			t.Fatalf("cut at %d: %v, want ErrCorrupt", n, err)
 		}
 	}

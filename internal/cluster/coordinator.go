@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"context"
 	"errors"
 	"slices"
@@ -37,7 +39,7 @@ type Coordinator struct {
 	rebalance func(topic string)
 
 	mu     sync.Mutex // guards groups
-	groups map[GroupKey]*localGroup
+	groups map[metastate.GroupKey]*localGroup
 	kick   chan struct{} // a token: the loop has work
 }
 
@@ -50,7 +52,7 @@ type localGroup struct {
 // NewCoordinator returns the coordinator of agent's node; rebalance asks
 // the delivery engine to reassign a topic's groups (it calls Share).
 func NewCoordinator(agent *Agent, rebalance func(topic string)) *Coordinator {
-	return &Coordinator{agent: agent, rebalance: rebalance, groups: map[GroupKey]*localGroup{},
+	return &Coordinator{agent: agent, rebalance: rebalance, groups: map[metastate.GroupKey]*localGroup{},
 		kick: make(chan struct{}, 1)}
 }
 
@@ -70,7 +72,7 @@ func (c *Coordinator) Share(topic, group string, members []uint64, partitions in
 	valid := c.agent.SessionValid()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	k := GroupKey{Topic: topic, Group: group}
+	k := metastate.GroupKey{Topic: topic, Group: group}
 	lg := c.groups[k]
 	if lg == nil {
 		lg = &localGroup{running: map[int]bool{}}
@@ -107,7 +109,7 @@ func (c *Coordinator) Lease() time.Duration { return c.agent.timeout / 2 }
 // Stopped implements the delivery engine's Stopper.
 func (c *Coordinator) Stopped(topic, group string, part int) {
 	c.mu.Lock()
-	if lg := c.groups[GroupKey{Topic: topic, Group: group}]; lg != nil {
+	if lg := c.groups[metastate.GroupKey{Topic: topic, Group: group}]; lg != nil {
 		delete(lg.running, part)
 	}
 	c.mu.Unlock()
@@ -141,8 +143,8 @@ func (c *Coordinator) Run(ctx context.Context) {
 
 // step is one proposal reconcile makes.
 type step struct {
-	key GroupKey
-	cmd Command
+	key metastate.GroupKey
+	cmd metastate.Command
 }
 
 // reconcile proposes what makes the metadata group's members and
@@ -154,7 +156,7 @@ type step struct {
 // stands for (a process that ended without leaving) leave at once. Each
 // proposal waits at most until this node's session may expire, so a node
 // cut from the leader stops delivering in time (see Run).
-func (c *Coordinator) reconcile(ctx context.Context, st *State) []string {
+func (c *Coordinator) reconcile(ctx context.Context, st *metastate.State) []string {
 	self := c.agent.ID()
 	var steps []step
 	var topics []string
@@ -169,12 +171,12 @@ func (c *Coordinator) reconcile(ctx context.Context, st *State) []string {
 			name := c.member(id)
 			want[name] = true
 			if _, ok := g.Members[name]; !ok {
-				steps = append(steps, step{k, JoinGroup{Topic: k.Topic, Group: k.Group, Member: name, Node: self}})
+				steps = append(steps, step{k, metastate.JoinGroup{Topic: k.Topic, Group: k.Group, Member: name, Node: self}})
 			}
 			gen, revoking := st.Revoking(k.Topic, k.Group, name)
 			for _, p := range revoking {
 				if !lg.running[p] {
-					steps = append(steps, step{k, Released{Topic: k.Topic, Group: k.Group, Partition: p, Member: name, Generation: gen}})
+					steps = append(steps, step{k, metastate.Released{Topic: k.Topic, Group: k.Group, Partition: p, Member: name, Generation: gen}})
 				}
 			}
 		}
@@ -186,7 +188,7 @@ func (c *Coordinator) reconcile(ctx context.Context, st *State) []string {
 			if slices.ContainsFunc(owned, func(p int) bool { return lg.running[p] }) {
 				continue // its worker is still on a partition: leave after its last commit
 			}
-			steps = append(steps, step{k, LeaveGroup{Topic: k.Topic, Group: k.Group, Member: name}})
+			steps = append(steps, step{k, metastate.LeaveGroup{Topic: k.Topic, Group: k.Group, Member: name}})
 		}
 		if len(lg.members) == 0 && len(lg.running) == 0 && !hasMemberOn(g, self) {
 			delete(c.groups, k)
@@ -199,7 +201,7 @@ func (c *Coordinator) reconcile(ctx context.Context, st *State) []string {
 		g, _ := st.Group(k.Topic, k.Group)
 		for name, m := range g.Members {
 			if m.Node == self {
-				steps = append(steps, step{k, LeaveGroup{Topic: k.Topic, Group: k.Group, Member: name}})
+				steps = append(steps, step{k, metastate.LeaveGroup{Topic: k.Topic, Group: k.Group, Member: name}})
 			}
 		}
 	}
@@ -212,14 +214,14 @@ func (c *Coordinator) reconcile(ctx context.Context, st *State) []string {
 		pctx, cancel := context.WithDeadline(ctx, deadline)
 		_, err := c.agent.Propose(pctx, s.cmd)
 		cancel()
-		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrNoTopic) {
+		if err != nil && ctx.Err() == nil && !errors.Is(err, metastate.ErrNoTopic) {
 			c.agent.log.Debug("group coordination", "topic", s.key.Topic, "group", s.key.Group, "err", err)
 		}
 	}
 	return topics
 }
 
-func hasMemberOn(g Group, node string) bool {
+func hasMemberOn(g metastate.Group, node string) bool {
 	for _, m := range g.Members {
 		if m.Node == node {
 			return true

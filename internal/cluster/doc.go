@@ -1,69 +1,13 @@
-// Package cluster holds the metadata group, the draft's master: one
+// Package cluster runs the metadata group, the draft's master: one
 // hashicorp/raft group among the cluster's nodes (up to MaxVoters voters,
-// further nodes nonvoters) whose state machine records
+// further nodes nonvoters) over the state machine of internal/metastate
+// (nodes, topics and their placement, consumer groups, ACL rules). Beside
+// it: the node's agent (its port, the RPC server and peer clients, joins,
+// heartbeats, proposals, check-backs), the leader's session loop and
+// DoubleWrite failover, and the consumer groups' coordinator across nodes.
 //
-//   - nodes: id, address, voter or not, up or down, session;
-//   - topics: partition count, replication type, creation time, and per
-//     partition its replicas, leader and epoch;
-//   - consumer groups (per topic): generation, members and the node each
-//     runs on, the partition owners, and the partitions being revoked;
-//   - ACL rules: identity pattern, topic pattern, rights (on once any rule
-//     exists).
-//
-// # Commands
-//
-// Every change is a Command (RegisterNode, NodeDown, CreateTopic,
-// AlterTopic, JoinGroup, LeaveGroup, Released, SetACL) carrying inputs only,
-// encoded with a magic and version byte before a msgpack array. Apply is
-// deterministic: every node applies the same entries to the same bytes
-// (EncodeSnapshot), a failed command changes nothing, and its error is one
-// of the sentinels (ErrTopicExists, ErrNoTopic, ErrPartitionDecrease,
-// ErrNotEnoughNodes, …).
-//
-// # Placement
-//
-// CreateTopic and AlterTopic place each new partition on the live nodes
-// holding the fewest replicas, ties by node id; the first is its leader at
-// epoch 1. Too few live nodes is ErrNotEnoughNodes. AlterTopic places only
-// the added partitions, and nothing is ever moved: the partitions of a node
-// marked down stay on it (a Single partition there is unavailable until it
-// returns).
-//
-// # Consumer groups
-//
-// The state machine is the one coordinator of every group, whatever nodes
-// its members run on. Each membership change (JoinGroup, LeaveGroup, the
-// members of a node marked down) raises the generation and computes the
-// target assignment: the P partitions spread over the n members by id,
-// ⌊P/n⌋ or one more each, a member keeping what it owns while within its
-// share (sticky), free partitions to the member with the fewest. A partition
-// whose target differs from a live owner is not moved: it is revoking, still
-// its owner's, until the owner's node proposes Released (after it stopped
-// consuming and committed), or the owner leaves or its node goes down. Only
-// then does it go to its target, at a new generation. A Released older than
-// the revocation is refused, so a release for a cancelled revocation cannot
-// complete a later one.
-//
-// # Fencing
-//
-// A partition has at most one owner per generation of its group, and the
-// owner of a partition changes only with the generation: State.Owns(topic,
-// group, member, partition, gen) is the check an offset commit passes,
-// refusing members acting on an older generation. Node sessions fence nodes:
-// the leader keeps each node's last heartbeat in memory (never in the log),
-// proposes NodeDown for the session it saw once SessionTimeout passes, and
-// starts every session afresh when it is elected. A NodeDown for an older
-// session is refused, and a node marked down comes back only by registering
-// again (AddNode), with a new session. Partition epochs are in the state for
-// the replication that moves leaders (DoubleWrite's promotion).
-//
-// # Reading
-//
-// The State is immutable: Apply builds the next one beside it, copying what
-// a command changes, and publishes it atomically, so Meta.State and its
-// methods need no lock (the router reads placement from it). Each State's
-// Changed channel is closed when the next is published; Meta.Watch returns
-// the current one's.
+// Meta.State returns the current metastate.State; its Changed channel is
+// closed when the next is published.
 //
 // # Raft
 //

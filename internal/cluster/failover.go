@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"context"
 	"errors"
 	"slices"
@@ -16,15 +18,15 @@ import (
 // so one that lost a race (ErrStale) changes nothing, and the next tick
 // looks at the new record.
 func (m *Meta) failover(ctx context.Context) {
-	m.movePairs(ctx, "failover", func(s *State, name string, i int, p Partition) Command {
+	m.movePairs(ctx, "failover", func(s *metastate.State, name string, i int, p metastate.Partition) metastate.Command {
 		f := p.Follower()
 		leader, _ := s.Node(p.Leader)
 		follower, _ := s.Node(f)
 		switch {
 		case !leader.Up && follower.Up && slices.Contains(p.InSync, f):
-			return Promote{Topic: name, Partition: i, Version: p.Version, Leader: f}
-		case leader.Up && !follower.Up && s.leastLoaded(p.Leader, f) != "":
-			return ReplaceFollower{Topic: name, Partition: i, Version: p.Version}
+			return metastate.Promote{Topic: name, Partition: i, Version: p.Version, Leader: f}
+		case leader.Up && !follower.Up && s.LeastLoaded(p.Leader, f) != "":
+			return metastate.ReplaceFollower{Topic: name, Partition: i, Version: p.Version}
 		}
 		return nil
 	})
@@ -33,13 +35,13 @@ func (m *Meta) failover(ctx context.Context) {
 // promoteFrom promotes the in-sync follower, when up, of every DoubleWrite
 // pair node leads (a report of node that its probe confirmed).
 func (m *Meta) promoteFrom(ctx context.Context, node string) {
-	m.movePairs(ctx, "hand-off of a reported leader", func(s *State, name string, i int, p Partition) Command {
+	m.movePairs(ctx, "hand-off of a reported leader", func(s *metastate.State, name string, i int, p metastate.Partition) metastate.Command {
 		f := p.Follower()
 		follower, _ := s.Node(f)
 		if p.Leader != node || f == "" || f == node || !follower.Up || !slices.Contains(p.InSync, f) {
 			return nil
 		}
-		return Promote{Topic: name, Partition: i, Version: p.Version, Leader: f}
+		return metastate.Promote{Topic: name, Partition: i, Version: p.Version, Leader: f}
 	})
 }
 
@@ -47,11 +49,11 @@ func (m *Meta) promoteFrom(ctx context.Context, node string) {
 // first partition, which a command changes for the whole chunk), the
 // command decide returns, if any. A proposal that lost a race (ErrStale)
 // changes nothing; others failing are logged.
-func (m *Meta) movePairs(ctx context.Context, what string, decide func(s *State, topic string, i int, p Partition) Command) {
+func (m *Meta) movePairs(ctx context.Context, what string, decide func(s *metastate.State, topic string, i int, p metastate.Partition) metastate.Command) {
 	s := m.State()
 	for _, name := range s.Topics() {
 		t, _ := s.Topic(name)
-		if t.Type != TypeDoubleWrite {
+		if t.Type != metastate.TypeDoubleWrite {
 			continue
 		}
 		for i, p := range t.Parts {
@@ -62,7 +64,7 @@ func (m *Meta) movePairs(ctx context.Context, what string, decide func(s *State,
 			if c == nil {
 				continue
 			}
-			if _, err := m.Propose(ctx, c); err != nil && !errors.Is(err, ErrStale) {
+			if _, err := m.Propose(ctx, c); err != nil && !errors.Is(err, metastate.ErrStale) {
 				m.log.Warn("DoubleWrite "+what+" not recorded", "topic", name, "partition", i, "command", c, "err", err)
 				continue
 			}

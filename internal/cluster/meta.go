@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"cmp"
 	"context"
 	"encoding/json"
@@ -118,11 +120,11 @@ type session struct {
 // leads, marks nodes down whose heartbeats stopped and registers this node
 // itself. Close stops both.
 func OpenMeta(cfg MetaConfig) (*Meta, error) {
-	if err := checkNodeID(cfg.NodeID); err != nil {
+	if err := metastate.CheckNodeID(cfg.NodeID); err != nil {
 		return nil, err
 	}
 	if cfg.Dir == "" || cfg.Transport == nil {
-		return nil, fmt.Errorf("%w: MetaConfig needs Dir and Transport", ErrInvalid)
+		return nil, fmt.Errorf("%w: MetaConfig needs Dir and Transport", metastate.ErrInvalid)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -153,7 +155,7 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 		conf.TrailingLogs = cfg.TrailingLogs
 	}
 	if err := raft.ValidateConfig(conf); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %v", metastate.ErrInvalid, err)
 	}
 	timeout := cfg.SessionTimeout
 	if timeout <= 0 {
@@ -171,7 +173,7 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 	if info, err := os.Stat(path); err == nil && info.Size() > 0 {
 		if err := boltsafe.Check(path, bopts); err != nil {
 			if errors.Is(err, boltsafe.ErrCorrupt) {
-				return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+				return nil, fmt.Errorf("%w: %w", metastate.ErrCorrupt, err)
 			}
 			return nil, fmt.Errorf("check metadata log: %w", err)
 		}
@@ -279,7 +281,7 @@ func newRaft(conf *raft.Config, f *fsm, logs raft.LogStore, stable raft.StableSt
 	defer func() {
 		p := recover()
 		if pe, ok := p.(error); ok && errors.Is(pe, raft.ErrLogNotFound) {
-			r, err = nil, fmt.Errorf("%w: %s lacks entries it needs (%v): a snapshot removed?", ErrCorrupt, path, p)
+			r, err = nil, fmt.Errorf("%w: %s lacks entries it needs (%v): a snapshot removed?", metastate.ErrCorrupt, path, p)
 		} else if p != nil {
 			r, err = nil, fmt.Errorf("start metadata raft: %v", p) // a term it could not save
 		}
@@ -332,7 +334,7 @@ func checkSnapshots(dir string, snaps *raft.FileSnapshotStore) error {
 			}
 		}
 		if err != nil {
-			return fmt.Errorf("%w: metadata snapshot %s: %v", ErrCorrupt, path, err)
+			return fmt.Errorf("%w: metadata snapshot %s: %v", metastate.ErrCorrupt, path, err)
 		}
 	}
 	return nil
@@ -397,7 +399,7 @@ func (m *Meta) isClosed() bool {
 
 // State returns the current state, immutable; State().Changed() is closed
 // when a newer one is published.
-func (m *Meta) State() *State { return m.fsm.state() }
+func (m *Meta) State() *metastate.State { return m.fsm.state() }
 
 // Watch returns a channel closed on the next applied change (then call
 // Watch or State again). To read a state and wait for the next one without
@@ -425,19 +427,19 @@ func (m *Meta) notLeader() error {
 // *NotLeaderError (ErrNotLeader) off the leader, with nothing applied;
 // ErrUnknownOutcome when leadership was lost while committing or ctx ended
 // after c was handed to raft; ErrClosed.
-func (m *Meta) Propose(ctx context.Context, c Command) (Result, error) {
-	b, err := EncodeCommand(c)
+func (m *Meta) Propose(ctx context.Context, c metastate.Command) (metastate.Result, error) {
+	b, err := metastate.EncodeCommand(c)
 	if err != nil {
-		return Result{}, err
+		return metastate.Result{}, err
 	}
 	if m.isClosed() {
-		return Result{}, ErrClosed
+		return metastate.Result{}, ErrClosed
 	}
 	if err := ctx.Err(); err != nil {
-		return Result{}, err
+		return metastate.Result{}, err
 	}
 	if m.raft.State() != raft.Leader {
-		return Result{}, m.notLeader()
+		return metastate.Result{}, m.notLeader()
 	}
 	var f raft.ApplyFuture
 	err = m.wait(ctx, func() raft.Future {
@@ -445,11 +447,11 @@ func (m *Meta) Propose(ctx context.Context, c Command) (Result, error) {
 		return f
 	})
 	if err != nil {
-		return Result{}, err
+		return metastate.Result{}, err
 	}
 	resp, ok := f.Response().(applyResponse)
 	if !ok {
-		return Result{}, fmt.Errorf("%w: response %T", ErrUnknownOutcome, f.Response())
+		return metastate.Result{}, fmt.Errorf("%w: response %T", ErrUnknownOutcome, f.Response())
 	}
 	return resp.res, resp.err
 }
@@ -507,7 +509,7 @@ func (m *Meta) raftErr(err error) error {
 // Calling it again for a known node is how a node comes back up. It blocks
 // like Propose and returns its errors.
 func (m *Meta) AddNode(ctx context.Context, id, addr string) error {
-	if err := checkNodeID(id); err != nil {
+	if err := metastate.CheckNodeID(id); err != nil {
 		return err
 	}
 	if m.isClosed() {
@@ -535,7 +537,7 @@ func (m *Meta) AddNode(ctx context.Context, id, addr string) error {
 	}
 	// The address first: the leader's raft dials the node by id as soon
 	// as it is in the configuration, through the address book.
-	if _, err := m.Propose(ctx, RegisterNode{ID: id, Addr: addr, Voter: voter}); err != nil {
+	if _, err := m.Propose(ctx, metastate.RegisterNode{ID: id, Addr: addr, Voter: voter}); err != nil {
 		return fmt.Errorf("register %s: %w", id, err)
 	}
 	raddr := raft.ServerAddress(addr)
@@ -571,9 +573,9 @@ func (m *Meta) Heartbeat(id string) error {
 	nd, ok := m.State().Node(id)
 	switch {
 	case !ok:
-		return fmt.Errorf("%w: %q", ErrNoNode, id)
+		return fmt.Errorf("%w: %q", metastate.ErrNoNode, id)
 	case !nd.Up:
-		return fmt.Errorf("%w: %s", ErrNodeDown, id)
+		return fmt.Errorf("%w: %s", metastate.ErrNodeDown, id)
 	}
 	m.sessMu.Lock()
 	defer m.sessMu.Unlock()
@@ -619,7 +621,7 @@ func (m *Meta) checkSessions(now time.Time) {
 	}
 	term := m.raft.CurrentTerm()
 	s := m.State()
-	var expired []NodeDown
+	var expired []metastate.NodeDown
 	m.sessMu.Lock()
 	m.resetSessions(term)
 	for _, nd := range s.Nodes() {
@@ -633,7 +635,7 @@ func (m *Meta) checkSessions(now time.Time) {
 			continue
 		}
 		if now.Sub(se.last) > m.timeout {
-			expired = append(expired, NodeDown{ID: nd.ID, Session: nd.Session})
+			expired = append(expired, metastate.NodeDown{ID: nd.ID, Session: nd.Session})
 		}
 	}
 	m.sessMu.Unlock()
@@ -641,13 +643,13 @@ func (m *Meta) checkSessions(now time.Time) {
 	ctx, cancel := context.WithTimeout(m.ctx, m.timeout)
 	defer cancel()
 	if self, ok := s.Node(m.id); !ok || !self.Up || self.Addr != m.addr || !self.Voter {
-		if _, err := m.Propose(ctx, RegisterNode{ID: m.id, Addr: m.addr, Voter: true}); err != nil {
+		if _, err := m.Propose(ctx, metastate.RegisterNode{ID: m.id, Addr: m.addr, Voter: true}); err != nil {
 			m.log.Warn("metadata leader cannot register itself", "node", m.id, "err", err)
 		}
 	}
 	for _, c := range expired {
 		m.log.Info("node session expired", "node", c.ID, "session", c.Session)
-		if _, err := m.Propose(ctx, c); err != nil && !errors.Is(err, ErrStaleSession) {
+		if _, err := m.Propose(ctx, c); err != nil && !errors.Is(err, metastate.ErrStaleSession) {
 			m.log.Warn("cannot mark node down", "node", c.ID, "err", err)
 		}
 	}

@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"bytes"
 	"context"
 	"errors"
@@ -151,7 +153,7 @@ func (c *testCluster) leader() *Meta {
 // moves. After an unknown outcome the retry may find cmd applied already:
 // then the error says so (ErrTopicExists, ErrNotRevoking, …) and applied
 // is true.
-func (c *testCluster) propose(cmd Command) (res Result, applied bool, err error) {
+func (c *testCluster) propose(cmd metastate.Command) (res metastate.Result, applied bool, err error) {
 	c.t.Helper()
 	eventually(c.t, fmt.Sprintf("%T applied", cmd), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -168,10 +170,10 @@ func (c *testCluster) propose(cmd Command) (res Result, applied bool, err error)
 
 // mustPropose applies cmd, failing the test on an error other than one
 // saying that an earlier attempt with an unknown outcome applied it.
-func (c *testCluster) mustPropose(cmd Command) Result {
+func (c *testCluster) mustPropose(cmd metastate.Command) metastate.Result {
 	c.t.Helper()
 	res, applied, err := c.propose(cmd)
-	if err != nil && !(applied && (errors.Is(err, ErrTopicExists) || errors.Is(err, ErrNotRevoking))) {
+	if err != nil && !(applied && (errors.Is(err, metastate.ErrTopicExists) || errors.Is(err, metastate.ErrNotRevoking))) {
 		c.t.Fatalf("%T %+v: %v", cmd, cmd, err)
 	}
 	return res
@@ -194,12 +196,12 @@ func (c *testCluster) addNode(id string) *Meta {
 func (c *testCluster) synced(want *Meta) {
 	c.t.Helper()
 	eventually(c.t, "states equal", func() bool {
-		w, err := EncodeSnapshot(want.State())
+		w, err := metastate.EncodeSnapshot(want.State())
 		if err != nil {
 			c.t.Fatal(err)
 		}
 		for _, id := range c.open() {
-			g, err := EncodeSnapshot(c.meta(id).State())
+			g, err := metastate.EncodeSnapshot(c.meta(id).State())
 			if err != nil {
 				c.t.Fatal(err)
 			}
@@ -267,7 +269,7 @@ func TestMeta_Cluster(t *testing.T) {
 	}
 	c.addNode("n2")
 	c.addNode("n3")
-	res, _, err := c.propose(CreateTopic{Name: "t", Partitions: 3, Type: TypeRaft3, Now: 7})
+	res, _, err := c.propose(metastate.CreateTopic{Name: "t", Partitions: 3, Type: metastate.TypeRaft3, Now: 7})
 	if err != nil || len(res.Topic.Parts) != 3 {
 		t.Fatalf("create: %+v, %v", res, err)
 	}
@@ -278,7 +280,7 @@ func TestMeta_Cluster(t *testing.T) {
 			t.Fatalf("%s: topic %+v %t", id, tp, ok)
 		}
 	}
-	if _, _, err := c.propose(CreateTopic{Name: "t", Partitions: 3, Type: TypeRaft3}); !errors.Is(err, ErrTopicExists) {
+	if _, _, err := c.propose(metastate.CreateTopic{Name: "t", Partitions: 3, Type: metastate.TypeRaft3}); !errors.Is(err, metastate.ErrTopicExists) {
 		t.Fatalf("second create: %v", err)
 	}
 	// raft's own logs go through the slog bridge.
@@ -294,7 +296,7 @@ func TestMeta_Cluster(t *testing.T) {
 			}
 		}
 		lid, laddr := c.leader().Leader()
-		_, err := f.Propose(context.Background(), CreateTopic{Name: "u", Partitions: 1, Type: TypeSingle})
+		_, err := f.Propose(context.Background(), metastate.CreateTopic{Name: "u", Partitions: 1, Type: metastate.TypeSingle})
 		var nl *NotLeaderError
 		if !errors.Is(err, ErrNotLeader) || !errors.As(err, &nl) || nl.LeaderID != lid || nl.LeaderAddr != laddr {
 			t.Fatalf("propose on a follower: %v", err)
@@ -315,7 +317,7 @@ func TestMeta_Cluster(t *testing.T) {
 		if id, _ := nl.Leader(); id == oldID {
 			t.Fatalf("leader still %s", id)
 		}
-		c.mustPropose(CreateTopic{Name: "after-kill", Partitions: 1, Type: TypeSingle})
+		c.mustPropose(metastate.CreateTopic{Name: "after-kill", Partitions: 1, Type: metastate.TypeSingle})
 
 		// The old leader restarts from its directory and catches up.
 		c.start(oldID, true) // has state: Bootstrap does nothing
@@ -336,8 +338,8 @@ func TestMeta_Restart(t *testing.T) {
 	c.leader()
 	c.addNode("n2")
 	c.addNode("n3")
-	c.mustPropose(CreateTopic{Name: "a", Partitions: 2, Type: TypeSingle})
-	c.mustPropose(JoinGroup{Topic: "a", Group: "g", Member: "m1", Node: "n2"})
+	c.mustPropose(metastate.CreateTopic{Name: "a", Partitions: 2, Type: metastate.TypeSingle})
+	c.mustPropose(metastate.JoinGroup{Topic: "a", Group: "g", Member: "m1", Node: "n2"})
 	c.synced(c.leader())
 
 	f := "n3"
@@ -349,9 +351,9 @@ func TestMeta_Restart(t *testing.T) {
 	}
 	c.stop(f)
 	for i := range 10 {
-		c.mustPropose(CreateTopic{Name: fmt.Sprintf("b%d", i), Partitions: 1, Type: TypeSingle})
+		c.mustPropose(metastate.CreateTopic{Name: fmt.Sprintf("b%d", i), Partitions: 1, Type: metastate.TypeSingle})
 	}
-	c.mustPropose(SetACL{Rules: []Rule{{Identity: "*", Topic: "*", Rights: RightConsume}}})
+	c.mustPropose(metastate.SetACL{Rules: []metastate.Rule{{Identity: "*", Topic: "*", Rights: metastate.RightConsume}}})
 	if err := c.leader().raft.Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot on the leader: %v", err)
 	}
@@ -380,14 +382,14 @@ func TestMeta_SessionExpiry(t *testing.T) {
 
 	silent := c.heartbeat("n1", "n2", "n3")
 
-	c.mustPropose(CreateTopic{Name: "t", Partitions: 4, Type: TypeSingle})
-	c.mustPropose(JoinGroup{Topic: "t", Group: "g", Member: "m2", Node: "n2"})
-	c.mustPropose(JoinGroup{Topic: "t", Group: "g", Member: "m3", Node: "n3"})
+	c.mustPropose(metastate.CreateTopic{Name: "t", Partitions: 4, Type: metastate.TypeSingle})
+	c.mustPropose(metastate.JoinGroup{Topic: "t", Group: "g", Member: "m2", Node: "n2"})
+	c.mustPropose(metastate.JoinGroup{Topic: "t", Group: "g", Member: "m3", Node: "n3"})
 	// m2's node hands over what is revoked from it.
 	s := c.leader().State()
 	gen, rev := s.Revoking("t", "g", "m2")
 	for _, p := range rev {
-		c.mustPropose(Released{Topic: "t", Group: "g", Partition: p, Member: "m2", Generation: gen})
+		c.mustPropose(metastate.Released{Topic: "t", Group: "g", Partition: p, Member: "m2", Generation: gen})
 	}
 	s = c.leader().State()
 	if _, p := s.Assignment("t", "g", "m3"); len(p) != 2 {
@@ -418,10 +420,10 @@ func TestMeta_SessionExpiry(t *testing.T) {
 	if !slices.EqualFunc(replicas(before), replicas(after), slices.Equal) {
 		t.Fatalf("placement moved: %v → %v", replicas(before), replicas(after))
 	}
-	if err := c.leader().Heartbeat("n3"); !errors.Is(err, ErrNodeDown) {
+	if err := c.leader().Heartbeat("n3"); !errors.Is(err, metastate.ErrNodeDown) {
 		t.Fatalf("heartbeat of a down node: %v", err)
 	}
-	if err := c.leader().Heartbeat("n9"); !errors.Is(err, ErrNoNode) {
+	if err := c.leader().Heartbeat("n9"); !errors.Is(err, metastate.ErrNoNode) {
 		t.Fatalf("heartbeat of an unknown node: %v", err)
 	}
 
@@ -475,7 +477,7 @@ func TestMeta_Close(t *testing.T) {
 	c.leader()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := m.Propose(ctx, CreateTopic{Name: "t", Partitions: 1, Type: TypeSingle}); !errors.Is(err, context.Canceled) {
+	if _, err := m.Propose(ctx, metastate.CreateTopic{Name: "t", Partitions: 1, Type: metastate.TypeSingle}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled ctx: %v", err)
 	}
 	var wg sync.WaitGroup
@@ -489,7 +491,7 @@ func TestMeta_Close(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if _, err := m.Propose(context.Background(), CreateTopic{Name: "t", Partitions: 1, Type: TypeSingle}); !errors.Is(err, ErrClosed) {
+	if _, err := m.Propose(context.Background(), metastate.CreateTopic{Name: "t", Partitions: 1, Type: metastate.TypeSingle}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("propose after close: %v", err)
 	}
 	if err := m.AddNode(context.Background(), "n2", "n2"); !errors.Is(err, ErrClosed) {
@@ -518,7 +520,7 @@ func TestOpenMeta_Invalid(t *testing.T) {
 			HeartbeatTimeout: 100 * time.Millisecond, LeaderLeaseTimeout: time.Second}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if m, err := OpenMeta(tc.cfg); !errors.Is(err, ErrInvalid) {
+			if m, err := OpenMeta(tc.cfg); !errors.Is(err, metastate.ErrInvalid) {
 				if m != nil {
 					m.Close()
 				}
@@ -569,7 +571,7 @@ func TestMeta_UnknownOutcome(t *testing.T) {
 		id, _ := l.Leader()
 		c.isolate(id)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err = l.Propose(ctx, CreateTopic{Name: fmt.Sprintf("cut%d", attempt), Partitions: 1, Type: TypeSingle})
+		_, err = l.Propose(ctx, metastate.CreateTopic{Name: fmt.Sprintf("cut%d", attempt), Partitions: 1, Type: metastate.TypeSingle})
 		cancel()
 		c.heal()
 		if errors.Is(err, ErrUnknownOutcome) {
@@ -580,7 +582,7 @@ func TestMeta_UnknownOutcome(t *testing.T) {
 			t.Fatalf("propose on an isolated leader: %v", err)
 		}
 	}
-	c.mustPropose(CreateTopic{Name: "healed", Partitions: 1, Type: TypeSingle})
+	c.mustPropose(metastate.CreateTopic{Name: "healed", Partitions: 1, Type: metastate.TypeSingle})
 	c.synced(c.leader())
 }
 
@@ -592,7 +594,7 @@ func TestMeta_Watch(t *testing.T) {
 	c.synced(c.leader())
 	s := f.State()
 	ch := f.Watch()
-	c.mustPropose(CreateTopic{Name: "w", Partitions: 1, Type: TypeSingle})
+	c.mustPropose(metastate.CreateTopic{Name: "w", Partitions: 1, Type: metastate.TypeSingle})
 	select {
 	case <-ch:
 	case <-time.After(waitFor):
@@ -654,11 +656,20 @@ func TestOpenMeta_Dir(t *testing.T) {
 		if err := os.WriteFile(path, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if m, _, err := open(dir); !errors.Is(err, ErrCorrupt) {
+		if m, _, err := open(dir); !errors.Is(err, metastate.ErrCorrupt) {
 			if m != nil {
 				m.Close()
 			}
 			t.Fatalf("damaged raft.db: %v", err)
 		}
 	})
+}
+
+// replicas is the placement of t: the replicas of each partition.
+func replicas(t metastate.Topic) [][]string {
+	var out [][]string
+	for _, p := range t.Parts {
+		out = append(out, p.Replicas)
+	}
+	return out
 }

@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"context"
 	"fmt"
 	"path/filepath"
@@ -82,14 +84,14 @@ func TestReportAttack_ReportBreaksConsumerLease(t *testing.T) {
 		}
 	}
 	reporter, cut := others[0], others[1]
-	if _, err := leader.Propose(ctx, CreateTopic{Name: "t", Partitions: 2, Type: TypeSingle, Now: time.Now().UnixNano()}); err != nil {
+	if _, err := leader.Propose(ctx, metastate.CreateTopic{Name: "t", Partitions: 2, Type: metastate.TypeSingle, Now: time.Now().UnixNano()}); err != nil {
 		t.Fatal(err)
 	}
 	cutMember, otherMember := MemberName(cut.ID(), 1), MemberName(reporter.ID(), 1)
-	if _, err := cut.Propose(ctx, JoinGroup{Topic: "t", Group: "g", Member: cutMember, Node: cut.ID()}); err != nil {
+	if _, err := cut.Propose(ctx, metastate.JoinGroup{Topic: "t", Group: "g", Member: cutMember, Node: cut.ID()}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := reporter.Propose(ctx, JoinGroup{Topic: "t", Group: "g", Member: otherMember, Node: reporter.ID()}); err != nil {
+	if _, err := reporter.Propose(ctx, metastate.JoinGroup{Topic: "t", Group: "g", Member: otherMember, Node: reporter.ID()}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the cut node's member owning a partition, its session valid", func() bool {

@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"context"
 	"errors"
 	"fmt"
@@ -29,9 +31,9 @@ const (
 
 // Error codes of the metadata group's errors on the wire.
 func init() {
-	for i, err := range []error{ErrNotLeader, ErrUnknownOutcome, ErrInvalid, ErrTopicExists, ErrNoTopic,
-		ErrPartitionDecrease, ErrNotEnoughNodes, ErrNoNode, ErrNodeDown, ErrStaleSession, ErrNoGroup,
-		ErrNoMember, ErrMemberExists, ErrNotRevoking, ErrDenied, ErrClosed} {
+	for i, err := range []error{ErrNotLeader, ErrUnknownOutcome, metastate.ErrInvalid, metastate.ErrTopicExists, metastate.ErrNoTopic,
+		metastate.ErrPartitionDecrease, metastate.ErrNotEnoughNodes, metastate.ErrNoNode, metastate.ErrNodeDown, metastate.ErrStaleSession, metastate.ErrNoGroup,
+		metastate.ErrNoMember, metastate.ErrMemberExists, metastate.ErrNotRevoking, ErrDenied, ErrClosed} {
 		remote.RegisterError(remote.FirstUserCode+uint16(i), err)
 	}
 }
@@ -94,7 +96,7 @@ type partMsg struct {
 	Version  uint64
 }
 
-func toResultMsg(r Result) *resultMsg {
+func toResultMsg(r metastate.Result) *resultMsg {
 	m := &resultMsg{Index: r.Index, Generation: r.Generation, Session: r.Session,
 		Name: r.Topic.Name, Type: r.Topic.Type, Created: r.Topic.Created, GroupSize: r.Topic.GroupSize, Alone: r.Topic.Alone}
 	for _, p := range r.Topic.Parts {
@@ -104,11 +106,11 @@ func toResultMsg(r Result) *resultMsg {
 	return m
 }
 
-func (m *resultMsg) result() Result {
-	r := Result{Index: m.Index, Generation: m.Generation, Session: m.Session,
-		Topic: Topic{Name: m.Name, Type: m.Type, Created: m.Created, GroupSize: m.GroupSize, Alone: m.Alone}}
+func (m *resultMsg) result() metastate.Result {
+	r := metastate.Result{Index: m.Index, Generation: m.Generation, Session: m.Session,
+		Topic: metastate.Topic{Name: m.Name, Type: m.Type, Created: m.Created, GroupSize: m.GroupSize, Alone: m.Alone}}
 	for _, p := range m.Parts {
-		r.Topic.Parts = append(r.Topic.Parts, Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
+		r.Topic.Parts = append(r.Topic.Parts, metastate.Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
 			InSync: p.InSync, Version: p.Version})
 	}
 	return r
@@ -118,7 +120,7 @@ func encodeMsg(v any) ([]byte, error) { return msgpack.Marshal(v) }
 
 func decodeMsg(b []byte, v any) error {
 	if err := wire.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return fmt.Errorf("%w: %v", metastate.ErrCorrupt, err)
 	}
 	return nil
 }
@@ -135,7 +137,7 @@ func (n *Agent) handle(ctx context.Context, peer string, op uint16, req []byte) 
 	case opReport:
 		return n.handleReport(ctx, peer, req)
 	}
-	return nil, fmt.Errorf("%w: op %d", ErrInvalid, op)
+	return nil, fmt.Errorf("%w: op %d", metastate.ErrInvalid, op)
 }
 
 func (n *Agent) handleWhoLeads(_ context.Context, _ string, _ []byte) ([]byte, error) {
@@ -170,7 +172,7 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 		return nil, fmt.Errorf("%w: node %s cannot heartbeat for %s", ErrDenied, peer, j.ID)
 	}
 	if nd, ok := n.meta.State().Node(j.ID); ok && nd.Up && nd.Addr != j.Addr {
-		return nil, fmt.Errorf("%w: %s moved to %s", ErrNodeDown, j.ID, j.Addr) // registers again
+		return nil, fmt.Errorf("%w: %s moved to %s", metastate.ErrNodeDown, j.ID, j.Addr) // registers again
 	}
 	if j.ID == n.cfg.ID { // the leader itself: it is alive, and registers itself
 		return nil, nil
@@ -183,7 +185,7 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 // Consume on it and may name only the peer's own node; nodes are registered
 // by joining, marked down by the leader alone.
 func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]byte, error) {
-	c, err := DecodeCommand(req)
+	c, err := metastate.DecodeCommand(req)
 	if err != nil {
 		return nil, err
 	}
@@ -300,48 +302,48 @@ func (n *Agent) handleReport(ctx context.Context, peer string, req []byte) ([]by
 
 // pairLeader refuses a command on a DoubleWrite partition from a node that
 // does not lead it: its leader's own.
-func pairLeader(s *State, peer, topic string, i int) error {
+func pairLeader(s *metastate.State, peer, topic string, i int) error {
 	if t, ok := s.Topic(topic); ok && i >= 0 && i < len(t.Parts) && t.Parts[i].Leader == peer {
 		return nil
 	}
 	return fmt.Errorf("%w: %s does not lead %s/%d", ErrDenied, peer, topic, i)
 }
 
-func (n *Agent) authorize(peer string, c Command) error {
+func (n *Agent) authorize(peer string, c metastate.Command) error {
 	s := n.meta.State()
-	deny := func(topic string, right Rights) error {
+	deny := func(topic string, right metastate.Rights) error {
 		if s.Allowed(peer, topic, right) {
 			return nil
 		}
 		return fmt.Errorf("%w: %s may not %s %s", ErrDenied, peer, rightName(right), topic)
 	}
 	switch c := c.(type) {
-	case CreateTopic:
-		return deny(c.Name, RightAdmin)
-	case AlterTopic:
-		return deny(c.Name, RightAdmin)
-	case SetACL:
-		return deny("*", RightAdmin)
-	case JoinGroup:
+	case metastate.CreateTopic:
+		return deny(c.Name, metastate.RightAdmin)
+	case metastate.AlterTopic:
+		return deny(c.Name, metastate.RightAdmin)
+	case metastate.SetACL:
+		return deny("*", metastate.RightAdmin)
+	case metastate.JoinGroup:
 		if c.Node != peer || !ownMember(peer, c.Member) {
 			return fmt.Errorf("%w: node %s cannot add member %s on %s", ErrDenied, peer, c.Member, c.Node)
 		}
-		return deny(c.Topic, RightConsume)
-	case LeaveGroup:
+		return deny(c.Topic, metastate.RightConsume)
+	case metastate.LeaveGroup:
 		if !ownMember(peer, c.Member) {
 			return fmt.Errorf("%w: node %s cannot remove member %s", ErrDenied, peer, c.Member)
 		}
 		return nil
-	case Released:
+	case metastate.Released:
 		if !ownMember(peer, c.Member) {
 			return fmt.Errorf("%w: node %s cannot release for member %s", ErrDenied, peer, c.Member)
 		}
 		return nil
-	case SetInSync:
+	case metastate.SetInSync:
 		return pairLeader(s, peer, c.Topic, c.Partition)
-	case RenewEpoch:
+	case metastate.RenewEpoch:
 		return pairLeader(s, peer, c.Topic, c.Partition)
-	case Promote:
+	case metastate.Promote:
 		// A leader whose replica failed hands the pair to its follower
 		// (which Promote requires in sync and up).
 		return pairLeader(s, peer, c.Topic, c.Partition)
@@ -359,13 +361,13 @@ func ownMember(node, member string) bool {
 	return len(member) > len(node) && member[:len(node)] == node && member[len(node)] == '/'
 }
 
-func rightName(r Rights) string {
+func rightName(r metastate.Rights) string {
 	switch r {
-	case RightProduce:
+	case metastate.RightProduce:
 		return "produce to"
-	case RightConsume:
+	case metastate.RightConsume:
 		return "consume from"
-	case RightAdmin:
+	case metastate.RightAdmin:
 		return "administer"
 	}
 	return fmt.Sprintf("rights %#x on", uint8(r))
@@ -378,7 +380,7 @@ func (n *Agent) handleAnnounce(_ context.Context, peer string, req []byte) ([]by
 	if err := decodeMsg(req, &j); err != nil {
 		return nil, err
 	}
-	if j.ID != peer || j.Addr == "" || len(j.Addr) > MaxNameLen {
+	if j.ID != peer || j.Addr == "" || len(j.Addr) > metastate.MaxNameLen {
 		return nil, fmt.Errorf("%w: node %s cannot announce %q at %q", ErrDenied, peer, j.ID, j.Addr)
 	}
 	n.announced.Store(j.ID, j.Addr)
@@ -418,7 +420,7 @@ func (n *Agent) CheckTx(ctx context.Context, node, txid string, parts []PartRef)
 		return store.Undecided, err
 	}
 	if r.Decision > uint8(store.RolledBack) {
-		return store.Undecided, fmt.Errorf("%w: decision %d", ErrCorrupt, r.Decision)
+		return store.Undecided, fmt.Errorf("%w: decision %d", metastate.ErrCorrupt, r.Decision)
 	}
 	return store.Decision(r.Decision), nil
 }

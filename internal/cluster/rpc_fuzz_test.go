@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/zeze-go/mq/internal/metastate"
+
 	"errors"
 	"reflect"
 	"testing"
@@ -24,8 +26,8 @@ func rpcSeeds() fuzzseed.Seeds {
 		&joinReq{ID: "n2", Addr: "10.0.0.2:7400"},
 		&checkTxReq{TxID: "tx-1", Parts: []PartRef{{Topic: "orders", Part: 3}, {Topic: "audit"}}},
 		&checkTxResp{Decision: 1},
-		toResultMsg(Result{Index: 9, Generation: 2, Topic: Topic{Name: "orders", Type: TypeSingle, Created: 5,
-			Parts: []Partition{{Replicas: []string{"n1"}, Leader: "n1", Epoch: 1}}}}),
+		toResultMsg(metastate.Result{Index: 9, Generation: 2, Topic: metastate.Topic{Name: "orders", Type: metastate.TypeSingle, Created: 5,
+			Parts: []metastate.Partition{{Replicas: []string{"n1"}, Leader: "n1", Epoch: 1}}}}),
 	}
 	var seeds [][]any
 	for i, v := range valid {
@@ -58,7 +60,7 @@ func FuzzRPCMessages(f *testing.F) {
 		var err error
 		fuzzseed.CheckAlloc(t, len(b), func() { err = decodeMsg(b, v) })
 		if err != nil {
-			if !errors.Is(err, ErrCorrupt) {
+			if !errors.Is(err, metastate.ErrCorrupt) {
 				t.Fatalf("error %v is not ErrCorrupt", err)
 			}
 			return

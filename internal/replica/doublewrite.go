@@ -21,7 +21,7 @@ import (
 var ErrNoInSync = errors.New("replica: the DoubleWrite partition has no follower in sync")
 
 // PairRecord is a DoubleWrite partition's record in the metadata, as the
-// node last saw it (cluster.Partition's fields).
+// node last saw it (metastate.Partition's fields).
 type PairRecord struct {
 	Replicas []string // the leader, then the follower (none while no node was free)
 	Epoch    uint64

@@ -44,7 +44,7 @@ type Raft3Config struct {
 	Topic string
 	Index int
 	// First is the first partition of the raft group this one shares
-	// (cluster.Partition.Chunk), and Partitions how many the group
+	// (metastate.Partition.Chunk), and Partitions how many the group
 	// carries: the partition is number Index-First of the group's.
 	First, Partitions int
 	// Self is this node's id; Replicas the ids of the three nodes holding

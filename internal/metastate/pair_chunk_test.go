@@ -1,14 +1,12 @@
-package cluster
+package metastate
 
 import (
 	"slices"
 	"testing"
-	"time"
 )
 
-// Attacks on DoubleWrite chunks in the metadata: the partitions of a chunk
-// share one record, whichever of them a command names, and the failover
-// acts once per chunk.
+// The partitions of a DoubleWrite chunk share one record in the metadata,
+// whichever of them a command names.
 
 // chunkSame fails the test unless the partitions first..first+n-1 of "d" in
 // s have one record, with Chunk first.
@@ -29,14 +27,14 @@ func chunkSame(t *testing.T, s *State, first, n int) Partition {
 	return a
 }
 
-// TestChunkAttack_CommandsOnAnyMember: commands naming the last, the
+// TestPairChunk_CommandsOnAnyMember: commands naming the last, the
 // middle, the first partition of a chunk (and a chunk of one) change the
 // chunk's record once (Version+1), all of it, nothing of the others; a
 // command carrying the version of another chunk, an older version of its
 // own, or a partition out of range is refused and changes nothing; a
 // snapshot round-trips every step.
-func TestChunkAttack_CommandsOnAnyMember(t *testing.T) {
-	ft := newFSMT(t)
+func TestPairChunk_CommandsOnAnyMember(t *testing.T) {
+	ft := newStateT(t)
 	ft.nodes("a", "b", "c", "d", "e")
 	ft.must(CreateTopic{Name: "d", Partitions: 7, Type: TypeDoubleWrite, GroupSize: 3}) // {0,1,2} {3,4,5} {6}
 	check := func() {
@@ -92,50 +90,4 @@ func TestChunkAttack_CommandsOnAnyMember(t *testing.T) {
 	ft.must(SetInSync{Topic: "d", Partition: 9, Version: 1, InSync: []string{ft.dwPart(7).Leader}})
 	check()
 	chunkSame(t, ft.s(), 7, 3)
-}
-
-// TestChunkAttack_FailoverOncePerChunk: five nodes, the metadata leader n1
-// holding a Single topic; "d" has five partitions in chunks of two ({0,1}
-// on n2,n3; {2,3} on n4,n5; {4} on n1,n2). n2 goes silent: chunk {0,1} is
-// promoted to n3 and chunk {4} gets a new follower, each by one change of
-// its record (Version+1), every member alike; chunk {2,3} is untouched.
-func TestChunkAttack_FailoverOncePerChunk(t *testing.T) {
-	c := newTestCluster(t, time.Second)
-	c.start("n1", true)
-	c.leader()
-	for _, id := range []string{"n2", "n3", "n4", "n5"} {
-		c.addNode(id)
-	}
-	silent := c.heartbeat("n1", "n2", "n3", "n4", "n5")
-	c.mustPropose(CreateTopic{Name: "s", Partitions: 1, Type: TypeSingle})
-	c.mustPropose(CreateTopic{Name: "d", Partitions: 5, Type: TypeDoubleWrite, GroupSize: 2})
-	part := func(i int) Partition {
-		p, _ := c.leader().State().Partition("d", i)
-		return p
-	}
-	want := [][]string{{"n2", "n3"}, {"n2", "n3"}, {"n4", "n5"}, {"n4", "n5"}, {"n1", "n2"}}
-	for i, w := range want {
-		if p := part(i); !slices.Equal(p.Replicas, w) {
-			t.Fatalf("d/%d placed on %q; the test expects %q", i, p.Replicas, w)
-		}
-	}
-	silent.Store("n2", true)
-	eventually(t, "d/0 promoted", func() bool { return part(0).Leader == "n3" })
-	eventually(t, "d/4 gets a new follower", func() bool { return part(4).Follower() != "n2" })
-	time.Sleep(time.Second) // more failover ticks: nothing more to do
-	s := c.leader().State()
-	a := chunkSame(t, s, 0, 2)
-	if a.Epoch != 2 || a.Version != 2 || !slices.Equal(a.InSync, []string{"n3"}) || a.Follower() == "n2" {
-		t.Fatalf("chunk {0,1} after n2's loss: %+v", a)
-	}
-	if b := chunkSame(t, s, 2, 2); b.Version != 1 || b.Epoch != 1 || !slices.Equal(b.Replicas, []string{"n4", "n5"}) {
-		t.Fatalf("chunk {2,3} changed: %+v", b)
-	}
-	if e := chunkSame(t, s, 4, 1); e.Leader != "n1" || e.Version != 2 || e.Epoch != 2 {
-		t.Fatalf("chunk {4} after its follower's loss: %+v", e)
-	}
-	got, err := DecodeSnapshot(encodeSnap(t, s))
-	if err != nil || !sameState(s, got) {
-		t.Fatalf("snapshot round trip: %v", err)
-	}
 }

@@ -1,6 +1,9 @@
-package cluster
+package metastate
 
 import (
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/zeze-go/mq/internal/wire"
+
 	"bytes"
 	"errors"
 	"fmt"
@@ -85,10 +88,10 @@ func randomPairCommand(rng *rand.Rand, s *State, topic string) Command {
 	return ReplaceFollower{Topic: topic, Partition: i, Version: v}
 }
 
-// randomState applies n random commands from seed to a new fsm.
-func randomState(t testing.TB, seed uint64, n int) *fsmT {
+// randomState applies n random commands from seed to a new state.
+func randomState(t testing.TB, seed uint64, n int) *stateT {
 	rng := rand.New(rand.NewPCG(seed, 2))
-	ft := newFSMT(t)
+	ft := newStateT(t)
 	for range n {
 		_, _ = ft.do(randomCommand(rng, ft.s()))
 	}
@@ -124,24 +127,10 @@ func TestSnapshot_RoundTrip(t *testing.T) {
 			if again := encodeSnap(t, got); !bytes.Equal(again, b) {
 				t.Fatal("restored state encodes differently")
 			}
-			// Through the fsm, as raft restores it.
-			f := newFSM(discardLogger())
-			old := f.state().Changed()
-			if err := f.Restore(nopCloser{bytes.NewReader(b)}); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case <-old:
-			default:
-				t.Fatal("Restore did not signal watchers")
-			}
-			if !sameState(s, f.state()) {
-				t.Fatal("fsm.Restore differs")
-			}
 		})
 	}
 	t.Run("Empty", func(t *testing.T) {
-		b := encodeSnap(t, newState())
+		b := encodeSnap(t, New())
 		got, err := DecodeSnapshot(b)
 		if err != nil || !bytes.Equal(encodeSnap(t, got), b) {
 			t.Fatalf("empty state: %v", err)
@@ -152,7 +141,7 @@ func TestSnapshot_RoundTrip(t *testing.T) {
 // TestSnapshot_Version1 reads a snapshot of version 1, before partitions
 // shared raft groups: every partition is in a group of its own.
 func TestSnapshot_Version1(t *testing.T) {
-	ft := newFSMT(t)
+	ft := newStateT(t)
 	ft.nodes("a", "b", "c")
 	ft.must(CreateTopic{Name: "r", Partitions: 3, Type: TypeRaft3})
 	ft.must(CreateTopic{Name: "s", Partitions: 2, Type: TypeSingle})
@@ -160,7 +149,7 @@ func TestSnapshot_Version1(t *testing.T) {
 	b := encodeSnap(t, want)
 	// The same state as version 1 wrote it.
 	var v3 snapV3
-	if err := decodeMsg(b[len(snapMagic)+1:], &v3); err != nil {
+	if err := wire.Unmarshal(b[len(snapMagic)+1:], &v3); err != nil {
 		t.Fatal(err)
 	}
 	var v1 snapV1
@@ -172,7 +161,7 @@ func TestSnapshot_Version1(t *testing.T) {
 		}
 		v1.Topics = append(v1.Topics, t1)
 	}
-	body, err := encodeMsg(&v1)
+	body, err := msgpack.Marshal(&v1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +181,7 @@ func TestSnapshot_Version1(t *testing.T) {
 // TestSnapshot_BadGroups: a snapshot whose raft groups Apply could not
 // have made is ErrCorrupt.
 func TestSnapshot_BadGroups(t *testing.T) {
-	ft := newFSMT(t)
+	ft := newStateT(t)
 	ft.nodes("a", "b", "c", "d")
 	ft.must(CreateTopic{Name: "r", Partitions: 4, Type: TypeRaft3, GroupSize: 2})
 	ft.must(CreateTopic{Name: "s", Partitions: 2, Type: TypeSingle})
@@ -219,11 +208,11 @@ func TestSnapshot_BadGroups(t *testing.T) {
 func corruptSnapshot(t *testing.T, b []byte, damage func(v *snapV3)) {
 	t.Helper()
 	var v snapV3
-	if err := decodeMsg(b[len(snapMagic)+1:], &v); err != nil {
+	if err := wire.Unmarshal(b[len(snapMagic)+1:], &v); err != nil {
 		t.Fatal(err)
 	}
 	damage(&v)
-	body, err := encodeMsg(&v)
+	body, err := msgpack.Marshal(&v)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +224,7 @@ func corruptSnapshot(t *testing.T, b []byte, damage func(v *snapV3)) {
 // TestDecodeCommand_Version1 reads a CreateTopic of version 1, without
 // GroupSize.
 func TestDecodeCommand_Version1(t *testing.T) {
-	body, err := encodeMsg(&createTopicV1{Name: "t", Partitions: 3, Type: TypeRaft3, Replicas: 3, Now: 7})
+	body, err := msgpack.Marshal(&createTopicV1{Name: "t", Partitions: 3, Type: TypeRaft3, Replicas: 3, Now: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,22 +234,23 @@ func TestDecodeCommand_Version1(t *testing.T) {
 	}
 }
 
-// TestApply_Deterministic feeds two fsms the same commands (one through the
-// raft log's bytes, one as values) and compares their encoded states after
-// every command, and their results.
+// TestApply_Deterministic feeds two states the same commands (one through
+// the raft log's bytes, one as values) and compares their encoded states
+// after every command, and their results.
 func TestApply_Deterministic(t *testing.T) {
 	for seed := range uint64(10) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 3))
-			a, b := newFSMT(t), newFSM(discardLogger())
+			a, b := newStateT(t), newStateT(t)
 			for i := range 300 {
 				c := randomCommand(rng, a.s())
 				ra, ea := a.do(c)
-				rb, eb := b.applyCommand(uint64(i+1), c)
+				b.index++
+				rb, eb := b.apply(c)
 				if fmt.Sprint(ea) != fmt.Sprint(eb) || !reflect.DeepEqual(ra, rb) {
 					t.Fatalf("step %d %T: results %+v %v and %+v %v", i, c, ra, ea, rb, eb)
 				}
-				if !bytes.Equal(encodeSnap(t, a.s()), encodeSnap(t, b.state())) {
+				if !bytes.Equal(encodeSnap(t, a.s()), encodeSnap(t, b.s())) {
 					t.Fatalf("step %d %T: states differ", i, c)
 				}
 			}
@@ -302,10 +292,6 @@ func TestDecodeCommand_Errors(t *testing.T) {
 	}
 }
 
-type nopCloser struct{ *bytes.Reader }
-
-func (nopCloser) Close() error { return nil }
-
 // fuzzState is the state FuzzDecodeCommand applies decoded commands to.
 func fuzzState(t testing.TB) *State {
 	return randomState(t, 7, 200).s()
@@ -321,7 +307,7 @@ var hostile = [][]byte{
 func fuzzSeeds(t testing.TB) fuzzseed.Seeds {
 	seeds := fuzzseed.Seeds{}
 	rng := rand.New(rand.NewPCG(1, 1))
-	ft := newFSMT(t)
+	ft := newStateT(t)
 	for range 40 {
 		c := randomCommand(rng, ft.s())
 		b, err := EncodeCommand(c)
@@ -373,7 +359,7 @@ func FuzzDecodeCommand(f *testing.F) {
 			t.Fatalf("%x decodes without its last byte", b)
 		}
 		before := encodeSnap(t, s)
-		if _, _, err := s.apply(s.index+1, c); err != nil && !bytes.Equal(before, encodeSnap(t, s)) {
+		if _, _, err := s.Apply(s.index+1, c); err != nil && !bytes.Equal(before, encodeSnap(t, s)) {
 			t.Fatalf("%+v failed (%v) and changed the state", c, err)
 		}
 		if !bytes.Equal(before, encodeSnap(t, s)) {
@@ -436,7 +422,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 			if c == nil {
 				continue
 			}
-			if next, _, err := s.apply(s.index+1, c); err == nil {
+			if next, _, err := s.Apply(s.index+1, c); err == nil {
 				s = next
 			}
 		}

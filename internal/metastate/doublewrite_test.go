@@ -1,13 +1,16 @@
-package cluster
+package metastate
 
 import (
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/zeze-go/mq/internal/wire"
+
 	"errors"
 	"slices"
 	"testing"
 )
 
 // dwPart returns partition i of DoubleWrite topic "d" as ft's state has it.
-func (ft *fsmT) dwPart(i int) Partition {
+func (ft *stateT) dwPart(i int) Partition {
 	ft.t.Helper()
 	p, ok := ft.s().Partition("d", i)
 	if !ok {
@@ -18,7 +21,7 @@ func (ft *fsmT) dwPart(i int) Partition {
 
 // refused applies c and fails the test unless it returns want, leaving the
 // state as it was.
-func (ft *fsmT) refused(c Command, want error) {
+func (ft *stateT) refused(c Command, want error) {
 	ft.t.Helper()
 	before := ft.s()
 	if _, err := ft.do(c); !errors.Is(err, want) {
@@ -33,7 +36,7 @@ func (ft *fsmT) refused(c Command, want error) {
 // both in sync at version 1 and epoch 1, also when AlterTopic adds it;
 // the risk stage is an option of DoubleWrite only.
 func TestDoubleWrite_Placement(t *testing.T) {
-	ft := newFSMT(t)
+	ft := newStateT(t)
 	ft.nodes("a", "b", "c")
 	top := ft.must(CreateTopic{Name: "d", Partitions: 3, Type: TypeDoubleWrite, AllowAlone: true}).Topic
 	if !top.Alone {
@@ -66,7 +69,7 @@ func TestDoubleWrite_Placement(t *testing.T) {
 // set with the version it read; a stale version, a set not led by the
 // leader, or one naming another node is refused and changes nothing.
 func TestDoubleWrite_SetInSync(t *testing.T) {
-	ft := newFSMT(t)
+	ft := newStateT(t)
 	ft.nodes("a", "b", "c")
 	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite})
 	p := ft.dwPart(0)
@@ -102,7 +105,7 @@ func TestDoubleWrite_SetInSync(t *testing.T) {
 // by load among the other live nodes (the old leader when there is none);
 // of a promotion and a shrink made from the same version, one wins.
 func TestDoubleWrite_Promote(t *testing.T) {
-	ft := newFSMT(t)
+	ft := newStateT(t)
 	ft.nodes("a", "b", "c", "d")
 	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite})
 	ft.must(CreateTopic{Name: "load", Partitions: 1, Type: TypeSingle}) // one replica on c (the least loaded after d's pair)
@@ -153,7 +156,7 @@ func TestDoubleWrite_Promote(t *testing.T) {
 // leader alone in sync until the new one caught up; with no such node it is
 // refused.
 func TestDoubleWrite_ReplaceFollower(t *testing.T) {
-	ft := newFSMT(t)
+	ft := newStateT(t)
 	ft.nodes("a", "b", "c")
 	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite})
 	p := ft.dwPart(0)
@@ -168,10 +171,11 @@ func TestDoubleWrite_ReplaceFollower(t *testing.T) {
 }
 
 // TestDoubleWrite_RenewEpoch: the leader's new epoch changes nothing else;
-// a stale version is refused, and only the leader's node may propose it
-// (or SetInSync) through the RPC.
+// a stale version is refused (internal/cluster's
+// TestPairLeader_OnlyTheLeaderProposes: only the leader's node may propose
+// it through the RPC).
 func TestDoubleWrite_RenewEpoch(t *testing.T) {
-	ft := newFSMT(t)
+	ft := newStateT(t)
 	ft.nodes("a", "b")
 	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite})
 	p := ft.dwPart(0)
@@ -182,25 +186,13 @@ func TestDoubleWrite_RenewEpoch(t *testing.T) {
 	}
 	ft.refused(RenewEpoch{Topic: "d", Partition: 0, Version: 1}, ErrStale)
 	ft.refused(RenewEpoch{Topic: "x", Partition: 0, Version: 2}, ErrNoTopic)
-	s := ft.s()
-	for _, c := range []Command{RenewEpoch{Topic: "d", Partition: 0, Version: 2}, SetInSync{Topic: "d", Partition: 0, Version: 2, InSync: []string{q.Leader}}} {
-		if err := pairLeader(s, q.Follower(), "d", 0); !errors.Is(err, ErrDenied) {
-			t.Fatalf("%T from the follower: %v, want ErrDenied", c, err)
-		}
-		if err := pairLeader(s, q.Leader, "d", 0); err != nil {
-			t.Fatalf("%T from the leader: %v", c, err)
-		}
-	}
-	if err := pairLeader(s, q.Leader, "d", 5); !errors.Is(err, ErrDenied) {
-		t.Fatalf("a partition out of range: %v", err)
-	}
 }
 
 // TestDoubleWrite_Snapshot: a pair round-trips; a version 2 snapshot's DoubleWrite
 // partitions read with both replicas in sync at version 1; damaged pair
 // fields are ErrCorrupt.
 func TestDoubleWrite_Snapshot(t *testing.T) {
-	ft := newFSMT(t)
+	ft := newStateT(t)
 	ft.nodes("a", "b", "c")
 	ft.must(CreateTopic{Name: "d", Partitions: 2, Type: TypeDoubleWrite, AllowAlone: true})
 	ft.must(CreateTopic{Name: "r", Partitions: 1, Type: TypeRaft3})
@@ -213,7 +205,7 @@ func TestDoubleWrite_Snapshot(t *testing.T) {
 	}
 
 	var v3 snapV3
-	if err := decodeMsg(b[len(snapMagic)+1:], &v3); err != nil {
+	if err := wire.Unmarshal(b[len(snapMagic)+1:], &v3); err != nil {
 		t.Fatal(err)
 	}
 	var v2 snapV2
@@ -225,7 +217,7 @@ func TestDoubleWrite_Snapshot(t *testing.T) {
 		}
 		v2.Topics = append(v2.Topics, t2)
 	}
-	body, err := encodeMsg(&v2)
+	body, err := msgpack.Marshal(&v2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +253,7 @@ func TestDoubleWrite_Snapshot(t *testing.T) {
 // TestDoubleWrite_CommandVersion2: a CreateTopic of version 2 (without
 // AllowAlone) still decodes.
 func TestDoubleWrite_CommandVersion2(t *testing.T) {
-	body, err := encodeMsg(&createTopicV2{Name: "d", Partitions: 2, Type: TypeDoubleWrite, Now: 5, GroupSize: 1})
+	body, err := msgpack.Marshal(&createTopicV2{Name: "d", Partitions: 2, Type: TypeDoubleWrite, Now: 5, GroupSize: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +271,7 @@ func TestDoubleWrite_CommandVersion2(t *testing.T) {
 // of another chunk; a snapshot round-trips them, and one whose chunk
 // members disagree is ErrCorrupt.
 func TestDoubleWrite_Chunks(t *testing.T) {
-	ft := newFSMT(t)
+	ft := newStateT(t)
 	ft.nodes("a", "b", "c", "d")
 	top := ft.must(CreateTopic{Name: "d", Partitions: 5, Type: TypeDoubleWrite, GroupSize: 2}).Topic
 	for i, want := range []int{0, 0, 2, 2, 4} {

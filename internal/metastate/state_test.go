@@ -1,4 +1,4 @@
-package cluster
+package metastate
 
 import (
 	"errors"
@@ -9,19 +9,20 @@ import (
 	"testing"
 )
 
-// fsmT drives an fsm in tests: every command gets the next log index.
-type fsmT struct {
+// stateT drives a State in tests: every command gets the next log index,
+// and a command applied without error makes the next State current.
+type stateT struct {
 	t     testing.TB
-	f     *fsm
+	cur   *State
 	index uint64
 }
 
-func newFSMT(t testing.TB) *fsmT {
-	return &fsmT{t: t, f: newFSM(discardLogger())}
+func newStateT(t testing.TB) *stateT {
+	return &stateT{t: t, cur: New()}
 }
 
 // do applies c and returns its result and error.
-func (ft *fsmT) do(c Command) (Result, error) {
+func (ft *stateT) do(c Command) (Result, error) {
 	ft.t.Helper()
 	ft.index++
 	// Through the encoding, as raft does.
@@ -33,11 +34,20 @@ func (ft *fsmT) do(c Command) (Result, error) {
 	if err != nil {
 		ft.t.Fatalf("%T does not decode: %v", c, err)
 	}
-	return ft.f.applyCommand(ft.index, dc)
+	return ft.apply(dc)
+}
+
+// apply applies c as it is, without the encoding.
+func (ft *stateT) apply(c Command) (Result, error) {
+	next, res, err := ft.cur.Apply(ft.index, c)
+	if err == nil {
+		ft.cur = next
+	}
+	return res, err
 }
 
 // must applies c and fails the test on an error.
-func (ft *fsmT) must(c Command) Result {
+func (ft *stateT) must(c Command) Result {
 	ft.t.Helper()
 	res, err := ft.do(c)
 	if err != nil {
@@ -46,14 +56,14 @@ func (ft *fsmT) must(c Command) Result {
 	return res
 }
 
-func (ft *fsmT) nodes(ids ...string) {
+func (ft *stateT) nodes(ids ...string) {
 	ft.t.Helper()
 	for _, id := range ids {
 		ft.must(RegisterNode{ID: id, Addr: id + ":7000"})
 	}
 }
 
-func (ft *fsmT) s() *State { return ft.f.state() }
+func (ft *stateT) s() *State { return ft.cur }
 
 func replicas(t Topic) [][]string {
 	var out [][]string
@@ -136,7 +146,7 @@ func TestState_Placement(t *testing.T) {
 		{name: "EmptyName", nodes: []string{"a"}, create: CreateTopic{Partitions: 1, Type: TypeSingle}, wantErr: ErrInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ft := newFSMT(t)
+			ft := newStateT(t)
 			ft.nodes(tc.nodes...)
 			for _, id := range tc.down {
 				n, _ := ft.s().Node(id)
@@ -180,8 +190,8 @@ func TestState_Placement(t *testing.T) {
 }
 
 func TestState_AlterTopic(t *testing.T) {
-	setup := func(t *testing.T) *fsmT {
-		ft := newFSMT(t)
+	setup := func(t *testing.T) *stateT {
+		ft := newStateT(t)
 		ft.nodes("a", "b", "c")
 		ft.must(CreateTopic{Name: "t", Partitions: 2, Type: TypeSingle, Now: 42})
 		return ft
@@ -204,7 +214,7 @@ func TestState_AlterTopic(t *testing.T) {
 	t.Run("Raft3Groups", func(t *testing.T) {
 		// The added partitions make groups of their own: the first group
 		// keeps its size and replicas.
-		ft := newFSMT(t)
+		ft := newStateT(t)
 		ft.nodes("a", "b", "c", "d")
 		ft.must(CreateTopic{Name: "t", Partitions: 3, Type: TypeRaft3, GroupSize: 4})
 		ft.must(AlterTopic{Name: "t", Partitions: 8})
@@ -259,7 +269,7 @@ func TestState_AlterTopic(t *testing.T) {
 }
 
 func TestState_Nodes(t *testing.T) {
-	ft := newFSMT(t)
+	ft := newStateT(t)
 	if r := ft.must(RegisterNode{ID: "a", Addr: "a:1", Voter: true}); r.Session != 1 {
 		t.Fatalf("session %d", r.Session)
 	}
@@ -303,7 +313,7 @@ func TestState_Nodes(t *testing.T) {
 }
 
 func TestState_ACL(t *testing.T) {
-	ft := newFSMT(t)
+	ft := newStateT(t)
 	if !ft.s().Allowed("anyone", "t", RightAdmin) {
 		t.Fatal("no rules: everything is allowed")
 	}
@@ -356,22 +366,22 @@ func TestState_ACL(t *testing.T) {
 	}
 }
 
-// groupFSM returns an fsm with nodes n1..n3 and topic t of parts partitions.
-func groupFSM(t testing.TB, parts int) *fsmT {
-	ft := newFSMT(t)
+// groupState returns a state with nodes n1..n3 and topic t of parts partitions.
+func groupState(t testing.TB, parts int) *stateT {
+	ft := newStateT(t)
 	ft.nodes("n1", "n2", "n3")
 	ft.must(CreateTopic{Name: "t", Partitions: parts, Type: TypeSingle})
 	return ft
 }
 
-func (ft *fsmT) assignment(member string) []int {
+func (ft *stateT) assignment(member string) []int {
 	_, p := ft.s().Assignment("t", "g", member)
 	return p
 }
 
 // releaseAll releases every partition being revoked, as the owners' nodes
 // would.
-func (ft *fsmT) releaseAll() {
+func (ft *stateT) releaseAll() {
 	ft.t.Helper()
 	for {
 		g, _ := ft.s().Group("t", "g")
@@ -384,7 +394,7 @@ func (ft *fsmT) releaseAll() {
 }
 
 func TestState_GroupAssignment(t *testing.T) {
-	ft := groupFSM(t, 6)
+	ft := groupState(t, 6)
 	r := ft.must(JoinGroup{Topic: "t", Group: "g", Member: "m1", Node: "n1"})
 	if r.Generation != 1 || !slices.Equal(ft.assignment("m1"), []int{0, 1, 2, 3, 4, 5}) {
 		t.Fatalf("gen %d, m1 %v", r.Generation, ft.assignment("m1"))
@@ -499,7 +509,7 @@ func TestState_GroupAssignment(t *testing.T) {
 func TestState_GroupEvenness(t *testing.T) {
 	for _, tc := range []struct{ parts, members int }{{1, 3}, {3, 3}, {7, 3}, {10, 4}, {2, 5}, {1024, 7}} {
 		t.Run(fmt.Sprintf("%dParts%dMembers", tc.parts, tc.members), func(t *testing.T) {
-			ft := groupFSM(t, tc.parts)
+			ft := groupState(t, tc.parts)
 			for i := range tc.members {
 				ft.must(JoinGroup{Topic: "t", Group: "g", Member: fmt.Sprintf("m%d", i), Node: "n1"})
 				ft.releaseAll()
@@ -528,7 +538,7 @@ func TestState_OneOwner(t *testing.T) {
 	for seed := range uint64(20) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 1))
-			ft := newFSMT(t)
+			ft := newStateT(t)
 			nodes := []string{"n1", "n2", "n3", "n4"}
 			ft.nodes(nodes...)
 			ft.must(CreateTopic{Name: "t", Partitions: 1 + rng.IntN(12), Type: TypeSingle})
@@ -635,7 +645,7 @@ func checkGroup(t *testing.T, step int, c Command, g0, g1 Group) {
 // cancelled must not complete a later revocation of the same partition, for
 // which the member, having resumed the partition, has not stopped again.
 func TestState_StaleRelease(t *testing.T) {
-	ft := groupFSM(t, 2)
+	ft := groupState(t, 2)
 	ft.must(JoinGroup{Topic: "t", Group: "g", Member: "m1", Node: "n1"})
 	ft.must(JoinGroup{Topic: "t", Group: "g", Member: "m2", Node: "n2"}) // gen 2: 1 revoking from m1
 	stale := Released{Topic: "t", Group: "g", Partition: 1, Member: "m1", Generation: 2}

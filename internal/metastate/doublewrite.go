@@ -1,4 +1,4 @@
-package cluster
+package metastate
 
 import (
 	"cmp"
@@ -102,7 +102,7 @@ func (s *State) promote(c Promote) (Topic, error) {
 		return Topic{}, fmt.Errorf("%w: %s, to lead %s/%d", ErrNodeDown, c.Leader, c.Topic, c.Partition)
 	}
 	old := p.Leader
-	follower := s.leastLoaded(c.Leader, old)
+	follower := s.LeastLoaded(c.Leader, old)
 	if follower == "" {
 		follower = old // no other node up: the old leader follows once it is back
 	}
@@ -115,7 +115,7 @@ func (s *State) replaceFollower(c ReplaceFollower) (Topic, error) {
 	if err != nil {
 		return Topic{}, err
 	}
-	follower := s.leastLoaded(p.Leader, p.Follower())
+	follower := s.LeastLoaded(p.Leader, p.Follower())
 	if follower == "" {
 		return Topic{}, fmt.Errorf("%w: %s/%d: no node up besides its leader and follower", ErrNotEnoughNodes, c.Topic, c.Partition)
 	}
@@ -134,7 +134,7 @@ func (s *State) renewEpoch(c RenewEpoch) (Topic, error) {
 
 // leastLoaded returns the node that is up, not one of not, and holds the
 // fewest replicas (ties by id, as place): "" when there is none.
-func (s *State) leastLoaded(not ...string) string {
+func (s *State) LeastLoaded(not ...string) string {
 	count := s.replicaCounts()
 	best := ""
 	for id, nd := range s.nodes {

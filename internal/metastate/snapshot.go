@@ -1,4 +1,4 @@
-package cluster
+package metastate
 
 import (
 	"fmt"
@@ -255,10 +255,10 @@ func DecodeSnapshot(b []byte) (*State, error) {
 
 // state builds and checks the State of a decoded snapshot.
 func (v *snapV3) state() (*State, error) {
-	s := newState()
+	s := New()
 	s.index = v.Index
 	for i, n := range v.Nodes {
-		if err := checkNodeID(n.ID); err != nil {
+		if err := CheckNodeID(n.ID); err != nil {
 			return nil, err
 		}
 		if i > 0 && v.Nodes[i-1].ID >= n.ID {

@@ -1,4 +1,4 @@
-package cluster
+package metastate
 
 import (
 	"cmp"
@@ -174,7 +174,8 @@ type State struct {
 	changed chan struct{} // closed when a newer version is published
 }
 
-func newState() *State {
+// New returns the empty state, the one before the first command.
+func New() *State {
 	return &State{
 		nodes:   map[string]Node{},
 		topics:  map[string]Topic{},
@@ -188,6 +189,10 @@ func (s *State) Index() uint64 { return s.index }
 
 // Changed returns a channel closed when a newer State is published.
 func (s *State) Changed() <-chan struct{} { return s.changed }
+
+// Replaced closes the channel of Changed: the one who publishes states
+// calls it once, when a newer version replaces s.
+func (s *State) Replaced() { close(s.changed) }
 
 // Node returns the node with that id.
 func (s *State) Node(id string) (Node, bool) {
@@ -324,18 +329,19 @@ func matchPattern(pattern, s string) bool {
 // shared and replaced, never modified, by the caller.
 func (s *State) clone() *State {
 	return &State{
-		index:  s.index,
-		nodes:  maps.Clone(s.nodes),
-		topics: maps.Clone(s.topics),
-		groups: maps.Clone(s.groups),
-		acl:    s.acl,
+		index:   s.index,
+		nodes:   maps.Clone(s.nodes),
+		topics:  maps.Clone(s.topics),
+		groups:  maps.Clone(s.groups),
+		acl:     s.acl,
+		changed: make(chan struct{}),
 	}
 }
 
-// apply returns the state after c at log index index, and c's result. On
-// an error s is unchanged and next is nil. apply is deterministic: every map
+// Apply returns the state after c at log index index, and c's result. On
+// an error s is unchanged and next is nil. Apply is deterministic: every map
 // walk that affects the result is sorted.
-func (s *State) apply(index uint64, c Command) (next *State, res Result, err error) {
+func (s *State) Apply(index uint64, c Command) (next *State, res Result, err error) {
 	res.Index = index
 	n := s.clone()
 	n.index = index
@@ -374,7 +380,7 @@ func (s *State) apply(index uint64, c Command) (next *State, res Result, err err
 }
 
 func (s *State) registerNode(index uint64, c RegisterNode) (uint64, error) {
-	if err := checkNodeID(c.ID); err != nil {
+	if err := CheckNodeID(c.ID); err != nil {
 		return 0, err
 	}
 	if c.Addr == "" || len(c.Addr) > MaxNameLen {
@@ -756,12 +762,9 @@ func checkName(what, name string) error {
 }
 
 // CheckNodeID returns ErrInvalid for an id that is not a node id: 1 to
-// MaxNodeIDLen bytes of [A-Za-z0-9._-].
-func CheckNodeID(id string) error { return checkNodeID(id) }
-
-// checkNodeID applies internal/transport's rule: a node id is the DNS name
-// of its certificate.
-func checkNodeID(id string) error {
+// MaxNodeIDLen bytes of [A-Za-z0-9._-], internal/transport's rule (a node
+// id is the DNS name of its certificate).
+func CheckNodeID(id string) error {
 	if id == "" || len(id) > MaxNodeIDLen {
 		return fmt.Errorf("%w: node id of %d bytes (1..%d)", ErrInvalid, len(id), MaxNodeIDLen)
 	}
