@@ -5,8 +5,6 @@ import (
 
 	"context"
 	"fmt"
-	"strings"
-	"sync"
 
 	"github.com/zeze-go/mq/internal/meta"
 )
@@ -56,11 +54,7 @@ func (m *MQ) SetACL(ctx context.Context, rules []ACLRule) error {
 	for i, r := range rules {
 		cr[i] = metastate.Rule{Identity: r.Identity, Topic: r.Topic, Rights: metastate.Rights(r.Rights)}
 	}
-	res, err := m.cluster.agent.Propose(ctx, metastate.SetACL{Rules: cr})
-	if err != nil {
-		return clusterErr(err)
-	}
-	return m.cluster.awaitIndex(ctx, res.Index)
+	return clusterErr(m.cluster.SetACL(ctx, cr))
 }
 
 // ACL returns the cluster's access rules (none for a standalone node).
@@ -69,7 +63,7 @@ func (m *MQ) ACL() []ACLRule {
 		return nil
 	}
 	var out []ACLRule
-	for _, r := range m.cluster.agent.Meta().State().ACL() {
+	for _, r := range m.cluster.ACL() {
 		out = append(out, ACLRule{Identity: r.Identity, Topic: r.Topic, Rights: Rights(r.Rights)})
 	}
 	return out
@@ -81,38 +75,8 @@ func (m *MQ) allowed(topic string, right Rights) error {
 	if m.cluster == nil || meta.IsSystemTopic(topic) {
 		return nil
 	}
-	return m.cluster.allowed(m.cluster.agent.ID(), topic, right)
+	return translate(m.cluster.Allowed(m.cluster.ID(), topic, metastate.Rights(right)))
 }
 
-// refusals remembers the refusals logged, so each is logged once.
-type refusals struct{ logged sync.Map } // "identity\x00topic\x00right" → struct{}
-
-// allowed returns ErrDenied unless identity may do right on topic under
-// the current rules, logging a refusal the first time.
-func (cn *clusterNode) allowed(identity, topic string, right Rights) error {
-	st := cn.agent.Meta().State()
-	if st.Allowed(identity, topic, metastate.Rights(right)) {
-		return nil
-	}
-	what := strings.Join([]string{identity, topic, right.String()}, "\x00")
-	if _, seen := cn.refused.logged.LoadOrStore(what, struct{}{}); !seen {
-		cn.m.cfg.logger.Warn("refused by the cluster's ACL", "identity", identity, "topic", topic, "right", right.String())
-	}
-	return fmt.Errorf("%w: %s may not %s %s", ErrDenied, identity, right, topic)
-}
-
-func (r Rights) String() string {
-	var parts []string
-	for _, x := range []struct {
-		r    Rights
-		name string
-	}{{Produce, "produce"}, {Consume, "consume"}, {Admin, "admin"}} {
-		if r&x.r != 0 {
-			parts = append(parts, x.name)
-		}
-	}
-	if len(parts) == 0 {
-		return "nothing"
-	}
-	return strings.Join(parts, "|")
-}
+// String names the rights: "produce|consume|admin", "nothing" for none.
+func (r Rights) String() string { return metastate.Rights(r).String() }

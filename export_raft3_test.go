@@ -1,6 +1,12 @@
 package mq
 
-import "github.com/zeze-go/mq/internal/replica"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/zeze-go/mq/internal/node"
+	"github.com/zeze-go/mq/internal/replica"
+)
 
 // Hooks of the Raft3 attacks (raft3_attack_test.go).
 
@@ -12,24 +18,24 @@ func Raft3Leader(m *MQ, topic string, i int) (leader string, holds bool) {
 	if !ok || i < 0 || i >= len(t.Parts) {
 		return "", false
 	}
-	r, ok := t.Parts[i].(*replica.Raft3)
-	if !ok || r.Replica() == nil {
+	r, ok := t.Parts[i].(*replica.Partition)
+	if !ok || r.RaftGroup() == nil {
 		return "", false
 	}
-	_, id := r.Replica().Leader()
+	_, id := r.RaftGroup().Leader()
 	return string(id), true
 }
 
-// HoldAdmin holds m's admin lock, which keeps its topic table from
-// following the metadata (sync), until release.
-func HoldAdmin(m *MQ) (release func()) {
-	m.adminMu.Lock()
-	return m.adminMu.Unlock
-}
+// HoldAdmin keeps m's topic table from following the metadata (its node's
+// sync) until release.
+func HoldAdmin(m *MQ) (release func()) { return m.cluster.HoldSync() }
 
 // Served is what m's partition service finds for a call to partition i of
 // topic from another node.
 func Served(m *MQ, topic string, i int) error {
-	_, err := m.cluster.served(topic, i)
+	_, err := m.cluster.Served(topic, i)
+	if errors.Is(err, node.ErrNoTopic) {
+		return fmt.Errorf("%w: %w", ErrNoTopic, err)
+	}
 	return err
 }

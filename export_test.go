@@ -59,7 +59,7 @@ func PartitionNode(m *MQ, topic string, i int) string {
 	if m.cluster == nil {
 		return ""
 	}
-	pl, ok := m.cluster.agent.Meta().State().Partition(topic, i)
+	pl, ok := m.cluster.Agent().Meta().State().Partition(topic, i)
 	if !ok || len(pl.Replicas) == 0 {
 		return ""
 	}
@@ -84,25 +84,25 @@ func ApplyAt(ctx context.Context, m *MQ, topic string, i int, msg *Message) erro
 
 // ReviewSetLinkDown cuts (or restores) m's side of its link to node peer.
 func ReviewSetLinkDown(m *MQ, peer string, down bool) {
-	m.cluster.agent.Transport().SetLinkDown(peer, down)
+	m.cluster.Agent().Transport().SetLinkDown(peer, down)
 }
 
 // ReviewPropose proposes c through m's agent, as node m: what any node
 // knowing the secret can send to the metadata leader.
 func ReviewPropose(ctx context.Context, m *MQ, c metastate.Command) (metastate.Result, error) {
-	return m.cluster.agent.Propose(ctx, c)
+	return m.cluster.Agent().Propose(ctx, c)
 }
 
 // ReviewGroup is the metadata group's record of a consumer group, as m sees it.
 func ReviewGroup(m *MQ, topic, group string) (metastate.Group, bool) {
-	return m.cluster.agent.Meta().State().Group(topic, group)
+	return m.cluster.Agent().Meta().State().Group(topic, group)
 }
 
 // ReviewRemotePartition is partition i of topic on node, reached from m
 // straight through the RPC partition service (as any node knowing the
 // secret may), not through m's producer or consumer API.
 func ReviewRemotePartition(m *MQ, node, topic string, i int) (partition.Partition, error) {
-	c, err := m.cluster.agent.Peer(node)
+	c, err := m.cluster.Agent().Peer(node)
 	if err != nil {
 		return nil, err
 	}
@@ -117,17 +117,18 @@ func PairReplica(m *MQ, topic string, part int) (compactions, installs int64) {
 	if !ok || part < 0 || part >= len(t.Parts) {
 		return -1, -1
 	}
-	d, ok := t.Parts[part].(*replica.DoubleWrite)
-	if !ok || d.Replica() == nil {
+	d, ok := t.Parts[part].(*replica.Partition)
+	if !ok || d.Pair() == nil || d.Pair().Replica() == nil {
 		return -1, -1
 	}
-	return d.Replica().Compactions(), d.Replica().Installs()
+	r := d.Pair().Replica()
+	return r.Compactions(), r.Installs()
 }
 
 // PairRecord returns the metadata record of partition part of topic as node
 // m sees it: its leader, replicas, in-sync replicas and epoch.
 func PairRecord(m *MQ, topic string, part int) (leader string, replicas, inSync []string, epoch uint64) {
-	p, ok := m.cluster.agent.Meta().State().Partition(topic, part)
+	p, ok := m.cluster.Agent().Meta().State().Partition(topic, part)
 	if !ok {
 		return "", nil, nil, 0
 	}

@@ -60,110 +60,23 @@ package mq
 
 import (
 	"github.com/zeze-go/mq/internal/metastate"
+	"github.com/zeze-go/mq/internal/node"
 
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/delivery"
 	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
-	"github.com/zeze-go/mq/internal/replica"
-	"github.com/zeze-go/mq/internal/txn"
 	"github.com/zeze-go/mq/internal/upkeep"
-	"github.com/zeze-go/mq/raftqueue"
 	"github.com/zeze-go/mq/store"
-)
-
-// Errors returned by this package; compare with errors.Is.
-var (
-	// ErrClosed is returned by every method of a node, producer or consumer
-	// after its Close.
-	ErrClosed = errors.New("mq: closed")
-	// ErrTopicExists is returned by CreateMQ for a topic that exists.
-	ErrTopicExists = errors.New("mq: topic exists")
-	// ErrNoTopic is returned for a topic that does not exist.
-	ErrNoTopic = errors.New("mq: no such topic")
-	// ErrInvalidTopic is returned for a topic name that is empty, longer
-	// than 255 bytes, has characters other than letters, digits, '.', '_'
-	// and '-', or starts with '%' (reserved for system topics).
-	ErrInvalidTopic = errors.New("mq: invalid topic name")
-	// ErrInvalidPartition is returned for a partition count below 1 or above
-	// MaxPartitions, or a partition index out of range.
-	ErrInvalidPartition = errors.New("mq: invalid partition")
-	// ErrPartitionDecrease is returned by AlterMQ when asked to shrink a topic.
-	ErrPartitionDecrease = errors.New("mq: partitions can only grow")
-	// ErrMessageTooLarge is returned by SendMessage, before anything is
-	// written, for a message over the node's MaxMessageBytes.
-	ErrMessageTooLarge = errors.New("mq: message too large")
-	// ErrInvalidMessage is returned by SendMessage, PrepareMessage and
-	// CommitMessage, before anything is written, for a message whose ID is
-	// longer than MaxIDBytes, whose Timestamp is outside what int64 Unix
-	// nanoseconds hold (1677-09-21 to 2262-04-11), or whose DeliverAt is
-	// after that range.
-	ErrInvalidMessage = errors.New("mq: invalid message")
-	// ErrUnsupportedType is returned by CreateMQ for a replication type this
-	// node cannot provide (DoubleWrite and Raft3 need a cluster).
-	ErrUnsupportedType = errors.New("mq: replication type not supported here")
-	// ErrInvalidOption is returned by Open, NewProducer and NewConsumer for a
-	// bad option, and by Open for a directory its options do not fit: a
-	// cluster node's opened without WithCluster or under another NodeID, or
-	// a standalone node's (one with topics) opened WithCluster; and by
-	// CreateMQ for Options out of range.
-	ErrInvalidOption = errors.New("mq: invalid option")
-	// ErrInvalidGroup is returned by NewConsumer for a bad group name (the
-	// same rules as topic names, but at most 248 bytes: a group's retry
-	// topic is named "%RETRY%" and the group).
-	ErrInvalidGroup = errors.New("mq: invalid group name")
-	// ErrNilMessage is returned by SendMessage for a nil *Message.
-	ErrNilMessage = errors.New("mq: nil message")
-	// ErrInvalidOffset is returned by ResetOffset and Seek for an offset past
-	// the end of its partition.
-	ErrInvalidOffset = errors.New("mq: invalid offset")
-	// ErrTxDecided is returned by PrepareMessage when the transaction was
-	// already decided (committed or rolled back) in a partition.
-	ErrTxDecided = errors.New("mq: transaction already decided")
-	// ErrNoMessage is returned by ReadMessage for an offset that holds no
-	// message: not written yet, or already removed by retention.
-	ErrNoMessage = errors.New("mq: no message at offset")
-	// ErrCorrupt is returned when stored data fails its checksum or a file
-	// is damaged (the error names the file), and by Open for a meta.db
-	// written by a newer version.
-	ErrCorrupt = errors.New("mq: corrupt data")
-	// ErrNotInTransaction is returned by PrepareMessage and CommitMessage
-	// when ctx carries no host transaction.
-	ErrNotInTransaction = errors.New("mq: not in a transaction")
-	// ErrNoQuorum is returned when a replicated partition cannot reach a
-	// quorum before ctx ends.
-	ErrNoQuorum = errors.New("mq: no quorum")
-	// ErrUnknownOutcome is returned when a replicated partition's leader
-	// was lost while a send or commit was being replicated: it may or may
-	// not be stored. Sending the same *Message again stores it once (its
-	// ID and partition are kept, and a copy already stored is found). The
-	// same for CreateMQ and AlterMQ when the metadata leader was lost while
-	// committing the change: it may still take effect.
-	ErrUnknownOutcome = errors.New("mq: outcome unknown")
-	// ErrGroupInUse is returned by DeleteGroup while a consumer of the
-	// group is open on this node.
-	ErrGroupInUse = errors.New("mq: group in use")
-	// ErrDenied is returned when the cluster's ACL does not allow this
-	// node the call (see SetACL).
-	ErrDenied = errors.New("mq: denied by the cluster's ACL")
-	// ErrStorageFailed is returned for every write to a partition after a
-	// write or sync of its log or file failed (an I/O error, a full disk),
-	// until the node is reopened: the outcome of the writes in flight is
-	// unknown, and nothing is retried and acknowledged. Resend with the same
-	// IDs after reopening.
-	ErrStorageFailed = errors.New("mq: storage failed")
 )
 
 // MaxPartitions is the largest partition count of a topic.
@@ -192,10 +105,7 @@ type MQ struct {
 	closed  atomic.Bool
 
 	delivery *delivery.Engine // consumers, groups and their workers
-	cluster  *clusterNode     // nil for a standalone node
-	// raftLogs are the logs of Raft3 replicas found in the WAL at Open,
-	// until the replicas open (guarded by adminMu).
-	raftLogs map[string]*raftqueue.WALLog
+	cluster  *node.Node       // nil for a standalone node
 }
 
 // Open opens the node stored in dir, creating dir if needed, and reopens
@@ -229,9 +139,13 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	if err := store.MkdirAll(filepath.Join(dir, "topics")); err != nil {
 		return nil, fmt.Errorf("mq: open %s: %w", dir, err)
 	}
-	claim, err := checkDirOwner(dir, &cfg) // cluster.go
+	id := ""
+	if cfg.cluster != nil {
+		id = cfg.cluster.NodeID
+	}
+	claim, err := node.CheckDir(dir, id)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("mq: %w", translate(err))
 	}
 	meta, err := meta.Open(dir, cfg.logger)
 	if err != nil {
@@ -259,10 +173,8 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	}
 	if cfg.cluster == nil {
 		err = m.load()
-	} else if err = m.recoverLogged(); err == nil {
-		if err = m.openCluster(); err == nil && claim { // the topics come from the metadata group
-			err = claimDir(dir, cfg.cluster.NodeID)
-		}
+	} else if err = m.openCluster(); err == nil && claim { // the topics come from the metadata group
+		err = node.Claim(dir, cfg.cluster.NodeID)
 	}
 	if err == nil {
 		err = m.wal.FinishRecovery() // every partition has replayed its records
@@ -270,13 +182,13 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	if err == nil {
 		var coord delivery.Coordinator // standalone: delivery.Local
 		if m.cluster != nil {
-			coord = m.cluster.coord
+			coord = m.cluster.Coordinator()
 		}
 		m.delivery = delivery.New(deliveryTopics{m}, cfg.clock, cfg.logger, coord)
 	}
 	if err != nil {
 		if m.cluster != nil {
-			m.cluster.agent.Close()
+			m.cluster.Close()
 		}
 		m.closeTopics()
 		m.wal.Close()
@@ -286,6 +198,39 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	}
 	m.startBackground()
 	return m, nil
+}
+
+// openCluster starts the node's part in the cluster (internal/node): its
+// agent, and the topic table kept in step with the metadata group from
+// startBackground on.
+func (m *MQ) openCluster() error {
+	c := m.cfg.cluster
+	maxFrame := c.MaxFrameBytes
+	if maxFrame == 0 {
+		maxFrame = DefaultMaxFrameBytes
+	}
+	if maxFrame < m.cfg.maxMessageBytes+frameOverhead {
+		return fmt.Errorf("%w: cluster MaxFrameBytes %d cannot carry a message of MaxMessageBytes %d", ErrInvalidOption, maxFrame, m.cfg.maxMessageBytes)
+	}
+	n, err := node.Open(node.Config{
+		Agent: cluster.AgentConfig{
+			ID: c.NodeID, Bind: c.Bind, Advertise: c.Advertise,
+			Seeds: c.Seeds, Secret: c.Secret, ServerTLS: c.ServerTLS, ClientTLS: c.ClientTLS,
+			SessionTimeout: c.SessionTimeout, HandshakeTimeout: c.HandshakeTimeout, MaxFrameBytes: maxFrame,
+			HeartbeatTimeout: c.ElectionTimeout, ElectionTimeout: c.ElectionTimeout,
+			LeaderLeaseTimeout: c.ElectionTimeout / 2, Logger: m.cfg.logger,
+		},
+		Local: m.localConfig(), Topics: m.topics, Upkeep: &m.upkeep,
+		ElectionTimeout: c.ElectionTimeout, MaxBatchBytes: maxFrame - frameOverhead,
+		PairCompactEvery: m.cfg.pairCompactEvery, PairKeepEntries: m.cfg.pairKeepEntries,
+		Rebalance: func(topic string) { m.delivery.Rebalance(topic) },
+		Logger:    m.cfg.logger,
+	})
+	if err != nil {
+		return fmt.Errorf("mq: cluster: %w", translate(err))
+	}
+	m.cluster = n
+	return nil
 }
 
 // load opens every topic of the table in meta.db.
@@ -325,15 +270,16 @@ func (m *MQ) openPartitions(topic string, from, to int) ([]partition.Partition, 
 }
 
 func (m *MQ) openPartition(topic string, i int) (partition.Partition, error) {
-	path := meta.PartitionPath(m.dir, topic, i)
-	if err := store.MkdirAll(filepath.Dir(path)); err != nil {
-		return nil, fmt.Errorf("mq: %s/%d: %w", topic, i, err)
-	}
-	p, err := store.Open(path, store.Options{WAL: m.wal, Stream: topic + "/" + strconv.Itoa(i), MaterializeAfter: m.cfg.materializeAfter})
+	p, err := partition.OpenLocal(m.localConfig(), topic, i)
 	if err != nil {
-		return nil, fmt.Errorf("mq: %s/%d: %w", topic, i, translate(err))
+		return nil, fmt.Errorf("mq: %w", translate(err))
 	}
-	return partition.NewLocal(p, m.cfg.clock.Now), nil
+	return p, nil
+}
+
+// localConfig is what the node's Single partitions are opened with.
+func (m *MQ) localConfig() partition.LocalConfig {
+	return partition.LocalConfig{Dir: m.dir, WAL: m.wal, MaterializeAfter: m.cfg.materializeAfter, Now: m.cfg.clock.Now}
 }
 
 // Close stops every consumer, producer and background goroutine of the node,
@@ -348,15 +294,14 @@ func (m *MQ) Close() error {
 		return nil
 	}
 	if m.cluster != nil {
-		m.cluster.closing()
+		m.cluster.Closing()
 	}
 	m.delivery.Close()
 	m.cancel()
 	m.wg.Wait()
 	var err error
 	if m.cluster != nil { // before the partitions: it serves them
-		m.cluster.handOff()
-		err = m.cluster.agent.Close()
+		err = m.cluster.Close()
 	}
 	if cerr := m.closeTopics(); err == nil {
 		err = cerr
@@ -411,8 +356,8 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 		if m.cluster == nil {
 			return fmt.Errorf("%w: %v on a standalone node", ErrUnsupportedType, opts.Type)
 		}
-		if len(name) > maxRaft3Topic {
-			return fmt.Errorf("%w: a Raft3 topic's name is at most %d bytes", ErrInvalidTopic, maxRaft3Topic)
+		if len(name) > node.MaxRaft3Topic {
+			return fmt.Errorf("%w: a Raft3 topic's name is at most %d bytes", ErrInvalidTopic, node.MaxRaft3Topic)
 		}
 	case DoubleWrite:
 		if m.cluster == nil {
@@ -428,7 +373,9 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 		if m.closed.Load() {
 			return ErrClosed
 		}
-		return m.cluster.createTopic(ctx, name, partitions, opts)
+		return clusterErr(m.cluster.CreateTopic(ctx, metastate.CreateTopic{Name: name, Partitions: partitions, Type: uint8(opts.Type),
+			Now: time.Now().UnixNano(), GroupSize: opts.PartitionsPerRaftGroup + opts.PartitionsPerPair, // one of them is zero (Options.check)
+			AllowAlone: opts.AckAlone}))
 	}
 	m.adminMu.Lock()
 	defer m.adminMu.Unlock()
@@ -467,7 +414,7 @@ func (m *MQ) AlterMQ(ctx context.Context, topic string, partitions int) error {
 		if m.closed.Load() {
 			return ErrClosed
 		}
-		return m.cluster.alterTopic(ctx, topic, partitions)
+		return clusterErr(m.cluster.AlterTopic(ctx, topic, partitions))
 	}
 	m.adminMu.Lock()
 	if m.closed.Load() {
@@ -565,54 +512,6 @@ func checkName(name string, bad error) error {
 	return nil
 }
 
-// translate maps store, boltsafe, meta, txn and cluster errors to mq ones.
-func translate(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, store.ErrClosed):
-		return fmt.Errorf("%w: %v", ErrClosed, err)
-	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt), errors.Is(err, meta.ErrCorrupt),
-		errors.Is(err, txn.ErrCorrupt), errors.Is(err, metastate.ErrCorrupt):
-		return fmt.Errorf("%w: %v", ErrCorrupt, err)
-	case errors.Is(err, delivery.ErrClosed):
-		return fmt.Errorf("%w: %v", ErrClosed, err)
-	case errors.Is(err, delivery.ErrInvalidPartition):
-		return fmt.Errorf("%w: %v", ErrInvalidPartition, err)
-	case errors.Is(err, delivery.ErrInvalidOffset):
-		return fmt.Errorf("%w: %v", ErrInvalidOffset, err)
-	case errors.Is(err, delivery.ErrGroupInUse):
-		return fmt.Errorf("%w: %v", ErrGroupInUse, err)
-	case errors.Is(err, delivery.ErrNoOrigin):
-		return fmt.Errorf("%w: %v", ErrNoTopic, err)
-	case errors.Is(err, store.ErrDecided):
-		return fmt.Errorf("%w: %v", ErrTxDecided, err)
-	case errors.Is(err, store.ErrTooLarge):
-		return fmt.Errorf("%w: %v", ErrMessageTooLarge, err)
-	case errors.Is(err, cluster.ErrDenied):
-		return fmt.Errorf("%w: %v", ErrDenied, err)
-	case errors.Is(err, metastate.ErrTopicExists):
-		return fmt.Errorf("%w: %v", ErrTopicExists, err)
-	case errors.Is(err, metastate.ErrNoTopic):
-		return fmt.Errorf("%w: %v", ErrNoTopic, err)
-	case errors.Is(err, metastate.ErrPartitionDecrease):
-		return fmt.Errorf("%w: %v", ErrPartitionDecrease, err)
-	case errors.Is(err, metastate.ErrNotEnoughNodes):
-		return fmt.Errorf("%w: %v", ErrNoQuorum, err)
-	case errors.Is(err, replica.ErrNoInSync):
-		return fmt.Errorf("%w: %v", ErrNoQuorum, err)
-	case errors.Is(err, replica.ErrNoLeader): // and still the ctx's error that ended the wait
-		return fmt.Errorf("%w: %w", ErrNoQuorum, err)
-	case errors.Is(err, raftqueue.ErrUnknownOutcome), errors.Is(err, cluster.ErrUnknownOutcome):
-		return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
-	case errors.Is(err, cluster.ErrClosed):
-		return fmt.Errorf("%w: %v", ErrClosed, err)
-	case errors.Is(err, store.ErrFailed), errors.Is(err, store.ErrWALFailed):
-		return fmt.Errorf("%w: %v", ErrStorageFailed, err)
-	}
-	return err
-}
-
 // goFunc runs fn in a goroutine owned by the node: Close waits for it.
 func (m *MQ) goFunc(fn func(ctx context.Context)) {
 	m.wg.Add(1)
@@ -628,9 +527,7 @@ func (m *MQ) startBackground() {
 	m.startMaintenance() // internal/upkeep: delay release, retention, dedup pruning
 	m.startTxChecker()   // transaction.go, internal/txn: check-back, sweep, forgetter
 	if m.cluster != nil {
-		m.cluster.sync(m.cluster.agent.Meta().State()) // what this node knows (its state cache after a restart) before Open returns
-		m.goFunc(m.cluster.syncLoop)                   // cluster.go: the topic table follows the metadata group
-		m.goFunc(m.cluster.coord.Run)                  // internal/cluster: the groups' members follow the consumers
+		m.cluster.Start() // internal/node: the topic table follows the metadata group, the groups' members the consumers
 	}
 }
 
@@ -642,24 +539,15 @@ func (m *MQ) startMaintenance() {
 }
 
 // maintainPartitions starts the upkeep of parts, the partitions of topic
-// from index first on, that are stored here: only a partition's own node
-// proposes its upkeep, and learns at once when its log grows. CreateMQ and
-// AlterMQ call it for the partitions they add, with m.adminMu held and the
-// node open, so Close waits for what it starts.
+// from index first on, of a standalone node. CreateMQ and AlterMQ call it
+// for the partitions they add, with m.adminMu held and the node open, so
+// Close waits for what it starts. A cluster node's upkeep is its node's
+// (internal/node).
 func (m *MQ) maintainPartitions(topic string, first int, parts []partition.Partition) {
 	for i, p := range parts {
-		logger := m.cfg.logger.With("topic", topic, "partition", first+i)
-		switch p := p.(type) {
-		case *partition.Local:
+		if p, ok := p.(*partition.Local); ok {
+			logger := m.cfg.logger.With("topic", topic, "partition", first+i)
 			m.goFunc(func(ctx context.Context) { upkeep.Run(ctx, p, &m.upkeep, logger) })
-		case *replica.Raft3: // only its leader proposes upkeep
-			m.goFunc(func(ctx context.Context) {
-				p.WhileLeading(ctx, func(ctx context.Context, u replica.Upkeep) { upkeep.Run(ctx, u, &m.upkeep, logger) })
-			})
-		case *replica.DoubleWrite:
-			m.goFunc(func(ctx context.Context) {
-				p.WhileLeading(ctx, func(ctx context.Context, u replica.Upkeep) { upkeep.Run(ctx, u, &m.upkeep, logger) })
-			})
 		}
 	}
 }

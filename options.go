@@ -582,6 +582,15 @@ func WithFilter(expression string) ConsumerOption {
 	}
 }
 
+// DefaultMaxFrameBytes is ClusterConfig.MaxFrameBytes's default: room for
+// the largest message WithMaxMessageBytes allows, so that nodes with
+// different message limits still carry each other's messages.
+const DefaultMaxFrameBytes = maxMessageLimit + frameOverhead
+
+// frameOverhead is what a frame needs beside one message: the request or
+// reply around it.
+const frameOverhead = 1 << 20
+
 // ClusterConfig makes a node one of a cluster (WithCluster).
 type ClusterConfig struct {
 	// NodeID names the node in the cluster, for the life of its data

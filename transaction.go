@@ -99,11 +99,14 @@ func (m *MQ) startTxChecker() {
 		TestHook:     c.testHook,
 	}
 	if m.cluster != nil { // half messages name their node; each is checked back where it was prepared
-		cfg.NodeID = m.cluster.agent.ID()
-		cfg.Owned = m.cluster.owned
-		cfg.AskNode = m.cluster.askNode
+		cfg.NodeID = m.cluster.ID()
+		cfg.Owned = m.cluster.Owned
+		cfg.AskNode = m.cluster.AskNode
 	}
 	c.node = txn.New(cfg)
+	if m.cluster != nil {
+		m.cluster.ServeTx(c.node)
+	}
 	c.node.Start()
 }
 

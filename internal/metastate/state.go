@@ -41,6 +41,23 @@ const (
 	rightsAll = RightProduce | RightConsume | RightAdmin
 )
 
+// String names the rights: "produce|consume|admin", "nothing" for none.
+func (r Rights) String() string {
+	var parts []string
+	for _, x := range []struct {
+		r    Rights
+		name string
+	}{{RightProduce, "produce"}, {RightConsume, "consume"}, {RightAdmin, "admin"}} {
+		if r&x.r != 0 {
+			parts = append(parts, x.name)
+		}
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, "|")
+}
+
 // Rule is one ACL rule: identities matching Identity may do Rights on the
 // topics matching Topic. A pattern is "*" (anything), a prefix followed by
 // "*", or an exact name.

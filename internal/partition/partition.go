@@ -9,12 +9,16 @@ package partition
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"path/filepath"
+	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -96,10 +100,41 @@ func NewLocal(p *store.Partition, now func() time.Time) *Local {
 
 // Apply stamps cmd.Now, unless set, and applies cmd.
 func (l *Local) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
-	if cmd.Now == 0 {
-		cmd.Now = l.now().UnixNano()
-	}
+	Stamp(cmd, l.now)
 	return l.Partition.Apply(ctx, cmd)
+}
+
+// LocalConfig is what a node opens its Single partitions with (OpenLocal).
+type LocalConfig struct {
+	Dir string // the node's directory: partition files in Dir/topics
+	// WAL is the node's write-ahead log; a partition logs to its stream
+	// "topic/i".
+	WAL              *store.WAL
+	MaterializeAfter time.Duration // store.Options.MaterializeAfter
+	Now              func() time.Time
+}
+
+// OpenLocal opens partition i of topic in the node's directory, creating
+// its file if needed.
+func OpenLocal(cfg LocalConfig, topic string, i int) (*Local, error) {
+	path := meta.PartitionPath(cfg.Dir, topic, i)
+	if err := store.MkdirAll(filepath.Dir(path)); err != nil {
+		return nil, fmt.Errorf("%s/%d: %w", topic, i, err)
+	}
+	p, err := store.Open(path, store.Options{WAL: cfg.WAL, Stream: topic + "/" + strconv.Itoa(i), MaterializeAfter: cfg.MaterializeAfter})
+	if err != nil {
+		return nil, fmt.Errorf("%s/%d: %w", topic, i, err)
+	}
+	return NewLocal(p, cfg.Now), nil
+}
+
+// Stamp sets a zero cmd.Now to now: the time of the partition's proposer
+// (a Single partition's node, a replicated partition's leader), which
+// every replica then applies alike.
+func Stamp(cmd *store.Command, now func() time.Time) {
+	if cmd.Now == 0 {
+		cmd.Now = now().UnixNano()
+	}
 }
 
 // Topic is a topic as the node serves it. It is never modified once in a

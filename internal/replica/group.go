@@ -1,6 +1,9 @@
 package replica
 
 import (
+	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,34 +68,39 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 	return g, nil
 }
 
-// Group is this node's replica of a raft group, as the Raft3 partitions it
-// carries share it: the first to be attached opens it (Groups.Attach), the
-// last to close closes it.
-type Group struct {
+// sharedGroup is this node's replica of a raft group, as the Raft3
+// partitions it carries share it: the first to be attached opens it
+// (RaftGroups.Attach), the last to close closes it.
+type sharedGroup struct {
 	g    *raftqueue.Group
 	name string
-	gs   *Groups
+	gs   *RaftGroups
 	refs int // guarded by gs.mu: the partitions attached; 0 once closed
 	// damaged: a partition of this replica met damage (store.ErrCorrupt or
 	// ErrFailed) in a read or an apply. The replica no longer serves, and
-	// hands its leadership over whenever it leads (Raft3.WhileLeading), so
-	// the group serves from the intact replicas. Sticky until the node
+	// hands its leadership over whenever it leads (Partition.WhileLeading),
+	// so the group serves from the intact replicas. Sticky until the node
 	// restarts.
 	damaged atomic.Bool
 }
 
-// Groups are the raft groups of which a node holds a replica, by name.
+// RaftGroups are the raft groups of which a node holds a replica, by name.
 // Safe for concurrent use.
-type Groups struct {
+type RaftGroups struct {
 	mu sync.Mutex
-	m  map[string]*Group
+	m  map[string]*sharedGroup
 }
 
-// Attach makes this node's replica of group name r's: the one open
-// already, or the one open returns (called under gs's lock). A partition
-// that is closed, or has its replica already, takes no hold of it, and a
-// replica no partition holds is closed again. It returns open's error.
-func (gs *Groups) Attach(r *Raft3, name string, open func() (*raftqueue.Group, error)) error {
+// Attach makes this node's replica of group name p's, p a Raft3
+// partition: the one open already, or the one open returns (called under
+// gs's lock). A partition that is closed, or has its replica already,
+// takes no hold of it, and a replica no partition holds is closed again.
+// It returns open's error.
+func (gs *RaftGroups) Attach(p *Partition, name string, open func() (*raftqueue.Group, error)) error {
+	k, ok := p.kind.(*raft3)
+	if !ok {
+		return fmt.Errorf("replica: %s is not a Raft3 partition", p.Name())
+	}
 	gs.mu.Lock()
 	defer gs.mu.Unlock()
 	g := gs.m[name]
@@ -101,13 +109,13 @@ func (gs *Groups) Attach(r *Raft3, name string, open func() (*raftqueue.Group, e
 		if err != nil {
 			return err
 		}
-		g = &Group{g: rg, name: name, gs: gs}
+		g = &sharedGroup{g: rg, name: name, gs: gs}
 		if gs.m == nil {
-			gs.m = map[string]*Group{}
+			gs.m = map[string]*sharedGroup{}
 		}
 		gs.m[name] = g
 	}
-	if r.attach(g) {
+	if k.attach(g) {
 		g.refs++
 	} else if g.refs == 0 {
 		g.closeLocked()
@@ -115,9 +123,32 @@ func (gs *Groups) Attach(r *Raft3, name string, open func() (*raftqueue.Group, e
 	return nil
 }
 
+// HandOff hands the leadership of each group whose replica here leads to
+// another replica, in parallel, so that the groups do not wait out an
+// election when the node closes. Call it while the node's port still runs;
+// it is best effort (the groups elect a leader anyway).
+func (gs *RaftGroups) HandOff() {
+	gs.mu.Lock()
+	groups := slices.Collect(maps.Values(gs.m))
+	gs.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		wg.Go(g.handOff)
+	}
+	wg.Wait()
+}
+
+// handOff transfers the group's leadership to another replica if this one
+// leads.
+func (g *sharedGroup) handOff() {
+	if g.g.State() == raft.Leader {
+		_ = g.g.Raft().LeadershipTransfer().Error()
+	}
+}
+
 // release drops a partition's hold of g, and closes the replica with the
 // last (under gs.mu: a new Attach of the name waits for it).
-func (g *Group) release() error {
+func (g *sharedGroup) release() error {
 	g.gs.mu.Lock()
 	defer g.gs.mu.Unlock()
 	if g.refs--; g.refs > 0 {
@@ -126,13 +157,7 @@ func (g *Group) release() error {
 	return g.closeLocked()
 }
 
-func (g *Group) closeLocked() error {
+func (g *sharedGroup) closeLocked() error {
 	delete(g.gs.m, g.name)
 	return g.g.Close()
-}
-
-// Leads reports whether this node's replica leads the group.
-func (r *Raft3) Leads() bool {
-	g := r.Replica()
-	return g != nil && g.State() == raft.Leader
 }

@@ -33,9 +33,8 @@ func openOne(t *testing.T, dir string, parts int) *raftqueue.Group {
 	return g
 }
 
-func newPart(index int) *Raft3 {
-	return NewRaft3(Raft3Config{Topic: "t", Index: index, First: 0, Partitions: 2, Self: "a", Replicas: []string{"a"},
-		Now: time.Now, CallTimeout: 5 * time.Second})
+func newPart(index int) *Partition {
+	return NewRaft3(Raft3Config{Config: Config{Topic: "t", Index: index, First: 0, Self: "a", Now: time.Now, CallTimeout: 5 * time.Second}, Partitions: 2, Replicas: []string{"a"}})
 }
 
 // TestGroups_Shared: two partitions of one group share one replica, opened
@@ -44,25 +43,25 @@ func newPart(index int) *Raft3 {
 // then opened anew.
 func TestGroups_Shared(t *testing.T) {
 	dir := t.TempDir()
-	var gs Groups
+	var gs RaftGroups
 	opened := 0
 	open := func() (*raftqueue.Group, error) {
 		opened++
 		return openOne(t, dir, 2), nil
 	}
 	p0, p1 := newPart(0), newPart(1)
-	for _, p := range []*Raft3{p0, p1} {
+	for _, p := range []*Partition{p0, p1} {
 		if err := gs.Attach(p, "g", open); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if opened != 1 || p0.Replica() == nil || p0.Replica() != p1.Replica() {
-		t.Fatalf("opened %d, replicas %p %p", opened, p0.Replica(), p1.Replica())
+	if opened != 1 || p0.RaftGroup() == nil || p0.RaftGroup() != p1.RaftGroup() {
+		t.Fatalf("opened %d, replicas %p %p", opened, p0.RaftGroup(), p1.RaftGroup())
 	}
-	g := p0.Replica()
+	g := p0.RaftGroup()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for i, p := range []*Raft3{p0, p1, p1} {
+	for i, p := range []*Partition{p0, p1, p1} {
 		if _, err := p.Apply(ctx, &store.Command{Op: store.OpAppend, Msgs: []store.Message{{ID: string(rune(65 + i)), Body: []byte("x")}}}); err != nil {
 			t.Fatal(err)
 		}
@@ -102,14 +101,14 @@ func TestGroups_Shared(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p2.Close()
-	if opened != 2 || p2.Replica() == g {
-		t.Fatalf("opened %d times; the closed group reused: %v", opened, p2.Replica() == g)
+	if opened != 2 || p2.RaftGroup() == g {
+		t.Fatalf("opened %d times; the closed group reused: %v", opened, p2.RaftGroup() == g)
 	}
 	var sp *store.Partition
 	var err error
-	for sp, err = p2.Replica().LeaderPartition(ctx, 1); errors.Is(err, raftqueue.ErrNotLeader) && ctx.Err() == nil; {
+	for sp, err = p2.RaftGroup().LeaderPartition(ctx, 1); errors.Is(err, raftqueue.ErrNotLeader) && ctx.Err() == nil; {
 		time.Sleep(10 * time.Millisecond) // elected again
-		sp, err = p2.Replica().LeaderPartition(ctx, 1)
+		sp, err = p2.RaftGroup().LeaderPartition(ctx, 1)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +123,7 @@ func TestGroups_Shared(t *testing.T) {
 // and the next Attach opens again.
 func TestGroups_AttachClosedOrFailing(t *testing.T) {
 	dir := t.TempDir()
-	var gs Groups
+	var gs RaftGroups
 	var last *raftqueue.Group
 	open := func() (*raftqueue.Group, error) {
 		last = openOne(t, dir, 2)
@@ -135,8 +134,8 @@ func TestGroups_AttachClosedOrFailing(t *testing.T) {
 	if err := gs.Attach(closed, "g", open); err != nil {
 		t.Fatal(err)
 	}
-	if closed.Replica() != nil || last.State() != raft.Shutdown {
-		t.Fatalf("a closed partition attached (%v) or left its group open (%v)", closed.Replica() != nil, last.State())
+	if closed.RaftGroup() != nil || last.State() != raft.Shutdown {
+		t.Fatalf("a closed partition attached (%v) or left its group open (%v)", closed.RaftGroup() != nil, last.State())
 	}
 
 	boom := errors.New("boom")
@@ -145,15 +144,15 @@ func TestGroups_AttachClosedOrFailing(t *testing.T) {
 	if err := gs.Attach(p, "g", func() (*raftqueue.Group, error) { return nil, boom }); !errors.Is(err, boom) {
 		t.Fatalf("Attach: %v, want the open's error", err)
 	}
-	if p.Replica() != nil {
+	if p.RaftGroup() != nil {
 		t.Fatal("a failed open attached something")
 	}
-	if err := gs.Attach(p, "g", open); err != nil || p.Replica() != last {
+	if err := gs.Attach(p, "g", open); err != nil || p.RaftGroup() != last {
 		t.Fatalf("Attach after a failure: %v", err)
 	}
 	// A second Attach of the same partition keeps its replica and takes
 	// no second hold: its Close then closes the group.
-	if err := gs.Attach(p, "g", open); err != nil || p.Replica() != last {
+	if err := gs.Attach(p, "g", open); err != nil || p.RaftGroup() != last {
 		t.Fatalf("second Attach: %v", err)
 	}
 	p.Close()

@@ -4,58 +4,54 @@ import (
 	"context"
 
 	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/raftqueue"
 	"github.com/zeze-go/mq/store"
 )
 
-// Leading is what Raft3.Leading returns: a partition.Partition, and the
-// half messages' producer for the partition service's ACL.
-type Leading struct{ r leader }
-
-// leader is a replicated partition as Leading serves it: through this
-// node's replica while it leads.
-type leader interface {
-	// leaderPartition returns the replica's partition while it leads,
-	// once it has applied what its predecessors committed.
-	leaderPartition(ctx context.Context) (*store.Partition, error)
-	// leaderApply applies cmd through the replica, stamping a zero Now.
-	leaderApply(ctx context.Context, cmd *store.Command) (store.Result, error)
-	// checkDamage maps a local call's error (see Raft3.checkDamage).
-	checkDamage(err error) error
-	// replicaPartition is the replica's partition, leading or not.
-	replicaPartition() (*store.Partition, error)
-	// callCtx bounds a read that takes no ctx.
-	callCtx() (context.Context, context.CancelFunc)
-}
+// Leading is what Partition.Leading returns: this node's replica of the
+// partition as a partition.Partition that answers only while it leads,
+// and the half messages' producer for the partition service's ACL.
+type Leading struct{ p *Partition }
 
 var _ partition.Partition = (*Leading)(nil)
 
-// partition returns the replica's partition if it leads.
+// partition returns the replica's partition if it leads, once it has
+// applied what its predecessors committed.
 func (l *Leading) partition(ctx context.Context) (*store.Partition, error) {
-	return l.r.leaderPartition(ctx)
+	rt := l.p.kind.next()
+	if rt.local == nil {
+		return nil, raftqueue.ErrNotLeader
+	}
+	return rt.local.LeaderPartition(ctx, l.p.part())
 }
 
 func (l *Leading) call(fn func(p *store.Partition) error) error {
-	ctx, cancel := l.r.callCtx()
+	ctx, cancel := context.WithTimeout(l.p.ctx, l.p.cfg.CallTimeout)
 	defer cancel()
 	p, err := l.partition(ctx)
 	if err != nil {
 		return err
 	}
-	return l.r.checkDamage(fn(p))
+	return l.p.kind.checkDamage(fn(p))
 }
 
+// Apply applies cmd through the replica while it leads, stamping a zero
+// Now.
 func (l *Leading) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
-	res, err := l.r.leaderApply(ctx, cmd)
-	return res, l.r.checkDamage(err)
+	rt := l.p.kind.next()
+	if rt.local == nil {
+		return store.Result{}, raftqueue.ErrNotLeader
+	}
+	res, err := l.p.applyAt(ctx, rt.local, rt.refuse, cmd)
+	return res, l.p.kind.checkDamage(err)
 }
-
 func (l *Leading) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error) {
 	p, err := l.partition(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out, err := p.Fetch(ctx, from, max, maxBytes, dst)
-	return out, l.r.checkDamage(err)
+	return out, l.p.kind.checkDamage(err)
 }
 
 func (l *Leading) Get(offset uint64) (m store.Message, ok bool, err error) {
@@ -68,7 +64,11 @@ func (l *Leading) Get(offset uint64) (m store.Message, ok bool, err error) {
 
 // Stats is the replica's, leading or not: advisory.
 func (l *Leading) Stats() store.Stats {
-	p, err := l.r.replicaPartition()
+	r := l.p.kind.replica()
+	if r == nil {
+		return store.Stats{}
+	}
+	p, err := r.Partition(l.p.part())
 	if err != nil {
 		return store.Stats{}
 	}
@@ -119,7 +119,7 @@ func (l *Leading) Decision(txid string) (d store.Decision, err error) {
 	return d, err
 }
 
-// Close does nothing: the Raft3 partition owns the replica.
+// Close does nothing: the Partition owns the replica.
 func (l *Leading) Close() error { return nil }
 
 // HalfProducer returns the producer of txid's half messages on the leader

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -346,6 +348,24 @@ func (p *Pair) HandOff(ctx context.Context) {
 	if err := p.cfg.HandOff(ctx, rec); err != nil {
 		p.cfg.Logger.Warn("DoubleWrite: the pair not handed to its follower before the node closes", "follower", rec.Follower(), "err", err)
 	}
+}
+
+// HandOff hands each pair whose replica here leads to its follower in
+// sync (Pair.HandOff), in parallel, each within timeout: for a node that
+// closes.
+func (ps *Pairs) HandOff(timeout time.Duration) {
+	ps.mu.Lock()
+	pairs := slices.Collect(maps.Values(ps.m))
+	ps.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range pairs {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			p.HandOff(ctx)
+		})
+	}
+	wg.Wait()
 }
 
 // failedLeader returns why this node's replica, which leads rec, failed,

@@ -33,10 +33,10 @@ func TestPairs_Attach(t *testing.T) {
 		SetInSync:  func(context.Context, PairRecord, []string) error { return nil },
 		RenewEpoch: func(context.Context, PairRecord) error { return nil }}
 	rec := PairRecord{Replicas: []string{"a"}, Epoch: 1, Version: 1, InSync: []string{"a"}, Alone: true}
-	var parts []*DoubleWrite
+	var parts []*Partition
 	for i := range 2 {
 		p := ps.Attach(cfg, rec)
-		parts = append(parts, NewDoubleWrite(DoubleWriteConfig{Topic: "d", Index: 4 + i, First: 4, Self: "a"}, p))
+		parts = append(parts, NewDoubleWrite(DoubleWriteConfig{Config: Config{Topic: "d", Index: 4 + i, First: 4, Self: "a"}}, p))
 	}
 	if parts[0].Pair() != parts[1].Pair() || opened.Load() != 1 {
 		t.Fatalf("two partitions of a chunk: pairs %p %p, replica opened %d times", parts[0].Pair(), parts[1].Pair(), opened.Load())
@@ -56,7 +56,7 @@ func TestPairs_Attach(t *testing.T) {
 		}
 	}
 	for i := range 2 {
-		sp, err := parts[0].Replica().Partition(i)
+		sp, err := parts[0].Pair().Replica().Partition(i)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -75,13 +75,13 @@ func TestPairs_Attach(t *testing.T) {
 	if err := parts[0].Close(); err != nil {
 		t.Fatal(err)
 	}
-	if parts[1].Replica() == nil {
+	if parts[1].Pair().Replica() == nil {
 		t.Fatal("the replica closed while partition 5 still holds the pair")
 	}
 	if err := parts[1].Close(); err != nil {
 		t.Fatal(err)
 	}
-	if parts[1].Replica() != nil {
+	if parts[1].Pair().Replica() != nil {
 		t.Fatal("the replica is open after its last partition closed")
 	}
 	if _, err := parts[1].Apply(ctx, &store.Command{Op: store.OpAppend, Msgs: []store.Message{{ID: "x"}}}); !errors.Is(err, store.ErrClosed) {
@@ -154,7 +154,7 @@ func TestPair_HandOff(t *testing.T) {
 					handed <- rec
 					return nil
 				}}, tc.rec)
-			d := NewDoubleWrite(DoubleWriteConfig{Topic: "d", Index: 0, Self: "a"}, p)
+			d := NewDoubleWrite(DoubleWriteConfig{Config: Config{Topic: "d", Index: 0, Self: "a"}}, p)
 			defer d.Close()
 			fail.Store(true)
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)

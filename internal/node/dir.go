@@ -1,0 +1,80 @@
+package node
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/zeze-go/mq/internal/boltsafe"
+	"github.com/zeze-go/mq/internal/metastate"
+)
+
+// Errors of a node's directory.
+var (
+	// ErrWrongDir is returned by CheckDir for a directory its options do
+	// not fit: a cluster node's opened standalone or under another id, or
+	// a standalone node's (one with topics) opened as a cluster node.
+	ErrWrongDir = errors.New("node: the directory does not fit the options")
+	// ErrCorrupt is returned by CheckDir for a damaged node file.
+	ErrCorrupt = errors.New("node: corrupt node file")
+)
+
+// The node file, <dir>/cluster/node: nodeFileHeader, then the id of the
+// cluster node whose directory this is, and a newline. A directory is one
+// node's for its life: its raft log, its state and its partition files are
+// that node's, placed by the cluster. Open writes the file the first time
+// a directory opens as a cluster node (a directory of an older release,
+// which has a raft log but no file, takes the id it is opened with), and
+// refuses what does not fit it.
+const nodeFileHeader = "zeze-mq node 1\n"
+
+// CheckDir returns ErrWrongDir when dir is not the directory of node id
+// ("" for a standalone node): a cluster node's opened standalone or under
+// another id, or a standalone node's (it has topics) opened as a cluster
+// node. claim is true when a cluster node's directory has no node file
+// yet: the caller writes it (Claim) once the node opened.
+func CheckDir(dir, id string) (claim bool, err error) {
+	cdir := filepath.Join(dir, "cluster")
+	path := filepath.Join(cdir, "node")
+	owner := ""
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		got, hasHeader := strings.CutPrefix(string(b), nodeFileHeader)
+		got, hasEnd := strings.CutSuffix(got, "\n")
+		if owner = got; !hasHeader || !hasEnd || metastate.CheckNodeID(owner) != nil {
+			return false, fmt.Errorf("%w: %s is not a node file", ErrCorrupt, path)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return false, fmt.Errorf("open %s: %w", path, err)
+	}
+	_, err = os.Stat(filepath.Join(cdir, "raft.db"))
+	hasRaft := err == nil
+	if id == "" {
+		if owner != "" || hasRaft {
+			return false, fmt.Errorf("%w: %s is the directory of cluster node %q: open it WithCluster", ErrWrongDir, dir, cmp.Or(owner, "?"))
+		}
+		return false, nil
+	}
+	if owner != "" && owner != id {
+		return false, fmt.Errorf("%w: %s is the directory of cluster node %q, not %q", ErrWrongDir, dir, owner, id)
+	}
+	if owner == "" && !hasRaft {
+		if ents, err := os.ReadDir(filepath.Join(dir, "topics")); err != nil || len(ents) > 0 {
+			return false, fmt.Errorf("%w: %s holds the topics of a standalone node, which cannot join a cluster (%v)", ErrWrongDir, dir, err)
+		}
+	}
+	return owner == "", nil
+}
+
+// Claim writes the node file of dir, naming node id.
+func Claim(dir, id string) error {
+	path := filepath.Join(dir, "cluster", "node")
+	if err := boltsafe.ReplaceFile(path, []byte(nodeFileHeader+id+"\n")); err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,308 @@
+// Package node is a node's part in a cluster: its agent (the port, the
+// metadata group, the RPC server and clients) and the topic table kept in
+// step with the metadata group's placement. A partition placed on this
+// node is opened here and served to the others; one placed elsewhere is a
+// remote partition; a Raft3 or DoubleWrite partition is a
+// replica.Partition, which routes to its leader. The root package builds a
+// Node from its options and translates its errors; nothing here calls
+// back into it.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zeze-go/mq/internal/cluster"
+	"github.com/zeze-go/mq/internal/metastate"
+	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/replica"
+	"github.com/zeze-go/mq/internal/txn"
+	"github.com/zeze-go/mq/internal/upkeep"
+	"github.com/zeze-go/mq/raftqueue"
+	"github.com/zeze-go/mq/store"
+)
+
+// Config is what Open needs.
+type Config struct {
+	// Agent configures the node's agent; Open sets its Dir and the
+	// callbacks of the partition service (Partitions, Authorize, CheckTx,
+	// Serve).
+	Agent cluster.AgentConfig
+	// Local opens the Single partitions placed here (its Dir is the
+	// node's directory).
+	Local partition.LocalConfig
+	// Topics is the node's topic table, which the node keeps in step with
+	// the metadata group.
+	Topics *partition.Table
+	// Upkeep configures the upkeep of the partitions this node leads.
+	Upkeep *upkeep.Config
+	// ElectionTimeout is the Raft3 groups' (raft's default if zero).
+	ElectionTimeout time.Duration
+	// MaxBatchBytes bounds a DoubleWrite batch: what a frame carries
+	// beside its request.
+	MaxBatchBytes int
+	// PairCompactEvery and PairKeepEntries are the DoubleWrite replicas'
+	// raftqueue.PairConfig.CompactEvery and KeepEntries.
+	PairCompactEvery, PairKeepEntries int
+	// Rebalance rebalances the consumers of topic on this node: the
+	// delivery engine's.
+	Rebalance func(topic string)
+	Logger    *slog.Logger
+}
+
+// Node is a node's part in a cluster. Safe for concurrent use.
+//
+// Goroutines: the loop that keeps the topic table in step with the
+// metadata group, the consumer groups' coordinator (both started by
+// Start), the upkeep of each partition placed here and a rebalance after
+// each topic grows; Close cancels and waits for them. The agent runs its
+// own (cluster.OpenAgent).
+type Node struct {
+	cfg     Config
+	dir     string
+	agent   *cluster.Agent
+	coord   *cluster.Coordinator
+	tx      atomic.Pointer[txn.Node] // answers check-backs once set (ServeTx)
+	refused sync.Map                 // "identity\x00topic\x00right" → struct{}: refusals logged once
+	ctx     context.Context          // cancelled by Close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+
+	// started is agent once Open has set it: the agent serves RPC
+	// (served, authorize, checkTx) before OpenAgent returns, and those
+	// callbacks answer only once it is set, which orders their reads of
+	// agent after its write.
+	started atomic.Pointer[cluster.Agent]
+
+	// mu serializes the table's changes (sync) with Closing: no file is
+	// opened once the node is closing.
+	mu     sync.Mutex
+	closed atomic.Bool // set under mu: Closing was called
+	// unopened are the Raft3 partitions in the table whose replica here
+	// failed to open: the others serve them meanwhile, and each metadata
+	// change tries to open it again (sync). Guarded by mu.
+	unopened map[*replica.Partition]replica.Raft3Config
+	// logs are the logs of the replicas found in the WAL at Open, kept
+	// until the replicas open (Raft3) or for the node's life (DoubleWrite:
+	// openLog). Guarded by mu.
+	logs   map[string]*raftqueue.WALLog
+	groups replica.RaftGroups // this node's replicas of raft groups
+	pairs  replica.Pairs      // the DoubleWrite pairs of the table
+}
+
+// errStarting is what another node's call gets while this node's agent is
+// being opened; the caller tries again.
+var errStarting = fmt.Errorf("%w: the node is starting", store.ErrClosed)
+
+// Open recovers what the WAL holds for the partitions in dir (Recover
+// must have been called: see there) and starts the node's agent. The
+// topic table follows the metadata group from Start on.
+func Open(cfg Config) (*Node, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	n := &Node{cfg: cfg, dir: cfg.Local.Dir}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	if err := n.recoverLogged(); err != nil {
+		n.cancel()
+		return nil, err
+	}
+	ac := cfg.Agent
+	ac.Dir = filepath.Join(n.dir, "cluster")
+	ac.Partitions, ac.Authorize, ac.CheckTx, ac.Serve = n.served, n.authorize, n.checkTx, n.serveReplicas
+	agent, err := cluster.OpenAgent(ac)
+	if err != nil {
+		n.cancel()
+		return nil, err
+	}
+	n.agent = agent
+	n.started.Store(agent)
+	n.coord = cluster.NewCoordinator(agent, cfg.Rebalance)
+	return n, nil
+}
+
+// ID is the node's id.
+func (n *Node) ID() string { return n.agent.ID() }
+
+// Agent is the node's agent.
+func (n *Node) Agent() *cluster.Agent { return n.agent }
+
+// Coordinator is the consumer groups' coordinator, for the delivery
+// engine.
+func (n *Node) Coordinator() *cluster.Coordinator { return n.coord }
+
+// ServeTx has the node answer other nodes' check-backs of the
+// transactions this node prepared with tx.
+func (n *Node) ServeTx(tx *txn.Node) { n.tx.Store(tx) }
+
+// Start brings the table to what this node knows (its state cache after a
+// restart) before it returns, then keeps it in step with the metadata
+// group, and runs the coordinator, until Close.
+func (n *Node) Start() {
+	n.sync(n.agent.Meta().State())
+	n.wg.Go(n.syncLoop)
+	n.wg.Go(func() { n.coord.Run(n.ctx) })
+}
+
+// Closing tells the node that it closes: the table no longer changes, and
+// the replicated partitions no longer wait for a leader (see
+// replica.Partition.Closing).
+func (n *Node) Closing() {
+	n.mu.Lock()
+	n.closed.Store(true)
+	n.mu.Unlock()
+	n.eachReplicated((*replica.Partition).Closing)
+}
+
+// Close stops the node's goroutines and waits for them, hands the
+// leadership of this node's Raft3 replicas and DoubleWrite pairs to
+// others, and closes the agent. The partitions stay open: they are the
+// table's, which its owner closes after.
+func (n *Node) Close() error {
+	n.Closing()
+	n.cancel()
+	n.wg.Wait()
+	var wg sync.WaitGroup
+	wg.Go(n.groups.HandOff)
+	wg.Go(func() { n.pairs.HandOff(3 * time.Second) })
+	wg.Wait()
+	return n.agent.Close()
+}
+
+// CreateTopic creates a topic through the metadata leader, which places
+// its partitions, and waits until this node's table has it.
+func (n *Node) CreateTopic(ctx context.Context, c metastate.CreateTopic) error {
+	_, err := n.agent.Propose(ctx, c)
+	if errors.Is(err, cluster.ErrUnknownOutcome) || errors.Is(err, metastate.ErrTopicExists) {
+		// A create that may have been applied, or repeated after one that
+		// was: it is this call's when the topic carries its time.
+		if t, ok := n.agent.Meta().State().Topic(c.Name); ok && t.Created == c.Now {
+			err = nil
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return n.await(ctx, c.Name, c.Partitions)
+}
+
+// AlterTopic grows a topic through the metadata leader and waits until
+// this node's table has the new partitions.
+func (n *Node) AlterTopic(ctx context.Context, name string, partitions int) error {
+	if _, err := n.agent.Propose(ctx, metastate.AlterTopic{Name: name, Partitions: partitions}); err != nil {
+		return err
+	}
+	return n.await(ctx, name, partitions)
+}
+
+// await waits until the table has topic with at least partitions
+// partitions.
+func (n *Node) await(ctx context.Context, topic string, partitions int) error {
+	for {
+		st := n.agent.Meta().State()
+		if t, ok := n.cfg.Topics.Get(topic); ok && len(t.Parts) >= partitions {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-st.Changed():
+		case <-time.After(10 * time.Millisecond):
+		}
+		if n.closed.Load() {
+			return fmt.Errorf("%w: the node is closing", cluster.ErrClosed)
+		}
+	}
+}
+
+// SetACL replaces the cluster's access rules and waits until this node
+// applied them.
+func (n *Node) SetACL(ctx context.Context, rules []metastate.Rule) error {
+	res, err := n.agent.Propose(ctx, metastate.SetACL{Rules: rules})
+	if err != nil {
+		return err
+	}
+	return n.awaitIndex(ctx, res.Index)
+}
+
+// ACL returns the cluster's access rules.
+func (n *Node) ACL() []metastate.Rule { return n.agent.Meta().State().ACL() }
+
+// awaitIndex waits until this node's copy of the metadata has applied the
+// entry at index.
+func (n *Node) awaitIndex(ctx context.Context, index uint64) error {
+	for {
+		st := n.agent.Meta().State()
+		if st.Index() >= index {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-st.Changed():
+		}
+	}
+}
+
+// Allowed returns cluster.ErrDenied unless identity may do right on topic
+// under the current rules, logging a refusal the first time.
+func (n *Node) Allowed(identity, topic string, right metastate.Rights) error {
+	st := n.agent.Meta().State()
+	if st.Allowed(identity, topic, right) {
+		return nil
+	}
+	what := strings.Join([]string{identity, topic, right.String()}, "\x00")
+	if _, seen := n.refused.LoadOrStore(what, struct{}{}); !seen {
+		n.cfg.Logger.Warn("refused by the cluster's ACL", "identity", identity, "topic", topic, "right", right.String())
+	}
+	return fmt.Errorf("%w: %s may not %s %s", cluster.ErrDenied, identity, right, topic)
+}
+
+// Status is what a node knows of its cluster.
+type Status struct {
+	NodeID, Addr string
+	Leader       string // the metadata leader's node id, "" while none is known
+	Nodes        []metastate.Node
+	// Leading lists the replicated partitions whose replica on this node
+	// leads now, as "topic/partition", sorted.
+	Leading []string
+}
+
+// Status returns what the node knows of its cluster.
+func (n *Node) Status() Status {
+	leader, _ := n.agent.Meta().Leader()
+	st := Status{NodeID: n.agent.ID(), Addr: n.agent.Addr(), Leader: leader, Nodes: n.agent.Meta().State().Nodes()}
+	n.eachReplicated(func(p *replica.Partition) {
+		if p.Leads() {
+			st.Leading = append(st.Leading, p.Name())
+		}
+	})
+	slices.Sort(st.Leading)
+	return st
+}
+
+// eachReplicated calls fn with each replicated partition in the table.
+func (n *Node) eachReplicated(fn func(p *replica.Partition)) {
+	for _, t := range n.cfg.Topics.All() {
+		for _, p := range t.Parts {
+			if r, ok := p.(*replica.Partition); ok {
+				fn(r)
+			}
+		}
+	}
+}
+
+// HoldSync keeps the table from following the metadata until release: a
+// seam for tests.
+func (n *Node) HoldSync() (release func()) {
+	n.mu.Lock()
+	return n.mu.Unlock
+}

@@ -1,0 +1,196 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/zeze-go/mq/internal/cluster"
+	"github.com/zeze-go/mq/internal/meta"
+	"github.com/zeze-go/mq/internal/metastate"
+	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/internal/replica"
+	"github.com/zeze-go/mq/internal/txn"
+	"github.com/zeze-go/mq/raftqueue"
+	"github.com/zeze-go/mq/store"
+)
+
+// ErrNoTopic is returned to another node's call for a partition this node
+// does not know, once it waited a little for the metadata to reach it.
+var ErrNoTopic = errors.New("node: no such topic")
+
+// Served is the partition of the table that this node serves to another's
+// RPC: one placed here. A topic just created may not be in the table yet
+// (the metadata group's change reaches the nodes one after the other): it
+// waits a little for it; but a replicated partition the metadata shows and
+// the table does not yet is refused at once (store.ErrClosed), so the
+// caller asks another of its replicas.
+func (n *Node) Served(topic string, i int) (partition.Partition, error) { return n.served(topic, i) }
+
+func (n *Node) served(topic string, i int) (partition.Partition, error) {
+	if n.started.Load() == nil {
+		return nil, errStarting
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if t, ok := n.cfg.Topics.Get(topic); ok && i >= 0 && i < len(t.Parts) {
+			switch p := t.Parts[i].(type) {
+			case *partition.Local:
+				return p, nil
+			case *replica.Partition:
+				if l := p.Leading(); l != nil {
+					return l, nil // it answers while it leads
+				}
+			}
+			return nil, fmt.Errorf("%w: %s/%d is not on node %s", store.ErrClosed, topic, i, n.agent.ID())
+		}
+		if mt, ok := n.agent.Meta().State().Topic(topic); ok && mt.Type != metastate.TypeSingle && i >= 0 && i < len(mt.Parts) {
+			return nil, fmt.Errorf("%w: %s/%d is not open on node %s yet", store.ErrClosed, topic, i, n.agent.ID())
+		}
+		if n.closed.Load() || time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: %s/%d", ErrNoTopic, topic, i)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// authorize is the ACL of the partition service: what a node asks of a
+// partition stored here needs the right its own calls would. Commands only
+// a partition's own node proposes (upkeep, counting check-backs) are
+// refused from others. Deciding a transaction needs Produce when the
+// caller prepared it (it is named as the half messages' producer, which a
+// prepare must name truly), Admin otherwise; a reset needs Admin, as
+// ResetOffset and Seek do where they start.
+func (n *Node) authorize(peer, topic string, index int, op uint16, cmd *store.Command) error {
+	if n.started.Load() == nil {
+		return errStarting
+	}
+	if meta.IsSystemTopic(topic) {
+		return nil
+	}
+	right := metastate.RightConsume // reads, fetches, offsets
+	switch {
+	case op == remote.OpHalfTxs || op == remote.OpDecision: // transaction state: a producer's or an admin's check
+		st := n.agent.Meta().State()
+		for _, r := range []metastate.Rights{metastate.RightProduce, metastate.RightConsume, metastate.RightAdmin} {
+			if st.Allowed(peer, topic, r) {
+				return nil
+			}
+		}
+		return n.Allowed(peer, topic, metastate.RightProduce)
+	case op != remote.OpApply:
+	case cmd.Op == store.OpPrepare && cmd.Producer != peer:
+		return fmt.Errorf("%w: %s prepares half messages as %q", cluster.ErrDenied, peer, cmd.Producer)
+	case cmd.Op == store.OpCommitTx || cmd.Op == store.OpRollbackTx:
+		right = metastate.RightProduce
+		if n.agent.Meta().State().Allowed(peer, topic, metastate.RightAdmin) {
+			return nil
+		}
+		producer, ok, err := n.halfProducer(topic, index, cmd.TxID)
+		if err != nil {
+			return err
+		}
+		if ok && producer != peer {
+			return fmt.Errorf("%w: %s decides transaction %s of %s: %v", cluster.ErrDenied, peer, cmd.TxID, producer,
+				n.Allowed(peer, topic, metastate.RightAdmin))
+		}
+	case cmd.Op == store.OpAppend || cmd.Op == store.OpPrepare:
+		right = metastate.RightProduce
+	case cmd.Op == store.OpDeleteGroup || cmd.Op == store.OpResetOffset:
+		right = metastate.RightAdmin
+	case cmd.Op == store.OpClaim || cmd.Op == store.OpCommitOffset || cmd.Op == store.OpUnclaim || cmd.Op == store.OpRenew:
+	default:
+		return fmt.Errorf("%w: op %d is proposed by the partition's own node only", cluster.ErrDenied, cmd.Op)
+	}
+	return n.Allowed(peer, topic, right) // cluster.ErrDenied: a code the caller's node maps back
+}
+
+// halfProducer returns the producer of txid's half messages in partition
+// index of topic, stored here, and whether there are any.
+func (n *Node) halfProducer(topic string, index int, txid string) (string, bool, error) {
+	t, ok := n.cfg.Topics.Get(topic)
+	if !ok || index < 0 || index >= len(t.Parts) {
+		return "", false, nil // the lookup that follows answers
+	}
+	switch p := t.Parts[index].(type) {
+	case *partition.Local:
+		return p.HalfProducer(txid)
+	case *replica.Partition:
+		if l := p.Leading(); l != nil {
+			return l.HalfProducer(txid)
+		}
+	}
+	return "", false, nil
+}
+
+// checkTx answers another node's check-back of a transaction this node
+// prepared (internal/txn's CheckBack).
+func (n *Node) checkTx(ctx context.Context, txid string, parts []cluster.PartRef) (store.Decision, error) {
+	if n.started.Load() == nil {
+		return store.Undecided, errStarting
+	}
+	tx := n.tx.Load()
+	if tx == nil { // not started yet: as if running
+		return store.Undecided, nil
+	}
+	refs := make([]txn.Ref, len(parts))
+	for i, p := range parts {
+		refs[i] = txn.Ref{Topic: p.Topic, Part: p.Part}
+	}
+	return tx.CheckBack(ctx, txid, refs)
+}
+
+// AskNode asks node, which prepared txid, to decide it for the half
+// messages in parts (txn.Config.AskNode).
+func (n *Node) AskNode(ctx context.Context, node, txid string, parts []txn.Ref) (store.Decision, error) {
+	refs := make([]cluster.PartRef, len(parts))
+	for i, p := range parts {
+		refs[i] = cluster.PartRef{Topic: p.Topic, Part: p.Part}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return n.agent.CheckTx(ctx, node, txid, refs)
+}
+
+// Owned reports whether partition part of topic is stored on this node: a
+// Single partition placed here, a replicated one whose replica here leads
+// (its leader's node checks its transactions back; txn.Config.Owned).
+func (n *Node) Owned(topic string, part int) bool {
+	t, ok := n.cfg.Topics.Get(topic)
+	if !ok || part < 0 || part >= len(t.Parts) {
+		return false
+	}
+	switch p := t.Parts[part].(type) {
+	case *partition.Local:
+		return true
+	case *replica.Partition:
+		return p.Leads()
+	}
+	return false
+}
+
+// errNotHere is an append for a replica this node does not hold (yet): the
+// leader tries again.
+var errNotHere = errors.New("node: no such replica here")
+
+// pairAt is the follower's side of a DoubleWrite leader's append from node
+// peer (replica.ServePairs).
+func (n *Node) pairAt(peer, topic string, i int) (*raftqueue.Pair, error) {
+	if n.started.Load() == nil {
+		return nil, errStarting
+	}
+	t, ok := n.cfg.Topics.Get(topic)
+	if !ok || i < 0 || i >= len(t.Parts) {
+		return nil, fmt.Errorf("%w: %s/%d is not open on node %s", errNotHere, topic, i, n.agent.ID())
+	}
+	p, ok := t.Parts[i].(*replica.Partition)
+	if !ok || p.Pair() == nil {
+		return nil, fmt.Errorf("%w: %s/%d is not a DoubleWrite partition", errNotHere, topic, i)
+	}
+	return p.Pair().AppendFrom(peer)
+}
+
+// serveReplicas registers the replicas' ops on the node's RPC server.
+func (n *Node) serveReplicas(srv *remote.Server) { replica.ServePairs(srv, n.pairAt) }

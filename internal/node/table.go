@@ -1,0 +1,338 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/zeze-go/mq/internal/cluster"
+	"github.com/zeze-go/mq/internal/meta"
+	"github.com/zeze-go/mq/internal/metastate"
+	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/internal/replica"
+	"github.com/zeze-go/mq/internal/transport"
+	"github.com/zeze-go/mq/internal/upkeep"
+	"github.com/zeze-go/mq/raftqueue"
+	"github.com/zeze-go/mq/store"
+)
+
+// The WAL streams of the replicas' logs: a Raft3 group's is
+// raft3/<topic>/<first>, a DoubleWrite pair's dw/<topic>/<first>, first
+// being the first partition of its chunk.
+const (
+	raft3Prefix = "raft3/"
+	dwPrefix    = "dw/"
+)
+
+// MaxRaft3Topic is the longest name of a Raft3 topic: its group names fit
+// the port's raft group ids.
+const MaxRaft3Topic = transport.MaxGroupIDLen - len(raft3Prefix) - len("/65535")
+
+// raft3Name is the raft group, and the WAL stream of its log, whose first
+// partition is partition first of a Raft3 topic.
+func raft3Name(topic string, first int) string {
+	return raft3Prefix + topic + "/" + strconv.Itoa(first)
+}
+
+// dwName is the WAL stream of the log of the pair whose chunk starts at
+// partition first.
+func dwName(topic string, first int) string { return dwPrefix + topic + "/" + strconv.Itoa(first) }
+
+// recoverLogged moves what the write-ahead log holds for each Single
+// partition into its file (opening and closing it) before the caller's
+// FinishRecovery drops the old segments, and keeps the replicas' logs
+// (retainLog). A cluster node opens its partitions only later, as the
+// metadata state places them, and may never open those of a topic it no
+// longer shows (a directory that was standalone): acked records would be
+// lost with the segments.
+func (n *Node) recoverLogged() error {
+	wal := n.cfg.Local.WAL
+	for _, stream := range wal.Streams() {
+		if strings.HasPrefix(stream, raft3Prefix) || strings.HasPrefix(stream, dwPrefix) {
+			if _, err := n.openLog(stream); err != nil {
+				return fmt.Errorf("recover %s: %w", stream, err)
+			}
+			continue
+		}
+		i := strings.LastIndexByte(stream, '/')
+		part, err := strconv.Atoi(stream[i+1:])
+		topic := stream[:max(i, 0)]
+		if i < 0 || err != nil || part < 0 || (meta.CheckName(topic) != nil && !meta.IsSystemTopic(topic)) {
+			n.cfg.Logger.Warn("write-ahead log stream of no partition; its records are dropped", "stream", stream)
+			continue
+		}
+		path := meta.PartitionPath(n.dir, topic, part)
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			n.cfg.Logger.Warn("write-ahead log records of a missing partition file; dropped", "stream", stream, "path", path)
+			continue
+		}
+		p, err := store.Open(path, store.Options{WAL: wal, Stream: stream})
+		if err == nil {
+			err = p.Close()
+		}
+		if err != nil {
+			return fmt.Errorf("recover %s: %w", path, err)
+		}
+	}
+	return nil
+}
+
+// openLog returns the replica log that is the WAL stream name, kept in
+// logs: a stream is retained once per WAL.
+func (n *Node) openLog(name string) (*raftqueue.WALLog, error) {
+	if l, ok := n.logs[name]; ok {
+		return l, nil
+	}
+	l, err := raftqueue.OpenWALLog(n.cfg.Local.WAL, name)
+	if err != nil {
+		return nil, err
+	}
+	if n.logs == nil {
+		n.logs = map[string]*raftqueue.WALLog{}
+	}
+	n.logs[name] = l
+	return l, nil
+}
+
+// syncLoop keeps the topic table in step with the metadata group until
+// the node closes.
+func (n *Node) syncLoop() {
+	for {
+		st := n.agent.Meta().State()
+		n.sync(st)
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-st.Changed():
+		}
+	}
+}
+
+// sync publishes the topics of st in the table: partitions placed here are
+// opened (and their upkeep started), the others reached by RPC. A
+// partition's placement never changes for a Single topic, so what is in the
+// table is kept and only added partitions are made.
+func (n *Node) sync(st *metastate.State) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed.Load() {
+		return
+	}
+	for p, cfg := range n.unopened {
+		if n.attachGroup(p, cfg) == nil { // a failure was logged when it first failed
+			delete(n.unopened, p)
+			n.cfg.Logger.Info("replica opened", "partition", p.Name())
+		}
+	}
+	n.updatePairs(st)
+	for _, name := range st.Topics() {
+		ct, ok := st.Topic(name)
+		if !ok {
+			continue
+		}
+		old, _ := n.cfg.Topics.Get(name)
+		have := 0
+		if old != nil {
+			have = len(old.Parts)
+		}
+		if have >= len(ct.Parts) {
+			continue
+		}
+		t := &partition.Topic{Name: name, Type: ct.Type, Created: time.Unix(0, ct.Created)}
+		if old != nil {
+			t.Parts = slices.Clone(old.Parts)
+		}
+		var local []int
+		for i := have; i < len(ct.Parts); i++ {
+			p, isLocal, err := n.partition(ct, i)
+			if err != nil {
+				n.cfg.Logger.Error("cannot open a partition placed on this node", "topic", name, "partition", i, "err", err)
+				break // the table gets the partitions before it; the next change tries again
+			}
+			if isLocal {
+				local = append(local, i)
+			}
+			t.Parts = append(t.Parts, p)
+		}
+		if len(t.Parts) == have {
+			continue
+		}
+		n.cfg.Topics.Put(t)
+		for _, i := range local {
+			n.maintain(name, i, t.Parts[i])
+		}
+		if old != nil { // not under mu: a rebalance reads the table
+			n.wg.Go(func() { n.cfg.Rebalance(name) })
+		}
+		n.cfg.Logger.Info("topic in step with the cluster", "topic", name, "partitions", len(t.Parts))
+	}
+}
+
+// maintain starts the upkeep of partition i of topic, stored here: a
+// Single partition's node runs it; a replicated partition's runs it while
+// its replica leads.
+func (n *Node) maintain(topic string, i int, p partition.Partition) {
+	logger := n.cfg.Logger.With("topic", topic, "partition", i)
+	switch p := p.(type) {
+	case *partition.Local:
+		n.wg.Go(func() { upkeep.Run(n.ctx, p, n.cfg.Upkeep, logger) })
+	case *replica.Partition:
+		n.wg.Go(func() {
+			p.WhileLeading(n.ctx, func(ctx context.Context, u replica.Upkeep) { upkeep.Run(ctx, u, n.cfg.Upkeep, logger) })
+		})
+	}
+}
+
+// partition opens partition i of topic t as placed: here, or a client of
+// the node holding it; for the replicated types the way to the leader,
+// with this node's replica if it holds one.
+func (n *Node) partition(t metastate.Topic, i int) (partition.Partition, bool, error) {
+	topic, pl := t.Name, t.Parts[i]
+	if len(pl.Replicas) == 0 {
+		return nil, false, fmt.Errorf("%s/%d has no replica", topic, i)
+	}
+	first, parts := t.Chunk(i)
+	rc := replica.Config{Topic: topic, Index: i, First: first, Self: n.agent.ID(), Peer: n.agent.Peer, Now: n.cfg.Local.Now,
+		Logger: n.cfg.Logger.With("topic", topic, "partition", i)}
+	switch t.Type {
+	case metastate.TypeRaft3:
+		return n.openRaft3(replica.Raft3Config{Config: rc, Partitions: parts, Replicas: pl.Replicas})
+	case metastate.TypeDoubleWrite:
+		return n.openDoubleWrite(t, i, rc)
+	}
+	owner := pl.Replicas[0]
+	if owner == n.agent.ID() {
+		p, err := partition.OpenLocal(n.cfg.Local, topic, i)
+		return p, true, err
+	}
+	c, err := n.agent.Peer(owner)
+	if err != nil {
+		return nil, false, err
+	}
+	return remote.NewPartition(c, topic, i, remote.PartitionConfig{}), false, nil
+}
+
+// openRaft3 opens a partition of a Raft3 topic placed as cfg says: this
+// node's replica of its group if it is one of them, and the way to the
+// group's leader. A replica here that fails to open leaves the partition
+// served by the other two, and is tried again at each metadata change
+// (unopened).
+func (n *Node) openRaft3(cfg replica.Raft3Config) (partition.Partition, bool, error) {
+	p := replica.NewRaft3(cfg)
+	if !slices.Contains(cfg.Replicas, cfg.Self) {
+		return p, false, nil
+	}
+	if err := n.attachGroup(p, cfg); err != nil {
+		n.cfg.Logger.Error("cannot open this node's replica of a partition: the others serve it", "topic", cfg.Topic, "partition", cfg.Index, "err", err)
+		if n.unopened == nil {
+			n.unopened = map[*replica.Partition]replica.Raft3Config{}
+		}
+		n.unopened[p] = cfg
+	}
+	return p, true, nil
+}
+
+// attachGroup attaches this node's replica of p's raft group to p,
+// opening it unless another partition of the group has: the group on the
+// port, its log a stream of the node's WAL, its files in
+// <dir>/raft3/<topic>/<first>. A new replica bootstraps the group with the
+// three of them (each does, alike: raft allows it); one with state
+// rejoins.
+func (n *Node) attachGroup(p *replica.Partition, cfg replica.Raft3Config) error {
+	name := raft3Name(cfg.Topic, cfg.First)
+	return n.groups.Attach(p, name, func() (*raftqueue.Group, error) {
+		log, err := n.openLog(name)
+		if err != nil {
+			return nil, err
+		}
+		layer, err := n.agent.RaftMux().Layer(name)
+		if err != nil {
+			return nil, err
+		}
+		g, err := replica.OpenGroup(replica.GroupConfig{Self: cfg.Self, Replicas: cfg.Replicas,
+			Dir: filepath.Join(n.dir, "raft3", cfg.Topic, strconv.Itoa(cfg.First)), Partitions: cfg.Partitions,
+			Layer: layer, Log: log, ElectionTimeout: n.cfg.ElectionTimeout,
+			Logger: cluster.NewHCLogger(n.cfg.Logger.With("topic", cfg.Topic, "group", cfg.First), "raft3")})
+		if err == nil {
+			delete(n.logs, name) // the group has it; a failed open is tried again on it
+		}
+		return g, err
+	})
+}
+
+// pairRecord is the record of partition i's pair of t in st as
+// replica.Pair reads it.
+func pairRecord(st *metastate.State, t metastate.Topic, i int) replica.PairRecord {
+	p := t.Parts[i]
+	reps := []string{p.Leader}
+	f := p.Follower()
+	if f != "" {
+		reps = append(reps, f)
+	}
+	nd, _ := st.Node(f)
+	return replica.PairRecord{Replicas: reps, Epoch: p.Epoch, Version: p.Version, InSync: p.InSync, Alone: t.Alone, FollowerUp: nd.Up}
+}
+
+// openDoubleWrite opens partition i of DoubleWrite topic t, on the pair of
+// its chunk: the pair's replica here, if the metadata places one here, is
+// in <dir>/dw/<topic>/<first>, its log a stream of the node's WAL; it
+// leads or follows as the record says, and the record's changes (a
+// promotion, a new follower, the in-sync set) reach it at each sync. Its
+// upkeep runs wherever the record moves its leader: every node watches.
+func (n *Node) openDoubleWrite(t metastate.Topic, i int, rc replica.Config) (partition.Partition, bool, error) {
+	topic := t.Name
+	first, parts := t.Chunk(i)
+	propose := func(ctx context.Context, c metastate.Command) error {
+		_, err := n.agent.Propose(ctx, c)
+		return err
+	}
+	pair := n.pairs.Attach(replica.PairConfig{Topic: topic, First: first, Self: n.agent.ID(), Peer: n.agent.Peer,
+		Open: func() (*raftqueue.Pair, error) { return n.openPair(topic, first, parts) },
+		SetInSync: func(ctx context.Context, rec replica.PairRecord, inSync []string) error {
+			return propose(ctx, metastate.SetInSync{Topic: topic, Partition: first, Version: rec.Version, InSync: inSync})
+		},
+		RenewEpoch: func(ctx context.Context, rec replica.PairRecord) error {
+			return propose(ctx, metastate.RenewEpoch{Topic: topic, Partition: first, Version: rec.Version})
+		},
+		HandOff: func(ctx context.Context, rec replica.PairRecord) error {
+			return propose(ctx, metastate.Promote{Topic: topic, Partition: first, Version: rec.Version, Leader: rec.Follower()})
+		},
+		Logger: n.cfg.Logger.With("topic", topic, "pair", first)}, pairRecord(n.agent.Meta().State(), t, first))
+	return replica.NewDoubleWrite(replica.DoubleWriteConfig{Config: rc, Report: n.agent.ReportLater}, pair), true, nil
+}
+
+// openPair opens this node's replica of the pair of the parts partitions
+// of DoubleWrite topic topic from first. Its log stays in logs: a replica
+// the record removes from this node is closed, and one it places here
+// again reopens on its log.
+func (n *Node) openPair(topic string, first, parts int) (*raftqueue.Pair, error) {
+	log, err := n.openLog(dwName(topic, first))
+	if err != nil {
+		return nil, err
+	}
+	return raftqueue.OpenPair(raftqueue.PairConfig{Dir: filepath.Join(n.dir, "dw", topic, strconv.Itoa(first)), Log: log,
+		Partitions: parts, MaxBatchBytes: n.cfg.MaxBatchBytes, CompactEvery: n.cfg.PairCompactEvery, KeepEntries: n.cfg.PairKeepEntries})
+}
+
+// updatePairs hands each DoubleWrite pair of the table its record in st,
+// once.
+func (n *Node) updatePairs(st *metastate.State) {
+	for _, t := range n.cfg.Topics.All() {
+		ct, ok := st.Topic(t.Name)
+		if !ok || ct.Type != metastate.TypeDoubleWrite {
+			continue
+		}
+		for i, p := range t.Parts {
+			if r, ok := p.(*replica.Partition); ok && r.Pair() != nil && i < len(ct.Parts) && ct.Parts[i].Chunk == i {
+				r.Pair().Update(pairRecord(st, ct, i))
+			}
+		}
+	}
+}
