@@ -8,7 +8,10 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -437,5 +440,195 @@ func TestOutboxKey(t *testing.T) {
 func TestFromContext(t *testing.T) {
 	if _, ok := localtx.FromContext(context.Background()); ok {
 		t.Error("a transaction in the background context")
+	}
+}
+
+// TestAdapter_EmptyAndNilValues: Put of an empty and of a nil value, on
+// every adapter: they behave alike (Bolt stores both).
+func TestAdapter_EmptyAndNilValues(t *testing.T) {
+	for _, name := range txtest.Names {
+		t.Run(name, func(t *testing.T) {
+			h := txtest.Open(t, name, filepath.Join(t.TempDir(), "host"))
+			ctx := context.Background()
+			for _, v := range []struct {
+				what  string
+				value []byte
+			}{{"empty", []byte{}}, {"nil", nil}} {
+				var id string
+				err := h.Run(ctx, func(ctx context.Context) error {
+					tx, _ := localtx.FromContext(ctx)
+					id = tx.ID()
+					if err := tx.Put(localtx.MarkerBucket, []byte(id), v.value); err != nil {
+						return err
+					}
+					return tx.Put(localtx.OutboxBucket, localtx.OutboxKey(id, 0), v.value)
+				})
+				if err != nil {
+					t.Errorf("%s value: Run = %v", v.what, err)
+					continue
+				}
+				st, rec, err := h.Store.Check(ctx, id)
+				if err != nil || st != localtx.Committed || len(rec.Outbox) != 1 {
+					t.Errorf("%s value: Check = %v %+v %v", v.what, st, rec, err)
+				}
+				h.Store.Forget(ctx, []string{id})
+			}
+		})
+	}
+}
+
+// TestAdapter_CommittedConsistent: Committed, paging while transactions of
+// 5 outbox rows commit and others are forgotten, never returns a record
+// with a partial outbox, nor one twice in a pass, and always pages in
+// increasing id order.
+func TestAdapter_CommittedConsistent(t *testing.T) {
+	for _, name := range []string{"sqlite", "postgres", "mysql"} {
+		t.Run(name, func(t *testing.T) {
+			h := txtest.Open(t, name, filepath.Join(t.TempDir(), "host"))
+			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+			defer cancel()
+			var wg sync.WaitGroup
+			var committed atomic.Int64
+			ids := make(chan string, 10000)
+			for w := 0; w < 4; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for ctx.Err() == nil {
+						err := h.Run(ctx, func(ctx context.Context) error {
+							tx, _ := localtx.FromContext(ctx)
+							if err := tx.Put(localtx.MarkerBucket, []byte(tx.ID()), []byte("m")); err != nil {
+								return err
+							}
+							for i := range 5 {
+								if err := tx.Put(localtx.OutboxBucket, localtx.OutboxKey(tx.ID(), uint64(i)), []byte(fmt.Sprint(i))); err != nil {
+									return err
+								}
+							}
+							ids <- tx.ID()
+							return nil
+						})
+						if err == nil {
+							committed.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Add(1)
+			go func() { // forgets what committed, in batches
+				defer wg.Done()
+				var batch []string
+				for ctx.Err() == nil {
+					select {
+					case id := <-ids:
+						batch = append(batch, id)
+						if len(batch) >= 7 {
+							h.Store.Forget(ctx, batch)
+							batch = nil
+						}
+					case <-ctx.Done():
+					}
+				}
+			}()
+			passes := 0
+			for ctx.Err() == nil {
+				after, seen := "", map[string]bool{}
+				for {
+					recs, err := h.Store.Committed(ctx, after, 3)
+					if err != nil {
+						if ctx.Err() == nil {
+							t.Errorf("Committed: %v", err)
+						}
+						break
+					}
+					if len(recs) == 0 {
+						break
+					}
+					for _, r := range recs {
+						if r.TxID <= after && name != "mysql" {
+							t.Errorf("Committed(%q) returned %q, not after it", after, r.TxID)
+						}
+						if seen[r.TxID] {
+							t.Errorf("%s listed twice in one pass", r.TxID)
+						}
+						seen[r.TxID] = true
+						if len(r.Outbox) != 5 {
+							t.Errorf("%s listed with %d outbox rows, want 5", r.TxID, len(r.Outbox))
+						}
+						after = r.TxID
+					}
+				}
+				passes++
+			}
+			cancel()
+			wg.Wait()
+			t.Logf("%d passes, %d transactions", passes, committed.Load())
+		})
+	}
+}
+
+// TestAdapter_EdgeCases: Forget of many ids with duplicates, empty and
+// unknown ones; Committed with a huge max; a panic in the attempt after a
+// redo.
+func TestAdapter_EdgeCases(t *testing.T) {
+	for _, name := range []string{"sqlite", "postgres", "mysql"} {
+		t.Run(name, func(t *testing.T) {
+			h := txtest.Open(t, name, filepath.Join(t.TempDir(), "host"))
+			ctx := context.Background()
+			var real []string
+			for range 3 {
+				if err := h.Run(ctx, func(ctx context.Context) error {
+					tx, _ := localtx.FromContext(ctx)
+					real = append(real, tx.ID())
+					return tx.Put(localtx.MarkerBucket, []byte(tx.ID()), []byte("m"))
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			recs, err := h.Store.Committed(ctx, "", int(^uint(0)>>1))
+			if err != nil || len(recs) != 3 {
+				t.Errorf("Committed(max int) = %d records, %v", len(recs), err)
+			}
+			ids := []string{"", "", "nope"}
+			for i := range 1000 {
+				ids = append(ids, fmt.Sprintf("x-%d", i), real[i%2])
+			}
+			if err := h.Store.Forget(ctx, ids); err != nil {
+				t.Fatalf("Forget: %v", err)
+			}
+			if n, err := h.Markers(); err != nil || n != 1 {
+				t.Errorf("after Forget: %d markers (%v), want 1", n, err)
+			}
+
+			var ev []string
+			attempts := 0
+			func() {
+				defer func() {
+					if r := recover(); r != "boom" {
+						t.Errorf("recovered %v, want boom", r)
+					}
+				}()
+				h.Run(ctx, func(ctx context.Context) error {
+					attempts++
+					tx, _ := localtx.FromContext(ctx)
+					n := attempts
+					tx.WhileCommit(func() { ev = append(ev, fmt.Sprint("commit", n)) })
+					tx.WhileRollback(func() { ev = append(ev, fmt.Sprint("rollback", n)) })
+					if err := tx.Put(localtx.MarkerBucket, []byte(tx.ID()), []byte("m")); err != nil {
+						return err
+					}
+					if attempts == 1 {
+						return localtx.ErrRedo
+					}
+					panic("boom")
+				})
+			}()
+			if fmt.Sprint(ev) != "[rollback1 rollback2]" || attempts != 2 {
+				t.Errorf("hooks %v after %d attempts", ev, attempts)
+			}
+			if n, _ := h.Markers(); n != 1 {
+				t.Errorf("%d markers after the panic, want 1", n)
+			}
+		})
 	}
 }

@@ -110,7 +110,8 @@ func connLost(err error) bool {
 // with the connection, on an adapter whose Retryable matches lost
 // connections. The commit's error is read back from the marker, not taken
 // for a rollback: one attempt, the commit hooks, one business row, one
-// marker (found by review: the transaction committed twice).
+// marker (this broke when the lost reply was redone: the transaction
+// committed twice).
 func TestSQL_LostCommitRetryable(t *testing.T) {
 	for _, server := range serverNames {
 		t.Run(server, func(t *testing.T) {

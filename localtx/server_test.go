@@ -277,3 +277,97 @@ func TestServer_Contention(t *testing.T) {
 		})
 	}
 }
+
+// TestServer_CheckBoundedOnLockedMarker: a connection left over from an
+// earlier run of the process (its client died with the transaction open,
+// the server has not noticed yet) holds the uncommitted marker row of a
+// transaction, and the node's check-back asks Check about it with the
+// node's context, which has no deadline. Check answers unknown with an
+// error within its own bound. This broke when Check's probe INSERT waited
+// for that lock with no bound of its own (on PostgreSQL forever, no
+// lock_timeout; on MariaDB innodb_lock_wait_timeout, 50 s), so one such
+// transaction stalled the node's single check-back/sweep loop.
+func TestServer_CheckBoundedOnLockedMarker(t *testing.T) {
+	for _, server := range serverNames {
+		t.Run(server, func(t *testing.T) {
+			db, dialect := txtest.ServerDB(t, server)
+			marker := uniqueTable(t, db, "rv_lock_marker")
+			a := serverAdapter(t, db, dialect, func(o *localtx.SQLOptions) { o.MarkerTable = marker })
+			ctx := context.Background()
+			const txid = "00000000deadbeef-1" // an earlier run's id: not running here
+			orphan, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer orphan.Rollback()
+			if _, err := orphan.ExecContext(ctx, "INSERT INTO "+marker+" (txid, body) VALUES ("+ph(dialect, 1)+", "+ph(dialect, 2)+")", txid, []byte("m")); err != nil {
+				t.Fatal(err)
+			}
+			type answer struct {
+				st  localtx.State
+				err error
+			}
+			done := make(chan answer, 1)
+			start := time.Now()
+			go func() {
+				st, _, err := a.Check(ctx, txid) // the node's ctx: no deadline
+				done <- answer{st, err}
+			}()
+			select {
+			case a := <-done:
+				t.Logf("Check answered %v, %v after %v", a.st, a.err, time.Since(start))
+				if a.st != localtx.Unknown || a.err == nil {
+					t.Errorf("Check = %v, %v while another session holds the marker row; want unknown with an error", a.st, a.err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Errorf("Check(%s) has not answered after 10s: it waits on another session's row lock with no bound", txid)
+				orphan.Rollback()
+				a := <-done
+				t.Logf("after the orphan rolled back: %v, %v (%v)", a.st, a.err, time.Since(start))
+			}
+		})
+	}
+}
+
+// TestServer_NonStrictTruncationRefused: MariaDB outside strict mode cuts
+// a value too long for its column, so the adapter refuses such rows
+// itself. With BlobType "BLOB(100)" (MySQL makes it a TINYBLOB, 255 bytes)
+// NewSQL refuses the default MaxRowBytes; allowed 255 bytes, Put refuses a
+// 1000-byte row before sending it. A marker key longer than the id column
+// is refused too.
+func TestServer_NonStrictTruncationRefused(t *testing.T) {
+	db, dialect := txtest.ServerDB(t, "mysql")
+	db.SetMaxOpenConns(1) // the session's sql_mode holds for every statement
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "SET SESSION sql_mode = ''"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := localtx.NewSQL(db, localtx.SQLOptions{Dialect: dialect, BlobType: "BLOB(100)"}); err == nil {
+		t.Error("NewSQL took BLOB(100) for 4 MiB rows")
+	}
+	a := serverAdapter(t, db, dialect, func(o *localtx.SQLOptions) { o.BlobType, o.MaxRowBytes = "BLOB(100)", 255 })
+	row := bytes.Repeat([]byte{7}, 1000)
+	err := a.Run(ctx, func(ctx context.Context) error {
+		tx, _ := localtx.FromContext(ctx)
+		if err := tx.Put(localtx.MarkerBucket, []byte(tx.ID()), []byte("m")); err != nil {
+			return err
+		}
+		return tx.Put(localtx.OutboxBucket, localtx.OutboxKey(tx.ID(), 0), row)
+	})
+	if !errors.Is(err, localtx.ErrRowTooLarge) {
+		t.Errorf("BLOB(100): Run = %v, want ErrRowTooLarge", err)
+	}
+	if recs, err := a.Committed(ctx, "", 10); err != nil || len(recs) != 0 {
+		t.Errorf("Committed = %v, %v; want nothing", recs, err)
+	}
+
+	b := serverAdapter(t, db, dialect, nil)
+	long := string(bytes.Repeat([]byte{'k'}, 200))
+	err = b.Run(ctx, func(ctx context.Context) error {
+		tx, _ := localtx.FromContext(ctx)
+		return tx.Put(localtx.MarkerBucket, []byte(long), []byte("m"))
+	})
+	if !errors.Is(err, localtx.ErrRowTooLarge) {
+		t.Errorf("a %d-byte marker key: Run = %v, want ErrRowTooLarge", len(long), err)
+	}
+}

@@ -467,17 +467,6 @@ func TestGroup_ReplayBehindFile(t *testing.T) {
 	}
 }
 
-func copyFile(t testing.TB, from, to string) {
-	t.Helper()
-	b, err := os.ReadFile(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(to, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestGroup_LeaderChanged: a watcher that takes LeaderChanged, then looks
 // at State, and waits for the channel while the state is not yet the one
 // it waits for, sees each change without polling: the leader cut off stops

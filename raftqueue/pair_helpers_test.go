@@ -431,3 +431,190 @@ func (p *Pair) waitApplied(t testing.TB) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// gatedLog wraps a replica's raft.LogStore: hook, when set, runs before each
+// write and may fail it (a failing disk), writing nothing.
+type gatedLog struct {
+	raft.LogStore
+	hook *atomic.Pointer[func([]*raft.Log) error]
+}
+
+func (g *gatedLog) StoreLog(l *raft.Log) error { return g.StoreLogs([]*raft.Log{l}) }
+
+func (g *gatedLog) StoreLogs(ls []*raft.Log) error {
+	if h := g.hook.Load(); h != nil {
+		if err := (*h)(ls); err != nil {
+			return err
+		}
+	}
+	return g.LogStore.StoreLogs(ls)
+}
+
+// diskHooks holds the write hooks of replicas a and b, kept across restarts.
+type diskHooks struct {
+	h [2]atomic.Pointer[func([]*raft.Log) error]
+}
+
+func (d *diskHooks) opts(cfg *PairConfig) {
+	i := 0
+	if filepath.Base(cfg.Dir) == "b" {
+		i = 1
+	}
+	cfg.Log = &gatedLog{LogStore: cfg.Log, hook: &d.h[i]}
+}
+
+func (d *diskHooks) set(i int, f func([]*raft.Log) error) {
+	if f == nil {
+		d.h[i].Store(nil)
+		return
+	}
+	d.h[i].Store(&f)
+}
+
+var errTestDisk = errors.New("test: disk write failed")
+
+// lastIndex returns the last index of replica i's log.
+func (ps *pairs) lastIndex(i int) uint64 {
+	ps.mu.Lock()
+	l := ps.logs[i]
+	ps.mu.Unlock()
+	if l == nil {
+		return 0
+	}
+	last, err := l.LastIndex()
+	if err != nil {
+		ps.t.Errorf("%s: last index: %v", ps.id(i), err)
+	}
+	return last
+}
+
+// entryIDs returns the message IDs of entry idx of replica i's log (nil
+// when it does not hold it).
+func (ps *pairs) entryIDs(i int, idx uint64) []string {
+	ps.mu.Lock()
+	l := ps.logs[i]
+	ps.mu.Unlock()
+	var e raft.Log
+	if l == nil || l.GetLog(idx, &e) != nil {
+		return nil
+	}
+	cmds, _, err := decodeEntry(e.Data, 1, nil, nil)
+	if err != nil {
+		return []string{"<" + err.Error() + ">"}
+	}
+	var ids []string
+	for _, c := range cmds {
+		for _, m := range c.Msgs {
+			ids = append(ids, m.ID)
+		}
+	}
+	return ids
+}
+
+// atOffset returns the ID replica i's partition 0 holds at off ("" none).
+func (ps *pairs) atOffset(i int, off uint64) string {
+	for _, m := range ps.logOf(i) {
+		if m.Offset == off {
+			return m.ID
+		}
+	}
+	return ""
+}
+
+// entryData encodes one entry of a single-partition pair appending msgs.
+func entryData(msgs ...store.Message) []byte {
+	body := appendEntryCommand(nil, entryOne, 0, &store.Command{Op: store.OpAppend, Now: t0, Msgs: msgs})
+	return append(entryHeader(nil, entryOne, 1, 1), body...)
+}
+
+func logEntry(index, epoch uint64, data []byte) *raft.Log {
+	return &raft.Log{Index: index, Term: epoch, Type: raft.LogCommand, Data: data}
+}
+
+// writeOnlyToFollower sends id through leader a, whose own write of it
+// fails (its disk, or its process dying before the write) while the batch
+// it sends at the same time reaches follower b: the send is of unknown
+// outcome, and the entry (the exact one a tried to write) is in b's log
+// only, at the returned index. (The leader writes and sends in parallel;
+// the test delivers the batch itself, as the send goroutine would, to
+// avoid a race with the failing write.)
+func writeOnlyToFollower(t *testing.T, ps *pairs, d *diskHooks, id string) uint64 {
+	t.Helper()
+	want := ps.lastIndex(0) + 1
+	var captured []*raft.Log
+	var once sync.Once
+	d.set(0, func(ls []*raft.Log) error {
+		once.Do(func() {
+			for _, l := range ls {
+				c := *l
+				captured = append(captured, &c)
+			}
+		})
+		return errTestDisk
+	})
+	ps.cut[0].Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_, err := ps.send(ctx, 0, msg(id))
+	cancel()
+	d.set(0, nil)
+	ps.cut[0].Store(false)
+	if !errors.Is(err, ErrUnknownOutcome) {
+		t.Fatalf("send %s with a's disk failing: %v, want ErrUnknownOutcome", id, err)
+	}
+	if len(captured) != 1 || captured[0].Index != want {
+		t.Fatalf("setup: a tried to write %d entries", len(captured))
+	}
+	// The batch a's leader sent alongside its write.
+	end, err := ps.rep(1).Append(context.Background(), pairlog.Append{Epoch: 1, PrevIndex: want - 1, PrevEpoch: 1,
+		Entries: captured, Commit: want - 1})
+	if err != nil || end != want {
+		t.Fatalf("setup: deliver a's batch to b: %d %v", end, err)
+	}
+	if got := ps.entryIDs(1, want); !slices.Equal(got, []string{id}) || ps.lastIndex(0) != want-1 {
+		t.Fatalf("setup: b's entry %d holds %v, a's log ends at %d", want, got, ps.lastIndex(0))
+	}
+	return want
+}
+
+// sendTo appends msgs to partition part through replica i.
+func (ps *pairs) sendTo(ctx context.Context, i, part int, msgs ...store.Message) (store.Result, error) {
+	p := ps.rep(i)
+	if p == nil {
+		return store.Result{}, ErrClosed
+	}
+	return p.ApplyTo(ctx, part, &store.Command{Op: store.OpAppend, Now: t0, Msgs: msgs})
+}
+
+// partOf returns what replica i's partition part holds.
+func (ps *pairs) partOf(i, part int) []store.Message {
+	ps.t.Helper()
+	p, err := ps.rep(i).Partition(part)
+	if err != nil {
+		ps.t.Fatal(err)
+	}
+	msgs, err := p.Read(0, 1<<20, 0, nil)
+	if err != nil {
+		ps.t.Fatal(err)
+	}
+	return msgs
+}
+
+// nextEpoch hands out the next epoch, led by replica i.
+func (ps *pairs) nextEpoch(i int) uint64 {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	ps.epoch++
+	ps.ledBy[ps.epoch], ps.leader = i, i
+	return ps.epoch
+}
+
+// sendN sends n messages named tag0.. through replica i, one at a time
+// (an entry each).
+func (ps *pairs) sendN(ctx context.Context, i, n int, tag string) {
+	ps.t.Helper()
+	for k := range n {
+		if _, err := ps.send(ctx, i, msg(fmt.Sprintf("%s%d", tag, k))); err != nil {
+			ps.t.Fatalf("send %s%d: %v", tag, k, err)
+		}
+	}
+}

@@ -22,8 +22,8 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// A node's Close once waited forever in raft's Shutdown (CI, under
-// TestRaft3NodeAttack_DiskFails): hashicorp/raft v1.7.3's pipeline
+// A node's Close once waited forever in raft's Shutdown (in CI, a Raft3
+// node whose disk failed): hashicorp/raft v1.7.3's pipeline
 // replication deadlocks when a follower answers an AppendEntries with
 // Success=false over a healthy connection, as a follower whose log write
 // fails does (hashicorp/raft#612). With MaxRPCsInFlight 2 (raft's default)

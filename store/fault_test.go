@@ -8,9 +8,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -287,5 +290,233 @@ func checkFaultReopen(t *testing.T, what string, img *memfs.FS, dir, scenario st
 	res, err := n.p.Apply(context.Background(), &store.Command{Op: store.OpAppend, Now: t0 + 2, Msgs: []store.Message{{ID: "after", Body: []byte("after")}}})
 	if err != nil || res.Acks[0].Offset != uint64(len(msgs)) {
 		t.Errorf("%s: send after reopen: %+v, %v", what, res, err)
+	}
+}
+
+// faultFS is the OS file system with a hook that can fail any write or
+// sync of a WAL segment.
+type faultFS struct {
+	store.OSFS
+	mu      sync.Mutex
+	handles map[string]int // opens per path
+	fail    func(op, name string, handle int) error
+}
+
+func (f *faultFS) OpenFile(name string, flag int, perm fs.FileMode) (store.File, error) {
+	file, err := f.OSFS.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.handles[name]++
+	h := f.handles[name]
+	f.mu.Unlock()
+	return &faultFile{File: file, fs: f, name: name, handle: h}, nil
+}
+
+func (f *faultFS) check(op, name string, handle int) error {
+	f.mu.Lock()
+	fail := f.fail
+	f.mu.Unlock()
+	if fail == nil {
+		return nil
+	}
+	return fail(op, name, handle)
+}
+
+func (f *faultFS) setFail(fn func(op, name string, handle int) error) {
+	f.mu.Lock()
+	f.fail = fn
+	f.mu.Unlock()
+}
+
+type faultFile struct {
+	store.File
+	fs     *faultFS
+	name   string
+	handle int
+}
+
+func (f *faultFile) WriteAt(b []byte, off int64) (int, error) {
+	if err := f.fs.check("write", f.name, f.handle); err != nil {
+		return 0, err
+	}
+	return f.File.WriteAt(b, off)
+}
+
+func (f *faultFile) Sync() error {
+	if err := f.fs.check("sync", f.name, f.handle); err != nil {
+		return err
+	}
+	return f.File.Sync()
+}
+
+// TestWAL_FailureSticks: after a write or sync of the WAL fails, nothing
+// more is acknowledged until reopen, even when the disk answers again: a
+// writeback error is reported once per file description, so a retried sync
+// that succeeds does not make the lost pages durable. The extender's sync,
+// on its own handle, fails the WAL the same way.
+func TestWAL_FailureSticks(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		op   string
+		ext  bool // the extender's handle (the second one of the segment)
+	}{
+		{"WriteEIO", "write", false},
+		{"SyncEIO", "sync", false},
+		{"SyncENOSPC", "sync", false},
+		{"ExtenderSync", "sync", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			ffs := &faultFS{handles: map[string]int{}}
+			w, err := store.OpenWAL(filepath.Join(dir, "wal"), store.WALOptions{FS: ffs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := store.Open(filepath.Join(dir, "0.db"), store.Options{WAL: w, Stream: "t/0"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.FinishRecovery()
+			ctx := context.Background()
+			var acked []string
+			send := func(id string, size int) error {
+				m := msg(id)
+				m.Body = make([]byte, size)
+				_, err := p.Apply(ctx, &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{m}})
+				if err == nil {
+					acked = append(acked, id)
+				}
+				return err
+			}
+			for i := range 5 {
+				if err := send(fmt.Sprint("before", i), 100); err != nil {
+					t.Fatal(err)
+				}
+			}
+			errno := syscall.EIO
+			if strings.Contains(tc.name, "ENOSPC") {
+				errno = syscall.ENOSPC
+			}
+			var failed atomic.Int64
+			ffs.setFail(func(op, name string, handle int) error {
+				if op != tc.op || !strings.HasSuffix(name, ".wal") || (handle == 2) != tc.ext {
+					return nil
+				}
+				if failed.Add(1) == 1 {
+					return errno // the first one only: the disk answers again after
+				}
+				return nil
+			})
+			var first error
+			for i := 0; i < 200 && first == nil; i++ {
+				first = send(fmt.Sprint("during", i), 64<<10) // pushes the extender within a few sends
+			}
+			if first == nil {
+				t.Fatalf("no send failed (%d faults injected)", failed.Load())
+			}
+			if !errors.Is(first, store.ErrFailed) {
+				t.Fatalf("send after the fault: %v, want ErrFailed", first)
+			}
+			for i := range 5 {
+				if err := send(fmt.Sprint("after", i), 100); !errors.Is(err, store.ErrFailed) {
+					t.Fatalf("send %d after the failure: %v, want ErrFailed", i, err)
+				}
+			}
+			p.Close()
+			w.Close()
+			ffs.setFail(nil)
+			r := mustWALNode(t, dir)
+			msgs, err := r.p.Read(0, 1000, 0, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			have := map[string]bool{}
+			for _, m := range msgs {
+				have[m.ID] = true
+			}
+			for _, id := range acked {
+				if !have["id-"+id] {
+					t.Fatalf("acked %s missing after reopen", id)
+				}
+			}
+			equal(t, "send after reopen", len(appendAt(t, r.p, t0, msg("new"))), 1)
+		})
+	}
+}
+
+// TestPartition_BoltFailureSticks: after a bbolt commit fails (the file's
+// writes return ENOSPC), nothing more is acknowledged, even once the file
+// takes writes again; reopening finds every acknowledged message.
+func TestPartition_BoltFailureSticks(t *testing.T) {
+	for _, withLog := range []bool{false, true} {
+		t.Run(fmt.Sprintf("WAL=%v", withLog), func(t *testing.T) {
+			dir := t.TempDir()
+			var n *walNode
+			var p *store.Partition
+			path := filepath.Join(dir, "0.db")
+			if withLog {
+				n = mustWALNode(t, dir)
+				p = n.p
+			} else {
+				var err error
+				if p, err = store.Open(path, store.Options{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var acked []uint64
+			send := func(id string) error {
+				res, err := p.Apply(context.Background(), &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{msg(id)}})
+				if err == nil {
+					acked = append(acked, res.Acks[0].Offset)
+				}
+				return err
+			}
+			for i := range 3 {
+				if err := send(fmt.Sprint("a", i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := p.HalfTxs(func(store.HalfTx) bool { return true }); err != nil { // everything in the file
+				t.Fatal(err)
+			}
+			restore := store.BreakFile(p)
+			err := send("during")
+			if withLog {
+				// The log took it; the file cannot: reading the file fails,
+				// and so does every later write.
+				if err != nil {
+					t.Fatalf("logged send: %v", err)
+				}
+				err = p.HalfTxs(func(store.HalfTx) bool { return true })
+			}
+			if !errors.Is(err, store.ErrFailed) {
+				t.Fatalf("after the failed commit: %v, want ErrFailed", err)
+			}
+			restore()
+			for i := range 3 {
+				if err := send(fmt.Sprint("after", i)); !errors.Is(err, store.ErrFailed) {
+					t.Fatalf("send %d once the file takes writes again: %v, want ErrFailed", i, err)
+				}
+			}
+			if err := p.Close(); !errors.Is(err, store.ErrFailed) {
+				t.Fatalf("Close: %v, want the failure", err)
+			}
+			if withLog {
+				n.wal.Close()
+				n.p = nil
+				r := mustWALNode(t, dir)
+				p = r.p
+			} else {
+				p = openAt(t, path)
+			}
+			_, offsets := readAll(t, p)
+			for _, off := range acked {
+				if int(off) >= len(offsets) || offsets[off] != off {
+					t.Fatalf("acked offset %d missing after reopen (have %v)", off, offsets)
+				}
+			}
+		})
 	}
 }

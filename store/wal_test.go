@@ -5,133 +5,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"sort"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/zeze-go/mq/internal/memfs"
 	"github.com/zeze-go/mq/store"
 )
-
-// walNode is a partition file and a WAL in one directory, opened like the
-// node does.
-type walNode struct {
-	dir string
-	wal *store.WAL
-	p   *store.Partition
-}
-
-func openWALNode(t testing.TB, dir string) (*walNode, error) {
-	return openWALNodeWith(t, dir, store.Options{})
-}
-
-// stalled is a partition that keeps what it logs out of its file for an
-// hour: a copy of its directory taken while it runs is what a crash leaves
-// with every acknowledged command only in the WAL.
-var stalled = store.Options{MaterializeAfter: time.Hour}
-
-func openWALNodeWith(t testing.TB, dir string, opts store.Options) (*walNode, error) {
-	t.Helper()
-	w, p, err := openWALPartition(filepath.Join(dir, "wal"), store.WALOptions{}, filepath.Join(dir, "0.db"), opts)
-	if err != nil {
-		return nil, err
-	}
-	n := &walNode{dir: dir, wal: w, p: p}
-	t.Cleanup(func() { n.close(t) })
-	return n, nil
-}
-
-// openWALPartition opens a WAL and one partition (stream "t/0") behind it,
-// and finishes the WAL's recovery.
-func openWALPartition(walDir string, wopts store.WALOptions, path string, opts store.Options) (*store.WAL, *store.Partition, error) {
-	w, err := store.OpenWAL(walDir, wopts)
-	if err != nil {
-		return nil, nil, err
-	}
-	opts.WAL, opts.Stream = w, "t/0"
-	p, err := store.Open(path, opts)
-	if err != nil {
-		w.Close()
-		return nil, nil, err
-	}
-	if err := w.FinishRecovery(); err != nil {
-		p.Close()
-		w.Close()
-		return nil, nil, err
-	}
-	return w, p, nil
-}
-
-func mustWALNode(t testing.TB, dir string) *walNode {
-	t.Helper()
-	return mustWALNodeWith(t, dir, store.Options{})
-}
-
-func mustWALNodeWith(t testing.TB, dir string, opts store.Options) *walNode {
-	t.Helper()
-	n, err := openWALNodeWith(t, dir, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-func (n *walNode) close(t testing.TB) {
-	if n.p == nil {
-		return
-	}
-	if err := n.p.Close(); err != nil {
-		t.Errorf("close partition: %v", err)
-	}
-	if err := n.wal.Close(); err != nil {
-		t.Errorf("close wal: %v", err)
-	}
-	n.p = nil
-}
-
-// copyDir copies src into dst file by file: with the materializer stalled,
-// a copy taken while the node runs is what a crash leaves on disk.
-func copyDir(t testing.TB, src, dst string) {
-	t.Helper()
-	err := filepath.Walk(src, func(path string, info os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, path)
-		to := filepath.Join(dst, rel)
-		if info.IsDir() {
-			return os.MkdirAll(to, 0o755)
-		}
-		in, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer in.Close()
-		out, err := os.Create(to)
-		if err != nil {
-			return err
-		}
-		defer out.Close()
-		_, err = io.Copy(out, in)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-func segments(t testing.TB, dir string) []string {
-	t.Helper()
-	m, err := filepath.Glob(filepath.Join(dir, "wal", "*.wal"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(m)
-	return m
-}
 
 // TestWAL_ReplayRestoresAcks: acked appends that were only logged (the
 // materializer stalled) come back at their acked offsets with their dedup
@@ -189,24 +74,6 @@ func TestWAL_ReplayRestoresAcks(t *testing.T) {
 		t.Fatalf("segments after clean reopen: %v", segments(t, crash))
 	}
 }
-
-// crashedWithTen returns a directory as a crash leaves it after ten acked
-// appends that were only logged, and stalls materialization for the test.
-func crashedWithTen(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	n := mustWALNodeWith(t, dir, stalled)
-	for i := range 10 {
-		appendAt(t, n.p, t0, msg(fmt.Sprint(i)))
-	}
-	crash := t.TempDir()
-	copyDir(t, dir, crash)
-	return crash
-}
-
-// sealLen is the length of a WAL write header frame, which also seals the
-// last synced write.
-const sealLen = 8 + 25
 
 // TestWAL_TornTail: a record written in part, or damaged, at the end of the
 // newest segment is an unacknowledged write: replay stops before it and cuts it.
@@ -427,4 +294,293 @@ func TestWAL_ExtendsBoundedAhead(t *testing.T) {
 		t.Fatalf("the segment ran %d MiB ahead of its records, want at most %d", worst>>20, limit>>20)
 	}
 	t.Logf("at most %.1f MiB ahead", float64(worst)/(1<<20))
+}
+
+// TestWAL_TxDelayReplay: transactions interleaved with appends and
+// delayed messages, released and trimmed, replayed from a crash image and
+// reopened with other options (no stall; SyncInterval): the same log,
+// state and decisions.
+func TestWAL_TxDelayReplay(t *testing.T) {
+	dir := t.TempDir()
+	n := mustWALNodeWith(t, dir, stalled)
+	p := n.p
+	for i := range 40 {
+		now := t0 + int64(i)*sec
+		m := msg(fmt.Sprint(i))
+		if i%3 == 0 {
+			m.DeliverAt = now + 5*sec
+		}
+		tx := fmt.Sprint("tx", i/4)
+		_, errs, err := p.ApplyBatch(context.Background(), []*store.Command{
+			{Op: store.OpAppend, Now: now, Msgs: []store.Message{m}},
+			{Op: store.OpPrepare, Now: now, TxID: tx, Msgs: []store.Message{msg(fmt.Sprint("h", i))}},
+			{Op: store.OpRelease, Now: now},
+			{Op: store.OpAppend, Now: now, Msgs: []store.Message{msg(fmt.Sprint(i - 1))}}, // a dup
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, e := range errs {
+			if e != nil && !(j == 1 && errors.Is(e, store.ErrDecided)) {
+				t.Fatalf("batch %d cmd %d: %v", i, j, e)
+			}
+		}
+		switch i % 4 {
+		case 3:
+			apply(t, p, &store.Command{Op: store.OpCommitTx, Now: now, TxID: tx, Msgs: []store.Message{msg(fmt.Sprint("o", i))}})
+		case 2:
+			if i%8 == 2 {
+				apply(t, p, &store.Command{Op: store.OpRollbackTx, Now: now, TxID: tx})
+			}
+		}
+		if i%10 == 9 {
+			apply(t, p, &store.Command{Op: store.OpTrim, Now: now, MaxAge: 20 * sec, DedupTTL: 30 * sec})
+		}
+	}
+	st := p.Stats()
+	msgs, _ := p.Read(0, 1<<20, 0, nil)
+	var halves []store.HalfTx
+	p.HalfTxs(func(h store.HalfTx) bool { halves = append(halves, h); return true })
+	var decisions []store.Decision
+	for i := 0; i < 10; i++ {
+		d, err := p.Decision(fmt.Sprint("tx", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		decisions = append(decisions, d)
+	}
+	crash := t.TempDir()
+	copyDir(t, dir, crash)
+	for _, every := range []time.Duration{0, time.Millisecond} {
+		d := t.TempDir()
+		copyDir(t, crash, d)
+		w, err := store.OpenWAL(filepath.Join(d, "wal"), store.WALOptions{SyncInterval: every})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := store.Open(filepath.Join(d, "0.db"), store.Options{WAL: w, Stream: "t/0", MaterializeAfter: time.Microsecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.FinishRecovery()
+		equal(t, "stats", r.Stats(), st)
+		m2, _ := r.Read(0, 1<<20, 0, nil)
+		equal(t, "log", fmt.Sprint(m2), fmt.Sprint(msgs))
+		var h2 []store.HalfTx
+		r.HalfTxs(func(h store.HalfTx) bool { h2 = append(h2, h); return true })
+		equal(t, "halves", fmt.Sprint(h2), fmt.Sprint(halves))
+		for i := 0; i < 10; i++ {
+			d, err := r.Decision(fmt.Sprint("tx", i))
+			if err != nil || d != decisions[i] {
+				t.Fatalf("decision tx%d: %v %v, want %v", i, d, err, decisions[i])
+			}
+		}
+		r.Close()
+		w.Close()
+	}
+}
+
+// readFailFS fails the first n ReadAt calls on .wal files with EIO.
+type readFailFS struct {
+	store.OSFS
+	left atomic.Int64
+}
+
+func (f *readFailFS) OpenFile(name string, flag int, perm os.FileMode) (store.File, error) {
+	file, err := f.OSFS.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return &readFailFile{File: file, fs: f}, nil
+}
+
+type readFailFile struct {
+	store.File
+	fs *readFailFS
+}
+
+func (f *readFailFile) ReadAt(b []byte, off int64) (int, error) {
+	if f.fs.left.Add(-1) >= 0 {
+		return 0, syscall.EIO
+	}
+	return f.File.ReadAt(b, off)
+}
+
+// TestWAL_RecoverRetryKeepsRecords: when one read of a replay fails (a
+// transient EIO) and the caller retries store.Open on the same WAL, the
+// retry replays every record: the partition opens with its acked messages.
+// This broke when WAL.Recover deleted the stream's index before reading
+// it: the retry replayed nothing, the partition handed the acked messages'
+// offsets to new ones, and FinishRecovery deleted the only copy.
+func TestWAL_RecoverRetryKeepsRecords(t *testing.T) {
+	crash := crashImage(t, 10, nil)
+	rf := &readFailFS{}
+	w, err := store.OpenWAL(filepath.Join(crash, "wal"), store.WALOptions{FS: rf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	path := filepath.Join(crash, "0.db")
+	rf.left.Store(1) // the next read, Recover's first, fails once
+	if _, err := store.Open(path, store.Options{WAL: w, Stream: "t/0"}); err == nil {
+		t.Fatal("open with a failing read succeeded")
+	}
+	p, err := store.Open(path, store.Options{WAL: w, Stream: "t/0"})
+	if err != nil {
+		return // refusing is fine: nothing lost
+	}
+	defer p.Close()
+	bodies, _ := readAll(t, p)
+	if len(bodies) != 10 {
+		acks := appendAt(t, p, t0, msg("new"))
+		t.Fatalf("retried Open after one failed read: %d of 10 acked messages, and a new send got offset %d (reused)", len(bodies), acks[0].Offset)
+	}
+}
+
+// TestWAL_StreamReuseSkipsStaleRecords: a stream's records of an earlier
+// incarnation of its file (closed, removed with RemoveFile, created again,
+// as a deleted and re-created topic would) stay in the current segment;
+// after a crash, replay applies the new incarnation's records, never the
+// stale ones. This broke when replay applied the stale records (index 1..)
+// and skipped the new ones as already applied: the acked messages were
+// replaced by the deleted ones at the same offsets.
+func TestWAL_StreamReuseSkipsStaleRecords(t *testing.T) {
+	dir := t.TempDir()
+	w, err := store.OpenWAL(filepath.Join(dir, "wal"), store.WALOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "0.db")
+	p, err := store.Open(path, store.Options{WAL: w, Stream: "t/0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.FinishRecovery()
+	for i := range 5 {
+		appendAt(t, p, t0, msg(fmt.Sprint("old", i)))
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.RemoveFile(path); err != nil {
+		t.Fatal(err)
+	}
+	p, err = store.Open(path, store.Options{WAL: w, Stream: "t/0", MaterializeAfter: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		appendAt(t, p, t0, msg(fmt.Sprint("new", i)))
+	}
+	crash := t.TempDir()
+	copyDir(t, dir, crash)
+	p.Close()
+	w.Close()
+
+	r, err := openWALNode(t, crash)
+	if err != nil {
+		if errors.Is(err, store.ErrCorrupt) {
+			return // detected: acceptable
+		}
+		t.Fatal(err)
+	}
+	bodies, _ := readAll(t, r.p)
+	want := []string{"body-new0", "body-new1", "body-new2"}
+	if fmt.Sprint(bodies) != fmt.Sprint(want) {
+		t.Fatalf("after a crash the re-created partition holds %q, want its acked %q", bodies, want)
+	}
+}
+
+// TestWAL_DirDurable: OpenWAL syncs the directory it created in its
+// parent, as well as the entries in it. This broke when it synced only the
+// entries: a power loss could take the directory, and every acknowledged
+// record with it.
+func TestWAL_DirDurable(t *testing.T) {
+	mfs := memfs.New()
+	w, err := store.OpenWAL("/node/wal", store.WALOptions{FS: mfs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendWait(t, w, "s", []byte("acked"))
+	img := mfs.Image(true, nil) // a power loss: only what was synced
+	w.Close()
+	w2, err := store.OpenWAL("/node/wal", store.WALOptions{FS: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Close()
+	if recs := recoverAll(t, w2, "s"); len(recs) != 1 || string(recs[0]) != "acked" {
+		t.Fatalf("after a power loss the WAL holds %q, want the acknowledged record", recs)
+	}
+}
+
+// TestWAL_RecoveryMemory: opening a WAL holding much more than the
+// partition's batches does not read it into memory, and replay applies it
+// in bounded batches.
+func TestWAL_RecoveryMemory(t *testing.T) {
+	const (
+		total = 256 << 20
+		body  = 256 << 10
+	)
+	dir := t.TempDir()
+	n := mustWALNodeWith(t, dir, store.Options{MaterializeAfter: time.Hour, MaxPendingBytes: 8 * total}) // no materialization before the copy
+	b := bytes.Repeat([]byte("x"), body)
+	for i := range total / body {
+		m := msg(fmt.Sprint(i))
+		m.Body = b
+		appendAt(t, n.p, t0, m)
+	}
+	crash := t.TempDir()
+	copyDir(t, dir, crash)
+	n.close(t)
+	b = nil
+
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapInuse
+	}
+	base := heap()
+	w, err := store.OpenWAL(filepath.Join(crash, "wal"), store.WALOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if held := heap() - min(base, heap()); held > 16<<20 {
+		t.Fatalf("OpenWAL holds %d MiB of a %d MiB log", held>>20, total>>20)
+	}
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			if ms.HeapInuse > peak.Load() {
+				peak.Store(ms.HeapInuse)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	p, err := store.Open(filepath.Join(crash, "0.db"), store.Options{WAL: w, Stream: "t/0"})
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if st := p.Stats(); st.Next != total/body {
+		t.Fatalf("replayed %d messages, want %d", st.Next, total/body)
+	}
+	if used := peak.Load() - min(base, peak.Load()); used > 160<<20 {
+		t.Fatalf("replay of %d MiB peaked at %d MiB of heap", total>>20, used>>20)
+	}
+	t.Logf("replay of %d MiB: heap peak %d MiB above the base", total>>20, (peak.Load()-min(base, peak.Load()))>>20)
 }

@@ -4,159 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"strconv"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
-
-	"github.com/zeze-go/mq/internal/partition/fake"
-	"github.com/zeze-go/mq/store"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// stamped is a fake partition behind a proposer that stamps Now, as the
-// node's partitions are.
-type stamped struct{ *fake.Partition }
-
-func (s stamped) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
-	cmd.Now = time.Now().UnixNano()
-	return s.Partition.Apply(ctx, cmd)
-}
-
-// table is a topic table of fake partitions, shared by the engines of a
-// test as the nodes of a cluster would share them.
-type table struct {
-	mu     sync.Mutex
-	topics map[string][]Partition
-}
-
-func newTable() *table { return &table{topics: map[string][]Partition{}} }
-
-func (t *table) add(name string, n int) []*fake.Partition {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var out []*fake.Partition
-	var parts []Partition
-	for range n {
-		p := fake.New()
-		out = append(out, p)
-		parts = append(parts, stamped{p})
-	}
-	t.topics[name] = parts
-	return out
-}
-
-func (t *table) Partitions(topic string) ([]Partition, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	parts, ok := t.topics[topic]
-	if !ok {
-		return nil, fmt.Errorf("no topic %s", topic)
-	}
-	return parts, nil
-}
-
-func (t *table) EnsureSystem(_ context.Context, name string) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if _, ok := t.topics[name]; !ok {
-		t.topics[name] = []Partition{stamped{fake.New()}}
-	}
-	return nil
-}
-
-type sysClock struct{}
-
-func (sysClock) Now() time.Time                         { return time.Now() }
-func (sysClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
-
-func newEngine(t *testing.T, tb *table) *Engine { return newEngineWith(t, tb, nil) }
-
-func newEngineWith(t *testing.T, tb *table, coord Coordinator) *Engine {
-	e := New(tb, sysClock{}, slog.New(slog.NewTextHandler(io.Discard, nil)), coord)
-	t.Cleanup(e.Close)
-	return e
-}
-
-func testConfig() Config {
-	return Config{Ladder: []time.Duration{time.Millisecond}, MaxReconsume: 3, Batch: 16, BatchBytes: 1 << 20}
-}
-
-func send(t *testing.T, p *fake.Partition, from, n int) {
-	t.Helper()
-	cmd := store.Command{Op: store.OpAppend, Now: time.Now().UnixNano()}
-	for i := from; i < from+n; i++ {
-		cmd.Msgs = append(cmd.Msgs, store.Message{ID: strconv.Itoa(i), Body: []byte(strconv.Itoa(i))})
-	}
-	if _, err := p.Apply(context.Background(), &cmd); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// log records what each consumer was handed, in order.
-type log struct {
-	mu  sync.Mutex
-	got map[string][]uint64
-	all chan uint64
-}
-
-func newLog() *log { return &log{got: map[string][]uint64{}, all: make(chan uint64, 1<<16)} }
-
-func (l *log) handler(name string, gate <-chan struct{}) Handler {
-	return func(ctx context.Context, d *Delivery) error {
-		if gate != nil {
-			select {
-			case <-gate:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		l.mu.Lock()
-		l.got[name] = append(l.got[name], d.Offset)
-		l.mu.Unlock()
-		l.all <- d.Offset
-		return nil
-	}
-}
-
-func (l *log) of(name string) []uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]uint64(nil), l.got[name]...)
-}
-
-// waitFor reads offsets from l.all until every offset in [from, to) was
-// seen.
-func (l *log) waitFor(t *testing.T, from, to uint64) {
-	t.Helper()
-	seen := map[uint64]bool{}
-	deadline := time.After(10 * time.Second)
-	for uint64(len(seen)) < to-from {
-		select {
-		case off := <-l.all:
-			if off >= from && off < to {
-				seen[off] = true
-			}
-		case <-deadline:
-			t.Fatalf("only %d of the offsets [%d, %d) delivered", len(seen), from, to)
-		}
-	}
-}
-
-func committed(t *testing.T, p *fake.Partition, group string) store.GroupState {
-	t.Helper()
-	gs, _, err := p.Group(group)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return gs
-}
 
 // TestEngine_TwoGenerations: two nodes' consumers of one group own one
 // partition at once, as when a coordinator moves it before the old owner
@@ -239,7 +96,7 @@ func TestEngine_TwoGenerations(t *testing.T) {
 
 // TestEngine_ClaimRetries: a worker whose claim fails (a store error)
 // tries again after a pause instead of leaving its partition assigned and
-// undelivered (issue 9, defect 6).
+// undelivered.
 func TestEngine_ClaimRetries(t *testing.T) {
 	tb := newTable()
 	p := tb.add("orders", 1)[0]
@@ -259,7 +116,7 @@ func TestEngine_ClaimRetries(t *testing.T) {
 
 // TestEngine_ResetDuringClose: a reset that runs while a consumer closes,
 // its handler still inside a message, wins: the closing worker's last
-// commit is refused (issue 9, defect 1).
+// commit is refused (it used to overwrite the reset).
 func TestEngine_ResetDuringClose(t *testing.T) {
 	tb := newTable()
 	p := tb.add("orders", 1)[0]
@@ -294,8 +151,8 @@ func TestEngine_ResetDuringClose(t *testing.T) {
 }
 
 // TestEngine_SeekFromHandlers: handlers of two partitions of one group
-// reset the group at the same time; neither waits for the other (issue 9,
-// defect 2: each waited for the other partition's worker, inside its
+// reset the group at the same time; neither waits for the other (they
+// deadlocked when each waited for the other partition's worker, inside its
 // handler).
 func TestEngine_SeekFromHandlers(t *testing.T) {
 	tb := newTable()
@@ -505,8 +362,8 @@ func TestEngine_Handoff(t *testing.T) {
 
 // TestEngine_ForgetsGroups: a group is held in memory only while it has
 // consumers or workers. Broadcast instances, and names given only to
-// Reset, leave nothing behind once closed (issue 9, defect 5: every
-// (topic, offset name) ever used stayed for the node's life).
+// Reset, leave nothing behind once closed (every (topic, offset name)
+// ever used once stayed for the node's life).
 func TestEngine_ForgetsGroups(t *testing.T) {
 	tb := newTable()
 	p := tb.add("orders", 2)[0]
@@ -545,5 +402,37 @@ func TestEngine_ForgetsGroups(t *testing.T) {
 			t.Fatalf("%d groups still in memory after every consumer closed", groups())
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestEngine_StartTimeExtremes: a start time before 1970 (clamped to
+// MinInt64 by the root) starts at the first message, one after 2262
+// (MaxInt64) at the end.
+func TestEngine_StartTimeExtremes(t *testing.T) {
+	for _, tc := range []struct {
+		at   int64
+		want int
+	}{{math.MinInt64, 3}, {-1, 3}, {math.MaxInt64, 0}} {
+		tb := newTable()
+		p := tb.add("orders", 1)[0]
+		e := newEngine(t, tb)
+		sendTagged(t, p, 3, nil)
+		cfg := testConfig()
+		cfg.Start, cfg.StartTime = StartTime, tc.at
+		l := newLog()
+		c, err := e.Subscribe("orders", "billing", l.handler("c", nil), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "a claim", func() bool { _, ok, _ := p.Group("billing"); return ok })
+		time.Sleep(100 * time.Millisecond)
+		c.Close()
+		if got := len(l.of("c")); got != tc.want {
+			t.Errorf("start time %d: %d delivered, want %d", tc.at, got, tc.want)
+		}
+		gs := committed(t, p, "billing")
+		if tc.want == 0 && gs.Offset != 3 {
+			t.Errorf("start time %d: group at %d, want 3", tc.at, gs.Offset)
+		}
 	}
 }

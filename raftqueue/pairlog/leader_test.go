@@ -15,184 +15,6 @@ import (
 	"go.uber.org/goleak"
 )
 
-// gatedStore is a log store whose writes wait while gate is closed (a
-// slow disk) and fail while fail is set (a disk error).
-type gatedStore struct {
-	*raft.InmemStore
-	mu     sync.Mutex
-	open   chan struct{} // closed: writes pass
-	fail   atomic.Bool
-	writes atomic.Int64
-}
-
-func newGatedStore() *gatedStore {
-	g := &gatedStore{InmemStore: raft.NewInmemStore(), open: make(chan struct{})}
-	close(g.open)
-	return g
-}
-
-// hold makes writes wait until the returned release is called, at the
-// latest when the test ends (before the leader's Close, which waits for
-// the write).
-func (g *gatedStore) hold(t *testing.T) (release func()) {
-	ch := make(chan struct{})
-	g.mu.Lock()
-	g.open = ch
-	g.mu.Unlock()
-	var once sync.Once
-	release = func() { once.Do(func() { close(ch) }) }
-	t.Cleanup(release)
-	return release
-}
-
-func (g *gatedStore) StoreLogs(es []*raft.Log) error {
-	g.mu.Lock()
-	ch := g.open
-	g.mu.Unlock()
-	<-ch
-	if g.fail.Load() {
-		return errors.New("write: input/output error")
-	}
-	g.writes.Add(1)
-	// Copies, as a store on disk holds its own bytes.
-	cp := make([]*raft.Log, len(es))
-	for i, e := range es {
-		c := *e
-		cp[i] = &c
-	}
-	return g.InmemStore.StoreLogs(cp)
-}
-
-func (g *gatedStore) StoreLog(e *raft.Log) error { return g.StoreLogs([]*raft.Log{e}) }
-
-// testPeer delivers Appends to a follower's Log in this process. It can
-// fail them before delivery (the link down) or after (the reply lost).
-type testPeer struct {
-	f        *Log
-	down     atomic.Bool
-	loseRate atomic.Int64 // per mille of replies lost after delivery
-	rng      *rand.Rand
-	mu       sync.Mutex
-}
-
-var errLink = errors.New("test: link down")
-
-// lose makes the peer lose rate per mille of its replies, drawn from rng.
-func (p *testPeer) lose(rng *rand.Rand, rate int64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.rng = rng
-	p.loseRate.Store(rate)
-}
-
-func (p *testPeer) Append(ctx context.Context, a Append) (uint64, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	if p.down.Load() {
-		return 0, errLink
-	}
-	end, err := p.f.Append(a)
-	p.mu.Lock()
-	lost := p.rng != nil && p.rng.Int64N(1000) < p.loseRate.Load()
-	p.mu.Unlock()
-	if lost {
-		return 0, errLink
-	}
-	return end, err
-}
-
-// applied is a state machine recording the entries it applied, in order.
-type applied struct {
-	mu   sync.Mutex
-	logs []string
-}
-
-func (s *applied) apply(logs []*raft.Log) []any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]any, len(logs))
-	for i, l := range logs {
-		s.logs = append(s.logs, fmt.Sprintf("%d@%d:%s", l.Index, l.Term, l.Data))
-		out[i] = l.Index * 10
-	}
-	return out
-}
-
-func (s *applied) list() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.logs)
-}
-
-// pair is a leader and its follower in one process.
-type pair struct {
-	lstore, fstore *gatedStore
-	flog           *Log
-	peer           *testPeer
-	sm             *applied
-	leader         *Leader
-}
-
-// newPair starts a leader of epoch over stores holding what they hold.
-func newPair(t *testing.T, epoch uint64, lstore, fstore *gatedStore, cfg LeaderConfig) *pair {
-	t.Helper()
-	p := &pair{lstore: lstore, fstore: fstore, sm: &applied{}}
-	llog, err := OpenLog(lstore, lstore, cfg.Applied)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.flog, err = OpenLog(fstore, fstore, 0); err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range []*Log{llog, p.flog} {
-		if err := l.SetEpoch(epoch); err != nil {
-			t.Fatal(err)
-		}
-	}
-	p.peer = &testPeer{f: p.flog}
-	cfg.Log, cfg.Apply = llog, p.sm.apply
-	if cfg.Peer == nil {
-		cfg.Peer = p.peer
-	}
-	if p.leader, err = NewLeader(cfg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.leader.Close() })
-	return p
-}
-
-// dump returns "index@epoch:data" of every entry in s.
-func dump(t *testing.T, s raft.LogStore) []string {
-	t.Helper()
-	var out []string
-	for _, e := range entriesOf(t, s) {
-		out = append(out, fmt.Sprintf("%d@%d:%s", e.Index, e.Term, e.Data))
-	}
-	return out
-}
-
-// answer waits for f's answer, failing the test after 10 s.
-func answer(t *testing.T, f raft.ApplyFuture) error {
-	t.Helper()
-	select {
-	case <-f.(*entry).done:
-		return f.Error()
-	case <-time.After(10 * time.Second):
-		t.Fatalf("entry %d not answered in 10 s", f.Index())
-		return nil
-	}
-}
-
-func isDone(f raft.ApplyFuture) bool {
-	select {
-	case <-f.(*entry).done:
-		return true
-	default:
-		return false
-	}
-}
-
 // TestLeader_AckNeedsBothCopies: an entry is answered only once both the
 // leader's and the follower's log hold it, whichever is slower, and the
 // two writes run at the same time.
@@ -568,16 +390,357 @@ func TestLeader_MaxBatchBytes(t *testing.T) {
 	}
 }
 
-// peerFunc is a Peer in a function.
-type peerFunc func(ctx context.Context, a Append) (uint64, error)
+// lastPeer is a peer answering with the follower's last index rather than
+// the batch's end (as raft's AppendEntries replies carry a last-log hint):
+// a reply end past what was sent.
+type lastPeer struct{ f *Log }
 
-func (f peerFunc) Append(ctx context.Context, a Append) (uint64, error) { return f(ctx, a) }
+func (p *lastPeer) Append(ctx context.Context, a Append) (uint64, error) {
+	if _, err := p.f.Append(a); err != nil {
+		return 0, err
+	}
+	last, _, err := p.f.Last()
+	return last, err
+}
 
-// errNoInstall answers the installs of the peers of these tests, whose
-// leaders have no Snapshot (they never send one).
-var errNoInstall = errors.New("test peer: no snapshot install")
-
-func (f peerFunc) Install(context.Context, Install) error  { return errNoInstall }
-func (p *testPeer) Install(context.Context, Install) error { return errNoInstall }
 func (p *lastPeer) Install(context.Context, Install) error { return errNoInstall }
+
+// skipPeer delivers its first batch with entries only once gate is closed,
+// then answers it one past the batch's end (a reply meant for another
+// request, or a follower's last index); later Appends are delivered as is.
+type skipPeer struct {
+	f     *Log
+	gate  chan struct{}
+	after func() // called once the first batch is delivered
+	calls atomic.Int64
+}
+
+func (p *skipPeer) Append(ctx context.Context, a Append) (uint64, error) {
+	if len(a.Entries) == 0 || p.calls.Add(1) > 1 {
+		return p.f.Append(a)
+	}
+	select {
+	case <-p.gate:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	end, err := p.f.Append(a)
+	p.after()
+	return end + 1, err
+}
+
 func (p *skipPeer) Install(context.Context, Install) error { return errNoInstall }
+
+// TestLeader_SameEpochRestartConverges: the leader sends an entry to the
+// follower before its own write is durable (the two writes run at the same
+// time, by design); its own write then fails, so the follower holds 1@1:x
+// and the leader's log does not. A new Leader of the same epoch over the
+// same log (a node restarting with an unchanged pair record) proposes y at
+// index 1, epoch 1: y is answered nil only once the follower holds y
+// there, since a leader run's first Append resets the follower's tail
+// (Append.Reset). This broke when the follower compared only (index,
+// epoch), took 1@1 for "already held" and kept x under an acked y.
+func TestLeader_SameEpochRestartConverges(t *testing.T) {
+	ls, fs := newGatedStore(), newGatedStore()
+	p := newPair(t, 1, ls, fs, LeaderConfig{})
+	release := ls.hold(t)
+	fx := p.leader.Propose([]byte("x"))
+	waitFor(t, "the follower to hold x", func() bool { return fs.writes.Load() == 1 })
+	ls.fail.Store(true) // the leader's own write fails (or the node crashes)
+	release()
+	if err := answer(t, fx); err == nil {
+		t.Fatal("x answered nil with the leader's write failing")
+	}
+	closeWithin(t, p.leader, 5*time.Second)
+	ls.fail.Store(false)
+
+	// The node leads again, the pair record (epoch 1) unchanged.
+	p2 := newPair(t, 1, ls, fs, LeaderConfig{})
+	fy := p2.leader.Propose([]byte("y"))
+	err := answer(t, fy)
+	lg, fg := dump(t, ls), dump(t, fs)
+	if err == nil && entryAt(fs, fy.Index()) != entryAt(ls, fy.Index()) {
+		t.Errorf("entry %d (y) answered nil, but the follower holds %q there (the leader %q); leader log %v, follower log %v",
+			fy.Index(), entryAt(fs, fy.Index()), entryAt(ls, fy.Index()), lg, fg)
+	}
+}
+
+// TestLeader_CatchUpCutsStaleTail: after a full catch-up the follower's
+// log equals the leader's. A leader of epoch 2 whose log is 1-3@1 and a
+// follower (the old leader) holding 1-5@1, 4-5 never acked: the leader's
+// first Append (a heartbeat at PrevIndex 3) matches. This broke when the
+// follower left the tail after a batch's end in place and the idle leader
+// sent nothing more: the follower kept 4@1 and 5@1, which it would apply
+// if promoted.
+func TestLeader_CatchUpCutsStaleTail(t *testing.T) {
+	ls, fs := newGatedStore(), newGatedStore()
+	if err := ls.StoreLogs(ents(1, 1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.StoreLogs(ents(1, 1, 1, 1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	p := newPair(t, 2, ls, fs, LeaderConfig{RetryAfter: time.Millisecond})
+	waitFor(t, "the old entries to be applied", func() bool { return len(p.sm.list()) == 3 })
+	waitFor(t, "the follower to learn the commit", func() bool { return p.flog.Commit() == 3 })
+	time.Sleep(50 * time.Millisecond) // the leader is idle: nothing more is sent
+	if lg, fg := dump(t, ls), dump(t, fs); !slices.Equal(lg, fg) {
+		fi, fe, _ := p.flog.Last()
+		t.Errorf("caught up (applied 1-3, follower commit 3) but the logs differ: leader %v, follower %v (follower's last %d@%d)", lg, fg, fi, fe)
+	}
+}
+
+// TestLeader_ReplyEndPastBatchIgnored: a peer whose reply claims an end
+// past the batch it was sent (here the follower's last index, 5, for a
+// heartbeat at 3: the follower holds an old tail 4-5@1); the leader trusts
+// only the end of the batch it sent, so the next entry (4@2) is answered
+// nil only once the follower holds it. This broke when the leader took the
+// reply's end as is: the entry committed on the leader's write alone, and
+// the next send read past its queue, a panic in the send goroutine (hence
+// the child process).
+func TestLeader_ReplyEndPastBatchIgnored(t *testing.T) {
+	const name = "TestLeader_ReplyEndPastBatchIgnored"
+	if !inChild(t, name) {
+		return
+	}
+	ls, fs := newGatedStore(), newGatedStore()
+	if err := ls.StoreLogs(ents(1, 1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.StoreLogs(ents(1, 1, 1, 1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	flog := openAt(t, fs, 2, 0)
+	p := newPair(t, 2, ls, newGatedStore(), LeaderConfig{Peer: &lastPeer{f: flog}, RetryAfter: time.Millisecond})
+	time.Sleep(100 * time.Millisecond) // the heartbeat's reply arrives
+	f := p.leader.Propose([]byte("a"))
+	if err := answer(t, f); err == nil && entryAt(fs, f.Index()) != entryAt(ls, f.Index()) {
+		t.Fatalf("entry %d answered nil; the follower holds %q there", f.Index(), entryAt(fs, f.Index()))
+	}
+}
+
+// TestLeader_ReplyEndPastBatchNoFalseAck: the case of
+// TestLeader_ReplyEndPastBatchIgnored without the panic. The first batch
+// carries entry 1 only and its reply claims 2 while entry 2 is proposed;
+// the follower's disk stalls after the first batch, so what it holds when
+// entry 2 is answered is final: entry 2 is not answered nil unless the
+// follower holds it. This broke when the leader raised matched and
+// sendAfter to the reply's end, never sent entry 2 and answered it nil
+// once its own write was done. (Run in a child process in case the send
+// goroutine panics.)
+func TestLeader_ReplyEndPastBatchNoFalseAck(t *testing.T) {
+	const name = "TestLeader_ReplyEndPastBatchNoFalseAck"
+	if !inChild(t, name) {
+		return
+	}
+	fs := newGatedStore()
+	// Once the first batch is delivered the follower's disk stalls, so
+	// that whatever the follower holds when entry 2 is answered is final.
+	peer := &skipPeer{f: openAt(t, fs, 1, 0), gate: make(chan struct{}), after: func() { fs.hold(t) }}
+	p := newPair(t, 1, newGatedStore(), newGatedStore(), LeaderConfig{Peer: peer, MaxBatch: 1, RetryAfter: time.Millisecond})
+	f1 := p.leader.Propose([]byte("a"))
+	f2 := p.leader.Propose([]byte("b"))
+	close(peer.gate)
+	answer(t, f1)
+	if err2 := answer(t, f2); err2 == nil && entryAt(fs, 2) != entryAt(p.lstore, 2) {
+		t.Fatalf("entry 2 answered nil, the follower holding %q there (its log %v)", entryAt(fs, 2), dump(t, fs))
+	}
+}
+
+// TestLeader_FollowerBehindCompactionFails: every future is eventually
+// answered. The leader applied and compacted its log through 3 (entries
+// 4-6 remain) and a new, empty follower joins: with no Snapshot to install,
+// the leader fails (ErrCompacted, reported by Err) instead of waiting.
+// This broke when the leader retried the read of its compacted log
+// forever: proposals were never answered and Err stayed nil.
+func TestLeader_FollowerBehindCompactionFails(t *testing.T) {
+	ls := newGatedStore()
+	if err := ls.StoreLogs(ents(1, 1, 1, 1, 1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.DeleteRange(1, 3); err != nil { // compacted: applied through 6
+		t.Fatal(err)
+	}
+	p := newPair(t, 2, ls, newGatedStore(), LeaderConfig{Applied: 6, RetryAfter: time.Millisecond})
+	f := p.leader.Propose([]byte("x"))
+	deadline := time.Now().Add(2 * time.Second)
+	for !isDone(f) && p.leader.Err() == nil && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !isDone(f) && p.leader.Err() == nil {
+		t.Errorf("2 s on: entry %d unanswered, the leader's Err() nil, the follower holding %d entries: the leader retries a read of its compacted log forever",
+			f.Index(), len(dump(t, p.fstore)))
+	}
+	closeWithin(t, p.leader, 5*time.Second)
+	if err := answer(t, f); !errors.Is(err, ErrClosed) && err == nil {
+		t.Fatalf("answered nil: %v", err)
+	}
+}
+
+// TestLeader_CloseStartsNoNewWrite: Close returns promptly, waiting for at
+// most the one disk write in flight. With a write of entry 1 in flight and
+// entries 2-3 proposed behind it, Close cancels and waits: no write of 2-3
+// starts, and every future is answered ErrClosed. This broke when the
+// write goroutine did not look at the cancelled context once the write in
+// flight returned and started a new write of 2-3 that Close waited for
+// too.
+func TestLeader_CloseStartsNoNewWrite(t *testing.T) {
+	p := newPair(t, 1, newGatedStore(), newGatedStore(), LeaderConfig{})
+	p.peer.down.Store(true)
+	release := p.lstore.hold(t)
+	fs := []raft.ApplyFuture{p.leader.Propose([]byte("1"))}
+	time.Sleep(100 * time.Millisecond) // the write goroutine takes entry 1 and waits on the disk
+	fs = append(fs, p.leader.Propose([]byte("2")), p.leader.Propose([]byte("3")))
+	closed := make(chan struct{})
+	go func() { p.leader.Close(); close(closed) }()
+	time.Sleep(50 * time.Millisecond) // Close has cancelled and waits
+	release()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	for _, f := range fs {
+		if err := answer(t, f); !errors.Is(err, ErrClosed) {
+			t.Fatalf("entry %d: %v", f.Index(), err)
+		}
+	}
+	if n := p.lstore.writes.Load(); n != 1 {
+		t.Errorf("Close waited for %d disk writes (log %v): one was in flight, the others started after Close cancelled", n, dump(t, p.lstore))
+	}
+}
+
+// TestLeader_ProposeRacingClose: proposers racing Close over a lossy,
+// flapping link: every future is answered, Close returns promptly, and
+// every entry answered nil is on both logs, the same.
+func TestLeader_ProposeRacingClose(t *testing.T) {
+	for round := range 6 {
+		p := newPair(t, 1, newGatedStore(), newGatedStore(), LeaderConfig{MaxBatch: 4, MaxPending: 16, RetryAfter: time.Millisecond})
+		p.peer.lose(rand.New(rand.NewPCG(uint64(round), 3)), 200)
+		var mu sync.Mutex
+		var futures []raft.ApplyFuture
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		for w := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					f := p.leader.Propose(fmt.Appendf(nil, "w%d-%d", w, i))
+					mu.Lock()
+					futures = append(futures, f)
+					mu.Unlock()
+					if i%3 == 0 {
+						f.Error()
+					}
+				}
+			}()
+		}
+		time.Sleep(time.Duration(5+round*7) * time.Millisecond)
+		closeWithin(t, p.leader, 5*time.Second)
+		close(stop)
+		wg.Wait()
+		acked := 0
+		for _, f := range futures {
+			err := answer(t, f)
+			if err == nil {
+				acked++
+				if lg, fg := entryAt(p.lstore, f.Index()), entryAt(p.fstore, f.Index()); lg == "" || lg != fg {
+					t.Fatalf("round %d: entry %d answered nil, leader %q follower %q", round, f.Index(), lg, fg)
+				}
+			} else if !errors.Is(err, ErrClosed) {
+				t.Fatalf("round %d: entry %d: %v", round, f.Index(), err)
+			}
+		}
+		if got := p.sm.list(); len(got) < acked {
+			t.Fatalf("round %d: %d acked, %d applied", round, acked, len(got))
+		}
+	}
+}
+
+// TestLeader_LostRepliesThenNewEpoch: Appends delivered with their replies
+// lost, then the follower serves epoch 2: nothing more is answered nil,
+// the leader is deposed, every future answered.
+func TestLeader_LostRepliesThenNewEpoch(t *testing.T) {
+	p := newPair(t, 1, newGatedStore(), newGatedStore(), LeaderConfig{RetryAfter: time.Millisecond})
+	if err := answer(t, p.leader.Propose([]byte("ok"))); err != nil {
+		t.Fatal(err)
+	}
+	p.peer.lose(rand.New(rand.NewPCG(1, 1)), 1000) // delivered, reply lost
+	var fs []raft.ApplyFuture
+	for i := range 5 {
+		fs = append(fs, p.leader.Propose(fmt.Appendf(nil, "%d", i)))
+	}
+	waitFor(t, "the follower to hold them", func() bool { return len(dump(t, p.fstore)) == 6 })
+	if err := p.flog.SetEpoch(2); err != nil {
+		t.Fatal(err)
+	}
+	p.peer.loseRate.Store(0)
+	for _, f := range fs {
+		if err := answer(t, f); !errors.Is(err, ErrDeposed) {
+			t.Fatalf("entry %d: %v, want ErrDeposed", f.Index(), err)
+		}
+	}
+	if err := answer(t, p.leader.Propose([]byte("late"))); !errors.Is(err, ErrDeposed) {
+		t.Fatalf("late: %v", err)
+	}
+}
+
+// TestLeader_CloseWithFullPending: MaxPending reached with the follower
+// down, more proposers blocked on room; Close answers all with ErrClosed
+// promptly.
+func TestLeader_CloseWithFullPending(t *testing.T) {
+	p := newPair(t, 1, newGatedStore(), newGatedStore(), LeaderConfig{MaxPending: 4, RetryAfter: time.Millisecond})
+	p.peer.down.Store(true)
+	out := make(chan raft.ApplyFuture, 10)
+	for i := range 10 {
+		go func() { out <- p.leader.Propose(fmt.Appendf(nil, "%d", i)) }()
+	}
+	time.Sleep(50 * time.Millisecond)
+	closeWithin(t, p.leader, 2*time.Second)
+	for range 10 {
+		select {
+		case f := <-out:
+			if err := answer(t, f); !errors.Is(err, ErrClosed) {
+				t.Fatalf("entry %d: %v", f.Index(), err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a blocked Propose did not return after Close")
+		}
+	}
+	if len(p.sm.list()) != 0 {
+		t.Fatalf("applied %v with the follower down", p.sm.list())
+	}
+}
+
+// TestLeader_WalksBackOverCompactedFollower: the follower compacted its
+// committed prefix (1-3) and holds an old tail 4-6@1; the leader of epoch 3
+// (4-6@2) walks back to it, the tail is replaced, the prefix untouched,
+// and the new entry is answered only when both hold it.
+func TestLeader_WalksBackOverCompactedFollower(t *testing.T) {
+	ls, fs := newGatedStore(), newGatedStore()
+	if err := ls.StoreLogs(append(ents(1, 1, 1, 1), ents(4, 2, 2, 2)...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.StoreLogs(ents(1, 1, 1, 1, 1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	fs.DeleteRange(1, 3)
+	p := newPair(t, 3, ls, fs, LeaderConfig{Applied: 3, MaxBatch: 2, RetryAfter: time.Millisecond})
+	f := p.leader.Propose([]byte("x"))
+	if err := answer(t, f); err != nil || f.Index() != 7 {
+		t.Fatalf("x: %v at %d", err, f.Index())
+	}
+	want := []string{"4@2:4@2", "5@2:5@2", "6@2:6@2", "7@3:x"}
+	if got := dump(t, fs); !slices.Equal(got, want) {
+		t.Fatalf("follower %v, want %v", got, want)
+	}
+	if got := p.sm.list(); !slices.Equal(got, want) {
+		t.Fatalf("applied %v, want %v", got, want)
+	}
+}

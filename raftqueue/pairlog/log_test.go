@@ -3,6 +3,7 @@ package pairlog
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
@@ -11,16 +12,6 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 )
-
-// ents returns entries from index first on, one per epoch given.
-func ents(first uint64, epochs ...uint64) []*raft.Log {
-	out := make([]*raft.Log, len(epochs))
-	for i, e := range epochs {
-		idx := first + uint64(i)
-		out[i] = &raft.Log{Index: idx, Term: e, Type: raft.LogCommand, Data: fmt.Appendf(nil, "%d@%d", idx, e)}
-	}
-	return out
-}
 
 // memLog returns a Log over a new in-memory store serving epoch, holding
 // entries of the epochs given from index 1 on (written directly, as an
@@ -41,22 +32,6 @@ func memLog(t *testing.T, epoch uint64, epochs ...uint64) (*Log, *raft.InmemStor
 		t.Fatal(err)
 	}
 	return l, s
-}
-
-// entriesOf returns every entry s holds.
-func entriesOf(t *testing.T, s raft.LogStore) []raft.Log {
-	t.Helper()
-	first, _ := s.FirstIndex()
-	last, _ := s.LastIndex()
-	var out []raft.Log
-	for i := first; i <= last && last > 0; i++ {
-		var e raft.Log
-		if err := s.GetLog(i, &e); err != nil {
-			t.Fatalf("entry %d: %v", i, err)
-		}
-		out = append(out, e)
-	}
-	return out
 }
 
 // held returns "index@epoch" of every entry in s, checking each entry's
@@ -424,5 +399,79 @@ func TestLog_CompactAndRestore(t *testing.T) {
 	}
 	if first, last, _ := re3.Bounds(); first != 8 || last != 7 {
 		t.Fatalf("reopened after Restored(7): %d-%d", first, last)
+	}
+}
+
+// TestLog_MaxIndexDoesNotWrap: bad input is an error, never a changed log.
+// On a log ending at math.MaxUint64, PrevIndex+1 wraps to 0, and index 0
+// is never a valid entry: Append and Write refuse it. This broke when
+// Append took the wrapped entry for compacted and answered success, and
+// Write stored an entry of index 0.
+func TestLog_MaxIndexDoesNotWrap(t *testing.T) {
+	s := newGatedStore()
+	if err := s.StoreLogs([]*raft.Log{{Index: math.MaxUint64 - 1, Term: 1}, {Index: math.MaxUint64, Term: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	l := openAt(t, s, 1, 0)
+	zero := func() []*raft.Log { return []*raft.Log{{Index: 0, Term: 1, Data: []byte("wrapped")}} }
+	if end, err := l.Append(Append{Epoch: 1, PrevIndex: math.MaxUint64, PrevEpoch: 1, Entries: zero()}); err == nil {
+		t.Errorf("Append of an entry of index 0 after MaxUint64: accepted, end %d", end)
+	}
+	if err := l.Write(zero()); err == nil {
+		t.Errorf("Write of an entry of index 0 after MaxUint64: accepted, the log now holds %q at index 0", entryAt(s, 0))
+	}
+}
+
+// TestLog_MalformedLeavesLogUnchanged: malformed or out-of-range Appends
+// (index 0, huge and wrapping indexes, nil entries, epoch 0) give an error
+// and leave the log as it was, on a log with a compacted prefix too.
+func TestLog_MalformedLeavesLogUnchanged(t *testing.T) {
+	for _, compacted := range []bool{false, true} {
+		s := newGatedStore()
+		if err := s.StoreLogs(ents(1, 1, 1, 1, 2, 2)); err != nil {
+			t.Fatal(err)
+		}
+		if compacted {
+			s.DeleteRange(1, 2)
+		}
+		l := openAt(t, s, 2, 3)
+		before := dump(t, s)
+		huge := func(idx ...uint64) []*raft.Log {
+			var out []*raft.Log
+			for _, i := range idx {
+				out = append(out, &raft.Log{Index: i, Term: 2})
+			}
+			return out
+		}
+		for name, a := range map[string]Append{
+			"Index0":           {Epoch: 2, PrevIndex: 5, PrevEpoch: 2, Entries: huge(0)},
+			"Index0First":      {Epoch: 2, Entries: huge(0)},
+			"PrevMax":          {Epoch: 2, PrevIndex: math.MaxUint64, PrevEpoch: 2, Entries: huge(0, 1)},
+			"PrevMaxHeartbeat": {Epoch: 2, PrevIndex: math.MaxUint64, PrevEpoch: 2, Commit: math.MaxUint64},
+			"EntryMax":         {Epoch: 2, PrevIndex: math.MaxUint64 - 1, PrevEpoch: 2, Entries: huge(math.MaxUint64)},
+			"Gap":              {Epoch: 2, PrevIndex: 5, PrevEpoch: 2, Entries: huge(7)},
+			"Nil":              {Epoch: 2, PrevIndex: 5, PrevEpoch: 2, Entries: []*raft.Log{nil, nil}},
+			"NilAfter":         {Epoch: 2, PrevIndex: 5, PrevEpoch: 2, Entries: append(huge(6), nil)},
+			"Epoch0":           {Epoch: 0, Entries: ents(1, 0)},
+			"PrevEpochAhead":   {Epoch: 2, PrevIndex: 5, PrevEpoch: 3},
+			"CutCommitted":     {Epoch: 2, PrevIndex: 2, PrevEpoch: 1, Entries: ents(3, 2)},
+			"PrevMismatchComm": {Epoch: 2, PrevIndex: 3, PrevEpoch: 2, Entries: ents(4, 2)},
+		} {
+			if end, err := l.Append(a); err == nil {
+				t.Errorf("compacted %v, %s: accepted, end %d", compacted, name, end)
+			}
+			if got := dump(t, s); !slices.Equal(got, before) {
+				t.Fatalf("compacted %v, %s: log %v, was %v", compacted, name, got, before)
+			}
+		}
+		if l.Commit() != 3 {
+			t.Errorf("compacted %v: commit %d, want 3", compacted, l.Commit())
+		}
+		if err := l.Write([]*raft.Log{{Index: 0, Term: 2}}); err == nil {
+			t.Errorf("Write of index 0 accepted")
+		}
+		if _, err := l.Entries(math.MaxUint64-1, math.MaxUint64); err == nil {
+			t.Errorf("Entries past the log: no error")
+		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -78,13 +77,13 @@ func (c *cluster) sameState(next uint64) replicaState {
 	return want
 }
 
-// Attack: raft snapshots taken (Persist) while sends are applied; the
-// follower that was down installs one of them and replays the entries
-// after it. Every replica then holds the same state: no message twice (the
-// snapshot holding entries past its index), none missing, the same groups,
-// half messages and delayed message, and a re-sent ID is a duplicate on
-// the new leader.
-func TestSnapshotAttack_PersistDuringApply(t *testing.T) {
+// TestGroup_SnapshotPersistDuringApply: raft snapshots taken (Persist)
+// while sends are applied; the follower that was down installs one of
+// them and replays the entries after it. Every replica then holds the
+// same state: no message twice (the snapshot holding entries past its
+// index), none missing, the same groups, half messages and delayed
+// message, and a re-sent ID is a duplicate on the new leader.
+func TestGroup_SnapshotPersistDuringApply(t *testing.T) {
 	conf := stableConfig()
 	conf.TrailingLogs = 4
 	conf.SnapshotThreshold = 1 << 20
@@ -185,45 +184,14 @@ loop:
 	}
 }
 
-// copyDir copies the tree at src to dst.
-func copyDir(t testing.TB, src, dst string) {
-	t.Helper()
-	err := filepath.Walk(src, func(path string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, path)
-		to := filepath.Join(dst, rel)
-		if fi.IsDir() {
-			return os.MkdirAll(to, 0o700)
-		}
-		in, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer in.Close()
-		out, err := os.Create(to)
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(out, in); err != nil {
-			out.Close()
-			return err
-		}
-		return out.Close()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-// Attack: a replica that crashed in the middle of installing the leader's
-// snapshot: raft had saved the snapshot, the fsm had written part of
-// partition.db.restore (here, a leftover of another, complete file, and
-// then a garbage one), the partition file stayed behind. Reopened, the
-// replica restores the snapshot (catchUp), ignores the leftover, and
-// catches up with the same state; no .restore file remains.
-func TestSnapshotAttack_CrashMidRestore(t *testing.T) {
+// TestGroup_CrashMidRestore: a replica that crashed in the middle of
+// installing the leader's snapshot: raft had saved the snapshot, the fsm
+// had written part of partition.db.restore (here, a leftover of another,
+// complete file, and then a garbage one), the partition file stayed
+// behind. Reopened, the replica restores the snapshot (catchUp), ignores
+// the leftover, and catches up with the same state; no .restore file
+// remains.
+func TestGroup_CrashMidRestore(t *testing.T) {
 	for _, leftover := range []string{"garbage", "complete"} {
 		t.Run(leftover, func(t *testing.T) {
 			conf := stableConfig()

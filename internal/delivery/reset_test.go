@@ -2,6 +2,7 @@ package delivery
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -86,14 +87,15 @@ func waitGroupState(t *testing.T, p *fake.Partition, what string, cond func(stor
 	}
 }
 
-// TestReviewKeyParallelDeliversAfterReset: with key-parallel delivery, the
-// lanes whose messages wait for a handler slot (KeyParallel bounds them)
-// check for a reset only before they wait; the reset reaches them through
-// the worker's goroutine (stopLanes). While that goroutine is busy (here: in
-// an offset write to a slow store), a slot that frees up after Reset
-// returned goes to a message from before the reset. Promise: a running
-// consumer moves to the reset before it delivers its next message.
-func TestReviewKeyParallelDeliversAfterReset(t *testing.T) {
+// TestReset_KeyParallelWaitingLanesMove: a running consumer moves to the
+// reset before it delivers its next message, also with key-parallel
+// delivery, whose lanes wait for a handler slot (KeyParallel bounds them)
+// while the worker's goroutine is busy (here: in an offset write to a slow
+// store). This broke when the lanes checked for a reset only before they
+// waited (the reset reached them through the worker's goroutine,
+// stopLanes): a slot freed after Reset returned went to a message from
+// before the reset.
+func TestReset_KeyParallelWaitingLanesMove(t *testing.T) {
 	tb, p, g := gatedTable("orders")
 	// Eight keys, one handler slot: the first message's handler holds the
 	// slot, the other seven lanes wait for it.
@@ -141,11 +143,12 @@ func TestReviewKeyParallelDeliversAfterReset(t *testing.T) {
 	}
 }
 
-// TestReviewResetRacingFirstClaim: Reset looks the group up once, before
-// it applies the resets; a consumer that subscribes meanwhile and claims
-// before the reset is applied gets no hint, and delivers from its old
-// position after Reset returned.
-func TestReviewResetRacingFirstClaim(t *testing.T) {
+// TestReset_RacingFirstClaim: a consumer that subscribes while Reset runs,
+// and claims before the reset is applied, delivers from the reset's
+// position once Reset returned. This broke when Reset looked the group up
+// once, before it applied the resets: the new consumer got no hint and
+// went on from its old position.
+func TestReset_RacingFirstClaim(t *testing.T) {
 	tb, p, g := gatedTable("orders")
 	send(t, p, 0, 5)
 	g.beforeReset = make(chan struct{})
@@ -180,12 +183,13 @@ func TestReviewResetRacingFirstClaim(t *testing.T) {
 	}
 }
 
-// TestReviewCloseDuringReclaimRewinds: a worker told of a reset that it
-// has already taken (it re-claimed after its commit was refused, before
-// the hint arrived) claims again; when Close ends that claim, run's
-// deferred commit stores offset 0 (claim's failure value) under the
-// worker's valid generation, rewinding the group to the start.
-func TestReviewCloseDuringReclaimRewinds(t *testing.T) {
+// TestReset_CloseDuringReclaimKeepsOffset: a worker told of a reset that
+// it has already taken (it claimed again after its commit was refused,
+// before the hint arrived) claims once more, and Close ends that claim:
+// the group keeps its offset. This broke when run's deferred commit stored
+// offset 0 (claim's failure value) under the worker's valid generation,
+// rewinding the group to the start.
+func TestReset_CloseDuringReclaimKeepsOffset(t *testing.T) {
 	tb, p, g := gatedTable("orders")
 	send(t, p, 0, 10)
 	l := newLog()
@@ -216,5 +220,125 @@ func TestReviewCloseDuringReclaimRewinds(t *testing.T) {
 	c.Close()
 	if gs := committed(t, p, "billing"); gs.Offset != 11 {
 		t.Fatalf("after Close the group is at offset %d (%+v), want 11: nothing handled 0..10 again", gs.Offset, gs)
+	}
+}
+
+// TestReset_IntoFilteredRun: a reset whose target lies inside a run of
+// filtered messages redelivers the first accepted message after it, and
+// nothing before; the offset ends past the log.
+func TestReset_IntoFilteredRun(t *testing.T) {
+	for _, kp := range []int{0, 2} {
+		t.Run("KeyParallel"+strconv.Itoa(kp), func(t *testing.T) {
+			tb := newTable()
+			p := tb.add("orders", 1)[0]
+			e := newEngine(t, tb)
+			f, err := (*Filter)(nil).WithTags("T")
+			if err != nil {
+				t.Fatal(err)
+			}
+			sendTagged(t, p, 10, map[int]bool{0: true, 9: true})
+			cfg := testConfig()
+			cfg.Filter, cfg.KeyParallel = f, kp
+			l := newLog()
+			c, err := e.Subscribe("orders", "billing", l.handler("c", nil), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			l.waitFor(t, 9, 10)
+			waitFor(t, "offset 10", func() bool { return committed(t, p, "billing").Offset == 10 })
+			if err := e.Reset(context.Background(), "orders", "billing", Position{Kind: PosOffset, Offset: 5}); err != nil {
+				t.Fatal(err)
+			}
+			l.waitFor(t, 9, 10)
+			waitFor(t, "offset 10 after the reset", func() bool { return committed(t, p, "billing").Offset == 10 })
+			time.Sleep(50 * time.Millisecond)
+			got := l.of("c")
+			if len(got) != 3 || got[0] != 0 || got[1] != 9 || got[2] != 9 {
+				t.Fatalf("deliveries %v, want [0 9 9]", got)
+			}
+		})
+	}
+}
+
+// hooked is a stamping fake partition that calls afterReset once an
+// OpResetOffset was applied, before that Apply returns.
+type hooked struct {
+	*fake.Partition
+	afterReset func()
+	claims     atomic.Int32 // OpClaims applied
+}
+
+func (h *hooked) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
+	cmd.Now = time.Now().UnixNano()
+	res, err := h.Partition.Apply(ctx, cmd)
+	if err == nil && cmd.Op == store.OpClaim {
+		h.claims.Add(1)
+	}
+	if err == nil && cmd.Op == store.OpResetOffset && h.afterReset != nil {
+		h.afterReset()
+	}
+	return res, err
+}
+
+// TestReset_HintAfterReclaimDelivers: a partition is never left
+// undelivered while a live consumer of its group exists. Engine.Reset
+// stores the new offset, then hints the partition's workers on this node,
+// which claim again; a worker that learned of the reset first (its commit
+// refused, it claimed again) is hinted anyway and claims once more. This
+// broke when, with a lease, that claim was refused (ErrClaimed) by the
+// worker's own claim of a moment ago, which keepLease went on renewing:
+// the worker waited for its own lease forever and delivered nothing more.
+func TestReset_HintAfterReclaimDelivers(t *testing.T) {
+	const lease = 400 * time.Millisecond
+	tb := newTable()
+	p := &hooked{Partition: fake.New()}
+	tb.topics["t"] = []Partition{p}
+	e := newEngineWith(t, tb, leased{lease: lease})
+	l := newLog()
+	if _, err := e.Subscribe("t", "g", l.handler("a", nil), testConfig()); err != nil {
+		t.Fatal(err)
+	}
+	send(t, p.Partition, 0, 2)
+	l.waitFor(t, 0, 2)
+	deadline := time.Now().Add(5 * time.Second)
+	for committed(t, p.Partition, "g").Offset != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("offset 2 never committed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// While Reset is between storing the offset and hinting the worker, a
+	// message arrives: the worker's commit after it is refused, and the
+	// worker claims again at the reset offset (0) by itself.
+	p.afterReset = func() {
+		before := p.claims.Load()
+		send(t, p.Partition, 2, 1)
+		deadline := time.Now().Add(5 * time.Second)
+		for p.claims.Load() == before {
+			if time.Now().After(deadline) {
+				t.Error("the worker never claimed again after its refused commit")
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if err := e.Reset(context.Background(), "t", "g", Position{Kind: PosOffset, Offset: 0}); err != nil {
+		t.Fatal(err)
+	}
+	p.afterReset = nil
+	send(t, p.Partition, 3, 1)
+	timeout := time.After(10 * lease)
+	for {
+		select {
+		case off := <-l.all:
+			if off == 3 {
+				return
+			}
+		case <-timeout:
+			gs := committed(t, p.Partition, "g")
+			t.Fatalf("offset 3, sent after the reset, not delivered within ten leases (record %+v, updated %v ago: renewed by the waiting worker itself)",
+				gs, time.Since(time.Unix(0, gs.Updated)).Round(time.Millisecond))
+		}
 	}
 }
