@@ -63,10 +63,10 @@ func stockRetry(err error) bool {
 const raftEnqueueTimeout = 10 * time.Second
 
 // lanRaftConfig is the raft configuration of both raft cases: timeouts of a
-// LAN with room for a loaded machine (1 s: 200 ms lost leaders under fsync
-// load, raftqueue/NOTES.md) and MaxAppendEntries 256 (raftqueue's default;
-// raft's is 64), so raft-stock's one entry per message is not capped at 64
-// entries per log write and RPC. The rest are raft's defaults (CommitTimeout
+// LAN with room for a loaded machine, 1 s, since with 200 ms leaders lost
+// their lease under fsync load; and MaxAppendEntries 256, raftqueue's
+// default where raft's is 64, so that raft-stock's one entry per message is
+// not capped at 64 entries per log write and RPC. The rest are raft's defaults (CommitTimeout
 // 50 ms, snapshots every 8192 entries checked every 120 s or more: none in
 // a run of seconds).
 func lanRaftConfig() *raft.Config {

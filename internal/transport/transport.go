@@ -14,10 +14,7 @@
 // Without TLS the secret authenticates both ends but nothing is encrypted,
 // and a machine in the middle can relay an authenticated connection.
 //
-// # Notes
-//
-// See NOTES.md for what exists, what is left of the cluster issue's point 2
-// and the decisions taken.
+// docs/DESIGN.md §7 gives the reasons for these choices.
 package transport
 
 import (
