@@ -12,11 +12,10 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// proposer is the leader's group commit (research/cluster.md §2): one
-// goroutine takes the first queued command, waits for an entry slot (at
-// most InFlight entries proposed and not yet answered), then drains what
-// queued meanwhile, up to MaxEntryCmds commands or MaxEntryBytes, into one
-// raft entry. There is no timer: entries grow because commands pile up
+// proposer is the leader's group commit: one goroutine takes the first
+// queued command, waits for an entry slot (at most InFlight entries
+// proposed and not yet answered), then drains what queued meanwhile, up to
+// MaxEntryCmds commands or MaxEntryBytes, into one raft entry. There is no timer: entries grow because commands pile up
 // while earlier entries commit. A second goroutine, the completer, waits for
 // the entries in order and answers their callers with the FSM's results.
 //

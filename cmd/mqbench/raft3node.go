@@ -99,8 +99,8 @@ func openRaft3Cluster(ctx context.Context, b *bench) ([]*mq.MQ, error) {
 	var nodes []*mq.MQ
 	var seeds []string
 	for _, id := range raft3Nodes {
-		// Timeouts as on a LAN under load (research §8.3): the machine
-		// runs three nodes and their fsyncs on two cores.
+		// Timeouts as on a LAN under load, 1 s: the machine runs three
+		// nodes and their fsyncs on two cores.
 		m, err := b.openNodeWith(id, time.Second, seeds...)
 		if err != nil {
 			return nodes, err
