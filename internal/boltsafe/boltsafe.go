@@ -220,8 +220,9 @@ func checkLocked(path string, opts *bolt.Options, s scope) (*bolt.DB, error) {
 		if errors.Is(err, berrors.ErrTimeout) || errors.Is(err, ErrCorrupt) || errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission) {
 			return nil, err
 		}
-		// bbolt refused the file, for invalid meta pages or as too small: say why
-		// in our terms if the check can, else pass bbolt's error on.
+		// bbolt refused the file, for invalid meta pages or as too
+		// small: say why in our terms if the check can, else pass bbolt's
+		// error on.
 		if cerr := checkFile(path, scopeQuick); cerr != nil {
 			return nil, cerr
 		}
