@@ -350,7 +350,7 @@ func (p *Partition) HalfTxs(fn func(HalfTx) bool) error {
 		return err
 	}
 	// fn runs after the read transaction: an Apply from fn would otherwise
-	// wait for it, as bbolt's remap does when the file grows, and it for fn.
+	// wait for it, through bbolt's remap when the file grows, and it for fn.
 	var all []HalfTx
 	err := p.view(func(tx *bolt.Tx) error {
 		cur := tx.Bucket(bucketHalf).Cursor()

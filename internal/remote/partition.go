@@ -40,8 +40,8 @@ type PartitionConfig struct {
 // Partition is a partition served by another node, reached through a
 // Client: every method is one or more calls. Safe for concurrent use.
 //
-// Upkeep, release and trim, never runs on a remote partition: it runs
-// where the partition is.
+// Upkeep, which releases and trims, never runs on a remote partition: it
+// runs where the partition is.
 type Partition struct {
 	c      *Client
 	topic  string
