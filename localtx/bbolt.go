@@ -19,7 +19,7 @@ type BoltOptions struct {
 // outbox buckets live in that DB and are written in the same bbolt
 // transaction as the host's business data. It is safe for concurrent use;
 // like any bbolt DB it runs one write transaction at a time, which
-// concurrent Runs share (see Run).
+// concurrent Runs share, as Run explains.
 type Bolt struct {
 	db   *bolt.DB
 	opts BoltOptions
@@ -58,8 +58,8 @@ type BoltTx struct {
 
 var _ Tx = (*BoltTx)(nil)
 
-// Put writes value under key in bucket (created when missing) inside the
-// transaction. Key and value are copied.
+// Put writes value under key in bucket inside the transaction, creating the
+// bucket when missing. Key and value are copied.
 func (t *BoltTx) Put(bucket, key, value []byte) error {
 	if bytes.Equal(bucket, OutboxBucket) {
 		if _, _, ok := ParseOutboxKey(key); !ok {
@@ -92,12 +92,12 @@ func (b *Bolt) commitTx(tx *bolt.Tx) error {
 	return tx.Commit()
 }
 
-// outcome reads back whether bbolt wrote the transaction's meta page. Not
-// written (the marker is absent, or without a marker the DB's meta is older
-// than the transaction), nothing committed. Written, only the fsync after it
-// failed: the commit shows, in this process, but may not survive a power
-// loss, which is Unknown. A later writer moves the meta on too, so without a
-// marker a rollback may also read as Unknown.
+// outcome reads back whether bbolt wrote the transaction's meta page. If it
+// did not, because the marker is absent or, without a marker, the DB's meta
+// is older than the transaction, nothing committed. Written, only the fsync
+// after it failed: the commit shows, in this process, but may not survive a
+// power loss, which is Unknown. A later writer moves the meta on too, so
+// without a marker a rollback may also read as Unknown.
 func (t *BoltTx) outcome(context.Context) (State, error) {
 	st := Unknown
 	err := t.store.db.View(func(v *bolt.Tx) error {
@@ -126,21 +126,22 @@ func (b *Bolt) Tx(ctx context.Context) *bolt.Tx {
 	return nil
 }
 
-// Run runs fn in a bbolt write transaction bound to ctx (see FromContext and
-// Bolt.Tx). It commits when fn returns nil and rolls back when fn returns an
-// error or panics (the panic goes on after the rollback); then the hooks of
-// the outcome run, before Run returns. When fn returns an error wrapping
-// ErrRedo the attempt is rolled back and fn runs again in a new transaction.
-// Inside a transaction of this adapter, Run joins it and just calls fn.
+// Run runs fn in a bbolt write transaction bound to ctx, which FromContext
+// and Bolt.Tx find. It commits when fn returns nil and rolls back when fn
+// returns an error or panics, the panic going on after the rollback; then
+// the hooks of the outcome run, before Run returns. When fn returns an error
+// wrapping ErrRedo the attempt is rolled back and fn runs again in a new
+// transaction. Inside a transaction of this adapter, Run joins it and just
+// calls fn.
 //
-// Concurrent Runs share one bbolt transaction and one commit (one fsync):
+// Concurrent Runs share one bbolt transaction and one commit, one fsync:
 // their functions run one after another, each in its caller's goroutine,
 // and each Run keeps its own ID, hooks and outcome. A function sees the
 // writes of the functions that ran before it in the shared transaction, as
 // if they had committed. bbolt cannot undo one function's writes alone, so
 // when a function fails, the functions that ran before it run again in a
-// new transaction: a re-run, like a redo, is a new attempt (its earlier
-// one's rollback hooks run), but it does not count against MaxAttempts. A
+// new transaction. A re-run, like a redo, is a new attempt, and its earlier
+// one's rollback hooks run, but it does not count against MaxAttempts. A
 // function may thus run more than once without asking for it: keep effects
 // outside the transaction in hooks. When ctx ends before fn's turn, Run
 // returns ctx.Err() and fn does not run; once fn ran, Run waits for the
@@ -152,19 +153,19 @@ func (b *Bolt) Tx(ctx context.Context) *bolt.Tx {
 // run and Run returns the commit's error. If it did, only the fsync after
 // it failed: the commit shows in this process but may not survive a power
 // loss, so Run runs the WhileUnknown hooks and returns an error wrapping
-// ErrCommitUnknown. The queue then follows what the DB shows (its
-// check-back reads it like any reader), but bbolt is not safe to write
+// ErrCommitUnknown. The queue then follows what the DB shows, since its
+// check-back reads it like any reader, but bbolt is not safe to write
 // after a failed fsync: close the DB and reopen it. Every Run of a batch
 // whose commit failed gets its own reading.
 //
-// A commit hook that fails does not undo the commit, and Run returns nil
-// all the same: the transaction committed. This is what happens when the
-// queue cannot publish a committed transaction's messages (its own storage
-// failed, or it is closing): its hook logs a warning on the node's logger
-// and leaves the transaction's marker and outbox rows in this DB, and the
-// node publishes them later from there, at its next sweep (every five
-// TxCheckAfter, and at its next start) or, for half messages, at their
-// check-back. The messages are late, not lost; until then the transaction
+// A commit hook that fails does not undo the commit, and Run returns nil all
+// the same: the transaction committed. This is what happens when the queue
+// cannot publish a committed transaction's messages because its own storage
+// failed or it is closing: its hook logs a warning on the node's logger and
+// leaves the transaction's marker and outbox rows in this DB, and the node
+// publishes them later from there, at its next sweep or, for half messages,
+// at their check-back. A sweep runs every five TxCheckAfter and at the
+// node's start. The messages are late, not lost; until then the transaction
 // stays listed by Committed. A hook that panics makes Run panic after the
 // other hooks ran, though the transaction committed.
 //
@@ -248,7 +249,7 @@ func (b *Bolt) Committed(_ context.Context, after string, max int) ([]Record, er
 }
 
 // Forget deletes the markers and outbox rows of txids; see Store. It joins
-// the group commit of Run (inside a transaction of Run, that transaction),
+// the group commit of Run, or inside a transaction of Run that transaction,
 // so the clean-up adds no commit of its own while Runs are busy; like Run
 // it returns ctx.Err() when ctx ends before its turn.
 func (b *Bolt) Forget(ctx context.Context, txids []string) error {

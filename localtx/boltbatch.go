@@ -24,24 +24,25 @@ import (
 // caller. Members that queue meanwhile join, until the queue is empty or
 // the batch has maxBatch members; the batch then commits once, and callers
 // queued during the commit form the next batch. Each member has its own
-// attempt (id and hooks) and runs its own hooks, in its own goroutine, once
-// its outcome is known.
+// attempt, an id and hooks, and runs its own hooks, in its own goroutine,
+// once its outcome is known.
 //
-// bbolt has no savepoints, so when a function fails (an error, ErrRedo, a
-// panic) the whole transaction rolls back: the failing member has its
+// bbolt has no savepoints, so when a function fails with an error, ErrRedo
+// or a panic, the whole transaction rolls back: the failing member has its
 // rollback, and the members that ran before it in the batch run again, in a
 // new transaction, before the batch goes on. Like a redo, such a re-run is
-// a new attempt (new id; the earlier attempt's rollback hooks run and its
-// commit hooks are dropped), but it is not the function's doing and does
-// not count against MaxAttempts.
+// a new attempt with a new id: the earlier attempt's rollback hooks run and
+// its commit hooks are dropped. It is not the function's doing, though, and
+// does not count against MaxAttempts.
 //
 // Why not bbolt's DB.Batch, which has the same redo semantics: it waits up
-// to the DB's MaxBatchDelay (10 ms by default, a setting that belongs to the
-// host) before running a batch that is not full, which made one caller 10
-// times slower (mqbench -cases tx -c 1: 76 instead of 830 transactions/s,
-// and no faster at -c 16); and it runs the functions in its own goroutine,
-// where a panic is turned into an error and runtime.Goexit ends the wrong
-// goroutine. The coordinator here commits as soon as no member waits.
+// to the DB's MaxBatchDelay, 10 ms by default and a setting that belongs to
+// the host, before running a batch that is not full. That made one caller
+// 10 times slower, 76 instead of 830 transactions/s in mqbench -cases tx
+// -c 1, and no faster at -c 16. And it runs the functions in its own
+// goroutine, where a panic is turned into an error and runtime.Goexit ends
+// the wrong goroutine. The coordinator here commits as soon as no member
+// waits.
 
 // maxBatch bounds the members of one batch, so that a steady stream of
 // callers does not hold a commit back.
@@ -49,15 +50,15 @@ const maxBatch = 128
 
 // boltGroup is the queue of a Bolt adapter's Runs.
 type boltGroup struct {
-	lead chan struct{} // holds a token while a coordinator runs (capacity 1)
+	lead chan struct{} // capacity 1: holds a token while a coordinator runs
 
 	mu    sync.Mutex // guards queue
 	queue []*member  // waiting to be taken by a batch, in arrival order
 }
 
-// A member's states. A member moves from waiting to claimed (taken by a
-// batch) and to running (its turn came) only by its coordinator, and from
-// waiting or claimed to cancelled only by itself.
+// A member's states. Only its coordinator moves a member from waiting to
+// claimed, when a batch takes it, and to running, when its turn comes; only
+// the member itself moves from waiting or claimed to cancelled.
 const (
 	memberWaiting int32 = iota
 	memberClaimed
@@ -69,8 +70,8 @@ const (
 type member struct {
 	ctx   context.Context
 	state atomic.Int32
-	in    chan batchMsg // from the coordinator: a turn, then the outcome (capacity 1)
-	ran   chan error    // to the coordinator: how the function of a turn ended (capacity 1)
+	in    chan batchMsg // capacity 1, from the coordinator: a turn, then the outcome
+	ran   chan error    // capacity 1, to the coordinator: how the function of a turn ended
 	t     *BoltTx       // the member's current attempt; set by the member before it reports
 }
 
@@ -83,7 +84,7 @@ const (
 	msgRolledBack                  // the member's function failed; the transaction rolled back
 	msgFailed                      // the member's attempt rolled back; Run returns err
 	msgCommitFailed                // Commit returned err; st and rerr are the first read-back
-	msgPanic                       // bbolt panicked with val (a damaged file): the member goes on with it
+	msgPanic                       // bbolt panicked with val on a damaged file: the member goes on with it
 )
 
 type batchMsg struct {
@@ -153,10 +154,10 @@ func (b *Bolt) try(ctx context.Context, fn func(context.Context) error) error {
 }
 
 // call runs fn in m's turn and reports to the coordinator how it ended. When
-// fn fails (an error, a panic, runtime.Goexit), call waits for the rollback,
-// runs the rollback hooks of the earlier attempts (hooks) and of this one,
-// and returns fn's error or goes on panicking. It returns nil once it
-// reported success.
+// fn fails with an error, a panic or runtime.Goexit, call waits for the
+// rollback, runs the rollback hooks of the earlier attempts, hooks, and of
+// this one, and returns fn's error or goes on panicking. It returns nil
+// once it reported success.
 func (m *member) call(fn func(context.Context) error, hooks []func()) error {
 	fail := func() {
 		m.ran <- errFailed
@@ -196,7 +197,7 @@ func (g *boltGroup) enqueue(m *member) {
 func (g *boltGroup) wait(b *Bolt, m *member) (batchMsg, bool) {
 	done := m.ctx.Done()
 	for {
-		var lead chan struct{} // nil (never ready) unless m waits in the queue
+		var lead chan struct{} // nil, never ready, unless m waits in the queue
 		if m.state.Load() == memberWaiting {
 			lead = g.lead
 		}
@@ -213,13 +214,13 @@ func (g *boltGroup) wait(b *Bolt, m *member) (batchMsg, bool) {
 			if m.state.CompareAndSwap(memberClaimed, memberCancelled) {
 				return batchMsg{}, false
 			}
-			done = nil // its turn came: the outcome follows (or the turn, for a re-run, sees ctx)
+			done = nil // its turn came: the outcome follows, or the turn of a re-run sees ctx
 		}
 	}
 }
 
 // take claims up to max waiting members, in queue order, and drops them
-// (and the cancelled ones it passes) from the queue.
+// from the queue with the cancelled ones it passes.
 func (g *boltGroup) take(max int) []*member {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -263,10 +264,10 @@ func (b *Bolt) batch() (more bool) {
 		cur  *member   // running, owed a turn or its rollback
 	)
 	defer func() {
-		// Only bbolt runs here (the functions run in their members'
-		// goroutines): a panic of bbolt's, which a damaged file causes,
-		// goes on in each member of the batch, as it did in Run's caller
-		// before there were batches. The outcome is unknown.
+		// Only bbolt runs here, as the functions run in their members'
+		// goroutines: a panic of bbolt's, which a damaged file causes,
+		// goes on in each member of the batch, in its caller's goroutine.
+		// The outcome is unknown.
 		r := recover()
 		if r == nil {
 			return
@@ -353,7 +354,7 @@ func (b *Bolt) batch() (more bool) {
 	tx = nil
 	// The first read-back of every member runs here, before the next batch
 	// can write: a later commit moves bbolt's meta on, which hides whether
-	// this one was written (see BoltTx.outcome).
+	// this one was written, as BoltTx.outcome explains.
 	deadline := time.Now().Add(settleFor)
 	for len(ran) > 0 { // a member leaves ran once it has its message
 		m := ran[0]

@@ -30,16 +30,16 @@ type dialect struct {
 	dollar bool   // parameters are $1, $2, ...; otherwise ?
 	quote  byte   // quotes an identifier
 	blob   string // the default column type of stored bytes
-	// blobs maps a column type of stored bytes (upper case) to the bytes
+	// blobs maps a column type of stored bytes, in upper case, to the bytes
 	// it holds; sized, if set, tells it for types with a size.
 	blobs map[string]int64
 	sized func(typ string) int64
-	// key is the column type of transaction ids (maxKeyBytes of them):
+	// key is the column type of transaction ids, of up to maxKeyBytes:
 	// compared byte by byte, whatever the database's collation.
 	key string
-	// strict: the server refuses a value too long for its column (MySQL
-	// outside strict mode truncates it), so a column type of unknown
-	// capacity may be used.
+	// strict: the server refuses a value too long for its column, so a
+	// column type of unknown capacity may be used. MySQL outside strict
+	// mode truncates it instead.
 	strict bool
 	// retryable reports whether err, from a statement or a commit, means
 	// that the server rolled the transaction back and it may run again.
@@ -78,9 +78,9 @@ func (d Dialect) String() string {
 }
 
 // quoteName quotes each dot-separated part of a table name, so that a
-// reserved word ("order") is a name. It refuses parts that are not
-// letters, digits and '_' (not starting with a digit, at most 63 bytes:
-// PostgreSQL's limit).
+// reserved word such as "order" is a name. It refuses parts that are not
+// letters, digits and '_', that start with a digit, or that are longer
+// than PostgreSQL's limit of 63 bytes.
 func (x *dialect) quoteName(name string) (string, error) {
 	parts := strings.Split(name, ".")
 	if len(parts) > 2 {
@@ -112,10 +112,10 @@ func identifier(s string) bool {
 // are shorter.
 const maxKeyBytes = 128
 
-// blobType returns the column type of stored bytes and what it holds
-// (zero when the dialect does not know the type and its server refuses
-// what does not fit). On a server that truncates, a type of unknown
-// capacity is refused.
+// blobType returns the column type of stored bytes and what it holds, zero
+// when the dialect does not know the type and its server refuses what does
+// not fit. On a server that truncates, a type of unknown capacity is
+// refused.
 func (x *dialect) blobType(typ string) (string, int64, error) {
 	if typ == "" {
 		typ = x.blob
@@ -155,8 +155,8 @@ func mysqlSized(typ string) int64 {
 }
 
 // sqliteRetryable: SQLITE_BUSY and SQLITE_LOCKED, with their extended
-// codes (a read transaction in WAL mode that cannot become a write one
-// gets SQLITE_BUSY_SNAPSHOT at once, whatever the busy timeout).
+// codes. A read transaction in WAL mode that cannot become a write one
+// gets SQLITE_BUSY_SNAPSHOT at once, whatever the busy timeout.
 func sqliteRetryable(err error) bool {
 	var coded interface{ Code() int }
 	if !errors.As(err, &coded) {
@@ -184,8 +184,8 @@ func mysqlRetryable(err error) bool {
 }
 
 // mysqlNumber finds the server's error number in err's chain: the Number
-// field of go-sql-driver/mysql's *MySQLError (read by reflection, so that
-// this package does not link the driver into every program that uses it).
+// field of go-sql-driver/mysql's *MySQLError, read by reflection so that
+// this package does not link the driver into every program that uses it.
 func mysqlNumber(err error) (uint16, bool) {
 	for _, e := range chain(err) {
 		v := reflect.ValueOf(e)

@@ -1,17 +1,17 @@
 // Package localtx binds Zeze MQ to the host's local transactions.
 //
 // A host runs its business logic in local transactions of its own store. An
-// adapter's Run begins one, binds it to the context (WithTx), calls the
+// adapter's Run begins one, binds it to the context with WithTx, calls the
 // host's function, commits on nil and rolls back on an error or a panic, and
 // then runs the hooks registered on the transaction. The mq package finds the
 // transaction with FromContext: PrepareMessage and CommitMessage write a
-// marker (and, for CommitMessage, outbox rows) into it with Put, and register
+// marker into it with Put, CommitMessage its outbox rows too, and register
 // WhileCommit and WhileRollback hooks that decide the half messages.
 //
 // The same adapter answers the node's check-back through Store: a
 // transaction whose marker is present committed; one without a marker that is
-// no longer running in this process (or that belongs to an earlier run of the
-// process) rolled back; a running one is still unknown.
+// no longer running in this process, or that belongs to an earlier run of the
+// process, rolled back; a running one is still unknown.
 //
 // Two adapters ship: Bolt, over the host's own bbolt DB, and SQL, over
 // database/sql. Both are safe for concurrent use.
@@ -31,8 +31,8 @@
 // after a crash only the committed transactions its own markers name, so
 // the nodes of a cluster may share one store's tables. A standalone node
 // has no id and publishes every committed transaction it finds: give
-// standalone processes sharing one SQL database their own tables
-// (MarkerTable, OutboxTable).
+// standalone processes sharing one SQL database their own tables with
+// MarkerTable and OutboxTable.
 //
 // # Commit errors
 //
@@ -47,7 +47,7 @@
 // # Redo
 //
 // A function passed to Run may return an error wrapping ErrRedo to abandon
-// the attempt and run again (Zeze redoes a procedure that met a conflict).
+// the attempt and run again, as Zeze redoes a procedure that met a conflict.
 // The attempt is rolled back, its WhileRollback hooks run and its WhileCommit
 // hooks are dropped; the next attempt is a new transaction with a new ID and
 // no hooks.
@@ -75,8 +75,8 @@ import (
 // A commit that returns an error may have committed. An adapter that can
 // end a transaction without knowing its outcome also has
 // WhileUnknown(fn func()), which registers fn to run instead of the commit
-// and rollback hooks when that happens (BoltTx and SQLTx have it); the
-// outcome is then read later from the store (see Store.Check).
+// and rollback hooks when that happens; BoltTx and SQLTx have it. The
+// outcome is then read later from the store by Store.Check.
 type Tx interface {
 	// ID returns the transaction's id, unique across the runs of the process.
 	ID() string
@@ -100,7 +100,7 @@ type Store interface {
 	Check(ctx context.Context, txid string) (State, Record, error)
 	// Committed returns the records of at most max committed transactions
 	// whose marker is still present, with ids after after, in the store's
-	// id order (the same order for every call). It may return fewer than
+	// id order, the same for every call. It may return fewer than
 	// max, to bound a page's bytes; none means there are no more.
 	Committed(ctx context.Context, after string, max int) ([]Record, error)
 	// Forget deletes the markers and outbox rows of txids in one transaction.
@@ -140,7 +140,7 @@ type Record struct {
 }
 
 // The buckets the queue writes through Tx.Put. Adapters keep them beside the
-// host's data (the SQL adapter maps them to its marker and outbox tables).
+// host's data; the SQL adapter maps them to its marker and outbox tables.
 var (
 	// MarkerBucket holds txid -> marker of each transaction that sent
 	// messages.
@@ -151,7 +151,7 @@ var (
 
 // Errors returned by this package.
 var (
-	// ErrRedo is returned (wrapped or not) by a function passed to Run to
+	// ErrRedo is returned, wrapped or not, by a function passed to Run to
 	// abandon the attempt and run again. Run returns it, wrapped, when the
 	// attempts run out.
 	ErrRedo = errors.New("localtx: redo")
@@ -161,19 +161,19 @@ var (
 	// ErrOutboxKey is returned by Put for an OutboxBucket key not made by
 	// OutboxKey.
 	ErrOutboxKey = errors.New("localtx: malformed outbox key")
-	// ErrCommitUnknown is returned (wrapped, with the commit's error) by
+	// ErrCommitUnknown is returned, wrapped with the commit's error, by
 	// Run when the commit returned an error and Run could not learn the
 	// outcome: the store did not answer before ctx ended, or it cannot
-	// tell (no marker was written; bbolt wrote the commit but could not
-	// sync it). The transaction may have committed. The WhileUnknown hooks
-	// ran, neither the commit nor the rollback ones.
+	// tell, as when no marker was written, or bbolt wrote the commit but
+	// could not sync it. The transaction may have committed. The
+	// WhileUnknown hooks ran, neither the commit nor the rollback ones.
 	ErrCommitUnknown = errors.New("localtx: commit outcome unknown")
 )
 
 // DefaultMaxAttempts is how many attempts Run makes when its function keeps
 // asking for a redo or the database keeps refusing the transaction, unless
-// the adapter's options say otherwise. With the pauses between attempts
-// (random, their bound doubling from 1 ms to 100 ms), giving up takes
+// the adapter's options say otherwise. With the random pauses between
+// attempts, their bound doubling from 1 ms to 100 ms, giving up takes
 // about 3 s; ctx ends it sooner. Sixteen writers of one row at
 // SERIALIZABLE all commit within it.
 const DefaultMaxAttempts = 64
@@ -239,7 +239,7 @@ func running(txid string) bool {
 // attempt is one try of a Run: a transaction id and its hooks.
 type attempt struct {
 	id     string
-	marker bool // the transaction wrote its marker (MarkerBucket, key id); owned by its goroutine
+	marker bool // the transaction wrote its marker, key id in MarkerBucket; owned by its goroutine
 
 	mu       sync.Mutex // guards commit, rollback, unknown, done
 	commit   []func()
@@ -281,8 +281,8 @@ func (a *attempt) WhileRollback(fn func()) {
 }
 
 // WhileUnknown registers fn to run, in registration order, when the commit
-// returned an error and Run could not read back whether it committed (see
-// ErrCommitUnknown). Hooks registered after the outcome never run.
+// returned an error and Run could not read back whether it committed, as
+// ErrCommitUnknown says. Hooks registered after the outcome never run.
 func (a *attempt) WhileUnknown(fn func()) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -298,7 +298,7 @@ func (a *attempt) wrote(bucket, key []byte) {
 	}
 }
 
-// end marks the attempt finished (no longer running) and returns the hooks
+// end marks the attempt as no longer running and returns the hooks
 // of its outcome; the others are dropped.
 func (a *attempt) end(outcome State) []func() {
 	liveMu.Lock()
@@ -344,8 +344,8 @@ func runHooks(hooks []func()) {
 type outcomer interface {
 	// outcome reads back, after the commit returned an error, whether the
 	// transaction committed: Committed or RolledBack when the store says
-	// so; Unknown with an error when the store could not answer now (Run
-	// asks again); Unknown without one when it can never tell.
+	// so; Unknown with an error when the store could not answer now, and
+	// Run asks again; Unknown without one when it can never tell.
 	outcome(ctx context.Context) (State, error)
 }
 
@@ -364,8 +364,8 @@ type hostTx interface {
 // times.
 //
 // refused reports the commit errors that are a rollback by the store for
-// certain (the server answered with one); any other commit error is read
-// back (settle), and redone only when that says rolled back.
+// certain, the server having answered with one; any other commit error is
+// read back by settle, and redone only when that says rolled back.
 func run(ctx context.Context, attempts int, retryable, refused func(error) bool, begin func(a *attempt) (hostTx, error), fn func(context.Context) error) error {
 	return redo(ctx, attempts, retryable, func() error {
 		a := newAttempt()
@@ -380,18 +380,18 @@ func run(ctx context.Context, attempts int, retryable, refused func(error) bool,
 
 // How long redo pauses before an attempt, at most: the first redo up to
 // redoPause, doubling with each attempt up to redoPauseMax, each pause
-// drawn at random below its bound (so that transactions that keep
-// conflicting spread out).
+// drawn at random below its bound, so that transactions that keep
+// conflicting spread out.
 const (
 	redoPause    = time.Millisecond
 	redoPauseMax = 100 * time.Millisecond
 )
 
 // redo calls try until it returns an error that neither wraps ErrRedo nor
-// is one retryable (nil: none) reports, or one that wraps ErrCommitUnknown
-// (whatever else it wraps), up to attempts times, pausing
-// before each new attempt. It gives up, returning the last error, when
-// ctx ends during a pause.
+// is one a non-nil retryable reports, or one that wraps ErrCommitUnknown
+// whatever else it wraps, up to attempts times, pausing before each new
+// attempt. It gives up, returning the last error, when ctx ends during a
+// pause.
 func redo(ctx context.Context, attempts int, retryable func(error) bool, try func() error) error {
 	if attempts <= 0 {
 		attempts = DefaultMaxAttempts
@@ -419,7 +419,7 @@ func redo(ctx context.Context, attempts int, retryable func(error) bool, try fun
 	}
 }
 
-// once runs one attempt. A panic in fn (or runtime.Goexit) rolls back, runs
+// once runs one attempt. A panic or runtime.Goexit in fn rolls back, runs
 // the rollback hooks and goes on panicking. A commit error that refused
 // reports is a rollback by the store.
 func once(ctx context.Context, tx hostTx, a *attempt, fn func(context.Context) error, refused func(error) bool) (err error) {
@@ -453,8 +453,8 @@ func once(ctx context.Context, tx hostTx, a *attempt, fn func(context.Context) e
 		runHooks(a.end(RolledBack))
 		return fmt.Errorf("localtx: commit: %w", cerr)
 	}
-	// The commit may have happened anyway (a reply lost with the
-	// connection, a failed fsync): the outcome is read back from the store
+	// The commit may have happened anyway, with a reply lost with the
+	// connection or a failed fsync: the outcome is read back from the store
 	// while the attempt still counts as running, so the check-back waits.
 	st, rerr := settle(ctx, tx)
 	runHooks(a.end(st))
@@ -462,7 +462,7 @@ func once(ctx context.Context, tx hostTx, a *attempt, fn func(context.Context) e
 }
 
 // commitError is Run's error after its commit failed with cerr and the
-// outcome read back was st (rerr: why it could not be read).
+// outcome read back was st; rerr says why it could not be read.
 func commitError(st State, cerr, rerr error) error {
 	switch {
 	case st == Committed:
@@ -476,7 +476,7 @@ func commitError(st State, cerr, rerr error) error {
 }
 
 // How long Run goes on reading back the outcome of a failed commit, at
-// most, and its first pause between tries (doubling up to a second).
+// most, and its first pause between tries, doubling up to a second.
 const (
 	settleFor   = time.Minute
 	settlePause = 10 * time.Millisecond

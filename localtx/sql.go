@@ -14,8 +14,8 @@ import (
 
 // SQLOptions tune a SQL adapter. Dialect is required.
 type SQLOptions struct {
-	// Dialect is the database: SQLite, PostgreSQL or MySQL (also for
-	// MariaDB). It sets the parameter style, the quoting of table names,
+	// Dialect is the database: SQLite, PostgreSQL or MySQL, which serves
+	// MariaDB too. It sets the parameter style, the quoting of table names,
 	// the column types of CreateTables and the errors that redo a
 	// transaction.
 	Dialect Dialect
@@ -25,12 +25,12 @@ type SQLOptions struct {
 	MarkerTable string
 	// OutboxTable is the table of outbox rows; default "mq_tx_outbox".
 	OutboxTable string
-	// BlobType overrides the dialect's column type of stored bytes (SQLite
-	// BLOB, PostgreSQL BYTEA, MySQL LONGBLOB) used by CreateTables.
+	// BlobType overrides the dialect's column type of stored bytes used by
+	// CreateTables: SQLite's BLOB, PostgreSQL's BYTEA, MySQL's LONGBLOB.
 	BlobType string
 	// MaxRowBytes is the largest marker or outbox row the tables must
 	// hold; default DefaultMaxRowBytes. NewSQL refuses a column type the
-	// dialect knows to hold less (MySQL's BLOB holds 64 KiB). Raise it
+	// dialect knows to hold less, such as MySQL's BLOB of 64 KiB. Raise it
 	// with the node's WithMaxMessageBytes.
 	MaxRowBytes int64
 	// TxOptions are passed to BeginTx.
@@ -44,13 +44,13 @@ type SQLOptions struct {
 	// and deadlocks (PostgreSQL 40001, 40P01), deadlocks and lock wait
 	// timeouts (MySQL 1213, 1205), SQLite's busy and locked. It is asked
 	// about the function's errors, and about a commit's error only once the
-	// marker row says the commit did not happen: a commit error (a lost
-	// connection, say) does not tell by itself.
+	// marker row says the commit did not happen: a commit error, such as a
+	// lost connection, does not tell by itself.
 	Retryable func(err error) bool
 }
 
 // DefaultMaxRowBytes is the default SQLOptions.MaxRowBytes: a message of
-// the node's default size limit (4 MiB) with room for its envelope.
+// the node's default size limit, 4 MiB, with room for its envelope.
 const DefaultMaxRowBytes = 4<<20 + 64<<10
 
 // ErrRowTooLarge is returned by Put for a row larger than its column holds,
@@ -224,8 +224,8 @@ func (t *SQLTx) Put(bucket, key, value []byte) error {
 }
 
 // putMarker inserts the marker row of key, or updates the one this
-// transaction inserted. An update that changes nothing is not sent (MySQL
-// would count no affected row); one that affects no row is an error.
+// transaction inserted. An update that changes nothing is not sent, as
+// MySQL would count no affected row; one that affects no row is an error.
 func (t *SQLTx) putMarker(key string, value []byte) error {
 	s := t.store
 	prev, ok := t.markers[key]
@@ -279,31 +279,34 @@ func (s *SQL) Tx(ctx context.Context) *sql.Tx {
 	return nil
 }
 
-// Run runs fn in a SQL transaction bound to ctx (see FromContext and
-// SQL.Tx). It commits when fn returns nil and rolls back when fn returns an
-// error or panics (the panic goes on after the rollback); then the hooks of
-// the outcome run, before Run returns. Inside a transaction of this
-// adapter, Run joins it and just calls fn.
+// Run runs fn in a SQL transaction bound to ctx, which FromContext and
+// SQL.Tx find. It commits when fn returns nil and rolls back when fn
+// returns an error or panics, the panic going on after the rollback; then
+// the hooks of the outcome run, before Run returns. Inside a transaction of
+// this adapter, Run joins it and just calls fn.
 //
 // The attempt runs again, in a new transaction, after a pause with jitter
 // that grows with each attempt, when fn returns an error wrapping ErrRedo
-// or a retryable error of the database (see SQLOptions.Retryable; fn may
-// return its statements' errors as they are, wrapped or not), and when the
-// commit fails with a retryable error: the server rolled it back. The
-// rollback hooks of that attempt run and its commit hooks are dropped.
+// or a retryable error of the database, and when the commit fails with a
+// retryable error: the server rolled it back. SQLOptions.Retryable says
+// which errors are retryable; fn may return its statements' errors as they
+// are, wrapped or not. The rollback hooks of that attempt run and its
+// commit hooks are dropped.
 //
-// A COMMIT that fails otherwise may have committed (the reply lost with
-// the connection). When the transaction wrote its marker (the queue sent
-// messages), Run reads the outcome back from the marker row (see Check),
-// trying again with backoff while the database cannot answer, until ctx
-// ends (one try at least, a minute at most): committed, it runs the commit
-// hooks and returns nil; rolled back, the rollback hooks and the commit's
-// error. Otherwise, or without a marker, it runs the WhileUnknown hooks
-// and returns an error wrapping ErrCommitUnknown and the commit's error.
+// A COMMIT that fails otherwise may have committed: the reply may have
+// been lost with the connection. When the transaction wrote its marker,
+// because the queue sent messages, Run reads the outcome back from the
+// marker row as Check does, trying again with backoff while the database
+// cannot answer, until ctx ends, one try at least and a minute at most.
+// Committed, it runs the commit hooks and returns nil; rolled back, the
+// rollback hooks and the commit's error. Otherwise, or without a marker, it
+// runs the WhileUnknown hooks and returns an error wrapping
+// ErrCommitUnknown and the commit's error.
 //
-// As with Bolt.Run, a commit hook that fails (the queue could not publish)
-// does not undo the commit and Run returns nil: the queue publishes the
-// transaction later from the marker and outbox rows it left; see Bolt.Run.
+// As with Bolt.Run, a commit hook that fails because the queue could not
+// publish does not undo the commit and Run returns nil: the queue publishes
+// the transaction later from the marker and outbox rows it left; see
+// Bolt.Run.
 //
 // Run returns fn's error, or the commit's.
 func (s *SQL) Run(ctx context.Context, fn func(ctx context.Context) error) error {
@@ -320,11 +323,11 @@ func (s *SQL) Run(ctx context.Context, fn func(ctx context.Context) error) error
 }
 
 // Check answers the check-back of txid; see Store. A missing marker row is
-// confirmed (see outcomeOf), so that a commit the server is still
+// confirmed as outcomeOf explains, so that a commit the server is still
 // processing is not taken for a rollback.
 func (s *SQL) Check(ctx context.Context, txid string) (State, Record, error) {
 	// Running first: a transaction leaves the running set only after its
-	// commit returned (or, when it failed, its outcome was looked for).
+	// commit returned or, when it failed, its outcome was looked for.
 	if running(txid) {
 		return Unknown, Record{}, nil
 	}
@@ -337,8 +340,8 @@ func (s *SQL) Check(ctx context.Context, txid string) (State, Record, error) {
 
 // outcomeOf reads the outcome of txid, a transaction that no longer runs
 // here. Its marker row present means committed. Absent, the
-// transaction may still be committing on the server (its COMMIT sent and
-// the reply lost): an INSERT of the same key, in a transaction rolled back
+// transaction may still be committing on the server, its COMMIT sent and
+// the reply lost: an INSERT of the same key, in a transaction rolled back
 // at once, waits for such a commit to end and fails if it committed. So a
 // probe that succeeds means rolled back; one that fails means committed if
 // the row is there now, and otherwise that the store cannot answer.
@@ -360,9 +363,9 @@ func (s *SQL) outcomeOf(ctx context.Context, txid string) (State, Record, error)
 	return Unknown, Record{}, fmt.Errorf("probe of the marker: %w", perr)
 }
 
-// probeFor bounds the wait of a probe: another session holding the marker
-// row (a commit in flight, or a session that hangs) makes it wait, and the
-// check-back must not stall on one transaction.
+// probeFor bounds the wait of a probe: another transaction holding the
+// marker row, a commit in flight or a transaction that hangs, makes it
+// wait, and the check-back must not stall on one transaction.
 const probeFor = 5 * time.Second
 
 // probe inserts the marker row of txid in a transaction it rolls back.
@@ -387,8 +390,8 @@ func (s *SQL) record(ctx context.Context, txid string) (Record, bool, error) {
 	return recs[0], true, nil
 }
 
-// maxPageBytes bounds the bytes of one page of Committed (beyond its last
-// record): a page of many large outboxes would otherwise be held at once.
+// maxPageBytes bounds the bytes of one page of Committed, but for its last
+// record: a page of many large outboxes would otherwise be held at once.
 const maxPageBytes = 16 << 20
 
 // Committed returns the records of committed transactions not yet
@@ -405,8 +408,8 @@ func (s *SQL) Committed(ctx context.Context, after string, max int) ([]Record, e
 	return recs, nil
 }
 
-// page runs query, whose rows are (txid, marker, seq, outbox row) ordered
-// by txid and seq (seq and the row NULL for a transaction without outbox),
+// page runs query, whose rows are (txid, marker, seq, outbox row) ordered by
+// txid and seq, with seq and the row NULL for a transaction without outbox,
 // and gathers them into records. With maxBytes, it stops before a record
 // that begins past maxBytes.
 func (s *SQL) page(ctx context.Context, query string, maxBytes int, args ...any) ([]Record, error) {

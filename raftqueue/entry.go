@@ -8,14 +8,14 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// Entry layout (the Data of a raft LogCommand entry): 'Z' 'Q', the version,
-// in version 2 the number of partitions of the group (uvarint: a replica
-// configured with another number fails rather than apply less), then the
-// number of commands (uvarint), then each command: in version 2 the index
-// of its partition in the group (uvarint), then in both a uvarint length
-// followed by store.AppendCommand's encoding. A group of one partition
-// writes version 1. The proposer packs the commands of many concurrent
-// callers into one entry.
+// Entry layout, the Data of a raft LogCommand entry: 'Z' 'Q', the version,
+// in version 2 the number of partitions of the group as a uvarint, then the
+// number of commands as a uvarint, then each command: in version 2 the
+// index of its partition in the group as a uvarint, then in both a uvarint
+// length followed by store.AppendCommand's encoding. A group of one
+// partition writes version 1. A replica configured with another number of
+// partitions fails rather than apply less. The proposer packs the commands
+// of many concurrent callers into one entry.
 const (
 	entryMagic0 = 'Z'
 	entryMagic1 = 'Q'
@@ -62,7 +62,7 @@ var errUndecodable = fmt.Errorf("%w: %w: a command does not decode", store.ErrBa
 // decodeEntry decodes an entry's commands, appending them to cmds and
 // their partitions to parts; a partition is below nparts. The commands'
 // message bodies point into b. A command that does not decode is appended
-// as nil (errUndecodable answers it). A malformed entry is an error
+// as nil, and errUndecodable answers it. A malformed entry is an error
 // wrapping store.ErrBadCommand: every replica decodes the same bytes, so
 // every replica answers it the same way; an entry of a group of another
 // number of partitions is errPartitions.

@@ -23,29 +23,29 @@ import (
 // fsm is a replica's state machine: the group's partitions, each a
 // store.Partition opened Replicated. Raft's log is the durable record of the
 // commands, so a partition applies them without a sync of its own: its
-// materializer writes them into its file in deep batches (bbolt's fsync),
-// and every bbolt transaction records how far into the raft log the file
-// holds (store.Position: the entry's index and the command's number in the
-// whole entry, whichever partitions its commands are for). After a restart
-// each file stands where its last transaction left it
-// (Config.NoSnapshotRestoreOnStart), and raft replays the log above its last
-// snapshot: the fsm skips, per partition, what the file already holds. A
-// snapshot waits until the files hold everything applied (Partition.Sync)
-// before raft may compact the log behind it.
+// materializer writes them into its file in deep batches, with bbolt's
+// fsync, and every bbolt transaction records how far into the raft log the
+// file holds. That store.Position is the entry's index and the command's
+// number in the whole entry, whichever partitions its commands are for.
+// After a restart each file stands where its last transaction left it,
+// since Open sets Config.NoSnapshotRestoreOnStart, and raft replays the log
+// above its last snapshot: the fsm skips, per partition, what the file
+// already holds. A snapshot waits until the files hold everything applied
+// (Partition.Sync) before raft may compact the log behind it.
 type fsm struct {
 	paths []string // the partition files, by partition
 
-	mu    sync.RWMutex // guards parts (Restore swaps them) and failed
+	mu    sync.RWMutex // guards parts, which Restore swaps, and failed
 	parts []*store.Partition
-	// failed is sticky: a partition failed (a disk error), or a Restore
+	// failed is sticky: a partition failed on a disk error, or a Restore
 	// could not reopen one. Every entry then answers it, and no file holds
 	// a command after the failure: the next Open replays them from the
-	// raft log, which no snapshot compacts meanwhile (Persist fails too).
+	// raft log, which no snapshot compacts meanwhile, Persist failing too.
 	failed error
 
-	restores atomic.Int64 // Restores that replaced a file (tests)
+	restores atomic.Int64 // Restores that replaced a file, for tests
 
-	// Owned by raft's FSM goroutine (and by Open before raft starts).
+	// Owned by raft's FSM goroutine, and by Open before raft starts.
 	applied []store.Position // per partition: the last command applied, or its file's position at open
 	cmds    []*store.Command // one batch's decoded commands, and their partitions
 	cmdPart []int
@@ -116,7 +116,7 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 }
 
 // ApplyBatch applies the commands of every command entry of logs, in one
-// call of each partition they are for (one batch of its writer), skipping
+// call, and so one writer batch, of each partition they are for, skipping
 // what its file already holds.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	out := make([]interface{}, len(logs))
@@ -144,7 +144,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			at := store.Position{Index: l.Index, Cmds: uint64(k - first + 1)}
 			part := cmdPart[k]
 			if cmds[k] == nil || !f.applied[part].Less(at) {
-				continue // undecodable (answered below), or the file holds it
+				continue // undecodable, answered below, or the file holds it
 			}
 			b := &f.byPart[part]
 			b.cmds, b.at, b.to = append(b.cmds, cmds[k]), append(b.at, at), append(b.to, k)
@@ -174,7 +174,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			r.err = failed
 		} else {
 			// A command's own errors answer it alone; a failure of a
-			// partition (ErrFailed, ErrCorrupt) fails the replica.
+			// partition, ErrFailed or ErrCorrupt, fails the replica.
 			for _, e := range r.errs {
 				if errors.Is(e, store.ErrFailed) || errors.Is(e, store.ErrCorrupt) {
 					f.fail(e)
@@ -210,9 +210,10 @@ func (f *fsm) applyPart(part int, b *partBatch, res []store.Result, errs []error
 	return nil
 }
 
-// Snapshot format: snapGroupMagic, the number of partitions (uvarint), then
-// each partition's store snapshot (store.WriteSnapshot: its live keys, so a
-// trimmed head costs nothing; each carries its position and its checksum).
+// Snapshot format: snapGroupMagic, the number of partitions as a uvarint,
+// then each partition's store snapshot. store.WriteSnapshot writes the
+// live keys, so a trimmed head costs nothing, with the partition's
+// position and a checksum.
 const snapGroupMagic = "ZQG\x01"
 
 // Snapshot returns a snapshot whose Persist writes the partitions' states
@@ -254,21 +255,21 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 
 func (s *snapshot) Release() {}
 
-// Restore makes the partitions the snapshot's states (a follower too far
-// behind the leader's log, sent the leader's snapshot; or, at Open, a
-// replica whose files stand before its newest snapshot). A partition whose
-// file holds the state's position already is kept: the log's commands
-// between the two had no effect on it. Raft calls it on its FSM goroutine,
-// never beside ApplyBatch.
+// Restore makes the partitions the snapshot's states: on a follower too
+// far behind the leader's log, which was sent the leader's snapshot, or at
+// Open on a replica whose files stand before its newest snapshot. A
+// partition whose file holds the state's position already is kept: the
+// log's commands between the two had no effect on it. Raft calls it on its
+// FSM goroutine, never beside ApplyBatch.
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	return f.restore(rc, nil)
 }
 
 // restore reads the snapshot in r, restoring beside their files the
-// partitions it is ahead on, then runs before (if not nil) and only then
-// puts them in place: a damaged snapshot, or before failing, leaves the
-// files as they were.
+// partitions it is ahead on, then runs before unless it is nil, and only
+// then puts them in place: a damaged snapshot, or before failing, leaves
+// the files as they were.
 func (f *fsm) restore(r io.Reader, before func() error) error {
 	tmps, err := f.readSnapshot(bufio.NewReaderSize(r, 1<<16))
 	if err == nil && before != nil {
@@ -286,7 +287,7 @@ func (f *fsm) restore(r io.Reader, before func() error) error {
 	return f.replace(tmps)
 }
 
-// readSnapshot restores, beside their files (path.restore), the partitions
+// readSnapshot restores, beside their files at path.restore, the partitions
 // of the snapshot whose files do not hold its state yet, and returns them.
 func (f *fsm) readSnapshot(r *bufio.Reader) (map[int]string, error) {
 	var magic [len(snapGroupMagic)]byte

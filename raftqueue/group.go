@@ -1,21 +1,24 @@
-// Package raftqueue replicates a partition (store.Partition) over a
-// hashicorp/raft group of three replicas: the Raft3 type.
+// Package raftqueue replicates partitions, each a store.Partition. A Group
+// is a replica of a hashicorp/raft group of three, the Raft3 type; a Pair
+// is a replica of a DoubleWrite pair, over package pairlog's log.
 //
-// A Group is one replica: one raft.Raft whose FSM applies store commands to
-// the replica's partition file. On the leader a proposer packs the commands
-// of concurrent Apply calls into one raft entry (no timer: it takes what is
-// queued once an entry slot is free, at most two entries in flight), and
-// each caller gets the result the FSM computed for its command.
+// A Group is one raft.Raft whose FSM applies store commands to the
+// replica's partition files, one per partition the group carries. On the
+// leader a proposer packs the commands of concurrent Apply calls into one
+// raft entry. It has no timer: it takes what is queued once an entry slot
+// is free, with at most two entries in flight by default. Each caller gets
+// the result the FSM computed for its command.
 //
 // Outcomes of Apply:
-//   - the command's Result and its own error (store.ErrStaleGeneration, ...):
-//     the entry was committed and applied;
-//   - an error wrapping ErrNotLeader (a *NotLeaderError naming the leader):
+//   - the command's Result and its own error, such as
+//     store.ErrStaleGeneration: the entry was committed and applied;
+//   - a *NotLeaderError, which wraps ErrNotLeader and names the leader:
 //     this replica does not lead, nothing was proposed; retry at the leader;
 //   - an error wrapping ErrUnknownOutcome: the entry was proposed and may
-//     have been committed (leadership lost while committing, the caller's
-//     ctx ended after the proposal, the replica failed while applying). A
-//     retry with the same message IDs is deduplicated by the store.
+//     have been committed. Leadership was lost while committing, the
+//     caller's ctx ended after the proposal, or the replica failed while
+//     applying. A retry with the same message IDs is deduplicated by the
+//     store.
 //
 // The raft log is the durable record: the partition applies without a sync
 // of its own and records in its file how far into the log it holds, so a
@@ -51,17 +54,18 @@ var (
 	ErrNotLeader = errors.New("raftqueue: not the leader")
 	// ErrUnknownOutcome is returned when a command was proposed but its
 	// outcome is not known: leadership was lost while its entry was being
-	// committed (the new leader may have committed it), the caller's ctx
-	// ended after the proposal, or this replica failed applying it. A retry
-	// with the same message IDs is deduplicated.
+	// committed, the caller's ctx ended after the proposal, or this replica
+	// failed applying it. A retry with the same message IDs is deduplicated.
 	ErrUnknownOutcome = errors.New("raftqueue: outcome unknown")
-	// ErrClosed is returned by Apply after Close, and for commands still
-	// queued (never proposed) when Close began. It wraps store.ErrClosed.
+	// ErrClosed is returned by Apply after Close, and for the commands still
+	// queued when Close began, which were never proposed. It wraps
+	// store.ErrClosed.
 	ErrClosed = fmt.Errorf("raftqueue: group closed: %w", store.ErrClosed)
 )
 
 // NotLeaderError is Apply's error on a replica that is not the leader. It
-// names the leader this replica knows of (empty while there is none).
+// names the leader this replica knows of; both fields are empty while
+// there is none.
 type NotLeaderError struct {
 	Leader   raft.ServerAddress
 	LeaderID raft.ServerID
@@ -89,40 +93,40 @@ const (
 type Config struct {
 	// ID is this replica's raft server id, unique in the group.
 	ID raft.ServerID
-	// Dir holds the replica: partition.db (the partition file), raft.db
-	// (raft-boltdb: the log unless LogStore is set, and terms and votes)
-	// and snapshots/. Created if missing.
+	// Dir holds the replica, and Open creates it if missing: the partition
+	// files (see Partitions); raft.db, raft-boltdb's file of the terms and
+	// votes and, unless LogStore is set, of the log; and snapshots/.
 	Dir string
-	// Transport is the group's network (raft.NewInmemTransport in tests,
-	// a transport.RaftMux stream layer in a node). Shutdown closes it.
+	// Transport is the group's network: a transport.RaftMux stream layer in
+	// a node, raft.NewInmemTransport in tests. Raft's shutdown closes it.
 	Transport raft.Transport
 	// LogStore replaces raft.db as the raft log: the seam for the node's
 	// shared write-ahead log. It must be durable when StoreLogs returns.
 	LogStore raft.LogStore
-	// Raft tunes raft (timeouts, MaxAppendEntries, snapshots). Nil: the
+	// Raft tunes raft: timeouts, MaxAppendEntries, snapshots. Nil: the
 	// defaults of raft.DefaultConfig with MaxAppendEntries 256. LocalID,
 	// Logger and NoSnapshotRestoreOnStart are set by Open.
 	Raft *raft.Config
 	// Logger receives raft's logs. Nil: silent.
 	Logger hclog.Logger
-	// Partitions is how many partitions the group carries (at least 1,
-	// the default): partition 0 in partition.db, partition i in
-	// partition-<i>.db. Every replica of a group has the same number. Many
-	// partitions in one group share its entries, so their senders fill
-	// them: fewer, larger entries cost less than many small ones.
+	// Partitions is how many partitions the group carries, 1 by default:
+	// partition 0 in partition.db, partition i in partition-<i>.db. Every
+	// replica of a group has the same number. Many partitions in one group
+	// share its entries, so their senders fill them: fewer, larger entries
+	// cost less than many small ones.
 	Partitions int
 	// MaxEntryBytes and MaxEntryCmds bound the commands packed into one
-	// entry (a larger command goes alone); InFlight bounds the entries
+	// entry, and a larger command goes alone. InFlight bounds the entries
 	// proposed and not yet applied; QueueDepth bounds the commands waiting
-	// for the proposer (Apply blocks beyond it). Zero: the defaults.
+	// for the proposer, beyond which Apply blocks. Zero: the defaults.
 	MaxEntryBytes, MaxEntryCmds, InFlight, QueueDepth int
 }
 
-// Group is one replica of a partition's raft group. It is safe for
+// Group is one replica of a raft group of partitions. It is safe for
 // concurrent use.
 //
-// Goroutines: raft's own, the proposer and its completer (proposer.go), and
-// watchLeader, all stopped by Close.
+// Goroutines: raft's own, the proposer and its completer, and watchLeader,
+// all stopped by Close.
 type Group struct {
 	id    raft.ServerID
 	raft  *raft.Raft
@@ -131,20 +135,21 @@ type Group struct {
 	trans raft.Transport
 	prop  *proposer
 	// ready is the term in which this replica, leading, has applied every
-	// entry committed before its term (a raft barrier): LeaderPartition.
+	// entry committed before its term, as a raft barrier proves: see
+	// LeaderPartition.
 	ready atomic.Uint64
 
-	// Leadership changes (LeaderChanged): watchLeader closes leadChanged
-	// at each and makes a new one, until watchStop.
+	// For LeaderChanged, watchLeader closes leadChanged at each leadership
+	// change and makes a new one, until watchStop.
 	leadMu      sync.Mutex
 	leadChanged chan struct{} // guarded by leadMu
 	watchStop   chan struct{}
 	watchDone   chan struct{}
 }
 
-// Open opens (creating if needed) the replica in cfg.Dir and starts its raft.
-// A new group needs Bootstrap on one replica (or all, with the same servers);
-// a replica with state rejoins its group as raft does.
+// Open opens the replica in cfg.Dir, creating it if needed, and starts its
+// raft. A new group needs Bootstrap on one replica, or on all with the same
+// servers; a replica with state rejoins its group as raft does.
 func Open(cfg Config) (*Group, error) {
 	if cfg.ID == "" || cfg.Dir == "" || cfg.Transport == nil {
 		return nil, errors.New("raftqueue: Config needs ID, Dir and Transport")
@@ -176,7 +181,7 @@ func Open(cfg Config) (*Group, error) {
 		}
 	}()
 	var err error
-	// raft-boltdb opens bbolt itself, and bbolt panics (or faults) on a
+	// raft-boltdb opens bbolt itself, and bbolt panics or faults on a
 	// damaged file: check it first, as every other bbolt file is.
 	stable := filepath.Join(cfg.Dir, "raft.db")
 	if _, serr := os.Stat(stable); serr == nil {
@@ -231,8 +236,8 @@ func Open(cfg Config) (*Group, error) {
 }
 
 // LeaderChanged returns a channel closed at the next change of this
-// replica's leadership (it becomes the leader, or stops being it), or when
-// the replica closes. Take it before looking at State, as
+// replica's leadership, when it becomes the leader or stops being it, or
+// when the replica closes. Take it before looking at State, as with
 // store.Partition.Changed.
 func (g *Group) LeaderChanged() <-chan struct{} {
 	g.leadMu.Lock()
@@ -240,8 +245,8 @@ func (g *Group) LeaderChanged() <-chan struct{} {
 	return g.leadChanged
 }
 
-// watchLeader turns raft's leadership notifications (LeaderCh, which this
-// package alone reads) into LeaderChanged, until Close.
+// watchLeader turns raft's leadership notifications into LeaderChanged,
+// until Close. Nothing else reads raft's LeaderCh.
 func (g *Group) watchLeader() {
 	defer close(g.watchDone)
 	changed := func() {
@@ -263,10 +268,10 @@ func (g *Group) watchLeader() {
 
 // checkStable refuses a raft.db that raft-boltdb would repair in silence: a
 // bucket whose name is damaged is made anew as empty, and the replica would
-// forget its term and its vote (and could vote twice in a term) and the
-// partition count the file records. A file with buckets must hold raft-
-// boltdb's two and no other, and its conf bucket, once raft wrote to it,
-// the partition count (written at the first Open, before raft starts).
+// forget its term, its vote and the partition count the file records, and
+// could vote twice in a term. A file with buckets must hold raft-boltdb's
+// two and no other, and its conf bucket, once raft wrote to it, the
+// partition count, which the first Open writes before raft starts.
 func checkStable(tx *bolt.Tx) error {
 	n := 0
 	err := tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
@@ -313,7 +318,7 @@ func checkPartitions(stable *raftboltdb.BoltStore, n int) error {
 }
 
 // catchUp restores the newest snapshot into the partitions whose files
-// stand before it: raft (NoSnapshotRestoreOnStart) replays only the log
+// stand before it: with NoSnapshotRestoreOnStart raft replays only the log
 // after its newest snapshot, and a replica that crashed while restoring a
 // snapshot sent by the leader has the snapshot but not the files.
 func (f *fsm) catchUp(snaps *raft.FileSnapshotStore) error {
@@ -349,7 +354,8 @@ func (g *Group) ID() raft.ServerID { return g.id }
 // State returns this replica's raft state.
 func (g *Group) State() raft.RaftState { return g.raft.State() }
 
-// Leader returns the leader this replica knows of (empty while none).
+// Leader returns the leader this replica knows of; both are empty while
+// there is none.
 func (g *Group) Leader() (raft.ServerAddress, raft.ServerID) { return g.raft.LeaderWithID() }
 
 // Raft returns the replica's raft, for membership changes and tests.
@@ -375,11 +381,11 @@ func (g *Group) Partition(i int) (*store.Partition, error) {
 
 // LeaderPartition returns the replica's partition i for reads that must see
 // every acknowledged command: it returns a *NotLeaderError unless this
-// replica leads, and a new leader first waits (a raft barrier, until ctx
-// ends) until it has applied every entry its predecessors committed. A
+// replica leads, and a new leader first waits with a raft barrier, until
+// it has applied every entry its predecessors committed or ctx ends. A
 // replica that just won an election may hold less than what was acked.
-// Each call confirms the leadership with a quorum (one round of
-// heartbeats), so a deposed leader that has not noticed yet never answers.
+// Each call confirms the leadership with one round of heartbeats to a
+// quorum, so a deposed leader that has not noticed yet never answers.
 func (g *Group) LeaderPartition(ctx context.Context, i int) (*store.Partition, error) {
 	for {
 		if g.raft.State() != raft.Leader {
@@ -389,10 +395,10 @@ func (g *Group) LeaderPartition(ctx context.Context, i int) (*store.Partition, e
 		if g.ready.Load() == term {
 			// raft's leader state is kept by its main loop, which also
 			// checks the lease: a replica stalled past the election
-			// timeout (a frozen process, a slow disk) still says it
-			// leads while the others elect another and ack writes it
-			// never saw. A round of heartbeats proves it still leads
-			// (concurrent reads share one round).
+			// timeout, by a frozen process or a slow disk, still says
+			// it leads while the others elect another and ack writes it
+			// never saw. A round of heartbeats, which concurrent reads
+			// share, proves it still leads.
 			if err := g.verifyLeader(ctx); err != nil {
 				return nil, err
 			}
@@ -427,8 +433,8 @@ func (g *Group) LeaderPartition(ctx context.Context, i int) (*store.Partition, e
 }
 
 // verifyLeader waits until a quorum confirmed that this replica leads, or
-// ctx ends (raft's future is then left to its own goroutine, which raft
-// answers once the replica steps down, resumes or shuts down).
+// ctx ends. Raft's future is then left to a goroutine of its own, which
+// raft answers once the replica steps down, resumes or shuts down.
 func (g *Group) verifyLeader(ctx context.Context) error {
 	f := g.raft.VerifyLeader()
 	done := make(chan error, 1)
@@ -462,10 +468,10 @@ func (g *Group) notLeader() error {
 // Apply proposes cmd to partition 0, with the commands other callers
 // propose meanwhile, in one raft entry, and returns the result the FSM
 // computed once the entry is committed and applied on this replica. cmd.Now
-// must be set (a zero Now is store.ErrBadCommand, as everywhere). It returns ctx's error if ctx ends
-// before cmd was proposed, and ErrUnknownOutcome wrapping it after; the
-// caller may reuse cmd once Apply returns. See the package doc for the
-// other outcomes.
+// must be set: a zero Now is store.ErrBadCommand, as everywhere. It returns
+// ctx's error if ctx ends before cmd was proposed, and ErrUnknownOutcome
+// wrapping it after; the caller may reuse cmd once Apply returns. See the
+// package doc for the other outcomes.
 func (g *Group) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
 	return g.prop.apply(ctx, 0, cmd)
 }
@@ -486,9 +492,10 @@ func (g *Group) checkPart(i int) error {
 	return nil
 }
 
-// Close stops proposing (commands still queued get ErrClosed), waits for
-// the entries in flight to be applied or lost, shuts raft down and closes
-// the files. Raft's shutdown closes Transport. It is idempotent.
+// Close stops proposing, answering the commands still queued with
+// ErrClosed, waits for the entries in flight to be applied or lost, shuts
+// raft down and closes the files. Raft's shutdown closes Transport. It is
+// idempotent.
 func (g *Group) Close() error {
 	var err error
 	g.prop.once.Do(func() {

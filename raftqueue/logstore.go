@@ -14,10 +14,10 @@ import (
 )
 
 // WALLog is a raft.LogStore that keeps a group's log as a stream of the
-// node's write-ahead log (store.WAL): every group of the node, and its
+// node's write-ahead log, a store.WAL: every group of the node, and its
 // Single partitions, share one group write and one fdatasync. StoreLogs
-// returns once the write holding its entries is synced, as raft requires
-// (the leader counts itself, and a follower answers, only after it).
+// returns once the write holding its entries is synced, as raft requires:
+// the leader counts itself, and a follower answers, only after it.
 //
 // Records of the stream, each one WAL record:
 //
@@ -27,20 +27,20 @@ import (
 //	    or after it from the records before: raft appends after its last
 //	    entry, or after deleting a conflicting tail.
 //	'P' prefix: uvarint first, byte all. Drops every entry below first
-//	    from the records before; with all set, every entry (raft removes
-//	    the whole log after installing a snapshot).
-//	'T' tail: uvarint from. Drops every entry at or after from (a
-//	    follower's conflicting tail).
+//	    from the records before; with all set, every entry: raft removes
+//	    the whole log after installing a snapshot.
+//	'T' tail: uvarint from. Drops every entry at or after from: a
+//	    follower's conflicting tail.
 //
-// Varints are in their shortest form, so that a record has one encoding;
-// an entry's index is from 1 to 2^64-2 (raft starts at 1, and an entry at
-// the last index would leave none after the log).
+// Varints are in their shortest form, so that a record has one encoding.
+// An entry's index is from 1 to 2^64-2: raft starts at 1, and an entry at
+// the last index would leave none after the log.
 //
-// A record is kept (retained in the WAL) while one of its entries is in the
+// A record is kept in the WAL while one of its entries is in the
 // log; the newest 'P' always; the newest 'T' until the next 'L', which
-// starts where it cut, or the next 'P' with all, which drops everything (a
+// starts where it cut, or the next 'P' with all, which drops everything. A
 // compaction between a tail's deletion and its replacement keeps the
-// entries below the tail: the tail must stay cut). Dropping a record none
+// entries below the tail, so the tail must stay cut. Dropping a record none
 // of whose entries is live changes nothing a restart reads: an entry it
 // wrote was dropped by a later 'P', or truncated by a later kept 'L' or
 // 'T', or is below the kept 'P'.
@@ -123,7 +123,7 @@ func OpenWALLog(w *store.WAL, stream string) (*WALLog, error) {
 type replayer struct {
 	l      *WALLog
 	ents   map[uint64]logLoc
-	lo, hi uint64 // bounds of the indexes in ents (loose once some are dropped)
+	lo, hi uint64 // bounds of the indexes in ents, loose once some are dropped
 }
 
 // replay applies one record.
@@ -249,17 +249,17 @@ func scanEntries(r store.WALRecord, p []byte) ([]logLoc, error) {
 	return locs, nil
 }
 
-// appendLocs puts entries (consecutive, the first one's index decoded from
-// its record) into the index: an entry at or before the last truncates.
-// Caller holds mu (or is Open).
+// appendLocs puts consecutive entries, the first one's index decoded from
+// its record, into the index: an entry at or before the last truncates.
+// The caller holds mu, or is Open.
 func (l *WALLog) appendLocs(locs []logLoc) {
 	idx := locs[0].index
 	last := l.first + uint64(len(l.ents)) - 1
 	switch {
 	case len(l.ents) == 0 || idx > last+1 || idx < l.first:
-		// An empty log starts anywhere. A gap cannot come from raft
-		// (it appends after its last entry, and removes the whole log
-		// before starting after a snapshot); nor can an entry before
+		// An empty log starts anywhere. A gap cannot come from raft,
+		// which appends after its last entry and removes the whole log
+		// before starting after a snapshot; nor can an entry before
 		// the first, as compaction only drops committed entries. Both
 		// restart the log, here and at Open alike.
 		l.dropFrom(0)
@@ -282,7 +282,7 @@ func (l *WALLog) dropFrom(i int) {
 	l.ents = l.ents[:i]
 }
 
-// dropPrefix removes the entries below first (all of them with all).
+// dropPrefix removes the entries below first, or all of them with all.
 func (l *WALLog) dropPrefix(first uint64, all bool) {
 	n := 0
 	if all {
@@ -353,9 +353,9 @@ func (l *WALLog) GetLog(index uint64, out *raft.Log) error {
 	}
 	loc := l.ents[index-l.first]
 	l.mu.RUnlock()
-	// The record stays while the entry is in the log; an entry dropped
-	// meanwhile reads as it was, or fails as not found (its segment may be
-	// deleted, and the WAL's handle closed, under the read).
+	// The record stays while the entry is in the log. An entry dropped
+	// meanwhile reads as it was, or fails as not found, since its segment
+	// may be deleted, and the WAL's handle closed, under the read.
 	l.cacheMu.Lock()
 	defer l.cacheMu.Unlock()
 	if !l.cacheOK || l.cacheRec != loc.rec {
@@ -465,7 +465,7 @@ func (l *WALLog) write(payload []byte) (store.WALRecord, error) {
 }
 
 // DeleteRange implements raft.LogStore. raft deletes a prefix after a
-// snapshot (compaction), the whole log after installing one, and a
+// snapshot to compact the log, the whole log after installing one, and a
 // conflicting tail on a follower.
 func (l *WALLog) DeleteRange(lo, hi uint64) error {
 	l.wmu.Lock()
@@ -528,8 +528,8 @@ func appendLog(b []byte, e *raft.Log) []byte {
 	return binary.AppendVarint(b, e.AppendedAt.UnixNano())
 }
 
-// decodeLog decodes one entry from b into e (Data and Extensions alias b)
-// and returns the rest.
+// decodeLog decodes one entry from b into e, whose Data and Extensions
+// alias b, and returns the rest.
 func decodeLog(b []byte, e *raft.Log) ([]byte, error) {
 	var k int
 	if e.Index, k = uvarint(b); k <= 0 {
@@ -604,8 +604,9 @@ func decodeTail(p []byte) (from uint64, err error) {
 	return from, nil
 }
 
-// uvarint is binary.Uvarint of the shortest encoding only (a last byte of
-// zero after the first is a longer one): a record has one encoding.
+// uvarint is binary.Uvarint of the shortest encoding only, so that a
+// record has one encoding: a last byte of zero after the first is a longer
+// one.
 func uvarint(b []byte) (uint64, int) {
 	v, k := binary.Uvarint(b)
 	if k > 1 && b[k-1] == 0 {

@@ -24,45 +24,48 @@ import (
 
 // PairConfig configures one replica of a DoubleWrite pair.
 type PairConfig struct {
-	// Dir holds the replica: its partition files (as a Group's), and
-	// pair.db (raft-boltdb: the epoch it serves, the partition count, and
-	// the log unless Log is set). Created if missing.
+	// Dir holds the replica, and OpenPair creates it if missing: its
+	// partition files, named as a Group's, and pair.db, raft-boltdb's file
+	// of the epoch it serves, the partition count and, unless Log is set,
+	// the log.
 	Dir string
 	// Log replaces pair.db as the pair's log: the seam for the node's
 	// shared write-ahead log. It must be durable when StoreLogs returns.
 	Log raft.LogStore
-	// Partitions is how many partitions the pair carries (at least 1).
+	// Partitions is how many partitions the pair carries, 1 by default.
 	Partitions int
 	// MaxEntryBytes, MaxEntryCmds, InFlight and QueueDepth tune the
-	// leader's proposer as Config's do; MaxBatch, MaxPending and
-	// RetryAfter the leader's replication (pairlog.LeaderConfig). Zero:
-	// the defaults.
+	// leader's proposer as Config's do; MaxBatch, MaxBatchBytes, MaxPending
+	// and RetryAfter tune the leader's replication, as in
+	// pairlog.LeaderConfig. Zero: the defaults.
 	MaxEntryBytes, MaxEntryCmds, InFlight, QueueDepth int
 	MaxBatch, MaxBatchBytes, MaxPending               int
 	RetryAfter                                        time.Duration
 	// CompactEvery is how many entries are applied between two compactions
-	// of the log (default 1024; negative: never), and KeepEntries how many
-	// applied entries each keeps (default 256), so that a follower a little
-	// behind needs no snapshot. The leader keeps what its follower lacks.
+	// of the log, 1024 by default, never if negative. KeepEntries is how
+	// many applied entries each keeps, 256 by default, so that a follower a
+	// little behind needs no snapshot. The leader keeps what its follower
+	// lacks.
 	CompactEvery, KeepEntries int
 }
 
-// Pair is one replica of a DoubleWrite partition (package pairlog): the
-// same state machine as a Group's, over a log that a leader writes to its
-// own copy and its follower's at once, and that the metadata group, not an
-// election, assigns. The node makes it lead (Lead) or follow (Follow) an
-// epoch as the partition's record says; as the follower it takes the
-// leader's batches (Append, which a Pair's leader calls through a
-// pairlog.Peer) and applies what both copies hold.
+// Pair is one replica of a DoubleWrite partition: the same state machine as
+// a Group's, over a pairlog log that a leader writes to its own copy and
+// its follower's at once, and whose leader the metadata group assigns
+// rather than an election. The node makes it Lead or Follow an epoch as the
+// partition's record says. As the follower it takes the leader's batches
+// with Append, which a Pair's leader calls through a pairlog.Peer, and
+// applies what both copies hold.
 //
 // Apply and ApplyTo have Group's outcomes: the command's result once both
-// copies hold its entry and it is applied here; ErrNotLeader (nothing was
-// proposed) on a replica that does not lead, or no longer may (a follower
-// serving a newer epoch deposed it); ErrUnknownOutcome for an entry
-// proposed whose fate is not known (deposed or closed while committing).
+// copies hold its entry and it is applied here; ErrNotLeader, with nothing
+// proposed, on a replica that does not lead, or no longer may because a
+// follower serving a newer epoch deposed it; ErrUnknownOutcome for an
+// entry proposed whose fate is not known, the leader deposed or closed
+// while committing.
 //
-// Goroutines: the proposer's two, the follower's applier, and the leader's
-// three (pairlog.Leader) while it leads, all stopped by Close.
+// Goroutines: the proposer's two, the follower's applier, and the
+// pairlog.Leader's three while it leads, all stopped by Close.
 type Pair struct {
 	cfg    PairConfig
 	fsm    *fsm
@@ -74,33 +77,33 @@ type Pair struct {
 	lead   atomic.Pointer[pairlog.Leader] // while this replica leads
 	closed bool                           // guarded by roleMu
 
-	// appendMu serializes the follower's appends (Append) and orders them
-	// with Lead and Follow.
+	// appendMu serializes the follower's Appends and orders them with Lead
+	// and Follow.
 	appendMu sync.Mutex
-	// applyMu serializes the state machine's applies: the leader's (its
-	// Apply) and the follower's (the applier). Lock order: roleMu,
-	// appendMu, applyMu.
+	// applyMu serializes the state machine's applies: the leader's, in its
+	// Apply, and the follower's applier. Lock order: roleMu, appendMu,
+	// applyMu.
 	applyMu sync.Mutex
 	applied uint64 // guarded by applyMu: the log is applied up to here
-	// The follower's applier (applier): woken by Append, stopped by Close.
+	// The follower's applier, woken by Append, stopped by Close.
 	applyWake                chan struct{}
 	applierStop, applierDone chan struct{}
 	readyAt                  uint64        // guarded by applyMu: the log's end when this replica took the lead
 	closing                  bool          // guarded by applyMu: Close began
 	changed                  chan struct{} // guarded by applyMu: closed when applied, the role or closed change
-	// The compactor (compactor): woken when CompactEvery entries were
-	// applied since the last compaction, stopped by Close.
+	// The compactor, woken when CompactEvery entries were applied since the
+	// last compaction, stopped by Close.
 	compactWake              chan struct{}
 	compactStop, compactDone chan struct{}
 	compactedAt              uint64 // guarded by applyMu: applied at the last compaction
 	compactions, installs    atomic.Int64
-	// The follower's snapshot being received (Install), guarded by appendMu.
+	// The snapshot the follower is receiving by Install, guarded by appendMu.
 	inst   *os.File
 	instAt pairlog.Install // the pieces' epoch and index, and Offset: the size received
 }
 
-// OpenPair opens (creating if needed) the replica in cfg.Dir. It neither
-// leads nor follows until told (Lead, Follow); its log is applied up to
+// OpenPair opens the replica in cfg.Dir, creating it if needed. It neither
+// leads nor follows until told by Lead or Follow; its log is applied up to
 // what its files hold.
 func OpenPair(cfg PairConfig) (*Pair, error) {
 	if cfg.Dir == "" {
@@ -146,8 +149,8 @@ func OpenPair(cfg PairConfig) (*Pair, error) {
 	if p.fsm, err = openFSM(paths); err != nil {
 		return nil, fmt.Errorf("raftqueue: %w", err)
 	}
-	// The files hold the log up to the lowest of their positions (each
-	// skips, when the rest is applied again, what it holds).
+	// The files hold the log up to the lowest of their positions. When the
+	// rest is applied again, each file skips what it holds.
 	p.applied = p.fsm.applied[0].Index
 	for _, at := range p.fsm.applied {
 		p.applied = min(p.applied, at.Index)
@@ -184,8 +187,8 @@ func OpenPair(cfg PairConfig) (*Pair, error) {
 const maxApply = 256
 
 // applier is the follower's applier: it applies what the leader said both
-// copies hold, off the path of the appends (an append is answered once it
-// is in the log), until Close.
+// copies hold, off the path of the appends, which are answered once in the
+// log, until Close.
 func (p *Pair) applier() {
 	defer close(p.applierDone)
 	for {
@@ -200,9 +203,9 @@ func (p *Pair) applier() {
 }
 
 // applyCommitted applies up to maxApply committed entries not applied yet,
-// and reports whether more remain. Nothing while this replica leads (its
-// leader applies) or closes; a failure stays in the fsm, which refuses the
-// appends after it.
+// and reports whether more remain. It applies nothing while this replica
+// leads, since its leader applies, or closes; a failure stays in the fsm,
+// which refuses the appends after it.
 func (p *Pair) applyCommitted() bool {
 	p.applyMu.Lock()
 	defer p.applyMu.Unlock()
@@ -224,23 +227,23 @@ func (p *Pair) applyCommitted() bool {
 	return to < commit
 }
 
-// Epoch returns the epoch the replica serves (0 before its first).
+// Epoch returns the epoch the replica serves, 0 before its first.
 func (p *Pair) Epoch() uint64 { return p.log.Epoch() }
 
 // Leading reports whether the replica leads and may still ack: it was
 // told to lead, and its follower has not refused its epoch for a newer one.
 func (p *Pair) Leading() bool { return p.leading() }
 
-// Lead makes the replica the leader of epoch, replicating to peer (nil:
-// alone, each entry committed on this replica's write: one copy), each
-// entry committed once both copies hold it, or on this replica's write
-// alone when async (the risk stage: pairlog.LeaderConfig.Async; SetSync
-// switches). The epoch is persisted before it returns; a lower epoch than
-// the one served is pairlog.ErrStaleEpoch. The entries of the log not yet
-// applied, written under earlier epochs, are applied once peer holds them
-// too (LeaderPartition waits for them). Leading again replaces the
-// replication (a new follower): what the previous leader had in flight is
-// answered ErrUnknownOutcome.
+// Lead makes the replica the leader of epoch, replicating to peer: each
+// entry commits once both copies hold it, or on this replica's write alone
+// when async. That is the risk stage, pairlog.LeaderConfig.Async, which
+// SetSync switches. A nil peer leads alone: each entry commits on this
+// replica's write, one copy. The epoch is persisted before it returns; a
+// lower epoch than the one served is pairlog.ErrStaleEpoch. The entries of
+// the log not yet applied, written under earlier epochs, are applied once
+// peer holds them too, and LeaderPartition waits for them. Leading again
+// replaces the replication, for a new follower: what the previous leader
+// had in flight is answered ErrUnknownOutcome.
 func (p *Pair) Lead(epoch uint64, peer pairlog.Peer, async bool) error {
 	return p.serve("lead", epoch, p.log.CheckLead, p.log.Lead, func() error { return p.startLeading(peer, async) })
 }
@@ -264,17 +267,17 @@ func (p *Pair) startLeading(peer pairlog.Peer, async bool) error {
 	return nil
 }
 
-// Follow makes the replica the follower of epoch: it stops leading (what
-// its leader had in flight is answered ErrUnknownOutcome), persists the
-// epoch and from then on takes the appends of that epoch's leader only.
+// Follow makes the replica the follower of epoch: it stops leading, and
+// what its leader had in flight is answered ErrUnknownOutcome; it persists
+// the epoch and from then on takes the appends of that epoch's leader only.
 func (p *Pair) Follow(epoch uint64) error {
 	return p.serve("follow", epoch, p.log.CheckEpoch, p.log.SetEpoch, func() error { return nil })
 }
 
-// serve checks that epoch may be served in role (check: a refusal changes
-// nothing, so a late, stale call does not stop a live leader), stops
-// leading, persists epoch (set) and runs then (Lead's start), with the
-// state machine's applies held.
+// serve checks that epoch may be served in role with check, whose refusal
+// changes nothing, so that a late, stale call does not stop a live leader.
+// Then it stops leading, persists epoch with set and runs then, Lead's
+// start, with the state machine's applies held.
 func (p *Pair) serve(role string, epoch uint64, check, set func(uint64) error, then func() error) error {
 	p.roleMu.Lock()
 	defer p.roleMu.Unlock()
@@ -300,15 +303,15 @@ func (p *Pair) serve(role string, epoch uint64, check, set func(uint64) error, t
 	return nil
 }
 
-// wake wakes the reads waiting for the leader to be ready (LeaderPartition)
+// wake wakes the LeaderPartition reads waiting for the leader to be ready
 // to look again. applyMu is held.
 func (p *Pair) wake() {
 	close(p.changed)
 	p.changed = make(chan struct{})
 }
 
-// stopLeading closes the leader, if any. roleMu is held, not applyMu
-// (the leader's Apply takes it).
+// stopLeading closes the leader, if any. roleMu is held, not applyMu,
+// which the leader's Apply takes.
 func (p *Pair) stopLeading() {
 	if l := p.lead.Swap(nil); l != nil {
 		_ = l.Close()
@@ -339,7 +342,7 @@ func (p *Pair) appliedTo(i uint64) {
 }
 
 // compactor compacts the log each time it is woken, until Close. A
-// failure is left for the next time (the log just stays longer).
+// failure is left for the next time: the log just stays longer.
 func (p *Pair) compactor() {
 	defer close(p.compactDone)
 	for {
@@ -357,7 +360,7 @@ func (p *Pair) compactor() {
 // compact drops the log's entries up to KeepEntries before what this
 // replica applied and, leading, what its follower holds: first the
 // partition files are synced with every effect applied, then the log
-// records that and drops them (pairlog.Log.Compact).
+// records that and drops them with pairlog.Log.Compact.
 func (p *Pair) compact() error {
 	p.applyMu.Lock()
 	upTo := p.applied
@@ -400,14 +403,14 @@ func (p *Pair) Compactions() int64 { return p.compactions.Load() }
 func (p *Pair) Installs() int64    { return p.installs.Load() }
 
 // installFile is where a follower assembles a snapshot's pieces,
-// sendPattern the leader's snapshots being sent (both removed at Open).
+// sendPattern the leader's snapshots being sent. Open removes both.
 const (
 	installFile = "install.snap"
 	sendPattern = "send-*.snap"
 )
 
 // snapshot is the leader's pairlog.LeaderConfig.Snapshot: this replica's
-// state, written to a file in Dir (removed when the reader closes),
+// state, written to a file in Dir that is removed when the reader closes,
 // holding every effect up to what it had applied when it began.
 func (p *Pair) snapshot() (uint64, io.ReadCloser, error) {
 	p.applyMu.Lock()
@@ -445,15 +448,15 @@ func (s *fileSink) ID() string    { return s.File.Name() }
 func (s *fileSink) Cancel() error { return nil }
 func (s *fileSink) Close() error  { return nil }
 
-// Install takes a piece of the leader's snapshot (the follower's side of
-// pairlog.Peer.Install): the pieces are assembled in Dir in order, and the
-// last one restores the state machine from them (each partition whose file
-// holds the snapshot's state or more is kept) and makes the log follow
-// the snapshot's index. The log is emptied first, so a crash in between
-// leaves a replica consistent with its files (pairlog.Log.Truncate). An
+// Install takes a piece of the leader's snapshot: it is the follower's side
+// of pairlog.Peer.Install. The pieces are assembled in Dir in order, and
+// the last one restores the state machine from them and makes the log
+// follow the snapshot's index; a partition whose file holds the snapshot's
+// state or more is kept. The log is emptied first with pairlog.Log.Truncate,
+// so a crash in between leaves a replica consistent with its files. An
 // epoch other than the one served, or a replica that leads, is refused
-// (*pairlog.EpochError); a piece out of order is pairlog.ErrBadAppend (the
-// leader starts again).
+// with a *pairlog.EpochError; a piece out of order is pairlog.ErrBadAppend,
+// and the leader starts again.
 func (p *Pair) Install(ctx context.Context, in pairlog.Install) error {
 	p.appendMu.Lock()
 	defer p.appendMu.Unlock()
@@ -503,17 +506,17 @@ func (p *Pair) Install(ctx context.Context, in pairlog.Install) error {
 		return ErrClosed
 	}
 	defer p.wake()
-	// The snapshot is read first (its partitions restored beside their
-	// files): a damaged or hostile one changes nothing, the log included.
+	// The snapshot is read first, its partitions restored beside their
+	// files: a damaged or hostile one changes nothing, the log included.
 	if err := p.fsm.restore(p.inst, func() error { return p.log.Truncate(p.applied) }); err != nil {
 		return err
 	}
 	// Restored records the state durable: every file must hold it, those
-	// the snapshot left as they were (their position was this replica's in
-	// memory, perhaps not yet in the file) as well. The state may hold
-	// effects past in.Index (the leader went on applying while it wrote
-	// it): the log follows the lowest position the files hold, as a restart
-	// would find it.
+	// the snapshot left as they were as well, since their position was
+	// this replica's in memory, perhaps not yet in the file. The state may
+	// hold effects past in.Index, as the leader went on applying while it
+	// wrote it: the log follows the lowest position the files hold, as a
+	// restart would find it.
 	lowest, err := p.syncFiles()
 	if err != nil {
 		return err
@@ -538,11 +541,12 @@ func (p *Pair) dropInstall() {
 	p.instAt = pairlog.Install{}
 }
 
-// Append takes a batch of the leader's (the follower's side: it is what a
-// pairlog.Peer delivers), durably in the log before it returns; the
-// applier then applies what the batch says both copies hold. It returns the index up to
-// which the log matches the leader's, or pairlog.Log.Append's refusals; a
-// replica that leads refuses any append (an *pairlog.EpochError).
+// Append takes a batch of the leader's, durably in the log before it
+// returns: it is the follower's side, what a pairlog.Peer delivers. The
+// applier then applies what the batch says both copies hold. It returns the
+// index up to which the log matches the leader's, or pairlog.Log.Append's
+// refusals; a replica that leads refuses any append with a
+// *pairlog.EpochError.
 func (p *Pair) Append(ctx context.Context, a pairlog.Append) (uint64, error) {
 	p.appendMu.Lock()
 	defer p.appendMu.Unlock()
@@ -576,8 +580,8 @@ func (p *Pair) ApplyTo(ctx context.Context, part int, cmd *store.Command) (store
 	return p.prop.apply(ctx, part, cmd)
 }
 
-// Partition returns the replica's partition i as it applied it (a
-// follower's may lag the leader's).
+// Partition returns the replica's partition i as it applied it: a
+// follower's may lag the leader's.
 func (p *Pair) Partition(i int) (*store.Partition, error) {
 	if i < 0 || i >= len(p.fsm.paths) {
 		return nil, fmt.Errorf("%w: partition %d of a pair of %d", store.ErrBadCommand, i, len(p.fsm.paths))
@@ -589,10 +593,11 @@ func (p *Pair) Partition(i int) (*store.Partition, error) {
 	return part, err
 }
 
-// LeaderPartition returns partition i for reads at the leader: ErrNotLeader
-// unless this replica leads (it may not know yet that it was deposed: see
-// Verify); a new leader first waits (until ctx ends) until it has applied
-// the entries its predecessors wrote. What it holds was committed.
+// LeaderPartition returns partition i for reads at the leader, and
+// ErrNotLeader unless this replica leads; it may not know yet that it was
+// deposed, which Verify checks. A new leader first waits until it has
+// applied the entries its predecessors wrote, or ctx ends. What it holds
+// was committed.
 func (p *Pair) LeaderPartition(ctx context.Context, i int) (*store.Partition, error) {
 	for {
 		if !p.leading() {
@@ -616,10 +621,10 @@ func (p *Pair) LeaderPartition(ctx context.Context, i int) (*store.Partition, er
 }
 
 // Verify confirms that this replica still leads: its follower still
-// serves its epoch, so no newer leader can have acked anything (a round
-// trip, as raft's VerifyLeader). A read at LeaderPartition after Verify
-// returned nil sees every ack given before Verify began. A leader alone or
-// in the risk stage has no one to ask: nil while it leads.
+// serves its epoch, so no newer leader can have acked anything. It costs a
+// round trip, as raft's VerifyLeader does. A read at LeaderPartition after
+// Verify returned nil sees every ack given before Verify began. A leader
+// alone or in the risk stage has no one to ask: nil while it leads.
 func (p *Pair) Verify(ctx context.Context) error {
 	l := p.lead.Load()
 	if l == nil {
@@ -643,15 +648,15 @@ func (p *Pair) SetSync(sync bool) {
 }
 
 // InSync reports whether this replica leads and its follower holds every
-// entry that may have been acked, every later one needing it too
-// (pairlog.Leader.InSync): the follower may be recorded in sync.
+// entry that may have been acked, every later one needing it too, as
+// pairlog.Leader.InSync says: the follower may be recorded in sync.
 func (p *Pair) InSync() bool {
 	l := p.lead.Load()
 	return l != nil && l.InSync()
 }
 
 // Matched returns the index up to which the follower's log is known to
-// match the leader's (0 when this replica does not lead).
+// match the leader's, 0 when this replica does not lead.
 func (p *Pair) Matched() uint64 {
 	if l := p.lead.Load(); l != nil {
 		return l.Matched()
@@ -660,7 +665,7 @@ func (p *Pair) Matched() uint64 {
 }
 
 // Lag returns how many entries the leader's log holds past what its
-// follower's is known to match (0 when it does not lead).
+// follower's is known to match, 0 when it does not lead.
 func (p *Pair) Lag() uint64 {
 	if l := p.lead.Load(); l != nil {
 		return l.Lag()
@@ -669,11 +674,11 @@ func (p *Pair) Lag() uint64 {
 }
 
 // Failed returns why this replica can no longer serve, nil while it can:
-// its state machine failed (a file it could not write), or, leading, its
-// own log did (a write that failed). A leader deposed by a newer epoch, or
-// closed, has not failed; nor has one whose follower's log contradicts
-// what both held (pairlog.ErrCommitted, ErrBadAppend): which copy is at
-// fault is not known, and the follower must not be handed the pair.
+// its state machine failed on a file it could not write, or, leading, its
+// own log failed a write. A leader deposed by a newer epoch, or closed, has
+// not failed; nor has one whose follower's log contradicts what both held,
+// with pairlog.ErrCommitted or ErrBadAppend: which copy is at fault is not
+// known, and the follower must not be handed the pair.
 func (p *Pair) Failed() error {
 	if _, err := p.fsm.partition(0); err != nil {
 		return err
@@ -698,7 +703,7 @@ func (p *Pair) leading() bool {
 func (p *Pair) notLeader() error { return &NotLeaderError{} }
 
 // propose hands data to the leader; a replica that no longer leads
-// proposes nothing (ErrNotLeader).
+// proposes nothing and answers ErrNotLeader.
 func (p *Pair) propose(data []byte) raft.ApplyFuture {
 	l := p.lead.Load()
 	if l == nil || l.Err() != nil {
@@ -714,8 +719,8 @@ func (f failedFuture) Error() error  { return f.err }
 func (f failedFuture) Index() uint64 { return 0 }
 func (f failedFuture) Response() any { return nil }
 
-// Close stops leading (what was not applied is answered with ErrClosed
-// or ErrUnknownOutcome), stops the proposer and closes the files. It is
+// Close stops leading, answering what was not applied with ErrClosed or
+// ErrUnknownOutcome, stops the proposer and closes the files. It is
 // idempotent.
 func (p *Pair) Close() error {
 	p.roleMu.Lock()

@@ -12,13 +12,13 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// proposer is the leader's group commit (research/cluster.md §2): one
-// goroutine takes the first queued command, waits for an entry slot (at
-// most InFlight entries proposed and not yet answered), then drains what
-// queued meanwhile, up to MaxEntryCmds commands or MaxEntryBytes, into one
-// raft entry. There is no timer: entries grow because commands pile up
-// while earlier entries commit. A second goroutine, the completer, waits for
-// the entries in order and answers their callers with the FSM's results.
+// proposer is the leader's group commit: one goroutine takes the first
+// queued command, waits for one of the InFlight entry slots, then drains
+// what queued meanwhile, up to MaxEntryCmds commands or MaxEntryBytes, into
+// one raft entry. An entry holds its slot until it is answered. There is no
+// timer: entries grow because commands pile up while earlier entries
+// commit. A second goroutine, the completer, waits for the entries in order
+// and answers their callers with the FSM's results.
 //
 // Lock order: closeMu alone.
 type proposer struct {
@@ -47,8 +47,8 @@ type proposer struct {
 }
 
 // request is one Apply call. Its state decides who owns cmd when the
-// caller's ctx ends: a request still queued is dropped unread, one taken
-// is read (encoded) before the caller returns.
+// caller's ctx ends: a request still queued is dropped unread, and one
+// taken is encoded before the caller returns.
 type request struct {
 	cmd     *store.Command
 	part    int // the group's partition cmd is for
@@ -76,8 +76,8 @@ type batch struct {
 	early bool // ackBeforeCommit answered its callers already
 }
 
-// target is what a proposer proposes through: a raft group (Group) or a
-// DoubleWrite pair's leader (Pair).
+// target is what a proposer proposes through: a Group's raft, or the
+// leader of a DoubleWrite Pair.
 type target interface {
 	// leading reports whether this replica may propose now.
 	leading() bool
@@ -86,7 +86,7 @@ type target interface {
 	// propose hands an entry to the replication; the future is answered
 	// with the FSM's response once the entry is committed and applied.
 	propose(data []byte) raft.ApplyFuture
-	// Partition is the replica's partition i (ackBeforeCommit's guess).
+	// Partition is the replica's partition i, for ackBeforeCommit's guess.
 	Partition(i int) (*store.Partition, error)
 }
 
@@ -206,9 +206,9 @@ func (p *proposer) run() {
 }
 
 // propose encodes the requests still wanted into entries of at most
-// maxBytes (a larger command goes alone) and hands each to raft and to the
-// completer. It holds an entry slot, which the completer gives back; each
-// further entry waits for a slot of its own.
+// maxBytes, a larger command going alone, and hands each to raft and to
+// the completer. It holds an entry slot, which the completer gives back;
+// each further entry waits for a slot of its own.
 func (p *proposer) propose(reqs []*request) {
 	var taken []*request
 	var buf []byte
@@ -264,9 +264,9 @@ func (p *proposer) propose(reqs []*request) {
 	flush()
 }
 
-// ackEarly answers b's callers before b commits (ackBeforeCommit, tests
-// only): each message gets the next offset after its partition's end and
-// the offsets handed out early before.
+// ackEarly answers b's callers before b commits, for ackBeforeCommit,
+// which only tests set: each message gets the next offset after its
+// partition's end and the offsets handed out early before.
 func (p *proposer) ackEarly(b *batch, msgs []int) {
 	for i, r := range b.reqs {
 		if part, err := p.g.Partition(r.part); err == nil {
@@ -290,8 +290,8 @@ func (p *proposer) refuse(r *request) {
 	}
 }
 
-// refuseQueued refuses every queued request. No request is queued after
-// closing is set (closeMu), so the queue ends.
+// refuseQueued refuses every queued request. No request is queued once
+// closing is set under closeMu, so the queue ends.
 func (p *proposer) refuseQueued() {
 	for {
 		select {
@@ -365,8 +365,8 @@ func outcome(err error, g target) error {
 }
 
 // close stops the proposer: new and queued commands get ErrClosed, and the
-// entries in flight are waited for (each is applied, or fails when the
-// leader steps down: raft answers every entry it took while it runs).
+// entries in flight are waited for. Each is applied, or fails when the
+// leader steps down: raft answers every entry it took while it runs.
 func (p *proposer) close() {
 	p.closeMu.Lock()
 	p.closing = true

@@ -20,11 +20,12 @@ const (
 	dedupBytes    = 16      // dedup value: offset (8), stored-at (8)
 )
 
-// view is what a command reads: the gen being built (g), the gens logged but
-// not yet in the file (gens, oldest first), and the file as of a read
-// transaction begun after gens was taken (on first use: a batch of sends
-// with fresh IDs never reads the file). Whatever a gen in gens holds is
-// either still in gens or already in the file that tx reads.
+// view is what a command reads: the gen being built, g; the gens logged but
+// not yet in the file, gens, oldest first; and the file as of a read
+// transaction begun after gens was taken. That transaction begins on first
+// use, so a batch of sends with fresh IDs never reads the file. Whatever a
+// gen in gens holds is either still in gens or already in the file that tx
+// reads.
 type view struct {
 	db   *bolt.DB
 	g    *gen
@@ -58,7 +59,7 @@ func (v *view) end() {
 	*v = view{}
 }
 
-// get returns the current value of key in bucket b (nil when absent).
+// get returns the current value of key in bucket b, nil when absent.
 func (v *view) get(b int, key string) []byte {
 	if val, ok := v.g.lookup(b, key); ok {
 		return val
@@ -71,9 +72,9 @@ func (v *view) get(b int, key string) []byte {
 	return v.bucket(b).Get(bytesOf(key))
 }
 
-// scans reports whether c reads a bucket in key order (the log, the delay
-// index, the decisions): the partition runs it only when the file holds
-// everything (no gen pending and g empty).
+// scans reports whether c reads a bucket in key order, the log, the delay
+// index or the decisions: the partition runs it only when the file holds
+// everything, with no gen pending and g empty.
 func scans(c *Command) bool { return c.Op == OpTrim || c.Op == OpRelease }
 
 // apply runs c against the view, adding its effects to v.g, and returns its
@@ -103,13 +104,13 @@ func (v *view) apply(c *Command) (Result, error) {
 		g := GroupState{Offset: c.Offset}
 		if old, found, err := v.group(c.Group); err == nil && found && old.Leased(c.Now, 0) {
 			// The owner's lease is kept: another claim waits for it, as the
-			// owner may still deliver (see GroupState.Lease).
+			// owner may still deliver: see GroupState.Lease.
 			g.Updated, g.Lease = old.Updated, old.Lease
 		}
 		return res, v.fence(c, g, &res)
 	case OpDeleteGroup:
 		res.Found = v.get(bGroups, c.Group) != nil
-		if c.MaxAge > 0 { // only an idle record: one of unknown age (0) is kept
+		if c.MaxAge > 0 { // only an idle record: one of unknown age, 0, is kept
 			g, found, err := v.group(c.Group)
 			if err != nil || !found || g.Updated == 0 || g.Updated >= c.Now-c.MaxAge {
 				return res, err
@@ -142,8 +143,8 @@ func (v *view) apply(c *Command) (Result, error) {
 	return res, nil
 }
 
-// group returns the record of group name (ok false: none); a damaged one
-// is the command's ErrCorrupt.
+// group returns the record of group name, with ok false when there is
+// none; a damaged one is the command's ErrCorrupt.
 func (v *view) group(name string) (GroupState, bool, error) {
 	return decodeGroup(name, v.get(bGroups, name))
 }
@@ -154,8 +155,8 @@ func (v *view) putGroup(c *Command, g GroupState, res *Result) {
 	res.Offset, res.Generation = g.Offset, g.Generation
 }
 
-// commitOffset sets the offset of a group whose generation c carries (all
-// but OpRenew) and its Updated time.
+// commitOffset sets the offset of a group whose generation c carries, for
+// every op but OpRenew, and its Updated time.
 func (v *view) commitOffset(c *Command, res *Result) error {
 	g, found, err := v.group(c.Group)
 	if err != nil {
@@ -234,7 +235,7 @@ func (v *view) checkDedup(msgs []Message) error {
 	return nil
 }
 
-// dedup returns the dedup entry of id (checked by checkDedup), or nil.
+// dedup returns the dedup entry of id, checked by checkDedup, or nil.
 func (v *view) dedup(id string) []byte {
 	d, _ := unseal(id, v.get(bDedup, id), dedupBytes)
 	return d
@@ -283,8 +284,8 @@ func (v *view) appendLog(m *Message) uint64 {
 	return off
 }
 
-// putDedup records that the message with ID id (none when empty) went to off
-// at time at.
+// putDedup records that the message with ID id went to off at time at. An
+// empty id records nothing.
 func (v *view) putDedup(id string, off uint64, at int64) {
 	if id == "" {
 		return
@@ -296,8 +297,8 @@ func (v *view) putDedup(id string, off uint64, at int64) {
 }
 
 // consumed returns the lowest committed offset of the partition's groups: 0
-// when it has none, or when a record is damaged (its group may need all).
-// It reads the file alone (trim scans).
+// when it has none, or when a record is damaged, since its group may need
+// all. It reads the file alone, as trim scans.
 func (v *view) consumed() uint64 {
 	low, found := uint64(math.MaxUint64), false
 	err := v.bucket(bGroups).ForEach(func(k, val []byte) error {
@@ -316,15 +317,15 @@ func (v *view) consumed() uint64 {
 
 var errDamagedGroup = errors.New("damaged group record")
 
-// trim deletes the head of the log by age, size and (Consumed) what every
-// group has committed past, then prunes dedup entries
-// and transaction decisions past their time to live. It runs on the file
-// alone (scans).
+// trim deletes the head of the log by age, by size and, with Consumed, what
+// every group has committed past, then prunes dedup entries and transaction
+// decisions past their time to live. It runs on the file alone, as a scan.
 //
-// A damaged record does not fail the command (which would fail every command
-// batched with it, sends included): it is deleted by size like any other, and
-// by age when a later intact record is old enough (StoredAt never decreases
-// along the log). Its dedup entry is found by offset.
+// A damaged record does not fail the command, which would fail every
+// command batched with it, sends included: it is deleted by size like any
+// other, and by age when a later intact record is old enough, since
+// StoredAt never decreases along the log. Its dedup entry is found by
+// offset.
 func (v *view) trim(c *Command, res *Result) {
 	st := &v.g.st
 	limit := c.Limit
@@ -375,8 +376,8 @@ func (v *view) trim(c *Command, res *Result) {
 
 // recordInfo returns when the log record k, val was stored and its ID. For a
 // record that fails its check, ok is false, the ID is unknown and stored is
-// the StoredAt of the next intact record (the damaged one is no newer), or
-// MaxInt64 when there is none.
+// the StoredAt of the next intact record, than which the damaged one is no
+// newer, or MaxInt64 when there is none.
 func (v *view) recordInfo(k, val []byte) (stored int64, id string, ok bool) {
 	if err := decodeRecord(k, val, &v.scratch); err == nil {
 		return v.scratch.StoredAt, v.scratch.ID, true
@@ -419,8 +420,8 @@ func (v *view) deleteDedupAt(off uint64) {
 }
 
 // pruneDedup walks the log from DedupLow and drops the dedup entries of
-// records stored before cutoff, at most limit of them (setting More when it
-// stops there). Delayed messages' entries are replaced when the message is
+// records stored before cutoff, at most limit of them, setting More when it
+// stops there. Delayed messages' entries are replaced when the message is
 // released and later pruned the same way.
 func (v *view) pruneDedup(c *Command, res *Result, cutoff int64, limit int) {
 	st := &v.g.st
@@ -582,7 +583,7 @@ func (v *view) rollbackTx(c *Command, res *Result) error {
 
 // release moves due delayed messages into the log in key order: by due time,
 // then by arrival, so messages of one key due together keep their order. It
-// runs on the file alone (scans).
+// runs on the file alone, as a scan.
 func (v *view) release(c *Command, res *Result) {
 	st := &v.g.st
 	limit := c.Limit

@@ -8,35 +8,34 @@ import (
 )
 
 // Op names a store command. Every mutation of a partition is one Command,
-// applied in order by the partition's writer; a replicator (raft, double
-// write) ships the same commands and applies them in the same order on every
-// replica, so replicas stay byte-for-byte equivalent.
+// applied in order by the partition's writer; a replicator, a raft group or
+// a DoubleWrite pair, ships the same commands and applies them in the same
+// order on every replica, so replicas stay byte-for-byte equivalent.
 type Op uint8
 
 // The commands. Values are part of the replicated format: never renumber.
 const (
-	// OpAppend appends Msgs to the log (or to the delay index when a
-	// message's DeliverAt is after Now). Messages whose ID is in the dedup
+	// OpAppend appends Msgs to the log; a message whose DeliverAt is after
+	// Now goes to the delay index instead. Messages whose ID is in the dedup
 	// index are acknowledged with their first offset and stored once.
 	OpAppend Op = 1
 	// OpCommitOffset sets Group's committed offset to Offset, if Generation
-	// is the group's generation (0 for a group without a record, which it
-	// then creates); otherwise it fails with ErrStaleGeneration and changes
-	// nothing.
+	// is the group's generation; otherwise it fails with ErrStaleGeneration
+	// and changes nothing. A group without a record has generation 0, and
+	// the commit creates the record.
 	OpCommitOffset Op = 2
 	// OpTrim deletes the head of the log: records stored before
 	// Now-MaxAge, and the oldest records while the log holds more than
 	// MaxBytes, and, with Consumed, the records below the committed offset
-	// of every consumer group (none when the partition has no group) stored
-	// before Now-DedupTTL (a consumed record's dedup entry goes with it, so
-	// it waits for the dedup window). It
-	// also prunes dedup entries older than Now-DedupTTL and transaction
-	// decisions older than Now-DecideTTL.
+	// of every consumer group stored before Now-DedupTTL, none when the
+	// partition has no group. A consumed record's dedup entry goes with it,
+	// so it waits for the dedup window. It also prunes dedup entries older
+	// than Now-DedupTTL and transaction decisions older than Now-DecideTTL.
 	OpTrim Op = 3
 	// OpPrepare stores Msgs as half messages of transaction TxID.
 	OpPrepare Op = 4
-	// OpCommitTx makes the half messages of TxID, followed by Msgs (the
-	// transaction's outbox for this partition), visible in one step.
+	// OpCommitTx makes the half messages of TxID, followed by Msgs, the
+	// transaction's outbox for this partition, visible in one step.
 	OpCommitTx Op = 5
 	// OpRollbackTx discards the half messages of TxID.
 	OpRollbackTx Op = 6
@@ -45,23 +44,23 @@ const (
 	OpRelease Op = 7
 	// OpTxChecked records one check-back of TxID that found no answer.
 	OpTxChecked Op = 8
-	// OpDeleteGroup removes Group's record (Result.Count 1), or with
-	// MaxAge only a record last changed before Now-MaxAge (one of unknown
-	// age, written before format 3, is kept). The partition's generation
+	// OpDeleteGroup removes Group's record, with Result.Count 1, or with
+	// MaxAge only a record last changed before Now-MaxAge; one of unknown
+	// age, written before format 3, is kept. The partition's generation
 	// counter keeps its value: a later claim never reuses a generation.
 	OpDeleteGroup Op = 9
 	// OpClaim takes ownership of Group: it gets a new generation, which its
 	// commits must carry. A group without a record starts at the offset
 	// Start names; one with a record keeps its offset. With MaxAge the
 	// claim respects a lease: while the record's owner changed it within
-	// MaxAge (and did not let go with OpUnclaim, nor did a reset take it),
-	// the claim fails with ErrClaimed and changes nothing, unless
-	// Generation is the record's: the owner claiming again is not held off
-	// by its own lease.
+	// MaxAge, without letting go with OpUnclaim or a reset taking it, the
+	// claim fails with ErrClaimed and changes nothing, unless Generation is
+	// the record's: the owner claiming again is not held off by its own
+	// lease.
 	OpClaim Op = 10
-	// OpResetOffset sets Group's offset to Offset (creating the record if
-	// absent) with a new generation, fencing whoever owned the group; the
-	// owner's lease, if it held one, is kept (GroupState.Lease): another
+	// OpResetOffset sets Group's offset to Offset with a new generation,
+	// creating the record if absent, fencing whoever owned the group. The
+	// owner's lease, if it held one, is kept in GroupState.Lease: another
 	// claim waits for it, the owner claims with the reset's generation.
 	OpResetOffset Op = 11
 	// OpUnclaim is the owner's last commit: OpCommitOffset, which also
@@ -110,7 +109,7 @@ func (d Decision) String() string {
 // Limits every command is checked against before anything is written.
 const (
 	// MaxKeyBytes bounds a message ID, a group name, a transaction id and a
-	// producer name: each becomes (part of) a bbolt key.
+	// producer name: each becomes a bbolt key or a part of one.
 	MaxKeyBytes = 1024
 	// MaxCommandBytes bounds the encoded effects of one command: the write
 	// that stores it, and what recovery reads back, is never larger.
@@ -118,20 +117,20 @@ const (
 )
 
 // Command is one mutation of a partition: inputs only. Now is chosen by the
-// proposer (the node leading the partition), not by the applier, so every
-// replica computes the same result; a Now that is zero (or before 1970) is
-// ErrBadCommand. The store
-// reads Msgs while it applies the command and never after Apply returns.
+// proposer, the node leading the partition, not by the applier, so every
+// replica computes the same result; a Now that is zero or before 1970 is
+// ErrBadCommand. The store reads Msgs while it applies the command and
+// never after Apply returns.
 type Command struct {
 	Op         Op
 	Now        int64 // unix ns, non-zero
 	Msgs       []Message
 	Group      string
 	Offset     uint64
-	Generation uint64 // OpCommitOffset, OpUnclaim, OpRenew: the owner's generation (0: unfenced, before any claim); OpClaim: the claimer's, if it owns one
+	Generation uint64 // OpCommitOffset, OpUnclaim, OpRenew: the owner's generation, 0 unfenced before any claim; OpClaim: the claimer's, if it owns one
 	Start      Start  // OpClaim: where a group without a record starts
 	TxID       string
-	Producer   string // the node that prepared TxID (OpPrepare)
+	Producer   string // OpPrepare: the node that prepared TxID
 	Limit      int    // OpRelease, OpTrim: most messages moved or deleted; 0: the default
 	MaxAge     int64  // OpTrim: ns; 0 keeps all. OpDeleteGroup: only a record unchanged for longer. OpClaim: the lease
 	MaxBytes   int64  // OpTrim: 0 keeps all
@@ -144,20 +143,20 @@ type Command struct {
 // exactly this value: it is computed once, by the code that wrote the
 // command's effects.
 type Result struct {
-	// Acks has one entry per message of Msgs after OpAppend or OpCommitTx
-	// (half messages of OpCommitTx come first); none when OpCommitTx found
+	// Acks has one entry per message of Msgs after OpAppend or OpCommitTx,
+	// the half messages of OpCommitTx first; none when OpCommitTx found
 	// the transaction decided already.
 	Acks []Ack
-	// Count is the number of messages moved (OpRelease, OpCommitTx),
-	// stored (OpPrepare), deleted (OpTrim, OpRollbackTx; OpDeleteGroup: 1
-	// when it removed the record), or the checks counted so far
-	// (OpTxChecked).
+	// Count is the number of messages moved by OpRelease and OpCommitTx,
+	// stored by OpPrepare, deleted by OpTrim and OpRollbackTx, or the checks
+	// counted so far by OpTxChecked; for OpDeleteGroup, 1 when it removed
+	// the record.
 	Count int
 	// More reports that OpRelease or OpTrim stopped at Limit with work left.
 	More bool
-	// Previous is the decision already recorded for TxID when OpCommitTx or
-	// OpRollbackTx (or OpPrepare, which then fails with ErrDecided) arrives
-	// after the first decision; the command changed nothing.
+	// Previous is the decision already recorded for TxID when OpCommitTx,
+	// OpRollbackTx or OpPrepare arrives after the first decision; the
+	// command changed nothing, and OpPrepare fails with ErrDecided.
 	Previous Decision
 	// Offset and Generation are Group's record after OpCommitOffset,
 	// OpUnclaim, OpClaim or OpResetOffset: for a commit refused with
@@ -192,7 +191,7 @@ func (c *Command) check() error {
 	if c.Limit < 0 || c.MaxAge < 0 || c.MaxBytes < 0 || c.DedupTTL < 0 || c.DecideTTL < 0 {
 		return fmt.Errorf("%w: negative limit", ErrBadCommand)
 	}
-	if c.Limit > math.MaxInt32 { // the encoding's bound (DecodeCommand)
+	if c.Limit > math.MaxInt32 { // the encoding's bound, as DecodeCommand checks
 		return fmt.Errorf("%w: limit %d over %d", ErrBadCommand, c.Limit, math.MaxInt32)
 	}
 	if c.Start > StartLast || c.Start != StartAt && c.Op != OpClaim {

@@ -8,8 +8,8 @@ import (
 )
 
 // FS is the file system the store writes its own files through: the
-// write-ahead log. (bbolt writes partition files itself, with its own
-// fsyncs.) Tests substitute a file system that keeps only synced bytes, or
+// write-ahead log. bbolt writes partition files itself, with its own
+// fsyncs. Tests substitute a file system that keeps only synced bytes, or
 // fails a chosen write or sync.
 type FS interface {
 	// OpenFile opens name with os.OpenFile's flags.
@@ -20,7 +20,7 @@ type FS interface {
 	Remove(name string) error
 	// MkdirAll creates dir and its parents.
 	MkdirAll(dir string, perm fs.FileMode) error
-	// SyncDir makes the entries of dir (created, removed) durable.
+	// SyncDir makes the entries created and removed in dir durable.
 	SyncDir(dir string) error
 }
 
@@ -29,7 +29,7 @@ type FS interface {
 type File interface {
 	io.ReaderAt
 	io.WriterAt
-	// Sync makes the file's data and size durable (fdatasync).
+	// Sync makes the file's data and size durable, as fdatasync does.
 	Sync() error
 	Truncate(size int64) error
 	Size() (int64, error)
@@ -98,11 +98,11 @@ func (f osFile) Size() (int64, error) {
 
 // MkdirAll creates dir and its missing parents on the operating system's
 // file system, syncing the parent of each directory it creates: a power
-// loss cannot then take a directory with the synced files in it (POSIX
-// makes a new entry durable only once its directory is synced).
+// loss cannot then take a directory with the synced files in it. POSIX
+// makes a new entry durable only once its directory is synced.
 func MkdirAll(dir string) error {
 	if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
-		return nil // the common case (every partition of a topic): no listing
+		return nil // the common case, every partition of a topic: no listing
 	}
 	return mkdirDurable(OSFS{}, dir)
 }

@@ -66,7 +66,7 @@ type gen struct {
 	st   state // the working state while built, then the state after the gen
 	base state // the state before the gen
 
-	// Lookups by key (half, txs, groups, dedup): the last write of each key.
+	// Lookups by key in half, txs, groups and dedup: the last write of each key.
 	kv [nBuckets]map[string]span
 	// The log records appended, at offsets logBase, logBase+1, ...
 	logBase uint64
@@ -74,7 +74,7 @@ type gen struct {
 
 	minDue   int64 // earliest DeliverAt put in the delay index, if hasDue
 	hasDue   bool
-	delayDel bool     // deletes delay entries (OpRelease)
+	delayDel bool     // deletes delay entries, as OpRelease does
 	grew     bool     // adds to the log or the delay index
 	bulk     bool     // holds a command of more than bulkMsgs messages
 	muts     int      // mutations
@@ -82,8 +82,8 @@ type gen struct {
 
 	// Set by the partition as the gen moves through the log.
 	reqs  []*request
-	seg   uint64 // WAL segment holding it (0: none)
-	done  bool   // its log write ended (acked, or failed)
+	seg   uint64 // WAL segment holding it, 0 for none
+	done  bool   // its log write ended, acked or failed
 	acked bool   // durable: readers see it, the materializer may write it
 	at    time.Time
 }
@@ -99,8 +99,8 @@ func newGen(id [8]byte, st state, size int) *gen {
 }
 
 // empty reports whether the gen changes nothing: no mutation and no change
-// of state (a trim whose pruning finds no dedup entry still advances
-// DedupLow, and a replica must end in the same state).
+// of state. A trim whose pruning finds no dedup entry still advances
+// DedupLow, and a replica must end in the same state.
 func (g *gen) empty() bool { return g.muts == 0 && g.st == g.base }
 
 // size is the gen's encoded size so far.
@@ -214,8 +214,8 @@ func (g *gen) logRecord(off uint64) ([]byte, bool) {
 // read them.
 func bytesOf(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
-// writeEffects writes the mutations of the effect record rec into bks (a
-// write transaction's buckets) and returns the record's index and state.
+// writeEffects writes the mutations of the effect record rec into bks, a
+// write transaction's buckets, and returns the record's index and state.
 // The values stay in rec, which must outlive the transaction.
 func writeEffects(bks *[nBuckets]*bolt.Bucket, rec []byte) (idx uint64, st state, err error) {
 	_, idx, muts, st, err := splitEffects(rec)

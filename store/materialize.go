@@ -15,9 +15,9 @@ import (
 
 // The materializer writes durable gens into the file: when MaxPendingBytes/4
 // are waiting, when the oldest has waited MaterializeAfter, or at once when a
-// reader, a command that scans the file or Close asks (kick). It writes them
-// in one bbolt transaction with bbolt's normal fsync (never NoSync), then
-// drops them from the overlay and releases their WAL records.
+// reader, a command that scans the file or Close asks with kick. It writes
+// them in one bbolt transaction with bbolt's normal fsync, never NoSync,
+// then drops them from the overlay and releases their WAL records.
 
 const (
 	matMaxGens = 256 // gens in one bbolt transaction
@@ -58,8 +58,8 @@ func (p *Partition) materializer() {
 	}
 }
 
-// due returns the durable gens to write now, or how long to wait for more
-// (0: exit). p.mu is held.
+// due returns the durable gens to write now, or how long to wait for more,
+// 0 to exit. p.mu is held.
 func (p *Partition) due() ([]*gen, time.Duration) {
 	n, bytes := 0, 0
 	for n < len(p.gens) && p.gens[n].acked && n < matMaxGens && bytes < matMaxBytes {
@@ -120,9 +120,9 @@ func (p *Partition) materialize(gs []*gen) error {
 	return nil
 }
 
-// writeRecords writes the effect records recs (in index order, each one
-// after the file's Applied) into the file in one transaction and returns the
-// state after them. A non-zero pos is stored as the position in the
+// writeRecords writes the effect records recs, in index order and each one
+// after the file's Applied, into the file in one transaction and returns
+// the state after them. A non-zero pos is stored as the position in the
 // replicated log that the file holds, in the same transaction.
 func (p *Partition) writeRecords(recs [][]byte, pos Position) (state, error) {
 	var st state
@@ -160,9 +160,9 @@ func (p *Partition) writeRecords(recs [][]byte, pos Position) (state, error) {
 	return st, nil
 }
 
-// replay writes the partition's records left in the WAL by the previous run
-// (those after the file's Applied) into the file, in batches of bounded
-// size, before the writer starts.
+// replay writes the partition's records that the previous run left in the
+// WAL after the file's Applied into the file, in batches of bounded size,
+// before the writer starts.
 func (p *Partition) replay() error {
 	var recs [][]byte
 	bytes := 0
@@ -243,7 +243,7 @@ func (p *Partition) barrier() error {
 }
 
 // update runs fn in a write transaction; a bbolt panic or fault on a
-// damaged page (contained by boltsafe) fails the partition.
+// damaged page, which boltsafe contains, fails the partition.
 func (p *Partition) update(fn func(*bolt.Tx) error) error {
 	return p.corrupted(boltsafe.Update(p.db, fn))
 }
@@ -271,13 +271,13 @@ func (p *Partition) corrupted(err error) error {
 	return err
 }
 
-// A partition file is mapped at boltMapSize from the start (address space
-// only), so bbolt does not remap it at each doubling while it grows: a
-// remap copies every key and value the writing transaction holds
-// (bbolt's dereference), 13% of a three-replica node's CPU while its files
-// filled. Beyond the mapping bbolt grows the file boltGrowBy past what it
-// needs (bbolt's grow), with one truncate and fsync per step, so a new
-// file is small and never sized to the mapping.
+// A partition file is mapped at boltMapSize from the start, address space
+// only, so bbolt does not remap it at each doubling while it grows: a
+// remap copies every key and value the writing transaction holds, in
+// bbolt's dereference, which took 13% of a three-replica node's CPU while
+// its files filled. Beyond the mapping bbolt's grow extends the file
+// boltGrowBy past what it needs, with one truncate and fsync per step, so
+// a new file is small and never sized to the mapping.
 const (
 	boltMapSize = 1 << 30 * (strconv.IntSize / 64) // 0 (bbolt's doubling) where the address space is 32-bit
 	boltGrowBy  = 1 << 20
@@ -286,7 +286,7 @@ const (
 // openBolt opens a partition file after internal/boltsafe checked it,
 // refusing a damaged one with ErrCorrupt instead of letting bbolt panic. The
 // file's freelist is synced on each commit, so bbolt never rebuilds it in a
-// goroutine of its own at Open (where a panic could not be contained).
+// goroutine of its own at Open, where a panic could not be contained.
 func openBolt(path string) (*bolt.DB, error) {
 	db, err := boltsafe.Open(path, &bolt.Options{Timeout: time.Second, FreelistType: bolt.FreelistMapType,
 		InitialMmapSize: boltMapSize})

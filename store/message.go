@@ -17,8 +17,8 @@ type Message struct {
 	Properties map[string]string
 	Body       []byte
 	Timestamp  int64 // producer's time, unix nanoseconds
-	DeliverAt  int64 // not delivered before this time (unix ns); 0: at once
-	StoredAt   int64 // set by the writer when the message enters the log (unix ns)
+	DeliverAt  int64 // unix ns: not delivered before this time; 0: at once
+	StoredAt   int64 // unix ns, set by the writer when the message enters the log
 
 	// ReconsumeTimes counts earlier delivery attempts; it is carried by
 	// messages re-sent to retry and dead-letter topics.
@@ -30,7 +30,8 @@ type Message struct {
 
 	// FreshID is an input of OpAppend and OpCommitTx, set by a sender that
 	// generated ID for this very send: no earlier copy can exist, so the
-	// dedup lookup is skipped (the ID is still indexed for later resends).
+	// dedup lookup is skipped, though the ID is still indexed for later
+	// resends.
 	// It travels with the command, so every replica skips the same
 	// lookups. Not stored.
 	FreshID bool
@@ -88,7 +89,7 @@ func appendRecord(dst, key []byte, m *Message) []byte {
 	return dst
 }
 
-// appendMessage appends m's record payload (the msgpack array).
+// appendMessage appends m's record payload, the msgpack array.
 func appendMessage(dst []byte, m *Message) []byte {
 	dst = mpArrayLen(dst, recordFields)
 	dst = mpUint8(dst, recordVersion)
@@ -111,8 +112,9 @@ func appendMessage(dst []byte, m *Message) []byte {
 }
 
 // AppendMessage appends m's record payload to dst: every stored field but
-// Offset (the log key) and FreshID (a command's input), in the record
-// layout above without its CRC. Another node decodes it with DecodeMessage.
+// Offset, which is the log key, and FreshID, a command's input, in the
+// record layout above without its CRC. Another node decodes it with
+// DecodeMessage.
 func AppendMessage(dst []byte, m *Message) []byte { return appendMessage(dst, m) }
 
 // DecodeMessage decodes a payload written by AppendMessage, all of b, into
@@ -126,7 +128,7 @@ func DecodeMessage(b []byte, m *Message) error {
 	return nil
 }
 
-// decodeRecord checks the CRC of value (stored under key) and decodes it.
+// decodeRecord checks the CRC of value, stored under key, and decodes it.
 // Every field of m is set; Body is a copy.
 func decodeRecord(key, value []byte, m *Message) error {
 	if len(value) < crcLen {
@@ -144,9 +146,9 @@ func decodeRecord(key, value []byte, m *Message) error {
 }
 
 // decodeMessagePayload decodes a record payload, all of b. m.Body is a copy,
-// or with alias a slice of b (a command decoded to be applied: the writer
-// copies the message into its batch, and clones the command before it could
-// outlive the call).
+// or with alias a slice of b, for a command decoded to be applied: the
+// writer copies the message into its batch, and clones the command before
+// it could outlive the call.
 func decodeMessagePayload(b []byte, m *Message, alias bool) error {
 	r := mpReader{b: b}
 	if n := r.arrayLen(); r.err == nil && n != recordFields {
@@ -157,9 +159,9 @@ func decodeMessagePayload(b []byte, m *Message, alias bool) error {
 	}
 	m.ID = r.str()
 	m.Key = r.str()
-	// Tags and Properties grow as their elements decode (a count is only
+	// Tags and Properties grow as their elements decode: a count is only
 	// checked against the bytes left, one byte an element, while a string
-	// header takes 16 and a map entry more).
+	// header takes 16 and a map entry more.
 	m.Tags = nil
 	for nt := r.arrayLen(); nt > 0 && r.err == nil; nt-- {
 		m.Tags = append(m.Tags, r.str())

@@ -7,7 +7,7 @@ import (
 	"math"
 )
 
-// The record payload is msgpack (message.go). These are the few msgpack
+// The record payload of message.go is msgpack. These are the few msgpack
 // forms it uses, appended to a byte slice and read from one without
 // reflection: the writer allocates nothing per message, and every length read
 // is checked against the bytes left before anything is allocated.
@@ -122,7 +122,7 @@ func (r *mpReader) uint(size int) uint64 {
 	return binary.BigEndian.Uint64(p)
 }
 
-// length reads an array or map header (nil counts as 0). Each element takes
+// length reads an array or map header; nil counts as 0. Each element takes
 // at least one byte, so a count larger than the bytes left is refused.
 func (r *mpReader) length(fix, fixMask, c16, c32 byte) int {
 	c := r.code()
@@ -152,7 +152,7 @@ func (r *mpReader) length(fix, fixMask, c16, c32 byte) int {
 func (r *mpReader) arrayLen() int { return r.length(0x90, 0x0f, 0xdc, 0xdd) }
 func (r *mpReader) mapLen() int   { return r.length(0x80, 0x0f, 0xde, 0xdf) }
 
-// raw reads a string or binary value (nil is empty, isNil true).
+// raw reads a string or binary value; nil is empty, with isNil true.
 func (r *mpReader) raw() (v []byte, isNil bool) {
 	c := r.code()
 	var n uint64

@@ -6,23 +6,24 @@
 //
 // A partition's single writer goroutine gathers the commands waiting for it
 // and applies them, in order, against a view: the file, with the effects of
-// earlier batches that are not in it yet laid over it (gen.go). A batch's
-// effects (a gen: the bbolt writes it produced and the state after it) are
-// logged to the node's write-ahead log (wal.go), which puts the gens of every
-// partition in one write and one fdatasync; only then are the batch's
-// commands acknowledged, and only then do readers see its effects. The
-// partition's materializer writes durable gens into the file in deep batches,
-// with bbolt's normal fsync, and releases the log behind them. Replay after a
-// crash writes the logged gens again: what is in the file is what was
-// acknowledged, byte for byte. Without a WAL (Options.WAL nil) each gen is
-// written into the file, and synced, before its commands are acknowledged.
+// earlier batches that are not in it yet laid over it. A batch's effects
+// are a gen (gen.go): the bbolt writes it produced and the state after
+// them. Gens are logged to the node's write-ahead log (wal.go), which puts
+// the gens of every partition in one write and one fdatasync; only then are
+// the batch's commands acknowledged, and only then do readers see its
+// effects. The partition's materializer writes durable gens into the file
+// in deep batches, with bbolt's normal fsync, and releases the log behind
+// them. Replay after a crash writes the logged gens again: what is in the
+// file is what was acknowledged, byte for byte. With a nil Options.WAL each
+// gen is written into the file, and synced, before its commands are
+// acknowledged.
 //
-// Commands that read a bucket in key order (OpTrim, OpRelease) run when the
-// file holds everything: the writer waits for the materializer first.
+// Commands that read a bucket in key order, OpTrim and OpRelease, run when
+// the file holds everything: the writer waits for the materializer first.
 //
 // # Files
 //
-// Buckets (see docs/DESIGN.md section 4):
+// Buckets, described in docs/DESIGN.md section 4:
 //
 //	log     big-endian offset -> record
 //	half    txid -> half messages of an undecided transaction (state.go)
@@ -61,14 +62,14 @@ import (
 // Format 1 stored state and half transactions as msgpack maps; Open reads
 // them and upgrades the file to format 2, which stores both in the layouts
 // of state.go. Format 3 adds group generations: state version 2 and group
-// records of layout 'Z' 'G'. Open reads older files as they are (a group
-// value of 8 bytes, and 4 of seal, is generation 0) and marks them 3.
+// records of layout 'Z' 'G'. Open reads older files as they are and marks
+// them 3: a group value of 8 bytes, and one of seal of 4, is generation 0.
 const FormatVersion = 3
 
 // maxFormatVersion bounds the format versions a release may write: a
-// stored version of 0 or above it is a damaged value (ErrCorrupt, and
-// ErrFormat), one between FormatVersion and it a newer release's file
-// (ErrFormat only).
+// stored version of 0 or above it is a damaged value, ErrCorrupt and
+// ErrFormat; one between FormatVersion and it is a newer release's file,
+// ErrFormat only.
 const maxFormatVersion = 1 << 16
 
 // Errors returned by this package.
@@ -86,7 +87,7 @@ var (
 	// is not the group's: a claim or a reset fenced the committer. The
 	// command changed nothing.
 	ErrStaleGeneration = errors.New("store: stale generation")
-	// ErrClaimed is returned by OpClaim with a lease (MaxAge) while the
+	// ErrClaimed is returned by OpClaim with a MaxAge lease while the
 	// group's owner holds it. The command changed nothing.
 	ErrClaimed = errors.New("store: group held by its owner's lease")
 	// ErrBadCommand is returned for a command that is not valid: an unknown
@@ -100,7 +101,7 @@ var (
 	// ErrFailed is returned for every command after a write or sync of the
 	// partition's log or file failed, until the partition is reopened: the
 	// outcome of what was being written is unknown, and nothing is retried
-	// and acknowledged (the first error it wraps says what failed).
+	// and acknowledged. The first error it wraps says what failed.
 	ErrFailed = errors.New("store: partition failed")
 )
 
@@ -118,19 +119,19 @@ var (
 	metaVersion = []byte("version")
 	metaState   = []byte("state")
 	metaID      = []byte("id")
-	// metaPosition: a Replicated partition's Position (state.go); absent
-	// in other files.
+	// metaPosition holds a Replicated partition's Position, in state.go's
+	// layout; other files lack it.
 	metaPosition = []byte("position")
 
 	metaKeys = [][]byte{metaVersion, metaState, metaID, metaPosition}
 )
 
-// checkLayout returns an error wrapping ErrCorrupt unless tx is a new file
-// (no bucket yet) or holds a partition: only the partition's buckets, its
-// meta bucket with its version and state, and only the meta keys this code
-// knows. A damaged bucket or key name must not pass for a missing one: load
-// would make it anew, and an existing file would open empty (its meta
-// gone), or without its dedup index or its groups.
+// checkLayout returns an error wrapping ErrCorrupt unless tx is a new file,
+// with no bucket yet, or holds a partition: only the partition's buckets,
+// its meta bucket with its version and state, and only the meta keys this
+// code knows. A damaged bucket or key name must not pass for a missing one:
+// load would make it anew, and an existing file would open empty, its meta
+// gone, or without its dedup index or its groups.
 func checkLayout(tx *bolt.Tx, path string) error {
 	existing := false
 	err := tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
@@ -167,9 +168,9 @@ const (
 // Options tune a partition. The zero value is durable: every batch is synced
 // before its commands are acknowledged.
 type Options struct {
-	// WAL is the node's write-ahead log; Stream names the partition in it
-	// (1..1024 bytes, unique among the partitions sharing the WAL). Without
-	// a WAL every batch is written into the file, and synced, before its
+	// WAL is the node's write-ahead log; Stream names the partition in it,
+	// 1..1024 bytes, unique among the partitions sharing the WAL. Without a
+	// WAL every batch is written into the file, and synced, before its
 	// commands are acknowledged.
 	WAL    *WAL
 	Stream string
@@ -178,26 +179,27 @@ type Options struct {
 	QueueDepth int
 	// MaterializeAfter is how long a logged batch may wait before the
 	// materializer writes it into the file; a longer wait gathers deeper
-	// batches (fewer bbolt commits) and keeps more in memory. Default 50ms.
+	// batches, so fewer bbolt commits, and keeps more in memory. Default 50ms.
 	// The materializer also starts early once MaxPendingBytes/4 are waiting.
 	MaterializeAfter time.Duration
 	// MaxPendingBytes bounds the logged batches not yet in the file; the
 	// writer waits for the materializer beyond it. Default 16 MiB.
 	MaxPendingBytes int
-	// Replicated says that a replicated log (a raft group's) holds the
-	// commands durably before they reach the partition, so the partition
-	// keeps no log of its own: a batch is acknowledged once applied, and the
-	// materializer writes batches into the file (with bbolt's fsync) as it
-	// does behind a WAL. The log's owner applies with ApplyLogged, which
-	// records in the file how far into its log the file holds (Position),
-	// and replays its log from there after a restart. WAL must be nil.
+	// Replicated says that a replicated log, such as a raft group's, holds
+	// the commands durably before they reach the partition, so the
+	// partition keeps no log of its own: a batch is acknowledged once
+	// applied, and the materializer writes batches into the file with
+	// bbolt's fsync, as it does behind a WAL. The log's owner applies with
+	// ApplyLogged, which records in the file the Position in its log that the
+	// file holds, and replays its log from there after a restart. WAL must
+	// be nil.
 	Replicated bool
 }
 
 // Partition is one partition file. It is safe for concurrent use.
 //
 // Lock order: closeMu and mu are taken alone; neither is held while
-// calling the WAL (whose done callbacks take mu).
+// calling the WAL, whose done callbacks take mu.
 type Partition struct {
 	db   *bolt.DB
 	path string
@@ -232,13 +234,13 @@ type Partition struct {
 	matStop          bool          // Close: materialize what is durable and exit
 	matDone          bool
 	wake             chan struct{} // wakes the materializer
-	commits, batches uint64        // bbolt commits, gens (for tests)
+	commits, batches uint64        // bbolt commits and gens, for tests
 }
 
-// Open opens (creating if needed) the partition file at path, replays its
-// stream of opts.WAL onto it, and starts its writer goroutine (and, with a
-// WAL, its materializer goroutine). Close stops them. A damaged file is an
-// error wrapping ErrCorrupt that names it.
+// Open opens the partition file at path, creating it if needed, replays its
+// stream of opts.WAL onto it, and starts its writer goroutine and, with a
+// WAL or Replicated, its materializer goroutine. Close stops them. A
+// damaged file is an error wrapping ErrCorrupt that names it.
 func Open(path string, opts Options) (*Partition, error) {
 	if opts.QueueDepth <= 0 {
 		opts.QueueDepth = 4096
@@ -310,7 +312,7 @@ func (p *Partition) load() error {
 		case len(v) == 8 && be.Uint64(v) >= 1 && be.Uint64(v) <= FormatVersion:
 		case len(v) != 8 || be.Uint64(v) == 0 || be.Uint64(v) > maxFormatVersion:
 			// No release writes that: a damaged value, not a newer
-			// format (still an unsupported version too).
+			// format, though an unsupported version too.
 			return fmt.Errorf("%w: %w: %x in %s", ErrCorrupt, ErrFormat, v, p.path)
 		default:
 			return fmt.Errorf("%w: %x in %s", ErrFormat, v, p.path)
@@ -329,7 +331,7 @@ func (p *Partition) load() error {
 		}
 		switch id := meta.Get(metaID); {
 		case id == nil:
-			_, _ = rand.Read(p.id[:]) // never fails (crypto/rand)
+			_, _ = rand.Read(p.id[:]) // crypto/rand never fails
 			if err := meta.Put(metaID, p.id[:]); err != nil {
 				return err
 			}
@@ -373,8 +375,8 @@ func (p *Partition) Close() error {
 // request carries one or more commands to the writer. Its state decides who
 // owns it when the caller's ctx ends: a request the writer has not taken is
 // dropped unread; one it has taken is read until applied, and the caller
-// waits for that (the applied signal, which never waits for a disk) before
-// it returns, so a caller may reuse its commands as soon as Apply returns.
+// waits for that before it returns, so a caller may reuse its commands as
+// soon as Apply returns. The applied signal never waits for a disk.
 type request struct {
 	cmds []*Command
 	at   []Position // ApplyLogged: each command's position in the replicated log
@@ -401,8 +403,9 @@ var requestPool = sync.Pool{New: func() any {
 	return &request{applied: make(chan struct{}, 1), done: make(chan struct{}, 1)}
 }}
 
-// Apply hands cmd to the writer and waits until its effects are durable
-// (logged, or in the file without a WAL), then returns the command's result.
+// Apply hands cmd to the writer and waits until its effects are durable,
+// logged or, without a WAL, in the file; then it returns the command's
+// result.
 // It returns ctx's error if ctx ends first; the command may still be applied
 // and made durable, exactly once. Either way the store no longer reads cmd
 // when Apply returns.
@@ -419,9 +422,10 @@ func (p *Partition) Apply(ctx context.Context, cmd *Command) (Result, error) {
 }
 
 // ApplyBatch applies cmds in order, in one batch, and returns each one's
-// result and error (nil slices with the error when none could be applied).
-// A command's own error (ErrBadCommand, ErrDecided, ErrStaleGeneration,
-// ErrClaimed, ErrTooLarge) fails only that command. It waits as Apply does.
+// result and error, or nil slices with the error when none could be
+// applied. A command's own error, such as ErrBadCommand, ErrDecided,
+// ErrStaleGeneration, ErrClaimed or ErrTooLarge, fails only that command.
+// It waits as Apply does.
 func (p *Partition) ApplyBatch(ctx context.Context, cmds []*Command) ([]Result, []error, error) {
 	r := requestPool.Get().(*request)
 	r.cmds, r.res, r.errs = cmds, make([]Result, len(cmds)), make([]error, len(cmds))
@@ -435,7 +439,7 @@ func (p *Partition) ApplyBatch(ctx context.Context, cmds []*Command) ([]Result, 
 
 // Position is a place in a replicated log: the commands of the entries
 // before Index, and the first Cmds commands of the entry at Index. A
-// command's own position counts it (Cmds is 1 for an entry's first).
+// command's own position counts it: Cmds is 1 for an entry's first.
 type Position struct {
 	Index uint64
 	Cmds  uint64
@@ -451,7 +455,7 @@ func (p Position) Less(q Position) bool {
 // increasing order, and every bbolt transaction that writes a command's
 // effects into the file records the position of the last command whose
 // effects it holds. A command that changed nothing may be applied again
-// after a restart (it changes nothing again: apply is deterministic).
+// after a restart, and changes nothing again: apply is deterministic.
 func (p *Partition) ApplyLogged(ctx context.Context, cmds []*Command, at []Position) ([]Result, []error, error) {
 	if !p.opts.Replicated || len(at) != len(cmds) {
 		return nil, nil, fmt.Errorf("%w: ApplyLogged needs a replicated partition and a position per command", ErrBadCommand)
@@ -466,9 +470,9 @@ func (p *Partition) ApplyLogged(ctx context.Context, cmds []*Command, at []Posit
 	return res, errs, nil
 }
 
-// Position returns the position in the replicated log that the file holds
-// (zero for a partition that is not Replicated or never applied a logged
-// command). Commands after it are not in the file.
+// Position returns the position in the replicated log that the file holds,
+// zero for a partition that is not Replicated or never applied a logged
+// command. Commands after it are not in the file.
 func (p *Partition) Position() Position {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -486,7 +490,7 @@ func (p *Partition) Sync() (Position, error) {
 }
 
 // send queues r and waits for it. On a nil return r is done and the caller
-// owns it; otherwise r belongs to the writer (or the pool).
+// owns it; otherwise r belongs to the writer or the pool.
 func (p *Partition) send(ctx context.Context, r *request) error {
 	r.state.Store(reqQueued)
 	if err := ctx.Err(); err != nil {
@@ -554,7 +558,7 @@ func (p *Partition) goFunc(fn func()) {
 }
 
 func (p *Partition) run() {
-	debug.SetPanicOnFault(true) // a damaged page read through bbolt's mmap panics instead of crashing (contain)
+	debug.SetPanicOnFault(true) // a damaged page read through bbolt's mmap panics, which contain recovers, instead of crashing
 	batch := make([]*request, 0, 256)
 	for {
 		select {
@@ -619,10 +623,10 @@ func (p *Partition) gather(batch []*request) []*request {
 // process applies batch's commands into gens and submits them.
 //
 // A caller whose ctx ends waits only until the writer stops reading its
-// commands (the applied signal), never for a disk: the writer waits for room
-// before it takes any request, and before it waits for the materializer (a
-// command that scans the file) it copies the commands it has taken and not
-// yet applied, and signals them applied.
+// commands, the applied signal, never for a disk: the writer waits for room
+// before it takes any request, and before it waits for the materializer for
+// a command that scans the file, it copies the commands it has taken and
+// not yet applied, and signals them applied.
 func (p *Partition) process(batch []*request) {
 	p.room()
 	taken := batch[:0]
@@ -704,8 +708,8 @@ type builder struct {
 func (b *builder) apply(c *Command) (res Result, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			// A library panicked reading the file (bbolt on a damaged
-			// page), here or while sizing the command: the gen is
+			// A library panicked reading the file, as bbolt does on a
+			// damaged page, here or while sizing the command: the gen is
 			// unusable, the partition fails.
 			err = b.p.fail(fmt.Errorf("%w: %s: %v", ErrCorrupt, b.p.path, r))
 			b.discard(err)
@@ -853,8 +857,8 @@ func (p *Partition) failure() error {
 	return p.failed
 }
 
-// fail makes err the partition's sticky failure (the first one wins) and
-// returns the failure.
+// fail makes err the partition's sticky failure, unless it failed already,
+// and returns the failure.
 func (p *Partition) fail(err error) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -867,14 +871,14 @@ func (p *Partition) fail(err error) error {
 }
 
 // failLocked sets the partition's failure, the first one, and wakes the
-// readers waiting for an append (Fetch). p.mu is held.
+// Fetch calls waiting for an append. p.mu is held.
 func (p *Partition) failLocked(err error) {
 	p.failed = err
 	close(p.down)
 }
 
-// submit hands g to the write-ahead log (or, without one, writes it into
-// the file) and queues its commands' answers behind it.
+// submit hands g to the write-ahead log, or writes it into the file without
+// one, and queues its commands' answers behind it.
 func (p *Partition) submit(g *gen) {
 	if g.empty() && len(g.reqs) == 0 {
 		return
@@ -887,8 +891,8 @@ func (p *Partition) submit(g *gen) {
 	p.nextIdx++
 	p.work = g.st
 	p.mu.Lock()
-	// A gen holding a bulk append already amortizes a bbolt commit (and its
-	// fsyncs) over many messages: logging it first would write it twice. It
+	// A gen holding a bulk append already amortizes a bbolt commit and its
+	// fsyncs over many messages: logging it first would write it twice. It
 	// goes straight into the file when nothing logged is waiting to go
 	// there before it.
 	direct := !p.opts.Replicated && (p.wal == nil || g.bulk && len(p.gens) == 0)
@@ -919,7 +923,7 @@ func (p *Partition) complete(g *gen) {
 	p.answer(reqs)
 }
 
-// logged runs once g's write-ahead log record is synced (or failed), in log
+// logged runs once g's write-ahead log record is synced or failed, in log
 // order; without a WAL, once g is in the file.
 func (p *Partition) logged(g *gen, seg uint64, err error) {
 	p.mu.Lock()

@@ -41,8 +41,8 @@ func (p *Partition) snapshot() snapshot {
 	return snapshot{gens: p.gens[:n:n], st: p.ackedSt}
 }
 
-// record returns the log record at off: from the gens, else from b (nil:
-// none).
+// record returns the log record at off: from the gens, else from b, else
+// nil.
 func (s *snapshot) record(b *bolt.Bucket, off uint64) []byte {
 	for i := len(s.gens) - 1; i >= 0; i-- {
 		if rec, ok := s.gens[i].logRecord(off); ok {
@@ -67,12 +67,12 @@ func (s *snapshot) lookup(tx *bolt.Tx, b int, key string) []byte {
 
 // Read appends to dst the messages from offset from on, at most limit of them
 // and, past the first, at most maxBytes in all, and returns dst. Offsets below
-// the low watermark are gone (trimmed): reading starts at the first message
-// still stored, and the caller compares offsets to notice the gap.
+// the low watermark were trimmed: reading starts at the first message still
+// stored, and the caller compares offsets to notice the gap.
 //
 // Read stops before a record that fails its checksum, so the messages before
 // it are returned without error; a Read that starts at such a record returns
-// an error wrapping ErrCorrupt (and naming the offset) and dst unchanged.
+// dst unchanged and an error wrapping ErrCorrupt that names the offset.
 func (p *Partition) Read(from uint64, limit int, maxBytes int, dst []Message) ([]Message, error) {
 	if limit <= 0 {
 		return dst, nil
@@ -141,11 +141,11 @@ func (p *Partition) Read(from uint64, limit int, maxBytes int, dst []Message) ([
 }
 
 // Fetch is Read that waits: when no message at or after from is stored
-// yet, it waits until one is, ctx ends (ctx.Err()), or the partition
-// closes (ErrClosed). Delayed messages are not stored until released. It
-// returns at once, like Read, when max is not positive; when the partition
-// has failed (ErrFailed, ErrCorrupt) and nothing is stored, with its
-// failure, as nothing can be appended until it is reopened.
+// yet, it waits until one is, ctx ends, with ctx.Err(), or the partition
+// closes, with ErrClosed. Delayed messages are not stored until released.
+// It returns at once, like Read, when max is not positive; and with its
+// failure, ErrFailed or ErrCorrupt, when the partition has failed and
+// nothing is stored, as nothing can be appended until it is reopened.
 func (p *Partition) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []Message) ([]Message, error) {
 	n := len(dst)
 	for {
@@ -168,8 +168,8 @@ func (p *Partition) Fetch(ctx context.Context, from uint64, max, maxBytes int, d
 	}
 }
 
-// Get returns the message at offset, or ok false if it is not stored (not
-// written yet, or trimmed). A record missing from the range the log holds is
+// Get returns the message at offset, or ok false if it is not stored: not
+// written yet, or trimmed. A record missing from the range the log holds is
 // ErrCorrupt.
 func (p *Partition) Get(offset uint64) (m Message, ok bool, err error) {
 	s := p.snapshot()
@@ -224,8 +224,8 @@ func (p *Partition) GroupOffset(group string) (offset uint64, ok bool, err error
 	return g.Offset, ok, err
 }
 
-// GroupStates returns every group's record. A damaged record (one the log
-// has not replaced since) is left out, and the error, wrapping ErrCorrupt,
+// GroupStates returns every group's record. A damaged record, one the log
+// has not replaced since, is left out, and the error, wrapping ErrCorrupt,
 // names the first of them: the good records are returned with it.
 func (p *Partition) GroupStates() (map[string]GroupState, error) {
 	out := map[string]GroupState{}
@@ -272,8 +272,8 @@ func (p *Partition) Groups() (map[string]uint64, error) {
 	return out, err
 }
 
-// SeekTime returns the offset of the first message stored at or after t
-// (unix ns), or Next when there is none. StoredAt never decreases along the
+// SeekTime returns the offset of the first message stored at or after t, in
+// unix ns, or Next when there is none. StoredAt never decreases along the
 // log, so this is a binary search over the acknowledged offsets.
 func (p *Partition) SeekTime(t int64) (uint64, error) {
 	s := p.snapshot()
@@ -350,7 +350,7 @@ func (p *Partition) HalfTxs(fn func(HalfTx) bool) error {
 		return err
 	}
 	// fn runs after the read transaction: an Apply from fn would otherwise
-	// wait for it (bbolt's remap, when the file grows), and it for fn.
+	// wait for it, through bbolt's remap when the file grows, and it for fn.
 	var all []HalfTx
 	err := p.view(func(tx *bolt.Tx) error {
 		cur := tx.Bucket(bucketHalf).Cursor()
@@ -394,8 +394,8 @@ func (p *Partition) HalfProducer(txid string) (producer string, ok bool, err err
 	return producer, ok, err
 }
 
-// Decision returns the recorded decision for txid (Undecided if none, or if
-// it was pruned after its time to live).
+// Decision returns the recorded decision for txid: Undecided if there is
+// none, or if it was pruned after its time to live.
 func (p *Partition) Decision(txid string) (Decision, error) {
 	s := p.snapshot()
 	d := Undecided

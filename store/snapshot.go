@@ -15,8 +15,8 @@ import (
 )
 
 // Snapshot format: the partition's live state, key by key, so that its size
-// is what the state holds (a trimmed head, the free pages of a file that
-// once held more, are not in it):
+// is what the state holds; a trimmed head and the free pages of a file that
+// once held more are not in it:
 //
 //	magic   "ZQS\x02"
 //	position uvarint index, uvarint cmds: the position the state holds
@@ -26,7 +26,7 @@ import (
 //	        up to and including 'E', 4 bytes BE
 //
 // The copy is a bbolt read transaction's, so it is consistent and holds its
-// own position (meta position), which may be past the one asked for.
+// own position, meta position, which may be past the one asked for.
 const (
 	snapMagic     = "ZQS\x02"
 	snapBucket    = 'B'
@@ -38,13 +38,13 @@ const (
 // snapTxBytes: a restore commits every so many bytes, to bound its memory.
 var snapTxBytes = 32 << 20
 
-// snapTxCommitted, when set (tests), is called with the path after each of
-// a restore's transactions but the last.
+// snapTxCommitted, which only tests set, is called with the path after each
+// of a restore's transactions but the last.
 var snapTxCommitted func(path string)
 
 // WriteSnapshot waits, as Sync does, until the file holds every command
-// applied so far, then writes the partition's state to w (see the format
-// above) and returns the position it holds: it may hold commands applied
+// applied so far, then writes the partition's state to w in the format
+// above and returns the position it holds: it may hold commands applied
 // meanwhile. RestoreSnapshot makes a partition file of it.
 func (p *Partition) WriteSnapshot(w io.Writer) (Position, error) {
 	if err := p.barrier(); err != nil {
@@ -92,7 +92,7 @@ type snapWriter struct {
 	err error
 }
 
-// frame writes a frame of kind with a (and b, for a key).
+// frame writes a frame of kind with a, and with b for a key.
 func (s *snapWriter) frame(kind byte, a, b []byte) {
 	s.buf = append(s.buf[:0], kind)
 	s.buf = binary.AppendUvarint(s.buf, uint64(len(a)))
@@ -124,7 +124,7 @@ func (s *snapWriter) end() {
 }
 
 // RestoreSnapshot makes the partition file path, which must not exist, from
-// a snapshot written by WriteSnapshot (NewSnapshotReader, then RestoreTo).
+// a snapshot written by WriteSnapshot: NewSnapshotReader, then RestoreTo.
 func RestoreSnapshot(path string, r io.Reader) error {
 	s, err := NewSnapshotReader(r)
 	if err != nil {
@@ -252,7 +252,7 @@ func (s *SnapshotReader) RestoreTo(path string) (err error) {
 }
 
 // read reads the frames up to the end and checks the checksum, calling
-// bucket and key with each (their slices are theirs to keep).
+// bucket and key with each; their slices are theirs to keep.
 func (s *SnapshotReader) read(bucket func(name []byte) error, key func(k, v []byte) error) error {
 	sr := &s.sr
 	for {
@@ -327,9 +327,9 @@ func (s *snapReader) uvarint() (uint64, error) {
 }
 
 // bytes reads a uvarint length of at most limit and that many bytes, into a
-// new slice (bbolt keeps what Put is given until the transaction ends). The
-// buffer grows as the bytes arrive, so a damaged length allocates no more
-// than the snapshot holds.
+// new slice, since bbolt keeps what Put is given until the transaction
+// ends. The buffer grows as the bytes arrive, so a damaged length allocates
+// no more than the snapshot holds.
 func (s *snapReader) bytes(limit int) ([]byte, error) {
 	n, err := s.uvarint()
 	if err != nil {

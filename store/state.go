@@ -7,10 +7,10 @@ import (
 	"hash/crc32"
 )
 
-// Formats of the values this package writes besides records (message.go).
+// Formats of the values this package writes besides message.go's records.
 // Each starts with a two-byte magic and a version byte; an unknown version
-// is refused as ErrCorrupt. The file's own version (meta "version",
-// FormatVersion) says which of these a file may hold.
+// is refused as ErrCorrupt. The file's own version, FormatVersion in meta
+// "version", says which of these a file may hold.
 
 // state is the partition's metadata: meta "state".
 type state struct {
@@ -18,16 +18,16 @@ type state struct {
 	Low        uint64 // offset of the first message still in the log
 	Bytes      int64  // bytes of records in the log
 	DedupLow   uint64 // log offsets below this have no dedup entry any more
-	Applied    uint64 // index of the last batch (or replicated entry) applied
+	Applied    uint64 // index of the last batch or replicated entry applied
 	LastStored int64  // StoredAt of the newest record; StoredAt never decreases
 	DelaySeq   uint64 // sequence of the newest delayed message
 	Delayed    int64  // messages in the delay index
-	GroupGen   uint64 // the last group generation handed out (OpClaim, OpResetOffset)
+	GroupGen   uint64 // the last group generation handed out by OpClaim or OpResetOffset
 }
 
 // State layout: 'Z' 'S', the version, then the fields of state in
 // declaration order, each 8 bytes big-endian, then a crc32c of the bytes
-// before it. Version 1 has the first eight fields (no GroupGen, read as 0);
+// before it. Version 1 has the first eight fields, GroupGen reading as 0;
 // version 2 all nine.
 const (
 	stateVersion = 2
@@ -81,10 +81,10 @@ func decodePosition(b []byte) (Position, error) {
 	return Position{Index: binary.BigEndian.Uint64(b[3:]), Cmds: binary.BigEndian.Uint64(b[11:])}, nil
 }
 
-// Small values (dedup: offset and stored-at; groups: the group record;
-// txs: decision and decided-at) end with crc32c(key || value) since format
-// 2: bbolt checks no data page, and a flipped byte would read as a wrong
-// offset. Format 1's values, without it, are read as they are.
+// Small values end with crc32c(key || value) since format 2: dedup's offset
+// and stored-at, groups' group record, txs' decision and decided-at. bbolt
+// checks no data page, and a flipped byte would read as a wrong offset.
+// Format 1's values, without it, are read as they are.
 const sealLen = 4
 
 func appendSealed(dst []byte, key string, v []byte) []byte {
@@ -119,25 +119,25 @@ type GroupState struct {
 	// goes on from Offset, while one refused after another claim has lost
 	// the partition.
 	Reset bool
-	// Released reports that the owner let go (OpUnclaim): a claim needs
+	// Released reports that the owner let go with OpUnclaim: a claim needs
 	// not wait for its lease.
 	Released bool
-	// Lease is the owner's lease (ns), from its claim's MaxAge: a later
+	// Lease is the owner's lease in ns, from its claim's MaxAge: a later
 	// claim respects the longer of it and its own, so owners with
 	// different leases never overlap.
-	// A reset of a leased record keeps the owner's lease and Updated (its
-	// owner, told of the reset, claims again with the reset's generation;
-	// any other claim waits for the lease, as before the reset).
+	// A reset of a leased record keeps the owner's lease and Updated: its
+	// owner, told of the reset, claims again with the reset's generation,
+	// and any other claim waits for the lease, as before the reset.
 	Lease int64
 }
 
 // Leased reports that an owner holds g at now under the longer of its
 // lease and lease: it claimed or committed within it and did not let go,
 // and no reset took the group from it while it held no lease. A record of
-// unknown age (before format 3) holds no lease, nor one stamped more than
-// the lease after now (the partition's clock stepped back: a live owner's
-// next renewal stamps it again). The lease relies on a clock that does not
-// step forward.
+// unknown age, from before format 3, holds no lease, nor one stamped more
+// than the lease after now: the partition's clock stepped back, and a live
+// owner's next renewal stamps it again. The lease relies on a clock that
+// does not step forward.
 func (g GroupState) Leased(now, lease int64) bool {
 	lease = max(lease, g.Lease)
 	return g.Generation != 0 && (!g.Reset || g.Lease > 0) && !g.Released && g.Updated != 0 &&

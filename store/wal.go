@@ -23,13 +23,12 @@ import (
 
 // WAL is a node-level write-ahead log of named streams. One writer goroutine
 // gathers the appends of every stream into one write and one fdatasync, so
-// one flush covers the batches of all partitions (and, later, the entries of
-// every raft group and replicated stream of the node). A stream's owner
-// releases its records once they are no longer needed (a partition: once
-// they are in its file), and a segment is deleted when nothing in it is
-// needed.
+// one flush covers the batches of all partitions and the entries of every
+// raft group and DoubleWrite log of the node. A stream's owner releases its
+// records once they are no longer needed, a partition once they are in its
+// file, and a segment is deleted when nothing in it is needed.
 //
-// Segment file: a header (walMagic, then a random salt of 8 bytes) then
+// Segment file: a header, walMagic then a random salt of 8 bytes, then
 // writes, each a write header frame followed by the frames of its records. A
 // frame is
 //
@@ -41,31 +40,32 @@ import (
 // Records are acknowledged only after a sync covers them, and a write starts
 // only after the one before it was synced, unless SyncInterval is set; a
 // write header's synced is the offset in its segment below which everything
-// was synced when the write began. Once a sync returns, a write header
-// (the seal) is written after the records it covered, without a sync of its
+// was synced when the write began. Once a sync returns, a write header,
+// the seal, is written after the records it covered, without a sync of its
 // own; the next write puts its own header there. So after a crash only the
 // bytes past the last synced offset can be torn, and an intact header says
 // where that offset was. A bad frame at offset x of the newest segment is a
 // torn tail, and is cut, when no intact write header after x says the
 // segment was synced past x; otherwise, and anywhere in an older segment, it
 // is ErrCorrupt. The salt, new for each segment, keeps bytes inside a record
-// (a message body can hold anything) from passing for a write header; an
-// intact write header with another salt where a frame starts is damage (the
-// segment header's salt).
+// from passing for a write header, since a message body can hold anything;
+// an intact write header with another salt than the segment header's where
+// a frame starts is damage.
 // Segments are zero-filled ahead of the writer, so a clean end of the
 // records reads as a zero length.
 //
 // The size of a segment is extended, and synced, before anything is
 // written past it, and always leaves walTailRoom bytes after the last
-// write (room for its seal and a zero length after that): every byte ever
+// write, room for its seal and a zero length after that: every byte ever
 // written lies below a durable size, so a crash cannot cut the file inside
 // the records. A frame running past the end of the file, or records ending
 // less than walFrameLen bytes before it, is therefore a truncation, and
-// ErrCorrupt, not a torn tail. Segments of format 2 (walMagicV2), written
-// before this rule, are read without it. A torn tail is cut by zeroing it,
-// so that the size stays one the writer synced.
+// ErrCorrupt, not a torn tail. Segments of format 2, walMagicV2, predate
+// this rule and are read without it. A torn tail is cut by zeroing it, so
+// that the size stays one the writer synced.
 //
-// Lock order: closeMu (read) before qmu; mu and extMu are taken alone.
+// Lock order: closeMu, for reading, before qmu; mu and extMu are taken
+// alone.
 // No lock is held while a done callback runs.
 type WAL struct {
 	dir     string
@@ -74,8 +74,8 @@ type WAL struct {
 	every   time.Duration
 
 	// The appends waiting for the writer. Append never blocks: each
-	// stream's owner bounds what it has in flight (a partition: its
-	// MaxPendingBytes).
+	// stream's owner bounds what it has in flight, as a partition does with
+	// its MaxPendingBytes.
 	qmu    sync.Mutex
 	queue  []*walReq
 	queued chan struct{} // cap 1: the queue is not empty
@@ -106,8 +106,8 @@ type WAL struct {
 	synced  int64   // offset in f below which everything is synced
 	salt    [8]byte // the segment's, in its header and each write header
 	sealBuf []byte
-	dirty   bool         // written since the last sync (SyncInterval)
-	alloc   atomic.Int64 // bytes of f written (zeros past size)
+	dirty   bool         // written since the last sync, with SyncInterval
+	alloc   atomic.Int64 // bytes of f written, zeros past size included
 	end     atomic.Int64 // end of the records in f, for the extender
 	extWake chan struct{}
 	extDone chan struct{}
@@ -123,10 +123,10 @@ type WALOptions struct {
 	// FS is the file system of the segments. Default OSFS.
 	FS FS
 	// SyncInterval, when positive, acknowledges records once written and
-	// syncs every SyncInterval instead (RocketMQ's ASYNC_FLUSH), except
-	// records appended with AppendRecord (raft logs), whose write is
-	// synced before they are acknowledged: a process
-	// crash loses nothing, a power loss may lose the last interval.
+	// syncs every SyncInterval instead, as RocketMQ's ASYNC_FLUSH does: a
+	// process crash loses nothing, a power loss may lose the last interval.
+	// Records appended with AppendRecord, the raft logs', are synced before
+	// they are acknowledged all the same.
 	SyncInterval time.Duration
 	// SegmentSize is the size at which a new segment starts. Default 64 MiB.
 	SegmentSize int64
@@ -175,11 +175,11 @@ const (
 	walMaxFrame = maxGenBytes + 1 + 2 + MaxKeyBytes
 	// walChunk is how far a segment is extended with zeros at a time. An
 	// fdatasync after an append that grows the file must also commit the
-	// file system's journal (the size and the new blocks); writing into
+	// file system's journal for the size and the new blocks; writing into
 	// blocks already written and synced costs only the data flush.
 	walChunk = 4 << 20
-	// walTailRoom is what the writer keeps allocated (and synced) after
-	// its last write: a seal, then a zero frame length.
+	// walTailRoom is what the writer keeps allocated and synced after its
+	// last write: a seal, then a zero frame length.
 	walTailRoom = walFrameLen + writeBodyLen + walFrameLen
 )
 
@@ -188,8 +188,8 @@ var walZeros = make([]byte, 1<<20)
 // ErrWALFailed is returned for appends after the WAL could not write or sync.
 var ErrWALFailed = errors.New("store: write-ahead log failed")
 
-// OpenWAL opens (creating if needed) the write-ahead log in dir, checks
-// every record left by the previous run (cutting a torn tail) and starts a
+// OpenWAL opens the write-ahead log in dir, creating it if needed, checks
+// every record left by the previous run, cutting a torn tail, and starts a
 // new segment. Streams recover their records with Recover; once every
 // stream has, FinishRecovery deletes the old segments. Open reads the
 // segments one frame at a time: it keeps where each record is, not the
@@ -294,7 +294,7 @@ func (w *WAL) corrupt(seg uint64, format string, args ...any) error {
 }
 
 // scan indexes the records of seg, reading it one frame at a time. In the
-// newest segment a torn tail is cut (truncated and synced).
+// newest segment a torn tail is cut and synced.
 func (w *WAL) scan(seg uint64, newest bool) error {
 	f, err := w.fs.OpenFile(w.segPath(seg), os.O_RDWR, 0)
 	if err != nil {
@@ -373,8 +373,8 @@ func (w *WAL) scan(seg uint64, newest bool) error {
 		return w.corrupt(seg, "damaged frame at %d, followed by writes synced past it", off)
 	}
 	// A torn tail, never acknowledged: cut it by zeroing it, which keeps
-	// the size the writer synced (a smaller one would read as a
-	// truncation); a crash while zeroing leaves a shorter torn tail.
+	// the size the writer synced, since a smaller one would read as a
+	// truncation; a crash while zeroing leaves a shorter torn tail.
 	if err := zeroTail(f, off, size); err != nil {
 		return fmt.Errorf("store: wal: cut torn tail of %s: %w", w.segPath(seg), err)
 	}
@@ -426,9 +426,9 @@ func (w *WAL) index(seg uint64, off int64, body []byte) error {
 	return w.corrupt(seg, "frame type %d at %d", body[0], off)
 }
 
-// syncedPast reports whether an intact write header of this segment (its
-// salt; a nil salt matches any) after x says the segment was synced past x:
-// then the bad frame at x is damage, not a tear.
+// syncedPast reports whether an intact write header of this segment, with
+// its salt, after x says the segment was synced past x: then the bad frame
+// at x is damage, not a tear. A nil salt matches any.
 func (w *WAL) syncedPast(f File, salt []byte, x, size int64) (bool, error) {
 	const chunk = 1 << 20
 	sig := []byte{0, 0, 0, writeBodyLen}
@@ -501,11 +501,11 @@ func (w *WAL) scanV1(seg uint64, f File, size int64) error {
 }
 
 // readFrames reads the frames of f from start, one at a time, and calls
-// visit with each intact one's offset and body (valid until the next call).
+// visit with each intact one's offset and body, valid until the next call.
 // It returns where the intact frames end: size, or the offset of the first
 // frame that is short, of length zero, too long or failing its CRC, or that
-// visit refused; and whether that frame runs past size (its header, or the
-// body its length claims).
+// visit refused; and whether that frame's header, or the body its length
+// claims, runs past size.
 func readFrames(f File, start, size int64, visit func(off int64, body []byte) (bool, error)) (int64, bool, error) {
 	r := bufio.NewReaderSize(io.NewSectionReader(f, start, size-start), 1<<20)
 	off := start
@@ -539,8 +539,8 @@ func readFrames(f File, start, size int64, visit func(off int64, body []byte) (b
 
 // Recover calls fn with each record of stream left by the previous run, in
 // log order, reading one at a time; fn may keep the record. It stops at
-// fn's first error, and may be called again (its records stay until
-// FinishRecovery).
+// fn's first error, and may be called again: its records stay until
+// FinishRecovery.
 // applied is the stream's position: records of format 1 at or below it are
 // skipped, and one above it is ErrFormat.
 func (w *WAL) Recover(stream string, applied uint64, fn func(rec []byte) error) error {
@@ -603,7 +603,7 @@ func (w *WAL) create(seg uint64) error {
 		return fmt.Errorf("store: wal: %w", err)
 	}
 	var salt [8]byte
-	_, _ = rand.Read(salt[:]) // never fails (crypto/rand)
+	_, _ = rand.Read(salt[:]) // crypto/rand never fails
 	err = f.Truncate(walHeaderLen + walChunk)
 	if err == nil {
 		_, err = f.WriteAt(append([]byte(walMagic), salt[:]...), 0)
@@ -733,7 +733,8 @@ func (w *WAL) FinishRecovery() error {
 
 // Append queues payload, a record of stream, for the next group write. done
 // is called by the writer goroutine, in append order, once the record is
-// durable (err nil; seg is the segment holding it, to release) or failed.
+// durable, with a nil err and seg the segment holding it, to release; or
+// once it failed.
 // payload must not change until done is called.
 func (w *WAL) Append(stream string, payload []byte, done func(seg uint64, err error)) {
 	w.enqueue(&walReq{stream: stream, payload: payload, done: done})
@@ -778,7 +779,7 @@ func (w *WAL) release(seg uint64, n int) {
 	}
 }
 
-// Segments returns how many segment files the WAL holds (for tests).
+// Segments returns how many segment files the WAL holds, for tests.
 func (w *WAL) Segments() int {
 	segs, _ := w.segments()
 	return len(segs)
@@ -820,11 +821,11 @@ func (w *WAL) run() {
 			runtime.Gosched()
 		}
 		// The senders the last write acknowledged are on their way back:
-		// wait for them a little (at most half a write), so that they join
+		// wait for them a little, at most half a write, so that they join
 		// this write instead of making the next one. Writers whose acks
-		// travel further first (a replica's log, answered after a round
-		// trip) do not come back that soon: after a wait that gained
-		// nothing the next waitSkips writes do not wait.
+		// travel further first, such as a replica's log answered after a
+		// round trip, do not come back that soon: after a wait that
+		// gained nothing the next waitSkips writes do not wait.
 		if target := prevRecs + queued; len(batch) < target && prevDur > 0 && skip == 0 {
 			deadline := time.Now().Add(min(prevDur/2, time.Millisecond))
 			before := len(batch)
@@ -917,9 +918,9 @@ func (w *WAL) seal() {
 	_, _ = w.f.WriteAt(h, w.size) // a failure shows at the next sync
 }
 
-// write appends batch's records in one write and (unless SyncInterval,
-// and no record of the batch is kept) one fdatasync, then calls every done
-// in order.
+// write appends batch's records in one write and one fdatasync, then calls
+// every done in order. With SyncInterval it syncs only when a record of the
+// batch is kept.
 func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 	w.mu.Lock()
 	err := w.err
@@ -948,7 +949,7 @@ func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 			}
 			batch = nil
 		}
-		// A kept record (a raft log's) is acknowledged only once synced,
+		// A kept record, a raft log's, is acknowledged only once synced,
 		// whatever SyncInterval: raft counts an entry once StoreLogs
 		// returns.
 		sync := w.every == 0 || slices.ContainsFunc(batch, func(r *walReq) bool { return r.doneAt != nil })
@@ -990,7 +991,7 @@ func (w *WAL) write(batch []*walReq, buf []byte) []byte {
 
 // writeAt writes buf at the end of the records, extending the segment first
 // when the zeros ahead run short: the file's synced size always holds the
-// write and walTailRoom after it (see WAL).
+// write and walTailRoom after it, as WAL's doc explains.
 func (w *WAL) writeAt(buf []byte) (err error) {
 	end := w.size + int64(len(buf))
 	if need := end + walTailRoom; need <= w.alloc.Load() {
@@ -1031,8 +1032,8 @@ func (w *WAL) writeAt(buf []byte) (err error) {
 	return err
 }
 
-// appendFrame appends a frame: a write header (head), or a record of stream
-// holding payload.
+// appendFrame appends a frame: a write header if head is not nil, or a
+// record of stream holding payload.
 func appendFrame(buf, head, payload []byte, stream string) []byte {
 	start := len(buf)
 	buf = append(buf, 0, 0, 0, 0, 0, 0, 0, 0)

@@ -7,8 +7,8 @@ import (
 	"syscall"
 )
 
-// fdatasync flushes f's data (and the size, which an append changes) without
-// its other metadata.
+// fdatasync flushes f's data, and the size, which an append changes,
+// without its other metadata.
 func fdatasync(f *os.File) error {
 	for {
 		err := syscall.Fdatasync(int(f.Fd()))

@@ -8,10 +8,10 @@ import (
 )
 
 // WALRecord is where a record of a stream lies in the WAL: its segment and
-// its frame's offset and length. A stream that keeps its records in the WAL
-// (a raft log: read long after it was written, and across restarts) holds
-// each by its WALRecord until it releases it; a segment is deleted once
-// every record in it was released.
+// its frame's offset and length. A stream that keeps its records in the
+// WAL, as a raft log read long after it was written and across restarts
+// does, holds each by its WALRecord until it releases it; a segment is
+// deleted once every record in it was released.
 type WALRecord struct {
 	Seg uint64
 	Off int64
@@ -52,7 +52,7 @@ func (w *WAL) Retain(stream string) ([]WALRecord, error) {
 	return recs, nil
 }
 
-// ReadRecord reads the record at r into buf (grown if short) and returns
+// ReadRecord reads the record at r into buf, grown if short, and returns
 // its payload. The record must not have been released.
 func (w *WAL) ReadRecord(r WALRecord, buf []byte) ([]byte, error) {
 	if r.N < walFrameLen+3 || r.N > walFrameLen+walMaxFrame {

@@ -25,8 +25,9 @@ func runCeiling(ctx context.Context, b *bench) (result, error) {
 }
 
 // runCeilingP runs the naive loop on P files at once: what one file per
-// partition gives before any of the store's own work (encoding, CRC, dedup
-// index, state), so send can be compared with its own architecture too.
+// partition gives before any of the store's own work of encoding, CRC,
+// dedup index and state, so send can be compared with its own architecture
+// too.
 func runCeilingP(ctx context.Context, b *bench) (result, error) {
 	return runNaive(ctx, b, b.partitions)
 }
@@ -79,7 +80,8 @@ func runNaive(ctx context.Context, b *bench, files int) (result, error) {
 }
 
 // naiveWriter is the naive group commit loop: block for one request, take
-// all that are waiting, write them in one transaction, commit (fsync), ack.
+// all that are waiting, write them in one transaction, commit with its
+// fsync, ack.
 // It returns when reqs is closed.
 func naiveWriter(db *bolt.DB, reqs <-chan *ceilingReq) {
 	var next uint64

@@ -20,8 +20,8 @@ const (
 	consumeFillBatch  = 1000      // messages per SendMessage while filling
 )
 
-// runConsume fills the topic for -duration (at most consumeMaxBacklog
-// messages, sent in batches by -c senders), then opens one consumer of a new
+// runConsume fills the topic for -duration, with at most consumeMaxBacklog
+// messages sent in batches by -c senders, then opens one consumer of a new
 // group and times how long it takes to deliver the whole backlog. The rate
 // is the drain rate; the note gives the fill and the peak heap in use during
 // the drain. There is no per-message latency.

@@ -18,7 +18,7 @@ func init() {
 // measures, for each message, the time from its scheduled send time to its
 // OnMessage call. Latency counts from the schedule, not from the actual
 // SendMessage call, so a sender falling behind shows up in the figures
-// instead of hiding (coordinated omission).
+// instead of hiding, which is coordinated omission.
 func runE2E(ctx context.Context, b *bench) (result, error) {
 	m, err := b.openMQ(ctx)
 	if err != nil {

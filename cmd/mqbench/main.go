@@ -5,9 +5,9 @@
 //	go run ./cmd/mqbench                      # send, ceiling, e2e; 5s each
 //	go run ./cmd/mqbench -cases send -c 128 -duration 20s
 //
-// It prints one line per case (msgs/s, MB/s, p50/p99 latency, and the
+// It prints one line per case, with msgs/s, MB/s, p50/p99 latency, and the
 // process's CPU time per message, which a busy machine disturbs less than
-// the rates), then the ratios send/ceiling, raft3/raft-stock and raft3/send
+// the rates; then the ratios send/ceiling, raft3/raft-stock and raft3/send
 // of the pairs that both ran. Runs longer than a few seconds report progress
 // on stderr every 2 seconds. On a noisy machine, -runs 5 -duration 2s
 // alternates the cases and prints the median ratios.
@@ -19,11 +19,11 @@
 //
 //	func init() { register("consume", "drain a filled topic with one group", runConsume) }
 //
-// A case gets a *bench (its own empty directory, the flags, a meter and
-// helpers) and returns a result; main runs, times and reports it. Use
+// A case gets a *bench, with its own empty directory, the flags, a meter
+// and helpers, and returns a result; main runs, times and reports it. Use
 // b.closedLoop for "C workers doing one operation after another", b.openMQ
 // for a node in the case's directory, and b.meter to count operations and
-// record latencies (which also drives the progress line).
+// record latencies, which also drives the progress line.
 package main
 
 import (
@@ -44,7 +44,7 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// caseFunc runs one case until b.duration has passed (or ctx ends) and
+// caseFunc runs one case until b.duration has passed or ctx ends, and
 // returns what it measured.
 type caseFunc func(ctx context.Context, b *bench) (result, error)
 
@@ -87,7 +87,7 @@ type config struct {
 	rate        int
 	cpuProfile  string
 	runs        int
-	raftGroup   int  // partitions per raft group of the raft3 cases (0: mq's default)
+	raftGroup   int  // partitions per raft group of the raft3 cases; 0: mq's default
 	leaderOnly  bool // raft3-leader: the producers on the leading node
 	doubleWrite bool // doublewrite: the raft3 case's cluster with a DoubleWrite topic
 }
@@ -409,7 +409,7 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// percentile returns the q-quantile of sorted (nearest rank), 0 when empty.
+// percentile returns the q-quantile of sorted by nearest rank, 0 when empty.
 func percentile(sorted []time.Duration, q float64) time.Duration {
 	if len(sorted) == 0 {
 		return 0

@@ -22,11 +22,12 @@ func runRaft3Shared(ctx context.Context, b *bench) (result, error) {
 	return runRaft3Groups(ctx, b, true)
 }
 
-// runRaft3Groups measures raftqueue in raft-stock's shape (openRaftGroups,
-// lanRaftConfig): each send is a Group.ApplyTo on its group's leader of an
-// OpAppend of one message with a new ID (FreshID, so the dedup lookup is
-// skipped), which the leader's proposer packs with the concurrent ones into
-// one raft entry. The P partitions are P groups, or with shared one group.
+// runRaft3Groups measures raftqueue in raft-stock's shape, with
+// openRaftGroups and lanRaftConfig: each send is a Group.ApplyTo on its
+// group's leader of an OpAppend of one message with a new ID and FreshID, so
+// the dedup lookup is skipped, which the leader's proposer packs with the
+// concurrent ones into one raft entry. The P partitions are P groups, or
+// with shared one group.
 func runRaft3Groups(ctx context.Context, b *bench, shared bool) (res result, err error) {
 	var wals []*store.WAL
 	defer func() {
@@ -81,8 +82,9 @@ func runRaft3Groups(ctx context.Context, b *bench, shared bool) (res result, err
 }
 
 // raft3Config is the one place that picks raft3's log store: as in a
-// node, group s.group's log is a stream of its node's WAL (raftqueue.WALLog),
-// so each node makes one fdatasync for all its groups' appends.
+// node, group s.group's log is a stream of its node's WAL, a
+// raftqueue.WALLog, so each node makes one fdatasync for all its groups'
+// appends.
 func raft3Config(s replicaSpec, w *store.WAL) (raftqueue.Config, error) {
 	l, err := raftqueue.OpenWALLog(w, fmt.Sprintf("g%d", s.group))
 	if err != nil {
@@ -91,8 +93,8 @@ func raft3Config(s replicaSpec, w *store.WAL) (raftqueue.Config, error) {
 	return raftqueue.Config{ID: s.id, Dir: s.dir, Transport: s.tr, Raft: lanRaftConfig(), LogStore: l}, nil
 }
 
-// raft3Retry: not the leader (nothing proposed) or an unknown outcome (the
-// retry, with the same ID and no FreshID, is deduplicated) send again
+// raft3Retry: not the leader, with nothing proposed, or an unknown outcome,
+// whose retry with the same ID and no FreshID is deduplicated, send again
 // through the group's leader.
 func raft3Retry(err error) bool {
 	return errors.Is(err, raftqueue.ErrNotLeader) || errors.Is(err, raftqueue.ErrUnknownOutcome)

@@ -43,7 +43,8 @@ var raft3Nodes = []string{"r1", "r2", "r3"}
 // API: three cluster nodes on 127.0.0.1 in this process, worker w's
 // producer on node w%3. A send reaches its partition's leader through the
 // node's own replica when it leads there, by RPC to the leader's node
-// otherwise (two thirds of the sends): the whole path a user's send takes.
+// otherwise, for two thirds of the sends: the whole path a user's send
+// takes.
 func runRaft3Node(ctx context.Context, b *bench) (res result, err error) {
 	nodes, err := openRaft3Cluster(ctx, b)
 	defer func() {
@@ -99,8 +100,8 @@ func openRaft3Cluster(ctx context.Context, b *bench) ([]*mq.MQ, error) {
 	var nodes []*mq.MQ
 	var seeds []string
 	for _, id := range raft3Nodes {
-		// Timeouts as on a LAN under load (research §8.3): the machine
-		// runs three nodes and their fsyncs on two cores.
+		// Timeouts as on a LAN under load, 1 s: the machine runs three
+		// nodes and their fsyncs on two cores.
 		m, err := b.openNodeWith(id, time.Second, seeds...)
 		if err != nil {
 			return nodes, err
@@ -156,9 +157,9 @@ func init() {
 
 // runRaft3Idle measures what P Raft3 groups cost at rest on three nodes in
 // this process: every group heartbeats its two followers about ten times a
-// second (hashicorp/raft has no quiescence). It reports the process's
+// second, since hashicorp/raft has no quiescence. It reports the process's
 // goroutines, its CPU per second of idling, and the bytes per second over
-// the loopback interface (the whole machine's, from /proc/net/dev).
+// the loopback interface, the whole machine's, from /proc/net/dev.
 func runRaft3Idle(ctx context.Context, b *bench) (res result, err error) {
 	nodes, err := openRaft3Cluster(ctx, b)
 	defer func() {
@@ -185,8 +186,8 @@ func runRaft3Idle(ctx context.Context, b *bench) (res result, err error) {
 	return result{elapsed: time.Since(t0), note: note}, nil
 }
 
-// loopbackBytes is the bytes received on the loopback interface so far (0
-// where /proc/net/dev cannot be read).
+// loopbackBytes is the bytes received on the loopback interface so far, 0
+// where /proc/net/dev cannot be read.
 func loopbackBytes() int64 {
 	b, err := os.ReadFile("/proc/net/dev")
 	if err != nil {

@@ -22,14 +22,14 @@ func init() {
 }
 
 // runRaftStock measures the simplest correct use of stock hashicorp/raft for
-// a replicated queue: P groups of three replicas (node i holds replica i of
-// every group), each replica on its own loopback TCP transport, raft-boltdb
-// as log and stable store behind raft's LogCache of 512 (as raftqueue),
-// file snapshots, and an FSM that appends each entry's message to a bbolt
-// file in one Update (one fsync per message on every replica). Each send is
-// one raft.Apply of one message to its group's leader; raft batches the
-// entries of concurrent Applies into one log write and one AppendEntries,
-// as it does for any user. Both raft cases use lanRaftConfig.
+// a replicated queue: P groups of three replicas, node i holding replica i
+// of every group, each replica on its own loopback TCP transport,
+// raft-boltdb as log and stable store behind raft's LogCache of 512 as in
+// raftqueue, file snapshots, and an FSM that appends each entry's message to
+// a bbolt file in one Update, one fsync per message on every replica. Each
+// send is one raft.Apply of one message to its group's leader; raft batches
+// the entries of concurrent Applies into one log write and one
+// AppendEntries, as it does for any user. Both raft cases use lanRaftConfig.
 func runRaftStock(ctx context.Context, b *bench) (result, error) {
 	gs, err := openRaftGroups(ctx, b, b.partitions, openStockReplica)
 	if err != nil {
@@ -52,8 +52,9 @@ func runRaftStock(ctx context.Context, b *bench) (result, error) {
 }
 
 // stockRetry tells which errors of raft.Apply send again through the
-// group's new leader: not leading (nothing was appended) and leadership
-// lost (unknown: the message may be stored twice, which gs.note counts).
+// group's new leader: not leading, when nothing was appended, and
+// leadership lost, when the outcome is unknown and the message may be
+// stored twice, which gs.note counts.
 func stockRetry(err error) bool {
 	return errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipTransferInProgress) ||
 		errors.Is(err, raft.ErrLeadershipLost)
@@ -63,12 +64,12 @@ func stockRetry(err error) bool {
 const raftEnqueueTimeout = 10 * time.Second
 
 // lanRaftConfig is the raft configuration of both raft cases: timeouts of a
-// LAN with room for a loaded machine (1 s: 200 ms lost leaders under fsync
-// load, raftqueue/NOTES.md) and MaxAppendEntries 256 (raftqueue's default;
-// raft's is 64), so raft-stock's one entry per message is not capped at 64
-// entries per log write and RPC. The rest are raft's defaults (CommitTimeout
-// 50 ms, snapshots every 8192 entries checked every 120 s or more: none in
-// a run of seconds).
+// LAN with room for a loaded machine, 1 s, since with 200 ms leaders lost
+// their lease under fsync load; and MaxAppendEntries 256, raftqueue's
+// default where raft's is 64, so that raft-stock's one entry per message is
+// not capped at 64 entries per log write and RPC. The rest are raft's
+// defaults: CommitTimeout 50 ms, snapshots every 8192 entries checked every
+// 120 s or more, so none in a run of seconds.
 func lanRaftConfig() *raft.Config {
 	c := raft.DefaultConfig()
 	c.HeartbeatTimeout = time.Second
@@ -126,7 +127,7 @@ func (s *stockReplica) Bootstrap(servers []raft.Server) error {
 	return s.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
 }
 
-// Close shuts raft down (which closes its transport), then the files.
+// Close shuts raft down, which closes its transport, then the files.
 func (s *stockReplica) Close() error {
 	err := s.raft.Shutdown().Error()
 	if cerr := s.fsm.db.Close(); err == nil {
@@ -139,7 +140,7 @@ func (s *stockReplica) Close() error {
 }
 
 // stockFSM appends each entry's data to bucket "log" of a bbolt file, keyed
-// by its offset (big-endian), and keeps the raft index of the last entry
+// by its big-endian offset, and keeps the raft index of the last entry
 // applied in bucket "meta" in the same transaction, so a restart that
 // replays the log skips what the file holds. Apply returns the offset.
 // raft calls Apply, Snapshot and Restore from one goroutine.
@@ -266,8 +267,8 @@ type raftReplica interface {
 	Close() error
 }
 
-// raftGroups is P groups of three replicas in this process (raft-stock and
-// raft3). hashicorp/raft serves one group per transport, so every replica
+// raftGroups is P groups of three replicas in this process, for raft-stock
+// and raft3. hashicorp/raft serves one group per transport, so every replica
 // has a loopback TCP transport of its own: 3P listeners.
 type raftGroups[R raftReplica] struct {
 	reps    [][]R                    // [group][node]
@@ -282,7 +283,7 @@ type raftGroups[R raftReplica] struct {
 const raftNodes = 3
 
 // replicaSpec is what opening one replica needs: node n's replica of group
-// g, its directory (in node n's), raft id and transport.
+// g, its directory inside node n's, raft id and transport.
 type replicaSpec struct {
 	node, group int
 	dir         string
@@ -347,8 +348,8 @@ func (gs *raftGroups[R]) leader(ctx context.Context, p int) (R, error) {
 	return r, err
 }
 
-// closedLoop runs b.closedLoop with each send going to its group's leader
-// (groups spread as in ceiling-p): send(ctx, leader, w, seq, attempt) is
+// closedLoop runs b.closedLoop with each send going to its group's leader,
+// the groups spread as in ceiling-p: send(ctx, leader, w, seq, attempt) is
 // tried again, with attempt+1, through the group's leader whenever retry
 // says its error means that the replica did not lead.
 func (gs *raftGroups[R]) closedLoop(ctx context.Context, b *bench, send func(ctx context.Context, r R, w int, seq int64, attempt int) error, retry func(error) bool) (time.Duration, error) {
@@ -389,9 +390,9 @@ func (gs *raftGroups[R]) note() string {
 	return s
 }
 
-// close closes every replica, then every transport's pooled connections
-// (NetworkTransport.Close leaves them open, and with them the peers'
-// connection goroutines). It returns the first error.
+// close closes every replica, then every transport's pooled connections,
+// which NetworkTransport.Close leaves open, and with them the peers'
+// connection goroutines. It returns the first error.
 func (gs *raftGroups[R]) close() error {
 	var err error
 	for _, reps := range gs.reps {

@@ -25,7 +25,7 @@ const (
 var remoteSecret = []byte("mqbench-remote-secret-0123456789")
 
 // remoteMode is one measurement of runRemote: a send at some concurrency
-// or a drain, on node A (remote) or B (local).
+// or a drain, on node A, remote, or B, local.
 type remoteMode struct {
 	name   string
 	remote bool
@@ -54,11 +54,11 @@ func (md *remoteMode) result(size int) result {
 //	drain:    a new consumer group delivering a backlog filled beforehand
 //	          (timed from NewConsumer: the group's join is in it)
 //
-// The modes take turns in rounds (as in tx), so the machine's changes of
-// load weigh on both nodes alike. Each measurement prints a line (its CPU
-// is the process's: both nodes). The case's own line repeats the remote
-// send at -c; its note gives the ratios remote/local of the rates (the
-// median of the rounds' ratios) and of p50 and p99 (over all rounds).
+// The modes take turns in rounds, as in tx, so the machine's changes of
+// load weigh on both nodes alike. Each measurement prints a line, whose CPU
+// is the process's, both nodes'. The case's own line repeats the remote
+// send at -c; its note gives the ratios remote/local of the rates, the
+// median of the rounds' ratios, and of p50 and p99 over all rounds.
 func runRemote(ctx context.Context, b *bench) (result, error) {
 	nb, err := b.openNode("b")
 	if err != nil {
@@ -161,7 +161,7 @@ func runRemote(ctx context.Context, b *bench) (result, error) {
 }
 
 // openNode opens cluster node id in the case's directory on 127.0.0.1, a
-// port of its own, joining through seeds (none: it starts the cluster).
+// port of its own, joining through seeds; with none it starts the cluster.
 func (b *bench) openNode(id string, seeds ...string) (*mq.MQ, error) {
 	return b.openNodeWith(id, 300*time.Millisecond, seeds...)
 }
@@ -174,7 +174,7 @@ func (b *bench) openNodeWith(id string, election time.Duration, seeds ...string)
 	}))
 }
 
-// loopFor runs op on conc workers for d (closedLoop) and returns what this
+// loopFor runs op on conc workers for d with closedLoop and returns what this
 // run alone measured: its operations, time and latencies.
 func (b *bench) loopFor(ctx context.Context, conc int, d time.Duration, op func(ctx context.Context, worker int, seq int64) error) (int64, time.Duration, []time.Duration, error) {
 	saved := b.conc

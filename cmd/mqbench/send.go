@@ -28,7 +28,7 @@ func benchKey(w int, seq int64) int {
 }
 
 // runSend measures SendMessage: -c producers, each sending one message at a
-// time and waiting for its (fsynced) acknowledgement.
+// time and waiting for its acknowledgement, which follows the fsync.
 func runSend(ctx context.Context, b *bench) (result, error) {
 	m, err := b.openMQ(ctx)
 	if err != nil {

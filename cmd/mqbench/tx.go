@@ -28,9 +28,9 @@ var txAccounts = []byte("accounts")
 //	commit:  CommitMessage inside the transaction (outbox, published at commit)
 //	prepare: PrepareMessage inside the transaction (half message, committed at commit)
 //
-// for -duration each, in turns of -duration/5. The line reports the commit mode; the note gives
-// every rate and the cost ratios against plain (the target for commit is
-// at most 1.5).
+// for -duration each, in turns of -duration/5. The line reports the commit
+// mode; the note gives every rate and the cost ratios against plain, where
+// the target for commit is at most 1.5.
 func runTx(ctx context.Context, b *bench) (result, error) {
 	db, err := bolt.Open(filepath.Join(b.dir, "host.db"), 0o600, &bolt.Options{Timeout: time.Second})
 	if err != nil {
@@ -91,7 +91,7 @@ func runTx(ctx context.Context, b *bench) (result, error) {
 		}},
 	}
 	// The modes take turns in short rounds, so a change in the machine's
-	// load (or the files' growth) weighs on each alike; every round gives
+	// load, or the files' growth, weighs on each alike; every round gives
 	// one ratio, and the median is reported.
 	const rounds = 5
 	slot := max(b.duration/rounds, 200*time.Millisecond)

@@ -187,8 +187,8 @@ func (l *launcher) scenario(ctx context.Context) error {
 }
 
 // finish stops the producer on prod, waits until every acknowledged message
-// was consumed, closes the nodes and prints the summary, with note (the
-// kill's line) before the count of lost messages.
+// was consumed, closes the nodes and prints the summary, with note, the
+// kill's line, before the count of lost messages.
 func (l *launcher) finish(ctx context.Context, prod *proc, note string) error {
 	if err := l.command(prod, "stop"); err != nil {
 		return err
@@ -259,12 +259,12 @@ func (l *launcher) finish(ctx context.Context, prod *proc, note string) error {
 	return closeErr
 }
 
-// scenarioRaft3 is the example with a Raft3 topic: every partition has a
-// replica on each of the three nodes. The node leading fewest partitions
-// produces and consumes; the busiest leader of the other two is killed
-// with SIGKILL: the two left elect new leaders and go on, nothing
-// acknowledged is lost, and the killed node, restarted on its data,
-// rejoins its groups.
+// scenarioRaft3 is the example with a Raft3 topic whose four partitions
+// share one raft group, with a replica on each of the three nodes. The node
+// leading fewest partitions produces and consumes; the busiest leader of the
+// other two is killed with SIGKILL: the two left elect new leaders and go
+// on, nothing acknowledged is lost, and the killed node, restarted on its
+// data, rejoins its groups.
 func (l *launcher) scenarioRaft3(ctx context.Context) error {
 	n1, err := l.startNode(ctx, "n1", "n1")
 	if err != nil {
@@ -397,7 +397,8 @@ func (l *launcher) leaderships(ctx context.Context, procs ...*proc) ([]int, erro
 }
 
 // startNode starts a node process with data directory root/id, joining
-// through seeds (none: it bootstraps a cluster), and waits for its address.
+// through seeds, or bootstrapping a cluster without any, and waits for its
+// address.
 func (l *launcher) startNode(ctx context.Context, id, label string, seeds ...string) (*proc, error) {
 	cmd := exec.CommandContext(ctx, l.exe)
 	cmd.Env = append(os.Environ(),
@@ -550,9 +551,9 @@ func (l *launcher) kill(p *proc) error {
 }
 
 // closeAll closes every running process's stdin, which closes its node,
-// first's first and the others once it exited (its consumer's last offset
-// commit needs a quorum of a Raft3 group's nodes), and waits for them to
-// exit; it returns an error if one did not exit cleanly.
+// first's first and the others once it exited, since its consumer's last
+// offset commit needs a quorum of a Raft3 group's nodes, and waits for them
+// to exit; it returns an error if one did not exit cleanly.
 func (l *launcher) closeAll(ctx context.Context, first *proc) error {
 	l.mu.Lock()
 	var running []*proc

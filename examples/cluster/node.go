@@ -46,9 +46,9 @@ const (
 //	error <text>                   a command failed; the node goes on
 //
 // Commands on stdin, one a line: "create <topic> <partitions> <nodes>
-// [raft3]" (once that many nodes are up; Single unless raft3), "consume
-// <topic> <group>", "produce <topic>", "stop" (the producer), "leading".
-// End of input closes the node.
+// [raft3]", once that many nodes are up, Single unless raft3; "consume
+// <topic> <group>"; "produce <topic>"; "stop", which stops the producer;
+// "leading". End of input closes the node.
 
 // node is a node process: one MQ, its consumer and producer.
 type node struct {
@@ -85,8 +85,8 @@ func nodeMain() int {
 	n := &node{m: m}
 	n.emit("addr", m.ClusterStatus().Addr)
 
-	// Commands come from stdin; its end (the launcher closed it or died)
-	// cancels ctx, which ends any command waiting.
+	// Commands come from stdin; its end, when the launcher closed it or
+	// died, cancels ctx, which ends any command waiting.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	lines := make(chan string)
@@ -253,8 +253,8 @@ func (n *node) watchAssigned(ctx context.Context, c *mq.Consumer) {
 }
 
 // produce sends keyed messages one after another, every sendInterval,
-// until stop. A failed send is retried with the same message (the same ID,
-// so a copy stored by the failed attempt is not stored twice).
+// until stop. A failed send is retried with the same message, and so the
+// same ID, so that a copy stored by the failed attempt is not stored twice.
 func (n *node) produce(ctx context.Context, topic string) error {
 	if n.stopProd != nil {
 		return errors.New("already producing")

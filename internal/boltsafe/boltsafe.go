@@ -2,21 +2,21 @@
 // letting the damage crash the process.
 //
 // bbolt trusts its file: a flipped byte in a page header, a freelist or a
-// branch element makes it panic ("invalid freelist page", "page type is
-// unknown", slice bounds out of range) or read outside its memory map, and
-// a fault there kills the process. This package turns such damage into an
-// error wrapping ErrCorrupt that names the file:
+// branch element makes it panic with "invalid freelist page", "page type is
+// unknown" or slice bounds out of range, or read outside its memory map,
+// and a fault there kills the process. This package turns such damage into
+// an error wrapping ErrCorrupt that names the file:
 //
-//   - Open checks the file with its own reader (ReadAt, no memory map, no
-//     panics) before bbolt touches it, under bbolt's file lock: the meta
-//     page bbolt would pick, the freelist, and the B+trees. Files up to
-//     FullCheckBytes, and files without a stored freelist (bbolt walks those
-//     whole at Open anyway), get the full check; larger ones a quick one
-//     (meta, freelist, the root bucket's tree and the top-level buckets'
-//     root pages), with Check for the rest.
+//   - Open checks the file with its own reader, through ReadAt, with no
+//     memory map and no panics, before bbolt touches it, under bbolt's file
+//     lock: the meta page bbolt would pick, the freelist, and the B+trees.
+//     Files up to FullCheckBytes, and files without a stored freelist,
+//     which bbolt walks whole at Open anyway, get the full check. Larger
+//     ones get a quick one, of the meta, the freelist, the root bucket's
+//     tree and the top-level buckets' root pages, with Check for the rest.
 //   - View and Update run bbolt with a deferred recover and
-//     debug.SetPanicOnFault, so damage met later (pages the quick check did
-//     not read, a file changed under the process) returns ErrCorrupt too.
+//     debug.SetPanicOnFault, so damage met later returns ErrCorrupt too:
+//     pages the quick check did not read, a file changed under the process.
 //
 // bbolt's own tx.Check is not used: it runs in a goroutine of its own, where
 // a panic on a damaged page cannot be recovered, and DB.Open walks a file
@@ -24,17 +24,18 @@
 // yet another goroutine. Checking first is what keeps those from running on
 // damage.
 //
-// A missing or empty (0-byte) file is not checked: bbolt creates a new
-// database in it (a missing one through a temporary file linked into place
-// once complete, so that a failed creation leaves nothing behind). Callers that must tell a new file from a truncated one
-// look before they open.
+// A missing or empty, 0-byte, file is not checked: bbolt creates a new
+// database in it. A missing one is made as a temporary file linked into
+// place once complete, so that a failed creation leaves nothing behind.
+// Callers that must tell a new file from a truncated one look before they
+// open.
 //
-// Not covered: db.Batch (its transactions run in a timer goroutine, where
-// nothing can recover a panic), and damage below the top-level buckets' root
+// Not covered: db.Batch, whose transactions run in a timer goroutine where
+// nothing can recover a panic; and damage below the top-level buckets' root
 // pages of a file that got the quick check, which bbolt may meet outside
-// View and Update, or in a way no recover catches (a cycle of pages makes
-// its recursive descent overflow the stack). Run Check on such files first
-// when that matters.
+// View and Update, or in a way no recover catches, as when a cycle of pages
+// makes its recursive descent overflow the stack. Run Check on such files
+// first when that matters.
 package boltsafe
 
 import (
@@ -63,14 +64,15 @@ const FullCheckBytes = 64 << 20
 // mode is the mode of the files Open creates.
 const mode = 0o600
 
-// Open opens the bbolt file at path with opts (nil: bbolt's defaults) after
-// checking it, and returns ErrCorrupt naming the file for damage found by
-// the check or met by bbolt while opening. Other errors (a lock held past
-// opts.Timeout, permissions) are returned as bbolt returns them.
+// Open opens the bbolt file at path with opts, or bbolt's defaults if opts
+// is nil, after checking it, and returns ErrCorrupt naming the file for
+// damage found by the check or met by bbolt while opening. Other errors,
+// such as a lock held past opts.Timeout or permissions, are returned as
+// bbolt returns them.
 //
 // The check holds a shared lock on the file, so it waits for another
-// process (or another *bolt.DB in this one) that has the file open for
-// writing, like bbolt's own Open, until opts.Timeout (zero: forever); the
+// process, or another *bolt.DB in this one, that has the file open for
+// writing, like bbolt's own Open, until opts.Timeout, forever if zero; the
 // open after it may wait as long again.
 func Open(path string, opts *bolt.Options) (*bolt.DB, error) {
 	o := bolt.Options{}
@@ -105,11 +107,11 @@ func Open(path string, opts *bolt.Options) (*bolt.DB, error) {
 	return openContained(path, &o)
 }
 
-// create makes a new bbolt file at path: bbolt initializes (and syncs) a
-// temporary file, which is then linked into place and the directory
-// synced. A creation that fails half-way (a full disk: bbolt's first pages
-// written in part) then leaves no file at path that the next Open would
-// take for a damaged one. A file that appeared at path meanwhile is kept.
+// create makes a new bbolt file at path: bbolt initializes and syncs a
+// temporary file, which is then linked into place and the directory synced.
+// A creation that fails half-way, as on a full disk with bbolt's first pages
+// written in part, then leaves no file at path that the next Open would take
+// for a damaged one. A file that appeared at path meanwhile is kept.
 func create(path string, o *bolt.Options) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, filepath.Base(path)+".*.new")
@@ -135,9 +137,9 @@ func create(path string, o *bolt.Options) error {
 }
 
 // ReplaceFile makes path hold b, whole or not at all: a new file, synced,
-// renamed over path, and the directory synced. For the small files kept
-// beside the bbolt ones (the cluster's state cache, address book, node
-// file).
+// renamed over path, and the directory synced. It is for the small files
+// kept beside the bbolt ones: the cluster's state cache, address book and
+// node file.
 func ReplaceFile(path string, b []byte) error {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
@@ -175,15 +177,15 @@ func SyncDir(dir string) error {
 }
 
 // Check checks the whole bbolt file at path, as Open does for small files,
-// taking a shared lock on it as a read-only bbolt open does (waiting until
-// opts.Timeout; opts may be nil). It returns nil or an error wrapping
+// taking a shared lock on it as a read-only bbolt open does, waiting until
+// opts.Timeout; opts may be nil. It returns nil or an error wrapping
 // ErrCorrupt for damage; the file must exist.
 func Check(path string, opts *bolt.Options) error {
 	return CheckView(path, opts, nil)
 }
 
-// CheckView is Check, then, if the file passed, fn (when not nil) in a read
-// transaction of it, with the same lock: a caller's own checks of the
+// CheckView is Check, then, if the file passed and fn is not nil, fn in a
+// read transaction of it, with the same lock: a caller's own checks of the
 // file's content cost no second open.
 func CheckView(path string, opts *bolt.Options, fn func(*bolt.Tx) error) error {
 	o := bolt.Options{}
@@ -218,8 +220,9 @@ func checkLocked(path string, opts *bolt.Options, s scope) (*bolt.DB, error) {
 		if errors.Is(err, berrors.ErrTimeout) || errors.Is(err, ErrCorrupt) || errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission) {
 			return nil, err
 		}
-		// bbolt refused the file (invalid meta pages, too small): say why
-		// in our terms if the check can, else pass bbolt's error on.
+		// bbolt refused the file, for invalid meta pages or as too
+		// small: say why in our terms if the check can, else pass bbolt's
+		// error on.
 		if cerr := checkFile(path, scopeQuick); cerr != nil {
 			return nil, cerr
 		}
@@ -252,33 +255,33 @@ func checkFile(path string, s scope) error {
 
 // openContained runs bolt.Open, turning a panic in it into ErrCorrupt. A
 // DB whose Open panicked cannot be closed: its descriptor, lock and memory
-// map stay until the process ends (Open's check makes this unreachable for
-// damage present before the call).
+// map stay until the process ends. Open's check makes this unreachable for
+// damage present before the call.
 func openContained(path string, opts *bolt.Options) (db *bolt.DB, err error) {
 	defer contain(func() string { return path }, &err, debug.SetPanicOnFault(true))
 	return bolt.Open(path, mode, opts)
 }
 
-// View runs db.View(fn). A panic of bbolt, or a memory fault, inside it
-// (damage met while reading) returns an error wrapping ErrCorrupt naming
-// db's file; a panic of fn's own code is passed on.
+// View runs db.View(fn). A panic of bbolt, or a memory fault, inside it,
+// from damage met while reading, returns an error wrapping ErrCorrupt
+// naming db's file; a panic of fn's own code is passed on.
 func View(db *bolt.DB, fn func(*bolt.Tx) error) (err error) {
 	defer contain(db.Path, &err, debug.SetPanicOnFault(true)) // the path is read only for a panic: Close clears it
 	return db.View(fn)
 }
 
 // Update runs db.Update(fn), containing panics as View does. After an
-// ErrCorrupt from Update, bbolt's in-memory state (its freelist, its write
-// lock) may be inconsistent: stop writing and close the DB.
+// ErrCorrupt from Update, bbolt's in-memory state, its freelist and its
+// write lock, may be inconsistent: stop writing and close the DB.
 func Update(db *bolt.DB, fn func(*bolt.Tx) error) (err error) {
 	defer contain(db.Path, &err, debug.SetPanicOnFault(true)) // the path is read only for a panic: Close clears it
 	return db.Update(fn)
 }
 
 // contain is deferred by every bbolt call of this package, with the
-// goroutine's SetPanicOnFault setting from before the call (the deferred
+// goroutine's SetPanicOnFault setting from before the call: the deferred
 // call's arguments are evaluated on the way in, so faults panic for the
-// whole call). It restores that setting and turns a panic raised in bbolt's
+// whole call. It restores that setting and turns a panic raised in bbolt's
 // code, or a memory fault, into an error wrapping ErrCorrupt for path.
 // Other panics go on.
 func contain(path func() string, err *error, onFault bool) {
@@ -299,7 +302,7 @@ func contain(path func() string, err *error, onFault bool) {
 // panic began.
 func fromBolt(r any) bool {
 	if _, ok := r.(interface{ Addr() uintptr }); ok {
-		return true // a fault: bbolt (or fn) read a page that is not there
+		return true // a fault: bbolt or fn read a page that is not there
 	}
 	pcs := make([]uintptr, 64)
 	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])

@@ -9,7 +9,7 @@ import (
 	"io"
 )
 
-// The bbolt file format (version 2) as bbolt v1.4 writes it, in the
+// The bbolt file format, version 2, as bbolt v1.4 writes it, in the
 // machine's byte order. Every page starts with a 16-byte header:
 //
 //	0   8  id        the page's own number
@@ -17,8 +17,8 @@ import (
 //	10  2  count     elements (freelist: ids; 0xffff: the count is the first id slot)
 //	12  4  overflow  pages that follow this one and belong to it
 //
-// Pages 0 and 1 hold a meta after the header (the one with the higher txid
-// that checks is current); a branch page holds count elements {pos u32,
+// Pages 0 and 1 hold a meta after the header, the one with the higher txid
+// that checks being current; a branch page holds count elements {pos u32,
 // ksize u32, pgid u64}, a leaf page {flags u32, pos u32, ksize u32, vsize
 // u32}, where pos counts from the element itself. A leaf element with flag
 // 0x01 is a bucket: its value is {root pgid u64, sequence u64}, followed by
@@ -61,7 +61,7 @@ type meta struct {
 	txid     uint64
 }
 
-// decodeMeta decodes the meta in b (at least metaSize bytes) and reports
+// decodeMeta decodes the meta in b, of at least metaSize bytes, and reports
 // whether its magic, version and checksum hold, as bbolt's Meta.Validate.
 func decodeMeta(b []byte) (meta, bool) {
 	if len(b) < metaSize || order.Uint32(b[0:]) != boltMagic || order.Uint32(b[4:]) != boltVersion {
@@ -196,7 +196,7 @@ func (c *checker) pickMeta() error {
 
 // findPageSize mirrors bbolt's getPageSize: the page size of meta 0 if it
 // checks, else of the first meta 1 found at 1 KiB << i, else 4096 when
-// either place could be read (bbolt then uses the default page size).
+// either place could be read, as bbolt then uses the default page size.
 func (c *checker) findPageSize() (int, error) {
 	valid := func(m meta) bool {
 		ps := m.pageSize
@@ -311,9 +311,9 @@ func (c *checker) readFreelist() error {
 	return nil
 }
 
-// tree checks the B+tree rooted at page id, whose keys lie in [lo, hi) (nil
-// for no bound). top says this is the root bucket's tree, whose leaves may
-// hold only buckets.
+// tree checks the B+tree rooted at page id, whose keys lie in [lo, hi), a
+// nil bound being none. top says this is the root bucket's tree, whose
+// leaves may hold only buckets.
 func (c *checker) tree(id uint64, lo, hi []byte, top bool) error {
 	p, err := c.page(id)
 	if err != nil {
@@ -322,8 +322,8 @@ func (c *checker) tree(id uint64, lo, hi []byte, top bool) error {
 	return c.node(p, id, lo, hi, top)
 }
 
-// node checks one page p (a real page id, or an inline bucket's page with
-// id 0) and what hangs below it.
+// node checks one page p, a real page id or an inline bucket's page with
+// id 0, and what hangs below it.
 func (c *checker) node(p []byte, id uint64, lo, hi []byte, top bool) error {
 	flags, count := order.Uint16(p[8:]), int(order.Uint16(p[10:]))
 	if pageHeaderSize+count*elementSize > len(p) {
@@ -435,8 +435,8 @@ func slice(p []byte, elem, pos, n uint64) ([]byte, error) {
 	return p[start : start+n], nil
 }
 
-// inOrder checks a key against the one before it (or the lower bound, for
-// the first) and the upper bound, as bbolt's tx.Check does.
+// inOrder checks a key against the one before it, or the lower bound for
+// the first, and the upper bound, as bbolt's tx.Check does.
 func inOrder(key, prev, hi []byte, first bool) error {
 	switch {
 	case len(key) == 0:

@@ -13,7 +13,7 @@ import (
 )
 
 // Properties set on messages parked in a retry topic or moved to a
-// dead-letter topic (the root documents them).
+// dead-letter topic. The root documents them.
 const (
 	PropOriginTopic     = "ORIGIN_TOPIC"
 	PropOriginPartition = "ORIGIN_PARTITION"
@@ -25,8 +25,8 @@ const (
 
 	maxLastErr = 1024
 	// savedPrefix keeps, on a parked copy, the original's own value of a
-	// property the copy overwrites (a dead letter being retried has
-	// ORIGIN_* of its own), and its DeliverAt: presenting the copy restores
+	// property the copy overwrites, as a dead letter being retried has
+	// ORIGIN_* of its own, and its DeliverAt: presenting the copy restores
 	// them.
 	savedPrefix    = "%SAVED%"
 	savedDeliverAt = savedPrefix + "%DELIVER_AT"
@@ -39,8 +39,8 @@ var parkProps = []string{PropOriginTopic, PropOriginPartition, PropOriginOffset,
 // parked by this consumer's parent is presented as the original it copies:
 // its topic, partition, offset, ID, properties and DeliverAt, with the
 // failures the group counted. Any other message starts the group's count
-// at 0, whatever ReconsumeTimes it was stored with (a dead letter carries
-// the failures of the group that gave up on it).
+// at 0, whatever ReconsumeTimes it was stored with: a dead letter carries
+// the failures of the group that gave up on it.
 func (c *Consumer) present(part int, sm *store.Message) *Delivery {
 	m := *sm
 	m.Properties = maps.Clone(sm.Properties)
@@ -144,8 +144,8 @@ func (w *worker) parkCopy(sm *store.Message, r int, cause error) (topic string, 
 }
 
 // deadCopy returns the copy of sm, which failed with ReconsumeTimes r, to
-// store in the group's dead-letter topic, with ReconsumeTimes r+1 (its
-// failed deliveries).
+// store in the group's dead-letter topic, with ReconsumeTimes r+1, its
+// failed deliveries.
 func (w *worker) deadCopy(sm *store.Message, r int, cause error) (topic string, cp store.Message) {
 	c := w.c
 	cp = w.failedCopy(sm, cause)

@@ -1,30 +1,30 @@
 // Package delivery is the node's consumer engine: it divides a group's
 // partitions among the group's consumers on the node, runs one worker per
 // owned partition that fetches messages and hands them to the handler in
-// offset order (or per key, with key-parallel lanes), retries failing
+// offset order, or in order per key with key-parallel lanes, retries failing
 // messages on a ladder, parks them in the group's retry topic or moves them
 // to its dead-letter topic, and commits the group's offset.
 //
 // # Ownership and offsets
 //
-// A worker owns its partition for its group by claiming it (store.OpClaim):
-// the claim gives the worker a generation, and every offset commit carries
-// it. The partition refuses a commit of any other generation
-// (store.ErrStaleGeneration), so an owner that was replaced — by a newer
-// claim, or by a reset (store.OpResetOffset), which takes a new generation
+// A worker owns its partition for its group by claiming it with
+// store.OpClaim: the claim gives the worker a generation, and every offset
+// commit carries it. The partition refuses a commit of any other generation
+// with store.ErrStaleGeneration, so an owner that was replaced — by a newer
+// claim, or by a reset, store.OpResetOffset, which takes a new generation
 // too — can never move the offset again. A worker whose commit is refused
 // while it still owns the partition claims it again and goes on from the
 // offset the partition holds: that is how a reset reaches a running
-// consumer. Reset tells this node's workers at once (a hint); the store
+// consumer. Reset tells this node's workers at once, as a hint; the store
 // alone decides.
 //
 // On this node, a partition moving between consumers of a group starts at
-// its new worker only once the old one has ended (group.owners chains
-// them), so a partition is never delivered by two workers at once.
+// its new worker only once the old one has ended, as group.owners chains
+// them, so a partition is never delivered by two workers at once.
 //
 // # Goroutines
 //
-// Every worker and lane goroutine is started by the Engine (Engine.spawn),
+// Every worker and lane goroutine is started by Engine.spawn,
 // counted in its WaitGroup and stopped by its consumer's Close or the
 // Engine's Close, which waits for them all. Handlers run on worker and lane
 // goroutines, never under a lock of this package.
@@ -57,8 +57,8 @@ var (
 // Partition is what delivery needs of a partition.
 type Partition interface {
 	Apply(ctx context.Context, cmd *store.Command) (store.Result, error)
-	// Fetch waits until a message at or after from is in the log (or ctx
-	// ends) and returns up to max of them, maxBytes in all past the first.
+	// Fetch waits until a message at or after from is in the log, or ctx
+	// ends, and returns up to max of them, maxBytes in all past the first.
 	Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error)
 	Stats() store.Stats
 	SeekTime(t int64) (uint64, error)
@@ -67,8 +67,8 @@ type Partition interface {
 
 // Topics is the node's topic table as delivery sees it.
 type Topics interface {
-	// Partitions returns topic's partitions, or an error (no such topic,
-	// node closed).
+	// Partitions returns topic's partitions, or an error for a topic that
+	// does not exist or a node that closed.
 	Partitions(topic string) ([]Partition, error)
 	// EnsureSystem creates the retry or dead-letter topic name unless it
 	// exists, waiting at most until ctx ends.
@@ -82,7 +82,7 @@ type Clock interface {
 }
 
 // Delivery is one message handed to a handler. Msg is the handler's own
-// copy: changing it (its Properties included) changes nothing stored.
+// copy: changing it, its Properties included, changes nothing stored.
 type Delivery struct {
 	Topic          string // for a retried message, the topic it was first delivered from
 	Partition      int
@@ -91,8 +91,8 @@ type Delivery struct {
 	ReconsumeTimes int // the failed deliveries of this message to this group so far
 }
 
-// Handler handles one delivery. Returning nil commits it; an error (or a
-// panic, which the worker recovers) is a failure.
+// Handler handles one delivery. Returning nil commits it; an error is a
+// failure, and so is a panic, which the worker recovers.
 type Handler func(ctx context.Context, d *Delivery) error
 
 // Start is where a group without an offset starts.
@@ -116,7 +116,7 @@ type Config struct {
 	Filter       *Filter         // nil: every message
 	Batch        int             // messages held per partition at a time
 	BatchBytes   int             // bytes held per partition at a time
-	Refresh      time.Duration   // store the offset again after this long idle (0: never)
+	Refresh      time.Duration   // store the offset again after this long idle; 0: never
 }
 
 // retryDelay is the wait before retry r+1.
@@ -130,7 +130,7 @@ type Engine struct {
 	clock  Clock
 	log    *slog.Logger
 	coord  Coordinator
-	lease  time.Duration // the coordinator's (Leaser), or 0
+	lease  time.Duration // the coordinator's, if it is a Leaser, or 0
 	ids    atomic.Uint64 // the last Consumer.ID given
 
 	ctx    context.Context // cancelled by Close
@@ -163,8 +163,8 @@ func (e *Engine) spawn(fn func()) {
 }
 
 // Close closes every consumer, waits for its goroutines and their
-// handlers (except, when called from a handler, that handler's own: see
-// Consumer.Close), and refuses new consumers. It is idempotent.
+// handlers, and refuses new consumers. Called from a handler, it does not
+// wait for that handler, as Consumer.Close explains. It is idempotent.
 func (e *Engine) Close() {
 	r := enter(context.Background())
 	defer r.leave()

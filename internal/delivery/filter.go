@@ -25,9 +25,9 @@ type filterEnv struct {
 	Key        string            `expr:"Key"`
 }
 
-// WithTags returns f (nil: a new filter) keeping only the messages that
-// carry at least one tag of list, written "TagA || TagB"; "*" or "" keeps
-// every message.
+// WithTags returns f, or a new filter if f is nil, keeping only the messages
+// that carry at least one tag of list, written "TagA || TagB"; "*" or ""
+// keeps every message.
 func (f *Filter) WithTags(list string) (*Filter, error) {
 	list = strings.TrimSpace(list)
 	if list == "" || list == "*" {
@@ -46,8 +46,8 @@ func (f *Filter) WithTags(list string) (*Filter, error) {
 	return g, nil
 }
 
-// WithExpression returns f (nil: a new filter) keeping only the messages
-// for which expression, in the expr-lang/expr language, is true.
+// WithExpression returns f, or a new filter if f is nil, keeping only the
+// messages for which expression, in the expr-lang/expr language, is true.
 func (f *Filter) WithExpression(expression string) (*Filter, error) {
 	prog, err := expr.Compile(expression, expr.Env(filterEnv{}), expr.AsBool())
 	if err != nil {
@@ -67,7 +67,7 @@ func (f *Filter) clone() *Filter {
 }
 
 // accept reports whether sm should reach the handler. It runs on the
-// worker's own goroutine (it uses w.vm).
+// worker's own goroutine, since it uses w.vm.
 func (w *worker) accept(sm *store.Message) bool {
 	c := w.c
 	if c.parent != nil { // retry topic: only our parent's parked messages

@@ -57,7 +57,7 @@ func (e *Engine) Subscribe(topic, groupName string, h Handler, cfg Config) (*Con
 	rcfg.Filter, rcfg.Start, rcfg.Instance = nil, StartFirst, ""
 	rc, err := e.subscribe(rt, groupName, offsetName+"%"+topic, h, rcfg, c)
 	if err != nil {
-		if c.Closed() { // closed meanwhile (a handler closed the node): c is what was asked for
+		if c.Closed() { // a handler closed the node meanwhile: c is what was asked for
 			return c, nil
 		}
 		c.Close()
@@ -73,7 +73,7 @@ func (e *Engine) Subscribe(topic, groupName string, h Handler, cfg Config) (*Con
 	return c, nil
 }
 
-// subscribe registers a consumer in the group for (topic, offsetName) and
+// subscribe registers a consumer in the group of topic and offsetName, and
 // rebalances the group.
 func (e *Engine) subscribe(topic, groupName, offsetName string, h Handler, cfg Config, parent *Consumer) (*Consumer, error) {
 	if _, err := e.topics.Partitions(topic); err != nil {
@@ -130,8 +130,8 @@ func (c *Consumer) Closed() bool {
 // Close stops delivery, waits for the consumer's goroutines and the
 // handlers in progress, which commit the offsets they reached, and hands
 // the consumer's partitions to the other consumers of its group. Called
-// from a handler (of any consumer), it does not wait for that handler, nor
-// for one that is itself inside a call that waits (reentry.go).
+// from a handler of any consumer, it does not wait for that handler, nor
+// for one that is itself inside a call that waits, as reentry.go explains.
 func (c *Consumer) Close() error {
 	r := enter(context.Background())
 	defer r.leave()
@@ -163,23 +163,23 @@ func (c *Consumer) close(r reentry) {
 }
 
 // Coordinator decides which consumer owns which partition of a group. The
-// local one (the default) divides the partitions among the group's
-// consumers on this node. One for a cluster divides them among the
-// consumers of every node, and calls Engine.Rebalance when a node's share
-// changes; the claims (store.OpClaim) keep two owners on different nodes
-// from both committing while the nodes learn of a change.
+// default, Local, divides the partitions among the group's consumers on
+// this node. One for a cluster divides them among the consumers of every
+// node, and calls Engine.Rebalance when a node's share changes; the claims
+// of store.OpClaim keep two owners on different nodes from both committing
+// while the nodes learn of a change.
 type Coordinator interface {
-	// Share returns, for each of members (the IDs of the group's consumers
-	// on this node, in join order), the partitions of the topic's
-	// partitions it owns. It is called with the group's rebalance lock
+	// Share returns, for each of members, the partitions of the topic's
+	// partitions it owns. members are the IDs of the group's consumers on
+	// this node, in join order. It is called with the group's rebalance lock
 	// held: it must not block or call the Engine.
 	Share(topic, group string, members []uint64, partitions int) [][]int
 }
 
 // Stopper is implemented by a Coordinator that must know when this node
 // has stopped delivering a partition of a group: a cluster coordinator
-// gives a partition to a consumer on another node only then (or once this
-// node is gone), so no partition is delivered on two nodes at once.
+// gives a partition to a consumer on another node only then, or once this
+// node is gone, so no partition is delivered on two nodes at once.
 type Stopper interface {
 	// Stopped reports that part of group is no longer delivered here: its
 	// worker ended, after its last commit, and no other consumer of the
@@ -189,7 +189,7 @@ type Stopper interface {
 }
 
 // Local is the coordinator of a standalone node: partition i goes to the
-// (i mod members)-th consumer.
+// consumer at index i mod members.
 type Local struct{}
 
 // Share implements Coordinator.
@@ -201,7 +201,7 @@ func (Local) Share(_, _ string, members []uint64, partitions int) [][]int {
 	return out
 }
 
-// group is the set of consumers of one (topic, offset name) on this node.
+// group is the set of consumers of one topic and offset name on this node.
 // Its partitions are assigned by the engine's Coordinator.
 type group struct {
 	e     *Engine
@@ -210,7 +210,7 @@ type group struct {
 
 	// rebalanceMu serializes rebalances and guards owners. It is taken
 	// before mu and is never held while waiting for a worker or a handler:
-	// workers chain instead (see worker.prev).
+	// workers chain instead, through worker.prev.
 	rebalanceMu sync.Mutex
 	owners      map[int]*worker // per partition, its newest worker until that one ends
 
@@ -224,8 +224,8 @@ func (g *group) members() []*Consumer {
 	return append([]*Consumer(nil), g.consumers...)
 }
 
-// leave removes c from the group, stops its workers (without waiting) and
-// hands its partitions to the others.
+// leave removes c from the group, stops its workers without waiting for
+// them, and hands its partitions to the others.
 func (g *group) leave(c *Consumer) {
 	g.mu.Lock()
 	for i, x := range g.consumers {
@@ -242,8 +242,8 @@ func (g *group) leave(c *Consumer) {
 	g.e.forget(g)
 }
 
-// Rebalance reassigns the partitions of every group of topic on this node
-// (AlterMQ grew it).
+// Rebalance reassigns the partitions of every group of topic on this node,
+// after AlterMQ grew it.
 func (e *Engine) Rebalance(topic string) {
 	e.mu.Lock()
 	var gs []*group
@@ -312,8 +312,8 @@ func (g *group) hint(part int, gen uint64) {
 }
 
 // forget drops g from the engine once it has no consumers and no workers,
-// so groups used once (broadcast instances, names given to a reset) do not
-// stay in memory.
+// so that groups used once, such as broadcast instances or names given to
+// a reset, do not stay in memory.
 func (e *Engine) forget(g *group) {
 	e.mu.Lock()
 	defer e.mu.Unlock()

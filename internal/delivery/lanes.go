@@ -129,7 +129,7 @@ func (w *worker) runParallel(ctx context.Context, offset *uint64) {
 		}
 	}
 	// settleFetch waits for the reader's answer to a request the worker no
-	// longer wants (its fetch was cut short by the claim that replaced it).
+	// longer wants, its fetch cut short by the claim that replaced it.
 	settleFetch := func() {
 		if fetching {
 			<-resps
@@ -209,7 +209,7 @@ func (w *worker) runParallel(ctx context.Context, offset *uint64) {
 			w.commit(*offset)
 		}
 		if r := cfg.Refresh; r > 0 && time.Since(w.lastCommit) > r {
-			w.store(*offset) // idle: keep the record fresh (see fetch)
+			w.store(*offset) // idle: keep the record fresh, as fetch does
 		}
 		select {
 		case r := <-resps:

@@ -8,23 +8,23 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// Leaser is an optional side of a Coordinator (a cluster's): with a Lease
+// Leaser is an optional side of a Coordinator, a cluster's: with a Lease
 // above zero, a worker holds its partition under a lease kept by the
 // partition itself, so that no two nodes deliver a partition at once even
-// when the coordinator's own view is stale (a node cut from the metadata
+// when the coordinator's own view is stale. A node cut from the metadata
 // group, or the metadata group without a quorum, keeps delivering what it
-// holds while it reaches the partition):
+// holds while it reaches the partition:
 //
-//   - its claim respects the current owner's lease (store.OpClaim with
-//     MaxAge): while another owner renews it, the worker waits;
-//   - it renews the lease every quarter of it (store.OpRenew), and stops
-//     (its handlers' contexts end) when no renewal succeeded for 4/5 of
-//     it, counted from when the last successful one was sent: the
+//   - its claim, store.OpClaim with MaxAge, respects the current owner's
+//     lease: while another owner renews it, the worker waits;
+//   - it renews the lease every quarter of it with store.OpRenew, and
+//     stops, its handlers' contexts ending, when no renewal succeeded for
+//     4/5 of it, counted from when the last successful one was sent: the
 //     partition stamps a renewal no earlier, so it stops before the
 //     partition may let another owner claim; no handler call begins past
-//     that deadline, even before the renewing goroutine noticed it (a
-//     process paused and continued);
-//   - its last commit lets go (store.OpUnclaim), so the next owner needs
+//     that deadline, even before the renewing goroutine noticed it, as in
+//     a process paused and continued;
+//   - its last commit, store.OpUnclaim, lets go, so the next owner needs
 //     not wait.
 type Leaser interface {
 	Lease() time.Duration
@@ -49,10 +49,10 @@ func (w *worker) renewed(sent time.Time) {
 	}
 }
 
-// keepLease renews w's lease until ctx ends (see Leaser); when it lapses, it
-// stops w, which its group then starts again (end), to claim the partition
-// anew. It is started by run after the first claim; run waits for it to end
-// before its last commit lets go, so that no renewal follows.
+// keepLease renews w's lease until ctx ends, as Leaser describes; when it
+// lapses, it stops w, which its group then starts again in end, to claim the
+// partition anew. It is started by run after the first claim; run waits for
+// it to end before its last commit lets go, so that no renewal follows.
 //
 // The lease counts from when the last successful claim, commit or renewal
 // was sent; w stops at 4/5 of it, and a renewal waits no longer than that.
@@ -89,11 +89,11 @@ func (w *worker) keepLease(ctx context.Context, lease time.Duration) {
 	}
 }
 
-// lapsed reports whether w's lease lapsed (4/5 of it since the last
-// successful renewal was sent); if so, it stops w as keepLease does. A
-// handler call begins only while the lease runs: keepLease may notice a
-// lapse after the handlers' goroutines (a process paused past the deadline
-// runs its goroutines in any order when it continues).
+// lapsed reports whether w's lease lapsed, 4/5 of it having passed since
+// the last successful renewal was sent; if so, it stops w as keepLease
+// does. A handler call begins only while the lease runs: keepLease may
+// notice a lapse after the handlers' goroutines do, since a process paused
+// past the deadline runs its goroutines in any order when it continues.
 func (w *worker) lapsed() bool {
 	lease := w.c.e.lease
 	if lease <= 0 || w.c.e.clock.Now().UnixNano() < w.renewedAt.Load()+int64(lease)*4/5 {
@@ -103,7 +103,7 @@ func (w *worker) lapsed() bool {
 	return true
 }
 
-// lapse stops w, whose lease lapsed; its group starts it again (end).
+// lapse stops w, whose lease lapsed; its group starts it again in end.
 func (w *worker) lapse() {
 	if w.leaseLost.CompareAndSwap(false, true) {
 		w.logger().Warn("the partition's lease was not renewed in time; this consumer stops delivering it and claims it again", "lease", w.c.e.lease)
@@ -112,7 +112,7 @@ func (w *worker) lapse() {
 }
 
 // unclaim is the last commit of a worker with a lease: offset, and the
-// partition let go (store.OpUnclaim).
+// partition let go with store.OpUnclaim.
 func (w *worker) unclaim(offset uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -25,8 +25,8 @@ var redriveMu sync.Mutex
 var ErrNoOrigin = errors.New("delivery: dead letter without origin topic")
 
 // Redrive sends group's dead letters back to the topics they came from as
-// new messages (see the root's RedriveDeadLetters) and returns how many it
-// sent. noTopic reports whether an error means "no such topic".
+// new messages, as the root's RedriveDeadLetters describes, and returns how
+// many it sent. noTopic reports whether an error means "no such topic".
 func (e *Engine) Redrive(ctx context.Context, group string, noTopic func(error) bool) (int, error) {
 	redriveMu.Lock()
 	defer redriveMu.Unlock()

@@ -12,8 +12,8 @@ import (
 // Calls from handlers. A handler may call any public method, and a call that
 // waits must not wait for a handler that cannot return before the call
 // does: its own, or one that is itself inside such a call. The goroutines
-// that run handlers are registered with their worker; a call made from one
-// (or with a handler's ctx) holds that worker for its duration, and its
+// that run handlers are registered with their worker; a call made from one,
+// or with a handler's ctx, holds that worker for its duration, and its
 // waits give up on a worker that is held, directly or through the worker it
 // waits to take over from.
 var (
@@ -32,8 +32,8 @@ func (w *worker) runsHandlers() func() {
 }
 
 // goid is the calling goroutine's id, read from the first line of its stack
-// trace ("goroutine 18 [running]:"). Only registrations and public calls
-// that wait pay for it.
+// trace, such as "goroutine 18 [running]:". Only registrations and public
+// calls that wait pay for it.
 func goid() uint64 {
 	var buf [64]byte
 	b := bytes.TrimPrefix(buf[:runtime.Stack(buf[:], false)], []byte("goroutine "))
@@ -94,8 +94,8 @@ func (w *worker) blocked() bool {
 	return false
 }
 
-// await waits until ready (w's done, or its answer to a reset) is closed
-// and reports true, or until ctx ends (its error). A call made from a
+// await waits until ready, w's done or its answer to a reset, is closed and
+// reports true, or until ctx ends, with its error. A call made from a
 // handler stops waiting, reporting false, once w is blocked.
 func (r reentry) await(ctx context.Context, w *worker, ready <-chan struct{}) (bool, error) {
 	for {

@@ -28,7 +28,7 @@ type Position struct {
 
 // Reset moves the committed offset of the group stored under name in
 // topic's partitions to to. Each partition stores the new offset under a
-// new generation (store.OpResetOffset), which fences whoever owned it: a
+// new generation with store.OpResetOffset, which fences whoever owned it: a
 // worker running on this node is told at once and claims the partition
 // again before it delivers anything more; its handler in progress finishes,
 // and its commit is refused. Reset waits for no worker and no handler.
@@ -92,7 +92,7 @@ func target(ctx context.Context, p Partition, to Position) (uint64, error) {
 }
 
 // DeleteGroup removes the offsets stored under name in every partition of
-// topic. It refuses (ErrGroupInUse) while the group has consumers on this
+// topic. It refuses with ErrGroupInUse while the group has consumers on this
 // node; a consumer that joins meanwhile claims its partitions again and
 // starts at its start position.
 func (e *Engine) DeleteGroup(ctx context.Context, topic, name string) error {

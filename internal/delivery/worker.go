@@ -16,7 +16,7 @@ import (
 )
 
 // workerKey marks the contexts a worker hands to its handlers, so a call
-// made with one (even from another goroutine) counts as made by the handler.
+// made with one, even from another goroutine, counts as made by the handler.
 type workerKey struct{}
 
 // worker delivers one partition to one consumer.
@@ -25,13 +25,13 @@ type worker struct {
 	part int
 	p    Partition
 	// prev is the partition's previous worker in the group, which run waits
-	// for before it starts (then clears prev): one owner at a time.
+	// for, and then clears, before it starts: one owner at a time.
 	prev   atomic.Pointer[worker]
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the worker has ended, prev before it
 	held   atomic.Int32  // calls in progress, made by this worker's handlers, that wait
 
-	// A reset of the group's offset here (Engine.Reset) sets moved and
+	// A reset of the group's offset here by Engine.Reset sets moved and
 	// cancels the current fetch, so the worker claims the partition again
 	// before it delivers anything more.
 	moved    atomic.Bool
@@ -48,16 +48,17 @@ type worker struct {
 	vm         vm.VM         // filter evaluation; owned by run
 	sem        chan struct{} // key-parallel: bounds handlers in flight
 
-	// With a lease (Leaser): the generation keepLease renews, when the last
-	// successful claim, commit or renewal was sent (unix ns), and whether
+	// With a Leaser's lease: the generation keepLease renews, when the last
+	// successful claim, commit or renewal was sent, in unix ns, and whether
 	// the lease lapsed.
 	leaseGen  atomic.Uint64
 	renewedAt atomic.Int64
 	leaseLost atomic.Bool
 	// adopt is the generation of a reset that took the partition from
-	// this worker while it held it: the reset kept the worker's lease
-	// (store.GroupState.Lease), and the worker's next claim carries it so
-	// that this lease does not hold it off (another owner's claim waits).
+	// this worker while it held it: the reset kept the worker's lease in
+	// store.GroupState.Lease, and the worker's next claim carries it so
+	// that this lease does not hold it off, while another owner's claim
+	// waits.
 	adopt atomic.Uint64
 }
 
@@ -65,9 +66,9 @@ func newWorker(c *Consumer, part int, p Partition) *worker {
 	return &worker{c: c, part: part, p: p, done: make(chan struct{}), wake: make(chan struct{}, 1)}
 }
 
-// errorPause is the wait before a worker tries again after a store error
-// (a failed claim or read, or a failed move to the retry or dead-letter
-// topic).
+// errorPause is the wait before a worker tries again after a store error:
+// a failed claim or read, or a failed move to the retry or dead-letter
+// topic.
 const errorPause = time.Second
 
 // commitEvery bounds how long a handled message may wait for its offset to be
@@ -141,7 +142,7 @@ func (w *worker) run(ctx context.Context) {
 	}
 }
 
-// claim takes the partition for the group (store.OpClaim) and returns the
+// claim takes the partition for the group with store.OpClaim and returns the
 // offset to deliver from: the group's committed offset, or the start
 // position for a new group. It tries again after a pause while the store
 // fails, and reports false once ctx ends.
@@ -181,8 +182,8 @@ func (w *worker) claim(ctx context.Context) (uint64, bool) {
 
 func (w *worker) claimCommand() *store.Command {
 	// With its generation: a worker claiming again is not held off by its
-	// own lease (a reset's hint after it claimed again by itself), nor by
-	// the one a reset kept for it (adopt).
+	// own lease, as after a reset's hint when it claimed again by itself,
+	// nor by the one a reset kept for it in adopt.
 	cmd := &store.Command{Op: store.OpClaim, Group: w.c.group.name, MaxAge: int64(w.c.e.lease), Generation: w.gen}
 	if a := w.adopt.Load(); a > w.gen && !w.lapsed() {
 		cmd.Generation = a
@@ -234,11 +235,11 @@ func (w *worker) hint(gen uint64) {
 }
 
 // adoptReset lets w's next claim carry gen, a reset's generation, if w
-// held the partition: it claimed (a worker that waits for another owner's
-// lease has claimed nothing and adopts nothing), and claimCommand checks
-// that its lease has not lapsed, so the reset kept w's lease and no other
-// owner claimed since. Generations only grow: an older one than w's is of
-// no use.
+// held the partition: it claimed, and claimCommand checks that its lease
+// has not lapsed, so the reset kept w's lease and no other owner claimed
+// since. A worker that waits for another owner's lease has claimed
+// nothing and adopts nothing. Generations only grow: an older one than
+// w's is of no use.
 func (w *worker) adoptReset(gen uint64) {
 	if w.leaseGen.Load() == 0 || w.c.e.lease <= 0 {
 		return
@@ -261,7 +262,7 @@ func (w *worker) markMoved() {
 }
 
 // fetch waits for messages from offset on. With Config.Refresh, a worker
-// idle that long stores its offset again (touch), so the record of a
+// idle that long stores its offset again with touch, so the record of a
 // running broadcast instance never looks abandoned to the upkeep.
 func (w *worker) fetch(from uint64, max, maxBytes int, dst []store.Message, touch bool) ([]store.Message, error) {
 	w.fetchMu.Lock()
@@ -296,9 +297,9 @@ func (w *worker) logger() *slog.Logger {
 	return w.c.e.log.With("topic", w.c.topic, "group", w.c.group.name, "partition", w.part)
 }
 
-// commit stores offset as the group's, under the worker's claim. A refused
-// commit (another owner, or a reset, took the partition) sets moved: the
-// worker claims again if it still runs.
+// commit stores offset as the group's, under the worker's claim. A commit
+// refused because another owner or a reset took the partition sets moved:
+// the worker claims again if it still runs.
 func (w *worker) commit(offset uint64) {
 	if offset != w.committed {
 		w.store(offset)
@@ -326,11 +327,11 @@ func (w *worker) store(offset uint64) {
 	}
 }
 
-// fenced handles a refused commit. A reset took the partition (or the
-// group was deleted): the worker claims it again and goes on from the
-// offset stored. Another owner claimed it (a coordinator gave it to a
-// consumer elsewhere before this one knew): the worker stops, and the
-// partition is delivered by the newer owner alone.
+// fenced handles a refused commit. When a reset took the partition, or the
+// group was deleted, the worker claims it again and goes on from the
+// offset stored. When another owner claimed it, because a coordinator gave
+// it to a consumer elsewhere before this one knew, the worker stops, and
+// the partition is delivered by the newer owner alone.
 func (w *worker) fenced() {
 	gs, ok, err := w.p.Group(w.c.group.name)
 	switch {
@@ -341,8 +342,8 @@ func (w *worker) fenced() {
 	case err == nil && ok: // a reset
 		w.adoptReset(gs.Generation)
 	case err == nil:
-		// The record is gone (the upkeep took a broadcast instance for
-		// idle): claim it again where this worker is.
+		// The record is gone, as the upkeep took a broadcast instance for
+		// idle: claim it again where this worker is.
 		w.resumeAt, w.resume = w.committed, true
 	}
 	w.markMoved()
@@ -350,8 +351,8 @@ func (w *worker) fenced() {
 
 // handle runs one accepted message through the handler until it is
 // handled, parked in the retry topic or dead-lettered. It returns false if
-// ctx ended, stop was closed or the group's offset moved first (the message
-// is then left unhandled).
+// ctx ended, stop was closed or the group's offset moved first; the message
+// is then left unhandled.
 func (w *worker) handle(ctx context.Context, sm *store.Message, stop <-chan struct{}) bool {
 	c := w.c
 	d := c.present(w.part, sm)
@@ -425,7 +426,7 @@ func (w *worker) settle(ctx context.Context, stop <-chan struct{}, topic string,
 }
 
 // wait waits d on the node's clock. It returns false if ctx ended, stop was
-// closed or the group's offset moved (a reset) first.
+// closed or a reset moved the group's offset first.
 func (w *worker) wait(ctx context.Context, d time.Duration, stop <-chan struct{}) bool {
 	after := w.c.e.clock.After(d)
 	select {
@@ -471,7 +472,7 @@ func (w *worker) end() {
 	close(w.done)
 	if w.leaseLost.Load() && last {
 		// Start it again, if the coordinator still gives it here: it claims
-		// anew, safely (the lease decides). Only if it did not is it
+		// anew, safely, since the lease decides. Only if it did not is it
 		// Stopped: a coordinator that starts nothing new keeps it here.
 		g.rebalance()
 		g.rebalanceMu.Lock()

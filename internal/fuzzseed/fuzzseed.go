@@ -59,10 +59,10 @@ func WriteCorpus(t testing.TB, seeds Seeds) {
 	}
 }
 
-// AllocBudget is what decoding n bytes may allocate: a constant (the heap
-// counter is approximate: small objects are counted a span at a time) plus
-// a small multiple of n. A length believed before it is checked allocates
-// gigabytes.
+// AllocBudget is what decoding n bytes may allocate: a constant, since the
+// heap counter is approximate and counts small objects a span at a time,
+// plus a small multiple of n. A length believed before it is checked
+// allocates gigabytes.
 func AllocBudget(n int) uint64 { return 4<<20 + 256*uint64(n) }
 
 // CheckAlloc runs fn and fails t if it allocated more than AllocBudget(n).

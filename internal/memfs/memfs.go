@@ -22,15 +22,16 @@ import (
 
 // FS is an in-memory store.FS that keeps, per file, the contents last
 // synced, and per directory the entries last synced. Crash images revert
-// every file to its synced contents (optionally keeping a random subset of
-// the unsynced 512-byte sectors, as a power loss can) and the directory to
-// its synced entries. After a crash every operation fails with EIO.
+// every file to its synced contents and the directory to its synced
+// entries; they may keep a random subset of the unsynced 512-byte sectors,
+// as a power loss can. After a crash every operation fails with EIO.
 //
 // Faults behave as on Linux: a write that fails may have landed a prefix
-// (whole pages); a sync that fails loses the sectors it was writing back
-// (they stay readable, as the page cache keeps them, but no later sync
-// writes them: fsyncgate), and every other handle of the file open at the
-// time reports the error at its next sync (errseq). A closed handle fails.
+// of whole pages. A sync that fails loses the sectors it was writing back:
+// they stay readable, as the page cache keeps them, but no later sync
+// writes them, which is fsyncgate. Every other handle of the file open at
+// the time reports the error at its next sync, as errseq does. A closed
+// handle fails.
 type FS struct {
 	mu      sync.Mutex
 	files   map[string]*node // current entries
@@ -49,13 +50,13 @@ type FS struct {
 }
 
 // node is a file: its current sectors and those as of its last sync,
-// each kept only when it holds a non-zero byte (segments are mostly zeros
-// allocated ahead of the writer).
+// each kept only when it holds a non-zero byte, since segments are mostly
+// zeros allocated ahead of the writer.
 type node struct {
 	data, synced map[int64]*sector
 	size, ssize  int64
 	dirty        map[int64]bool // sectors written or cut since the last sync
-	wbErr        int            // failed syncs so far (errseq)
+	wbErr        int            // failed syncs so far, for errseq
 }
 
 const sectorSize = 512
@@ -124,7 +125,7 @@ func (n *node) truncate(size int64) {
 }
 
 // lose forgets what was being written back, as a failed sync does: the
-// sectors stay as they are (the page cache keeps them) but are no longer
+// sectors stay as they are, as the page cache keeps them, but are no longer
 // dirty, so no later sync writes them.
 func (n *node) lose() {
 	clear(n.dirty)
@@ -146,7 +147,7 @@ func (n *node) sync() {
 
 // crashed returns the node a crash leaves: with powerLoss, the synced
 // sectors and size plus, with rng, a random subset of the unsynced sectors
-// (and perhaps the new size); without, everything written.
+// and perhaps the new size; without, everything written.
 func (n *node) crashed(powerLoss bool, rng *rand.Rand) *node {
 	out := newNode()
 	src, size := n.data, n.size
@@ -209,7 +210,7 @@ type Op struct {
 	Data []byte
 }
 
-// SetFail makes fail (nil: none) decide the outcome of every write, sync,
+// SetFail makes fail, unless nil, decide the outcome of every write, sync,
 // truncate, remove and directory sync from now: a non-nil error fails the
 // operation as that call on Linux would fail. fail runs with the file
 // system locked: it must not call its methods.
@@ -339,8 +340,8 @@ func (m *FS) SyncDir(dir string) error {
 }
 
 // Image returns the file system a crash at this instant leaves: with
-// powerLoss, the synced entries and contents (plus, with rng, a random
-// subset of the unsynced sectors); without, everything written. The
+// powerLoss, the synced entries and contents plus, with rng, a random
+// subset of the unsynced sectors; without, everything written. The
 // receiver is marked crashed.
 func (m *FS) Image(powerLoss bool, rng *rand.Rand) *FS {
 	m.mu.Lock()
@@ -358,9 +359,9 @@ func (m *FS) Ops() int {
 
 // CrashAt arms a crash at the n-th write, sync, truncate, remove or
 // directory sync from now: that operation fails with EIO and nothing after
-// it reaches the disk. onCrash gets the image the crash leaves (see Image),
-// of a power loss or of a process crash (what was written stays), while
-// the operation waits.
+// it reaches the disk. onCrash gets the image the crash leaves, as Image
+// makes it, of a power loss or of a process crash, after which what was
+// written stays, while the operation waits.
 func (m *FS) CrashAt(n int, powerLoss bool, rng *rand.Rand, onCrash func(img *FS)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -388,8 +389,8 @@ func (m *FS) imageLocked(powerLoss bool, rng *rand.Rand) *FS {
 	out := New()
 	src := m.files
 	if powerLoss {
-		// The synced entries; with rng, each unsynced change of an entry
-		// (a file created, removed or replaced, a directory created) may
+		// The synced entries; with rng, each unsynced change of an entry,
+		// a file created, removed or replaced or a directory created, may
 		// have reached the disk too, as a journal commit for another file
 		// takes it along.
 		src = maps.Clone(m.durable)
@@ -479,7 +480,7 @@ func (m *FS) Bytes(name string) []byte {
 	return b
 }
 
-// SetBytes replaces a file's contents (current and synced).
+// SetBytes replaces a file's current and synced contents.
 func (m *FS) SetBytes(name string, b []byte) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -34,7 +34,7 @@ var ErrCorrupt = errors.New("meta: corrupt")
 // MaxPartitions is the largest partition count of a topic.
 const MaxPartitions = 1024
 
-// The replication types a topic record may hold (the root's Type values).
+// The replication types a topic record may hold: the root's Type values.
 const (
 	typeSingle      = 1
 	typeDoubleWrite = 2
@@ -62,8 +62,8 @@ func CheckGroup(name string) error {
 }
 
 // CheckName applies the rules of topic and group names: 1 to 255 bytes of
-// letters, digits, '.', '_' and '-', not "." or "..", not starting with '%'
-// (reserved for system topics).
+// letters, digits, '.', '_' and '-', not "." or "..", not starting with '%',
+// which is reserved for system topics.
 func CheckName(name string) error {
 	if name == "" || len(name) > 255 {
 		return fmt.Errorf("%q: length %d (1..255)", name, len(name))
@@ -115,13 +115,13 @@ func PartitionPath(dir, topic string, i int) string {
 //
 // The partition files, <dir>/topics/<topic>/<i>.db, are the ground truth of
 // which topics exist: meta.db adds their type and creation time. Open
-// therefore rebuilds a missing or empty meta.db from the topic directories
-// (every topic Single, the only type of a standalone node), adopts a topic
-// or partition whose files exist but which meta.db lacks (a crash between
-// creating the files and recording them), and refuses, with ErrCorrupt, a
-// meta.db that is damaged, lists a partition whose file is gone, or that it
-// cannot read. A damaged meta.db is never rebuilt over: remove it and Open
-// rebuilds it.
+// therefore rebuilds a missing or empty meta.db from the topic directories,
+// every topic as Single, the only type of a standalone node; adopts a topic
+// or partition whose files exist but which meta.db lacks, after a crash
+// between creating the files and recording them; and refuses, with
+// ErrCorrupt, a meta.db that is damaged, lists a partition whose file is
+// gone, or that it cannot read. A damaged meta.db is never rebuilt over:
+// remove it and Open rebuilds it.
 var (
 	bucketTopics   = []byte("topics")
 	bucketNodeMeta = []byte("meta")
@@ -143,8 +143,8 @@ const nodeFormat = 1
 // The CRC covers the name because bbolt checks nothing in its pages: a
 // flipped byte in a key would otherwise rename a topic.
 //
-// Records written before this layout are msgpack maps {"p": partitions,
-// "t": type, "c": created} (legacyTopic); Open reads them and rewrites
+// Records of the first layout, legacyTopic, are msgpack maps
+// {"p": partitions, "t": type, "c": created}; Open reads them and rewrites
 // them in this layout.
 const (
 	topicMagic      = "MQTP"
@@ -216,7 +216,7 @@ func decodeTopic(name string, b []byte) (tm Topic, legacy bool, err error) {
 			tm.Created = time.Unix(0, ns)
 		}
 	case len(b) > 0 && len(b) <= 64 && (b[0]&0xf0 == 0x80 || b[0] == 0xde || b[0] == 0xdf):
-		// A msgpack map (fixmap, map16, map32): the legacy record.
+		// A msgpack map, fixmap, map16 or map32: the legacy record.
 		var lm legacyTopic
 		if err := wire.Unmarshal(b, &lm); err != nil {
 			return Topic{}, true, fmt.Errorf("legacy record: %v", err)
@@ -281,7 +281,7 @@ func metaError(err error) error {
 }
 
 // Load reads meta.db, reconciles it with the partition files found under
-// topics/ (see the format's comment), writes meta.db only if that changed
+// topics/, as the format's comment says, writes meta.db only if that changed
 // anything, logs what it rebuilt or adopted, and returns the topic table.
 func (s *Store) Load() (map[string]Topic, error) {
 	onDisk, err := s.scanTopics()
@@ -344,7 +344,7 @@ func (s *Store) Load() (map[string]Topic, error) {
 }
 
 // reconcile adds to metas the topics and partitions that have files but no
-// record (every topic Single) and returns their names; a recorded
+// record, each topic as Single, and returns their names; a recorded
 // partition without its file is ErrCorrupt.
 func (s *Store) reconcile(metas map[string]Topic, onDisk map[string]int) ([]string, error) {
 	var changed []string
@@ -372,8 +372,8 @@ func (s *Store) reconcile(metas map[string]Topic, onDisk map[string]int) ([]stri
 }
 
 // read checks meta.db's layout and reads its topic records, listing those in
-// the legacy layout. A file without any bucket is new (bbolt has just
-// created it, or it was empty): read reports it as rebuilt, for the caller
+// the legacy layout. A file without any bucket is new, as bbolt has just
+// created it or it was empty: read reports it as rebuilt, for the caller
 // to give it its buckets. Anything else that is not the layout is
 // ErrCorrupt.
 func (s *Store) read(tx *bolt.Tx) (metas map[string]Topic, legacy []string, rebuilt bool, err error) {
@@ -504,8 +504,8 @@ func isNewer(v []byte, have int) bool {
 	return err == nil && n > have && strconv.Itoa(n) == string(v)
 }
 
-// isKind reports whether the entry e at path is a directory (kind
-// fs.ModeDir) or a regular file (kind 0), following a symbolic link.
+// isKind reports whether the entry e at path is a directory, for kind
+// fs.ModeDir, or a regular file, for kind 0, following a symbolic link.
 func isKind(path string, e fs.DirEntry, kind fs.FileMode) bool {
 	t := e.Type()
 	if t&fs.ModeSymlink != 0 {

@@ -1,10 +1,11 @@
-// Package partition is the seam between a node's engines (delivery,
-// transactions, upkeep) and the partitions they work on. A partition is
+// Package partition is the seam between a node's engines, delivery,
+// transactions and upkeep, and the partitions they work on. A partition is
 // anything that applies store commands in one order and answers reads: the
-// local store (Local), an in-memory fake (package fake), a client of a
-// partition on another node (internal/remote), and later a raft group. Each engine declares the
-// few methods it needs as its own interface; Partition is their union, what
-// a topic table holds.
+// local store, Local; an in-memory fake, package fake; a client of a
+// partition on another node, internal/remote's; and a Raft3 or DoubleWrite
+// partition routed to its leader, internal/replica's. Each engine declares
+// the few methods it needs as its own interface; Partition is their union,
+// what a topic table holds.
 package partition
 
 import (
@@ -25,12 +26,12 @@ import (
 // Partition is one partition as the node holds it.
 type Partition interface {
 	// Apply runs one store command and returns its result once it is
-	// durable. The partition stamps a zero cmd.Now (the proposer's clock)
-	// and no longer reads cmd when Apply returns.
+	// durable. The partition stamps a zero cmd.Now with the proposer's
+	// clock, and no longer reads cmd when Apply returns.
 	Apply(ctx context.Context, cmd *store.Command) (store.Result, error)
 	// Fetch reads up to max messages from from on, maxBytes in all past
-	// the first, waiting until one is in the log, ctx ends (ctx.Err()) or
-	// the partition closes (store.ErrClosed).
+	// the first, waiting until one is in the log, ctx ends, with
+	// ctx.Err(), or the partition closes, with store.ErrClosed.
 	Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error)
 	Get(offset uint64) (store.Message, bool, error)
 	Stats() store.Stats
@@ -43,9 +44,9 @@ type Partition interface {
 	Close() error
 }
 
-// Reads that may wait: a partition that must find its group's leader first
-// (Raft3) also implements them with a ctx, which Get, SeekTime and HalfTxs
-// below use when it does; the others answer at once.
+// Reads that may wait: a partition that must find its group's leader
+// first, as a Raft3 one does, also implements them with a ctx, which Get,
+// SeekTime and HalfTxs below use when it does; the others answer at once.
 
 // Get is p.Get, ending with ctx when p's reads may wait.
 func Get(ctx context.Context, p interface {
@@ -84,8 +85,8 @@ func HalfTxs(ctx context.Context, p interface {
 // Local is a partition stored on this node. It is the partition's only
 // proposer: Apply stamps a command that carries no time with the node's
 // clock, so producers and consumers never choose it. Only the engines that
-// run where the proposer is (the upkeep) stamp their own commands, with the
-// time they decided at.
+// run where the proposer is, such as the upkeep, stamp their own commands,
+// with the time they decided at.
 type Local struct {
 	*store.Partition
 	now func() time.Time
@@ -141,14 +142,14 @@ func Stamp(cmd *store.Command, now func() time.Time) {
 // Table: a change makes a new Topic.
 type Topic struct {
 	Name    string
-	Type    uint8     // the replication type (the root's Type)
+	Type    uint8     // the replication type, the root's Type
 	Created time.Time // zero when unknown
 	Parts   []Partition
 }
 
 // Table is the node's topic table: an immutable map swapped whole, so
-// readers (every send) take no lock. Changes are made by one writer at a
-// time (the caller serializes them).
+// readers, every send among them, take no lock. Changes are made by one
+// writer at a time, as the caller serializes them.
 type Table struct {
 	p atomic.Pointer[map[string]*Topic]
 }

@@ -22,17 +22,17 @@ const (
 // ClientConfig configures a Client. Zero values take the defaults.
 type ClientConfig struct {
 	// MaxFrameBytes is the largest request sent: the transport's
-	// MaxFrameBytes (wire.DefaultMaxFrameBytes if zero). A larger one
+	// MaxFrameBytes, or wire.DefaultMaxFrameBytes if zero. A larger one
 	// fails with wire.ErrFrameTooLarge before anything is written.
 	MaxFrameBytes int
-	// DialTimeout bounds one dial (DefaultDialTimeout if zero).
+	// DialTimeout bounds one dial. Zero means DefaultDialTimeout.
 	DialTimeout time.Duration
-	// WriteTimeout bounds the writing of one request
-	// (DefaultClientWriteTimeout if zero); a write that does not finish
-	// breaks the connection.
+	// WriteTimeout bounds the writing of one request,
+	// DefaultClientWriteTimeout if zero; a write that does not finish breaks
+	// the connection.
 	WriteTimeout time.Duration
 	// IdleTimeout closes the connection when no call was sent for that
-	// long and none is pending (DefaultIdleTimeout/2 if zero). Keep it
+	// long and none is pending, DefaultIdleTimeout/2 if zero. Keep it
 	// below the server's IdleTimeout: when the server closes first, a
 	// call sent at that moment fails with ErrUnavailable; when the client
 	// does, no call is on the connection and the next one dials.
@@ -42,8 +42,9 @@ type ClientConfig struct {
 // Client calls one peer over one connection at a time: it dials on the
 // first call, and again on the first call after the connection broke.
 // Concurrent calls are pipelined on the connection, each frame carrying a
-// request id; a writer goroutine writes them in turn (those ready together
-// in one write) and a reader goroutine hands each reply to its call. Safe for concurrent use.
+// request id; a writer goroutine writes them in turn, those ready together
+// in one write, and a reader goroutine hands each reply to its call. Safe
+// for concurrent use.
 //
 // Lock order: Client.mu, then clientConn.mu. A Client with no call for
 // IdleTimeout closes its connection.
@@ -57,7 +58,8 @@ type Client struct {
 	bufs   sync.Pool // *[]byte request frames
 	chans  sync.Pool // chan reply, empty: a call's
 	// replies holds *[]byte reply payloads given back by the internal
-	// callers that decoded them (Partition): Call's caller keeps its own.
+	// callers that decoded them, such as Partition; Call's caller keeps its
+	// own.
 	replies sync.Pool
 
 	mu      sync.Mutex
@@ -79,7 +81,7 @@ type dialing struct {
 // ends at cfg.DialTimeout or Close; it typically calls
 // (*transport.Transport).Dial(ctx, addr, transport.ProtoRPC) and checks the
 // peer's id. Nothing is dialed until the first Call. Close waits for the
-// goroutines a connection starts (a dialer, a reader and a writer).
+// goroutines a connection starts: a dialer, a reader and a writer.
 func NewClient(dial func(ctx context.Context) (*transport.Conn, error), cfg ClientConfig) *Client {
 	if cfg.MaxFrameBytes <= 0 {
 		cfg.MaxFrameBytes = wire.DefaultMaxFrameBytes
@@ -111,14 +113,14 @@ func (c *Client) goFunc(fn func()) {
 	}()
 }
 
-// Call sends req as op and returns the reply's payload (the caller's). It
-// returns when the reply arrives; ctx's error as soon as ctx ends (a reply
-// arriving later is dropped, and the peer is asked to cancel the handler);
-// an error wrapping ErrUnavailable when the connection cannot be dialed or
-// breaks first: the request may then have run on the peer. A handler's
-// error comes back as an *Error that errors.Is its sentinel. After Close,
-// Call returns ErrClosed. req is copied into the request's frame before
-// Call returns: the caller may reuse it then, however the call ended.
+// Call sends req as op and returns the reply's payload, which the caller
+// owns. It returns when the reply arrives; ctx's error as soon as ctx ends,
+// dropping a reply that arrives later and asking the peer to cancel the
+// handler; an error wrapping ErrUnavailable when the connection cannot be
+// dialed or breaks first: the request may then have run on the peer. A
+// handler's error comes back as an *Error that errors.Is its sentinel. After
+// Close, Call returns ErrClosed. req is copied into the request's frame
+// before Call returns: the caller may reuse it then, however the call ended.
 func (c *Client) Call(ctx context.Context, op uint16, req []byte) ([]byte, error) {
 	resp, _, err := c.call(ctx, nil, op, req)
 	return resp, err
@@ -127,10 +129,10 @@ func (c *Client) Call(ctx context.Context, op uint16, req []byte) ([]byte, error
 // errStopped is what a call ended by its stop channel returns.
 var errStopped = errors.New("remote: call stopped")
 
-// call is Call, also ended (with errStopped) when stop is closed, as by
-// ctx: a Partition passes its Close's channel, instead of deriving a ctx
-// that its Close cancels (a context and an AfterFunc per call). resp is
-// in *buf: a caller done with resp may give buf back (putReply).
+// call is Call, also ended with errStopped when stop is closed, as by ctx:
+// a Partition passes its Close's channel instead of deriving, per call, a
+// ctx and an AfterFunc that its Close cancels. resp is in *buf: a caller
+// done with resp may give buf back with putReply.
 func (c *Client) call(ctx context.Context, stop <-chan struct{}, op uint16, req []byte) (resp []byte, buf *[]byte, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
@@ -211,11 +213,11 @@ func (c *Client) roundTrip(ctx context.Context, stop <-chan struct{}, cn *client
 }
 
 // replyKeep is the largest reply buffer given back to the pool: a Fetch
-// reply's size (DefaultFlowBytes) and some.
+// reply's size, DefaultFlowBytes, and some.
 const replyKeep = 2 << 20
 
 // putReply gives back the buffer of a reply whose payload is no longer
-// used (nil: none).
+// used; a nil buffer is ignored.
 func (c *Client) putReply(bp *[]byte) {
 	if bp != nil && cap(*bp) <= replyKeep {
 		c.replies.Put(bp)
@@ -295,8 +297,8 @@ func (c *Client) dialOnce(d *dialing) {
 	c.goFunc(cn.writeLoop)
 }
 
-// Close fails the calls in flight (with an error wrapping ErrClosed and
-// ErrUnavailable), closes the connection and waits for the client's
+// Close fails the calls in flight with an error wrapping ErrClosed and
+// ErrUnavailable, closes the connection and waits for the client's
 // goroutines. Safe to call more than once and concurrently with Call.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
@@ -344,8 +346,8 @@ func (cn *clientConn) register(id uint64, ch chan reply) error {
 	return nil
 }
 
-// unregister forgets call id; false if it was not pending (its reply or
-// the failure came).
+// unregister forgets call id; false if it was not pending, its reply or
+// the failure having come.
 func (cn *clientConn) unregister(id uint64) bool {
 	cn.mu.Lock()
 	defer cn.mu.Unlock()
@@ -406,7 +408,7 @@ func (cn *clientConn) readLoop() {
 }
 
 // frameReply turns a reply frame into what its call returns; a payload is
-// copied into *bp (a new buffer if bp is nil), which the reply carries.
+// copied into *bp, or a new buffer if bp is nil, which the reply carries.
 func frameReply(f wire.Frame, bp *[]byte) reply {
 	switch f.Op {
 	case opReply:

@@ -18,7 +18,7 @@ import (
 //	index   uvarint (< 2^31)
 //
 // and every reply with the version byte; the rest of each is described
-// beside its op (partition.go).
+// with the ops, in ops.go.
 const payloadVersion = 1
 
 func appendStr(dst []byte, s string) []byte {
@@ -152,7 +152,7 @@ func (d *decoder) version() {
 }
 
 // finish returns the first error, or one for bytes left over, wrapping
-// ErrProtocol; what (a request or reply) and op name the payload.
+// ErrProtocol; what, a request or a reply, and op name the payload.
 func (d *decoder) finish(what string, op uint16) error {
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%d bytes after the payload", len(d.b))
@@ -234,7 +234,7 @@ func flags(a, b bool) byte {
 	return f
 }
 
-// flags reads a flags byte (see flags) of what.
+// flags reads a flags byte of what, as the function flags makes it.
 func (d *decoder) flags(what string) (a, b bool) {
 	f := d.byte()
 	if f > 3 {

@@ -14,16 +14,16 @@ import (
 
 var (
 	// ErrUnavailable is returned by Client.Call when the connection could
-	// not be dialed or broke before the reply came (the peer closed it,
-	// a read or write failed or timed out). The request may have been
-	// written before the break, so the call may have run on the peer:
-	// its outcome is unknown, and the caller resolves it from durable
-	// state (an Apply's dedup by message ID, a Decision) or retries only
+	// not be dialed or broke before the reply came: the peer closed it, or
+	// a read or write failed or timed out. The request may have been
+	// written before the break, so the call may have run on the peer: its
+	// outcome is unknown, and the caller resolves it from durable state,
+	// such as an Apply's dedup by message ID or a Decision, or retries only
 	// what is idempotent.
 	ErrUnavailable = errors.New("remote: peer unavailable")
 	// ErrNotSent is wrapped, beside ErrUnavailable, when the request was
-	// never written (the dial failed, or the connection broke before the
-	// request's turn): nothing ran on the peer, and the call may go to
+	// never written because the dial failed or the connection broke before
+	// the request's turn: nothing ran on the peer, and the call may go to
 	// another peer without doubt.
 	ErrNotSent = errors.New("remote: request not sent")
 	// ErrClosed is returned by Client.Call after Client.Close; calls
@@ -42,7 +42,7 @@ var (
 )
 
 // Error is a handler's error as a client receives it: errors.Is matches the
-// sentinel its code names (ErrRemote for an unknown code), and Error
+// sentinel its code names, or ErrRemote for an unknown code, and Error
 // returns the handler's message.
 type Error struct {
 	Code    uint16
@@ -84,8 +84,9 @@ type codedErr struct {
 	err  error
 }
 
-// builtin is matched in this order: an error wrapping several sentinels
-// (ErrTooLarge and wire.ErrFrameTooLarge) takes the first one's code.
+// builtin is matched in this order: an error wrapping several sentinels,
+// such as ErrTooLarge and wire.ErrFrameTooLarge, takes the first one's
+// code.
 var builtin = []codedErr{
 	{codeUnknownOp, ErrUnknownOp},
 	{codeProtocol, ErrProtocol},

@@ -162,8 +162,8 @@ type partResp struct {
 }
 
 // appendReply appends the reply a of op to dst, in at most budget bytes
-// past dst: a Fetch reply holds the messages that fit (n of them; at least
-// one, or store.ErrTooLarge), a Get reply fits or is store.ErrTooLarge.
+// past dst: a Fetch reply holds the n messages that fit, at least one or
+// store.ErrTooLarge; a Get reply fits or is store.ErrTooLarge.
 func appendReply(dst []byte, op uint16, a *partResp, budget int) (out []byte, n int, err error) {
 	start := len(dst)
 	dst = append(dst, payloadVersion)
@@ -175,9 +175,10 @@ func appendReply(dst []byte, op uint16, a *partResp, budget int) (out []byte, n 
 	case OpFetch:
 		dst = appendStats(dst, a.stats)
 		// The messages go straight into dst, grown once to about their
-		// size (a reply is up to a frame: growing it by appends copied it
-		// several times), after room for their count, which takes the
-		// bytes of len(a.msgs)'s and is moved only if n's takes fewer.
+		// size, since a reply is up to a frame and growing it by appends
+		// copies it several times. They follow room for their count, which
+		// takes the bytes of len(a.msgs)'s and is moved only if n's takes
+		// fewer.
 		dst = slices.Grow(dst, fetchEstimate(a.msgs, budget))
 		cnt := len(dst)
 		dst = binary.AppendUvarint(dst, uint64(len(a.msgs)))
@@ -258,7 +259,7 @@ func tooLarge(off uint64, n, budget int) error {
 }
 
 // decodeReply decodes a reply of op; Fetch's and Get's messages are
-// appended to dst (the caller's), and a.msgs is dst. Errors wrap
+// appended to the caller's dst, and a.msgs is dst. Errors wrap
 // ErrProtocol.
 func decodeReply(op uint16, b []byte, dst []store.Message) (*partResp, error) {
 	d := &decoder{b: b}

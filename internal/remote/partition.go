@@ -23,24 +23,25 @@ const (
 // PartitionConfig configures a remote Partition. Zero values take the
 // defaults.
 type PartitionConfig struct {
-	// MaxWait bounds the wait of one Fetch request (DefaultMaxWait if
-	// zero): a Fetch waiting longer sends another when the server answers
-	// an empty batch. It must be below the server's IdleTimeout.
+	// MaxWait bounds the wait of one Fetch request, DefaultMaxWait if zero:
+	// a Fetch waiting longer sends another when the server answers an empty
+	// batch. It must be below the server's IdleTimeout.
 	MaxWait time.Duration
-	// CallTimeout bounds the calls that take no ctx (Get, Stats, Group,
-	// GroupStates, SeekTime, NextDue, a page of HalfTxs, Decision), and a
-	// Fetch request beyond its wait (DefaultCallTimeout if zero).
+	// CallTimeout bounds the calls that take no ctx, and a Fetch request
+	// beyond its wait; zero means DefaultCallTimeout. The calls without ctx
+	// are Get, Stats, Group, GroupStates, SeekTime, NextDue, a page of
+	// HalfTxs and Decision.
 	CallTimeout time.Duration
-	// HalfPage is the transactions one HalfTxs request asks for
-	// (DefaultHalfPage if zero).
+	// HalfPage is the transactions one HalfTxs request asks for. Zero means
+	// DefaultHalfPage.
 	HalfPage int
 }
 
 // Partition is a partition served by another node, reached through a
 // Client: every method is one or more calls. Safe for concurrent use.
 //
-// Upkeep (release, trim) never runs on a remote partition: it runs where
-// the partition is.
+// Upkeep, which releases and trims, never runs on a remote partition: it
+// runs where the partition is.
 type Partition struct {
 	c      *Client
 	topic  string
@@ -74,19 +75,19 @@ func NewPartition(c *Client, topic string, index int, cfg PartitionConfig) *Part
 }
 
 // call makes one call on behalf of p: Close ends it with store.ErrClosed,
-// timeout (if positive) with an error wrapping ErrUnavailable and
-// context.DeadlineExceeded, ctx with ctx.Err(). A read (idempotent)
+// a positive timeout with an error wrapping ErrUnavailable and
+// context.DeadlineExceeded, ctx with ctx.Err(). A read, being idempotent,
 // is tried again once when the connection broke, as the peer closes idle
 // connections.
 //
-// The reply is in *buf: give it back to the client (putReply) once decoded
-// (every decoder copies what it keeps).
+// The reply is in *buf: give it back to the client with putReply once
+// decoded, since every decoder copies what it keeps.
 func (p *Partition) call(ctx context.Context, op uint16, req []byte, timeout time.Duration, idempotent bool) (resp []byte, buf *[]byte, err error) {
 	if p.ctx.Err() != nil {
 		return nil, nil, store.ErrClosed
 	}
-	// Close ends the call through the stop channel: no context derived
-	// per call for it (Apply, the sends' path, derives none).
+	// Close ends the call through the stop channel, with no context
+	// derived per call for it: Apply, the sends' path, derives none.
 	cctx := ctx
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -133,11 +134,11 @@ func (p *Partition) observe(s store.Stats) {
 }
 
 // Apply sends cmd to the partition and returns its result, with the error
-// the partition returned beside it (ErrDecided, ErrStaleGeneration). cmd
-// is encoded before the call and not read after. A zero cmd.Now is stamped
-// by the serving node (the proposer) in the copy it receives: cmd is not
-// modified. An error wrapping ErrUnavailable leaves the outcome unknown:
-// the command may have been applied.
+// the partition returned beside it, such as ErrDecided or
+// ErrStaleGeneration. cmd is encoded before the call and not read after. A
+// zero cmd.Now is stamped by the serving node, the proposer, in the copy it
+// receives: cmd is not modified. An error wrapping ErrUnavailable leaves the
+// outcome unknown: the command may have been applied.
 func (p *Partition) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
 	bp, _ := p.bufs.Get().(*[]byte)
 	if bp == nil {
@@ -168,11 +169,11 @@ func (p *Partition) Apply(ctx context.Context, cmd *store.Command) (store.Result
 }
 
 // Fetch reads, as store.Partition.Fetch, up to max messages from from on,
-// maxBytes in all past the first, waiting until one is stored, ctx ends
-// (ctx.Err()) or p is closed (store.ErrClosed). The wait is a long poll:
-// requests of at most cfg.MaxWait, repeated. One reply holds at most a
-// frame: a Fetch may return fewer messages than max and maxBytes allow,
-// and a message too large for a frame fails with store.ErrTooLarge.
+// maxBytes in all past the first, waiting until one is stored, ctx ends,
+// with ctx.Err(), or p is closed, with store.ErrClosed. The wait is a long
+// poll: requests of at most cfg.MaxWait, repeated. One reply holds at most a
+// frame: a Fetch may return fewer messages than max and maxBytes allow, and
+// a message too large for a frame fails with store.ErrTooLarge.
 func (p *Partition) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error) {
 	r := &partReq{from: from, max: clamp32(max), maxBytes: clamp32(maxBytes)}
 	n := len(dst)
@@ -217,7 +218,7 @@ func (p *Partition) Get(offset uint64) (store.Message, bool, error) {
 }
 
 // Stats returns the partition's acknowledged state. It has no error to
-// return: when the call fails (or p is closed) it returns the last stats
+// return: when the call fails, or p is closed, it returns the last stats
 // an Apply, Fetch or Stats of this handle received, zero if none.
 func (p *Partition) Stats() store.Stats {
 	a, err := p.do(context.Background(), OpStats, &partReq{}, p.cfg.CallTimeout, true, nil)

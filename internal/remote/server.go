@@ -38,31 +38,30 @@ const (
 
 // ServerConfig configures a Server. Zero values take the defaults.
 type ServerConfig struct {
-	// MaxFrameBytes is the largest frame read or written
-	// (wire.DefaultMaxFrameBytes if zero); set it to the transport's
-	// MaxFrameBytes, which the server does not see. A reply that
-	// would not fit is answered with an error wrapping
-	// wire.ErrFrameTooLarge.
+	// MaxFrameBytes is the largest frame read or written,
+	// wire.DefaultMaxFrameBytes if zero; set it to the transport's
+	// MaxFrameBytes, which the server does not see. A reply that would not
+	// fit is answered with an error wrapping wire.ErrFrameTooLarge.
 	MaxFrameBytes int
 	// MaxInflightBytes bounds, per connection, the bytes of requests read
-	// and of replies not yet written; while over it the connection is not
-	// read (2 × MaxFrameBytes if zero). One frame read while under it
-	// and one reply per running handler may pass it.
+	// and of replies not yet written, 2 × MaxFrameBytes if zero; while over
+	// it the connection is not read. One frame read while under it and one
+	// reply per running handler may pass it.
 	MaxInflightBytes int
-	// MaxConcurrent bounds the handlers running for one connection
-	// (DefaultMaxConcurrent if zero); further requests wait unread. A
+	// MaxConcurrent bounds the handlers running for one connection,
+	// DefaultMaxConcurrent if zero; further requests wait unread. A
 	// long poll holds its handler for its wait: a peer with more remote
 	// partitions fetching than this makes its other calls wait.
 	MaxConcurrent int
 	// IdleTimeout closes a connection on which no request arrived and no
-	// reply was written for that long (DefaultIdleTimeout if zero). It
-	// must exceed the longest a handler runs (Fetch's long poll).
+	// reply was written for that long, DefaultIdleTimeout if zero. It must
+	// exceed the longest a handler runs, such as Fetch's long poll.
 	IdleTimeout time.Duration
-	// ReadTimeout bounds the reading of one frame, from its first byte
-	// (DefaultReadTimeout if zero): a peer sending a byte a second is cut.
+	// ReadTimeout bounds the reading of one frame from its first byte,
+	// DefaultReadTimeout if zero: a peer sending a byte a second is cut.
 	ReadTimeout time.Duration
-	// WriteTimeout bounds the writing of one reply (DefaultWriteTimeout if
-	// zero): a peer that stops reading is cut.
+	// WriteTimeout bounds the writing of one reply, DefaultWriteTimeout if
+	// zero: a peer that stops reading is cut.
 	WriteTimeout time.Duration
 	// Logger receives a line for every connection closed on an error; nil
 	// is silent.
@@ -114,7 +113,7 @@ type Server struct {
 }
 
 // NewServer starts serving the connections l accepts, which must be
-// *transport.Conn (others are closed). It starts one goroutine accepting,
+// *transport.Conn; others are closed. It starts one goroutine accepting,
 // and per connection one reading frames and at most cfg.MaxConcurrent
 // running handlers; Close stops and waits for all of them. Register
 // handlers with Handle before peers send requests: an op without a handler
@@ -190,8 +189,8 @@ func (s *Server) untrack(sc *serverConn) {
 	s.mu.Unlock()
 }
 
-// Close stops accepting, closes the listener and every connection
-// (cancelling their handlers' ctx), and waits for every goroutine of the
+// Close stops accepting, closes the listener and every connection,
+// cancelling their handlers' ctx, and waits for every goroutine of the
 // server, handlers included. Safe to call more than once; it returns the
 // listener's Close error.
 func (s *Server) Close() error {
@@ -218,7 +217,7 @@ type serverConn struct {
 	cancel context.CancelFunc
 	slots  chan struct{} // one per running handler
 	wg     sync.WaitGroup
-	// lastWrite is when a reply was last written (unix ns), for the idle
+	// lastWrite is when a reply was last written, in unix ns, for the idle
 	// deadline.
 	lastWrite atomic.Int64
 
@@ -243,28 +242,28 @@ type serverConn struct {
 }
 
 // bigPart is a reply payload larger than copyMax, written from where the
-// handler left it after wbuf[:at] (its header).
+// handler left it after its header, wbuf[:at].
 type bigPart struct {
 	at int
 	p  []byte
 }
 
 // copyMax is the largest payload copied into a connection's write buffer:
-// a larger one (a Fetch reply) is written from the handler's buffer,
-// after its header, in the same write (writev on TCP).
+// a larger one, a Fetch reply, is written from the handler's buffer after
+// its header, in the same write, one writev on TCP.
 const copyMax = 32 << 10
 
 // frameCost is what a frame counts against MaxInflightBytes beside its
 // payload: its header and the bookkeeping of its handler.
 const frameCost = 4 + wire.FrameHeaderSize + 256
 
-// yieldBelow: a writer with fewer bytes than this to write, and other
-// calls or handlers in flight, lets the goroutines that are ready run
-// first (runtime.Gosched, no timer), as they are often calls or handlers
-// about to add a frame to its write (replies of one group commit, the
-// next requests of the callers those replies woke). It never waits for
-// one that is not ready: there is no Nagle-like delay. Alone, it does not
-// yield: a yield is a trip through the scheduler for nothing.
+// yieldBelow: a writer with fewer bytes than this to write, and other calls
+// or handlers in flight, lets the goroutines that are ready run first, with
+// runtime.Gosched and no timer, as they are often calls or handlers about to
+// add a frame to its write: the replies of one group commit, the next
+// requests of the callers those replies woke. It never waits for one that is
+// not ready: there is no Nagle-like delay. Alone, it does not yield: a yield
+// is a trip through the scheduler for nothing.
 const yieldBelow = 16 << 10
 
 // wbufKeep is the largest write buffer a connection keeps between replies.
@@ -423,8 +422,8 @@ func (sc *serverConn) handle(ctx context.Context, r *request, req []byte) {
 	if sc.ctx.Err() != nil {
 		// The connection or the server is closing: a handler that ended
 		// because of it has no answer, and the caller learns that the
-		// outcome is unknown (ErrUnavailable) rather than a ctx error of
-		// ours.
+		// outcome is unknown, with ErrUnavailable, rather than a ctx error
+		// of ours.
 		sc.release(cost)
 		return
 	}
@@ -456,8 +455,8 @@ func (sc *serverConn) call(ctx context.Context, op uint16, req []byte) (resp []b
 
 // send queues f, whose handler counted cost in inflight, and writes it
 // unless another handler is writing: then that one writes it, in its next
-// write. cost is released when f is written (or dropped, the connection
-// having failed). A failure closes the connection.
+// write. cost is released when f is written, or dropped when the
+// connection failed. A failure closes the connection.
 func (sc *serverConn) send(f wire.Frame, cost int) {
 	sc.wmu.Lock()
 	if sc.wfailed {
@@ -542,8 +541,8 @@ func (sc *serverConn) writeParts(b []byte, big []bigPart) error {
 		bufs = append(bufs, b[at:])
 	}
 	// The embedded net.Conn, not the *transport.Conn: WriteTo writes a
-	// TCP connection's parts with one writev only to a *net.TCPConn
-	// (others, as TLS, get a Write per part).
+	// TCP connection's parts with one writev only to a *net.TCPConn;
+	// others, as TLS, get a Write per part.
 	_, err := bufs.WriteTo(sc.c.Conn)
 	return err
 }
@@ -558,7 +557,7 @@ func (sc *serverConn) failWrite(err error) {
 }
 
 // deadlineReader reads a connection under the server's deadlines: between
-// frames the idle timeout (renewed while the connection is busy), and from
+// frames the idle timeout, renewed while the connection is busy, and from
 // a frame's first byte the read timeout for the whole frame. It follows the
 // frame lengths in the bytes it passes, as what it reads ahead for the
 // frame reader's buffer belongs to the next frame.

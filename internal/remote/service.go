@@ -12,14 +12,14 @@ import (
 
 // ServePartitions registers the partition service's ops on s: each request
 // names a topic and an index, which lookup turns into the partition that
-// answers it (lookup's error is the reply's; register its sentinels with
-// RegisterError). A served partition's Apply gets the command as the
+// answers it. lookup's error is the reply's: register its sentinels with
+// RegisterError. A served partition's Apply gets the command as the
 // caller sent it: a partition.Local stamps a zero Now with this node's
 // clock, this node being the proposer.
 //
 // authorize, unless nil, is asked first whether peer may make the request:
-// op on partition index of topic, with the command for OpApply (nil
-// otherwise); its error is the call's.
+// op on partition index of topic, with the command for OpApply and nil for
+// the others; its error is the call's.
 func ServePartitions(s *Server, lookup func(topic string, index int) (partition.Partition, error),
 	authorize func(peer, topic string, index int, op uint16, cmd *store.Command) error) {
 	sv := &service{lookup: lookup, authorize: authorize, budget: s.MaxFrameBytes() - wire.FrameHeaderSize - replyReserve}
@@ -69,9 +69,9 @@ func (sv *service) run(ctx context.Context, op uint16, p partition.Partition, r 
 	var err error
 	switch op {
 	case OpApply:
-		// The store returns a result with some errors (ErrDecided names
-		// the decision that refused the command, ErrStaleGeneration the
-		// record): the reply carries both.
+		// The store returns a result with some errors: with ErrDecided it
+		// names the decision that refused the command, with
+		// ErrStaleGeneration the record. The reply carries both.
 		a.res, a.err = p.Apply(ctx, r.cmd)
 		a.stats = p.Stats()
 	case OpFetch:

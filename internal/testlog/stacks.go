@@ -7,9 +7,9 @@ import (
 )
 
 // Goroutines returns the stacks of the process's goroutines for which keep
-// is true (each stack as runtime.Stack prints it, its first line "goroutine
-// N [state, minutes]:"), separated by blank lines: the few a hang's report
-// needs out of a whole dump.
+// is true, separated by blank lines: the few a hang's report needs out of a
+// whole dump. Each stack is as runtime.Stack prints it, its first line
+// "goroutine N [state, minutes]:".
 func Goroutines(keep func(stack string) bool) string {
 	buf := make([]byte, 64<<20)
 	buf = buf[:runtime.Stack(buf, true)]

@@ -20,7 +20,7 @@ type Lines struct {
 // Enabled implements slog.Handler: every level.
 func (l *Lines) Enabled(context.Context, slog.Level) bool { return true }
 
-// WithAttrs implements slog.Handler (the attributes are dropped).
+// WithAttrs implements slog.Handler; the attributes are dropped.
 func (l *Lines) WithAttrs([]slog.Attr) slog.Handler { return l }
 
 // WithGroup implements slog.Handler.

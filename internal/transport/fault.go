@@ -1,17 +1,17 @@
 package transport
 
-// links records, under Transport.mu, every live Conn by peer (so a cut
-// closes them) and the peers whose link SetLinkDown cut.
+// links records, under Transport.mu, every live Conn by peer, so that a cut
+// closes them, and the peers whose link SetLinkDown cut.
 type links struct {
 	live map[string]map[*Conn]struct{}
 	down map[string]struct{}
 }
 
-// SetLinkDown cuts (down) or restores the link to node peerID. While it is
-// cut, Dial fails with ErrLinkDown when the listener proves to be peerID,
-// connections accepted from peerID are closed after the handshake, and
-// SetLinkDown closes every established connection with peerID at once
-// (both directions, every protocol, and so the yamux sessions over them).
+// SetLinkDown cuts the link to node peerID when down, or restores it. While
+// it is cut, Dial fails with ErrLinkDown when the listener proves to be
+// peerID, connections accepted from peerID are closed after the handshake,
+// and SetLinkDown closes every established connection with peerID at once:
+// both directions, every protocol, and so the yamux sessions over them.
 //
 // It is a hook for fault tests, which cut links between nodes of one
 // process; an operator may use it too: it only refuses and closes. It cuts
@@ -54,7 +54,7 @@ func (t *Transport) admit(c *Conn) error {
 	return nil
 }
 
-// release forgets c (Conn.Close).
+// release forgets c, for Conn.Close.
 func (t *Transport) release(c *Conn) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -10,7 +10,7 @@ import (
 	"io"
 )
 
-// The handshake, on every connection (inside TLS when TLS is configured),
+// The handshake, on every connection, inside TLS when TLS is configured,
 // before anything else is read. Every message has a fixed size, so nothing
 // is allocated from what the peer claims. D is the dialer, L the listener.
 //
@@ -25,12 +25,13 @@ import (
 //	label, binding[33], nonceD, nonceL, id(D), id(L)     (macL)
 //	label, binding[33], nonceD, nonceL, id(D), id(L), proto   (macD)
 //
-// with a label per direction, so a MAC one side sends can never be played
-// back as the other side's (reflection), and both fresh nonces, so a
-// recorded handshake fails against a new nonce (replay). binding is 0 and
-// 32 zeros without TLS, or 1 and 32 bytes of the TLS session's
-// ExportKeyingMaterial, so a handshake relayed into another TLS session
-// fails. The dialer checks macL before it sends macD.
+// with a label per direction, so that a MAC one side sends can never be
+// played back as the other side's, which rules out reflection; and over
+// both fresh nonces, so that a recorded handshake fails against a new
+// nonce, which rules out replay. binding is 0 and 32 zeros without TLS, or
+// 1 and 32 bytes of the TLS session's ExportKeyingMaterial, so a handshake
+// relayed into another TLS session fails. The dialer checks macL before it
+// sends macD.
 const (
 	hsMagic   = "ZMQH"
 	hsVersion = 1
@@ -63,7 +64,8 @@ type hello struct {
 var errMalformed = errors.New("malformed handshake message")
 
 // checkNodeID returns an error unless id is 1..MaxNodeIDLen bytes of
-// letters, digits, '.', '-' and '_' (so it can be a certificate's DNS SAN).
+// letters, digits, '.', '-' and '_', so that it can be a certificate's DNS
+// SAN.
 func checkNodeID(id string) error {
 	if len(id) == 0 || len(id) > MaxNodeIDLen {
 		return fmt.Errorf("node id of %d bytes, want 1..%d", len(id), MaxNodeIDLen)
@@ -113,8 +115,8 @@ func (h *hello) marshal(withMAC bool) []byte {
 	return b
 }
 
-// parseHello decodes a dialer's hello (dialHelloSize bytes) or a
-// listener's (listenHelloSize).
+// parseHello decodes a dialer's hello of dialHelloSize bytes or a
+// listener's of listenHelloSize.
 func parseHello(b []byte) (hello, error) {
 	var h hello
 	if len(b) != dialHelloSize && len(b) != listenHelloSize {

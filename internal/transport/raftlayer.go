@@ -22,9 +22,9 @@ import (
 //
 //	[uvarint n][group id, n bytes]     1 <= n <= MaxGroupIDLen
 //
-// The uvarint is minimal (one byte below 128, two up to 255); anything
+// The uvarint is minimal, one byte below 128 and two up to 255; anything
 // else closes the stream. The header has no version of its own: another
-// layout would come with another protocol byte (this one is ProtoRaft's).
+// layout would come with another protocol byte than ProtoRaft.
 const (
 	MaxGroupIDLen = 255
 	maxHeaderLen  = 2 + MaxGroupIDLen
@@ -36,13 +36,13 @@ const (
 	DefaultHeaderTimeout = 5 * time.Second
 	// DefaultKeepAlive is the yamux keepalive interval, and how long a
 	// ping or a write to the connection may take before the session is
-	// dropped (and redialed by the next Dial).
+	// dropped; the next Dial redials it.
 	DefaultKeepAlive = 10 * time.Second
 	// DefaultRaftDialTimeout bounds a layer's Dial when raft passes no
 	// timeout.
 	DefaultRaftDialTimeout = 10 * time.Second
 	// MaxQueuedStreams bounds a layer's streams waiting for its Accept;
-	// further ones are closed (raft redials).
+	// further ones are closed, and raft redials.
 	MaxQueuedStreams = 16
 	// maxHeaderReads bounds an inbound session's streams still in their
 	// header; further ones are closed.
@@ -69,14 +69,14 @@ type RaftMuxConfig struct {
 	// change when it restarts; the mux resolves them on every Dial.
 	// Required; called without the mux's locks held.
 	Resolve func(nodeID string) (addr string, ok bool)
-	// Logger receives refused streams and yamux's lines (at Debug); nil is
+	// Logger receives refused streams, and yamux's lines at Debug; nil is
 	// silent.
 	Logger *slog.Logger
-	// HeaderTimeout bounds reading an inbound stream's header
-	// (DefaultHeaderTimeout if zero).
+	// HeaderTimeout bounds reading an inbound stream's header. Zero means
+	// DefaultHeaderTimeout.
 	HeaderTimeout time.Duration
 	// KeepAlive is the yamux keepalive interval and connection write
-	// timeout (DefaultKeepAlive if zero).
+	// timeout. Zero means DefaultKeepAlive.
 	KeepAlive time.Duration
 }
 
@@ -195,7 +195,7 @@ func (m *RaftMux) Layer(group string) (*RaftLayer, error) {
 	return l, nil
 }
 
-// Close closes every session and layer (and so every stream), gives back
+// Close closes every session and layer, and so every stream, gives back
 // the ProtoRaft listener and waits for the mux's goroutines. Dial and
 // Accept return ErrClosed afterwards. Safe to call more than once.
 func (m *RaftMux) Close() error {
@@ -309,7 +309,7 @@ func (m *RaftMux) route(ys *yamux.Stream, peerID string) {
 	l := m.layers[group]
 	m.mu.Unlock()
 	if l == nil {
-		// A group not (yet) started here: raft retries.
+		// A group not started here, or not yet: raft retries.
 		m.log.Debug("transport: raft stream for an unknown group", "peer", peerID, "group", group)
 		ys.Close()
 		return
@@ -424,7 +424,7 @@ func (m *RaftMux) ctxErr(ctx context.Context) error {
 
 // RaftLayer is one raft group's raft.StreamLayer on a RaftMux: its Accept
 // returns the group's inbound streams, its Dial opens streams of the
-// group to other nodes (ServerAddress values are node ids). Safe for
+// group to other nodes, whose ServerAddress values are node ids. Safe for
 // concurrent use.
 type RaftLayer struct {
 	m     *RaftMux
@@ -441,8 +441,8 @@ type RaftLayer struct {
 
 var _ raft.StreamLayer = (*RaftLayer)(nil)
 
-// Accept waits for the group's next inbound stream. It returns ErrClosed
-// (wrapping net.ErrClosed) after the layer's or the mux's Close.
+// Accept waits for the group's next inbound stream. It returns ErrClosed,
+// which wraps net.ErrClosed, after the layer's or the mux's Close.
 func (l *RaftLayer) Accept() (net.Conn, error) {
 	select {
 	case s := <-l.queue:
@@ -452,8 +452,8 @@ func (l *RaftLayer) Accept() (net.Conn, error) {
 	}
 }
 
-// Dial opens a stream of the group to node string(address). timeout (or
-// DefaultRaftDialTimeout if zero) bounds resolving, dialing a session if
+// Dial opens a stream of the group to node string(address). timeout, or
+// DefaultRaftDialTimeout if zero, bounds resolving, dialing a session if
 // there is no live one, and writing the header; the mux's Close ends it.
 // It returns ErrUnknownNode, ErrWrongPeer, ErrClosed, or the dial's error.
 func (l *RaftLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
@@ -465,7 +465,7 @@ func (l *RaftLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net
 	return l.m.dial(l, string(address), timeout)
 }
 
-// Close unregisters the group (its streams are then refused), ends Accept
+// Close unregisters the group, whose streams are then refused, ends Accept
 // and closes every stream of the group, so raft's connection goroutines
 // on both ends return. Safe to call more than once.
 func (l *RaftLayer) Close() error {
@@ -553,7 +553,7 @@ type nodeAddr string
 func (a nodeAddr) Network() string { return "zeze-mq" }
 func (a nodeAddr) String() string  { return string(a) }
 
-// appendStreamHeader appends group's header (layout above MaxGroupIDLen).
+// appendStreamHeader appends group's header, laid out above MaxGroupIDLen.
 func appendStreamHeader(b []byte, group string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(group)))
 	return append(b, group...)
@@ -598,16 +598,16 @@ func (y yamuxLogger) Println(v ...any) { y.l.Debug(strings.TrimSpace(fmt.Sprintl
 // runs on: layer's streams, 3 pooled connections a peer, a 10 s timeout
 // per RPC, raft's transport log discarded.
 //
-// It replicates without raft's pipeline (MaxRPCsInFlight 1: one
-// AppendEntries in flight per follower, of up to MaxAppendEntries entries).
+// It replicates without raft's pipeline: MaxRPCsInFlight 1, one
+// AppendEntries in flight per follower, of up to MaxAppendEntries entries.
 // In hashicorp/raft v1.7.3 the pipeline deadlocks when a follower answers
 // an AppendEntries with Success=false over a healthy connection, as one
 // whose log write failed does (hashicorp/raft#612): the pipeline's decoder
 // returns, the sender's next AppendEntries parks on the pipeline's
 // unbuffered channels, and their only way out is a Close that the parked
 // goroutine itself defers. The follower then gets heartbeats and never
-// another entry, and the leader's Shutdown waits for the goroutine forever
-// (TestGroup_FollowerRejectsThenCatchesUp in raftqueue).
+// another entry, and the leader's Shutdown waits for the goroutine forever.
+// raftqueue's TestGroup_FollowerRejectsThenCatchesUp checks this transport.
 func NewRaftTransport(layer raft.StreamLayer) *raft.NetworkTransport {
 	return raft.NewNetworkTransportWithConfig(RaftTransportConfig(layer))
 }

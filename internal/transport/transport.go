@@ -1,23 +1,21 @@
 // Package transport is a node's one TCP port: every connection, accepted or
 // dialed, is optionally mutual TLS 1.3, then a mutual HMAC-SHA256 challenge
-// over the cluster secret, then one byte that picks the protocol (client
-// RPC, raft, replication). Accepted connections go to that protocol's
-// listener. Frames on the connections are internal/wire's.
+// over the cluster secret, then one byte that picks the protocol: RPC or
+// raft. ProtoRepl is reserved for replication, which DoubleWrite does over
+// RPC. Accepted connections go to that protocol's listener. Frames on the
+// connections are internal/wire's.
 //
 // # Security
 //
 // With TLS, both sides present certificates from the configured CAs, and a
 // peer's certificate must name the node id the peer claims in the
-// handshake as one of its DNS SANs (node ids are limited to characters a
-// DNS SAN can hold). The handshake is bound to the TLS session
-// (ExportKeyingMaterial), so it cannot be relayed into another session.
+// handshake as one of its DNS SANs; node ids are limited to characters a
+// DNS SAN can hold. The handshake is bound to the TLS session with
+// ExportKeyingMaterial, so it cannot be relayed into another session.
 // Without TLS the secret authenticates both ends but nothing is encrypted,
 // and a machine in the middle can relay an authenticated connection.
 //
-// # Notes
-//
-// See NOTES.md for what exists, what is left of the cluster issue's point 2
-// and the decisions taken.
+// docs/DESIGN.md §7 gives the reasons for these choices.
 package transport
 
 import (
@@ -55,8 +53,9 @@ const (
 var (
 	// ErrClosed is returned by Dial and by a listener's Accept after Close.
 	ErrClosed = errors.New("transport: closed")
-	// ErrHandshake is returned by Dial when the peer fails the handshake
-	// (wrong secret, a certificate naming another node) or refuses ours.
+	// ErrHandshake is returned by Dial when the peer fails the handshake,
+	// with a wrong secret or a certificate naming another node, or refuses
+	// ours.
 	ErrHandshake = errors.New("transport: handshake failed")
 	// ErrUnknownProto is what a listener logs when a dialer asks for a
 	// protocol no listener serves; the connection is closed.
@@ -83,14 +82,14 @@ type Config struct {
 	// and RootCAs. The listener's host name is not checked: its certificate
 	// must name the node id it claims instead.
 	ServerTLS, ClientTLS *tls.Config
-	// HandshakeTimeout bounds TLS and the secret handshake together
-	// (DefaultHandshakeTimeout if zero).
+	// HandshakeTimeout bounds TLS and the secret handshake together. Zero
+	// means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
 	// MaxHandshakes bounds accepted connections still in their handshake;
-	// further ones are closed at once (DefaultMaxHandshakes if zero).
+	// further ones are closed at once. Zero means DefaultMaxHandshakes.
 	MaxHandshakes int
-	// MaxFrameBytes is the frame limit of the connections' frame readers
-	// (wire.DefaultMaxFrameBytes if zero).
+	// MaxFrameBytes is the frame limit of the connections' frame readers.
+	// Zero means wire.DefaultMaxFrameBytes.
 	MaxFrameBytes int
 	// Logger receives a line for every refused connection; nil is silent.
 	Logger *slog.Logger
@@ -226,9 +225,9 @@ func (t *Transport) Addr() net.Addr { return t.ln.Addr() }
 func (t *Transport) NodeID() string { return t.cfg.NodeID }
 
 // AcceptEach accepts connections from l and hands each to handle, until l
-// is closed, ctx ends or handle returns false. An accept error that is
-// neither (out of file descriptors and the like) is logged as what and
-// retried after a pause that doubles up to a second.
+// is closed, ctx ends or handle returns false. Any other accept error, such
+// as running out of file descriptors, is logged as what and retried after
+// a pause that doubles up to a second.
 func AcceptEach(ctx context.Context, l net.Listener, log *slog.Logger, what string, handle func(net.Conn) bool) {
 	var backoff time.Duration
 	for {
@@ -371,8 +370,8 @@ func (t *Transport) Dial(ctx context.Context, addr string, p Proto) (*Conn, erro
 	if err != nil {
 		return nil, t.dialErr(ctx, addr, err)
 	}
-	// Unblocks the reads and writes below when ctx ends (no socket deadline
-	// of its own, so a timeout is always reported as ctx's).
+	// Unblocks the reads and writes below when ctx ends. There is no socket
+	// deadline of its own, so a timeout is always reported as ctx's.
 	stopAbort := context.AfterFunc(ctx, func() { _ = raw.SetDeadline(time.Unix(1, 0)) })
 	c, err := t.handshakeDialed(ctx, raw, p)
 	if !stopAbort() || err != nil {
@@ -466,8 +465,8 @@ type listener struct {
 }
 
 // Accept waits for the next connection of the listener's protocol; it
-// returns net.ErrClosed (wrapped) after the listener's or the transport's
-// Close.
+// returns an error wrapping net.ErrClosed after the listener's or the
+// transport's Close.
 func (l *listener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.ch:
@@ -502,8 +501,8 @@ type Conn struct {
 	maxFrame int
 }
 
-// PeerID is the node id the peer proved (and, with TLS, its certificate
-// names).
+// PeerID is the node id the peer proved, which with TLS its certificate
+// names.
 func (c *Conn) PeerID() string { return c.peer }
 
 // Close closes the connection.

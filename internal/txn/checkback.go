@@ -32,11 +32,12 @@ func (n *Node) checkLoop(ctx context.Context) {
 	}
 }
 
-// sweep commits the transactions whose marker is still in a host store (a
-// crash came between the host's commit and the queue's, or the clean-up
-// did not happen yet) and forgets them. Every marker it lists is held in
-// the PruneGuard: its decision may be from an earlier run, of unknown age.
-// A sweep that listed every store tells the guard which markers are gone.
+// sweep commits the transactions whose marker is still in a host store,
+// because a crash came between the host's commit and the queue's or the
+// clean-up did not happen yet, and forgets them. Every marker it lists is
+// held in the PruneGuard: its decision may be from an earlier run, of
+// unknown age. A sweep that listed every store tells the guard which markers
+// are gone.
 func (n *Node) sweep(ctx context.Context) {
 	const page = 256
 	guard := n.cfg.Prune
@@ -82,9 +83,9 @@ func (n *Node) sweep(ctx context.Context) {
 }
 
 // owns reports whether the node publishes the transaction of rec: one whose
-// marker names this node or no node; a standalone node (no id) publishes
-// every one, its stores being its own. A marker that cannot be read is the
-// node's, so that publish reports it.
+// marker names this node or no node; a standalone node, without an id,
+// publishes every one, its stores being its own. A marker that cannot be
+// read is the node's, so that publish reports it.
 func (n *Node) owns(rec localtx.Record) bool {
 	owner, _, err := decodeMarker(rec.TxID, rec.Marker)
 	return err != nil || owner == "" || n.cfg.NodeID == "" || owner == n.cfg.NodeID
@@ -108,10 +109,10 @@ func (n *Node) publish(ctx context.Context, rec localtx.Record) bool {
 }
 
 // halfInfo gathers the half messages of one transaction across partitions.
-// The transaction's check count is the highest of its partitions' (a
-// partition whose prepare landed after a check lags behind).
+// The transaction's check count is the highest of its partitions': a
+// partition whose prepare landed after a check lags behind.
 type halfInfo struct {
-	producer  string // the node that prepared it (HalfTx.Producer of the first partition seen)
+	producer  string // the node that prepared it: HalfTx.Producer of the first partition seen
 	parts     []Ref
 	checks    []int // per part
 	messages  int
@@ -123,8 +124,8 @@ type halfInfo struct {
 // halves scans every partition's undecided transactions.
 func (n *Node) halves(ctx context.Context) (map[string]*halfInfo, error) { return n.halvesIn(ctx, nil) }
 
-// halvesIn scans the undecided transactions of the partitions in (every
-// partition if in is nil).
+// halvesIn scans the undecided transactions of the partitions in, or of
+// every partition if in is nil.
 func (n *Node) halvesIn(ctx context.Context, in func(topic string, part int) bool) (map[string]*halfInfo, error) {
 	out := map[string]*halfInfo{}
 	var err error
@@ -195,10 +196,11 @@ func (n *Node) due(hi *halfInfo) bool {
 }
 
 // checkBack asks about the transactions whose half messages in this node's
-// partitions (Config.Owned) are due: the host stores, for a transaction this
-// node prepared; its preparer (Config.AskNode), for another node's. It
-// counts an unanswered check, and one whose preparer cannot be reached: the
-// transaction waits for it, and is parked after MaxChecks.
+// partitions, as Config.Owned says, are due: the host stores, for a
+// transaction this node prepared; its preparer through Config.AskNode, for
+// another node's. It counts an unanswered check, and one whose preparer
+// cannot be reached: the transaction waits for it, and is parked after
+// MaxChecks.
 func (n *Node) checkBack(ctx context.Context) {
 	all, err := n.halvesIn(ctx, n.cfg.Owned)
 	if err != nil {
@@ -257,20 +259,19 @@ func (n *Node) checkOne(ctx context.Context, txid string, hi *halfInfo) {
 }
 
 // prepared reports whether this node prepared the half messages producer
-// names (or cannot tell another node from itself: a standalone node, an
-// engine without AskNode).
+// names, or cannot tell another node from itself, as a standalone node and
+// an engine without AskNode cannot.
 func (n *Node) prepared(producer string) bool {
 	return n.cfg.AskNode == nil || producer == "" || producer == standaloneProducer || producer == n.producer()
 }
 
 // CheckBack decides txid, a transaction this node prepared whose half
-// messages are (at least) in parts, from the host stores: committed if a
-// store has its marker (its messages are then published, in every
-// partition its marker names and in parts), rolled back if every store
-// says it finished without one (parts are rolled back). It returns the
-// decision that stands, or Undecided while the transaction may still run
-// (or a store cannot answer), with an error when a decision could not be
-// applied.
+// messages are at least in parts, from the host stores. It is committed if
+// a store has its marker, and its messages are then published in every
+// partition its marker names and in parts; it is rolled back in parts if
+// every store says it finished without one. It returns the decision that
+// stands, or Undecided while the transaction may still run or a store
+// cannot answer, with an error when a decision could not be applied.
 func (n *Node) CheckBack(ctx context.Context, txid string, parts []Ref) (store.Decision, error) {
 	log := n.cfg.Logger
 	st, rec, owner := n.ask(ctx, txid)
@@ -308,7 +309,7 @@ func (n *Node) CheckBack(ctx context.Context, txid string, parts []Ref) (store.D
 }
 
 // ask asks every host store about txid: committed if one has its marker,
-// unknown if one says it is running or cannot answer (or none is known),
+// unknown if one says it is running or cannot answer, or if none is known,
 // rolled back otherwise. It returns the store that answered committed.
 func (n *Node) ask(ctx context.Context, txid string) (localtx.State, localtx.Record, localtx.Store) {
 	stores := n.storeList()

@@ -20,7 +20,7 @@ type Ref struct {
 }
 
 // txPlan is what committing a transaction does: per partition, the outbox
-// messages to publish with the half messages (nil when only halves).
+// messages to publish with the half messages, nil when only halves.
 type txPlan map[Ref][]store.Message
 
 // planOf decodes a host store's record into what committing it does.
@@ -56,8 +56,8 @@ func planOf(rec localtx.Record) (txPlan, error) {
 //	            body:str timestamp:i64 deliverAt:i64
 //
 // with properties in key order. A version 2 marker is version 3 without the
-// owner (any node publishes it). Version 1 rows, written before the magic,
-// are msgpack arrays whose first element is 1 (markerV1, outboxRowV1); they
+// owner: any node publishes it. Version 1 rows, which have no magic, are
+// msgpack arrays whose first element is 1, markerV1 and outboxRowV1; they
 // are still read. Anything else is ErrCorrupt.
 const (
 	txMarkerMagic  = "ZMQM"
@@ -67,8 +67,8 @@ const (
 	txFormatV1     = 1 // msgpack arrays, read only
 )
 
-// encodeMarker is the marker of a transaction of node owner ("" standalone)
-// with half messages in halves.
+// encodeMarker is the marker of a transaction of node owner, "" for a
+// standalone node, with half messages in halves.
 func encodeMarker(owner string, halves []Ref) []byte {
 	b := append([]byte(txMarkerMagic), txMarkerFormat)
 	b = appendStr(b, owner)
@@ -133,8 +133,8 @@ type outboxRowV1 struct {
 	DeliverAt  int64
 }
 
-// decodeMarker returns the owner of the marker b of txid ("" when any node
-// may publish it) and the partitions it lists.
+// decodeMarker returns the owner of the marker b of txid, "" when any node
+// may publish it, and the partitions it lists.
 func decodeMarker(txid string, b []byte) (owner string, halves []Ref, err error) {
 	what := "marker of " + txid
 	r, version, err := openRow(what, txMarkerMagic, b, txMarkerFormat, txOutboxFormat)
@@ -224,7 +224,7 @@ func decodeOutboxRow(txid string, b []byte) (Ref, store.Message, error) {
 }
 
 // openRow checks the magic and version of row b, named what in errors,
-// against the versions read (the one written first). It returns a reader of
+// against the versions read, the one written first. It returns a reader of
 // the fields after the version and the version, or nil for a row without
 // the magic, which may be of version 1.
 func openRow(what, magic string, b []byte, versions ...byte) (*rowReader, byte, error) {

@@ -10,8 +10,8 @@ import (
 // gone publishes the transaction again. It holds every committed
 // transaction whose marker may remain, until a Forget of the marker
 // succeeds or a sweep that started later no longer lists it, and allows no
-// pruning at all until a sweep has listed every host store since Open (and
-// since the last store was learned). It is safe for concurrent use.
+// pruning at all until a sweep has listed every host store since Open and
+// since the last store was learned. It is safe for concurrent use.
 type PruneGuard struct {
 	mu    sync.Mutex        // guards the fields below
 	held  map[string]txHold // txid -> hold
@@ -20,8 +20,8 @@ type PruneGuard struct {
 	whole bool              // a sweep listed every store of the current epoch
 }
 
-// txHold is a held transaction: its decisions are no older than since
-// (unix ns; 0: of unknown age). seq orders it against sweeps.
+// txHold is a held transaction: its decisions are no older than since, in
+// unix ns, or of unknown age if since is 0. seq orders it against sweeps.
 type txHold struct {
 	since int64
 	seq   uint64
@@ -32,10 +32,10 @@ type txHold struct {
 type decidedAge int
 
 const (
-	// decidedFromNow: none predates the hold (a transaction of this run,
-	// committed by its own hook).
+	// decidedFromNow: none predates the hold, as for a transaction of this
+	// run committed by its own hook.
 	decidedFromNow decidedAge = iota
-	// decidedAnyTime: one may be of any age (found in a host store).
+	// decidedAnyTime: one may be of any age, as for one found in a host store.
 	decidedAnyTime
 )
 
@@ -94,8 +94,8 @@ func (g *PruneGuard) sweepStart() sweepToken {
 }
 
 // swept takes the listing of a sweep that listed every store: a hold older
-// than the sweep whose marker was not listed is gone (a marker exists from
-// the host's commit, before its hold, until a Forget).
+// than the sweep whose marker was not listed is gone, since a marker exists
+// from the host's commit, before its hold, until a Forget.
 func (g *PruneGuard) swept(t sweepToken, listed map[string]bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -110,8 +110,8 @@ func (g *PruneGuard) swept(t sweepToken, listed map[string]bool) {
 }
 
 // DecideTTL returns the DecideTTL of an OpTrim at now: ttl, or more while
-// a held transaction's decisions are older than now-ttl, or 0 (prune none)
-// while one is of unknown age or no sweep has listed every store yet.
+// a held transaction's decisions are older than now-ttl, or 0, pruning
+// none, while one is of unknown age or no sweep has listed every store yet.
 func (g *PruneGuard) DecideTTL(now time.Time, ttl time.Duration) time.Duration {
 	g.mu.Lock()
 	defer g.mu.Unlock()

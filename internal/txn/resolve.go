@@ -18,11 +18,11 @@ type Parked struct {
 	Parts     []Ref     // where its half messages are, by topic and partition
 	Messages  int       // half messages in all
 	FirstSeen time.Time // when its first half message was stored
-	Checks    int       // check-backs without an answer (the most of its partitions)
+	Checks    int       // check-backs without an answer: the most of its partitions'
 }
 
 // Parked lists the transactions parked in the partitions whose check-back
-// this node runs (Config.Owned), oldest first.
+// this node runs, as Config.Owned says, oldest first.
 func (n *Node) Parked() ([]Parked, error) {
 	all, err := n.halvesIn(context.Background(), n.cfg.Owned)
 	if err != nil {
@@ -52,14 +52,14 @@ func (n *Node) Pending() (int, error) {
 	return len(all), err
 }
 
-// Resolve is the operator's decision d (Committed or RolledBack) on txid:
+// Resolve is the operator's decision d, Committed or RolledBack, on txid:
 // Committed publishes its half messages and the outbox rows its host store
 // still holds, RolledBack discards the half messages. It returns the
 // decision that stands, which differs from d when the transaction had been
 // decided otherwise, and is Undecided when the node knows nothing of txid.
 // Committed first reads the transaction's rows from the host stores: a
-// store that cannot answer or a row that cannot be read (ErrCorrupt) fails
-// the call, and nothing is decided.
+// store that cannot answer, or a row that cannot be read with ErrCorrupt,
+// fails the call, and nothing is decided.
 func (n *Node) Resolve(ctx context.Context, txid string, d store.Decision) (store.Decision, error) {
 	all, err := n.halves(ctx)
 	if err != nil {
@@ -108,8 +108,8 @@ func (n *Node) Resolve(ctx context.Context, txid string, d store.Decision) (stor
 	if len(plan) == 0 {
 		return n.Decided(txid), nil
 	}
-	// Held even without a marker found: one may appear yet (a transaction
-	// still running); the next sweep lets it go if none does.
+	// Held even without a marker found: one may appear yet, from a
+	// transaction still running; the next sweep lets it go if none does.
 	n.cfg.Prune.hold(txid, n.cfg.Clock, decidedAnyTime)
 	standing, err := n.commit(ctx, txid, plan)
 	if err != nil {

@@ -1,20 +1,20 @@
 // Package txn is a node's transaction engine: the transactional messages
-// of package mq (DESIGN.md section 5) on store partitions.
+// of package mq, docs/DESIGN.md section 5, on store partitions.
 //
 // Prepare stores half messages under the host transaction's id and writes a
 // marker into the host transaction; Outbox writes the messages themselves
 // into the host transaction. Both register hooks on the transaction: after
 // its commit, the half messages and the outbox messages of each partition
 // become visible in one OpCommitTx; after a rollback, the half messages are
-// discarded. A commit that failed without the host learning its outcome
-// (localtx's WhileUnknown) decides nothing: the check-back and the sweep
-// read it from the host store later. Once every partition's decision is
-// durable, the marker and outbox rows are forgotten (in batches, in the
-// background).
+// discarded. A commit that failed without the host learning its outcome,
+// for which localtx runs the WhileUnknown hooks, decides nothing: the
+// check-back and the sweep read it from the host store later. Once every
+// partition's decision is durable, the marker and outbox rows are
+// forgotten, in batches, in the background.
 //
 // A crash between the host's commit and the queue's is repaired from the
 // host store: at start and every sweep the node commits the transactions
-// whose marker is still present (the outbox rides along), and the check-back
+// whose marker is still present, the outbox riding along, and the check-back
 // asks the host store about half messages left undecided after CheckAfter.
 // Decisions are recorded per partition and the first one wins, so every
 // repair may run twice.
@@ -28,8 +28,8 @@
 // partitions through Topics, and returns store errors and ErrCorrupt for the
 // root to translate.
 //
-// Lock order: Node.mu before openTx.mu (never both held at once in
-// practice), and Node.mu before PruneGuard.mu.
+// Lock order: Node.mu before openTx.mu, though they are never both held at
+// once in practice, and Node.mu before PruneGuard.mu.
 package txn
 
 import (
@@ -87,20 +87,20 @@ type Config struct {
 	// Stores are the host stores given at Open; the node learns more from
 	// the transactions that send.
 	Stores []localtx.Store
-	// SyncInterval is the node's WAL sync interval (0: every write is
-	// synced); markers are kept two intervals after their decision.
+	// SyncInterval is the node's WAL sync interval, 0 when every write is
+	// synced; markers are kept two intervals after their decision.
 	SyncInterval time.Duration
 
-	// NodeID names the node in a cluster ("" for a standalone node). It is
+	// NodeID names the node in a cluster, "" for a standalone node. It is
 	// written into each transaction's marker: a node's sweep publishes only
-	// its own transactions' markers (and those without an owner), so nodes
+	// its own transactions' markers and those without an owner, so nodes
 	// may share a host store's tables.
 	NodeID string
 	// Owned, if set, names the partitions whose half messages this node
 	// checks back: those it leads. Nil: every partition.
 	Owned func(topic string, part int) bool
-	// AskNode, if set, asks node, which prepared txid, to decide it (its
-	// CheckBack) for the half messages in parts; nil: this node prepared
+	// AskNode, if set, asks node, which prepared txid, to decide it with
+	// its CheckBack for the half messages in parts; nil: this node prepared
 	// every half message it sees.
 	AskNode func(ctx context.Context, node, txid string, parts []Ref) (store.Decision, error)
 
@@ -117,10 +117,12 @@ type Config struct {
 	Go func(fn func(ctx context.Context))
 
 	// TestHook, set only by tests, is called at the named points of a
-	// transaction's life: "sent" (Prepare or Outbox is about to return),
-	// "local-committed" (commit hook entered), "partition-committing" (one
-	// partition's OpCommitTx is about to be applied), "partition-committed"
-	// (it is durable).
+	// transaction's life:
+	//   - "sent": Prepare or Outbox is about to return;
+	//   - "local-committed": the commit hook was entered;
+	//   - "partition-committing": one partition's OpCommitTx is about to be
+	//     applied;
+	//   - "partition-committed": it is durable.
 	TestHook func(point, txid string)
 }
 
@@ -146,9 +148,10 @@ func New(cfg Config) *Node {
 	}
 }
 
-// Start starts, through Config.Go, the check-back of half messages left
-// undecided and the sweep of the host stores' markers (one goroutine), and
-// the forgetter that cleans markers once decisions are durable (another).
+// Start starts, through Config.Go, two goroutines: one runs the check-back
+// of half messages left undecided and the sweep of the host stores'
+// markers, the other the forgetter that cleans markers once decisions are
+// durable.
 func (n *Node) Start() {
 	n.cfg.Go(n.checkLoop)
 	n.cfg.Go(n.forgetter)
@@ -174,7 +177,7 @@ type openTx struct {
 }
 
 // standaloneProducer is recorded as the producer of the half messages of a
-// node without an id (a standalone node), which checks back all of them.
+// standalone node, without an id, which checks back all of them.
 const standaloneProducer = "local"
 
 // producer is what the node records as the producer of its half messages:
@@ -406,7 +409,7 @@ func (n *Node) rolledBack(ot *openTx) {
 // unknown is the WhileUnknown hook: the host's commit failed and its
 // outcome could not be read. Nothing is decided: the half messages wait for
 // the check-back and the outbox rows for the sweep, which read the outcome
-// from the host store (marker present: committed).
+// from the host store: a marker present means committed.
 func (n *Node) unknown(ot *openTx) {
 	n.ended(ot)
 	n.cfg.Logger.Warn("the host's commit failed and its outcome is unknown; the check-back and the sweep will read it from the host store",
@@ -414,7 +417,7 @@ func (n *Node) unknown(ot *openTx) {
 }
 
 // commit publishes txid in every partition of plan and returns the
-// decision that stands (see decide). Its callers hold txid in the
+// decision that stands, as decide does. Its callers hold txid in the
 // PruneGuard first; the partitions stamp the decisions later than that
 // hold.
 func (n *Node) commit(ctx context.Context, txid string, plan txPlan) (store.Decision, error) {
@@ -422,7 +425,7 @@ func (n *Node) commit(ctx context.Context, txid string, plan txPlan) (store.Deci
 }
 
 // rollback discards the half messages of txid in refs and returns the
-// decision that stands (see decide).
+// decision that stands, as decide does.
 func (n *Node) rollback(ctx context.Context, txid string, refs []Ref) (store.Decision, error) {
 	plan := make(txPlan, len(refs))
 	for _, ref := range refs {
@@ -431,10 +434,10 @@ func (n *Node) rollback(ctx context.Context, txid string, refs []Ref) (store.Dec
 	return n.decide(ctx, txid, store.RolledBack, plan)
 }
 
-// decide records want (Committed, publishing the messages of plan with the
-// half messages, or RolledBack) for txid in every partition of plan, in
-// parallel, and returns the decision that stands: want, or the other one
-// when it was recorded first in some partition (reported in the log).
+// decide records want for txid in every partition of plan, in parallel:
+// Committed, publishing the messages of plan with the half messages, or
+// RolledBack. It returns the decision that stands: want, or the other one
+// when it was recorded first in some partition, which it logs.
 func (n *Node) decide(ctx context.Context, txid string, want store.Decision, plan txPlan) (store.Decision, error) {
 	op, verb, other, otherVerb := store.OpCommitTx, "commit", store.RolledBack, "rollback"
 	if want == store.RolledBack {

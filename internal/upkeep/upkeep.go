@@ -1,15 +1,15 @@
 // Package upkeep runs the upkeep of a partition on the node that owns it:
 // one goroutine per partition releases delayed messages when they fall due
 // and deletes what retention, the dedup window and the transaction decision
-// TTL let go. Both are store commands (OpRelease, OpTrim); the upkeep runs
-// only where the partition's proposer is and stamps them with the time it
-// decided at (the transaction guard's cutoff is relative to it), so a
-// replicated partition computes the same result on every replica.
+// TTL let go. Both are store commands, OpRelease and OpTrim; the upkeep
+// runs only where the partition's proposer is and stamps them with the
+// time it decided at, to which the transaction guard's cutoff is relative,
+// so a replicated partition computes the same result on every replica.
 //
 // An idle partition costs nothing: the upkeeper sleeps until the earliest
 // DeliverAt in the delay index or its next retention check, and a check
 // writes only when something is to be deleted. A write that adds to the
-// delay index wakes it (Partition.Changed).
+// delay index wakes it through Partition.Changed.
 package upkeep
 
 import (
@@ -53,12 +53,12 @@ type Config struct {
 	Clock          Clock
 	Retention      time.Duration // 0: no age limit
 	RetentionBytes int64         // per partition; 0: no size limit
-	Consumed       bool          // also delete what every group committed past (store.Command.Consumed)
+	Consumed       bool          // also delete what every group committed past: store.Command.Consumed
 	DedupWindow    time.Duration
 	DecisionTTL    time.Duration
 	Interval       time.Duration // between retention checks
-	// BroadcastTTL removes the offsets of a broadcast instance
-	// (group@instance) unchanged for longer; 0 keeps them.
+	// BroadcastTTL removes the offsets of a broadcast instance,
+	// group@instance, unchanged for longer; 0 keeps them.
 	BroadcastTTL time.Duration
 	// DecideTTL returns the TTL to prune transaction decisions with at
 	// now, given DecisionTTL: the transaction engine keeps a decision while
@@ -78,13 +78,13 @@ type upkeeper struct {
 	log    Partition
 	logger *slog.Logger
 
-	due         int64 // earliest DeliverAt in the delay index (unix ns), if haveDue
+	due         int64 // unix ns: earliest DeliverAt in the delay index, if haveDue
 	haveDue     bool
 	seenDelayed int64 // Stats().Delayed when due was read
 
 	nextCheck  time.Time // next retention check
 	nextFull   time.Time // next unconditional trim, which also prunes transaction decisions
-	prunedTo   int64     // dedup entries of messages stored before this are pruned (unix ns)
+	prunedTo   int64     // unix ns: dedup entries of messages stored before this are pruned
 	headOffset uint64    // the log head whose StoredAt is headStored
 	headStored int64
 }
@@ -95,7 +95,7 @@ func (u *upkeeper) run(ctx context.Context) {
 	now := clk.Now()
 	u.nextCheck = now // at once: catch up on what expired while the node was down
 	// Decisions are first pruned an hour after Open, and only those that
-	// no host marker may need (Config.DecideTTL).
+	// no host marker may need, as Config.DecideTTL says.
 	u.nextFull = now.Add(fullTrimEvery)
 	var (
 		timer     <-chan time.Time // fires at timerAt; nil when none is pending
@@ -105,7 +105,7 @@ func (u *upkeeper) run(ctx context.Context) {
 	)
 	// changed is taken before the reads it guards and renewed only once it
 	// fired: a change between a read and the next wait closes the channel
-	// that wait selects on (a fresh channel each turn missed it).
+	// that wait selects on, where a fresh channel each turn missed it.
 	changed := u.log.Changed()
 	for ctx.Err() == nil {
 		now = clk.Now()
@@ -162,8 +162,8 @@ func (u *upkeeper) readDue() error {
 	return nil
 }
 
-// release moves every message due at now into the log, in (DeliverAt,
-// arrival) order.
+// release moves every message due at now into the log, by DeliverAt and
+// then arrival.
 func (u *upkeeper) release(ctx context.Context, now time.Time) error {
 	cmd := store.Command{Op: store.OpRelease, Now: now.UnixNano(), Limit: releaseLimit}
 	for {
@@ -192,8 +192,8 @@ func (u *upkeeper) check(ctx context.Context, now time.Time) error {
 }
 
 // expireGroups removes the records of broadcast instances idle for longer
-// than BroadcastTTL. The age is compared inside the command (OpDeleteGroup
-// with MaxAge), so a running instance that refreshed its record meanwhile
+// than BroadcastTTL. The age is compared inside the command, OpDeleteGroup
+// with MaxAge, so a running instance that refreshed its record meanwhile
 // keeps it. A running instance refreshes it well within the TTL.
 func (u *upkeeper) expireGroups(ctx context.Context, now time.Time) error {
 	ttl := u.cfg.BroadcastTTL
@@ -251,7 +251,8 @@ func (u *upkeeper) trimWanted(now time.Time) (bool, error) {
 	if cfg.Retention > 0 && u.headStored < ns-int64(cfg.Retention) {
 		return true, nil
 	}
-	// A consumed record waits for its dedup entry to expire (store.OpTrim).
+	// A consumed record waits for its dedup entry to expire, as store.OpTrim
+	// does.
 	return cfg.Consumed && u.headStored < ns-int64(cfg.DedupWindow) && u.consumedPast(st.Low), nil
 }
 
@@ -286,7 +287,7 @@ func (u *upkeeper) trim(ctx context.Context, now time.Time) error {
 	}
 	full := !now.Before(u.nextFull)
 	if full {
-		// No decision goes while a host marker may need it (Config.DecideTTL).
+		// No decision goes while a host marker may need it: Config.DecideTTL.
 		ttl := cfg.DecisionTTL
 		if cfg.DecideTTL != nil {
 			ttl = cfg.DecideTTL(now, ttl)

@@ -8,8 +8,8 @@ import (
 	"io"
 )
 
-// A frame on a node-to-node connection, after the transport's handshake
-// (whose version also versions this layout):
+// A frame on a node-to-node connection, after the transport's handshake,
+// whose version also versions this layout:
 //
 //	length  uint32 big endian: the bytes after it (FrameHeaderSize + payload)
 //	reqID   uint64 big endian: pairs a response with its request
@@ -56,8 +56,8 @@ func AppendFrame(dst []byte, f Frame, max int) ([]byte, error) {
 	return append(dst, f.Payload...), nil
 }
 
-// AppendFrameHeader appends the header of f to dst: its length (counting
-// f.Payload) and the fields before the payload, which the caller writes
+// AppendFrameHeader appends the header of f to dst: its length, counting
+// f.Payload, and the fields before the payload, which the caller writes
 // after it, so that a large payload need not be copied next to its
 // header. It returns ErrFrameTooLarge as AppendFrame does.
 func AppendFrameHeader(dst []byte, f Frame, max int) ([]byte, error) {
@@ -81,7 +81,7 @@ type FrameReader struct {
 }
 
 // NewFrameReader returns a reader of frames from r whose length is at most
-// max (DefaultMaxFrameBytes if max ≤ 0).
+// max, or DefaultMaxFrameBytes if max ≤ 0.
 func NewFrameReader(r io.Reader, max int) *FrameReader {
 	if max <= 0 {
 		max = DefaultMaxFrameBytes
@@ -91,8 +91,8 @@ func NewFrameReader(r io.Reader, max int) *FrameReader {
 
 // ReadFrame reads the next frame. It returns io.EOF at a clean end of the
 // stream, io.ErrUnexpectedEOF for a frame cut short, ErrFrameTooLarge or
-// ErrFrameShort for a bad length (the stream is then unusable), or the
-// underlying reader's error.
+// ErrFrameShort for a bad length, after which the stream is unusable, or
+// the underlying reader's error.
 func (fr *FrameReader) ReadFrame() (Frame, error) {
 	if _, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
 		return Frame{}, err

@@ -1,5 +1,5 @@
 // Package wire holds the encodings shared by the node's formats: the safe
-// decoding of msgpack values (the records of earlier formats) and the
+// decoding of msgpack values, the records of earlier formats, and the
 // length-prefixed frames of node-to-node connections.
 package wire
 
@@ -11,8 +11,9 @@ import (
 )
 
 // Unmarshal decodes the msgpack value b into v, as msgpack.Unmarshal does,
-// but safely for damaged input: the library panics on some malformed input
-// (a nil where a time is expected), which Unmarshal returns as an error.
+// but safely for damaged input: the library panics on some malformed input,
+// such as a nil where a time is expected, which Unmarshal returns as an
+// error.
 func Unmarshal(b []byte, v any) (err error) {
 	// The library also trusts lengths: an array header claiming 2^32
 	// elements makes it allocate them. Walk the bytes first.

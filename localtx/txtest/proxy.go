@@ -27,7 +27,7 @@ type Wire int
 const (
 	// PostgresWire is PostgreSQL's frontend/backend protocol, version 3.
 	PostgresWire Wire = iota + 1
-	// MySQLWire is the MySQL client/server protocol (MariaDB's too),
+	// MySQLWire is the MySQL client/server protocol, MariaDB's too,
 	// without TLS or compression.
 	MySQLWire
 )
@@ -38,8 +38,8 @@ type ProxyFault int
 // Proxy faults.
 const (
 	// DropCommitReply forwards the COMMIT, waits for the server's reply to
-	// it (the server has ended the transaction), discards the reply and
-	// closes both sides of the connection: the client's COMMIT fails
+	// it, by which the server has ended the transaction, discards the reply
+	// and closes both sides of the connection: the client's COMMIT fails
 	// though the server committed.
 	DropCommitReply ProxyFault = iota + 1
 	// CutBeforeCommit closes both sides of the connection without
@@ -123,7 +123,7 @@ func NewProxy(t testing.TB, wire Wire, target string) *Proxy {
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // Arm makes the proxy do fault to the next COMMIT sent on a connection
-// that carried tag (anywhere in what the client sent) since this call;
+// that carried tag anywhere in what the client sent since this call;
 // with tag empty, to the next COMMIT on any connection. A tag such as the
 // transaction's id keeps the fault from hitting another transaction's
 // COMMIT. Arm replaces a fault armed before that has not fired.
@@ -158,8 +158,8 @@ func (p *Proxy) Cuts() []Cut {
 
 // Close stops accepting, closes every connection and waits for the
 // proxy's goroutines to end. It returns the errors the proxy met: a
-// connection whose protocol it could not read (TLS, compression, a
-// malformed message), where a fault could not fire.
+// connection whose protocol it could not read, for TLS, compression or a
+// malformed message, where a fault could not fire.
 func (p *Proxy) Close() []error {
 	p.mu.Lock()
 	p.closed = true
@@ -225,7 +225,7 @@ type proxyConn struct {
 
 // serve dials the server and pumps the server's bytes to the client; it
 // starts the pump of the client's bytes once connected. Both count in the
-// proxy's wait group (added by accept).
+// proxy's wait group, to which accept adds them.
 func (c *proxyConn) serve() {
 	defer c.p.wg.Done()
 	ctx, cancel := context.WithTimeout(c.p.ctx, 10*time.Second)

@@ -52,9 +52,9 @@ func All(t testing.TB) []*Host {
 	return hosts
 }
 
-// Open opens the adapter named name (one of Names) over path: a bbolt or
-// SQLite file, or, on a server, tables named after path (the same path
-// opens the same tables, in this process or another).
+// Open opens the adapter named name, one of Names, over path: a bbolt or
+// SQLite file, or, on a server, tables named after path. The same path
+// opens the same tables, in this process or another.
 func Open(t testing.TB, name, path string) *Host {
 	t.Helper()
 	switch name {
@@ -144,8 +144,8 @@ func sqliteDSN(path string) string {
 	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)"
 }
 
-// The environment that points the tests at database servers (.ci/servers
-// starts both and prints it).
+// The environment that points the tests at database servers. .ci/servers
+// starts both and prints it.
 const (
 	// PostgresEnv holds a pgx DSN of a PostgreSQL database the tests may
 	// create tables in.
@@ -154,7 +154,7 @@ const (
 	// database.
 	MySQLEnv = "ZEZE_MYSQL_DSN"
 	// RequiredEnv set to "required" makes a server not configured or not
-	// reachable a test failure instead of a skip (CI sets it).
+	// reachable a test failure instead of a skip. CI sets it.
 	RequiredEnv = "ZEZE_SQL_SERVERS"
 )
 

@@ -28,9 +28,9 @@ type message struct {
 	typ  byte   // PostgreSQL's type byte; 0 for the untyped startup messages
 	head []byte // the body's first bytes, at most headMax
 	size int    // the body's bytes
-	// commit: a command that commits the transaction (the client's).
+	// commit: a client's command that commits the transaction.
 	commit bool
-	// handshake: MySQL's handshake response (the client's first packet).
+	// handshake: MySQL's handshake response, the client's first packet.
 	handshake bool
 }
 
@@ -75,7 +75,7 @@ type framer struct {
 
 func newFramer(wire Wire, client bool) *framer {
 	// The server's side of PostgreSQL is typed from its first byte: the
-	// proxy answers the only untyped replies (to encryption requests).
+	// proxy answers the only untyped replies, to encryption requests.
 	return &framer{wire: wire, client: client, typed: wire == MySQLWire || !client}
 }
 
@@ -157,8 +157,8 @@ func (f *framer) end(i int) message {
 			len(m.head) > 0 && m.head[len(m.head)-1] == 0 && isCommit(string(m.head[:len(m.head)-1]))
 	default:
 		// A startup message: after it the client's messages are typed,
-		// unless it asked for encryption (the proxy declines) and the
-		// startup message comes next.
+		// unless it asked for encryption, which the proxy declines, and
+		// the startup message comes next.
 		f.typed = m.code() != pgEncryptionRequest
 	}
 	f.nhdr = 0

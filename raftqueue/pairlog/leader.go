@@ -14,7 +14,7 @@ import (
 var (
 	// ErrDeposed answers the entries in flight once the follower refused
 	// the leader's epoch for a newer one: this leader can never ack again.
-	// Their outcome is unknown (the follower may hold them).
+	// Their outcome is unknown, since the follower may hold them.
 	ErrDeposed = errors.New("pairlog: deposed: the follower serves a newer epoch")
 
 	// ErrClosed answers what a closed Leader had not applied; an entry
@@ -24,8 +24,8 @@ var (
 
 // Peer is the leader's way to its follower: Append delivers a batch to the
 // follower's Log.Append and returns its result; Install delivers a piece
-// of a snapshot (the follower assembles them and, at the last, restores
-// it: raftqueue.Pair.Install).
+// of a snapshot, which the follower assembles and, at the last piece,
+// restores, as raftqueue.Pair.Install does.
 type Peer interface {
 	Append(ctx context.Context, a Append) (uint64, error)
 	Install(ctx context.Context, in Install) error
@@ -46,7 +46,7 @@ type Install struct {
 type LeaderConfig struct {
 	Log *Log // this replica's log, serving the leader's epoch
 	// Peer is the follower. Nil: the leader alone, whose entries commit
-	// on its own write (the risk stage: one copy).
+	// on its own write, one copy, as in the risk stage.
 	Peer Peer
 	// Apply applies committed entries to the state machine, in log order,
 	// one call at a time, and returns one response per entry. It must not
@@ -57,23 +57,25 @@ type LeaderConfig struct {
 	// log. Entries after it, written under earlier epochs, are applied
 	// once the follower holds them too.
 	Applied uint64
-	// MaxBatch bounds the entries of one Append (default 256), and
-	// MaxBatchBytes their data (0: no bound; an entry larger goes alone).
+	// MaxBatch bounds the entries of one Append, 256 by default, and
+	// MaxBatchBytes their data, without a bound if 0; an entry larger goes
+	// alone.
 	MaxBatch, MaxBatchBytes int
 	// Async makes the leader commit each entry on its own write while it
 	// still sends every entry to Peer: the risk stage, for a follower that
 	// is catching up while the metadata records the leader alone in sync.
 	// SetSync switches.
 	Async bool
-	// MaxPending bounds the entries proposed and not yet applied: Propose
-	// waits for room (default 1024).
+	// MaxPending bounds the entries proposed and not yet applied, 1024 by
+	// default: beyond it Propose waits for room.
 	MaxPending int
-	// RetryAfter is the wait after an Append that failed (default 20 ms).
+	// RetryAfter is the wait after an Append that failed, 20 ms by default.
 	RetryAfter time.Duration
 	// Snapshot returns the state machine's state, holding every effect up
 	// to the index it returns, for a follower that needs entries the log
-	// no longer holds (sent with Peer.Install in pieces of MaxBatchBytes,
-	// at most 1 MiB). Nil: such a follower fails the leader (ErrCompacted).
+	// no longer holds. It is sent with Peer.Install in pieces of
+	// MaxBatchBytes, at most 1 MiB. Nil: such a follower fails the leader
+	// with ErrCompacted.
 	Snapshot func() (uint64, io.ReadCloser, error)
 }
 
@@ -100,13 +102,13 @@ type Leader struct {
 	told      uint64   // the commit index the follower last heard
 	applied   uint64
 	async     bool   // commit on this replica's write alone
-	acked     uint64 // what may have been acked without the follower: up to here (own-1 at start)
+	acked     uint64 // what may have been acked without the follower: up to here, own-1 at start
 	failed    error
 	wakeWrite chan struct{}
 	wakeSend  chan struct{}
 	wakeApply chan struct{}
 	// installed is the index of the last snapshot the follower restored:
-	// its log holds no entry there (send).
+	// its log holds no entry there, so send checks no epoch at it.
 	installed uint64
 }
 
@@ -174,8 +176,9 @@ func NewLeader(cfg LeaderConfig) (*Leader, error) {
 }
 
 // Propose appends data as the next entry and returns its future, answered
-// once the entry is applied (its response), or with the leader's failure
-// (ErrDeposed, ErrClosed, a write error: the outcome is then unknown).
+// with its response once the entry is applied, or with the leader's
+// failure: ErrDeposed, ErrClosed or a write error, and the outcome is then
+// unknown.
 func (l *Leader) Propose(data []byte) raft.ApplyFuture {
 	if l.ctx.Err() != nil {
 		return failedEntry(l.stopped())
@@ -217,14 +220,15 @@ func (l *Leader) Close() error {
 }
 
 // Alone reports whether the leader has no follower: its entries commit on
-// its own write (the risk stage).
+// its own write, as in the risk stage.
 func (l *Leader) Alone() bool { return l.cfg.Peer == nil }
 
 // Verify confirms that the follower still serves this leader's epoch, so
 // that no newer leader can have acked anything yet: an empty append, which
 // changes nothing on the follower. A refusal for a newer epoch deposes the
-// leader (ErrDeposed); a follower not reached is its error. A leader alone
-// (no Peer, or the risk stage) has no one to ask: nil while it serves.
+// leader with ErrDeposed; a follower not reached is its error. A leader
+// without a Peer, or in the risk stage, has no one to ask: nil while it
+// serves.
 func (l *Leader) Verify(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
@@ -281,7 +285,7 @@ func (l *Leader) run(step func() bool) {
 	}
 }
 
-// wait waits for a signal on ch or the leader's end (false).
+// wait waits for a signal on ch, or returns false at the leader's end.
 func (l *Leader) wait(ch chan struct{}) bool {
 	select {
 	case <-ch:
@@ -300,10 +304,10 @@ func (l *Leader) commit() uint64 {
 	return min(l.written, l.matched)
 }
 
-// SetSync switches the leader between committing on both copies (sync)
-// and on its own write (the risk stage: see LeaderConfig.Async). Switch
-// to async only once the metadata records this leader alone in sync;
-// record the follower in sync only once InSync reports it, after the
+// SetSync switches the leader between committing on both copies when sync
+// and on its own write otherwise, the risk stage of LeaderConfig.Async.
+// Switch to async only once the metadata records this leader alone in
+// sync; record the follower in sync only once InSync reports it, after the
 // switch back.
 func (l *Leader) SetSync(sync bool) {
 	l.mu.Lock()
@@ -323,8 +327,8 @@ func (l *Leader) SetSync(sync bool) {
 // InSync reports whether the follower holds every entry that may have been
 // acknowledged, and every entry committed from now on will need it: the
 // leader commits on both copies and the follower's log matches this one up
-// to every entry written before (by this run in the risk stage, or by
-// earlier leaders) that might have been acked.
+// to every entry written before that might have been acked, by this run in
+// the risk stage or by earlier leaders.
 func (l *Leader) InSync() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -347,7 +351,7 @@ func (l *Leader) Lag() uint64 {
 	return l.written - min(l.written, l.matched)
 }
 
-// failLocked makes the leader's failure err (the first one stays) and
+// failLocked makes the leader's failure err, unless it failed already, and
 // answers every entry not applied with it. mu is held.
 func (l *Leader) failLocked(err error) {
 	if l.failed == nil {
@@ -401,8 +405,8 @@ func (l *Leader) write() bool {
 
 // send sends the follower the entries it lacks, or the commit index it has
 // not heard, one Append at a time; a refused one is sent again from where
-// the follower's log matches, a failed one after RetryAfter. The first one
-// (and one after a refusal) may carry no entry: it finds whether the
+// the follower's log matches, a failed one after RetryAfter. The first
+// one, and one after a refusal, may carry no entry: it finds whether the
 // follower's log matches this replica's up to where it starts.
 func (l *Leader) send() bool {
 	if l.cfg.Peer == nil {
@@ -430,15 +434,15 @@ func (l *Leader) send() bool {
 		return l.wait(l.wakeSend)
 	}
 	if hi := min(to, mem-1); prev < mem && max(prev, 1) <= hi {
-		// prev's epoch, and the entries no longer in memory (applied, so
-		// written), from this replica's log.
+		// prev's epoch, and the entries no longer in memory, applied and so
+		// written, from this replica's log.
 		es, err := l.cfg.Log.Entries(max(prev, 1), hi)
 		atSnapshot := false
 		if errors.Is(err, ErrCompacted) && prev > 0 && prev == l.installed {
 			// The follower restored this replica's snapshot at prev and
-			// holds no entry there (its log follows it, Log.Restored), so
-			// it checks no epoch at prev: one this log may no longer know
-			// (compacted or restored at prev itself).
+			// holds no entry there, its log following it (Log.Restored),
+			// so it checks no epoch at prev: one this log may no longer
+			// know, being compacted or restored at prev itself.
 			es, err = l.cfg.Log.Entries(prev+1, hi)
 			atSnapshot = true
 		}
@@ -558,8 +562,8 @@ func (l *Leader) install() bool {
 	return true
 }
 
-// memFrom returns the index from which the entries are in memory (the
-// queue): those proposed here and not yet applied. mu is held.
+// memFrom returns the index from which the entries are in the queue in
+// memory: those proposed here and not yet applied. mu is held.
 func (l *Leader) memFrom() uint64 {
 	if len(l.queue) > 0 {
 		return l.queue[0].log.Index
@@ -567,8 +571,8 @@ func (l *Leader) memFrom() uint64 {
 	return l.next
 }
 
-// retry waits RetryAfter after a failed Append (the follower unreachable,
-// or not yet serving this epoch), false once the leader stops.
+// retry waits RetryAfter after a failed Append, the follower being
+// unreachable or not yet serving this epoch; false once the leader stops.
 func (l *Leader) retry() bool {
 	t := time.NewTimer(l.cfg.RetryAfter)
 	defer t.Stop()

@@ -16,8 +16,9 @@ var (
 	ErrStaleEpoch = errors.New("pairlog: stale epoch")
 
 	// ErrMismatch is returned by Append when the log does not hold the
-	// entry the batch follows (a gap) or holds another in its place. The
-	// error is a *MismatchError telling where the leader resumes.
+	// entry the batch follows, leaving a gap, or holds another in its
+	// place. The error is a *MismatchError telling where the leader
+	// resumes.
 	ErrMismatch = errors.New("pairlog: log mismatch")
 
 	// ErrCommitted is returned by Append for a batch that would replace an
@@ -26,7 +27,7 @@ var (
 	ErrCommitted = errors.New("pairlog: append would replace a committed entry")
 
 	// ErrBadAppend is returned for an append whose fields do not hold
-	// together (indexes not consecutive, epochs out of order).
+	// together: indexes not consecutive, epochs out of order.
 	ErrBadAppend = errors.New("pairlog: malformed append")
 
 	// ErrCompacted is returned by Entries for entries compacted away: a
@@ -34,8 +35,8 @@ var (
 	ErrCompacted = errors.New("pairlog: entries compacted away")
 
 	// ErrEpochLed is returned by Lead for an epoch this replica has led
-	// before: a leader's run needs an epoch of its own (see Lead); ask the
-	// metadata for the next one.
+	// before: a leader's run needs an epoch of its own, as Lead explains;
+	// ask the metadata for the next one.
 	ErrEpochLed = errors.New("pairlog: epoch led before")
 )
 
@@ -62,9 +63,9 @@ func (e *MismatchError) Error() string {
 func (e *MismatchError) Is(target error) bool { return target == ErrMismatch }
 
 // Append is one batch of a pair's log, sent by the leader of Epoch: the
-// entries following the one at PrevIndex (of epoch PrevEpoch; 0 and 0
-// before the first), and Commit, the leader's commit index (what both
-// copies hold).
+// entries following the one at PrevIndex, of epoch PrevEpoch, both 0
+// before the first; and Commit, the leader's commit index, up to which
+// both copies hold the log.
 type Append struct {
 	Epoch     uint64
 	PrevIndex uint64
@@ -72,10 +73,10 @@ type Append struct {
 	Entries   []*raft.Log // Index consecutive from PrevIndex+1, Term the epoch each was written in
 	Commit    uint64
 	// Reset is set on a leader's batches until the first one is taken:
-	// what the follower holds after PrevIndex (above its commit) is
+	// what the follower holds after PrevIndex, above its commit, is
 	// replaced by Entries, whatever epochs it carries. A leader that
 	// restarted in the same epoch may lack a tail its previous run sent
-	// (and never acked), at the same indexes and epoch; and a follower's
+	// and never acked, at the same indexes and epoch; and a follower's
 	// tail past the leader's log would otherwise stay until the leader
 	// writes that far.
 	Reset bool
@@ -83,8 +84,8 @@ type Append struct {
 
 // epochKey is the stable-store key of the epoch a replica serves, ledKey
 // the one of the last epoch it led, syncedKey the one of the index up to
-// which the state machine holds every entry's effects durably (Compact,
-// Restored): a restart applies the log from after it.
+// which the state machine holds every entry's effects durably, as Compact
+// and Restored record: a restart applies the log from after it.
 var (
 	epochKey  = []byte("DoubleWriteEpoch")
 	ledKey    = []byte("DoubleWriteLed")
@@ -102,15 +103,16 @@ type Log struct {
 	synced uint64 // persisted in stable: the state machine holds the effects up to here
 	commit uint64 // entries up to it are on both copies: never cut
 	// base is, while the log holds no entry, the index it follows: what
-	// was compacted or restored up to (committed, so matching any leader).
+	// was compacted or restored up to, committed and so matching any
+	// leader.
 	base uint64
 }
 
 // OpenLog opens a replica's log kept in log, its epoch in stable. Entries
-// up to committed are known to be committed (the state machine's applied
-// index): Append never cuts them. So are those up to Synced, which the
-// state machine holds as well (it applies the log from after
-// max(committed, Synced)). A log that holds entries but ends before them
+// up to committed, the state machine's applied index, are known to be
+// committed: Append never cuts them. So are those up to Synced, which the
+// state machine holds as well, since it applies the log from after
+// max(committed, Synced). A log that holds entries but ends before them
 // lost some: an error.
 func OpenLog(log raft.LogStore, stable raft.StableStore, committed uint64) (*Log, error) {
 	var keys [3]uint64
@@ -129,9 +131,9 @@ func OpenLog(log raft.LogStore, stable raft.StableStore, committed uint64) (*Log
 		return nil, err
 	}
 	if committed > last && first <= last {
-		// The state machine applied entries the log lost (a log is
-		// emptied before a restore, Truncate, and compacted only behind
-		// Synced).
+		// The state machine applied entries the log lost: a log is
+		// emptied before a restore, by Truncate, and compacted only behind
+		// Synced.
 		return nil, fmt.Errorf("pairlog: %d entries committed, the log ends at %d", committed, last)
 	}
 	// What was compacted away was committed.
@@ -155,10 +157,10 @@ func (l *Log) Bounds() (first, last uint64, err error) {
 	return l.bounds()
 }
 
-// Compact drops the entries up to upTo, which the state machine applied
-// (so they are committed) and holds durably: that is recorded first
-// (Synced), so that a restart applies from after upTo. A follower that
-// needs them then needs a snapshot (Entries answers ErrCompacted).
+// Compact drops the entries up to upTo, which the state machine applied,
+// so they are committed, and holds durably. That is recorded first as
+// Synced, so that a restart applies from after upTo. A follower that needs
+// them then needs a snapshot: Entries answers ErrCompacted.
 func (l *Log) Compact(upTo uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -183,9 +185,10 @@ func (l *Log) Compact(upTo uint64) error {
 }
 
 // Truncate drops every entry, before a snapshot replaces the state
-// machine's (then Restored): the log then follows applied, up to which the
-// state machine holds the effects. Whatever a crash leaves between the
-// two, the log never holds an entry the restored state contradicts.
+// machine's and Restored is called: the log then follows applied, up to
+// which the state machine holds the effects. Whatever a crash leaves
+// between the two, the log never holds an entry the restored state
+// contradicts.
 func (l *Log) Truncate(applied uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -203,7 +206,8 @@ func (l *Log) Truncate(applied uint64) error {
 }
 
 // Restored records that the state machine holds, durably, every effect up
-// to index (a snapshot restored after Truncate): the log follows index.
+// to index, a snapshot having been restored after Truncate: the log
+// follows index.
 func (l *Log) Restored(index uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -230,7 +234,7 @@ func (l *Log) setSynced(index uint64) error {
 	return nil
 }
 
-// Epoch returns the epoch the replica serves (0 before its first).
+// Epoch returns the epoch the replica serves, 0 before its first.
 func (l *Log) Epoch() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -246,12 +250,12 @@ func (l *Log) Commit() uint64 {
 
 // Lead makes the replica serve epoch e as its leader: persisted, as
 // SetEpoch does, with the mark that it led e. Each leader's run needs an
-// epoch no run wrote entries in before: a replica that led e, restarted (or
-// stopped and started leading again), writes its new entries at indexes its
-// earlier run may have sent the follower other entries at, with the same
-// epoch, and log matching, which compares indexes and epochs, would take
-// them for the same. So an epoch led before, or below, is refused
-// (ErrEpochLed, ErrStaleEpoch).
+// epoch no run wrote entries in before: a replica that led e, then
+// restarted or stopped and started leading again, writes its new entries at
+// indexes its earlier run may have sent the follower other entries at, with
+// the same epoch, and log matching, which compares indexes and epochs,
+// would take them for the same. So an epoch led before is refused with
+// ErrEpochLed, and one below with ErrStaleEpoch.
 func (l *Log) Lead(e uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -320,14 +324,14 @@ func (l *Log) setEpoch(e uint64) error {
 }
 
 // Append adds a's entries to the log, durably before it returns, and
-// returns the index up to which the log now matches the leader's (the
-// batch's last entry; a tail after it, of an older epoch, may not match
-// and is left for the next batch to check). Entries it holds (a resend) are
-// skipped; a tail that does not match a's entries, never acked since the
-// leader acks only what both copies hold, is cut first. It refuses an
-// epoch other than the replica's (ErrStaleEpoch), a batch that does not
-// follow what the log holds (ErrMismatch), and one that would cut a
-// committed entry (ErrCommitted), changing nothing.
+// returns the index up to which the log now matches the leader's: the
+// batch's last entry. A tail after it, of an older epoch, may not match and
+// is left for the next batch to check. Entries it holds, as on a resend,
+// are skipped; a tail that does not match a's entries, never acked since
+// the leader acks only what both copies hold, is cut first. Changing
+// nothing, it refuses an epoch other than the replica's with
+// ErrStaleEpoch, a batch that does not follow what the log holds with
+// ErrMismatch, and one that would cut a committed entry with ErrCommitted.
 func (l *Log) Append(a Append) (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -400,7 +404,7 @@ func (l *Log) Append(a Append) (uint64, error) {
 
 // Write appends the leader's own entries, durably before it returns: they
 // follow the log's last entry one by one, all of the epoch the replica
-// serves (ErrBadAppend otherwise, nothing written).
+// serves. Otherwise nothing is written and it returns ErrBadAppend.
 func (l *Log) Write(es []*raft.Log) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -422,8 +426,8 @@ func (l *Log) Write(es []*raft.Log) error {
 	return nil
 }
 
-// Last returns the index and epoch of the log's last entry (0, 0 when it
-// is empty).
+// Last returns the index and epoch of the log's last entry, or 0, 0 when
+// it is empty.
 func (l *Log) Last() (index, epoch uint64, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -432,7 +436,7 @@ func (l *Log) Last() (index, epoch uint64, err error) {
 		return index, 0, err
 	}
 	if first > index {
-		return index, 0, nil // compacted or restored: its epoch no longer matters (committed)
+		return index, 0, nil // compacted or restored, so committed: its epoch no longer matters
 	}
 	epoch, err = l.epochAt(index)
 	return index, epoch, err

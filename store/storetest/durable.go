@@ -7,7 +7,7 @@ import (
 )
 
 // A durableTest gets the opener of one partition's data: each call opens it
-// again (close the one before first).
+// again, so close the one before first.
 type durableTest struct {
 	name string
 	run  func(t *testing.T, open func() Partition)

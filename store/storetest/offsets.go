@@ -7,7 +7,7 @@ import (
 )
 
 // claim runs OpClaim of group at now and checks that its generation is new:
-// above every generation seen before (after).
+// above every generation seen before, which after holds.
 func claim(t testing.TB, p Partition, now int64, group string, start store.Start, offset, after uint64) store.Result {
 	t.Helper()
 	res := apply(t, p, &store.Command{Op: store.OpClaim, Now: now, Group: group, Start: start, Offset: offset})
@@ -80,8 +80,8 @@ var offsetTests = []test{
 		c := claim(t, p, t0, "g", store.StartAt, 0, 0)
 		apply(t, p, commitOffset("g", 6, c.Generation))
 		equal(t, "Group after commit", group(t, p, "g"), store.GroupState{Offset: 6, Generation: c.Generation, Updated: t0 + 50*sec})
-		// An offset may go back (a consumer re-reading): the store does not
-		// judge it.
+		// An offset may go back, as for a consumer re-reading: the store does
+		// not judge it.
 		cmd := commitOffset("g", 2, c.Generation)
 		cmd.Now = t0 + 51*sec
 		apply(t, p, cmd)
@@ -169,7 +169,7 @@ var offsetTests = []test{
 		equal(t, "Group", group(t, p, "g"), store.GroupState{Offset: 8, Generation: c.Generation, Updated: t0 + 60*sec})
 	}},
 	{"ClaimLease", func(t *testing.T, p Partition) {
-		// A claim with a lease (MaxAge) waits while the owner changed the
+		// A claim with a MaxAge lease waits while the owner changed the
 		// record within it; an owner renews it by committing.
 		lease := 10 * sec
 		leased := func(now int64) *store.Command {
@@ -197,8 +197,8 @@ var offsetTests = []test{
 		held.Updated = t0 + 8*sec
 		equal(t, "Group after a renewal", group(t, p, "g"), held)
 		applyErr(t, p, leased(t0+17*sec), store.ErrClaimed)
-		// A record stamped more than the lease ahead of the claim (the
-		// partition's clock stepped back) holds nothing.
+		// A record stamped more than the lease ahead of the claim, the
+		// partition's clock having stepped back, holds nothing.
 		if held.Leased(held.Updated-lease-1, lease) || !held.Leased(held.Updated-lease, lease) {
 			t.Fatal("GroupState.Leased of a record stamped ahead of now")
 		}
@@ -206,8 +206,8 @@ var offsetTests = []test{
 		short := leased(t0 + 17*sec)
 		short.MaxAge = sec
 		applyErr(t, p, short, store.ErrClaimed)
-		// Without a lease the claim takes the group at once (a coordinator
-		// that knows better); with one, once the lease ran out.
+		// Without a lease the claim takes the group at once, for a
+		// coordinator that knows better; with one, once the lease ran out.
 		next := apply(t, p, leased(t0+18*sec))
 		if next.Generation <= owner.Generation || next.Offset != 4 {
 			t.Fatalf("claim after the lease: Generation %d, Offset %d", next.Generation, next.Offset)
@@ -241,7 +241,7 @@ var offsetTests = []test{
 			t.Fatal("Group after a claim still marked Released")
 		}
 		// A reset takes the group from its owner but keeps its lease: another
-		// claim waits for it (the owner may still deliver); the owner,
+		// claim waits for it, as the owner may still deliver; the owner,
 		// fenced, claims again at once with the reset's generation.
 		reset := apply(t, p, &store.Command{Op: store.OpResetOffset, Now: t0 + 3*sec, Group: "g", Offset: 1})
 		equal(t, "Group after a reset under a lease", group(t, p, "g"),

@@ -4,7 +4,7 @@
 // store's commands and reads; store.Partition is the reference, so a rule
 // here is what store/apply.go and store/read.go do.
 //
-// Commands carry Now explicitly (the proposer's clock), so ages and times to
+// Commands carry Now, the proposer's clock, explicitly, so ages and times to
 // live are exact and no case waits for the wall clock. Cases that wait for a
 // long poll bound the wait, and check that a call still blocks by giving it
 // a short quiet period.
@@ -27,7 +27,8 @@ type Partition interface {
 	// store.ErrClosed after Close.
 	Apply(ctx context.Context, cmd *store.Command) (store.Result, error)
 	// Fetch is Read that waits until a message at or after from is in the
-	// log, ctx ends (ctx.Err()) or the partition closes (store.ErrClosed).
+	// log, ctx ends, with ctx.Err(), or the partition closes, with
+	// store.ErrClosed.
 	Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error)
 	// Get returns the message at offset; ok false when it is not in the log.
 	Get(offset uint64) (store.Message, bool, error)
@@ -71,7 +72,7 @@ var suite = []struct {
 
 // Run runs the suite, each case in parallel on a fresh partition from open,
 // which registers with t.Cleanup whatever else it must release. Run closes
-// the partitions (checking Close's error) before those cleanups run.
+// the partitions, checking Close's error, before those cleanups run.
 func Run(t *testing.T, open func(t *testing.T) Partition) {
 	for _, g := range suite {
 		t.Run(g.name, func(t *testing.T) {
@@ -86,8 +87,8 @@ func Run(t *testing.T, open func(t *testing.T) Partition) {
 }
 
 // RunDurable runs, as Run does, the cases that close a partition and open
-// its data again: open opens (creating on first use) the partition kept in
-// dir.
+// its data again: open opens the partition kept in dir, creating it on
+// first use.
 func RunDurable(t *testing.T, open func(t *testing.T, dir string) Partition) {
 	for _, tt := range durableTests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -122,7 +122,7 @@ var txTests = []test{
 		equal(t, "send of a rolled-back ID", appendAt(t, p, t0, msg("h1")), []store.Ack{{Offset: 0}})
 	}},
 	{"RollbackUnknown", func(t *testing.T, p Partition) {
-		// A rollback that comes before the prepare (or instead of it)
+		// A rollback that comes before the prepare, or instead of it,
 		// decides: a late prepare is refused.
 		c := apply(t, p, &store.Command{Op: store.OpRollbackTx, TxID: "tx"})
 		if c.Count != 0 || c.Previous != store.Undecided {

@@ -1,8 +1,8 @@
 // Package fake is an in-memory partition for fast tests of what drives
-// partitions (the delivery engine). It applies every command of
-// store/storetest's Partition with store.Partition's semantics (checked by
-// running that suite against it) and adds test hooks: FailNext, and Pause
-// and Resume.
+// partitions, such as the delivery engine. It applies every command of
+// store/storetest's Partition with store.Partition's semantics, which
+// running that suite against it checks, and adds test hooks: FailNext, and
+// Pause and Resume.
 //
 // It starts no goroutines and keeps everything in memory: nothing outlives
 // the Partition, so storetest.RunDurable does not apply to it.
@@ -38,7 +38,7 @@ type Partition struct {
 	mu       sync.Mutex    // guards the fields below
 	closed   bool          // Close was called
 	changed  chan struct{} // closed, and replaced, when the log grows
-	failNext error         // the next Apply's error (FailNext)
+	failNext error         // the next Apply's error, set by FailNext
 	resume   chan struct{} // non-nil while paused; closed by Resume
 
 	low, next  uint64 // the log holds [low, next)
@@ -93,16 +93,16 @@ func New() *Partition {
 }
 
 // FailNext makes the next Apply return err, changing nothing; nil cancels
-// an earlier FailNext. An Apply refused before it reaches the partition
-// (its ctx ended, or Close) leaves it pending.
+// an earlier FailNext. An Apply refused before it reaches the partition,
+// because its ctx ended or Close came first, leaves it pending.
 func (p *Partition) FailNext(err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.failNext = err
 }
 
-// Pause makes Apply block until Resume, its ctx ends (ctx.Err()) or Close
-// (store.ErrClosed). Reads go on.
+// Pause makes Apply block until Resume, until its ctx ends, with ctx.Err(),
+// or until Close, with store.ErrClosed. Reads go on.
 func (p *Partition) Pause() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -134,7 +134,7 @@ func (p *Partition) Close() error {
 }
 
 // Apply applies cmd as store.Partition.Apply does and returns its result.
-// It returns ctx.Err() for a ctx that ended before (changing nothing), and
+// It returns ctx.Err(), changing nothing, for a ctx that ended before, and
 // blocks while the partition is paused.
 func (p *Partition) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
 	if err := ctx.Err(); err != nil {
@@ -530,11 +530,11 @@ func (p *Partition) rollbackTx(c *store.Command, res *store.Result) {
 	p.txs[c.TxID] = decided{store.RolledBack, c.Now}
 }
 
-// Fetch appends to dst the messages from offset from on (from the first
-// one kept, when from is below it), at most limit of them and, past the
-// first, at most maxBytes in all (0: no limit), as store.Partition.Read
+// Fetch appends to dst the messages from offset from on, or from the first
+// one kept when from is below it, at most limit of them and, past the
+// first, at most maxBytes in all, no limit if 0, as store.Partition.Read
 // does. When the log holds none at or after from it waits for one, for ctx
-// to end (ctx.Err()) or for Close (store.ErrClosed).
+// to end, with ctx.Err(), or for Close, with store.ErrClosed.
 func (p *Partition) Fetch(ctx context.Context, from uint64, limit, maxBytes int, dst []store.Message) ([]store.Message, error) {
 	for {
 		p.mu.Lock()
@@ -604,8 +604,8 @@ func (p *Partition) Group(name string) (store.GroupState, bool, error) {
 	return g, ok, nil
 }
 
-// SeekTime returns the offset of the first message stored at or after t
-// (unix ns), or Next when there is none.
+// SeekTime returns the offset of the first message stored at or after t,
+// in unix ns, or Next when there is none.
 func (p *Partition) SeekTime(t int64) (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -653,8 +653,8 @@ func (p *Partition) HalfTxs(fn func(store.HalfTx) bool) error {
 	return nil
 }
 
-// Decision returns the recorded decision for txid (store.Undecided if
-// none, or if it was pruned after its time to live).
+// Decision returns the recorded decision for txid: store.Undecided if
+// there is none, or if it was pruned after its time to live.
 func (p *Partition) Decision(txid string) (store.Decision, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
