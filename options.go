@@ -127,7 +127,7 @@ type config struct {
 	maxMessageBytes                   int
 	clock                             Clock
 
-	// Upkeep (maintenance.go).
+	// Upkeep (internal/upkeep).
 	retention           time.Duration // 0: no age limit
 	retentionBytes      int64         // per partition; 0: no size limit
 	retentionConsumed   bool          // also delete what every group committed past

@@ -73,7 +73,7 @@ type txConfig struct {
 	// txn.Config.TestHook.
 	testHook func(point, txid string)
 
-	prune *txn.PruneGuard // read by the upkeep (maintenance.go) from the start
+	prune *txn.PruneGuard // read by the upkeep (internal/upkeep) from the start
 	node  *txn.Node       // set by startTxChecker
 }
 

@@ -22,7 +22,7 @@ func BenchmarkGroup_Apply(b *testing.B) {
 }
 
 func benchApply(b *testing.B, boltLog bool) {
-	// Timeouts as on a LAN (research §8.3): 200 ms lost the leader under
+	// Timeouts as on a LAN: 200 ms lost the leader under
 	// fsync load here.
 	c := newClusterOpts(b, b.TempDir(), 3, raftConfig(time.Second), boltLog, 1)
 	g := c.group(c.leader())

@@ -12,7 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// The fault matrix of a DoubleWrite pair (issue 13), in the manner of the
+// The fault matrix of a DoubleWrite pair, in the manner of the
 // Raft3 one (fault_test.go): writers append messages of their own IDs, each
 // retried with the same ID until acked, readers read the highest offset
 // acked through LeaderPartition, while the test (as the metadata group)

@@ -286,7 +286,7 @@ func (l *launcher) scenarioRaft3(ctx context.Context) error {
 	if err := l.wait(ctx, "the topic created", 20*time.Second, func() bool { return n1.created }); err != nil {
 		return err
 	}
-	l.logf("Raft3 topic %q created: %d partitions, each a raft group with a replica on every node", topic, partitions)
+	l.logf("Raft3 topic %q created: %d partitions in one raft group with a replica on every node", topic, partitions)
 	// The node leading fewest partitions produces and consumes; the busiest
 	// leader of the other two is the one killed.
 	nodes := []*proc{n1, n2, n3}

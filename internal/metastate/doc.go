@@ -27,9 +27,10 @@
 // CreateTopic and AlterTopic place each new partition on the live nodes
 // holding the fewest replicas, ties by node id; the first is its leader at
 // epoch 1. Too few live nodes is ErrNotEnoughNodes. AlterTopic places only
-// the added partitions, and nothing is ever moved: the partitions of a node
-// marked down stay on it (a Single partition there is unavailable until it
-// returns).
+// the added partitions. A Single or Raft3 partition is never moved: the
+// partitions of a node marked down stay on it, and a Single partition there
+// is unavailable until it returns. A DoubleWrite pair moves only by its
+// own commands (Promote, ReplaceFollower: doublewrite.go).
 //
 // # Consumer groups
 //
