@@ -1,12 +1,11 @@
 package mq
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"context"
 	"fmt"
 
 	"github.com/zeze-go/mq/internal/meta"
+	"github.com/zeze-go/mq/internal/metastate"
 )
 
 // Rights are what an ACL rule allows; combine them with |.

@@ -19,8 +19,6 @@ package mq_test
 // TestReview_TxPreparerCrashAfterHostCommit; and delivery_review_test.go.
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +33,7 @@ import (
 
 	"github.com/zeze-go/mq"
 	"github.com/zeze-go/mq/internal/cluster"
+	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/testlog"
 	"github.com/zeze-go/mq/localtx"

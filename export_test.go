@@ -1,11 +1,10 @@
 package mq
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"context"
 	"time"
 
+	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/internal/replica"

@@ -1,8 +1,6 @@
 package mq
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -10,6 +8,7 @@ import (
 	"time"
 
 	"github.com/zeze-go/mq/internal/delivery"
+	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/localtx"
 )

@@ -1,8 +1,6 @@
 package cluster
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"context"
 	"crypto/tls"
 	"errors"
@@ -21,6 +19,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/zeze-go/mq/internal/boltsafe"
+	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/internal/transport"

@@ -1,8 +1,6 @@
 package cluster
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/store"
 )
@@ -220,5 +219,5 @@ func TestAgent_Report(t *testing.T) {
 		t.Fatalf("%s, closed, still leads %v after the report", id, got)
 	}
 	// That it stays up until its session expires is
-	// TestReportAttack_ReportBreaksConsumerLease's (sessions of 10 s).
+	// TestReport_KeepsConsumerLease's (sessions of 10 s).
 }

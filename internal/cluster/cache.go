@@ -1,8 +1,6 @@
 package cluster
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,6 +10,7 @@ import (
 	"time"
 
 	"github.com/zeze-go/mq/internal/boltsafe"
+	"github.com/zeze-go/mq/internal/metastate"
 )
 
 // The state cache, <Dir>/state: the last State this node applied, saved

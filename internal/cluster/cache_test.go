@@ -1,10 +1,10 @@
 package cluster
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"errors"
 	"testing"
+
+	"github.com/zeze-go/mq/internal/metastate"
 )
 
 // TestCache_Damage: every damaged byte and every cut of a state cache is

@@ -1,13 +1,13 @@
 package cluster
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"context"
 	"errors"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/zeze-go/mq/internal/metastate"
 )
 
 // Coordinator divides the partitions of consumer groups among their

@@ -1,11 +1,11 @@
 package cluster
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"context"
 	"errors"
 	"slices"
+
+	"github.com/zeze-go/mq/internal/metastate"
 )
 
 // failover, on the metadata leader, acts for the DoubleWrite pairs that

@@ -1,14 +1,14 @@
 package cluster
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"fmt"
 	"io"
 	"log/slog"
 	"sync/atomic"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/zeze-go/mq/internal/metastate"
 )
 
 // fsm is the metadata group's raft.FSM. Raft calls Apply, Snapshot and

@@ -1,8 +1,6 @@
 package cluster
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"cmp"
 	"context"
 	"encoding/json"
@@ -24,6 +22,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/zeze-go/mq/internal/boltsafe"
+	"github.com/zeze-go/mq/internal/metastate"
 )
 
 // MaxVoters is the number of raft voters of the metadata group; further

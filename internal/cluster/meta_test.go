@@ -1,8 +1,6 @@
 package cluster
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"bytes"
 	"context"
 	"errors"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/testlog"
 )
 

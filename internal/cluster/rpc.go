@@ -1,8 +1,6 @@
 package cluster
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +8,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/internal/wire"
 	"github.com/zeze-go/mq/store"

@@ -1,13 +1,12 @@
 package cluster
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"errors"
 	"reflect"
 	"testing"
 
 	"github.com/zeze-go/mq/internal/fuzzseed"
+	"github.com/zeze-go/mq/internal/metastate"
 )
 
 // rpcMessages are the request and reply structs of the cluster's RPC ops,

@@ -2,6 +2,7 @@ package metastate
 
 import (
 	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/zeze-go/mq/internal/wire"
 
 	"bytes"

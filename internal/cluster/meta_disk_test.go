@@ -1,8 +1,6 @@
 package cluster
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"bufio"
 	"bytes"
 	"context"
@@ -22,11 +20,13 @@ import (
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/zeze-go/mq/internal/metastate"
 )
 
-// Hostile review of the metadata group's own files (issue 11, "left"
-// point 4): a full disk under raft.db and the snapshots, damage of the
-// address book.
+// The metadata group's own files under faults: a full disk under raft.db
+// and the snapshots, damage of the snapshots and the address book, writes
+// that fail.
 
 const metaFullDirEnv = "ZEZE_CLUSTER_META_FULL_DIR"
 
@@ -45,7 +45,7 @@ func openMetaAlone(dir string, log *slog.Logger) (*Meta, error) {
 	})
 }
 
-// TestAttack_MetaLogDiskFull attacks "a full disk is an error: no panic, no
+// TestMeta_DiskFullKeepsAcked checks "a full disk is an error: no panic, no
 // hang, Close returns, and nothing acknowledged is lost" on the metadata
 // group's raft.db and snapshots. A child process whose files may not grow
 // past metaFullLimit (RLIMIT_FSIZE, SIGXFSZ ignored: EFBIG) creates topics
@@ -57,7 +57,7 @@ func openMetaAlone(dir string, log *slog.Logger) (*Meta, error) {
 // not snapshot within the test). Case "Snapshot": topics of 64 partitions
 // and a snapshot asked every 20 topics: the snapshots (and the state
 // cache) meet it first, then raft.db, whose log is no longer compacted.
-func TestAttack_MetaLogDiskFull(t *testing.T) {
+func TestMeta_DiskFullKeepsAcked(t *testing.T) {
 	if env := os.Getenv(metaFullDirEnv); env != "" {
 		mode, dir, _ := strings.Cut(env, ":")
 		metaFullChild(dir, mode == "Snapshot")
@@ -73,7 +73,7 @@ func TestAttack_MetaLogDiskFull(t *testing.T) {
 
 func testMetaFull(t *testing.T, mode string) {
 	dir := filepath.Join(t.TempDir(), "meta")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAttack_MetaLogDiskFull$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMeta_DiskFullKeepsAcked$", "-test.count=1")
 	cmd.Env = append(os.Environ(), metaFullDirEnv+"="+mode+":"+dir)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -224,11 +224,11 @@ func metaFullChild(dir string, snapshots bool) {
 	fmt.Println("done")
 }
 
-// TestAttack_MetaSnapshotDamaged attacks "damage is an error (ErrCorrupt
+// TestMeta_SnapshotDamaged checks "damage is an error (ErrCorrupt
 // naming the file), never a panic, never wrong data served" on the
 // metadata group's snapshots. The log before the snapshot is compacted
 // away, so the snapshot is the only record of the first topics.
-func TestAttack_MetaSnapshotDamaged(t *testing.T) {
+func TestMeta_SnapshotDamaged(t *testing.T) {
 	cases := []struct {
 		name   string
 		damage func(t *testing.T, snap string)
@@ -314,12 +314,12 @@ func cutFile(t *testing.T, path string, to int64) {
 	}
 }
 
-// TestAttack_AddressBookDamaged attacks "a damaged address book is
+// TestAgent_AddressBookDamaged checks "a damaged address book is
 // ignored, never a panic, never wrong data": every byte of the book
 // changed (three ways) and every cut. A book that loads has only valid
 // ids and non-empty addresses; an address changed by damage is a hint
 // that RaftMux and Peer check against the id the node proves.
-func TestAttack_AddressBookDamaged(t *testing.T) {
+func TestAgent_AddressBookDamaged(t *testing.T) {
 	dir := t.TempDir()
 	n := &Agent{cfg: AgentConfig{ID: "n1", Dir: dir}, log: discardLogger(), addr: "127.0.0.1:7001"}
 	st, _, err := metastate.New().Apply(1, metastate.RegisterNode{ID: "n2", Addr: "127.0.0.1:7002"})
@@ -366,13 +366,13 @@ func TestAttack_AddressBookDamaged(t *testing.T) {
 	check("huge line", append(slices.Clone(good), strings.Repeat("a", 1<<20)...))
 }
 
-// TestAttack_HintFilesUnwritable attacks "a failed write is an error
+// TestAgent_HintFilesUnwritable checks "a failed write is an error
 // (logged), no panic, no hang, Close returns" for the state cache and the
 // address book, and "they are only hints": with their temporary files
 // blocked (a directory in the way: EISDIR on every save, also the one
 // Close makes), the node goes on taking proposals, closes, and reopens on
 // its raft state with every topic.
-func TestAttack_HintFilesUnwritable(t *testing.T) {
+func TestAgent_HintFilesUnwritable(t *testing.T) {
 	a := &agents{t: t, dirs: map[string]string{}, all: map[string]*Agent{}}
 	ag := a.start("n1")
 	eventually(t, "n1 up", func() bool { return a.allUp(1) })
@@ -436,7 +436,7 @@ func (s failingStore) SetUint64(k []byte, v uint64) error {
 	return s.BoltStore.SetUint64(k, v)
 }
 
-// TestAttack_MetaStoreWriteFailurePanics attacks "a failed write of the
+// TestMeta_StoreWriteFailureStopsMember checks "a failed write of the
 // cluster's files is an error, never a panic (the process embeds the
 // node)". raft.db starts failing every write (EIO) on a one-node group:
 // the leader's StoreLogs fails, it steps down and stands for election,
@@ -445,7 +445,7 @@ func (s failingStore) SetUint64(k []byte, v uint64) error {
 // goroutine, where nothing can recover it: the whole process died. Now the
 // member stops (termStore): it leads no more, proposals fail, Close
 // returns errMetaFailed, and the directory reopens.
-func TestAttack_MetaStoreWriteFailurePanics(t *testing.T) {
+func TestMeta_StoreWriteFailureStopsMember(t *testing.T) {
 	if dir := os.Getenv(stableFailEnv); dir != "" {
 		stableFailChild(dir)
 		return
@@ -454,7 +454,7 @@ func TestAttack_MetaStoreWriteFailurePanics(t *testing.T) {
 		t.Skip("spawns a child process")
 	}
 	dir := filepath.Join(t.TempDir(), "meta")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAttack_MetaStoreWriteFailurePanics$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMeta_StoreWriteFailureStopsMember$", "-test.count=1")
 	cmd.Env = append(os.Environ(), stableFailEnv+"="+dir)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "closed after the failure") {

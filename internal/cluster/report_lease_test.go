@@ -1,19 +1,19 @@
 package cluster
 
 import (
-	"github.com/zeze-go/mq/internal/metastate"
-
 	"context"
 	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/zeze-go/mq/internal/metastate"
 )
 
-// reportAttackAgents opens n agents like newAgents, with a session timeout
+// reportAgents opens n agents like newAgents, with a session timeout
 // of sessionTimeout instead of 1 s: long enough that a report's probe
 // (about 2.2 s) ends well before a silent node's session expires.
-func reportAttackAgents(t *testing.T, n int, sessionTimeout time.Duration) map[string]*Agent {
+func reportAgents(t *testing.T, n int, sessionTimeout time.Duration) map[string]*Agent {
 	t.Helper()
 	all := map[string]*Agent{}
 	seed := ""
@@ -53,7 +53,7 @@ func reportAttackAgents(t *testing.T, n int, sessionTimeout time.Duration) map[s
 	return all
 }
 
-// TestReportAttack_ReportBreaksConsumerLease: a node cut off from the
+// TestReport_KeepsConsumerLease: a node cut off from the
 // others (a partition of the network, a long pause) still believes its
 // session valid, and so keeps delivering to its consumers, until
 // SessionDeadline: a heartbeat acknowledged less than the session timeout
@@ -63,8 +63,8 @@ func reportAttackAgents(t *testing.T, n int, sessionTimeout time.Duration) map[s
 // whose probe fails marks the node down at once: its members are removed
 // and their partitions given to another member while the cut node still
 // delivers them.
-func TestReportAttack_ReportBreaksConsumerLease(t *testing.T) {
-	all := reportAttackAgents(t, 3, 10*time.Second)
+func TestReport_KeepsConsumerLease(t *testing.T) {
+	all := reportAgents(t, 3, 10*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var leader *Agent
