@@ -513,13 +513,7 @@ func checkName(name string, bad error) error {
 }
 
 // goFunc runs fn in a goroutine owned by the node: Close waits for it.
-func (m *MQ) goFunc(fn func(ctx context.Context)) {
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		fn(m.ctx)
-	}()
-}
+func (m *MQ) goFunc(fn func(ctx context.Context)) { m.wg.Go(func() { fn(m.ctx) }) }
 
 // startBackground starts the node's background goroutines (each through
 // goFunc, so Close cancels and waits for them).

@@ -282,14 +282,14 @@ func Open(path string, opts Options) (*Partition, error) {
 			db.Close()
 			return nil, err
 		}
-		p.goFunc(p.materializer)
+		p.wg.Go(p.materializer)
 	}
 	if opts.Replicated {
-		p.goFunc(p.materializer)
+		p.wg.Go(p.materializer)
 	}
 	p.work, p.ackedSt = p.fileSt, p.fileSt
 	p.nextIdx = p.fileSt.Applied + 1
-	p.goFunc(p.run)
+	p.wg.Go(p.run)
 	return p, nil
 }
 
@@ -545,16 +545,6 @@ func (p *Partition) finish(r *request) {
 		return
 	}
 	p.recycle(r)
-}
-
-// goFunc runs fn, the writer or the materializer, in a goroutine that
-// Close waits for.
-func (p *Partition) goFunc(fn func()) {
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		fn()
-	}()
 }
 
 func (p *Partition) run() {

@@ -187,20 +187,11 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 		cfg.Serve(n.srv)
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.goFunc(n.sessionLoop)
-	n.goFunc(n.bookLoop)
-	n.goFunc(n.reportLoop)
+	n.wg.Go(n.sessionLoop)
+	n.wg.Go(n.bookLoop)
+	n.wg.Go(n.reportLoop)
 	ok = true
 	return n, nil
-}
-
-// goFunc runs fn in a goroutine that Close waits for (it ends with n.ctx).
-func (n *Agent) goFunc(fn func()) {
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		fn()
-	}()
 }
 
 // raftAddrIsID is the raft address of a node over the RaftMux: its id.

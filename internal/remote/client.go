@@ -103,16 +103,6 @@ func NewClient(dial func(ctx context.Context) (*transport.Conn, error), cfg Clie
 // MaxFrameBytes is the largest frame the client sends.
 func (c *Client) MaxFrameBytes() int { return c.cfg.MaxFrameBytes }
 
-// goFunc runs fn in a goroutine that Close waits for; the caller holds c.mu
-// and has checked c.closed, or runs in such a goroutine.
-func (c *Client) goFunc(fn func()) {
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		fn()
-	}()
-}
-
 // Call sends req as op and returns the reply's payload, which the caller
 // owns. It returns when the reply arrives; ctx's error as soon as ctx ends,
 // dropping a reply that arrives later and asking the peer to cancel the
@@ -250,7 +240,7 @@ func (c *Client) conn(ctx context.Context, stop <-chan struct{}) (*clientConn, e
 	if d == nil {
 		d = &dialing{done: make(chan struct{})}
 		c.dialing = d
-		c.goFunc(func() { c.dialOnce(d) })
+		c.wg.Go(func() { c.dialOnce(d) })
 	}
 	c.mu.Unlock()
 	select {
@@ -293,8 +283,8 @@ func (c *Client) dialOnce(d *dialing) {
 		pending: make(map[uint64]chan reply),
 	}
 	c.cn, d.cn = cn, cn
-	c.goFunc(cn.readLoop)
-	c.goFunc(cn.writeLoop)
+	c.wg.Go(cn.readLoop)
+	c.wg.Go(cn.writeLoop)
 }
 
 // Close fails the calls in flight with an error wrapping ErrClosed and

@@ -122,7 +122,7 @@ func NewServer(l net.Listener, cfg ServerConfig) *Server {
 	cfg.setDefaults()
 	s := &Server{l: l, cfg: cfg, handlers: make(map[uint16]Handler), conns: make(map[*serverConn]struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.goFunc(s.acceptLoop)
+	s.wg.Go(s.acceptLoop)
 	return s
 }
 
@@ -146,15 +146,6 @@ func (s *Server) handler(op uint16) Handler {
 // MaxFrameBytes is the largest frame the server reads or writes.
 func (s *Server) MaxFrameBytes() int { return s.cfg.MaxFrameBytes }
 
-// goFunc runs fn in a goroutine that Close waits for.
-func (s *Server) goFunc(fn func()) {
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		fn()
-	}()
-}
-
 func (s *Server) acceptLoop() {
 	transport.AcceptEach(s.ctx, s.l, s.cfg.Logger, "remote: accept", func(c net.Conn) bool {
 		tc, ok := c.(*transport.Conn)
@@ -168,7 +159,7 @@ func (s *Server) acceptLoop() {
 			tc.Close()
 			return false
 		}
-		s.goFunc(sc.serve)
+		s.wg.Go(sc.serve)
 		return true
 	})
 }

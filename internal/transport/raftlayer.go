@@ -156,17 +156,8 @@ func NewRaftMux(t *Transport, cfg RaftMuxConfig) (*RaftMux, error) {
 		return nil, err
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	m.goFunc(m.acceptLoop)
+	m.wg.Go(m.acceptLoop)
 	return m, nil
-}
-
-// goFunc runs fn in a goroutine that Close waits for.
-func (m *RaftMux) goFunc(fn func()) {
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		fn()
-	}()
 }
 
 // Layer registers group and returns its stream layer. It returns
@@ -255,7 +246,7 @@ func (m *RaftMux) acceptLoop() {
 			s.Close()
 			return
 		}
-		m.goFunc(func() { m.serveSession(s, c.PeerID()) })
+		m.wg.Go(func() { m.serveSession(s, c.PeerID()) })
 	}
 }
 
@@ -281,7 +272,7 @@ func (m *RaftMux) serveSession(s *yamux.Session, peerID string) {
 			ys.Close()
 			continue
 		}
-		m.goFunc(func() {
+		m.wg.Go(func() {
 			defer func() { <-reading }()
 			m.route(ys, peerID)
 		})

@@ -158,7 +158,7 @@ func Listen(cfg Config) (*Transport, error) {
 		return nil, fmt.Errorf("transport: %w", err)
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
-	t.goFunc(t.acceptLoop)
+	t.wg.Go(t.acceptLoop)
 	return t, nil
 }
 
@@ -209,15 +209,6 @@ func tlsConfigs(server, client *tls.Config) (*tls.Config, *tls.Config, error) {
 	return s, c, nil
 }
 
-// goFunc runs fn in a goroutine that Close waits for.
-func (t *Transport) goFunc(fn func()) {
-	t.wg.Add(1)
-	go func() {
-		defer t.wg.Done()
-		fn()
-	}()
-}
-
 // Addr is the address the transport listens on.
 func (t *Transport) Addr() net.Addr { return t.ln.Addr() }
 
@@ -266,7 +257,7 @@ func (t *Transport) acceptLoop() {
 			c.Close()
 			return false
 		}
-		t.goFunc(func() { t.serve(c) })
+		t.wg.Go(func() { t.serve(c) })
 		return true
 	})
 }
