@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/metastate"
+	"github.com/zeze-go/mq/internal/topicdb"
 )
 
 // Rights are what an ACL rule allows; combine them with |.
@@ -71,7 +71,7 @@ func (m *MQ) ACL() []ACLRule {
 // allowed returns ErrDenied unless this node may do right on topic: always
 // on a standalone node, and for system topics.
 func (m *MQ) allowed(topic string, right Rights) error {
-	if m.cluster == nil || meta.IsSystemTopic(topic) {
+	if m.cluster == nil || topicdb.IsSystemTopic(topic) {
 		return nil
 	}
 	return translate(m.cluster.Allowed(m.cluster.ID(), topic, metastate.Rights(right)))

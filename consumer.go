@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/zeze-go/mq/internal/delivery"
-	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/topicdb"
 )
 
 // Listener receives messages. OnMessage is called for one message of a
@@ -141,11 +141,11 @@ const (
 )
 
 // RetryTopic returns the name of group's retry topic, "%RETRY%<group>".
-func RetryTopic(group string) string { return meta.RetryPrefix + group }
+func RetryTopic(group string) string { return topicdb.RetryPrefix + group }
 
 // DeadLetterTopic returns the name of group's dead-letter topic,
 // "%DLQ%<group>".
-func DeadLetterTopic(group string) string { return meta.DeadLetterPrefix + group }
+func DeadLetterTopic(group string) string { return topicdb.DeadLetterPrefix + group }
 
 // Consumer is a member of a consumer group: it receives the messages of the
 // partitions assigned to it and commits the group's offset in each. The

@@ -8,10 +8,10 @@ import (
 	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/delivery"
-	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/node"
 	"github.com/zeze-go/mq/internal/replica"
+	"github.com/zeze-go/mq/internal/topicdb"
 	"github.com/zeze-go/mq/internal/txn"
 	"github.com/zeze-go/mq/raftqueue"
 	"github.com/zeze-go/mq/store"
@@ -111,7 +111,7 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrNoTopic, err)
 	case errors.Is(err, store.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)
-	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt), errors.Is(err, meta.ErrCorrupt),
+	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt), errors.Is(err, topicdb.ErrCorrupt),
 		errors.Is(err, txn.ErrCorrupt), errors.Is(err, metastate.ErrCorrupt):
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	case errors.Is(err, delivery.ErrClosed):

@@ -93,7 +93,7 @@ func ReviewPropose(ctx context.Context, m *MQ, c metastate.Command) (metastate.R
 }
 
 // ReviewGroup is the metadata group's record of a consumer group, as m sees it.
-func ReviewGroup(m *MQ, topic, group string) (metastate.Group, bool) {
+func ReviewGroup(m *MQ, topic, group string) (metastate.ConsumerGroup, bool) {
 	return m.cluster.Agent().Meta().State().Group(topic, group)
 }
 

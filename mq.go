@@ -73,21 +73,21 @@ import (
 
 	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/delivery"
-	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/topicdb"
 	"github.com/zeze-go/mq/internal/upkeep"
 	"github.com/zeze-go/mq/store"
 )
 
 // MaxPartitions is the largest partition count of a topic.
-const MaxPartitions = meta.MaxPartitions
+const MaxPartitions = topicdb.MaxPartitions
 
 // MQ is a node: the topics stored in one directory. It is safe for
 // concurrent use.
 type MQ struct {
 	dir  string
 	cfg  config
-	meta *meta.Store
+	meta *topicdb.Store
 	wal  *store.WAL
 
 	upkeep upkeep.Config
@@ -147,7 +147,7 @@ func Open(dir string, opts ...Option) (*MQ, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mq: %w", translate(err))
 	}
-	meta, err := meta.Open(dir, cfg.logger)
+	meta, err := topicdb.Open(dir, cfg.logger)
 	if err != nil {
 		return nil, fmt.Errorf("mq: %w", translate(err))
 	}
@@ -483,7 +483,7 @@ func (m *MQ) topic(name string) (*partition.Topic, error) {
 
 // putTopic records t in meta.db.
 func (m *MQ) putTopic(t *partition.Topic) error {
-	err := m.meta.Put(t.Name, meta.Topic{Partitions: len(t.Parts), Type: t.Type, Created: t.Created})
+	err := m.meta.Put(t.Name, topicdb.Topic{Partitions: len(t.Parts), Type: t.Type, Created: t.Created})
 	if err != nil {
 		return fmt.Errorf("mq: %w", translate(err))
 	}
@@ -499,14 +499,14 @@ func closeAll(parts []partition.Partition) {
 // checkName applies the topic name rules; bad is the error to wrap.
 // checkGroup returns ErrInvalidGroup for a bad group name.
 func checkGroup(name string) error {
-	if err := meta.CheckGroup(name); err != nil {
+	if err := topicdb.CheckGroup(name); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidGroup, err)
 	}
 	return nil
 }
 
 func checkName(name string, bad error) error {
-	if err := meta.CheckName(name); err != nil {
+	if err := topicdb.CheckName(name); err != nil {
 		return fmt.Errorf("%w: %v", bad, err)
 	}
 	return nil

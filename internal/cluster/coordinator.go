@@ -221,7 +221,7 @@ func (c *Coordinator) reconcile(ctx context.Context, st *metastate.State) []stri
 	return topics
 }
 
-func hasMemberOn(g metastate.Group, node string) bool {
+func hasMemberOn(g metastate.ConsumerGroup, node string) bool {
 	for _, m := range g.Members {
 		if m.Node == node {
 			return true

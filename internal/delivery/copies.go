@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/topicdb"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -140,7 +140,7 @@ func (w *worker) parkCopy(sm *store.Message, r int, cause error) (topic string, 
 		cp.DeliverAt = partition.UnixNano(c.e.clock.Now().Add(d)) // a step past 2262 waits until then
 	}
 	w.logger().Warn("message handler failed; parked for retry", "offset", sm.Offset, "attempt", r+1, "after", d, "err", cause)
-	return meta.RetryPrefix + c.groupName, cp
+	return topicdb.RetryPrefix + c.groupName, cp
 }
 
 // deadCopy returns the copy of sm, which failed with ReconsumeTimes r, to
@@ -157,7 +157,7 @@ func (w *worker) deadCopy(sm *store.Message, r int, cause error) (topic string, 
 	cp.ReconsumeTimes = int32(r + 1)
 	cp.Properties[PropReconsumeTimes] = strconv.Itoa(r + 1)
 	w.logger().Error("message handler failed too often; dead-lettered", "offset", sm.Offset, "attempts", r+1, "err", cause)
-	return meta.DeadLetterPrefix + c.groupName, cp
+	return topicdb.DeadLetterPrefix + c.groupName, cp
 }
 
 // appendSystem appends msg to the system topic name, creating it if needed.

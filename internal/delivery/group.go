@@ -7,7 +7,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/zeze-go/mq/internal/meta"
+	"github.com/zeze-go/mq/internal/topicdb"
 )
 
 // Consumer is one member of a group on this node.
@@ -34,7 +34,7 @@ type Consumer struct {
 // Subscribe adds a consumer of topic to group and starts delivering at
 // once; a Concurrent consumer also consumes the group's retry topic.
 func (e *Engine) Subscribe(topic, groupName string, h Handler, cfg Config) (*Consumer, error) {
-	if meta.IsSystemTopic(topic) {
+	if topicdb.IsSystemTopic(topic) {
 		if err := e.topics.EnsureSystem(context.Background(), topic); err != nil {
 			return nil, err
 		}
@@ -43,7 +43,7 @@ func (e *Engine) Subscribe(topic, groupName string, h Handler, cfg Config) (*Con
 	if cfg.Instance != "" {
 		offsetName = groupName + "@" + cfg.Instance
 	}
-	rt := meta.RetryPrefix + groupName
+	rt := topicdb.RetryPrefix + groupName
 	if cfg.Concurrent { // before anything is delivered: a failure leaves nothing behind
 		if err := e.topics.EnsureSystem(context.Background(), rt); err != nil {
 			return nil, err
@@ -379,11 +379,11 @@ func (c *Consumer) assign(want map[int]bool, parts []Partition) {
 // CheckOffsetName accepts a group name or group@instance.
 func CheckOffsetName(name string) error {
 	g, inst, found := strings.Cut(name, "@")
-	if err := meta.CheckName(g); err != nil {
+	if err := topicdb.CheckName(g); err != nil {
 		return err
 	}
 	if found {
-		if err := meta.CheckName(inst); err != nil {
+		if err := topicdb.CheckName(inst); err != nil {
 			return fmt.Errorf("%w (instance of %q)", err, name)
 		}
 	}

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/topicdb"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -30,7 +30,7 @@ var ErrNoOrigin = errors.New("delivery: dead letter without origin topic")
 func (e *Engine) Redrive(ctx context.Context, group string, noTopic func(error) bool) (int, error) {
 	redriveMu.Lock()
 	defer redriveMu.Unlock()
-	dlq := meta.DeadLetterPrefix + group
+	dlq := topicdb.DeadLetterPrefix + group
 	parts, err := e.topics.Partitions(dlq)
 	if noTopic(err) {
 		return 0, nil

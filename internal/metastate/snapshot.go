@@ -331,7 +331,7 @@ func (v *snapV3) state() (*State, error) {
 		if !ok || len(sg.Owners) != len(t.Parts) || len(sg.Members) > MaxMembers {
 			return nil, fmt.Errorf("group %s/%s: %d owners, %d members", sg.Topic, sg.Group, len(sg.Owners), len(sg.Members))
 		}
-		g := Group{Generation: sg.Generation, Members: map[string]Member{}, Owners: sg.Owners, Revoking: map[int]uint64{}}
+		g := ConsumerGroup{Generation: sg.Generation, Members: map[string]Member{}, Owners: sg.Owners, Revoking: map[int]uint64{}}
 		for j, m := range sg.Members {
 			if err := checkName("member", m.ID); err != nil {
 				return nil, err

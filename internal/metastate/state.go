@@ -10,7 +10,7 @@ import (
 
 // Limits of the state, checked by Apply and by the snapshot decoder.
 const (
-	MaxPartitions = 1024 // partitions of one topic (internal/meta's limit)
+	MaxPartitions = 1024 // partitions of one topic (internal/topicdb's limit)
 	MaxReplicas   = 3    // replicas of one partition
 	MaxNameLen    = 255  // topic, group, member, address and ACL pattern bytes
 	MaxNodeIDLen  = 64   // node id bytes: [A-Za-z0-9._-], a certificate's DNS name
@@ -149,8 +149,8 @@ type GroupKey struct {
 	Group string
 }
 
-// Group is a consumer group's coordination state.
-type Group struct {
+// ConsumerGroup is a consumer group's coordination state.
+type ConsumerGroup struct {
 	// Generation is raised by every change of the group's members or
 	// assignment; offset commits carry it and are fenced by it.
 	Generation uint64
@@ -186,7 +186,7 @@ type State struct {
 	index   uint64 // log index of the last command applied without error
 	nodes   map[string]Node
 	topics  map[string]Topic
-	groups  map[GroupKey]Group
+	groups  map[GroupKey]ConsumerGroup
 	acl     []Rule
 	changed chan struct{} // closed when a newer version is published
 }
@@ -196,7 +196,7 @@ func New() *State {
 	return &State{
 		nodes:   map[string]Node{},
 		topics:  map[string]Topic{},
-		groups:  map[GroupKey]Group{},
+		groups:  map[GroupKey]ConsumerGroup{},
 		changed: make(chan struct{}),
 	}
 }
@@ -262,7 +262,7 @@ func (s *State) GroupsOn(node string) []GroupKey {
 
 // Group returns the record of group on topic, or false when the state has
 // none.
-func (s *State) Group(topic, group string) (Group, bool) {
+func (s *State) Group(topic, group string) (ConsumerGroup, bool) {
 	g, ok := s.groups[GroupKey{topic, group}]
 	return g, ok
 }
@@ -601,7 +601,7 @@ func (s *State) joinGroup(index uint64, c JoinGroup) (uint64, error) {
 	k := GroupKey{c.Topic, c.Group}
 	g, ok := s.groups[k]
 	if !ok {
-		g = Group{Owners: make([]string, len(t.Parts))}
+		g = ConsumerGroup{Owners: make([]string, len(t.Parts))}
 	}
 	if m, ok := g.Members[c.Member]; ok {
 		if m.Node != c.Node {
@@ -677,8 +677,8 @@ func checkRule(r Rule) error {
 	return nil
 }
 
-func (g Group) clone() Group {
-	return Group{
+func (g ConsumerGroup) clone() ConsumerGroup {
+	return ConsumerGroup{
 		Generation: g.Generation,
 		Members:    cloneMap(g.Members),
 		Owners:     slices.Clone(g.Owners),
@@ -704,7 +704,7 @@ func cloneMap[K comparable, V any](m map[K]V) map[K]V {
 //  4. A partition whose target is not its current owner is revoked: it
 //     stays its owner's until Released (or the owner leaves), then step 3
 //     gives it to the member short of its share.
-func (s *State) rebalance(g Group) Group {
+func (s *State) rebalance(g ConsumerGroup) ConsumerGroup {
 	g.Generation++
 	for p, o := range g.Owners {
 		if _, ok := g.Members[o]; !ok {

@@ -588,7 +588,7 @@ func TestState_OneOwner(t *testing.T) {
 	}
 }
 
-func checkGroup(t *testing.T, step int, c Command, g0, g1 Group) {
+func checkGroup(t *testing.T, step int, c Command, g0, g1 ConsumerGroup) {
 	t.Helper()
 	if g1.Generation < g0.Generation {
 		t.Fatalf("step %d: generation %d after %d", step, g1.Generation, g0.Generation)

@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/zeze-go/mq/internal/cluster"
-	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/internal/replica"
+	"github.com/zeze-go/mq/internal/topicdb"
 	"github.com/zeze-go/mq/internal/txn"
 	"github.com/zeze-go/mq/raftqueue"
 	"github.com/zeze-go/mq/store"
@@ -67,7 +67,7 @@ func (n *Node) authorize(peer, topic string, index int, op uint16, cmd *store.Co
 	if n.started.Load() == nil {
 		return errStarting
 	}
-	if meta.IsSystemTopic(topic) {
+	if topicdb.IsSystemTopic(topic) {
 		return nil
 	}
 	right := metastate.RightConsume // reads, fetches, offsets

@@ -12,11 +12,11 @@ import (
 	"time"
 
 	"github.com/zeze-go/mq/internal/cluster"
-	"github.com/zeze-go/mq/internal/meta"
 	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/internal/replica"
+	"github.com/zeze-go/mq/internal/topicdb"
 	"github.com/zeze-go/mq/internal/transport"
 	"github.com/zeze-go/mq/internal/upkeep"
 	"github.com/zeze-go/mq/raftqueue"
@@ -64,11 +64,11 @@ func (n *Node) recoverLogged() error {
 		i := strings.LastIndexByte(stream, '/')
 		part, err := strconv.Atoi(stream[i+1:])
 		topic := stream[:max(i, 0)]
-		if i < 0 || err != nil || part < 0 || (meta.CheckName(topic) != nil && !meta.IsSystemTopic(topic)) {
+		if i < 0 || err != nil || part < 0 || (topicdb.CheckName(topic) != nil && !topicdb.IsSystemTopic(topic)) {
 			n.cfg.Logger.Warn("write-ahead log stream of no partition; its records are dropped", "stream", stream)
 			continue
 		}
-		path := meta.PartitionPath(n.dir, topic, part)
+		path := topicdb.PartitionPath(n.dir, topic, part)
 		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 			n.cfg.Logger.Warn("write-ahead log records of a missing partition file; dropped", "stream", stream, "path", path)
 			continue

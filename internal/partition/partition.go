@@ -19,7 +19,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/zeze-go/mq/internal/meta"
+	"github.com/zeze-go/mq/internal/topicdb"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -118,7 +118,7 @@ type LocalConfig struct {
 // OpenLocal opens partition i of topic in the node's directory, creating
 // its file if needed.
 func OpenLocal(cfg LocalConfig, topic string, i int) (*Local, error) {
-	path := meta.PartitionPath(cfg.Dir, topic, i)
+	path := topicdb.PartitionPath(cfg.Dir, topic, i)
 	if err := store.MkdirAll(filepath.Dir(path)); err != nil {
 		return nil, fmt.Errorf("%s/%d: %w", topic, i, err)
 	}

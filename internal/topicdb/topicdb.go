@@ -1,8 +1,8 @@
-// Package meta keeps a node's topic table: which topics exist, with their
+// Package topicdb keeps a node's topic table: which topics exist, with their
 // partition count, replication type and creation time, in <dir>/meta.db,
 // reconciled with the partition files under <dir>/topics. It also holds the
 // naming rules of topics and groups and where a partition's file lives.
-package meta
+package topicdb
 
 import (
 	"encoding/binary"

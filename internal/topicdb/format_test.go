@@ -1,4 +1,4 @@
-package meta
+package topicdb
 
 import (
 	"os"
@@ -84,7 +84,7 @@ func fuzzSeeds() map[string][][]any {
 }
 
 // TestWriteFuzzCorpus writes the seeds to testdata/fuzz/<target>/:
-// ZEZE_WRITE_CORPUS=1 go test -run TestWriteFuzzCorpus ./internal/meta.
+// ZEZE_WRITE_CORPUS=1 go test -run TestWriteFuzzCorpus ./internal/topicdb.
 func TestWriteFuzzCorpus(t *testing.T) {
 	if os.Getenv("ZEZE_WRITE_CORPUS") != "1" {
 		t.Skip("ZEZE_WRITE_CORPUS=1 writes the seed corpus")
