@@ -548,7 +548,7 @@ func (m *MQ) maintainPartitions(topic string, first int, parts []partition.Parti
 
 // partitions returns topic's options and partitions from the topic table.
 // In a cluster the table holds the partitions placed on other nodes too, as
-// remote partitions (cluster.go), so every caller works the same on both.
+// remote partitions (internal/node), so every caller works the same on both.
 func (m *MQ) partitions(name string) (Options, []partition.Partition, error) {
 	t, err := m.topic(name)
 	if err != nil {
