@@ -112,7 +112,7 @@ func translate(err error) error {
 	case errors.Is(err, store.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)
 	case errors.Is(err, store.ErrCorrupt), errors.Is(err, boltsafe.ErrCorrupt), errors.Is(err, topicdb.ErrCorrupt),
-		errors.Is(err, txn.ErrCorrupt), errors.Is(err, metastate.ErrCorrupt):
+		errors.Is(err, txn.ErrCorrupt), errors.Is(err, metastate.ErrCorrupt), errors.Is(err, node.ErrCorrupt):
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	case errors.Is(err, delivery.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)
