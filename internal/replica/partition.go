@@ -164,7 +164,9 @@ func (p *Partition) part() int { return p.cfg.Index - p.cfg.First }
 // wrapping ctx's error), or the node's closing or the partition's Close
 // does (store.ErrClosed: a closing node tries each candidate once, without
 // waiting). A call that is not idempotent and reached a node whose
-// connection then broke may have run: raftqueue.ErrUnknownOutcome.
+// connection then broke may have run: raftqueue.ErrUnknownOutcome; and a
+// call whose outcome a replica cannot tell (raftqueue.ErrUnknownOutcome)
+// ends the loop as it is.
 func (p *Partition) route(ctx context.Context, idempotent bool, local func(r leaderReplica, refuse error) error, far func(rp *remote.Partition) error) error {
 	backoff := 5 * time.Millisecond
 	for tries := 1; ; tries++ {
@@ -186,6 +188,10 @@ func (p *Partition) route(ctx context.Context, idempotent bool, local func(r lea
 		switch {
 		case err == nil:
 			return nil
+		case errors.Is(err, raftqueue.ErrUnknownOutcome):
+			// Proposed, and it may have been applied: never proposed again,
+			// even beside ErrClosed (raft shut down under the entry).
+			return err
 		case errors.Is(err, raftqueue.ErrNotLeader), errors.Is(err, remote.ErrNotSent),
 			errors.Is(err, store.ErrClosed) && !p.isClosed():
 			// Not the leader, not reached, or its replica closing: nothing
