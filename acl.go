@@ -53,7 +53,11 @@ func (m *MQ) SetACL(ctx context.Context, rules []ACLRule) error {
 	for i, r := range rules {
 		cr[i] = metastate.Rule{Identity: r.Identity, Topic: r.Topic, Rights: metastate.Rights(r.Rights)}
 	}
-	return clusterErr(m.cluster.SetACL(ctx, cr))
+	index, err := m.cluster.SetACL(ctx, cr)
+	if err != nil {
+		return clusterErr(err)
+	}
+	return m.cluster.AwaitIndex(ctx, index)
 }
 
 // ACL returns the cluster's access rules (none for a standalone node).

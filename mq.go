@@ -373,9 +373,13 @@ func (m *MQ) createTopic(ctx context.Context, name string, partitions int, opts 
 		if m.closed.Load() {
 			return ErrClosed
 		}
-		return clusterErr(m.cluster.CreateTopic(ctx, metastate.CreateTopic{Name: name, Partitions: partitions, Type: uint8(opts.Type),
+		err := m.cluster.CreateTopic(ctx, metastate.CreateTopic{Name: name, Partitions: partitions, Type: uint8(opts.Type),
 			Now: time.Now().UnixNano(), GroupSize: opts.PartitionsPerRaftGroup + opts.PartitionsPerPair, // one of them is zero (Options.check)
-			AllowAlone: opts.AckAlone}))
+			AllowAlone: opts.AckAlone})
+		if err != nil {
+			return clusterErr(err)
+		}
+		return translate(m.cluster.AwaitTopic(ctx, name, partitions))
 	}
 	m.adminMu.Lock()
 	defer m.adminMu.Unlock()
@@ -414,7 +418,10 @@ func (m *MQ) AlterMQ(ctx context.Context, topic string, partitions int) error {
 		if m.closed.Load() {
 			return ErrClosed
 		}
-		return clusterErr(m.cluster.AlterTopic(ctx, topic, partitions))
+		if err := m.cluster.AlterTopic(ctx, topic, partitions); err != nil {
+			return clusterErr(err)
+		}
+		return translate(m.cluster.AwaitTopic(ctx, topic, partitions))
 	}
 	m.adminMu.Lock()
 	if m.closed.Load() {

@@ -178,7 +178,7 @@ func (n *Node) Close() error {
 }
 
 // CreateTopic creates a topic through the metadata leader, which places
-// its partitions, and waits until this node's table has it.
+// its partitions; AwaitTopic waits until this node's table has it.
 func (n *Node) CreateTopic(ctx context.Context, c metastate.CreateTopic) error {
 	_, err := n.agent.Propose(ctx, c)
 	if errors.Is(err, cluster.ErrUnknownOutcome) || errors.Is(err, metastate.ErrTopicExists) {
@@ -188,24 +188,20 @@ func (n *Node) CreateTopic(ctx context.Context, c metastate.CreateTopic) error {
 			err = nil
 		}
 	}
-	if err != nil {
-		return err
-	}
-	return n.await(ctx, c.Name, c.Partitions)
+	return err
 }
 
-// AlterTopic grows a topic through the metadata leader and waits until
-// this node's table has the new partitions.
+// AlterTopic grows a topic through the metadata leader; AwaitTopic waits
+// until this node's table has the new partitions.
 func (n *Node) AlterTopic(ctx context.Context, name string, partitions int) error {
-	if _, err := n.agent.Propose(ctx, metastate.AlterTopic{Name: name, Partitions: partitions}); err != nil {
-		return err
-	}
-	return n.await(ctx, name, partitions)
+	_, err := n.agent.Propose(ctx, metastate.AlterTopic{Name: name, Partitions: partitions})
+	return err
 }
 
-// await waits until the table has topic with at least partitions
-// partitions.
-func (n *Node) await(ctx context.Context, topic string, partitions int) error {
+// AwaitTopic waits until the table has topic with at least partitions
+// partitions. It returns ctx's error, or cluster.ErrClosed once the node
+// is closing.
+func (n *Node) AwaitTopic(ctx context.Context, topic string, partitions int) error {
 	for {
 		st := n.agent.Meta().State()
 		if t, ok := n.cfg.Topics.Get(topic); ok && len(t.Parts) >= partitions {
@@ -223,22 +219,20 @@ func (n *Node) await(ctx context.Context, topic string, partitions int) error {
 	}
 }
 
-// SetACL replaces the cluster's access rules and waits until this node
-// applied them.
-func (n *Node) SetACL(ctx context.Context, rules []metastate.Rule) error {
+// SetACL replaces the cluster's access rules through the metadata leader
+// and returns the index of the entry that did; AwaitIndex waits until this
+// node applied it.
+func (n *Node) SetACL(ctx context.Context, rules []metastate.Rule) (index uint64, err error) {
 	res, err := n.agent.Propose(ctx, metastate.SetACL{Rules: rules})
-	if err != nil {
-		return err
-	}
-	return n.awaitIndex(ctx, res.Index)
+	return res.Index, err
 }
 
 // ACL returns the cluster's access rules.
 func (n *Node) ACL() []metastate.Rule { return n.agent.Meta().State().ACL() }
 
-// awaitIndex waits until this node's copy of the metadata has applied the
-// entry at index.
-func (n *Node) awaitIndex(ctx context.Context, index uint64) error {
+// AwaitIndex waits until this node's copy of the metadata has applied the
+// entry at index, or ctx ends (its error).
+func (n *Node) AwaitIndex(ctx context.Context, index uint64) error {
 	for {
 		st := n.agent.Meta().State()
 		if st.Index() >= index {
