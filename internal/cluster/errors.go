@@ -22,8 +22,8 @@ var (
 	ErrUnknownOutcome = errors.New("cluster: outcome unknown")
 )
 
-// NotLeaderError is the ErrNotLeader of a node that knows (or does not know,
-// then both fields are empty) who the metadata leader is.
+// NotLeaderError is the ErrNotLeader of a node, naming the metadata leader
+// it knows of; both fields are empty when it knows none.
 type NotLeaderError struct {
 	LeaderID   string
 	LeaderAddr string
