@@ -83,6 +83,7 @@ const (
 	Concurrent
 )
 
+// String names the mode: "Orderly", "Concurrent", or "ConsumeMode(n)".
 func (m ConsumeMode) String() string {
 	switch m {
 	case Orderly:
@@ -286,6 +287,8 @@ func SeekOffset(partition int, offset uint64) Position {
 	return Position{p: delivery.Position{Kind: delivery.PosOffset, Partition: partition, Offset: offset}}
 }
 
+// String describes the position for logs: "first", "last", "time …" or
+// "offset partition/offset".
 func (p Position) String() string {
 	switch p.p.Kind {
 	case delivery.PosFirst:

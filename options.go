@@ -27,6 +27,7 @@ const (
 	Raft3 Type = 4
 )
 
+// String names the type: "Single", "DoubleWrite", "Raft3", or "Type(n)".
 func (t Type) String() string {
 	switch t {
 	case Single:

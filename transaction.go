@@ -35,6 +35,7 @@ const (
 	TxRollback
 )
 
+// String names the decision: "commit", "rollback", or "undecided".
 func (d TxDecision) String() string {
 	switch d {
 	case TxCommit:

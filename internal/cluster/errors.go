@@ -29,6 +29,7 @@ type NotLeaderError struct {
 	LeaderAddr string
 }
 
+// Error names the leader, or says that none is known.
 func (e *NotLeaderError) Error() string {
 	if e.LeaderID == "" {
 		return ErrNotLeader.Error() + " (leader unknown)"

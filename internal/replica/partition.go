@@ -357,6 +357,7 @@ type Proposer interface {
 	ApplyTo(ctx context.Context, part int, cmd *store.Command) (store.Result, error)
 }
 
+// Apply proposes cmd to the partition through the replica.
 func (u Upkeep) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
 	return u.G.ApplyTo(ctx, u.Part, cmd)
 }
