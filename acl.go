@@ -13,7 +13,7 @@ type Rights uint8
 
 // The rights. They are independent: Admin does not imply Produce.
 const (
-	// Produce: send to the topic (SendMessage, transactional sends).
+	// Produce: send to the topic, with SendMessage or in a transaction.
 	Produce Rights = Rights(metastate.RightProduce)
 	// Consume: consume the topic in a group (NewConsumer), read it
 	// (ReadMessage, Lag).
@@ -25,7 +25,7 @@ const (
 
 // ACLRule allows the nodes whose id matches Identity to do Rights on the
 // topics whose name matches Topic. A pattern is a name, or a prefix
-// followed by '*' ("*" alone matches everything).
+// followed by '*'; "*" alone matches everything.
 type ACLRule struct {
 	Identity string
 	Topic    string
@@ -33,14 +33,14 @@ type ACLRule struct {
 }
 
 // SetACL replaces the cluster's access rules. Once there is a rule, every
-// call is refused (ErrDenied, and the node that refused logs it once per
-// identity, topic and right) unless a rule allows the calling node's
-// identity — its node id, which its certificate names when the cluster
-// uses TLS — the right on the topic. No rules (nil) turns access control
-// off, as it is at first. Keep a rule giving some node Admin on "*": only
-// such a node can change the rules again. System topics (retry and
-// dead-letter topics) are not controlled. It needs Admin on "*" under the
-// current rules, and a cluster: a standalone node returns
+// call is refused with ErrDenied unless a rule allows the calling node's
+// identity the right on the topic. The identity is the node id, which its
+// certificate names when the cluster uses TLS; the node that refused logs
+// the refusal once per identity, topic and right. No rules turn access
+// control off, as it is at first. Keep a rule giving some node Admin on
+// "*": only such a node can change the rules again. System topics, the
+// retry and dead-letter topics, are not controlled. It needs Admin on "*"
+// under the current rules, and a cluster: a standalone node returns
 // ErrUnsupportedType.
 func (m *MQ) SetACL(ctx context.Context, rules []ACLRule) error {
 	if m.closed.Load() {
@@ -60,7 +60,7 @@ func (m *MQ) SetACL(ctx context.Context, rules []ACLRule) error {
 	return m.cluster.AwaitIndex(ctx, index)
 }
 
-// ACL returns the cluster's access rules (none for a standalone node).
+// ACL returns the cluster's access rules; a standalone node has none.
 func (m *MQ) ACL() []ACLRule {
 	if m.cluster == nil {
 		return nil

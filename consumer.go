@@ -12,14 +12,14 @@ import (
 )
 
 // Listener receives messages. OnMessage is called for one message of a
-// partition at a time, in offset order, except with WithKeyParallel (one
-// message per key at a time) and for the retries of Concurrent mode.
-// Returning nil commits the message; returning an error (or panicking)
-// redelivers it after the retry ladder's next step, and after
+// partition at a time, in offset order, except with WithKeyParallel, which
+// hands over one message per key at a time, and for the retries of
+// Concurrent mode. Returning nil commits the message; returning an error or
+// panicking redelivers it after the retry ladder's next step, and after
 // MaxReconsumeTimes retries moves it to the group's dead-letter topic (see
 // WithRetryLadder, WithMaxReconsumeTimes and ConsumeMode). A slow handler
-// holds up its partition (or key); OnMessage may run on several goroutines
-// at once, for different partitions or keys.
+// holds up its partition, or its key with WithKeyParallel; OnMessage may
+// run on several goroutines at once, for different partitions or keys.
 //
 // The message is the handler's own: changing it, its Properties included,
 // changes nothing stored, retried or dead-lettered.
@@ -27,11 +27,11 @@ import (
 // ctx is cancelled when the consumer closes or loses the partition; a
 // handler that returns ctx's error then is not counted as a failure and the
 // message is delivered again to the partition's next owner. In a cluster
-// a handler must end soon after its ctx does: a node that cannot renew its
-// lease at the partition (half of ClusterConfig.SessionTimeout) cancels its
-// handlers a fifth of the lease before the partition may go to a consumer
-// on another node, and one that runs longer may then overlap with the new
-// owner's.
+// a handler must end soon after its ctx does. A node holds each partition
+// under a lease of half of ClusterConfig.SessionTimeout; one that cannot
+// renew it cancels its handlers a fifth of the lease before the partition
+// may go to a consumer on another node, and a handler that runs longer may
+// then overlap with the new owner's.
 //
 // OnMessage may call any method of the package, among them Close of its own
 // consumer, MQ.Close, Seek, ResetOffset and NewConsumer of its own group: a
@@ -52,7 +52,8 @@ func (f ListenerFunc) OnMessage(ctx context.Context, mqName string, m *Message) 
 type StartPosition int
 
 const (
-	// StartFirst starts a new group at the oldest stored message (the default).
+	// StartFirst starts a new group at the oldest stored message. It is
+	// the default.
 	StartFirst StartPosition = iota
 	// StartLast starts a new group after the newest message: it sees only
 	// messages sent after it first subscribed.
@@ -63,14 +64,15 @@ const (
 type ConsumeMode int
 
 const (
-	// Orderly (the default, the draft's TaskOneByOne) retries a failing
+	// Orderly, the default and the draft's TaskOneByOne, retries a failing
 	// message in place after each step of the retry ladder: its partition
-	// (with WithKeyParallel, only its key) waits until the message succeeds
-	// or is dead-lettered, so order is never broken. The retry count is kept
-	// in memory: a restart, a rebalance or a reset starts it again at 0.
+	// waits until the message succeeds or is dead-lettered, so order is
+	// never broken. With WithKeyParallel only its key waits. The retry
+	// count is kept in memory: a restart, a rebalance or a reset starts it
+	// again at 0.
 	Orderly ConsumeMode = iota
 	// Concurrent parks a failing message in the group's retry topic
-	// %RETRY%<group>, held back (as a delayed message) for the ladder's next
+	// %RETRY%<group>, held back as a delayed message for the ladder's next
 	// step, and goes on with the partition. The consumer also consumes the
 	// retry topic, taking only its own parked messages, and hands them to the
 	// same listener presented as the original: Topic, PartitionIndex,
@@ -81,6 +83,7 @@ const (
 	Concurrent
 )
 
+// String names the mode: "Orderly", "Concurrent", or "ConsumeMode(n)".
 func (m ConsumeMode) String() string {
 	switch m {
 	case Orderly:
@@ -95,8 +98,8 @@ func (m ConsumeMode) String() string {
 // before it goes to the dead-letter topic, as in RocketMQ.
 const DefaultMaxReconsumeTimes = 16
 
-// DefaultRetryLadder returns the default waits before each retry: 1s 5s 10s
-// 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m (RocketMQ's delay levels 3..18).
+// DefaultRetryLadder returns the default waits before each retry, RocketMQ's
+// delay levels 3 to 18: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m.
 func DefaultRetryLadder() []time.Duration {
 	return []time.Duration{
 		time.Second, 5 * time.Second, 10 * time.Second, 30 * time.Second,
@@ -116,26 +119,26 @@ const (
 
 // Properties set on messages parked in a retry topic or moved to a
 // dead-letter topic. Names in upper case are reserved for the queue. A
-// retried message is presented without them (as its original).
+// retried message is presented as its original, without them.
 const (
 	// PropOriginTopic is the topic the message was first delivered from.
 	PropOriginTopic = delivery.PropOriginTopic
-	// PropOriginPartition is its partition there (decimal).
+	// PropOriginPartition is its partition there, in decimal.
 	PropOriginPartition = delivery.PropOriginPartition
-	// PropOriginOffset is its offset there (decimal).
+	// PropOriginOffset is its offset there, in decimal.
 	PropOriginOffset = delivery.PropOriginOffset
 	// PropOriginID is the ID the message was sent with. Copies in retry and
 	// dead-letter topics, and re-driven messages, are stored under IDs of
 	// their own; consumers are handed this one as Message.ID.
 	PropOriginID = delivery.PropOriginID
-	// PropLastError is the error (or panic) of the last failed delivery,
+	// PropLastError is the error or panic of the last failed delivery,
 	// cut to 1 KiB.
 	PropLastError = delivery.PropLastError
 	// PropRetryGroup is the offset name of the consumer that parked the
 	// message in a retry topic; only that consumer takes it back.
 	PropRetryGroup = delivery.PropRetryGroup
 	// PropReconsumeTimes is, on a dead letter, the failed deliveries of the
-	// group that gave up on it (decimal). The group consuming the
+	// group that gave up on it, in decimal. The group consuming the
 	// dead-letter topic counts its own: its ReconsumeTimes starts at 0.
 	PropReconsumeTimes = delivery.PropReconsumeTimes
 )
@@ -163,13 +166,15 @@ type Consumer struct {
 
 // NewConsumer subscribes listener to topic as a member of group and starts
 // delivering at once. Group names follow the topic name rules, but are at
-// most 248 bytes (their retry topic's name is 7 bytes longer). topic may be
-// a dead-letter or retry topic ("%DLQ%billing", "%RETRY%billing"), which is
-// created if it does not exist yet. It returns ErrNoTopic, ErrInvalidGroup,
-// ErrInvalidOption (a bad filter expression among them) or ErrClosed.
+// most 248 bytes, since their retry topic's name is 7 bytes longer. topic
+// may be a dead-letter or retry topic, such as "%DLQ%billing" or
+// "%RETRY%billing", which is created if it does not exist yet. It returns
+// ErrNoTopic, ErrInvalidGroup, ErrClosed or ErrInvalidOption, which covers
+// a bad filter expression too.
 //
-// Each partition the consumer owns runs one goroutine (plus, with
-// WithKeyParallel, one per key in flight and one reading); a Concurrent
+// Each partition the consumer owns runs one goroutine; with
+// WithKeyParallel, also one per key in flight and one reading, and in a
+// cluster one that renews its lease at the partition. A Concurrent
 // consumer also consumes the group's retry topic. Close stops them all.
 func (m *MQ) NewConsumer(topic, groupName string, listener Listener, opts ...ConsumerOption) (*Consumer, error) {
 	if err := checkGroup(groupName); err != nil {
@@ -226,7 +231,7 @@ func (c *Consumer) Options() Options {
 	return o
 }
 
-// Partition returns the topic's partition count (0 after the node closes).
+// Partition returns the topic's partition count, 0 after the node closes.
 func (c *Consumer) Partition() int {
 	_, parts, _ := c.m.partitions(c.topic)
 	return len(parts)
@@ -250,9 +255,9 @@ func (c *Consumer) Listener() Listener { return c.listener }
 // does not wait for that handler, nor for a handler that is itself inside a
 // call to this package that waits (Close, MQ.Close): such a handler's
 // goroutine ends, and its offset is committed, when it returns. It does
-// wait for the other handlers, so a handler that waits for another one (on
-// a lock of its own, say) must not call Close, or be waited for by a
-// goroutine that calls it.
+// wait for the other handlers, so a handler that waits for another one,
+// for instance on a lock of its own, must not call Close, or be waited for
+// by a goroutine that calls it.
 func (c *Consumer) Close() error { return c.c.Close() }
 
 // Position is where ResetOffset moves a group. Build one with SeekFirst,
@@ -269,19 +274,21 @@ func SeekFirst() Position { return Position{p: delivery.Position{Kind: delivery.
 // are delivered.
 func SeekLast() Position { return Position{p: delivery.Position{Kind: delivery.PosLast}} }
 
-// SeekTime is, in every partition, the first message stored at or after t
-// (the end of the partition when there is none).
+// SeekTime is, in every partition, the first message stored at or after t,
+// or the end of the partition when there is none.
 func SeekTime(t time.Time) Position {
 	return Position{p: delivery.Position{Kind: delivery.PosTime, Time: partition.UnixNano(t)}, t: t}
 }
 
 // SeekOffset is offset in partition alone; the other partitions keep their
-// position. An offset below the oldest stored message starts at the oldest
-// (the skip is logged); one past the end is ErrInvalidOffset.
+// position. An offset below the oldest stored message starts at the oldest,
+// and the skip is logged; one past the end is ErrInvalidOffset.
 func SeekOffset(partition int, offset uint64) Position {
 	return Position{p: delivery.Position{Kind: delivery.PosOffset, Partition: partition, Offset: offset}}
 }
 
+// String describes the position for logs: "first", "last", "time …" or
+// "offset partition/offset".
 func (p Position) String() string {
 	switch p.p.Kind {
 	case delivery.PosFirst:
@@ -296,23 +303,22 @@ func (p Position) String() string {
 
 // ResetOffset moves the committed offset of group in topic's partitions to
 // to. group is a consumer's OffsetName: the group, or group@instance for a
-// broadcasting consumer. It works on a group that never consumed (it then
-// starts there) and while the group's consumers run: each partition stores
-// the new offset under a new generation, which no older commit can
-// overwrite, and a consumer running on this node moves to it before it
-// delivers its next message (a handler in progress finishes; what it
-// commits no longer counts); in a cluster, a consumer on another node
-// moves to it at its next commit or renewal, and within about
-// SessionTimeout/2 at most. It waits for no handler, so it may be called
-// from one, of any partition. A partition moving between consumers takes
-// the reset with it.
+// broadcasting consumer. It works on a group that never consumed, which
+// then starts there, and while the group's consumers run: each partition
+// stores the new offset under a new generation, which no older commit can
+// overwrite. A consumer running on this node moves to it before it
+// delivers its next message: a handler in progress finishes, and what it
+// commits no longer counts. In a cluster, a consumer on another node moves
+// to it at its next commit or renewal, and within about SessionTimeout/2
+// at most. It waits for no handler, so it may be called from one, of any
+// partition. A partition moving between consumers takes the reset with it.
 //
 // Messages a Concurrent consumer parked in the group's retry topic are not
 // affected.
 //
 // It returns ErrNoTopic, ErrInvalidGroup, ErrInvalidPartition,
-// ErrInvalidOffset, ErrClosed, or ctx's error (the partitions reset before
-// it ended stay reset).
+// ErrInvalidOffset, ErrClosed, or ctx's error, after which the partitions
+// reset before ctx ended stay reset.
 func (m *MQ) ResetOffset(ctx context.Context, topic, group string, to Position) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -330,8 +336,8 @@ func (m *MQ) ResetOffset(ctx context.Context, topic, group string, to Position) 
 	return nil
 }
 
-// Seek moves the consumer's offsets (its OffsetName) in its topic to to; see
-// ResetOffset. It returns ErrClosed after Close.
+// Seek moves the consumer's offsets in its topic to to: it is ResetOffset
+// with the consumer's OffsetName. It returns ErrClosed after Close.
 func (c *Consumer) Seek(ctx context.Context, to Position) error {
 	if c.c.Closed() {
 		return ErrClosed
@@ -339,7 +345,7 @@ func (c *Consumer) Seek(ctx context.Context, to Position) error {
 	return c.m.ResetOffset(ctx, c.topic, c.c.OffsetName(), to)
 }
 
-// DeleteGroup removes the offsets of group (a consumer's OffsetName) from
+// DeleteGroup removes the offsets of group, a consumer's OffsetName, from
 // every partition of topic, so a consumer of it starts again at its start
 // position, and the store keeps nothing of it. It returns ErrGroupInUse
 // while a consumer of the group is open on this node, and ErrNoTopic,
@@ -366,13 +372,13 @@ type PartitionLag struct {
 	Committed uint64
 	Known     bool
 	// Next is the partition's next offset; Lag is Next - Committed, the
-	// messages stored that the group has not handled (delayed messages
-	// count once due).
+	// messages stored that the group has not handled. Delayed messages
+	// count once due.
 	Next uint64
 	Lag  uint64
 }
 
-// Lag returns the backlog of group (a consumer's OffsetName) in every
+// Lag returns the backlog of group, a consumer's OffsetName, in every
 // partition of topic. It returns ErrNoTopic, ErrInvalidGroup, ErrCorrupt
 // or ErrClosed.
 func (m *MQ) Lag(topic, group string) ([]PartitionLag, error) {
@@ -395,17 +401,18 @@ func (m *MQ) Lag(topic, group string) ([]PartitionLag, error) {
 
 // RedriveDeadLetters sends group's dead letters back to the topics they came
 // from (Properties[PropOriginTopic]) as new messages: ReconsumeTimes starts
-// again at 0, LAST_ERROR, RETRY_GROUP and RECONSUME_TIMES are dropped, and consumers see the
-// original ID (PropOriginID). Keyed messages are routed by key; others go
-// back to their original partition. It returns how many it sent.
+// again at 0, LAST_ERROR, RETRY_GROUP and RECONSUME_TIMES are dropped, and
+// consumers see the original ID (PropOriginID). Keyed messages are routed
+// by key; others go back to their original partition. It returns how many
+// it sent.
 //
 // Progress is kept in the dead-letter topic, so a later call sends only the
 // dead letters that arrived since; a call cut short by ctx, an error or a
 // crash resumes where it stopped, and a message sent again within the
 // node's dedup window is stored once. The dead letters stay in the
 // dead-letter topic for its own subscribers. It returns ErrInvalidGroup,
-// ErrNoTopic (an origin topic that no longer exists: the dead letters before
-// it are sent), ctx's error or ErrClosed.
+// ctx's error, ErrClosed, or ErrNoTopic for an origin topic that no longer
+// exists, once the dead letters before it are sent.
 func (m *MQ) RedriveDeadLetters(ctx context.Context, group string) (int, error) {
 	if err := checkGroup(group); err != nil {
 		return 0, err
@@ -439,7 +446,7 @@ const systemTopicWait = 10 * time.Second
 
 // ensureSystemTopic creates the retry or dead-letter topic name, with one
 // partition, unless it exists, waiting at most until ctx ends or
-// systemTopicWait passed (then ErrNoQuorum in a cluster).
+// systemTopicWait passed; in a cluster, such a wait ends with ErrNoQuorum.
 func (m *MQ) ensureSystemTopic(ctx context.Context, name string) error {
 	if _, _, err := m.partitions(name); err == nil {
 		return nil

@@ -28,7 +28,7 @@ var (
 	ErrNoTopic = errors.New("mq: no such topic")
 	// ErrInvalidTopic is returned for a topic name that is empty, longer
 	// than 255 bytes, has characters other than letters, digits, '.', '_'
-	// and '-', or starts with '%' (reserved for system topics).
+	// and '-', or starts with '%', which system topics reserve.
 	ErrInvalidTopic = errors.New("mq: invalid topic name")
 	// ErrInvalidPartition is returned for a partition count below 1 or above
 	// MaxPartitions, or a partition index out of range.
@@ -41,21 +41,22 @@ var (
 	// ErrInvalidMessage is returned by SendMessage, PrepareMessage and
 	// CommitMessage, before anything is written, for a message whose ID is
 	// longer than MaxIDBytes, whose Timestamp is outside what int64 Unix
-	// nanoseconds hold (1677-09-21 to 2262-04-11), or whose DeliverAt is
+	// nanoseconds hold, 1677-09-21 to 2262-04-11, or whose DeliverAt is
 	// after that range.
 	ErrInvalidMessage = errors.New("mq: invalid message")
 	// ErrUnsupportedType is returned by CreateMQ for a replication type this
-	// node cannot provide (DoubleWrite and Raft3 need a cluster).
+	// node cannot provide, since DoubleWrite and Raft3 need a cluster, and
+	// by SetACL on a standalone node.
 	ErrUnsupportedType = errors.New("mq: replication type not supported here")
 	// ErrInvalidOption is returned by Open, NewProducer and NewConsumer for a
 	// bad option, and by Open for a directory its options do not fit: a
 	// cluster node's opened without WithCluster or under another NodeID, or
-	// a standalone node's (one with topics) opened WithCluster; and by
-	// CreateMQ for Options out of range.
+	// a standalone node's with topics opened WithCluster. CreateMQ returns
+	// it for Options out of range, ResolveTx for an unknown decision.
 	ErrInvalidOption = errors.New("mq: invalid option")
-	// ErrInvalidGroup is returned by NewConsumer for a bad group name (the
-	// same rules as topic names, but at most 248 bytes: a group's retry
-	// topic is named "%RETRY%" and the group).
+	// ErrInvalidGroup is returned for a bad group name. Group names follow
+	// the rules of topic names, but are at most 248 bytes: a group's retry
+	// topic is named "%RETRY%" and the group.
 	ErrInvalidGroup = errors.New("mq: invalid group name")
 	// ErrNilMessage is returned by SendMessage for a nil *Message.
 	ErrNilMessage = errors.New("mq: nil message")
@@ -63,14 +64,14 @@ var (
 	// the end of its partition.
 	ErrInvalidOffset = errors.New("mq: invalid offset")
 	// ErrTxDecided is returned by PrepareMessage when the transaction was
-	// already decided (committed or rolled back) in a partition.
+	// already committed or rolled back in a partition.
 	ErrTxDecided = errors.New("mq: transaction already decided")
 	// ErrNoMessage is returned by ReadMessage for an offset that holds no
 	// message: not written yet, or already removed by retention.
 	ErrNoMessage = errors.New("mq: no message at offset")
-	// ErrCorrupt is returned when stored data fails its checksum or a file
-	// is damaged (the error names the file), and by Open for a meta.db
-	// written by a newer version.
+	// ErrCorrupt is returned, naming the file, when stored data fails its
+	// checksum or a file is damaged, and by Open for a meta.db written by a
+	// newer version.
 	ErrCorrupt = errors.New("mq: corrupt data")
 	// ErrNotInTransaction is returned by PrepareMessage and CommitMessage
 	// when ctx carries no host transaction.
@@ -80,8 +81,8 @@ var (
 	ErrNoQuorum = errors.New("mq: no quorum")
 	// ErrUnknownOutcome is returned when a replicated partition's leader
 	// was lost while a send or commit was being replicated: it may or may
-	// not be stored. Sending the same *Message again stores it once (its
-	// ID and partition are kept, and a copy already stored is found). The
+	// not be stored. Sending the same *Message again stores it once: its
+	// ID and partition are kept, and a copy already stored is found. The
 	// same for CreateMQ and AlterMQ when the metadata leader was lost while
 	// committing the change: it may still take effect.
 	ErrUnknownOutcome = errors.New("mq: outcome unknown")
@@ -92,10 +93,10 @@ var (
 	// node the call (see SetACL).
 	ErrDenied = errors.New("mq: denied by the cluster's ACL")
 	// ErrStorageFailed is returned for every write to a partition after a
-	// write or sync of its log or file failed (an I/O error, a full disk),
-	// until the node is reopened: the outcome of the writes in flight is
-	// unknown, and nothing is retried and acknowledged. Resend with the same
-	// IDs after reopening.
+	// write or sync of its log or file failed, on an I/O error or a full
+	// disk, until the node is reopened: the outcome of the writes in flight
+	// is unknown, and nothing is retried and acknowledged. Resend with the
+	// same IDs after reopening.
 	ErrStorageFailed = errors.New("mq: storage failed")
 )
 
@@ -153,8 +154,8 @@ func translate(err error) error {
 }
 
 // clusterErr maps the error of a proposal through the metadata leader: a
-// ctx that ended before a leader answered is ErrNoQuorum (and still ctx's
-// error); the rest as every error (translate).
+// ctx that ended before a leader answered is ErrNoQuorum, still wrapping
+// ctx's error; translate maps the others.
 func clusterErr(err error) error {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return fmt.Errorf("%w: %w", ErrNoQuorum, err)

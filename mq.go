@@ -15,8 +15,8 @@
 //
 // Each partition is an ordered log in its own bbolt file. Messages with the
 // same Key go to the same partition. The partitions of a topic are divided
-// among the consumers of a group; a group's position in each partition (its
-// offset) is stored with the partition and survives restarts.
+// among the consumers of a group; a group's offset, its position in each
+// partition, is stored with the partition and survives restarts.
 //
 // # Consuming
 //
@@ -33,18 +33,18 @@
 //
 // A message sent inside the host's local transaction (see package localtx)
 // is delivered if and only if that transaction commits. CommitMessage writes
-// the messages into the host transaction itself (an outbox) and publishes
+// the messages into the host transaction itself, as an outbox, and publishes
 // them after the commit; PrepareMessage stores them as invisible half
 // messages first. Either way a crash between the host's commit and the
 // queue's is repaired on restart, by the outbox or by check-back.
 //
 // # Guarantees
 //
-//   - SendMessage returns only after the message is on disk (fsync), unless
-//     WithSyncInterval was chosen.
+//   - SendMessage returns only after the message is fsynced to disk,
+//     unless WithSyncInterval was chosen.
 //   - Order: within a partition, Orderly delivery is in offset order; a
-//     message is delivered only after the one before it was handled (or
-//     dead-lettered). Key-parallel delivery keeps that order per key.
+//     message is delivered only after the one before it was handled or
+//     dead-lettered. Key-parallel delivery keeps that order per key.
 //   - At least once: the offset is committed after OnMessage returns nil; a
 //     crash may deliver the last handled messages again, never skip one.
 //   - A repeated send of the same message ID within the dedup window stores
@@ -96,10 +96,11 @@ type MQ struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // background goroutines
 
-	// topics is read without a lock (every send does); adminMu serializes
-	// its changes (CreateMQ, AlterMQ, a cluster's sync) and Close, which
-	// opens no file while a change is half done. docs/DESIGN.md §3 has the
-	// lock order.
+	// topics is read without a lock, as every send does. On a standalone
+	// node adminMu serializes its changes by CreateMQ and AlterMQ with
+	// Close, so that no change opens a file once Close began; a cluster
+	// node's table changes under node.Node's own mutex. docs/DESIGN.md §3
+	// has the lock order.
 	topics  *partition.Table
 	adminMu sync.Mutex
 	closed  atomic.Bool
@@ -111,16 +112,16 @@ type MQ struct {
 // Open opens the node stored in dir, creating dir if needed, and reopens
 // every topic, partition and group offset found there. Without cluster
 // options the node is standalone: it opens no port. Each partition runs a
-// writer goroutine, a materializer (which moves what the write-ahead log
-// holds into the partition file) and an upkeep goroutine (delayed-message
-// release, retention); the write-ahead log runs a writer and a segment
-// pre-allocator; the transaction engine runs its check-back loop and its
-// forgetter; each partition a consumer owns runs one delivery goroutine
-// (see NewConsumer). With WithCluster the node also runs its cluster agent
-// (the metadata raft group, sessions, the port and RPC), the loop that
-// keeps the topic table in step with the metadata group and the consumer
-// groups' coordinator. Close stops them all and waits (docs/DESIGN.md §3
-// lists them and the order).
+// writer goroutine, a materializer, which moves what the write-ahead log
+// holds into the partition file, and an upkeep goroutine, which releases
+// delayed messages and applies retention; the write-ahead log runs a
+// writer and a segment pre-allocator; the transaction engine runs its
+// check-back loop and its forgetter; each partition a consumer owns runs
+// one delivery goroutine (see NewConsumer). With WithCluster the node also
+// runs its cluster agent, which runs the metadata raft group, the sessions,
+// the port and RPC; the loop that keeps the topic table in step with the
+// metadata group; and the consumer groups' coordinator. Close stops them
+// all and waits; docs/DESIGN.md §3 lists them and the order.
 //
 // The topic table is kept in dir/meta.db. Open rebuilds a missing or empty
 // one from the topic directories (dir/topics/<topic>/<i>.db) and says so in
@@ -243,7 +244,7 @@ func (m *MQ) load() error {
 	for _, name := range slices.Sorted(maps.Keys(metas)) {
 		tm := metas[name]
 		t := &partition.Topic{Name: name, Type: tm.Type, Created: tm.Created}
-		topics[name] = t // before its partitions, so a failure closes those opened
+		topics[name] = t // the table holds every topic opened so far, which Open closes on a failure
 		m.topics = partition.NewTable(topics)
 		if t.Parts, err = m.openPartitions(name, 0, tm.Partitions); err != nil {
 			return err
@@ -284,8 +285,8 @@ func (m *MQ) localConfig() partition.LocalConfig {
 
 // Close stops every consumer, producer and background goroutine of the node,
 // waits for them, flushes and closes every partition file. It is idempotent
-// and returns the first error met (ErrStorageFailed for a partition whose
-// log or file could not be written).
+// and returns the first error met: ErrStorageFailed for a partition whose
+// log or file could not be written.
 func (m *MQ) Close() error {
 	m.adminMu.Lock()
 	first := !m.closed.Swap(true)
@@ -332,8 +333,9 @@ func (m *MQ) Dir() string { return m.dir }
 
 // CreateMQ creates topic with the given number of partitions. It returns
 // ErrInvalidTopic, ErrInvalidPartition, ErrTopicExists, ErrUnsupportedType
-// (DoubleWrite and Raft3 on a standalone node), ErrInvalidOption or
-// ErrClosed.
+// for DoubleWrite and Raft3 on a standalone node, ErrInvalidOption or
+// ErrClosed; in a cluster, also ErrDenied, ErrNoQuorum when ctx ends
+// before the metadata group took the topic, or ErrUnknownOutcome.
 func (m *MQ) CreateMQ(ctx context.Context, topic string, partitions int, opts Options) error {
 	if err := checkName(topic, ErrInvalidTopic); err != nil {
 		return err
@@ -503,7 +505,6 @@ func closeAll(parts []partition.Partition) {
 	}
 }
 
-// checkName applies the topic name rules; bad is the error to wrap.
 // checkGroup returns ErrInvalidGroup for a bad group name.
 func checkGroup(name string) error {
 	if err := topicdb.CheckGroup(name); err != nil {
@@ -512,6 +513,7 @@ func checkGroup(name string) error {
 	return nil
 }
 
+// checkName applies the topic name rules; bad is the error to wrap.
 func checkName(name string, bad error) error {
 	if err := topicdb.CheckName(name); err != nil {
 		return fmt.Errorf("%w: %v", bad, err)
@@ -522,8 +524,9 @@ func checkName(name string, bad error) error {
 // goFunc runs fn in a goroutine owned by the node: Close waits for it.
 func (m *MQ) goFunc(fn func(ctx context.Context)) { m.wg.Go(func() { fn(m.ctx) }) }
 
-// startBackground starts the node's background goroutines (each through
-// goFunc, so Close cancels and waits for them).
+// startBackground starts the node's background goroutines: the upkeep's
+// and the transaction engine's through goFunc, a cluster node's through
+// its node.Node. Close cancels and waits for all of them.
 func (m *MQ) startBackground() {
 	m.startMaintenance() // internal/upkeep: delay release, retention, dedup pruning
 	m.startTxChecker()   // transaction.go, internal/txn: check-back, sweep, forgetter
@@ -566,13 +569,13 @@ func (m *MQ) partitions(name string) (Options, []partition.Partition, error) {
 
 // ReadMessage returns the message stored at offset in one partition of
 // topic, without a consumer and without touching any group's offset. It is
-// meant for inspection (an operator's tool, tests): consumers read in order and are
-// faster for bulk reads.
+// meant for inspection, by an operator's tool or a test: consumers read in
+// order and are faster for bulk reads.
 //
-// It returns ErrNoTopic, ErrInvalidPartition (partition out of range),
-// ErrNoMessage (no message at offset), ErrCorrupt (the stored record fails
-// its checksum: the bytes on disk are not the message that was written),
-// ErrClosed, or ctx's error.
+// It returns ErrNoTopic; ErrInvalidPartition for a partition out of range;
+// ErrNoMessage when no message is at offset; ErrCorrupt when the stored
+// record fails its checksum, so the bytes on disk are not the message that
+// was written; ErrClosed; or ctx's error.
 func (m *MQ) ReadMessage(ctx context.Context, topic string, part int, offset int64) (*Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -18,7 +18,8 @@ type Type int
 
 // Replication types.
 const (
-	// Single keeps one copy of each partition on one node (the default).
+	// Single keeps one copy of each partition on one node. It is the
+	// default.
 	Single Type = 1
 	// DoubleWrite keeps a leader and a synchronous follower. It needs a cluster.
 	DoubleWrite Type = 2
@@ -26,6 +27,7 @@ const (
 	Raft3 Type = 4
 )
 
+// String names the type: "Single", "DoubleWrite", "Raft3", or "Type(n)".
 func (t Type) String() string {
 	switch t {
 	case Single:
@@ -44,30 +46,30 @@ type Options struct {
 	// Type is the replication type; zero means Single.
 	Type Type
 	// PartitionsPerRaftGroup is, for a Raft3 topic, how many of its
-	// partitions share one raft group (zero means
-	// DefaultPartitionsPerRaftGroup, at most MaxPartitionsPerRaftGroup).
-	// They are placed on the same three nodes, one leader serves them all,
-	// and one raft entry carries the sends and commits of all of them:
-	// fewer, fuller entries, the cheaper the more partitions share them
-	// (docs/DESIGN.md §7). 1 gives each partition a group of its own, so
-	// their leaders spread over the nodes. AlterMQ's new partitions make
-	// groups of their own, of this size. Other types must leave it zero.
+	// partitions share one raft group, at most MaxPartitionsPerRaftGroup;
+	// zero means DefaultPartitionsPerRaftGroup. They are placed on the same
+	// three nodes, one leader serves them all, and one raft entry carries
+	// the sends and commits of all of them: fewer, fuller entries, the
+	// cheaper the more partitions share them (docs/DESIGN.md §7). 1 gives
+	// each partition a group of its own, so their leaders spread over the
+	// nodes. AlterMQ's new partitions make groups of their own, of this
+	// size. Other types must leave it zero.
 	PartitionsPerRaftGroup int
 	// PartitionsPerPair is, for a DoubleWrite topic, how many of its
-	// partitions share one pair (zero means DefaultPartitionsPerPair, at
-	// most MaxPartitionsPerPair): they are placed on the same leader and
+	// partitions share one pair, at most MaxPartitionsPerPair; zero means
+	// DefaultPartitionsPerPair. They are placed on the same leader and
 	// follower, one write to each copy carries the sends and commits of
-	// all of them, and they fail over together (one record in the
-	// metadata). 1 gives each partition a pair of its own, so their leaders
+	// all of them, and they fail over together, as one record in the
+	// metadata. 1 gives each partition a pair of its own, so their leaders
 	// spread over the nodes. AlterMQ's new partitions make pairs of their
 	// own, of this size. Other types must leave it zero.
 	PartitionsPerPair int
 	// AckAlone is, for a DoubleWrite topic, the risk stage: a leader whose
-	// follower is lost (or still catching up after a failover) goes on
+	// follower is lost, or still catching up after a failover, goes on
 	// acking sends with its own copy alone, recorded in the metadata as
 	// alone in sync, until a follower has caught up. An ack then means one
-	// copy: losing that node's disk in that time loses what it acked. Off
-	// (the default), such a leader refuses sends with ErrNoQuorum until a
+	// copy: losing that node's disk in that time loses what it acked. Off,
+	// as by default, such a leader refuses sends with ErrNoQuorum until a
 	// follower is in sync again. Other types must leave it false.
 	AckAlone bool
 }
@@ -119,8 +121,8 @@ type config struct {
 	// only tests set it (export_test.go).
 	materializeAfter time.Duration
 	// pairCompactEvery and pairKeepEntries are the DoubleWrite replicas'
-	// raftqueue.PairConfig.CompactEvery and KeepEntries (0: its defaults;
-	// tests set them).
+	// raftqueue.PairConfig.CompactEvery and KeepEntries; 0 takes its
+	// defaults. Only tests set them (export_test.go).
 	pairCompactEvery, pairKeepEntries int
 	dedupWindow                       time.Duration
 	maxMessageBytes                   int
@@ -168,9 +170,9 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithSyncInterval acknowledges appends once written to the node's
-// write-ahead log and fsyncs the log every d instead (RocketMQ's
-// ASYNC_FLUSH). A process crash loses nothing; a power loss may lose up to d
-// of acknowledged messages. Partition files are fsynced as always, so they
+// write-ahead log and fsyncs the log every d instead, like RocketMQ's
+// ASYNC_FLUSH. A process crash loses nothing; a power loss may lose up to
+// d of acknowledged messages. Partition files are fsynced as always, so they
 // are never damaged by a power loss. The default syncs every group write: a
 // message is acknowledged only after the write holding it is fsynced. The
 // directory may be reopened with or without this option: Open recovers what
@@ -201,9 +203,9 @@ func WithDedupWindow(d time.Duration) Option {
 // maxMessageLimit is the most WithMaxMessageBytes accepts.
 const maxMessageLimit = 256 << 20
 
-// WithMaxMessageBytes sets the largest message accepted (body, key, tags and
-// properties together; the ID is bounded on its own by MaxIDBytes). Default
-// 4 MiB.
+// WithMaxMessageBytes sets the largest message accepted, counting its body,
+// key, tags and properties together; the ID is bounded on its own by
+// MaxIDBytes. Default 4 MiB.
 func WithMaxMessageBytes(n int) Option {
 	return func(c *config) error {
 		if n <= 0 || n > maxMessageLimit {
@@ -239,7 +241,7 @@ func WithClock(clk Clock) Option {
 }
 
 // WithRetention deletes, from the head of each partition, the messages
-// stored more than d ago, consumed or not (RocketMQ's fileReservedTime).
+// stored more than d ago, consumed or not, like RocketMQ's fileReservedTime.
 // Zero keeps messages whatever their age. Default 48 hours. A group whose
 // offset falls below the new head skips forward to it; its consumer logs how
 // many messages it lost. Retention also bounds the dedup window: a deleted
@@ -255,8 +257,8 @@ func WithRetention(d time.Duration) Option {
 }
 
 // WithRetentionConsumed also deletes, from the head of each partition, the
-// messages that every consumer group of the partition (every broadcast
-// instance too) has committed past: JetStream's interest retention, the
+// messages that every consumer group of the partition, and every broadcast
+// instance, has committed past: JetStream's interest retention, the
 // draft's dropping of the consumed head. A consumed message stays until its
 // dedup window (WithDedupWindow) has passed, so a resend within the window
 // is still found and not stored again. A partition no group has consumed
@@ -291,9 +293,9 @@ func WithRetentionBytes(n int64) Option {
 // decision changes nothing. Default 24 hours. A decision is forgotten within
 // an hour after its TTL, and never in the first hour after Open. It is kept
 // longer while a host store may still hold the marker of a committed
-// transaction (its clean-up failed, or the store could not be listed since
-// Open): the sweep that finds such a marker relies on the decision not to
-// publish the transaction twice.
+// transaction, because its clean-up failed or the store could not be listed
+// since Open: the sweep that finds such a marker relies on the decision not
+// to publish the transaction twice.
 func WithDecisionTTL(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
@@ -321,9 +323,9 @@ func WithMaintenanceInterval(d time.Duration) Option {
 }
 
 // WithTxCheckAfter sets how long half messages may stay undecided before
-// the node asks the host store about their transaction (the check-back);
-// later checks back off from there (doubling, at most a minute apart unless
-// d is longer). Default 6s.
+// the node asks the host store about their transaction: the check-back.
+// Later checks back off from there, doubling up to a minute apart, or d
+// apart if d is longer. Default 6s.
 func WithTxCheckAfter(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
@@ -363,12 +365,13 @@ func WithLocalTx(s localtx.Store) Option {
 	}
 }
 
-// WithBroadcastOffsetTTL removes the offsets of a broadcast instance
-// (group@instance, see WithBroadcast) from a partition once they have not
-// changed for d: the instance was closed for good and its name is not used
-// again. An instance opened again later starts at its start position. A
-// running instance stores its offsets at least every d/4, so it keeps them
-// however idle its partitions are. Zero keeps them forever. Default 7 days.
+// WithBroadcastOffsetTTL removes the offsets of a broadcast instance,
+// stored as group@instance (see WithBroadcast), from a partition once they
+// have not changed for d: the instance was closed for good and its name is
+// not used again. An instance opened again later starts at its start
+// position. A running instance stores its offsets at least every d/4, so it
+// keeps them however idle its partitions are. Zero keeps them forever.
+// Default 7 days.
 func WithBroadcastOffsetTTL(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 {
@@ -419,8 +422,8 @@ func WithStartPosition(s StartPosition) ConsumerOption {
 }
 
 // WithStartTime starts a group with no committed offset, in each
-// partition, at the first message stored at or after t (the end of the
-// partition when there is none). It replaces WithStartPosition.
+// partition, at the first message stored at or after t, or at the end of
+// the partition when there is none. It replaces WithStartPosition.
 func WithStartTime(t time.Time) ConsumerOption {
 	return func(c *consumerConfig) error {
 		c.Start, c.StartTime = delivery.StartTime, partition.UnixNano(t)
@@ -441,10 +444,11 @@ func WithRetryPause(d time.Duration) ConsumerOption {
 }
 
 // WithFlowControl bounds what a consumer holds in memory per partition: at
-// most messages messages and, past the first message, bytes bytes (a single
-// message larger than bytes is still delivered). Defaults DefaultFlowMessages
-// (256) and DefaultFlowBytes (1 MiB). A backlog of any length costs no more
-// than this: messages are read from the partition file as they are handled.
+// most messages messages and, past the first message, bytes bytes: a
+// single message larger than bytes is still delivered. Defaults
+// DefaultFlowMessages and DefaultFlowBytes. A backlog of any length costs no
+// more than this: messages are read from the partition file as they are
+// handled.
 // With WithKeyParallel the bound is the sliding window: a key blocked on a
 // failing message holds the window's head, and reading stops once the window
 // is full.
@@ -490,7 +494,7 @@ func WithRetryLadder(steps ...time.Duration) ConsumerOption {
 
 // WithMaxReconsumeTimes sets how many times a failing message is retried
 // before it is moved to the group's dead-letter topic; 0 dead-letters it at
-// its first failure. Default DefaultMaxReconsumeTimes (16).
+// its first failure. Default DefaultMaxReconsumeTimes.
 func WithMaxReconsumeTimes(n int) ConsumerOption {
 	return func(c *consumerConfig) error {
 		if n < 0 {
@@ -505,11 +509,11 @@ func WithMaxReconsumeTimes(n int) ConsumerOption {
 // the listener in parallel, at most n at a time; messages with the same key
 // stay one by one, in offset order, and each message without a key is a key
 // of its own. The committed offset advances past a message only once every
-// earlier message of the partition is done (a sliding window, bounded by
-// WithFlowControl), so a restart redelivers at most the window. In Orderly
-// mode a failing message blocks only its own key while it is retried; the
-// other keys go on until the window is full. Default: off (one message of a
-// partition at a time).
+// earlier message of the partition is done: the messages in flight are a
+// sliding window, bounded by WithFlowControl, so a restart redelivers at
+// most the window. In Orderly mode a failing message blocks only its own
+// key while it is retried; the other keys go on until the window is full.
+// By default it is off: one message of a partition at a time.
 func WithKeyParallel(n int) ConsumerOption {
 	return func(c *consumerConfig) error {
 		if n < 1 {
@@ -522,7 +526,7 @@ func WithKeyParallel(n int) ConsumerOption {
 
 // WithBroadcast makes the consumer a broadcasting member of its group: it
 // gets every message of every partition, whatever other consumers of the
-// group (on this node or others) get, and keeps its own offsets under the
+// group get on this node or others, and keeps its own offsets under the
 // name group@instance (see Consumer.OffsetName).
 //
 // instance names the consumer and follows the group name rules. A consumer
@@ -559,15 +563,15 @@ func WithTags(list string) ConsumerOption {
 
 // WithFilter keeps only the messages for which expression is true. The
 // expression is in the expr-lang/expr language and sees Tags ([]string),
-// Properties (map[string]string; a missing key reads as "") and Key
-// (string), for example
+// Properties (map[string]string) and Key (string), for example
 //
 //	"TagA" in Tags && Properties["region"] == "eu"
 //
-// It is compiled once, by NewConsumer, which returns an error wrapping
-// ErrInvalidOption for an expression that does not compile or is not
-// boolean. An expression that fails while it runs on a message (a bad
-// conversion of a property, say) counts as false, and the failure is logged.
+// A property the message lacks reads as "". The expression is compiled
+// once, by NewConsumer, which returns an error wrapping ErrInvalidOption
+// for an expression that does not compile or is not boolean. An
+// expression that fails while it runs on a message, such as a bad
+// conversion of a property, counts as false, and the failure is logged.
 // Messages filtered out advance the group's offset without reaching
 // OnMessage.
 func WithFilter(expression string) ConsumerOption {
@@ -593,12 +597,12 @@ const frameOverhead = 1 << 20
 // ClusterConfig makes a node one of a cluster (WithCluster).
 type ClusterConfig struct {
 	// NodeID names the node in the cluster, for the life of its data
-	// directory (Open refuses another with ErrInvalidOption): 1 to 64
-	// letters, digits, '.', '-' and '_'. With TLS, the node's certificate
-	// must name it (a DNS SAN).
+	// directory: Open refuses the directory under another NodeID with
+	// ErrInvalidOption. It is 1 to 64 letters, digits, '.', '-' and '_'.
+	// With TLS, the node's certificate must name it as a DNS SAN.
 	NodeID string
-	// Bind is the TCP address of the node's one port ("host:port"; port 0
-	// picks one). Client RPC, raft and replication all use it.
+	// Bind is the TCP address of the node's one port, "host:port"; port 0
+	// picks one. Client RPC, raft and replication all use it.
 	Bind string
 	// Advertise is the address the other nodes dial; empty for the bound
 	// address.
@@ -612,36 +616,37 @@ type ClusterConfig struct {
 	// over it.
 	Secret []byte
 	// ServerTLS and ClientTLS, both or neither, make every link mutual TLS
-	// 1.3 (client certificates required, the peer's certificate checked
-	// against the CAs given and the node id it claims).
+	// 1.3: client certificates are required, and the peer's certificate is
+	// checked against the CAs given and the node id it claims.
 	ServerTLS, ClientTLS *tls.Config
 	// SessionTimeout is how long a node may go unheard before the
 	// metadata leader marks it down and gives its consumers' partitions to
-	// others (default 5s). Consumers hold their partitions under a lease
-	// of half of it, kept by the partition: a node that still reaches a
-	// partition goes on delivering it (also while the metadata group has
-	// no quorum), and the new owner waits; one that cannot renew the lease
+	// others. Default 5s. Consumers hold their partitions under a lease of
+	// half of it, kept by the partition: a node that still reaches a
+	// partition goes on delivering it, also while the metadata group has
+	// no quorum, and the new owner waits; one that cannot renew the lease
 	// cancels its handlers' contexts a fifth of the lease before it lapses.
 	SessionTimeout time.Duration
-	// HandshakeTimeout bounds a connection's TLS and secret handshake
-	// (default 5s).
+	// HandshakeTimeout bounds a connection's TLS and secret handshake.
+	// Default 5s.
 	HandshakeTimeout time.Duration
 	// ElectionTimeout is the metadata group's raft heartbeat and election
-	// timeout (raft's default, 1s, if zero).
+	// timeout; zero takes raft's default, 1s.
 	ElectionTimeout time.Duration
-	// MaxFrameBytes bounds one frame between nodes (DefaultMaxFrameBytes
-	// if zero). Every node of a cluster must use the same, and it must
-	// carry the largest message any node accepts (WithMaxMessageBytes plus
-	// 1 MiB). A frame's memory is taken as its bytes arrive, and each
-	// connection holds at most 64 MiB of requests and replies at once
-	// beyond one frame.
+	// MaxFrameBytes bounds one frame between nodes; zero means
+	// DefaultMaxFrameBytes. Every node of a cluster must use the same, and
+	// it must carry the largest message any node accepts: its
+	// WithMaxMessageBytes plus 1 MiB. A frame's memory is taken as its
+	// bytes arrive, and each connection holds at most 64 MiB of requests
+	// and replies at once beyond one frame.
 	MaxFrameBytes int
 }
 
 // WithCluster makes the node one of a cluster: it listens on one port,
-// joins the metadata group through c.Seeds (or starts a cluster), and its
-// topics are the cluster's: CreateMQ places partitions on the nodes by
-// load, and producers and consumers reach every partition from any node.
+// joins the metadata group through c.Seeds or, without seeds, starts a
+// cluster, and its topics are the cluster's: CreateMQ places partitions on
+// the nodes by load, and producers and consumers reach every partition from
+// any node.
 func WithCluster(c ClusterConfig) Option {
 	return func(cfg *config) error {
 		switch {

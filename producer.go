@@ -18,7 +18,7 @@ import (
 type Message struct {
 	Topic          string            // filled
 	PartitionIndex int               // filled: the partition it was stored in; see ToPartition
-	Offset         int64             // filled: its position in the partition (-1 while delayed)
+	Offset         int64             // filled: its position in the partition, -1 while delayed
 	ID             string            // unique id, at most MaxIDBytes; a time-ordered UUID is filled in when empty
 	Key            string            // ordering key: same key, same partition, one by one
 	Tags           []string          // matched by tag filters
@@ -27,19 +27,20 @@ type Message struct {
 	// Timestamp is filled with the send time when zero. Like DeliverAt it is
 	// stored as int64 Unix nanoseconds: a time outside 1677-09-21 to
 	// 2262-04-11 is refused with ErrInvalidMessage. A consumer gets it back
-	// as time.Unix(0, ns): the same instant (compare with Equal), in the
-	// local time zone, without the monotonic clock reading.
+	// as time.Unix(0, ns): the same instant, in the local time zone,
+	// without the monotonic clock reading, so compare it with Equal.
 	Timestamp time.Time
 	// DeliverAt holds the message back: it is delivered no earlier than this.
-	// A time not after the send, however far in the past, delivers at once
-	// (one before 1677-09-21 is delivered with a zero DeliverAt); one after
+	// A time not after the send, however far in the past, delivers at once,
+	// and one before 1677-09-21 is delivered with a zero DeliverAt; one after
 	// 2262-04-11 is refused with ErrInvalidMessage.
 	DeliverAt time.Time
-	// ReconsumeTimes counts earlier failed deliveries (filled on delivery).
+	// ReconsumeTimes counts earlier failed deliveries; it is filled on
+	// delivery.
 	ReconsumeTimes int
 
-	// pinned means PartitionIndex was chosen (by ToPartition, or by round
-	// robin on an earlier send of this struct) and must be kept on a resend,
+	// pinned means PartitionIndex was chosen, by ToPartition or by round
+	// robin on an earlier send of this struct, and must be kept on a resend,
 	// so a retried send finds its first copy.
 	pinned bool
 	// freshID means the last routing of this struct generated its ID, so
@@ -85,9 +86,9 @@ func (m *Message) size() int {
 // A delayed message is held in its partition's delay index and moved into
 // the log when due: it is delivered no earlier than DeliverAt and, on an
 // idle node, a few milliseconds after it. It gets its offset when it is
-// moved (SendMessage reports Offset -1 and Delayed), so it is ordered among
-// the other messages by due time, not send time; messages with the same due
-// time keep their send order. Delayed messages survive a restart.
+// moved, so SendMessage reports Offset -1 and Delayed, and it is ordered
+// among the other messages by due time, not send time; messages with the
+// same due time keep their send order. Delayed messages survive a restart.
 func (m *Message) DeliverAfter(d time.Duration) *Message {
 	m.DeliverAt = time.Now().Add(d)
 	return m
@@ -96,7 +97,7 @@ func (m *Message) DeliverAfter(d time.Duration) *Message {
 // SendResult says where a sent message was stored.
 type SendResult struct {
 	Partition int
-	Offset    int64 // -1 for a delayed message (its offset is given at release)
+	Offset    int64 // -1 for a delayed message, whose offset is given at release
 	Delayed   bool
 	Duplicate bool // an earlier send of the same ID within the dedup window stored it
 }
@@ -136,7 +137,8 @@ func (p *Producer) Options() Options {
 	return o
 }
 
-// Partition returns the topic's current partition count (0 after Close).
+// Partition returns the topic's current partition count, 0 after the node
+// closes.
 func (p *Producer) Partition() int {
 	_, parts, _ := p.m.partitions(p.topic)
 	return len(parts)
@@ -154,12 +156,13 @@ func (p *Producer) Close() error {
 // ends. The messages of one call that go to one partition are appended in one
 // step, in order. The messages are checked before anything is written:
 // ErrNilMessage, ErrMessageTooLarge, ErrInvalidMessage and
-// ErrInvalidPartition refuse the whole call. After a partial failure (ctx ended, disk error) some partitions may
-// hold their messages: resend the same messages, and their IDs make the
-// resend store each one once.
+// ErrInvalidPartition refuse the whole call. After a partial failure, when
+// ctx ended or a disk failed, some partitions may hold their messages:
+// resend the same messages, and their IDs make the resend store each one
+// once.
 //
-// SendMessage fills ID (when empty), Topic, PartitionIndex, Offset and
-// Timestamp (when zero) in msgs.
+// SendMessage fills in msgs their Topic, PartitionIndex and Offset, their
+// ID when empty and their Timestamp when zero.
 func (p *Producer) SendMessage(ctx context.Context, msgs ...*Message) ([]SendResult, error) {
 	results := make([]SendResult, len(msgs))
 	err := p.send(ctx, msgs, results)
@@ -260,10 +263,10 @@ func (p *Producer) route(msgs []*Message, n int) error {
 	return nil
 }
 
-// check refuses what the store cannot keep: an ID over MaxIDBytes (the
-// dedup index keys on it), a Timestamp outside the nanosecond range and a
+// check refuses what the store cannot keep: an ID over MaxIDBytes, which
+// the dedup index keys on, a Timestamp outside the nanosecond range and a
 // DeliverAt after it. A DeliverAt before the range is in the past: the
-// message is delivered at once (toStore stores no delay).
+// message is delivered at once, and toStore stores no delay.
 func (m *Message) check() error {
 	if len(m.ID) > MaxIDBytes {
 		return fmt.Errorf("ID of %d bytes, limit %d", len(m.ID), MaxIDBytes)

@@ -10,11 +10,11 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// Transactional messages (DESIGN.md section 5): the user API. The engine
-// (binding to host transactions, the marker and outbox rows, the commit and
-// rollback of each partition, the check-back, the sweep and the forgetter)
-// is package internal/txn; this file converts messages, decisions and
-// errors at its boundary.
+// Transactional messages, the user API; docs/DESIGN.md §5 has the design.
+// The engine is package internal/txn: the binding to host transactions,
+// the marker and outbox rows, the commit and rollback of each partition,
+// the check-back, the sweep and the forgetter. This file converts
+// messages, decisions and errors at its boundary.
 
 // LocalTx is the host's local transaction as the queue sees it; see
 // package localtx for the contract and the bbolt and database/sql adapters.
@@ -26,8 +26,8 @@ type TxDecision int
 
 // Decisions.
 const (
-	// TxUndecided: the node knows no decision (nor half messages) of the
-	// transaction.
+	// TxUndecided: the node knows no decision of the transaction, nor any
+	// of its half messages.
 	TxUndecided TxDecision = iota
 	// TxCommit delivers the transaction's messages.
 	TxCommit
@@ -35,6 +35,7 @@ const (
 	TxRollback
 )
 
+// String names the decision: "commit", "rollback", or "undecided".
 func (d TxDecision) String() string {
 	switch d {
 	case TxCommit:
@@ -60,7 +61,7 @@ type UnresolvedTx struct {
 	Messages   int              // half messages in all
 	FirstSeen  time.Time        // when its first half message was stored
 	Age        time.Duration    // since FirstSeen
-	Checks     int              // check-backs without an answer (the most of its partitions)
+	Checks     int              // check-backs without an answer, the most among its partitions
 }
 
 // txConfig holds the transaction settings of a node and, once the node is
@@ -138,7 +139,7 @@ func (t txTopics) Partition(topic string, i int) (txn.Partition, error) {
 // errors of SendMessage. After an error the transaction should roll back: if
 // it commits anyway, whatever half messages were stored are delivered.
 // PrepareMessage fills ID, Topic, PartitionIndex and Timestamp like
-// SendMessage; Offset is -1 (offsets are given at commit).
+// SendMessage; Offset is -1, since offsets are given at commit.
 func (p *Producer) PrepareMessage(ctx context.Context, msgs ...*Message) error {
 	tx, ok := localtx.FromContext(ctx)
 	if !ok {
@@ -151,15 +152,14 @@ func (p *Producer) PrepareMessage(ctx context.Context, msgs ...*Message) error {
 	return translate(p.m.cfg.tx.node.Prepare(ctx, tx, p.topic, sms))
 }
 
-// CommitMessage writes msgs into the host transaction carried by ctx (an
-// outbox, see package localtx) and publishes them when that transaction
+// CommitMessage writes msgs into the host transaction carried by ctx, as an
+// outbox (see package localtx), and publishes them when that transaction
 // commits, together with its half messages and in commit order; a rollback
 // or a redo discards them with the rest of the transaction. It costs no
-// round trip to the queue before the commit. It returns
-// ErrNotInTransaction when ctx carries no transaction, the errors of
-// SendMessage's checks, and the host store's write errors.
-// CommitMessage fills ID, Topic, PartitionIndex and Timestamp like
-// SendMessage; Offset is -1.
+// round trip to the queue before the commit. It returns ErrNotInTransaction
+// when ctx carries no transaction, the errors of SendMessage's checks, and
+// the host store's write errors. CommitMessage fills ID, Topic,
+// PartitionIndex and Timestamp like SendMessage; Offset is -1.
 func (p *Producer) CommitMessage(ctx context.Context, msgs ...*Message) error {
 	tx, ok := localtx.FromContext(ctx)
 	if !ok {
@@ -172,8 +172,8 @@ func (p *Producer) CommitMessage(ctx context.Context, msgs ...*Message) error {
 	return translate(p.m.cfg.tx.node.Outbox(tx, p.topic, sms))
 }
 
-// routeTx checks and routes msgs, fills their Timestamp (when zero) and
-// Offset (-1), and converts them for the engine.
+// routeTx checks and routes msgs, fills their Timestamp when zero, sets
+// their Offset to -1, and converts them for the engine.
 func (p *Producer) routeTx(msgs []*Message) ([]txn.Message, error) {
 	if p.closed.Load() {
 		return nil, ErrClosed
@@ -203,7 +203,8 @@ func (p *Producer) routeTx(msgs []*Message) ([]txn.Message, error) {
 // UnresolvedTxs lists the parked transactions: those whose check-back found
 // no answer TxMaxChecks times (see WithTxMaxChecks), oldest first. In a
 // cluster these are the ones parked in the partitions stored on this node,
-// whose check-back it runs (asking the node that prepared the transaction).
+// whose check-back it runs by asking the node that prepared the
+// transaction.
 // It returns ErrClosed after Close.
 func (m *MQ) UnresolvedTxs() ([]UnresolvedTx, error) {
 	if err := m.txClosed(); err != nil {
@@ -226,15 +227,15 @@ func (m *MQ) UnresolvedTxs() ([]UnresolvedTx, error) {
 }
 
 // ResolveTx is the operator's decision on transaction txid, normally a
-// parked one (see UnresolvedTxs): TxCommit delivers its half messages (and
-// the outbox rows its host store still holds), TxRollback discards them. The
+// parked one (see UnresolvedTxs): TxCommit delivers its half messages and
+// the outbox rows its host store still holds, TxRollback discards them. The
 // first decision wins: ResolveTx returns the decision that stands, which
-// differs from d when the transaction had been decided otherwise before, and
-// is TxUndecided when the node knows nothing of txid. TxCommit first reads
-// the transaction's rows from the host stores: when a store cannot answer,
-// or a row cannot be read (ErrCorrupt, naming it), ResolveTx returns the
-// error and decides nothing. It returns when the decision is durable or ctx
-// ends, and ErrClosed after Close.
+// differs from d when the transaction had been decided otherwise before,
+// and is TxUndecided when the node knows nothing of txid. TxCommit first
+// reads the transaction's rows from the host stores: when a store cannot
+// answer, or a row cannot be read, which is ErrCorrupt naming it, ResolveTx
+// returns the error and decides nothing. It returns when the decision is
+// durable or ctx ends, and ErrClosed after Close.
 func (m *MQ) ResolveTx(ctx context.Context, txid string, d TxDecision) (TxDecision, error) {
 	if err := m.allowed("*", Admin); err != nil {
 		return TxUndecided, err

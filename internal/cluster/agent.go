@@ -54,8 +54,8 @@ type AgentConfig struct {
 	// node prepared, whose half messages it holds in parts: the decision,
 	// or store.Undecided while it runs.
 	CheckTx func(ctx context.Context, txid string, parts []PartRef) (store.Decision, error)
-	// Serve, unless nil, registers more ops on the node's RPC server (the
-	// replicas' own), before the node joins its cluster.
+	// Serve, unless nil, registers more ops on the node's RPC server, the
+	// replicas' own, before the node joins its cluster.
 	Serve func(srv *remote.Server)
 
 	Logger *slog.Logger // nil: silent
@@ -65,7 +65,7 @@ type AgentConfig struct {
 // metadata group, the RPC service it offers and the clients of its peers.
 // Safe for concurrent use.
 //
-// Lock order: Agent.mu, then nothing.
+// Lock order: Agent.closeMu, then Agent.mu; nothing is locked under mu.
 type Agent struct {
 	cfg     AgentConfig
 	log     *slog.Logger
@@ -81,8 +81,8 @@ type Agent struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	// lastAck is when (unix ns, by this node's clock) the last heartbeat
-	// the metadata leader acknowledged was sent: the node's session is
+	// lastAck is when the last heartbeat the metadata leader acknowledged
+	// was sent, in unix ns by this node's clock: the node's session is
 	// valid until lastAck + timeout at the leader, so this node stops
 	// owning partitions of groups at lastAck + timeout - margin.
 	lastAck atomic.Int64
@@ -90,7 +90,7 @@ type Agent struct {
 	refused sync.Map // refusals logged: error text → struct{}
 
 	book      atomic.Pointer[map[string]string] // the address book as last saved: node id → address
-	announced sync.Map                          // node id → the address it announced itself at (opAnnounce)
+	announced sync.Map                          // node id → the address it announced itself at (opAnnounce, or a seed's handshake)
 	probing   sync.Map                          // node id → true while a report of it is probed (opReport)
 	reports   chan string                       // the nodes to report (ReportLater), sent by reportLoop
 	metaRef   atomic.Pointer[Meta]              // meta, for resolve, which raft calls from its goroutines
@@ -108,17 +108,17 @@ type Agent struct {
 const maxInflight = 64 << 20
 
 // errNoAddress is a dial to a node whose address the metadata group does not
-// know (yet).
+// know, or not yet.
 var errNoAddress = errors.New("cluster: no address known for node")
 
 // metaGroup is the raft group id of the metadata group on the port.
 const metaGroup = "meta"
 
 // OpenAgent listens on cfg.Bind, opens this node's member of the metadata
-// group (bootstrapping a new cluster when cfg.Seeds is empty and Dir holds
-// no state), serves RPC and starts the session loop, which registers the
-// node through the metadata leader and heartbeats its session. Close stops
-// everything.
+// group, serves RPC and starts the session loop, which registers the node
+// through the metadata leader and heartbeats its session, beside the loops
+// that save the address book and send reports. With no cfg.Seeds and no
+// state in Dir, the node bootstraps a new cluster. Close stops everything.
 func OpenAgent(cfg AgentConfig) (*Agent, error) {
 	if err := metastate.CheckNodeID(cfg.ID); err != nil {
 		return nil, err
@@ -210,12 +210,12 @@ func (n *Agent) Addr() string { return n.addr }
 // Meta is the node's member of the metadata group.
 func (n *Agent) Meta() *Meta { return n.meta }
 
-// Transport is the node's port (for fault tests: SetLinkDown).
+// Transport is the node's port, for fault tests' SetLinkDown.
 func (n *Agent) Transport() *transport.Transport { return n.tr }
 
 // SessionValid reports whether the node's session is surely still valid at
 // the metadata leader: a heartbeat it acknowledged was sent less than the
-// session timeout (less a margin for clock rates) ago. A node whose
+// session timeout ago, less a margin for clock rates. A node whose
 // session may have expired stops delivering to its consumers, since the
 // leader may have given their partitions to others.
 func (n *Agent) SessionValid() bool {
@@ -295,10 +295,10 @@ func (n *Agent) resolve(id string) (string, bool) {
 			return nd.Addr, true
 		}
 	}
-	// Not in the state (yet): a node restarting has an empty state until a
-	// leader sends it the log, and no leader can be elected unless the
-	// voters reach each other: the address book saved from the last state
-	// it had.
+	// Not in the state, or not yet: a node restarting has an empty state
+	// until a leader sends it the log, and no leader can be elected unless
+	// the voters reach each other. The address book saved from the last
+	// state it had fills that gap.
 	if book := n.book.Load(); book != nil {
 		addr, ok := (*book)[id]
 		return addr, ok
@@ -306,8 +306,8 @@ func (n *Agent) resolve(id string) (string, bool) {
 	return "", false
 }
 
-// Peer returns the RPC client of node id, dialing it (at the address the
-// metadata group has for it then) when first used and after a break.
+// Peer returns the RPC client of node id, which dials it when first used
+// and after a break, at the address resolve has for it then.
 func (n *Agent) Peer(id string) (*remote.Client, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -341,11 +341,12 @@ func (n *Agent) seed(addr string) (*remote.Client, error) {
 	c := remote.NewClient(func(ctx context.Context) (*transport.Conn, error) {
 		c, err := n.dial(ctx, addr, "")
 		if err == nil && c.PeerID() != n.cfg.ID {
-			// The node there proved its id in the handshake: where it
-			// listens now, which the others' state and books may not
-			// know yet (a whole cluster restarted on new ports, this
-			// node among the last: the first one back has no seed and a
-			// stale book, and can only be found this way).
+			// The node there proved its id in the handshake: this is
+			// where it listens now, which the others' state and books
+			// may not know yet. When a whole cluster restarted on new
+			// ports, with this node among the last, the first one back
+			// has no seed and a stale book, and can only be found this
+			// way.
 			n.announced.Store(c.PeerID(), addr)
 		}
 		return c, err
@@ -415,7 +416,8 @@ func (n *Agent) sessionLoop() {
 // node listens now. A node that restarted on another port is otherwise
 // unreachable to the others' raft until it registers again, which needs a
 // leader, which may need its vote. The calls run at once, each bounded by
-// half the session timeout (a handshake on a loaded machine takes time).
+// half the session timeout, since a handshake on a loaded machine takes
+// time.
 func (n *Agent) announce() {
 	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Addr: n.addr})
 	if err != nil {
@@ -490,7 +492,8 @@ func (n *Agent) Propose(ctx context.Context, c metastate.Command) (metastate.Res
 // toLeader calls op on the metadata leader: this node's own handler when it
 // leads, else the leader's over RPC. Without a known leader it asks the
 // seeds who leads. It retries, backing off, while no leader answers, until
-// ctx ends (then ErrNoQuorum-like: the last error, wrapping ctx's).
+// ctx ends: it then returns ctx's error, naming the last error met. It
+// returns ErrClosed once the agent closes.
 func (n *Agent) toLeader(ctx context.Context, op uint16, req []byte) ([]byte, error) {
 	pause := 5 * time.Millisecond
 	var last error
@@ -566,7 +569,7 @@ func retryable(err error) bool {
 // The address book, <Dir>/peers: the nodes' addresses as the metadata state
 // last had them, saved whenever they change, read at start. It is a hint
 // for reaching the other voters before the state is back, never
-// authoritative: a file that cannot be read is ignored (and logged).
+// authoritative: a file that cannot be read is logged and ignored.
 // Layout: the line "zeze-mq peers 1", then one "id address" line per node.
 const bookHeader = "zeze-mq peers 1"
 
@@ -600,7 +603,8 @@ func (n *Agent) loadBook() {
 
 // bookLoop saves the address book whenever the state's addresses change,
 // and forgets what a node announced once the state records a new address
-// for it (the node registered it: newer than any announcement).
+// for it: the node registered that address, which is newer than any
+// announcement.
 func (n *Agent) bookLoop() {
 	prev := map[string]string{}
 	for {

@@ -14,13 +14,13 @@ import (
 )
 
 // The state cache, <Dir>/state: the last State this node applied, saved
-// after each change (at most every cacheEvery). A node restarting without
+// after each change, at most every cacheEvery. A node restarting without
 // a metadata quorum has no State until a leader sends it the log; it shows
-// the cached one meanwhile (fsm.state), so the data paths it had (its own
-// partitions, the remote ones it reached, its consumers' assignments) come
-// back with it. The cache holds only committed entries: the FSM applies no
-// other. Layout: cacheMagic, CRC-32C of the rest (4 bytes BE), then an
-// encoded snapshot (EncodeSnapshot).
+// the cached one meanwhile (fsm.state), so the data paths it had come back
+// with it: its own partitions, the remote ones it reached, its consumers'
+// assignments. The cache holds only committed entries: the FSM applies no
+// other. Layout: cacheMagic, the CRC-32C of the rest in 4 bytes big-endian,
+// then an encoded snapshot (EncodeSnapshot).
 const (
 	cacheMagic = "zeze-mq state cache 1\n"
 	cacheEvery = 100 * time.Millisecond
@@ -54,8 +54,8 @@ func decodeCache(b []byte) (*metastate.State, error) {
 }
 
 // loadCache returns the cached State of dir, or nil when there is none or
-// it cannot be used (logged: the node then waits for a leader, as before
-// there was a cache).
+// it cannot be used, which is logged: the node then waits for a leader to
+// send it the log.
 func (m *Meta) loadCache(dir string) *metastate.State {
 	b, err := os.ReadFile(cachePath(dir))
 	if err != nil {
@@ -72,8 +72,8 @@ func (m *Meta) loadCache(dir string) *metastate.State {
 	return s
 }
 
-// cacheLoop saves the applied State whenever it changed, until Close
-// (which saves it a last time, once raft stopped).
+// cacheLoop saves the applied State whenever it changed, until Close,
+// which saves it a last time once raft stopped.
 func (m *Meta) cacheLoop() {
 	if c := m.fsm.cached.Load(); c != nil {
 		m.cacheSaved = c.Index()

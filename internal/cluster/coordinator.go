@@ -12,26 +12,26 @@ import (
 
 // Coordinator divides the partitions of consumer groups among their
 // consumers on every node, as the metadata group assigns them. It is the
-// delivery engine's coordinator (internal/delivery's Coordinator and
-// Stopper) on a node of a cluster:
+// delivery engine's coordinator on a node of a cluster, both
+// internal/delivery's Coordinator and its Stopper:
 //
 //   - Share, called by the engine with the group's consumers on this node,
 //     gives each the partitions the metadata group assigns its member,
-//     minus those being revoked from it; while the node's session may have
-//     expired (the node is cut from the metadata leader, or the metadata
-//     group has no quorum), only those its workers run already: the data
-//     paths that exist go on, nothing new starts;
+//     minus those being revoked from it. While the node's session may have
+//     expired, because the node is cut from the metadata leader or the
+//     metadata group has no quorum, it gives only those its workers run
+//     already: the data paths that exist go on, nothing new starts;
 //   - its loop makes the metadata group's members follow this node's
 //     consumers (JoinGroup, LeaveGroup), proposes Released for a partition
-//     being revoked once the engine reported it Stopped (after the old
-//     owner's last commit), and asks the engine to rebalance the groups'
+//     being revoked once the engine reported it Stopped, after the old
+//     owner's last commit, and asks the engine to rebalance the groups'
 //     topics when the state changes.
 //
 // So a partition is delivered on at most one node at a time: the new
 // owner's node gets it only after the old owner released it or its node was
 // marked down, and even then its worker claims it only once the old
-// owner's lease at the partition lapsed or was let go (the delivery
-// engine's Leaser; Lease). A node marked down while it still reaches the
+// owner's lease at the partition lapsed or was let go (Lease, the delivery
+// engine's Leaser). A node marked down while it still reaches the
 // partition keeps delivering it, renewing its lease, until it learns that
 // it was marked down. Offsets stay fenced by the store's claims.
 type Coordinator struct {
@@ -50,7 +50,7 @@ type localGroup struct {
 }
 
 // NewCoordinator returns the coordinator of agent's node; rebalance asks
-// the delivery engine to reassign a topic's groups (it calls Share).
+// the delivery engine to reassign a topic's groups, which calls Share.
 func NewCoordinator(agent *Agent, rebalance func(topic string)) *Coordinator {
 	return &Coordinator{agent: agent, rebalance: rebalance, groups: map[metastate.GroupKey]*localGroup{},
 		kick: make(chan struct{}, 1)}
@@ -87,7 +87,7 @@ func (c *Coordinator) Share(topic, group string, members []uint64, partitions in
 	for i, id := range members {
 		name := c.member(id)
 		if m, ok := g.Members[name]; !ok || m.Node != c.agent.ID() {
-			continue // not (yet) this node's member
+			continue // not this node's member, or not yet
 		}
 		_, parts := st.Assignment(topic, group, name)
 		_, revoking := st.Revoking(topic, group, name)
@@ -149,13 +149,13 @@ type step struct {
 
 // reconcile proposes what makes the metadata group's members and
 // revocations match this node's consumers, and returns the topics whose
-// groups should be rebalanced here (the state may give them other
-// partitions). A member whose consumer closed leaves its group only once
+// groups should be rebalanced here, since the state may give them other
+// partitions. A member whose consumer closed leaves its group only once
 // none of its partitions runs here any more, so that the group moves them
 // after their last commit; members of this node that no consumer here
-// stands for (a process that ended without leaving) leave at once. Each
-// proposal waits at most until this node's session may expire, so a node
-// cut from the leader stops delivering in time (see Run).
+// stands for, left by a process that ended without leaving, leave at once.
+// Each proposal waits at most until this node's session may expire, so a
+// node cut from the leader stops delivering in time (see Run).
 func (c *Coordinator) reconcile(ctx context.Context, st *metastate.State) []string {
 	self := c.agent.ID()
 	var steps []step
@@ -209,7 +209,7 @@ func (c *Coordinator) reconcile(ctx context.Context, st *metastate.State) []stri
 	for _, s := range steps {
 		deadline := c.agent.SessionDeadline()
 		if !time.Now().Before(deadline) {
-			break // the session may have expired: nothing is proposed (the workers that run go on under their leases)
+			break // the session may have expired: nothing is proposed, and the workers that run go on under their leases
 		}
 		pctx, cancel := context.WithDeadline(ctx, deadline)
 		_, err := c.agent.Propose(pctx, s.cmd)

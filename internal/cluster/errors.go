@@ -22,13 +22,14 @@ var (
 	ErrUnknownOutcome = errors.New("cluster: outcome unknown")
 )
 
-// NotLeaderError is the ErrNotLeader of a node that knows (or does not know,
-// then both fields are empty) who the metadata leader is.
+// NotLeaderError is the ErrNotLeader of a node, naming the metadata leader
+// it knows of; both fields are empty when it knows none.
 type NotLeaderError struct {
 	LeaderID   string
 	LeaderAddr string
 }
 
+// Error names the leader, or says that none is known.
 func (e *NotLeaderError) Error() string {
 	if e.LeaderID == "" {
 		return ErrNotLeader.Error() + " (leader unknown)"

@@ -9,7 +9,7 @@ import (
 )
 
 // failover, on the metadata leader, acts for the DoubleWrite pairs that
-// have a node marked down (its session expired): a pair whose leader is
+// have a node marked down, its session expired: a pair whose leader is
 // down is led by its follower if that one is up and in sync (Promote);
 // one whose follower is down gets a new one if a node is free
 // (ReplaceFollower). A pair whose leader is down and whose follower is out
@@ -33,7 +33,7 @@ func (m *Meta) failover(ctx context.Context) {
 }
 
 // promoteFrom promotes the in-sync follower, when up, of every DoubleWrite
-// pair node leads (a report of node that its probe confirmed).
+// pair node leads, once the leader's probe confirmed a report of node.
 func (m *Meta) promoteFrom(ctx context.Context, node string) {
 	m.movePairs(ctx, "hand-off of a reported leader", func(s *metastate.State, name string, i int, p metastate.Partition) metastate.Command {
 		f := p.Follower()
@@ -45,10 +45,10 @@ func (m *Meta) promoteFrom(ctx context.Context, node string) {
 	})
 }
 
-// movePairs proposes, for each DoubleWrite pair (the record of its chunk's
-// first partition, which a command changes for the whole chunk), the
-// command decide returns, if any. A proposal that lost a race (ErrStale)
-// changes nothing; others failing are logged.
+// movePairs proposes, for each DoubleWrite pair, the command decide
+// returns for it, if any. decide sees the record of the chunk's first
+// partition, which a command changes for the whole chunk. A proposal that
+// lost a race (ErrStale) changes nothing; others failing are logged.
 func (m *Meta) movePairs(ctx context.Context, what string, decide func(s *metastate.State, topic string, i int, p metastate.Partition) metastate.Command) {
 	s := m.State()
 	for _, name := range s.Topics() {

@@ -38,19 +38,19 @@ const lockTimeout = time.Second
 // MetaConfig configures OpenMeta. NodeID, Dir and Transport are required;
 // zero durations take raft's defaults.
 type MetaConfig struct {
-	NodeID    string         // this node's id ([A-Za-z0-9._-], 1..64 bytes)
-	Dir       string         // raft.db (log and stable store) and snapshots/
+	NodeID    string         // this node's id: 1..64 bytes of [A-Za-z0-9._-]
+	Dir       string         // raft.db, holding the log and stable store, and snapshots/
 	Transport raft.Transport // the group's network, closed by Close; LocalAddr is this node's raft address
 	// RaftAddr is the raft address of node id registered at addr: addr if
 	// nil. Over a transport.RaftMux it is the id, which the mux resolves.
 	RaftAddr func(id, addr string) raft.ServerAddress
-	// Addr is the address recorded for this node when it registers itself
-	// as leader (its advertised RPC address); "" for the raft address.
+	// Addr is the address recorded for this node, its advertised RPC
+	// address, when it registers itself as leader; "" for the raft address.
 	Addr   string
 	Logger *slog.Logger // raft's logs and ours; nil for none
 
 	// Bootstrap makes this node, if it has no raft state yet, the single
-	// voter of a new group (the first seed). Without state and without
+	// voter of a new group: the first seed. Without state and without
 	// Bootstrap the node waits to be added by the leader.
 	Bootstrap bool
 
@@ -62,11 +62,11 @@ type MetaConfig struct {
 	TrailingLogs       uint64 // log entries kept after a snapshot
 
 	// SessionTimeout is how long the leader waits for a node's heartbeat
-	// before it marks the node down (DefaultSessionTimeout if 0).
+	// before it marks the node down; zero means DefaultSessionTimeout.
 	SessionTimeout time.Duration
 
-	// stores, set only by tests, wraps raft.db's log and stable store
-	// (fault injection).
+	// stores, set only by tests for fault injection, wraps raft.db's log
+	// and stable store.
 	stores func(*raftboltdb.BoltStore) (raft.LogStore, raft.StableStore)
 }
 
@@ -114,10 +114,11 @@ type session struct {
 	session uint64
 }
 
-// OpenMeta opens (or bootstraps) this node's member of the metadata group
-// and starts raft and the session loop, one goroutine that, while this node
-// leads, marks nodes down whose heartbeats stopped and registers this node
-// itself. Close stops both.
+// OpenMeta opens this node's member of the metadata group, bootstrapping a
+// new group when cfg.Bootstrap asks and Dir has no raft state, and starts
+// raft, the session loop and the cache loop. The session loop, while this
+// node leads, marks nodes down whose heartbeats stopped and registers this
+// node itself; the cache loop saves the state cache. Close stops them.
 func OpenMeta(cfg MetaConfig) (*Meta, error) {
 	if err := metastate.CheckNodeID(cfg.NodeID); err != nil {
 		return nil, err
@@ -246,14 +247,14 @@ var errMetaFailed = errors.New("cluster: the metadata log failed to save a term 
 // termStore is raft.db's stable store as raft sees it. hashicorp/raft
 // panics, in its own goroutines, when it cannot save a new term
 // (setCurrentTerm): the process embedding the node would die of a disk
-// error. Once raft runs, a failed SetUint64 (a term or a vote) instead
-// stops this node's member of the metadata group until it is reopened:
-// it is logged, and the goroutine that called it (raft's main loop, or the
-// transport's handling a heartbeat) ends with runtime.Goexit, which runs
-// its deferred calls, so that raft's Shutdown still finds every goroutine
-// done. Nothing of raft's may go on from a term perhaps not on disk (a
-// failed sync is sticky); the node leads no more, and proposals go to
-// another leader.
+// error. Once raft runs, a failed SetUint64 of a term or a vote instead
+// stops this node's member of the metadata group until it is reopened.
+// The failure is logged, and the goroutine that called it, raft's main
+// loop or the transport's handling a heartbeat, ends with runtime.Goexit,
+// which runs its deferred calls, so that raft's Shutdown still finds every
+// goroutine done. Nothing of raft's may go on from a term perhaps not on
+// disk, since a failed sync is sticky; the node leads no more, and
+// proposals go to another leader.
 type termStore struct {
 	raft.StableStore
 	m *Meta
@@ -273,8 +274,8 @@ func (s *termStore) SetUint64(key []byte, v uint64) error {
 }
 
 // newRaft is raft.NewRaft, whose panic when the log lacks an entry it
-// replays (entries a snapshot covered, compacted away, and the snapshot
-// gone) is ErrCorrupt naming raft.db. It panics before it starts any
+// replays is ErrCorrupt naming raft.db: the entries a snapshot covered were
+// compacted away, and the snapshot is gone. It panics before it starts any
 // goroutine.
 func newRaft(conf *raft.Config, f *fsm, logs raft.LogStore, stable raft.StableStore, snaps raft.SnapshotStore, tr raft.Transport, path string) (r *raft.Raft, err error) {
 	defer func() {
@@ -295,9 +296,10 @@ func newRaft(conf *raft.Config, f *fsm, logs raft.LogStore, stable raft.StableSt
 // checkSnapshots returns ErrCorrupt, naming it, for a snapshot in
 // Dir/snapshots that raft would skip or fail on: its meta.json missing,
 // unreadable or another's, or its state.bin failing its checksum. Raft
-// skips the first kind without a word and replays the log from before it
-// (which compaction removed), and reports the second naming nothing.
-// Temporary snapshots (a crash while writing one) are raft's to ignore.
+// skips the first kind without a word and replays the log from before it,
+// which compaction removed, and reports the second naming nothing.
+// Temporary snapshots, left by a crash while writing one, are raft's to
+// ignore.
 func checkSnapshots(dir string, snaps *raft.FileSnapshotStore) error {
 	root := filepath.Join(dir, "snapshots")
 	ents, err := os.ReadDir(root)
@@ -339,7 +341,8 @@ func checkSnapshots(dir string, snaps *raft.FileSnapshotStore) error {
 	return nil
 }
 
-// Close stops the session loop and raft, waits for them and closes the log.
+// Close stops the session and cache loops and raft, waits for them, saves
+// the state cache a last time and closes the log.
 // It is idempotent and safe to call concurrently; afterwards Propose,
 // AddNode and Heartbeat return ErrClosed, and State returns the last state.
 func (m *Meta) Close() error {
@@ -400,8 +403,8 @@ func (m *Meta) isClosed() bool {
 // when a newer one is published.
 func (m *Meta) State() *metastate.State { return m.fsm.state() }
 
-// Watch returns a channel closed on the next applied change (then call
-// Watch or State again). To read a state and wait for the next one without
+// Watch returns a channel closed on the next applied change; then call
+// Watch or State again. To read a state and wait for the next one without
 // a gap, use State().Changed().
 func (m *Meta) Watch() <-chan struct{} { return m.fsm.state().Changed() }
 
@@ -502,9 +505,9 @@ func (m *Meta) raftErr(err error) error {
 	}
 }
 
-// AddNode registers a node on the leader: it joins the raft configuration
-// as a voter while the group has fewer than MaxVoters, else as a nonvoter,
-// then RegisterNode records it (up, with a new session if it was down).
+// AddNode registers a node on the leader: RegisterNode records it, up and
+// with a new session if it was down, then it joins the raft configuration
+// as a voter while the group has fewer than MaxVoters, else as a nonvoter.
 // Calling it again for a known node is how a node comes back up. It blocks
 // like Propose and returns its errors.
 func (m *Meta) AddNode(ctx context.Context, id, addr string) error {
@@ -559,7 +562,7 @@ func (m *Meta) AddNode(ctx context.Context, id, addr string) error {
 
 // Heartbeat records, on the leader, that node id is alive. It returns
 // ErrNotLeader off the leader, ErrNoNode for a node never registered and
-// ErrNodeDown for a node marked down (it registers again with AddNode).
+// ErrNodeDown for a node marked down: it registers again with AddNode.
 // Heartbeats are leader memory, not log entries.
 func (m *Meta) Heartbeat(id string) error {
 	if m.isClosed() {

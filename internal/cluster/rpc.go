@@ -15,9 +15,9 @@ import (
 )
 
 // The cluster's RPC ops, beside remote's partition ops. Requests and
-// replies are msgpack arrays of the fixed structs below (field order is the
-// format; a field is only ever appended), decoded with wire.Unmarshal,
-// which checks every length against the bytes there before allocating.
+// replies are msgpack arrays of the fixed structs below, decoded with
+// wire.Unmarshal, which checks every length against the bytes there before
+// allocating. Field order is the format: a field is only ever appended.
 const (
 	opWhoLeads  = remote.FirstOp + 64 // → whoLeads
 	opJoin      = remote.FirstOp + 65 // joinReq → nothing: the leader registered the node
@@ -25,7 +25,7 @@ const (
 	opPropose   = remote.FirstOp + 67 // EncodeCommand → resultMsg
 	opCheckTx   = remote.FirstOp + 68 // checkTxReq → checkTxResp
 	opAnnounce  = remote.FirstOp + 69 // joinReq → nothing: where the calling node listens now
-	opReport    = remote.FirstOp + 70 // joinReq (the node, Addr empty) → nothing: the leader probed it
+	opReport    = remote.FirstOp + 70 // joinReq naming the node, Addr empty → nothing: the leader probed it
 )
 
 // Error codes of the metadata group's errors on the wire.
@@ -149,8 +149,8 @@ func (n *Agent) handleWhoLeads(_ context.Context, _ string, _ []byte) ([]byte, e
 }
 
 // handleJoin registers the calling node (AddNode) on the leader. A node
-// registers only itself: the id is the peer's, which the handshake (and
-// TLS) proved.
+// registers only itself: the id is the peer's, which the handshake proved,
+// and with TLS its certificate.
 func (n *Agent) handleJoin(ctx context.Context, peer string, req []byte) ([]byte, error) {
 	var j joinReq
 	if err := decodeMsg(req, &j); err != nil {
@@ -180,9 +180,11 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 }
 
 // handlePropose applies a command on the leader for peer, if the ACL
-// allows it: topic changes need Admin on the topic, group membership
-// Consume on it and may name only the peer's own node; nodes are registered
-// by joining, marked down by the leader alone.
+// allows it: topic changes need Admin on the topic and the ACL Admin on
+// "*"; joining a group needs Consume on its topic; group commands may name
+// only the peer's own members; a DoubleWrite pair's commands come from its
+// leader's node. Nodes are registered by joining, marked down by the
+// leader alone.
 func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]byte, error) {
 	c, err := metastate.DecodeCommand(req)
 	if err != nil {
@@ -201,8 +203,8 @@ func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]b
 	return encodeMsg(toResultMsg(r))
 }
 
-// Report tells the metadata leader that this node cannot reach node id
-// (the leader of a DoubleWrite pair it sends to): the metadata leader
+// Report tells the metadata leader that this node cannot reach node id,
+// the leader of a DoubleWrite pair it sends to: the metadata leader
 // probes id and, if id does not answer either, promotes the in-sync
 // followers of the pairs it leads (Meta.promoteFrom); the node itself is
 // marked down only when its session expires. One that answers is left as
@@ -219,8 +221,8 @@ func (n *Agent) Report(ctx context.Context, id string) error {
 
 // ReportLater is Report without waiting: the report is sent by a
 // goroutine of the agent's, one at a time; one made while the queue is
-// full, or the agent closed, is dropped (the session check follows
-// anyway).
+// full, or the agent closed, is dropped, since the session check follows
+// anyway.
 func (n *Agent) ReportLater(id string) {
 	select {
 	case n.reports <- id:
@@ -343,8 +345,8 @@ func (n *Agent) authorize(peer string, c metastate.Command) error {
 	case metastate.RenewEpoch:
 		return pairLeader(s, peer, c.Topic, c.Partition)
 	case metastate.Promote:
-		// A leader whose replica failed hands the pair to its follower
-		// (which Promote requires in sync and up).
+		// A leader whose replica failed, or whose node closes, hands the
+		// pair to its follower, which Promote requires in sync and up.
 		return pairLeader(s, peer, c.Topic, c.Partition)
 	}
 	return fmt.Errorf("%w: %T is the leader's own", ErrDenied, c)
@@ -372,8 +374,8 @@ func rightName(r metastate.Rights) string {
 	return fmt.Sprintf("rights %#x on", uint8(r))
 }
 
-// handleAnnounce records where the calling node listens (the address it
-// proves nothing about, but only it may announce for its id).
+// handleAnnounce records where the calling node listens. Nothing proves
+// the address, but only the node itself may announce one for its id.
 func (n *Agent) handleAnnounce(_ context.Context, peer string, req []byte) ([]byte, error) {
 	var j joinReq
 	if err := decodeMsg(req, &j); err != nil {

@@ -15,17 +15,17 @@ import (
 //	[1] kind (kindRegisterNode …)
 //	[…] the command struct as a msgpack array, fields in declaration order
 //
-// New fields go at the end of a struct with a new version; a decoder refuses
-// versions it does not know (a newer node's entry is corruption to an older
-// one, so nodes are upgraded before new commands are proposed), and reads an
-// older version's struct with the new fields zero. Version 2 added
-// CreateTopic.GroupSize; version 3 CreateTopic.AllowAlone and the commands
-// of DoubleWrite partitions (SetInSync, Promote, ReplaceFollower,
-// RenewEpoch); version 4 changed no struct but lets a DoubleWrite
-// CreateTopic have a GroupSize above 1 (pairs shared by several
-// partitions), which a version 3 node would refuse where a version 4 one
-// applies it: an older node must refuse the entry as unknown rather than
-// apply it otherwise.
+// New fields go at the end of a struct with a new version. A decoder
+// refuses versions it does not know, since a newer node's entry is
+// corruption to an older one: nodes are upgraded before new commands are
+// proposed. It reads an older version's struct with the new fields zero.
+// Version 2 added CreateTopic.GroupSize; version 3 CreateTopic.AllowAlone
+// and the commands of DoubleWrite partitions (SetInSync, Promote,
+// ReplaceFollower, RenewEpoch); version 4 changed no struct but lets a
+// DoubleWrite CreateTopic have a GroupSize above 1, for pairs shared by
+// several partitions. A version 3 node would refuse such a command where a
+// version 4 one applies it: an older node must refuse the entry as unknown
+// rather than apply it otherwise.
 const (
 	cmdMagic   = 0xC1 // never the first byte of a msgpack value
 	cmdVersion = 4
@@ -49,15 +49,16 @@ const (
 
 // Command is one mutation of the metadata state: one of RegisterNode,
 // NodeDown, CreateTopic, AlterTopic, JoinGroup, LeaveGroup, Released,
-// SetACL, SetInSync, Promote, ReplaceFollower, RenewEpoch. A command carries inputs only; what it does is decided by Apply
-// from the state, identically on every node.
+// SetACL, SetInSync, Promote, ReplaceFollower, RenewEpoch. A command
+// carries inputs only; what it does is decided by Apply from the state,
+// identically on every node.
 type Command interface {
 	kind() byte
 }
 
 // RegisterNode adds a node or updates its address. A node marked down comes
 // back up with a new session. Voter records whether the node is a raft voter
-// of the metadata group (the leader decides, see Meta.AddNode).
+// of the metadata group, as the leader decides (see cluster.Meta.AddNode).
 type RegisterNode struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	ID       string
@@ -77,9 +78,9 @@ type NodeDown struct {
 
 // CreateTopic creates a topic and places its partitions. Type is the
 // replication type (TypeSingle, TypeDoubleWrite, TypeRaft3); Replicas is the
-// replica count per partition, 0 for the type's own (1, 2 or 3). Now (unix
-// ns) is stamped by the proposer. GroupSize is Topic.GroupSize (0 means 1);
-// AllowAlone is Topic.Alone.
+// replica count per partition, 0 for the type's own: 1, 2 or 3. Now, in
+// unix ns, is stamped by the proposer. GroupSize is Topic.GroupSize, 0
+// meaning 1; AllowAlone is Topic.Alone.
 type CreateTopic struct {
 	_msgpack   struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Name       string
@@ -132,7 +133,7 @@ type JoinGroup struct {
 }
 
 // LeaveGroup removes a member from its group: its partitions are free at
-// once (the member has stopped) and the group is rebalanced.
+// once, since the member has stopped, and the group is rebalanced.
 type LeaveGroup struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic    string
@@ -141,8 +142,8 @@ type LeaveGroup struct {
 }
 
 // Released is the second step of moving a partition: Member, from which the
-// partition is being revoked, has stopped consuming it (and committed its
-// offsets). Generation is the group generation at which the member saw the
+// partition is being revoked, has stopped consuming it and committed its
+// offsets. Generation is the group generation at which the member saw the
 // revocation; it must not be older than the revocation itself.
 type Released struct {
 	_msgpack   struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
@@ -160,8 +161,8 @@ type SetACL struct {
 }
 
 // SetInSync sets the in-sync replicas of DoubleWrite partition Partition
-// of Topic (Partition.InSync, its leader first), if its record is still at
-// Version (else ErrStale). Its leader proposes it.
+// of Topic, Partition.InSync with its leader first, or returns ErrStale if
+// its record is no longer at Version. Its leader proposes it.
 type SetInSync struct {
 	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic     string
@@ -170,11 +171,13 @@ type SetInSync struct {
 	InSync    []string
 }
 
-// Promote makes Leader, an in-sync replica (else ErrNotInSync), the leader
-// of a DoubleWrite partition at the next epoch, with itself alone in sync
-// and a new follower chosen by load (the old leader when no other node is
-// up), if its record is still at Version (else ErrStale). The metadata
-// leader proposes it once the old leader is gone.
+// Promote makes Leader the leader of a DoubleWrite partition at the next
+// epoch, with itself alone in sync and a new follower chosen by load, or
+// the old leader when no other node is up. Leader must be an in-sync
+// replica (ErrNotInSync) that is up (ErrNodeDown), and the record still at
+// Version (ErrStale). The metadata leader proposes it once the old leader
+// is gone; the old leader proposes it to hand the pair off when its
+// replica failed or its node closes.
 type Promote struct {
 	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic     string
@@ -185,9 +188,10 @@ type Promote struct {
 
 // ReplaceFollower gives a DoubleWrite partition a new follower chosen by
 // load, with its leader alone in sync until the follower caught up, at the
-// next epoch (the leader's replication to the new follower is a run of its
-// own), if its record is still at Version (else ErrStale). The metadata
-// leader proposes it once the follower is gone.
+// next epoch: the leader's replication to the new follower is a run of its
+// own. It returns ErrStale if the record is no longer at Version, and
+// ErrNotEnoughNodes when no node is free. The metadata leader proposes it
+// once the follower is gone.
 type ReplaceFollower struct {
 	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic     string
@@ -209,9 +213,9 @@ func (ReplaceFollower) kind() byte { return kindReplaceFollower }
 func (RenewEpoch) kind() byte      { return kindRenewEpoch }
 
 // RenewEpoch gives a DoubleWrite partition's leader the next epoch, its
-// replicas and in-sync set unchanged, if its record is still at Version
-// (else ErrStale). Its leader proposes it when it must start leading again
-// (after a restart, or after its replication failed): each run of a
+// replicas and in-sync set unchanged, or returns ErrStale if its record is
+// no longer at Version. Its leader proposes it when it must start leading
+// again, after a restart or after its replication failed: each run of a
 // leader writes under an epoch of its own (pairlog.Log.Lead).
 type RenewEpoch struct {
 	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
@@ -220,7 +224,7 @@ type RenewEpoch struct {
 	Version   uint64
 }
 
-// EncodeCommand returns c's encoding (the layout above).
+// EncodeCommand returns c's encoding, laid out as above.
 func EncodeCommand(c Command) ([]byte, error) {
 	body, err := msgpack.Marshal(c)
 	if err != nil {
@@ -286,8 +290,8 @@ func DecodeCommand(b []byte) (Command, error) {
 	return c, nil
 }
 
-// decodeAs decodes body as a T, which must be a msgpack array (never a map
-// of field names).
+// decodeAs decodes body as a T, which must be a msgpack array, never a map
+// of field names.
 func decodeAs[T any](body []byte) (T, error) {
 	var v T
 	if !isArray(body) {

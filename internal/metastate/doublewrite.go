@@ -9,25 +9,28 @@ import (
 
 // The record of a DoubleWrite partition: Replicas are its leader and its
 // follower, Leader the one that takes sends at Epoch, InSync those holding
-// every batch it acked (the leader first), Version the token of the
+// every batch it acked, the leader first, and Version the token of the
 // compare-and-set every change carries. Who proposes what:
 //
 //   - the partition's leader, SetInSync: {leader} when its follower is lost
 //     or lags, {leader, follower} once the follower caught up;
 //   - the metadata leader, Promote: the leader is gone, its in-sync
-//     follower leads at Epoch+1 (which the follower persists before it
-//     serves, so the old leader, whose batches it then refuses, can no
-//     longer ack); a new follower is chosen by load;
+//     follower leads at Epoch+1 and a new follower is chosen by load. The
+//     follower persists the epoch before it serves, and then refuses the
+//     old leader's batches, so the old leader can no longer ack. The
+//     partition's leader proposes Promote too, to hand the pair off when
+//     its replica failed or its node closes;
 //   - the metadata leader, ReplaceFollower: the follower is gone, a new one
 //     is chosen by load and caught up by the leader, at Epoch+1;
-//   - the partition's leader, RenewEpoch: it must start leading again
-//     (restarted), which it does at Epoch+1.
+//   - the partition's leader, RenewEpoch: it must start leading again,
+//     after a restart or a failed replication, which it does at Epoch+1.
 //
-// Each refuses a Version other than the partition's (ErrStale): of two
+// Each refuses a Version other than the partition's with ErrStale: of two
 // proposals made from the same record, one wins.
 
 // pairs returns the new partitions of a topic of type typ with the record
-// of a DoubleWrite pair: both replicas in sync (they are empty), version 1.
+// of a DoubleWrite pair: both replicas in sync, as they are empty, at
+// version 1.
 func pairs(typ uint8, parts []Partition) []Partition {
 	if typ != TypeDoubleWrite {
 		return parts
@@ -60,8 +63,8 @@ func (s *State) pair(topic string, part int, version uint64) (Topic, Partition, 
 
 // withPart returns t with the record of partition i's chunk replaced by
 // p's: the partitions sharing a pair share its record, so a command naming
-// any of them changes all (t's slice is shared with older States: copied,
-// never modified).
+// any of them changes all. t's slice is shared with older States, so it is
+// copied, never modified.
 func (s *State) withPart(t Topic, i int, p Partition) Topic {
 	p.Version++
 	first, n := t.Chunk(i)
@@ -132,8 +135,8 @@ func (s *State) renewEpoch(c RenewEpoch) (Topic, error) {
 	return s.withPart(t, c.Partition, p), nil
 }
 
-// leastLoaded returns the node that is up, not one of not, and holds the
-// fewest replicas (ties by id, as place): "" when there is none.
+// LeastLoaded returns the node that is up, not one of not, and holds the
+// fewest replicas, ties broken by id as in place; "" when there is none.
 func (s *State) LeastLoaded(not ...string) string {
 	count := s.replicaCounts()
 	best := ""

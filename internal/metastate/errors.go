@@ -18,8 +18,8 @@ var (
 	// ErrTopicExists is returned by CreateTopic for a topic that exists.
 	ErrTopicExists = errors.New("cluster: topic exists")
 
-	// ErrNoTopic is returned by AlterTopic and JoinGroup for a topic that
-	// does not exist.
+	// ErrNoTopic is returned by AlterTopic, JoinGroup and the commands of
+	// DoubleWrite pairs for a topic that does not exist.
 	ErrNoTopic = errors.New("cluster: no such topic")
 
 	// ErrPartitionDecrease is returned by AlterTopic for a partition count
@@ -27,14 +27,15 @@ var (
 	ErrPartitionDecrease = errors.New("cluster: partition count cannot decrease")
 
 	// ErrNotEnoughNodes is returned by CreateTopic and AlterTopic when fewer
-	// nodes are up than a partition needs replicas.
+	// nodes are up than a partition needs replicas, and by ReplaceFollower
+	// when no node is free.
 	ErrNotEnoughNodes = errors.New("cluster: not enough live nodes")
 
 	// ErrNoNode is returned for a node id that never registered.
 	ErrNoNode = errors.New("cluster: no such node")
 
-	// ErrNodeDown is returned by JoinGroup and Heartbeat for a node marked
-	// down: it must register again (AddNode) first.
+	// ErrNodeDown is returned by JoinGroup, Promote and Heartbeat for a
+	// node marked down: it must register again (AddNode) first.
 	ErrNodeDown = errors.New("cluster: node is down")
 
 	// ErrStaleSession is returned by NodeDown for a session the node has
@@ -53,13 +54,14 @@ var (
 	ErrMemberExists = errors.New("cluster: member exists on another node")
 
 	// ErrNotRevoking is returned by Released when the partition is not being
-	// revoked from that member, or the release is older than the revocation
-	// (a stale or repeated release changes nothing).
+	// revoked from that member, or the release is older than the
+	// revocation: a stale or repeated release changes nothing.
 	ErrNotRevoking = errors.New("cluster: partition is not being revoked from this member")
 
-	// ErrStale is returned by SetInSync, Promote and ReplaceFollower when
-	// the DoubleWrite partition's record changed since the proposer read
-	// it (its Version): the proposal lost a race and changes nothing.
+	// ErrStale is returned by SetInSync, Promote, ReplaceFollower and
+	// RenewEpoch when the DoubleWrite partition's record changed since the
+	// proposer read its Version: the proposal lost a race and changes
+	// nothing.
 	ErrStale = errors.New("cluster: stale partition version")
 
 	// ErrNotInSync is returned by Promote for a replica outside the

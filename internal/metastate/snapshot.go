@@ -22,9 +22,9 @@ import (
 // snapshot is read with both replicas of a DoubleWrite partition in sync,
 // at version 1.
 //
-// The decoder checks what Apply keeps true (sorted unique keys, limits,
-// replicas and members on known nodes, owners that are members), so a
-// damaged snapshot is ErrCorrupt and never a state Apply could not reach.
+// The decoder checks what Apply keeps true: sorted unique keys, limits,
+// replicas and members on known nodes, owners that are members. So a
+// damaged snapshot is ErrCorrupt, never a state Apply could not reach.
 const (
 	snapMagic   = "ZMMS"
 	snapVersion = 3
@@ -107,7 +107,7 @@ type snapPartV2 struct {
 }
 
 // v3 is v in version 3: both replicas of a DoubleWrite partition in sync,
-// at version 1 (as CreateTopic places them).
+// at version 1, as CreateTopic places them.
 func (v snapV2) v3() snapV3 {
 	out := snapV3{Index: v.Index, Nodes: v.Nodes, Groups: v.Groups, ACL: v.ACL}
 	for _, t := range v.Topics {
@@ -177,7 +177,7 @@ type snapRevoke struct {
 	Since     uint64
 }
 
-// EncodeSnapshot returns the encoding of s (the layout above).
+// EncodeSnapshot returns the encoding of s, laid out as above.
 func EncodeSnapshot(s *State) ([]byte, error) {
 	v := snapV3{Index: s.index, ACL: s.acl}
 	for _, n := range s.Nodes() {
@@ -371,9 +371,9 @@ func (v *snapV3) state() (*State, error) {
 }
 
 // checkPair checks the fields of a DoubleWrite pair in a partition of a
-// topic of type typ: what SetInSync, Promote and ReplaceFollower keep true
-// (the leader first in sync, the rest replicas, a version), and their
-// absence in the other types.
+// topic of type typ: what SetInSync, Promote and ReplaceFollower keep true,
+// the leader first in sync, the others replicas, and a version. A
+// partition of another type must have none of them.
 func checkPair(typ uint8, p snapPart) error {
 	if typ != TypeDoubleWrite {
 		if p.InSync != nil || p.Version != 0 {

@@ -10,18 +10,18 @@ import (
 
 // Limits of the state, checked by Apply and by the snapshot decoder.
 const (
-	MaxPartitions = 1024 // partitions of one topic (internal/topicdb's limit)
+	MaxPartitions = 1024 // partitions of one topic: internal/topicdb's limit
 	MaxReplicas   = 3    // replicas of one partition
 	MaxNameLen    = 255  // topic, group, member, address and ACL pattern bytes
 	MaxNodeIDLen  = 64   // node id bytes: [A-Za-z0-9._-], a certificate's DNS name
 	MaxRules      = 1024 // ACL rules
 	MaxMembers    = 1024 // members of one consumer group
-	// MaxGroupSize is the most partitions of a Raft3 topic that share one
-	// raft group (Topic.GroupSize).
+	// MaxGroupSize is the most partitions of a Raft3 or DoubleWrite topic
+	// that share one raft group or pair (Topic.GroupSize).
 	MaxGroupSize = 64
 )
 
-// Replication types of a topic (the root's Type values).
+// Replication types of a topic: the root's Type values.
 const (
 	TypeSingle      uint8 = 1
 	TypeDoubleWrite uint8 = 2
@@ -59,8 +59,8 @@ func (r Rights) String() string {
 }
 
 // Rule is one ACL rule: identities matching Identity may do Rights on the
-// topics matching Topic. A pattern is "*" (anything), a prefix followed by
-// "*", or an exact name.
+// topics matching Topic. A pattern is an exact name, a prefix followed by
+// "*", or "*" alone, which matches anything.
 type Rule struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Identity string
@@ -72,7 +72,7 @@ type Rule struct {
 type Node struct {
 	ID      string
 	Addr    string
-	Voter   bool   // a raft voter of the metadata group (else a nonvoter)
+	Voter   bool   // a raft voter of the metadata group, else a nonvoter
 	Up      bool   // false once its session expired, until it registers again
 	Joined  uint64 // log index of its first registration
 	Session uint64 // 1 at the first registration, +1 each time it comes back up
@@ -84,17 +84,17 @@ type Topic struct {
 	Type    uint8
 	Created int64 // unix ns, stamped by the CreateTopic proposer
 	// GroupSize is, for a Raft3 or DoubleWrite topic, how many of the
-	// partitions placed together (by CreateTopic, or one AlterTopic) share
-	// one replicated log (a raft group, a pair): they have the same
+	// partitions placed together, by CreateTopic or by one AlterTopic,
+	// share one replicated log, a raft group or a pair: they have the same
 	// replicas, and one entry of that log carries commands of several of
-	// them. A DoubleWrite chunk's partitions also share their record
-	// (leader, epoch, in-sync set, version): a change of one is a change
+	// them. A DoubleWrite chunk's partitions also share their record, the
+	// leader, epoch, in-sync set and version: a change of one is a change
 	// of all. 1 for the other types.
 	GroupSize int
 	Parts     []Partition
 	// Alone is, for a DoubleWrite topic, whether a partition's leader may
-	// ack sends while it alone is in sync (the risk stage: an ack is then
-	// one copy). False for the other types.
+	// ack sends while it alone is in sync: the risk stage, in which an ack
+	// is one copy. False for the other types.
 	Alone bool
 }
 
@@ -103,7 +103,7 @@ type Topic struct {
 func shares(typ uint8) bool { return typ == TypeRaft3 || typ == TypeDoubleWrite }
 
 // Chunk returns the partitions sharing partition i's raft group or pair:
-// the first, and how many (1 when it shares none).
+// the first, and how many, 1 when it shares none.
 func (t Topic) Chunk(i int) (first, n int) {
 	first = t.Parts[i].Chunk
 	for n = 1; first+n < len(t.Parts) && t.Parts[first+n].Chunk == first; n++ {
@@ -112,14 +112,15 @@ func (t Topic) Chunk(i int) (first, n int) {
 }
 
 // Partition is one partition's placement: the nodes holding its replicas,
-// the leader among them and the leader's epoch (raised when leadership moves,
-// so a replica can refuse a stale leader).
+// the leader among them and the leader's epoch, which a DoubleWrite pair
+// raises with each new run of its leader so that a replica can refuse a
+// stale one.
 type Partition struct {
 	Replicas []string
 	Leader   string
 	Epoch    uint64
-	// Chunk is the index of the first partition of the raft group this
-	// one shares (Topic.GroupSize); the partition's own index when it
+	// Chunk is the index of the first partition of the raft group or pair
+	// this one shares (Topic.GroupSize); the partition's own index when it
 	// shares none.
 	Chunk int
 	// InSync is, for a DoubleWrite partition, the replicas holding every
@@ -127,8 +128,8 @@ type Partition struct {
 	// only from it. Nil for the other types.
 	InSync []string
 	// Version is, for a DoubleWrite partition, raised by every change of
-	// its record (Promote, SetInSync, ReplaceFollower): the token their
-	// compare-and-set carries. 0 for the other types.
+	// its record (SetInSync, Promote, ReplaceFollower, RenewEpoch): the
+	// token their compare-and-set carries. 0 for the other types.
 	Version uint64
 }
 
@@ -179,8 +180,8 @@ type Result struct {
 }
 
 // State is one version of the metadata, immutable once published: reading
-// it needs no lock, and Apply builds the next version beside it (copying
-// what a command changes). Values returned by its methods share its memory
+// it needs no lock, and Apply builds the next version beside it, copying
+// what a command changes. Values returned by its methods share its memory
 // and must not be modified. Safe for concurrent use.
 type State struct {
 	index   uint64 // log index of the last command applied without error
@@ -244,7 +245,6 @@ func (s *State) Partition(topic string, p int) (Partition, bool) {
 	return t.Parts[p], true
 }
 
-// Group returns a consumer group's state.
 // GroupsOn returns the groups with a member on node, sorted.
 func (s *State) GroupsOn(node string) []GroupKey {
 	var out []GroupKey
@@ -693,17 +693,17 @@ func cloneMap[K comparable, V any](m map[K]V) map[K]V {
 	return c
 }
 
-// rebalance returns g (a private copy) reassigned after a change, at the
+// rebalance returns g, a private copy, reassigned after a change, at the
 // next generation:
 //
 //  1. A partition whose owner left is free.
-//  2. Each member's share is ⌊P/n⌋ or one more (the first P mod n members to
-//     claim one get the extra): a member keeps the partitions it owns in
-//     partition order while under its share (sticky).
+//  2. Each member's share is ⌊P/n⌋ or one more, the first P mod n members
+//     to claim one getting the extra: a member keeps the partitions it
+//     owns in partition order while under its share (sticky).
 //  3. Free partitions go to the member with the fewest, ties by member id.
 //  4. A partition whose target is not its current owner is revoked: it
-//     stays its owner's until Released (or the owner leaves), then step 3
-//     gives it to the member short of its share.
+//     stays its owner's until Released or until the owner leaves, then
+//     step 3 gives it to the member short of its share.
 func (s *State) rebalance(g ConsumerGroup) ConsumerGroup {
 	g.Generation++
 	for p, o := range g.Owners {
@@ -779,8 +779,8 @@ func checkName(what, name string) error {
 }
 
 // CheckNodeID returns ErrInvalid for an id that is not a node id: 1 to
-// MaxNodeIDLen bytes of [A-Za-z0-9._-], internal/transport's rule (a node
-// id is the DNS name of its certificate).
+// MaxNodeIDLen bytes of [A-Za-z0-9._-], internal/transport's rule, since a
+// node id is the DNS name of its certificate.
 func CheckNodeID(id string) error {
 	if id == "" || len(id) > MaxNodeIDLen {
 		return fmt.Errorf("%w: node id of %d bytes (1..%d)", ErrInvalid, len(id), MaxNodeIDLen)

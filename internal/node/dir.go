@@ -16,7 +16,7 @@ import (
 var (
 	// ErrWrongDir is returned by CheckDir for a directory its options do
 	// not fit: a cluster node's opened standalone or under another id, or
-	// a standalone node's (one with topics) opened as a cluster node.
+	// a standalone node's with topics opened as a cluster node.
 	ErrWrongDir = errors.New("node: the directory does not fit the options")
 	// ErrCorrupt is returned by CheckDir for a damaged node file.
 	ErrCorrupt = errors.New("node: corrupt node file")
@@ -26,16 +26,16 @@ var (
 // cluster node whose directory this is, and a newline. A directory is one
 // node's for its life: its raft log, its state and its partition files are
 // that node's, placed by the cluster. Open writes the file the first time
-// a directory opens as a cluster node (a directory of an older release,
-// which has a raft log but no file, takes the id it is opened with), and
-// refuses what does not fit it.
+// a directory opens as a cluster node, and refuses what does not fit it.
+// A directory of an older release, which has a raft log but no file,
+// takes the id it is opened with.
 const nodeFileHeader = "zeze-mq node 1\n"
 
-// CheckDir returns ErrWrongDir when dir is not the directory of node id
-// ("" for a standalone node): a cluster node's opened standalone or under
-// another id, or a standalone node's (it has topics) opened as a cluster
-// node. claim is true when a cluster node's directory has no node file
-// yet: the caller writes it (Claim) once the node opened.
+// CheckDir returns ErrWrongDir when dir is not the directory of node id,
+// "" for a standalone node: a cluster node's opened standalone or under
+// another id, or a standalone node's with topics opened as a cluster node.
+// claim is true when a cluster node's directory has no node file yet: the
+// caller writes it (Claim) once the node opened.
 func CheckDir(dir, id string) (claim bool, err error) {
 	cdir := filepath.Join(dir, "cluster")
 	path := filepath.Join(cdir, "node")

@@ -1,10 +1,10 @@
-// Package node is a node's part in a cluster: its agent (the port, the
-// metadata group, the RPC server and clients) and the topic table kept in
-// step with the metadata group's placement. A partition placed on this
-// node is opened here and served to the others; one placed elsewhere is a
-// remote partition; a Raft3 or DoubleWrite partition is a
-// replica.Partition, which routes to its leader. The root package builds a
-// Node from its options and translates its errors; nothing here calls
+// Package node is a node's part in a cluster: its agent, which runs the
+// port, the metadata group, the RPC server and the clients, and the topic
+// table kept in step with the metadata group's placement. A partition
+// placed on this node is opened here and served to the others; one placed
+// elsewhere is a remote partition; a Raft3 or DoubleWrite partition is a
+// replica.Partition, which routes to its leader. The root package builds
+// a Node from its options and translates its errors; nothing here calls
 // back into it.
 package node
 
@@ -36,15 +36,16 @@ type Config struct {
 	// callbacks of the partition service (Partitions, Authorize, CheckTx,
 	// Serve).
 	Agent cluster.AgentConfig
-	// Local opens the Single partitions placed here (its Dir is the
-	// node's directory).
+	// Local opens the Single partitions placed here; its Dir is the
+	// node's directory.
 	Local partition.LocalConfig
 	// Topics is the node's topic table, which the node keeps in step with
 	// the metadata group.
 	Topics *partition.Table
 	// Upkeep configures the upkeep of the partitions this node leads.
 	Upkeep *upkeep.Config
-	// ElectionTimeout is the Raft3 groups' (raft's default if zero).
+	// ElectionTimeout is the Raft3 groups' election timeout; zero takes
+	// raft's default.
 	ElectionTimeout time.Duration
 	// MaxBatchBytes bounds a DoubleWrite batch: what a frame carries
 	// beside its request.
@@ -60,11 +61,11 @@ type Config struct {
 
 // Node is a node's part in a cluster. Safe for concurrent use.
 //
-// Goroutines: the loop that keeps the topic table in step with the
-// metadata group, the consumer groups' coordinator (both started by
-// Start), the upkeep of each partition placed here and a rebalance after
-// each topic grows; Close cancels and waits for them. The agent runs its
-// own (cluster.OpenAgent).
+// Goroutines: Start starts the loop that keeps the topic table in step
+// with the metadata group and the consumer groups' coordinator; each sync
+// of the table starts the upkeep of each partition placed here and a
+// rebalance after each topic grows. Close cancels and waits for them. The
+// agent runs its own (cluster.OpenAgent).
 type Node struct {
 	cfg     Config
 	dir     string
@@ -90,9 +91,10 @@ type Node struct {
 	// failed to open: the others serve them meanwhile, and each metadata
 	// change tries to open it again (sync). Guarded by mu.
 	unopened map[*replica.Partition]replica.Raft3Config
-	// logs are the logs of the replicas found in the WAL at Open, kept
-	// until the replicas open (Raft3) or for the node's life (DoubleWrite:
-	// openLog). Guarded by mu.
+	// logs are the replicas' logs that openLog opened, from the WAL's
+	// streams at Open on. A Raft3 group's log leaves once its replica
+	// opens; a DoubleWrite pair's stays for the node's life, for a replica
+	// placed here again. Guarded by mu.
 	logs   map[string]*raftqueue.WALLog
 	groups replica.RaftGroups // this node's replicas of raft groups
 	pairs  replica.Pairs      // the DoubleWrite pairs of the table
@@ -102,9 +104,10 @@ type Node struct {
 // being opened; the caller tries again.
 var errStarting = fmt.Errorf("%w: the node is starting", store.ErrClosed)
 
-// Open recovers what the WAL holds for the partitions in dir (Recover
-// must have been called: see there) and starts the node's agent. The
-// topic table follows the metadata group from Start on.
+// Open moves what the WAL holds for the Single partitions in dir into
+// their files, keeps the replicas' logs (recoverLogged) and starts the
+// node's agent. The caller calls the WAL's FinishRecovery once Open
+// returned. The topic table follows the metadata group from Start on.
 func Open(cfg Config) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -143,9 +146,9 @@ func (n *Node) Coordinator() *cluster.Coordinator { return n.coord }
 // transactions this node prepared with tx.
 func (n *Node) ServeTx(tx *txn.Node) { n.tx.Store(tx) }
 
-// Start brings the table to what this node knows (its state cache after a
-// restart) before it returns, then keeps it in step with the metadata
-// group, and runs the coordinator, until Close.
+// Start brings the table to what this node knows before it returns;
+// after a restart, that is its state cache. Then, until Close, it keeps
+// the table in step with the metadata group and runs the coordinator.
 func (n *Node) Start() {
 	n.sync(n.agent.Meta().State())
 	n.wg.Go(n.syncLoop)

@@ -22,11 +22,12 @@ import (
 var ErrNoTopic = errors.New("node: no such topic")
 
 // Served is the partition of the table that this node serves to another's
-// RPC: one placed here. A topic just created may not be in the table yet
-// (the metadata group's change reaches the nodes one after the other): it
-// waits a little for it; but a replicated partition the metadata shows and
-// the table does not yet is refused at once (store.ErrClosed), so the
-// caller asks another of its replicas.
+// RPC: one placed here, or this node's replica of a replicated one, which
+// answers while it leads. A topic just created may not be in the table yet,
+// since the metadata group's change reaches the nodes one after the other:
+// Served waits a little for it. A replicated partition the metadata shows
+// and the table does not yet is refused at once with store.ErrClosed, so
+// the caller asks another of its replicas.
 func (n *Node) Served(topic string, i int) (partition.Partition, error) { return n.served(topic, i) }
 
 func (n *Node) served(topic string, i int) (partition.Partition, error) {
@@ -58,11 +59,12 @@ func (n *Node) served(topic string, i int) (partition.Partition, error) {
 
 // authorize is the ACL of the partition service: what a node asks of a
 // partition stored here needs the right its own calls would. Commands only
-// a partition's own node proposes (upkeep, counting check-backs) are
-// refused from others. Deciding a transaction needs Produce when the
-// caller prepared it (it is named as the half messages' producer, which a
-// prepare must name truly), Admin otherwise; a reset needs Admin, as
-// ResetOffset and Seek do where they start.
+// a partition's own node proposes, the upkeep's and the counting of
+// check-backs, are refused from others. Deciding a transaction needs
+// Produce from the node that prepared it, which the half messages name as
+// their producer: a prepare must name the node that sends it. Another
+// node needs Admin to decide it. A reset needs Admin, as ResetOffset and
+// Seek do where they start. Any right reads a transaction's state.
 func (n *Node) authorize(peer, topic string, index int, op uint16, cmd *store.Command) error {
 	if n.started.Load() == nil {
 		return errStarting
@@ -72,7 +74,7 @@ func (n *Node) authorize(peer, topic string, index int, op uint16, cmd *store.Co
 	}
 	right := metastate.RightConsume // reads, fetches, offsets
 	switch {
-	case op == remote.OpHalfTxs || op == remote.OpDecision: // transaction state: a producer's or an admin's check
+	case op == remote.OpHalfTxs || op == remote.OpDecision: // transaction state: any right reads it
 		st := n.agent.Meta().State()
 		for _, r := range []metastate.Rights{metastate.RightProduce, metastate.RightConsume, metastate.RightAdmin} {
 			if st.Allowed(peer, topic, r) {
@@ -126,7 +128,7 @@ func (n *Node) halfProducer(topic string, index int, txid string) (string, bool,
 }
 
 // checkTx answers another node's check-back of a transaction this node
-// prepared (internal/txn's CheckBack).
+// prepared, through txn.Node.CheckBack.
 func (n *Node) checkTx(ctx context.Context, txid string, parts []cluster.PartRef) (store.Decision, error) {
 	if n.started.Load() == nil {
 		return store.Undecided, errStarting
@@ -155,8 +157,9 @@ func (n *Node) AskNode(ctx context.Context, node, txid string, parts []txn.Ref) 
 }
 
 // Owned reports whether partition part of topic is stored on this node: a
-// Single partition placed here, a replicated one whose replica here leads
-// (its leader's node checks its transactions back; txn.Config.Owned).
+// Single partition placed here, or a replicated one whose replica here
+// leads, since its leader's node checks its transactions back. It is
+// txn.Config.Owned.
 func (n *Node) Owned(topic string, part int) bool {
 	t, ok := n.cfg.Topics.Get(topic)
 	if !ok || part < 0 || part >= len(t.Parts) {
@@ -171,8 +174,8 @@ func (n *Node) Owned(topic string, part int) bool {
 	return false
 }
 
-// errNotHere is an append for a replica this node does not hold (yet): the
-// leader tries again.
+// errNotHere is an append for a replica this node does not hold, or not
+// yet: the leader tries again.
 var errNotHere = errors.New("node: no such replica here")
 
 // pairAt is the follower's side of a DoubleWrite leader's append from node

@@ -46,12 +46,12 @@ func raft3Name(topic string, first int) string {
 func dwName(topic string, first int) string { return dwPrefix + topic + "/" + strconv.Itoa(first) }
 
 // recoverLogged moves what the write-ahead log holds for each Single
-// partition into its file (opening and closing it) before the caller's
+// partition into its file, opening and closing it, before the caller's
 // FinishRecovery drops the old segments, and keeps the replicas' logs
-// (retainLog). A cluster node opens its partitions only later, as the
+// (openLog). A cluster node opens its partitions only later, as the
 // metadata state places them, and may never open those of a topic it no
-// longer shows (a directory that was standalone): acked records would be
-// lost with the segments.
+// longer shows, such as one of a directory that was standalone: acked
+// records would be lost with the segments.
 func (n *Node) recoverLogged() error {
 	wal := n.cfg.Local.WAL
 	for _, stream := range wal.Streams() {
@@ -116,7 +116,7 @@ func (n *Node) syncLoop() {
 }
 
 // sync publishes the topics of st in the table: partitions placed here are
-// opened (and their upkeep started), the others reached by RPC. A
+// opened and their upkeep started, the others reached by RPC. A
 // partition's placement never changes for a Single topic, so what is in the
 // table is kept and only added partitions are made.
 func (n *Node) sync(st *metastate.State) {
@@ -243,8 +243,8 @@ func (n *Node) openRaft3(cfg replica.Raft3Config) (partition.Partition, bool, er
 // opening it unless another partition of the group has: the group on the
 // port, its log a stream of the node's WAL, its files in
 // <dir>/raft3/<topic>/<first>. A new replica bootstraps the group with the
-// three of them (each does, alike: raft allows it); one with state
-// rejoins.
+// three of them; each of the three does so alike, which raft allows. One
+// with state rejoins.
 func (n *Node) attachGroup(p *replica.Partition, cfg replica.Raft3Config) error {
 	name := raft3Name(cfg.Topic, cfg.First)
 	return n.groups.Attach(p, name, func() (*raftqueue.Group, error) {
@@ -283,9 +283,9 @@ func pairRecord(st *metastate.State, t metastate.Topic, i int) replica.PairRecor
 // openDoubleWrite opens partition i of DoubleWrite topic t, on the pair of
 // its chunk: the pair's replica here, if the metadata places one here, is
 // in <dir>/dw/<topic>/<first>, its log a stream of the node's WAL; it
-// leads or follows as the record says, and the record's changes (a
-// promotion, a new follower, the in-sync set) reach it at each sync. Its
-// upkeep runs wherever the record moves its leader: every node watches.
+// leads or follows as the record says, and the record's changes reach it
+// at each sync: a promotion, a new follower, the in-sync set. Its upkeep
+// runs wherever the record moves its leader: every node watches.
 func (n *Node) openDoubleWrite(t metastate.Topic, i int, rc replica.Config) (partition.Partition, bool, error) {
 	topic := t.Name
 	first, parts := t.Chunk(i)

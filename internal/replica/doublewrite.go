@@ -16,14 +16,15 @@ import (
 var ErrNoInSync = errors.New("replica: the DoubleWrite partition has no follower in sync")
 
 // PairRecord is a DoubleWrite partition's record in the metadata, as the
-// node last saw it (metastate.Partition's fields).
+// node last saw it: metastate.Partition's fields.
 type PairRecord struct {
-	Replicas []string // the leader, then the follower (none while no node was free)
+	Replicas []string // the leader, then the follower; no follower while no node was free
 	Epoch    uint64
 	Version  uint64
 	InSync   []string
 	Alone    bool // the topic allows the risk stage
-	// FollowerUp is whether the follower's node is up (its session alive).
+	// FollowerUp is whether the follower's node is up: its session is
+	// alive.
 	FollowerUp bool
 }
 
@@ -79,8 +80,8 @@ func NewDoubleWrite(cfg DoubleWriteConfig, pair *Pair) *Partition {
 	return p
 }
 
-// Pair returns the pair a DoubleWrite partition shares with its chunk (nil
-// if p is not DoubleWrite).
+// Pair returns the pair a DoubleWrite partition shares with its chunk, nil
+// if p is not DoubleWrite.
 func (p *Partition) Pair() *Pair {
 	if k, ok := p.kind.(*doubleWrite); ok {
 		return k.pair

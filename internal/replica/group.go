@@ -21,9 +21,10 @@ type GroupConfig struct {
 	Self     string   // this node's id: its raft server id
 	Replicas []string // the three nodes' ids: raft server ids, and addresses over the port
 	Dir      string   // the replica's files
-	// Partitions is how many partitions the group carries (0 means 1).
+	// Partitions is how many partitions the group carries; 0 means 1.
 	Partitions int
-	// Layer is the group's stream layer on the node's port (its RaftMux).
+	// Layer is the group's stream layer on the node's port, from its
+	// RaftMux.
 	Layer raft.StreamLayer
 	// Log is the group's log: a stream of the node's WAL.
 	Log             *raftqueue.WALLog
@@ -31,9 +32,9 @@ type GroupConfig struct {
 	Logger          hclog.Logger
 }
 
-// OpenGroup opens a node's replica of a Raft3 raft group and bootstraps it
-// with the three replicas (each does, alike: raft allows it); one
-// with state rejoins.
+// OpenGroup opens a node's replica of a Raft3 raft group. A new replica
+// bootstraps the group with the three replicas; each of the three does so
+// alike, which raft allows. One with state rejoins.
 func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 	trans := transport.NewRaftTransport(cfg.Layer)
 	conf := raft.DefaultConfig()
@@ -42,11 +43,12 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 	}
 	conf.MaxAppendEntries = 256
 	// An idle leader sends each follower an AppendEntries every
-	// CommitTimeout to tell it the commit index (raft's own heartbeats,
-	// every HeartbeatTimeout/10, do not carry it). Only the leader serves
+	// CommitTimeout to tell it the commit index: raft's own heartbeats,
+	// every HeartbeatTimeout/10, do not carry it. Only the leader serves
 	// reads and acks, so a follower may learn it later: half the heartbeat
 	// timeout, not raft's 50 ms, halves the idle CPU and traffic of many
-	// groups (mqbench raft3-idle). Under load entries carry it at once.
+	// groups, as mqbench's raft3-idle case shows. Under load entries carry
+	// it at once.
 	conf.CommitTimeout = conf.HeartbeatTimeout / 2
 	// The log is a WAL stream: the segments it holds stay until a
 	// snapshot compacts it, so keep it short.
@@ -92,8 +94,8 @@ type RaftGroups struct {
 }
 
 // Attach makes this node's replica of group name p's, p a Raft3
-// partition: the one open already, or the one open returns (called under
-// gs's lock). A partition that is closed, or has its replica already,
+// partition: the one open already, or the one open returns, called under
+// gs's lock. A partition that is closed, or has its replica already,
 // takes no hold of it, and a replica no partition holds is closed again.
 // It returns open's error.
 func (gs *RaftGroups) Attach(p *Partition, name string, open func() (*raftqueue.Group, error)) error {
@@ -126,7 +128,7 @@ func (gs *RaftGroups) Attach(p *Partition, name string, open func() (*raftqueue.
 // HandOff hands the leadership of each group whose replica here leads to
 // another replica, in parallel, so that the groups do not wait out an
 // election when the node closes. Call it while the node's port still runs;
-// it is best effort (the groups elect a leader anyway).
+// it is best effort, since the groups elect a leader anyway.
 func (gs *RaftGroups) HandOff() {
 	gs.mu.Lock()
 	groups := slices.Collect(maps.Values(gs.m))
@@ -147,7 +149,7 @@ func (g *sharedGroup) handOff() {
 }
 
 // release drops a partition's hold of g, and closes the replica with the
-// last (under gs.mu: a new Attach of the name waits for it).
+// last, under gs.mu so that a new Attach of the name waits for it.
 func (g *sharedGroup) release() error {
 	g.gs.mu.Lock()
 	defer g.gs.mu.Unlock()

@@ -122,8 +122,8 @@ func (l *Leading) Decision(txid string) (d store.Decision, err error) {
 // Close does nothing: the Partition owns the replica.
 func (l *Leading) Close() error { return nil }
 
-// HalfProducer returns the producer of txid's half messages on the leader
-// (this node's replica must lead).
+// HalfProducer returns the producer of txid's half messages on the leader;
+// this node's replica must lead.
 func (l *Leading) HalfProducer(txid string) (producer string, ok bool, err error) {
 	err = l.call(func(p *store.Partition) (err error) {
 		producer, ok, err = p.HalfProducer(txid)

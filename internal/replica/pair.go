@@ -32,24 +32,24 @@ type PairConfig struct {
 	// hold the pair, compare-and-set on the version of rec.
 	SetInSync func(ctx context.Context, rec PairRecord, inSync []string) error
 	// RenewEpoch proposes to the metadata group the next epoch for this
-	// node's replica to lead (a run of a leader needs an epoch of its own:
-	// pairlog.Log.Lead), compare-and-set on the version of rec.
+	// node's replica to lead, compare-and-set on the version of rec: each
+	// run of a leader needs an epoch of its own (pairlog.Log.Lead).
 	RenewEpoch func(ctx context.Context, rec PairRecord) error
 	// HandOff proposes to the metadata group that the follower of rec, in
-	// sync, lead the pair (a Promote from its leader, whose replica
-	// failed), compare-and-set on the version of rec. Nil: a leader whose
-	// replica failed stays until its node is found down.
+	// sync, lead the pair, compare-and-set on the version of rec: a Promote
+	// from its leader, whose replica failed or whose node closes. Nil: a
+	// leader whose replica failed stays until its node is found down.
 	HandOff func(ctx context.Context, rec PairRecord) error
-	// CallTimeout bounds each proposal to the metadata group
-	// (DefaultCallTimeout if zero).
+	// CallTimeout bounds each proposal to the metadata group; zero means
+	// DefaultCallTimeout.
 	CallTimeout time.Duration
 	// FollowerTimeout is how long the leader waits for a follower that
-	// matches none of its new entries before it refuses sends
-	// (ErrNoInSync) until the follower answers again, or, in the risk
-	// stage, has the metadata record it alone in sync and acks on its own
-	// copy (2 s if zero).
+	// matches none of its new entries before it refuses sends with
+	// ErrNoInSync until the follower answers again, or, in the risk stage,
+	// has the metadata record it alone in sync and acks on its own copy.
+	// Zero means 2 s.
 	FollowerTimeout time.Duration
-	// Logger receives the replica's changes (nil: silent).
+	// Logger receives the replica's changes; nil is silent.
 	Logger *slog.Logger
 }
 
@@ -57,8 +57,8 @@ type PairConfig struct {
 // of its chunk (Pairs.Attach): the record the metadata keeps of it, and
 // this node's replica when the record places one here. The replica leads
 // or follows as the record says (Update), and, leading, has the metadata
-// record its follower in sync once it holds everything (and, in the risk
-// stage, out of sync once it stopped answering). Safe for concurrent use.
+// record its follower in sync once it holds everything and, in the risk
+// stage, out of sync once it stopped answering. Safe for concurrent use.
 //
 // Goroutines: the in-sync watch (watch), stopped by the release of the
 // last partition holding the pair.
@@ -90,7 +90,7 @@ type pairRole struct {
 	async        bool   // leading: the risk stage
 }
 
-// Pairs are the DoubleWrite pairs a node sees, by name ("topic/first").
+// Pairs are the DoubleWrite pairs a node sees, by name: "topic/first".
 // Safe for concurrent use.
 type Pairs struct {
 	mu sync.Mutex
@@ -98,8 +98,8 @@ type Pairs struct {
 }
 
 // Attach takes a hold of the pair cfg names for one of its partitions:
-// the one open already (rec then changes nothing: Update gives it
-// records), or a new one with rec. Release the hold with Pair.release.
+// the one open already, on which rec changes nothing since Update gives it
+// its records, or a new one with rec. Release the hold with Pair.release.
 func (ps *Pairs) Attach(cfg PairConfig, rec PairRecord) *Pair {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
@@ -135,8 +135,8 @@ func newPair(cfg PairConfig, name string, rec PairRecord) *Pair {
 	return p
 }
 
-// release drops a partition's hold of p, and closes p with the last
-// (under ps.mu: a new Attach of the name waits for it).
+// release drops a partition's hold of p, and closes p with the last,
+// under ps.mu so that a new Attach of the name waits for it.
 func (p *Pair) release() error {
 	p.ps.mu.Lock()
 	defer p.ps.mu.Unlock()
@@ -183,10 +183,10 @@ func (p *Pair) leader() (string, <-chan struct{}) {
 	return p.rec.leader(), p.changed
 }
 
-// Update makes rec the pair's record: this node's replica (opened if the
-// record places one here, closed if it no longer does) leads or follows
-// its epoch. A replica that cannot open or take its role is logged and
-// tried again at the next Update.
+// Update makes rec the pair's record: this node's replica leads or
+// follows its epoch, opened if the record places one here and closed if
+// it no longer does. A replica that cannot open or take its role is
+// logged and tried again at the next Update.
 func (p *Pair) Update(rec PairRecord) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -261,11 +261,12 @@ func (p *Pair) takeRole() error {
 	return nil
 }
 
-// watch is the in-sync watch: while this node's replica leads, it has the
+// watch is the in-sync watch. While this node's replica leads, it has the
 // metadata record the follower in sync once it holds everything that may
-// have been acked (ending the risk stage first: commits wait for the
-// follower again once it is close), and, in the risk stage, the leader
-// alone once the follower has matched nothing new for FollowerTimeout.
+// have been acked, ending the risk stage first: commits wait for the
+// follower again once it is close. In the risk stage, it has the metadata
+// record the leader alone once the follower has matched nothing new for
+// FollowerTimeout.
 func (p *Pair) watch() {
 	defer close(p.done)
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -287,9 +288,9 @@ func (p *Pair) watch() {
 			continue
 		}
 		if err := p.failedLeader(rec, r, role); err != nil {
-			// This replica failed (its disk): the follower, which holds
-			// every acked entry, is to lead instead of a node that stays
-			// up but can no longer ack.
+			// This replica failed: the follower, which holds every acked
+			// entry, is to lead instead of a node that stays up but can
+			// no longer ack.
 			p.propose(rec, func(ctx context.Context) error { return p.cfg.HandOff(ctx, rec) },
 				fmt.Sprintf("hand the pair to %s (this replica failed: %v)", rec.Follower(), err))
 			continue
@@ -314,8 +315,8 @@ func (p *Pair) watch() {
 		}
 		switch {
 		case !rec.followerInSync() && role.async && lag <= 64 && matched > asyncFrom:
-			// The follower answers again (it matched something since the
-			// leader went async) and is close: commit on both copies
+			// The follower answers again, having matched something since
+			// the leader went async, and is close: commit on both copies
 			// again, so that it ends up holding everything.
 			p.mu.Lock()
 			if p.role == role {
@@ -335,9 +336,9 @@ func (p *Pair) watch() {
 
 // HandOff has the metadata make the follower lead, when this node's
 // replica leads and its follower is in sync and up: for a node that
-// closes, so that the pair does not wait for its session to expire. Best
-// effort (the session check promotes the follower anyway); call it while
-// the node still reaches the metadata group.
+// closes, so that the pair does not wait for its session to expire. It is
+// best effort, since the session check promotes the follower anyway; call
+// it while the node still reaches the metadata group.
 func (p *Pair) HandOff(ctx context.Context) {
 	p.mu.Lock()
 	rec, r, role := p.rec, p.rep, p.role
@@ -402,7 +403,7 @@ func (p *Pair) setInSync(rec PairRecord, inSync []string) {
 
 // propose runs call, a proposal made from rec, and waits for the record to
 // change (Update) before the watch acts on it again: at most a second after
-// a refusal (the record moved on, or no metadata leader answered).
+// a refusal, when the record moved on or no metadata leader answered.
 func (p *Pair) propose(rec PairRecord, call func(ctx context.Context) error, what string) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.CallTimeout)
 	defer cancel()
@@ -428,8 +429,8 @@ func (p *Pair) propose(rec PairRecord, call func(ctx context.Context) error, wha
 // local returns this node's replica when the record makes it the leader
 // and it was told so, and whether sends are refused: without the risk
 // stage, while no follower is in sync, its node is down, or it has matched
-// nothing new for FollowerTimeout (they would wait for it; ErrNoInSync at
-// once is clearer).
+// nothing new for FollowerTimeout: sends would wait for it, and
+// ErrNoInSync at once is clearer.
 func (p *Pair) local() (rep *raftqueue.Pair, refuse bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -439,7 +440,7 @@ func (p *Pair) local() (rep *raftqueue.Pair, refuse bool) {
 	if p.rec.Alone {
 		// The risk stage: refused only while the follower, recorded in
 		// sync, stalled and the leader could not yet be recorded alone
-		// (no metadata quorum): they would wait for it.
+		// for want of a metadata quorum: sends would wait for it.
 		return p.rep, p.stalled && p.rec.followerInSync()
 	}
 	return p.rep, !p.rec.followerInSync() || !p.rec.FollowerUp || p.stalled

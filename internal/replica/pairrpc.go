@@ -34,13 +34,14 @@ func init() {
 	remote.RegisterError(codeNoInSync, ErrNoInSync)
 }
 
-// The request, version 1: the version byte, a flags byte (1: Reset), then
-// uvarints Epoch, PrevIndex, PrevEpoch, Commit, the number of entries and,
-// per entry, its Index, Term, Type and data length, then the data. The
-// reply: the version byte, a status byte (statusOK with the end, or the
-// refusals pairlog's callers read fields of: statusEpoch with the epoch the
-// follower serves, statusMismatch with where the leader resumes) and that
-// uvarint.
+// The request, version 1, after the partition's head (appendPairHead):
+// the version byte, a flags byte (1: Reset), then uvarints Epoch,
+// PrevIndex, PrevEpoch, Commit, the number of entries and, per entry, its
+// Index, Term, Type and data length, then the data. The reply: the version
+// byte, a status byte and a uvarint. The status is statusOK with the end,
+// or one of the refusals whose fields pairlog's callers read: statusEpoch
+// with the epoch the follower serves, statusMismatch with where the leader
+// resumes.
 const (
 	pairVersion    = 1
 	flagReset      = 1
@@ -190,9 +191,9 @@ func (p PairPeer) Install(ctx context.Context, in pairlog.Install) error {
 	return err
 }
 
-// The install request, version 1: the version byte, a flags byte (1:
-// Done), uvarints Epoch, Index, Offset, then the piece's data. The reply
-// is Append's, with 0 for the end.
+// The install request, version 1, after the partition's head: the version
+// byte, a flags byte (1: Done), uvarints Epoch, Index, Offset, then the
+// piece's data. The reply is Append's, with 0 for the end.
 const flagDone = 1
 
 // appendInstallRequest encodes in.
@@ -247,8 +248,8 @@ func decodePairHead(b []byte) (topic string, index int, rest []byte, err error) 
 }
 
 // ServePairs registers OpPairAppend and OpPairInstall on srv: lookup finds
-// this node's replica of a partition for a call from node peer (an error
-// when it holds none, or peer does not lead it).
+// this node's replica of a partition for a call from node peer, and
+// returns an error when it holds none or peer does not lead it.
 func ServePairs(srv *remote.Server, lookup func(peer, topic string, index int) (*raftqueue.Pair, error)) {
 	srv.Handle(OpPairInstall, pairHandler(lookup, decodeInstallRequest, func(ctx context.Context, p *raftqueue.Pair, in pairlog.Install) ([]byte, error) {
 		return pairReply(0, p.Install(ctx, in))

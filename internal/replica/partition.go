@@ -5,8 +5,8 @@
 // and every read goes to the leader, through this node's replica when it
 // leads, or by RPC to the node that does (internal/remote), whose replica
 // answers only while it leads. What differs is a kind: where the leader
-// comes from (raft's election, the metadata's record) and what the replica
-// is.
+// comes from, raft's election or the metadata's record, and what the
+// replica is.
 package replica
 
 import (
@@ -36,7 +36,8 @@ func init() {
 	remote.RegisterError(codeUnknownOutcome, raftqueue.ErrUnknownOutcome)
 }
 
-// DefaultCallTimeout bounds the reads that take no ctx (Get, Stats, ...).
+// DefaultCallTimeout bounds the reads that take no ctx, such as Get and
+// Stats.
 const DefaultCallTimeout = 10 * time.Second
 
 // ErrNoLeader is returned when a call found no leader before its ctx
@@ -55,19 +56,19 @@ type Config struct {
 	Self  string // this node's id
 	// Peer returns the RPC client of a node.
 	Peer func(node string) (*remote.Client, error)
-	// Now stamps the commands this node's replica proposes as the leader
-	// (time.Now if nil).
+	// Now stamps the commands this node's replica proposes as the leader;
+	// nil means time.Now.
 	Now func() time.Time
-	// CallTimeout bounds the reads that take no ctx (DefaultCallTimeout if
-	// zero).
+	// CallTimeout bounds the reads that take no ctx; zero means
+	// DefaultCallTimeout.
 	CallTimeout time.Duration
-	// Logger receives the replica's damage (nil: silent).
+	// Logger receives the replica's damage; nil is silent.
 	Logger *slog.Logger
 }
 
 // Partition is a replicated partition as a node holds it: commands and
-// reads go to its leader, waiting (until their ctx ends) while there is
-// none. Safe for concurrent use.
+// reads go to its leader, and wait while there is none, until their ctx
+// ends. Safe for concurrent use.
 type Partition struct {
 	reads
 	cfg    Config
@@ -99,8 +100,8 @@ type kind interface {
 	// replica returns this node's replica, leading or not; nil without one.
 	replica() leaderReplica
 	// leading returns this node's replica while it leads and may serve,
-	// nil otherwise, and a channel closed when that may change (nil when
-	// nothing signals it).
+	// nil otherwise, and a channel closed when that may change, nil when
+	// nothing signals it.
 	leading() (leaderReplica, <-chan struct{})
 	// notLeading runs where WhileLeading finds the replica not leading.
 	notLeading()
@@ -114,8 +115,8 @@ type kind interface {
 // node to ask.
 type route struct {
 	local leaderReplica // this node's replica, leading; nil otherwise
-	// refuse is, with local, the error a send (an append or a prepare) gets
-	// instead of running; nil when sends run.
+	// refuse is, with local, the error appends and prepares get instead
+	// of running; nil when they run.
 	refuse error
 	node   string // without local: the node to ask, "" while none is known
 	// changed is closed when the route may change; nil when nothing
@@ -157,16 +158,16 @@ func (p *Partition) Name() string { return p.cfg.Topic + "/" + strconv.Itoa(p.cf
 func (p *Partition) part() int { return p.cfg.Index - p.cfg.First }
 
 // route runs a call at the leader: local with this node's replica when it
-// leads, else far with the leader's node. A replica that does not lead
-// (raftqueue.ErrNotLeader, here or there), or a node not reached, sends it
-// on to the next route; once each candidate was tried it waits a little,
-// or until the route changes, and tries again, until ctx ends (ErrNoLeader
-// wrapping ctx's error), or the node's closing or the partition's Close
-// does (store.ErrClosed: a closing node tries each candidate once, without
-// waiting). A call that is not idempotent and reached a node whose
-// connection then broke may have run: raftqueue.ErrUnknownOutcome; and a
-// call whose outcome a replica cannot tell (raftqueue.ErrUnknownOutcome)
-// ends the loop as it is.
+// leads, else far with the leader's node. A replica that does not lead,
+// here or there, returns raftqueue.ErrNotLeader, which sends the call on to
+// the next route, as a node not reached does. Once each candidate was
+// tried, route waits a little, or until the route changes, and tries
+// again. It returns ErrNoLeader wrapping ctx's error when ctx ends, and
+// store.ErrClosed at the partition's Close, or once the node is closing
+// and each candidate was tried once. A call that is not idempotent and
+// reached a node whose connection then broke may have run:
+// raftqueue.ErrUnknownOutcome. A call whose outcome this node's replica
+// cannot tell (raftqueue.ErrUnknownOutcome) ends the loop as it is.
 func (p *Partition) route(ctx context.Context, idempotent bool, local func(r leaderReplica, refuse error) error, far func(rp *remote.Partition) error) error {
 	backoff := 5 * time.Millisecond
 	for tries := 1; ; tries++ {
@@ -274,8 +275,8 @@ func (p *Partition) applyAt(ctx context.Context, r leaderReplica, refuse error, 
 }
 
 // read runs fn on the leader's partition: this node's replica's when it
-// leads (after it applied what its predecessors committed), the leader's
-// by RPC otherwise.
+// leads, once it applied what its predecessors committed; the leader's by
+// RPC otherwise.
 func (p *Partition) read(ctx context.Context, fn func(p partition.Partition) error) error {
 	return p.route(ctx, true, func(r leaderReplica, _ error) error {
 		sp, err := r.LeaderPartition(ctx, p.part())
@@ -287,7 +288,7 @@ func (p *Partition) read(ctx context.Context, fn func(p partition.Partition) err
 }
 
 // Stats returns the leader's, or this node's replica's while no leader
-// answers (zero without a replica here).
+// answers; zero without a replica here.
 func (p *Partition) Stats() store.Stats {
 	var st store.Stats
 	err := p.call(func(lp partition.Partition) error {
@@ -309,9 +310,9 @@ func (p *Partition) Leads() bool {
 }
 
 // Leading is this node's replica as the partition service serves it to
-// other nodes: it answers only while it leads (raftqueue.ErrNotLeader
-// otherwise, which sends the caller on), so a call is never forwarded
-// twice. Nil when this node holds no replica that may serve.
+// other nodes: it answers only while it leads, and otherwise returns
+// raftqueue.ErrNotLeader, which sends the caller on, so a call is never
+// forwarded twice. Nil when this node holds no replica that may serve.
 func (p *Partition) Leading() *Leading {
 	if p.kind.replica() == nil {
 		return nil
@@ -321,12 +322,13 @@ func (p *Partition) Leading() *Leading {
 
 // Closing tells the partition that its node is closing: a call tries each
 // candidate once and no longer waits for a leader, so the node's last
-// commits (a consumer's final offset) do not hold its Close when the other
-// nodes are gone too.
+// commits, such as a consumer's final offset, do not hold its Close when
+// the other nodes are gone too.
 func (p *Partition) Closing() { p.closing.Store(true) }
 
 // Close ends the calls waiting for a leader, closes the RPC partitions and
-// releases this node's replica (closed with the last partition holding it).
+// releases this node's replica, which the last partition holding it
+// closes.
 func (p *Partition) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -360,6 +362,7 @@ type Proposer interface {
 	ApplyTo(ctx context.Context, part int, cmd *store.Command) (store.Result, error)
 }
 
+// Apply proposes cmd to the partition through the replica.
 func (u Upkeep) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
 	return u.G.ApplyTo(ctx, u.Part, cmd)
 }
@@ -370,11 +373,11 @@ func (u Upkeep) Get(offset uint64) (store.Message, bool, error)    { return u.P.
 func (u Upkeep) GroupStates() (map[string]store.GroupState, error) { return u.P.GroupStates() }
 
 // WhileLeading calls fn each time this node's replica starts leading, with
-// the replica's Upkeep and a ctx that ends once it no longer leads (or ctx
-// ends), and waits for fn. It returns when ctx ends; at once when this node
-// can hold no replica. It wakes at the replica's leadership changes and
-// every second for what they do not signal (a replica attached late,
-// damage).
+// the replica's Upkeep and a ctx that ends once it no longer leads or ctx
+// ends, and waits for fn. It returns when ctx ends, and at once when this
+// node can hold no replica. It wakes at the replica's leadership changes,
+// and every second for what they do not signal: a replica attached late,
+// damage.
 func (p *Partition) WhileLeading(ctx context.Context, fn func(ctx context.Context, u Upkeep)) {
 	if !p.kind.holds() {
 		return

@@ -18,8 +18,9 @@ type Raft3Config struct {
 	Config
 	// Partitions is how many partitions the raft group carries.
 	Partitions int
-	// Replicas are the ids of the three nodes holding the group's replicas
-	// (raft server ids and, over the node's port, their raft addresses).
+	// Replicas are the ids of the three nodes holding the group's replicas:
+	// their raft server ids and, over the node's port, their raft
+	// addresses.
 	Replicas []string
 }
 
@@ -42,8 +43,8 @@ func NewRaft3(cfg Raft3Config) *Partition {
 	return newPartition(cfg.Config, &raft3{cfg: cfg})
 }
 
-// RaftGroup returns this node's replica of a Raft3 partition's raft group, nil
-// if it holds none (or p is not Raft3).
+// RaftGroup returns this node's replica of a Raft3 partition's raft group,
+// nil if it holds none or p is not Raft3.
 func (p *Partition) RaftGroup() *raftqueue.Group {
 	if k, ok := p.kind.(*raft3); ok {
 		if g := k.group.Load(); g != nil {
@@ -53,9 +54,9 @@ func (p *Partition) RaftGroup() *raftqueue.Group {
 	return nil
 }
 
-// attach makes g this node's replica (when Self is in Replicas: opened
-// with the partition, or later, once a failed open succeeded), and reports
-// whether it did: not if the partition is closed, or has a replica.
+// attach makes g this node's replica, and reports whether it did: not if
+// the partition is closed, or has a replica. It runs when Self is in
+// Replicas, as the partition opens or later, once a failed open succeeded.
 func (k *raft3) attach(g *sharedGroup) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -119,9 +120,9 @@ func (k *raft3) sent(node string, err error) {
 func (k *raft3) candidates() int { return max(len(k.cfg.Replicas), 1) }
 
 // checkDamage returns err, a local call's: one that met damage of this
-// node's replica (its file corrupt, or failed) marks the replica damaged
-// and becomes raftqueue.ErrNotLeader, which sends the call on to the
-// intact replicas. A command whose outcome is unknown stays so.
+// node's replica, a corrupt file or a failed write, marks the replica
+// damaged and becomes raftqueue.ErrNotLeader, which sends the call on to
+// the intact replicas. A command whose outcome is unknown stays so.
 func (k *raft3) checkDamage(err error) error {
 	if err == nil || !errors.Is(err, store.ErrCorrupt) && !errors.Is(err, store.ErrFailed) {
 		return err
@@ -144,7 +145,7 @@ func (k *raft3) replica() leaderReplica {
 }
 
 func (k *raft3) leading() (leaderReplica, <-chan struct{}) {
-	g := k.group.Load() // nil until a replica that failed to open is attached
+	g := k.group.Load() // nil without a replica here, or until one that failed to open is attached
 	if g == nil {
 		return nil, nil
 	}
