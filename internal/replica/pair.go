@@ -67,7 +67,7 @@ type Pair struct {
 	name   string          // "topic/first"
 	ctx    context.Context // cancelled when the pair closes
 	cancel context.CancelFunc
-	done   chan struct{} // closed when watch returns
+	wg     sync.WaitGroup // the in-sync watch
 	ps     *Pairs
 	refs   int // guarded by ps.mu: the partitions holding the pair
 
@@ -128,10 +128,10 @@ func newPair(cfg PairConfig, name string, rec PairRecord) *Pair {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	p := &Pair{cfg: cfg, name: name, changed: make(chan struct{}), done: make(chan struct{})}
+	p := &Pair{cfg: cfg, name: name, changed: make(chan struct{})}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.Update(rec)
-	go p.watch()
+	p.wg.Go(p.watch)
 	return p
 }
 
@@ -157,7 +157,7 @@ func (p *Pair) close() error {
 	p.closed = true
 	p.mu.Unlock()
 	p.cancel()
-	<-p.done
+	p.wg.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.rep != nil {
@@ -268,7 +268,6 @@ func (p *Pair) takeRole() error {
 // record the leader alone once the follower has matched nothing new for
 // FollowerTimeout.
 func (p *Pair) watch() {
-	defer close(p.done)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	var laggingSince time.Time // since when the follower lags and matched nothing new
@@ -391,7 +390,11 @@ func (p *Pair) setStalled(stalled bool) {
 	defer p.mu.Unlock()
 	if p.stalled != stalled {
 		p.stalled = stalled
-		p.cfg.Logger.Warn("DoubleWrite follower stalled: sends refused until it answers", "stalled", stalled)
+		if stalled {
+			p.cfg.Logger.Warn("DoubleWrite follower stalled: sends refused until it answers")
+		} else {
+			p.cfg.Logger.Info("DoubleWrite follower answers again")
+		}
 	}
 }
 
