@@ -417,7 +417,7 @@ func TestCluster_GroupAcrossNodes(t *testing.T) {
 	c.isolate(victim, true)
 	c.kill(victim)
 	for _, m := range c.nodes {
-		mq.ReviewSetLinkDown(m, victim, false) // for its restart below
+		mq.SetLinkDown(m, victim, false) // for its restart below
 	}
 	delete(consumers, victim)
 	send(300, 600)

@@ -16,7 +16,7 @@ import (
 
 // Attacks on DoubleWrite chunks (Options.PartitionsPerPair > 1): several
 // partitions share one pair (one log, one record, one failover). The
-// helpers of doublewrite_attack_test.go (dwa*) are used; this file's own
+// helpers of doublewrite_failover_test.go (dwa*) are used; this file's own
 // are prefixed dwc.
 
 // dwcAck is one acked message: where the producer was told it is.
@@ -217,7 +217,7 @@ func dwcLeaders(c *testCluster, parts int) []string {
 	return out
 }
 
-// TestDWChunkAttack_KillChunkLeadersAlter: four nodes, five partitions in
+// TestDoubleWriteChunk_KillChunkLeadersAlter: four nodes, five partitions in
 // chunks of two ({0,1} {2,3} {4}), producers through every node sending
 // batches that span the partitions of a chunk; the node leading chunk
 // {0,1} is killed, and while the failover runs AlterMQ grows the topic to
@@ -226,7 +226,7 @@ func dwcLeaders(c *testCluster, parts int) []string {
 // every partition of a chunk by the same node; every acked message is
 // stored once, in its partition, at the offset its ack gave, with its own
 // body, in each producer's order.
-func TestDWChunkAttack_KillChunkLeadersAlter(t *testing.T) {
+func TestDoubleWriteChunk_KillChunkLeadersAlter(t *testing.T) {
 	var logs dwaLogs
 	const parts, grown = 5, 8
 	c := newDWACluster(t, 4, parts, mq.Options{PartitionsPerPair: 2}, &logs)
@@ -302,14 +302,14 @@ func TestDWChunkAttack_KillChunkLeadersAlter(t *testing.T) {
 	t.Logf("%d acked, per partition %v; leaders %v", len(acked), per, leaders)
 }
 
-// TestDWChunkAttack_CloseUnderSends: three nodes, one chunk of four
+// TestDoubleWriteChunk_CloseUnderSends: three nodes, one chunk of four
 // partitions, producers on every node sending batches over all four (the
 // partitions of the chunk applied at once); the leader's node closed with
 // them in flight, then, once its follower leads, the new leader's follower
 // closed too and both reopened. Each Close returns in bounded time, every
 // send returns, sends are acked again, and every acked message is stored
 // once where its ack said.
-func TestDWChunkAttack_CloseUnderSends(t *testing.T) {
+func TestDoubleWriteChunk_CloseUnderSends(t *testing.T) {
 	var logs dwaLogs
 	const parts = 4
 	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: parts}, &logs)
@@ -376,12 +376,12 @@ func TestDWChunkAttack_CloseUnderSends(t *testing.T) {
 	t.Logf("%d acked; closed %s then %s", len(acked), leader, f)
 }
 
-// TestDWChunkAttack_ClusterRestart: three nodes, seven partitions in
+// TestDoubleWriteChunk_ClusterRestart: three nodes, seven partitions in
 // chunks of three ({0,1,2} {3,4,5} {6}) under load; the whole cluster
 // closed mid-load (one node after the other) and reopened from disk, twice:
 // every acked message is there once, at the offset its ack gave, and each
 // chunk takes sends again, led as one.
-func TestDWChunkAttack_ClusterRestart(t *testing.T) {
+func TestDoubleWriteChunk_ClusterRestart(t *testing.T) {
 	var logs dwaLogs
 	const parts = 7
 	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 3}, &logs)
@@ -417,14 +417,14 @@ func TestDWChunkAttack_ClusterRestart(t *testing.T) {
 	t.Logf("%d acked; leaders %v", len(acked), leaders)
 }
 
-// TestDWChunkAttack_IsolateNode: four nodes, six partitions in chunks of
+// TestDoubleWriteChunk_IsolateNode: four nodes, six partitions in chunks of
 // two; the node leading chunk {0,1} is cut from every other node (not
 // killed: it goes on believing it leads until it learns otherwise) while
 // producers on every node, its own included, send batches over all
 // partitions. Its chunks fail over; nothing it acks may be lost; the links
 // back, every chunk takes sends again and every acked message is stored
 // once, where its ack said.
-func TestDWChunkAttack_IsolateNode(t *testing.T) {
+func TestDoubleWriteChunk_IsolateNode(t *testing.T) {
 	var logs dwaLogs
 	const parts = 6
 	c := newDWACluster(t, 4, parts, mq.Options{PartitionsPerPair: 2}, &logs)
@@ -463,7 +463,7 @@ func TestDWChunkAttack_IsolateNode(t *testing.T) {
 	t.Logf("%d acked, per partition %v; leaders %v", len(acked), per, dwcLeaders(c, parts))
 }
 
-// TestDWChunkAttack_AckAloneLinkCutThenPromote: AckAlone, four nodes, two
+// TestDoubleWriteChunk_AckAloneLinkCutThenPromote: AckAlone, four nodes, two
 // chunks of two; the link between the leader and the follower of the chunk
 // off the metadata leader cut while producers send batches over both of
 // its partitions: once the follower timeout passed the leader acks alone
@@ -471,7 +471,7 @@ func TestDWChunkAttack_IsolateNode(t *testing.T) {
 // follower catches up and is recorded in sync again; then the leader is
 // killed: the follower is promoted and holds every acked message of both
 // partitions, once, where its ack said.
-func TestDWChunkAttack_AckAloneLinkCutThenPromote(t *testing.T) {
+func TestDoubleWriteChunk_AckAloneLinkCutThenPromote(t *testing.T) {
 	var logs dwaLogs
 	const parts = 4
 	c := newDWACluster(t, 4, parts, mq.Options{PartitionsPerPair: 2, AckAlone: true}, &logs)
@@ -524,14 +524,14 @@ func dwcChunkOff(t *testing.T, c *testCluster, firsts []int) (first int, leader,
 	return
 }
 
-// TestDWChunkAttack_LeaderCutFromMetadata: four nodes, two chunks of two;
+// TestDoubleWriteChunk_LeaderCutFromMetadata: four nodes, two chunks of two;
 // the leader of the chunk off the metadata leader cut from it (it still
 // reaches its follower and believes it leads) while producers on every
 // node send batches over both partitions of every chunk: its session
 // expires and its follower is promoted. Nothing the old leader acks may be
 // lost (it must not ack after the promotion); the link back, every acked
 // message is stored once, where its ack said, and sends are acked again.
-func TestDWChunkAttack_LeaderCutFromMetadata(t *testing.T) {
+func TestDoubleWriteChunk_LeaderCutFromMetadata(t *testing.T) {
 	var logs dwaLogs
 	const parts = 4
 	c := newDWACluster(t, 4, parts, mq.Options{PartitionsPerPair: 2}, &logs)

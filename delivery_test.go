@@ -114,13 +114,13 @@ func firstDelivery(t *testing.T, m *mq.MQ) string {
 	return s.bodies()[0]
 }
 
-// TestDefect1_ResetVsClosingConsumer: a reset made while a consumer of the
+// TestMQ_ResetOffsetWhileConsumerCloses: a reset made while a consumer of the
 // group closes (its handler blocked in the message at offset 1) must not be
 // undone by the closing worker's last commit. The reset moves partition 0
 // to offset 5; once the handler is released, the partition's next owner (a
 // second consumer of the group, if any) and, after a restart, a fresh
 // consumer must go on from m5, never from m2.
-func TestDefect1_ResetVsClosingConsumer(t *testing.T) {
+func TestMQ_ResetOffsetWhileConsumerCloses(t *testing.T) {
 	for _, kp := range []bool{false, true} {
 		for _, two := range []bool{false, true} {
 			for _, how := range []string{"ConsumerClose", "MQClose"} {
@@ -133,7 +133,7 @@ func TestDefect1_ResetVsClosingConsumer(t *testing.T) {
 						name += "/TwoConsumers"
 					}
 					if how == "MQClose" && order == "CloseFirst" {
-						continue // refused with ErrClosed; see TestDefect1_MQCloseWaitsForClosingConsumer
+						continue // refused with ErrClosed; see TestMQ_CloseWaitsForClosingConsumer
 					}
 					t.Run(name, func(t *testing.T) {
 						t.Parallel() // TestMain's goleak checks what they leave
@@ -229,10 +229,10 @@ func testResetVsClose(t *testing.T, kp, two bool, how, order string) {
 	}
 }
 
-// TestDefect2_ConcurrentSeeksFromHandlers: the handlers of two partitions
+// TestConsumer_ConcurrentSeeksFromHandlers: the handlers of two partitions
 // of one group, run by one consumer or by two, call Seek at the same moment;
 // both calls return (no deadlock).
-func TestDefect2_ConcurrentSeeksFromHandlers(t *testing.T) {
+func TestConsumer_ConcurrentSeeksFromHandlers(t *testing.T) {
 	for _, mode := range consumeModes {
 		for _, consumers := range []int{1, 2} {
 			t.Run(fmt.Sprintf("%s/%dConsumers", mode.name, consumers), func(t *testing.T) {
@@ -270,10 +270,10 @@ func TestDefect2_ConcurrentSeeksFromHandlers(t *testing.T) {
 	}
 }
 
-// TestDefect2_SeekFromHandlerDuringRebalance: a handler calls Seek while a
+// TestConsumer_SeekFromHandlerDuringRebalance: a handler calls Seek while a
 // consumer joins, or leaves, the group and takes, or hands over, the
 // partition whose handler is running; every call returns.
-func TestDefect2_SeekFromHandlerDuringRebalance(t *testing.T) {
+func TestConsumer_SeekFromHandlerDuringRebalance(t *testing.T) {
 	for _, mode := range consumeModes {
 		for _, event := range []string{"Join", "Leave"} {
 			t.Run(mode.name+"/"+event, func(t *testing.T) {
@@ -336,12 +336,12 @@ func TestDefect2_SeekFromHandlerDuringRebalance(t *testing.T) {
 	}
 }
 
-// TestDefect2_SeekDoesNotWaitForOtherPartitions: Seek from the handler of
+// TestConsumer_SeekDoesNotWaitForOtherPartitions: Seek from the handler of
 // partition 0 must not wait for the handler of partition 1, which here
 // waits for something the test holds back (as a handler may wait for
 // another one). The reset of partition 1 then lands when its handler
 // returns.
-func TestDefect2_SeekDoesNotWaitForOtherPartitions(t *testing.T) {
+func TestConsumer_SeekDoesNotWaitForOtherPartitions(t *testing.T) {
 	for _, mode := range consumeModes {
 		t.Run(mode.name, func(t *testing.T) {
 			noLeaks(t)
@@ -391,12 +391,12 @@ func TestDefect2_SeekDoesNotWaitForOtherPartitions(t *testing.T) {
 	}
 }
 
-// TestDefect3_OwnRetryCount: a group starts counting failures at 0 for a
+// TestConsumer_OwnRetryCount: a group starts counting failures at 0 for a
 // message it has not failed itself. A dead letter of group g (stored with
 // ReconsumeTimes MaxReconsumeTimes+1 = 3) consumed by group h, and a message
 // sent with ReconsumeTimes 7, must each be delivered to h 1 + h's own
 // MaxReconsumeTimes (2) times before h dead-letters them.
-func TestDefect3_OwnRetryCount(t *testing.T) {
+func TestConsumer_OwnRetryCount(t *testing.T) {
 	const hMax = 2
 	for _, mode := range []mq.ConsumeMode{mq.Orderly, mq.Concurrent} {
 		for _, src := range []string{"DeadLetter", "SentReconsumeTimes"} {
@@ -433,11 +433,11 @@ func TestDefect3_OwnRetryCount(t *testing.T) {
 	}
 }
 
-// TestDefect6_WorkerStartFailure: the worker of a partition whose group
+// TestConsumer_WorkerStartFailure: the worker of a partition whose group
 // offset cannot be read (a damaged group record) must not give up for
 // good while the partition stays assigned: once the cause is gone (the
 // group's offset rewritten by ResetOffset) the partition is delivered.
-func TestDefect6_WorkerStartFailure(t *testing.T) {
+func TestConsumer_WorkerStartFailure(t *testing.T) {
 	noLeaks(t)
 	dir := t.TempDir()
 	m, err := mq.Open(dir)
@@ -497,10 +497,10 @@ func TestDefect6_WorkerStartFailure(t *testing.T) {
 	}
 }
 
-// TestDefect7_HandlerChangesProperties: what a handler does to
+// TestConsumer_HandlerChangesProperties: what a handler does to
 // msg.Properties stays with that delivery: a redelivery, a parked copy and
 // a dead letter carry the Properties the message was sent with.
-func TestDefect7_HandlerChangesProperties(t *testing.T) {
+func TestConsumer_HandlerChangesProperties(t *testing.T) {
 	for _, mode := range []mq.ConsumeMode{mq.Orderly, mq.Concurrent} {
 		t.Run(mode.String(), func(t *testing.T) {
 			noLeaks(t)
@@ -542,13 +542,13 @@ func TestDefect7_HandlerChangesProperties(t *testing.T) {
 	}
 }
 
-// TestDefect7_RetryPresentedAsOriginal: in Concurrent mode a message taken
+// TestConsumer_RetryPresentedAsOriginal: in Concurrent mode a message taken
 // back from the retry topic is "presented as the original": the Properties
 // it was sent with and nothing else (none of the queue's ORIGIN_*,
 // LAST_ERROR, RETRY_GROUP), and the original's DeliverAt (here none; the
 // parked copy's release time is the queue's business, and ReconsumeTimes
 // already says it is a retry).
-func TestDefect7_RetryPresentedAsOriginal(t *testing.T) {
+func TestConsumer_RetryPresentedAsOriginal(t *testing.T) {
 	noLeaks(t)
 	clk := newRetryClock()
 	m := openNode(t, "", mq.WithClock(clk))
@@ -590,11 +590,11 @@ func TestDefect7_RetryPresentedAsOriginal(t *testing.T) {
 	}
 }
 
-// TestDefect1_ResetCloseSimultaneous starts Consumer.Close and ResetOffset
+// TestMQ_ResetOffsetCloseSimultaneous starts Consumer.Close and ResetOffset
 // at the same instant, many times, while the handler is blocked in m1 (and
 // a second consumer waits to take the partition over, or none does): when
 // the reset returns nil, the group's next consumer starts at m5.
-func TestDefect1_ResetCloseSimultaneous(t *testing.T) {
+func TestMQ_ResetOffsetCloseSimultaneous(t *testing.T) {
 	for _, kp := range []bool{false, true} {
 		for _, two := range []bool{false, true} {
 			name := fmt.Sprintf("KeyParallel=%v/Two=%v", kp, two)
@@ -659,11 +659,11 @@ func TestDefect1_ResetCloseSimultaneous(t *testing.T) {
 	}
 }
 
-// TestDefect1_MQCloseWaitsForClosingConsumer: MQ.Close "stops every
+// TestMQ_CloseWaitsForClosingConsumer: MQ.Close "stops every
 // consumer ... waits for them": it must not return while the handler of a
 // consumer that another goroutine is closing still runs (its worker would
 // then commit, and apply a reset, on a closed partition).
-func TestDefect1_MQCloseWaitsForClosingConsumer(t *testing.T) {
+func TestMQ_CloseWaitsForClosingConsumer(t *testing.T) {
 	noLeaks(t)
 	m := keyedFixtureDir(t, "", 10)
 	g := newGate("m1")
@@ -692,10 +692,10 @@ func TestDefect1_MQCloseWaitsForClosingConsumer(t *testing.T) {
 	}
 }
 
-// TestDefect5_DeleteGroup: a deleted group starts over per its
+// TestMQ_DeleteGroup: a deleted group starts over per its
 // StartPosition on every partition; a group with an open consumer cannot
 // be deleted.
-func TestDefect5_DeleteGroup(t *testing.T) {
+func TestMQ_DeleteGroup(t *testing.T) {
 	ctx := context.Background()
 	m := openNode(t, "")
 	mustCreate(t, m, "t", 2)
@@ -750,10 +750,10 @@ func TestDefect5_DeleteGroup(t *testing.T) {
 	}
 }
 
-// TestDefect5_BroadcastOffsetTTL: the offsets of a broadcast instance idle
+// TestConsumer_BroadcastOffsetTTL: the offsets of a broadcast instance idle
 // longer than the TTL are removed by the upkeep: the instance, opened
 // again, starts per its StartPosition instead of resuming.
-func TestDefect5_BroadcastOffsetTTL(t *testing.T) {
+func TestConsumer_BroadcastOffsetTTL(t *testing.T) {
 	clk := newRetryClock()
 	m := openNode(t, "", mq.WithClock(clk), mq.WithMaintenanceInterval(time.Minute), mq.WithBroadcastOffsetTTL(time.Hour))
 	mustCreate(t, m, "t", 1)

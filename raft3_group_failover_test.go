@@ -99,13 +99,13 @@ func (l *ledger) total() int {
 	return len(l.acked)
 }
 
-// TestRaft3GroupAttack_SharedLeaderClosedTwice: eight partitions in one
+// TestRaft3Group_SharedLeaderClosedTwice: eight partitions in one
 // raft group (the default), nine senders (three per node) on all of them
 // and a consumer group on every node; the group's leader is closed, then
 // reopened, then the new leader is closed and reopened, all under load.
 // Every ack is stored once, at its acked place, each key in order;
 // every acked message is delivered, each partition without a gap.
-func TestRaft3GroupAttack_SharedLeaderClosedTwice(t *testing.T) {
+func TestRaft3Group_SharedLeaderClosedTwice(t *testing.T) {
 	const parts = 8
 	c := raft3Cluster(t, 3, parts, nil)
 	ctx := testCtx(t)
@@ -140,14 +140,14 @@ func TestRaft3GroupAttack_SharedLeaderClosedTwice(t *testing.T) {
 	o.waitAll(t, l)
 }
 
-// TestRaft3GroupAttack_GrowOddWhileNodeDown: a Raft3 topic of 3
+// TestRaft3Group_GrowOddWhileNodeDown: a Raft3 topic of 3
 // partitions, 2 per group ({0,1}, {2}), grown three times (to 6, 7 and
 // 10: groups {3,4}, {5}, {6}, {7,8}, {9}) while n3 is closed (still up in
 // the metadata). n3 reopened opens a replica of each new group with its
 // partition count (raft.db records it) in the directory of its first
 // partition, and serves in the quorum with n1 closed: every ack read back
 // at its place through n3 and n2.
-func TestRaft3GroupAttack_GrowOddWhileNodeDown(t *testing.T) {
+func TestRaft3Group_GrowOddWhileNodeDown(t *testing.T) {
 	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: time.Minute}
 	c.startAll(3)
 	createR3With(t, c, 3, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 2})
@@ -198,14 +198,14 @@ func TestRaft3GroupAttack_GrowOddWhileNodeDown(t *testing.T) {
 	l.check(t, c.nodes["n2"], parts)
 }
 
-// TestRaft3GroupAttack_RestartFromStateCache: a topic of 5 partitions, 2
+// TestRaft3Group_RestartFromStateCache: a topic of 5 partitions, 2
 // per group, grown to 8 (groups {0,1}, {2,3}, {4}, {5,6}, {7}); every
 // node closed; n3 reopened alone (no metadata quorum) takes its table
 // from its state cache (an encoded snapshot of version 2, with the
 // groups): every partition, each with its replica attached. With n1 back
 // the groups have a quorum: every ack read back through both, and new
 // sends to every partition acked.
-func TestRaft3GroupAttack_RestartFromStateCache(t *testing.T) {
+func TestRaft3Group_RestartFromStateCache(t *testing.T) {
 	c := newCluster(t, 3)
 	createR3With(t, c, 5, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 2})
 	ctx := testCtx(t)
@@ -241,12 +241,12 @@ func TestRaft3GroupAttack_RestartFromStateCache(t *testing.T) {
 	l.check(t, m1, parts)
 }
 
-// TestRaft3GroupAttack_FourNodes: on four nodes, 12 partitions 3 per
+// TestRaft3Group_FourNodes: on four nodes, 12 partitions 3 per
 // group: each group on three nodes (the same for its partitions), one
 // leader each, and the groups spread (each node holds 9 replicas). Every
 // node sends while the leader of group 0 is closed: every ack stored once
 // at its place, each key in order, as every node reads it.
-func TestRaft3GroupAttack_FourNodes(t *testing.T) {
+func TestRaft3Group_FourNodes(t *testing.T) {
 	const parts = 12
 	c := newCluster(t, 4)
 	createR3With(t, c, parts, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 3})
@@ -287,12 +287,12 @@ func TestRaft3GroupAttack_FourNodes(t *testing.T) {
 	}
 }
 
-// TestRaft3GroupAttack_TxAcrossGroups: transactions whose half messages
+// TestRaft3Group_TxAcrossGroups: transactions whose half messages
 // are in four partitions of two groups ({0,1}, {2,3}). A committed one
 // whose second group's leader is closed between prepare and commit is
 // delivered, each message once; a rolled-back one never; an uncommitted
 // one is never visible to a consumer while it waits.
-func TestRaft3GroupAttack_TxAcrossGroups(t *testing.T) {
+func TestRaft3Group_TxAcrossGroups(t *testing.T) {
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	const parts = 4
 	c := newClusterWith(t, 3, func(id string) []mq.Option {
@@ -401,13 +401,13 @@ func TestRaft3GroupAttack_TxAcrossGroups(t *testing.T) {
 	}
 }
 
-// TestRaft3GroupAttack_CloseWhileGroupsOpen: n3 closed and reopened while
+// TestRaft3Group_CloseWhileGroupsOpen: n3 closed and reopened while
 // its four shared groups (32 partitions) open, closed at once after its
 // Open, and closed while another node creates a topic of 32 partitions
 // more (n3's sync opening its groups): every Close returns promptly
 // (goleak checks what is left at the end); n3 reopened serves in the
 // quorum with n1 closed, every ack read back.
-func TestRaft3GroupAttack_CloseWhileGroupsOpen(t *testing.T) {
+func TestRaft3Group_CloseWhileGroupsOpen(t *testing.T) {
 	const parts = 32
 	c := newCluster(t, 3)
 	createR3With(t, c, parts, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 8})
@@ -452,12 +452,12 @@ func TestRaft3GroupAttack_CloseWhileGroupsOpen(t *testing.T) {
 	}
 }
 
-// TestRaft3GroupAttack_DamagedOneSharer: one partition's file (of eight
+// TestRaft3Group_DamagedOneSharer: one partition's file (of eight
 // in one group) damaged on n3 while it is down (the records of partition
 // 5 fail their CRC; the other seven files intact): n3 opens or fails
 // clearly, the two others serve every partition, and with n3 in the
 // quorum every ack is read back unchanged at its place.
-func TestRaft3GroupAttack_DamagedOneSharer(t *testing.T) {
+func TestRaft3Group_DamagedOneSharer(t *testing.T) {
 	const parts = 8
 	damagedReplica(t, parts, func(c *testCluster) {
 		var ids []string
@@ -472,11 +472,11 @@ func TestRaft3GroupAttack_DamagedOneSharer(t *testing.T) {
 	})
 }
 
-// TestRaft3GroupAttack_Limits: PartitionsPerRaftGroup on a standalone
+// TestRaft3Group_Limits: PartitionsPerRaftGroup on a standalone
 // node and out of range is a clear error; on a cluster, 1024 partitions
 // in groups of 64 (16 groups) take a send to every partition and read it
 // back through a node, and AlterMQ past MaxPartitions is refused.
-func TestRaft3GroupAttack_Limits(t *testing.T) {
+func TestRaft3Group_Limits(t *testing.T) {
 	t.Run("Standalone", func(t *testing.T) {
 		m := openNode(t, "")
 		ctx := testCtx(t)
@@ -579,14 +579,14 @@ func TestRaft3GroupAttack_Limits(t *testing.T) {
 	})
 }
 
-// TestRaft3GroupAttack_LeaderKilledMidLoad: n3, in a child process,
+// TestRaft3Group_LeaderKilledMidLoad: n3, in a child process,
 // leads one raft group of eight partitions while six senders on n1 and n2
 // send to all of them through it; it is killed (SIGKILL), its files and
 // WAL left as they were. The two others hold every ack. n3 reopened on
 // its directory replays its group into its eight partition files (each
 // materialized to its own point) and serves in the quorum with n1, then
 // n2, closed: every ack read back unchanged at its place.
-func TestRaft3GroupAttack_LeaderKilledMidLoad(t *testing.T) {
+func TestRaft3Group_LeaderKilledMidLoad(t *testing.T) {
 	const parts = 8
 	c := newClusterWith(t, 2, nil)
 	ch := startNodeChild(t, c, "n3", parts)
@@ -638,25 +638,25 @@ func TestRaft3GroupAttack_LeaderKilledMidLoad(t *testing.T) {
 	l.check(t, c.nodes["n3"], parts)
 }
 
-// TestRaft3GroupAttack_DelayedAcrossSharers: delayed messages to each of
+// TestRaft3Group_DelayedAcrossSharers: delayed messages to each of
 // eight partitions of one group, due around the close of the group's
 // leader: the new leader's upkeep of each partition releases that
 // partition's own, each once, in its own partition, never early.
-func TestRaft3GroupAttack_DelayedAcrossSharers(t *testing.T) {
+func TestRaft3Group_DelayedAcrossSharers(t *testing.T) {
 	const parts = 8
 	c, lead, others := threeNodes(t, parts, nil)
 	sameGroupLeaders(t, c, [][]int{{0, 1, 2, 3, 4, 5, 6, 7}})
 	delayedAcrossFailover(t, c, lead, others, parts)
 }
 
-// TestRaft3GroupAttack_RacingCreateAndAlter: three nodes create the same
+// TestRaft3Group_RacingCreateAndAlter: three nodes create the same
 // topic at once, each with another PartitionsPerRaftGroup (1, 3, 8): one
 // wins, the others get ErrTopicExists, and every node lays the topic out
 // as the winner's (the partitions of each group on one leader, one
 // directory per group). Then the three grow it at once to other sizes
 // while sends run: the topic ends at the largest, every group with one
 // leader, every ack read back at its place.
-func TestRaft3GroupAttack_RacingCreateAndAlter(t *testing.T) {
+func TestRaft3Group_RacingCreateAndAlter(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx := testCtx(t)
 	sizes := map[string]int{"n1": 1, "n2": 3, "n3": 8}
@@ -742,11 +742,11 @@ func TestRaft3GroupAttack_RacingCreateAndAlter(t *testing.T) {
 	}
 }
 
-// TestRaft3GroupAttack_CloseAllWhileBusy: twelve partitions in groups of
+// TestRaft3Group_CloseAllWhileBusy: twelve partitions in groups of
 // five ({0-4}, {5-9}, {10,11}); every node closed at once while each
 // sends to all of them and consumes: every Close and send returns, and
 // the cluster reopened holds every ack once at its place.
-func TestRaft3GroupAttack_CloseAllWhileBusy(t *testing.T) {
+func TestRaft3Group_CloseAllWhileBusy(t *testing.T) {
 	const parts = 12
 	c := newCluster(t, 3)
 	createR3With(t, c, parts, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 5})

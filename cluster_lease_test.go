@@ -10,7 +10,7 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// TestAttack_NoQuorumLeaseBlipStopsConsumption attacks "losing the metadata
+// TestCluster_NoQuorumLeaseBlip attacks "losing the metadata
 // quorum stops changes, not the data paths that exist (consumption of held
 // partitions)" and "a partition is never left undelivered forever while a
 // live consumer of its group exists".
@@ -24,7 +24,7 @@ import (
 // partition's lease is what makes a new claim safe here (a claim refused
 // while someone else holds it), so nothing forbids claiming it again.
 // FAILS: a message sent after the link came back is not delivered.
-func TestAttack_NoQuorumLeaseBlipStopsConsumption(t *testing.T) {
+func TestCluster_NoQuorumLeaseBlip(t *testing.T) {
 	c := newCluster(t, 4) // session timeout 1 s: lease 500 ms
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -74,11 +74,11 @@ func TestAttack_NoQuorumLeaseBlipStopsConsumption(t *testing.T) {
 	waitFor(t, 10*time.Second, "m1 delivered without a quorum", func() bool { return col.count("m1") > 0 })
 
 	// A blip on the link n3–n4, longer than 4/5 of the lease.
-	mq.ReviewSetLinkDown(c.nodes["n3"], "n4", true)
-	mq.ReviewSetLinkDown(c.nodes["n4"], "n3", true)
+	mq.SetLinkDown(c.nodes["n3"], "n4", true)
+	mq.SetLinkDown(c.nodes["n4"], "n3", true)
 	time.Sleep(1500 * time.Millisecond)
-	mq.ReviewSetLinkDown(c.nodes["n3"], "n4", false)
-	mq.ReviewSetLinkDown(c.nodes["n4"], "n3", false)
+	mq.SetLinkDown(c.nodes["n3"], "n4", false)
+	mq.SetLinkDown(c.nodes["n4"], "n3", false)
 
 	send("m2")
 	deadline := time.Now().Add(10 * time.Second)
@@ -91,7 +91,7 @@ func TestAttack_NoQuorumLeaseBlipStopsConsumption(t *testing.T) {
 	}
 }
 
-// TestAttack_MixedSessionTimeoutsOverlap attacks "at most one node delivers
+// TestCluster_MixedSessionTimeouts attacks "at most one node delivers
 // a partition of a group at a time".
 //
 // The lease a claim respects is the claimer's own (its node's
@@ -104,7 +104,7 @@ func TestAttack_NoQuorumLeaseBlipStopsConsumption(t *testing.T) {
 // renewals, while n2's handler still runs and n2 goes on believing it
 // holds q for 4/5 of its own lease.
 // FAILS: n3 delivers q's message while n2's handler of it still runs.
-func TestAttack_MixedSessionTimeoutsOverlap(t *testing.T) {
+func TestCluster_MixedSessionTimeouts(t *testing.T) {
 	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: time.Second}
 	c.opts = func(id string) []mq.Option {
 		if id != "n2" {
@@ -168,11 +168,11 @@ func TestAttack_MixedSessionTimeoutsOverlap(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("m0 never delivered on n2")
 	}
-	mq.ReviewSetLinkDown(c.nodes["n2"], "n1", true)
-	mq.ReviewSetLinkDown(c.nodes["n1"], "n2", true)
+	mq.SetLinkDown(c.nodes["n2"], "n1", true)
+	mq.SetLinkDown(c.nodes["n1"], "n2", true)
 	defer func() {
-		mq.ReviewSetLinkDown(c.nodes["n2"], "n1", false)
-		mq.ReviewSetLinkDown(c.nodes["n1"], "n2", false)
+		mq.SetLinkDown(c.nodes["n2"], "n1", false)
+		mq.SetLinkDown(c.nodes["n1"], "n2", false)
 	}()
 	cut := time.Now()
 	var overlap atomic.Value
@@ -197,7 +197,7 @@ func TestAttack_MixedSessionTimeoutsOverlap(t *testing.T) {
 	}
 }
 
-// TestAttack_NoQuorumDeadLetterHangsClose attacks "losing the metadata
+// TestCluster_NoQuorumDeadLetterClose attacks "losing the metadata
 // quorum stops changes (→ ErrNoQuorum), not the data paths" and "Close
 // waits for every goroutine ... every call returns".
 //
@@ -208,7 +208,7 @@ func TestAttack_MixedSessionTimeoutsOverlap(t *testing.T) {
 // appears. The worker is stuck in it, its partition stops, and
 // Consumer.Close, which waits for the worker, never returns.
 // FAILS: Consumer.Close has not returned 10 s after it was called.
-func TestAttack_NoQuorumDeadLetterHangsClose(t *testing.T) {
+func TestCluster_NoQuorumDeadLetterClose(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -261,12 +261,12 @@ func TestAttack_NoQuorumDeadLetterHangsClose(t *testing.T) {
 	}
 }
 
-// TestAttack_NoQuorumConsumerCloseHandsOverLater (kept as an attack: it
+// TestCluster_NoQuorumConsumerCloseHandsOverLater (kept as an attack: it
 // passes) attacks "quorum lost then a node's consumer closes (it cannot
 // LeaveGroup)": Close returns at once, and once the quorum is back the
 // closed consumer's partitions go to the group's other consumer, with the
 // message sent meanwhile delivered.
-func TestAttack_NoQuorumConsumerCloseHandsOverLater(t *testing.T) {
+func TestCluster_NoQuorumConsumerCloseHandsOverLater(t *testing.T) {
 	c := newCluster(t, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -9,7 +9,7 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// The lead: TestDefect1_ResetCloseSimultaneous failed once in ~40 loaded runs
+// The lead: TestMQ_ResetOffsetCloseSimultaneous failed once in ~40 loaded runs
 // with "after the reset to 5 the next owner got m2". Finding: not a race in
 // the engine, a race in the test. It opens the gate (g.open) before
 // ResetOffset has returned, so on a loaded machine the reset's store write
@@ -18,13 +18,13 @@ import (
 // of a reset that happened later. The two tests below PASS: the first forces
 // that order and gets m2 (the flake's outcome, deterministically); the
 // second waits for ResetOffset before opening the gate, and always gets m5.
-// Fix (test only): in TestDefect1_ResetCloseSimultaneous, take
+// Fix (test only): in TestMQ_ResetOffsetCloseSimultaneous, take
 // `returns(t, reset, ...)` before `g.open()`.
 
-// TestReview_Defect1LateResetGivesM2 reproduces the flake's outcome on
+// TestMQ_ResetOffsetAfterHandover reproduces the flake's outcome on
 // purpose: the reset applied after the gate opened and m2 went to the next
 // owner.
-func TestReview_Defect1LateResetGivesM2(t *testing.T) {
+func TestMQ_ResetOffsetAfterHandover(t *testing.T) {
 	m := keyedFixtureDir(t, "", 10)
 	g := newGate("m1")
 	a := consume(t, m, "t", "g", g)
@@ -44,10 +44,10 @@ func TestReview_Defect1LateResetGivesM2(t *testing.T) {
 	}
 }
 
-// TestReview_Defect1ResetBeforeOpen is TestDefect1_ResetCloseSimultaneous
+// TestMQ_ResetOffsetBeforeHandover is TestMQ_ResetOffsetCloseSimultaneous
 // (two consumers) with the reset known to be stored before the closing
 // handler returns: the next owner must start at m5, every round.
-func TestReview_Defect1ResetBeforeOpen(t *testing.T) {
+func TestMQ_ResetOffsetBeforeHandover(t *testing.T) {
 	for _, kp := range []bool{false, true} {
 		t.Run(fmt.Sprintf("KeyParallel=%v", kp), func(t *testing.T) {
 			m := keyedFixtureDir(t, "", 10)

@@ -2,21 +2,21 @@ package mq_test
 
 // Hostile review of the cluster mode (issue 11). Each test says which
 // promise it attacks. Those that failed before their fix:
-// TestReview_QuickRestartLeavesStaleMember,
-// TestReview_JoinGroupSquatsOtherNodesMember,
-// TestReview_BlockedCoordinatorKeepsDelivering,
-// TestReview_ConsumerCloseHandsOverBeforeHandlerEnds/Consumer.Close,
-// TestReview_MixedMaxMessageBytesBlocksPartition,
-// TestReview_TwoNodeRestart, TestReview_FullRestartSameAddresses,
-// TestReview_RPCPartitionServiceChecksACL; and
-// TestReview_IsolatedHandlerOverlaps with a handler that ignores its ctx
+// TestCluster_QuickRestartRemovesStaleMember,
+// TestCluster_JoinGroupAsOtherNodesMember,
+// TestCluster_CutFromLeaderStopsDelivering,
+// TestCluster_CloseHandsOverAfterHandlerEnds/Consumer.Close,
+// TestCluster_MixedMaxMessageBytes,
+// TestCluster_TwoNodeRestart, TestCluster_FullRestartSameAddresses,
+// TestCluster_PartitionServiceChecksACL; and
+// TestCluster_IsolatedHandlerNoOverlap with a handler that ignores its ctx
 // (the contract now documented on Listener). Attacks that held:
-// TestReview_CallsReturnWhenCtxEndsOnCutNode,
-// TestReview_CloseInHandlerAndDuringCalls,
-// TestReview_ConsumerCloseHandsOverBeforeHandlerEnds/MQ.Close,
-// TestReview_GroupChurnAcrossNodes,
-// TestReview_RemoteConsumerSurvivesOwnerRestart,
-// TestReview_TxPreparerCrashAfterHostCommit; and delivery_review_test.go.
+// TestCluster_CallsReturnWhenCtxEndsOnCutNode,
+// TestCluster_CloseInHandlerAndDuringCalls,
+// TestCluster_CloseHandsOverAfterHandlerEnds/MQ.Close,
+// TestCluster_GroupChurnAcrossNodes,
+// TestCluster_RemoteConsumerSurvivesOwnerRestart,
+// TestCluster_TxPreparerCrashAfterHostCommit; and delivery_handover_test.go.
 
 import (
 	"context"
@@ -54,14 +54,14 @@ func (c *testCluster) isolate(id string, down bool) {
 		if other == id {
 			continue
 		}
-		mq.ReviewSetLinkDown(m, id, down)
+		mq.SetLinkDown(m, id, down)
 		if x := c.nodes[id]; x != nil {
-			mq.ReviewSetLinkDown(x, other, down)
+			mq.SetLinkDown(x, other, down)
 		}
 	}
 }
 
-// TestReview_IsolatedHandlerOverlaps attacks promise 3 (TaskOneByOne across
+// TestCluster_IsolatedHandlerNoOverlap attacks promise 3 (TaskOneByOne across
 // the cluster: at most one node delivers a partition of a group at a time).
 //
 // A node cut off from the others cancels its handlers' contexts when its
@@ -71,7 +71,7 @@ func (c *testCluster) isolate(id string, down bool) {
 // cluster, is over by then. (The review found the overlap with a handler
 // that ignored its ctx: that is the contract's side, documented on
 // Listener and SessionTimeout.)
-func TestReview_IsolatedHandlerOverlaps(t *testing.T) {
+func TestCluster_IsolatedHandlerNoOverlap(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
@@ -169,7 +169,7 @@ func TestReview_IsolatedHandlerOverlaps(t *testing.T) {
 	t.Logf("deliveries %v", log)
 }
 
-// TestReview_QuickRestartLeavesStaleMember attacks promise 3 (a partition
+// TestCluster_QuickRestartRemovesStaleMember attacks promise 3 (a partition
 // of a group is always owned by a live consumer, never unowned forever).
 //
 // FAILED before the fix. A node that dies without proposing LeaveGroup (a crash; here: its
@@ -180,7 +180,7 @@ func TestReview_IsolatedHandlerOverlaps(t *testing.T) {
 // members of groups it has local consumers of: with no consumer of the group
 // on that node, the stale member keeps its partitions forever and no one
 // delivers them.
-func TestReview_QuickRestartLeavesStaleMember(t *testing.T) {
+func TestCluster_QuickRestartRemovesStaleMember(t *testing.T) {
 	const sess = 4 * time.Second
 	c := newReviewCluster(t, 3, sess)
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
@@ -207,7 +207,7 @@ func TestReview_QuickRestartLeavesStaleMember(t *testing.T) {
 	c.isolate("n3", true)
 	c.kill("n3")
 	for _, m := range c.nodes {
-		mq.ReviewSetLinkDown(m, "n3", false)
+		mq.SetLinkDown(m, "n3", false)
 	}
 	start := time.Now()
 	back := c.start("n3") // the same id, well within the session
@@ -231,14 +231,14 @@ func TestReview_QuickRestartLeavesStaleMember(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if len(c2.Assigned()) < 2 {
-		g, _ := mq.ReviewGroup(c.nodes["n1"], "t", "g")
+		g, _ := mq.GroupRecord(c.nodes["n1"], "t", "g")
 		t.Fatalf("after %v the only live consumer (n2) has %v; the group's owners %v, members %v: a dead member keeps a partition",
 			4*sess, c2.Assigned(), g.Owners, g.Members)
 	}
 	waitSeen(t, col2, ids...)
 }
 
-// TestReview_JoinGroupSquatsOtherNodesMember attacks promise 5 (identity =
+// TestCluster_JoinGroupAsOtherNodesMember attacks promise 5 (identity =
 // the node id proven by the handshake: a node cannot act as another).
 //
 // FAILED before the fix (the first check). authorize checks that JoinGroup.Node is the
@@ -249,7 +249,7 @@ func TestReview_QuickRestartLeavesStaleMember(t *testing.T) {
 // would not remove that member (it is "on" n2), and n3 may LeaveGroup or
 // Released it (ownMember looks only at the name) though the state says it is
 // n2's. The rest of the test (n3's consumer gets the partitions) passes.
-func TestReview_JoinGroupSquatsOtherNodesMember(t *testing.T) {
+func TestCluster_JoinGroupAsOtherNodesMember(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
@@ -259,7 +259,7 @@ func TestReview_JoinGroupSquatsOtherNodesMember(t *testing.T) {
 	for id, m := range c.nodes {
 		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["t"] == 2 })
 	}
-	_, err := mq.ReviewPropose(ctx, c.nodes["n2"], cluster.JoinGroup{Topic: "t", Group: "g", Member: "n3/1", Node: "n2"})
+	_, err := mq.Propose(ctx, c.nodes["n2"], cluster.JoinGroup{Topic: "t", Group: "g", Member: "n3/1", Node: "n2"})
 	if !errors.Is(err, cluster.ErrDenied) {
 		t.Errorf("n2 joins the member n3/1: %v, want ErrDenied", err)
 	}
@@ -273,12 +273,12 @@ func TestReview_JoinGroupSquatsOtherNodesMember(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if len(c3.Assigned()) < 2 {
-		g, _ := mq.ReviewGroup(c.nodes["n1"], "t", "g")
+		g, _ := mq.GroupRecord(c.nodes["n1"], "t", "g")
 		t.Fatalf("n3's only consumer of g has %v; members %v owners %v", c3.Assigned(), g.Members, g.Owners)
 	}
 }
 
-// TestReview_BlockedCoordinatorKeepsDelivering attacks promise 3 (at most
+// TestCluster_CutFromLeaderStopsDelivering attacks promise 3 (at most
 // one node delivers a partition of a group at a time) where the metadata
 // group and the partition's node disagree: n3 is cut from the metadata
 // leader n1 only and still reaches n2, the partition's node.
@@ -296,7 +296,7 @@ func TestReview_JoinGroupSquatsOtherNodesMember(t *testing.T) {
 // delivering while it renews its lease at n2 (the data path goes on), n1's
 // worker waits for the lease, and once the link heals n3 learns that it was
 // marked down, lets go, and n1 takes over, never both at once.
-func TestReview_BlockedCoordinatorKeepsDelivering(t *testing.T) {
+func TestCluster_CutFromLeaderStopsDelivering(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
@@ -366,11 +366,11 @@ func TestReview_BlockedCoordinatorKeepsDelivering(t *testing.T) {
 		return len(ds) > 20
 	})
 	// n3 cut from the leader n1 only; it still reaches n2, the partition's node.
-	mq.ReviewSetLinkDown(c.nodes["n1"], "n3", true)
-	mq.ReviewSetLinkDown(c.nodes["n3"], "n1", true)
+	mq.SetLinkDown(c.nodes["n1"], "n3", true)
+	mq.SetLinkDown(c.nodes["n3"], "n1", true)
 	defer func() {
-		mq.ReviewSetLinkDown(c.nodes["n1"], "n3", false)
-		mq.ReviewSetLinkDown(c.nodes["n3"], "n1", false)
+		mq.SetLinkDown(c.nodes["n1"], "n3", false)
+		mq.SetLinkDown(c.nodes["n3"], "n1", false)
 	}()
 	cut := time.Now()
 	noop := mq.ListenerFunc(func(context.Context, string, *mq.Message) error { return nil })
@@ -413,8 +413,8 @@ func TestReview_BlockedCoordinatorKeepsDelivering(t *testing.T) {
 	// Healed: n3 learns that it was marked down; one node goes on, n1 (the
 	// owner the metadata group chose), and never both at once.
 	healed := time.Now()
-	mq.ReviewSetLinkDown(c.nodes["n1"], "n3", false)
-	mq.ReviewSetLinkDown(c.nodes["n3"], "n1", false)
+	mq.SetLinkDown(c.nodes["n1"], "n3", false)
+	mq.SetLinkDown(c.nodes["n3"], "n1", false)
 	waitFor(t, 20*time.Second, "n1 delivering after the heal", func() bool {
 		f, _, _ := firstLast()
 		return !f.IsZero()
@@ -431,7 +431,7 @@ func TestReview_BlockedCoordinatorKeepsDelivering(t *testing.T) {
 	t.Logf("after the heal: n1 from %v after it, n3's last %v after it", firstN1.Sub(healed).Round(time.Millisecond), lastN3.Sub(healed).Round(time.Millisecond))
 }
 
-// reviewGroups is the groups TestReview_BlockedCoordinatorKeepsDelivering
+// reviewGroups is the groups TestCluster_CutFromLeaderStopsDelivering
 // opens on the cut node (REVIEW_NO_STEPS=1: none, the control run).
 func reviewGroups() []string {
 	if os.Getenv("REVIEW_NO_STEPS") == "1" {
@@ -440,12 +440,12 @@ func reviewGroups() []string {
 	return []string{"h1", "h2"}
 }
 
-// TestReview_CallsReturnWhenCtxEndsOnCutNode attacks promise 4 (every call
+// TestCluster_CallsReturnWhenCtxEndsOnCutNode attacks promise 4 (every call
 // with a ctx returns when ctx ends): a node cut from both others (no
 // metadata quorum, every remote partition unreachable) is asked everything
 // that takes a ctx, each with a 500 ms deadline; each must return, with an
 // error, within a few seconds. (Kept as an attack: it passes.)
-func TestReview_CallsReturnWhenCtxEndsOnCutNode(t *testing.T) {
+func TestCluster_CallsReturnWhenCtxEndsOnCutNode(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx := context.Background()
 	if err := c.nodes["n1"].CreateMQ(ctx, "t", 3, mq.Options{}); err != nil {
@@ -509,13 +509,13 @@ func TestReview_CallsReturnWhenCtxEndsOnCutNode(t *testing.T) {
 	wg.Wait()
 }
 
-// TestReview_CloseInHandlerAndDuringCalls attacks promise 4 (Close
+// TestCluster_CloseInHandlerAndDuringCalls attacks promise 4 (Close
 // concurrent with any call returns; Close from a handler returns): a node
 // of a cluster, cut from the others so that CreateMQ, AlterMQ and a send to
 // a remote partition are all waiting, is closed from inside one of its
 // consumers' handlers. Everything must return. (Kept as an attack: it
 // passes.)
-func TestReview_CloseInHandlerAndDuringCalls(t *testing.T) {
+func TestCluster_CloseInHandlerAndDuringCalls(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx := context.Background()
 	if err := c.nodes["n1"].CreateMQ(ctx, "t", 3, mq.Options{}); err != nil {
@@ -587,7 +587,7 @@ func TestReview_CloseInHandlerAndDuringCalls(t *testing.T) {
 	delete(c.nodes, "n3")
 }
 
-// TestReview_ConsumerCloseHandsOverBeforeHandlerEnds attacks promise 3 (a
+// TestCluster_CloseHandsOverAfterHandlerEnds attacks promise 3 (a
 // partition moves in two steps: revoked, its worker stopped after the last
 // commit, Released; only then assigned elsewhere).
 //
@@ -601,7 +601,7 @@ func TestReview_CloseInHandlerAndDuringCalls(t *testing.T) {
 // MQ.Close (the node's Close mid-handler, the cluster tests' "kill")
 // PASSES: the engine's Close does not leave the groups, so the partition
 // moves only once n2's session expires, after its handler returned.
-func TestReview_ConsumerCloseHandsOverBeforeHandlerEnds(t *testing.T) {
+func TestCluster_CloseHandsOverAfterHandlerEnds(t *testing.T) {
 	t.Run("Consumer.Close", func(t *testing.T) {
 		testCloseHandsOver(t, func(_ *testCluster, a *mq.Consumer) error { return a.Close() })
 	})
@@ -683,12 +683,12 @@ func testCloseHandsOver(t *testing.T, stop func(*testCluster, *mq.Consumer) erro
 	t.Logf("deliveries %v", log)
 }
 
-// TestReview_RPCPartitionServiceChecksACL: a node the ACL allows nothing on
+// TestCluster_PartitionServiceChecksACL: a node the ACL allows nothing on
 // topic t (n2 here), calling the partition service of t's node directly,
 // can neither append, reset a group's offset nor trim the log (which would
 // delete acknowledged messages). It failed before the service checked the
 // ACL: n2 appended, reset and trimmed 4 records.
-func TestReview_RPCPartitionServiceChecksACL(t *testing.T) {
+func TestCluster_PartitionServiceChecksACL(t *testing.T) {
 	c := newCluster(t, 2)
 	ctx := context.Background()
 	n1, n2 := c.nodes["n1"], c.nodes["n2"]
@@ -716,7 +716,7 @@ func TestReview_RPCPartitionServiceChecksACL(t *testing.T) {
 	if _, err := p2.SendMessage(ctx, &mq.Message{Body: []byte("x")}); !errors.Is(err, mq.ErrDenied) {
 		t.Fatalf("n2's send through the API: %v, want ErrDenied", err)
 	}
-	rp, err := mq.ReviewRemotePartition(n2, "n1", "t", 0)
+	rp, err := mq.RemotePartition(n2, "n1", "t", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -735,13 +735,13 @@ func TestReview_RPCPartitionServiceChecksACL(t *testing.T) {
 	}
 }
 
-// TestReview_GroupChurnAcrossNodes attacks promise 3 (every partition ends
+// TestCluster_GroupChurnAcrossNodes attacks promise 3 (every partition ends
 // up owned, nothing undelivered) with a group whose members join and leave
 // fast on every node while messages flow, and CreateMQ racing on two nodes
 // for one name (exactly one wins, the other gets ErrTopicExists). Kept as an
 // attack: it passes (duplicates are allowed; losses and a partition left
 // without owner are not).
-func TestReview_GroupChurnAcrossNodes(t *testing.T) {
+func TestCluster_GroupChurnAcrossNodes(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
 	defer cancel()
@@ -810,12 +810,12 @@ func TestReview_GroupChurnAcrossNodes(t *testing.T) {
 	})
 }
 
-// TestReview_RemoteConsumerSurvivesOwnerRestart attacks promises 1 and 3: a
+// TestCluster_RemoteConsumerSurvivesOwnerRestart attacks promises 1 and 3: a
 // consumer on n2 of a partition stored on n1 (a long-polling remote Fetch)
 // while n1 is restarted on its data under a new port; sends from n2 retried
 // with the same IDs while n1 is away. Every acknowledged message must be
 // delivered, none lost. Kept as an attack: it passes.
-func TestReview_RemoteConsumerSurvivesOwnerRestart(t *testing.T) {
+func TestCluster_RemoteConsumerSurvivesOwnerRestart(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
 	defer cancel()
@@ -872,7 +872,7 @@ func TestReview_RemoteConsumerSurvivesOwnerRestart(t *testing.T) {
 	}
 }
 
-// TestReview_MixedMaxMessageBytesBlocksPartition attacks promises 4 and 5
+// TestCluster_MixedMaxMessageBytes attacks promises 4 and 5
 // (clear errors, never a hang; bad input refused): nodes of one cluster
 // with different WithMaxMessageBytes, hence different frame limits
 // (MaxMessageBytes + 1 MiB by default). Nothing checks that they agree.
@@ -883,7 +883,7 @@ func TestReview_RemoteConsumerSurvivesOwnerRestart(t *testing.T) {
 // the group's partition is stuck for good on n2, and every later message
 // of the partition is never delivered there. A clear refusal would be at
 // Open/join (differing limits) or at the send (a message no peer can read).
-func TestReview_MixedMaxMessageBytesBlocksPartition(t *testing.T) {
+func TestCluster_MixedMaxMessageBytes(t *testing.T) {
 	c := newClusterWith(t, 2, func(id string) []mq.Option {
 		if id == "n1" {
 			return []mq.Option{mq.WithMaxMessageBytes(8 << 20)}
@@ -923,17 +923,17 @@ func TestReview_MixedMaxMessageBytesBlocksPartition(t *testing.T) {
 	}
 }
 
-// TestReview_TxPreparerCrashAfterHostCommit attacks promise 2 (a committed
+// TestCluster_TxPreparerCrashAfterHostCommit attacks promise 2 (a committed
 // transaction is never lost, and published exactly once): n1 prepares half
 // messages in partitions of n1 and n2, its host store commits (the marker
 // is there) but its hooks never run, and n1 dies at once; n2's check-back
 // cannot reach it; n1 restarts on its data with the same host store. Each
 // message must end up in its partition exactly once. Kept as an attack: it
 // passes.
-func TestReview_TxPreparerCrashAfterHostCommit(t *testing.T) {
+func TestCluster_TxPreparerCrashAfterHostCommit(t *testing.T) {
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	// Three nodes: with two, a restart never regains quorum
-	// (TestReview_TwoNodeRestart).
+	// (TestCluster_TwoNodeRestart).
 	c := newClusterWith(t, 3, func(id string) []mq.Option {
 		opts := []mq.Option{mq.WithTxCheckAfter(200 * time.Millisecond)}
 		if id == "n1" {
@@ -985,7 +985,7 @@ func TestReview_TxPreparerCrashAfterHostCommit(t *testing.T) {
 	}
 }
 
-// TestReview_TwoNodeRestart attacks promises 1 and 4 (a restart loses
+// TestCluster_TwoNodeRestart attacks promises 1 and 4 (a restart loses
 // nothing and the cluster comes back): a cluster of two nodes (both
 // voters), one restarted on its data, on a new port as Bind 127.0.0.1:0
 // gives. Once both run again the metadata group has its two voters and must
@@ -1000,7 +1000,7 @@ func TestReview_TxPreparerCrashAfterHostCommit(t *testing.T) {
 // other, CreateMQ/AlterMQ/groups dead, for good. (DESIGN §7 lists the topic
 // table of a node restarting without quorum as not built, "its table fills
 // once a leader is reachable"; here no leader can ever exist again.)
-func TestReview_TwoNodeRestart(t *testing.T) {
+func TestCluster_TwoNodeRestart(t *testing.T) {
 	for _, victim := range []string{"n1", "n2"} {
 		t.Run(victim, func(t *testing.T) {
 			c := newCluster(t, 2)
@@ -1031,17 +1031,17 @@ func TestReview_TwoNodeRestart(t *testing.T) {
 	}
 }
 
-// TestReview_FullRestartSameAddresses attacks promises 1 and 4: every node
+// TestCluster_FullRestartSameAddresses attacks promises 1 and 4: every node
 // of a three-node cluster stopped and started again on its data, at the very
 // address it had (a reboot), seeds naming the others. The metadata group's
 // voters are all back at their addresses: it must elect a leader and every
 // node get its topic table back.
 //
-// FAILED before the fix, every run, for the cause TestReview_TwoNodeRestart shows: every
+// FAILED before the fix, every run, for the cause TestCluster_TwoNodeRestart shows: every
 // restarted FSM is empty, so every RequestVote fails with "transport: unknown
 // node" (the failure message quotes the logs), though each node knows the
 // others' addresses as seeds. A cluster that is rebooted never comes back.
-func TestReview_FullRestartSameAddresses(t *testing.T) {
+func TestCluster_FullRestartSameAddresses(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
@@ -1106,14 +1106,14 @@ func TestReview_FullRestartSameAddresses(t *testing.T) {
 	}
 }
 
-// TestReview_PartitionNodeChecksAdminRights: the partition service asks of
+// TestCluster_PartitionServiceChecksAdmin: the partition service asks of
 // a node calling it directly what the API asks where a call starts. A node
 // with Produce and Consume on t but not Admin can neither reset a group
 // (ResetOffset and Seek need Admin), decide a transaction another node
 // prepared, nor prepare one in another node's name; it decides its own.
 // Before the check, the service asked only Consume of a reset and Produce
 // of any decision.
-func TestReview_PartitionNodeChecksAdminRights(t *testing.T) {
+func TestCluster_PartitionServiceChecksAdmin(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx := context.Background()
 	n1 := c.nodes["n1"]
@@ -1136,12 +1136,12 @@ func TestReview_PartitionNodeChecksAdminRights(t *testing.T) {
 	for _, id := range []string{"n1", "n2", "n3"} {
 		waitFor(t, 10*time.Second, "rules on "+id, func() bool { return len(c.nodes[id].ACL()) == 3 })
 	}
-	rpPlain, err := mq.ReviewRemotePartition(c.nodes[plain], home, "t", 0)
+	rpPlain, err := mq.RemotePartition(c.nodes[plain], home, "t", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rpPlain.Close()
-	rpAdmin, err := mq.ReviewRemotePartition(c.nodes[admin], home, "t", 0)
+	rpAdmin, err := mq.RemotePartition(c.nodes[admin], home, "t", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ import (
 // damaged while it is down, a node reopened with other options, a node
 // killed (SIGKILL) while it recovers, a node whose disk fails while sends
 // flow. The node under attack runs in a child process of the test binary
-// (TestRaft3NodeAttackChild) wherever its failure could take the test
+// (TestRaft3NodeChild) wherever its failure could take the test
 // binary with it (a panic, a fault, a full disk); the two others run here.
 
 const (
@@ -48,14 +48,14 @@ func r3naBody(id string) []byte {
 	return append(b, bytes.Repeat([]byte{'#'}, 512-len(b))...)
 }
 
-// TestRaft3NodeAttackChild is the node under attack, in a child process:
+// TestRaft3NodeChild is the node under attack, in a child process:
 // it opens its directory as node R3NA_ID joining R3NA_SEEDS, says OPENED
 // (or OPENERR and the error), then answers the lines of its standard
 // input: "read" reads every message of r3 through this node (M p off id
 // crc, or E p off err, then DONE), "topics" says T and the partitions of
 // r3 it shows. At the end of its input it closes, says CLOSED (or
 // CLOSEHANG), and LEAK with the goroutines left behind if any.
-func TestRaft3NodeAttackChild(t *testing.T) {
+func TestRaft3NodeChild(t *testing.T) {
 	dir := os.Getenv(r3naDirEnv)
 	if dir == "" {
 		t.Skip("child process of the TestRaft3NodeAttack tests")
@@ -131,7 +131,7 @@ func r3naChild(dir string) {
 	os.Exit(0)
 }
 
-// nodeChild is a node run by TestRaft3NodeAttackChild.
+// nodeChild is a node run by TestRaft3NodeChild.
 type nodeChild struct {
 	t      testing.TB
 	id     string
@@ -153,7 +153,7 @@ func startNodeChild(t testing.TB, c *testCluster, id string, parts int, env ...s
 			seeds = append(seeds, m.ClusterStatus().Addr)
 		}
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRaft3NodeAttackChild$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRaft3NodeChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), r3naDirEnv+"="+filepath.Join(c.root, id), r3naIDEnv+"="+id,
 		r3naSeedsEnv+"="+strings.Join(seeds, ","), r3naPartsEnv+"="+strconv.Itoa(parts))
 	cmd.Env = append(cmd.Env, env...)
@@ -604,7 +604,7 @@ func damagedReplica(t *testing.T, parts int, damage func(c *testCluster)) {
 	ch.close()
 }
 
-// TestRaft3NodeAttack_DamagedPartitionDB: one replica's partition.db
+// TestRaft3Node_DamagedPartitionDB: one replica's partition.db
 // damaged while its node is down. FlipRecord found a defect: a replica
 // whose records fail their CRC opens (boltsafe checks bbolt's structure,
 // not the records) and may be elected; leading, it answered ErrCorrupt for
@@ -613,7 +613,7 @@ func damagedReplica(t *testing.T, parts int, damage func(c *testCluster)) {
 // on, and hands its leadership over (replica.Raft3.checkDamage).
 // TruncateHalf (a clear ErrCorrupt logged, the replica left out) and
 // Empty (rebuilt from the raft log) held.
-func TestRaft3NodeAttack_DamagedPartitionDB(t *testing.T) {
+func TestRaft3Node_DamagedPartitionDB(t *testing.T) {
 	const parts = 4
 	t.Run("FlipRecord", func(t *testing.T) {
 		// A byte of every message's body, in each partition.db of n3:
@@ -648,14 +648,14 @@ func TestRaft3NodeAttack_DamagedPartitionDB(t *testing.T) {
 	})
 }
 
-// TestRaft3NodeAttack_DamagedRaftDB: one replica's raft.db (terms and
+// TestRaft3Node_DamagedRaftDB: one replica's raft.db (terms and
 // votes) damaged while its node is down. Found a defect (Freelist and
 // TruncateToMeta every time; Flip, random bytes, at times): raft.db was
 // opened by raft-boltdb's bare bbolt.Open, not checked by
 // internal/boltsafe, so the damage panicked ("invalid freelist page", "page
 // N already freed") or faulted (SIGBUS) inside mq.Open and killed the
 // process. Fixed: raftqueue.Open checks raft.db first (ErrCorrupt).
-func TestRaft3NodeAttack_DamagedRaftDB(t *testing.T) {
+func TestRaft3Node_DamagedRaftDB(t *testing.T) {
 	const parts = 2
 	t.Run("Freelist", func(t *testing.T) {
 		damagedReplica(t, parts, func(c *testCluster) {
@@ -688,14 +688,14 @@ func TestRaft3NodeAttack_DamagedRaftDB(t *testing.T) {
 	})
 }
 
-// TestRaft3NodeAttack_DamagedSnapshot: a snapshot of one replica damaged.
+// TestRaft3Node_DamagedSnapshot: a snapshot of one replica damaged.
 // No real snapshot is reachable in a short test (raft snapshots after
 // SnapshotThreshold 2048 entries and SnapshotInterval 120 s), so these are
 // forged: a newest snapshot naming an index past the replica's file whose
 // state.bin does not match its CRC, and one whose meta.json is garbage.
 // Held (a clear "CRC mismatch" logged and the replica left out; a bad
 // meta.json skipped).
-func TestRaft3NodeAttack_DamagedSnapshot(t *testing.T) {
+func TestRaft3Node_DamagedSnapshot(t *testing.T) {
 	const parts = 2
 	forge := func(c *testCluster, meta string, state []byte) {
 		dir := filepath.Join(replicaDir(c, "n3", 0), "snapshots", "99-100000-1700000000000")
@@ -723,7 +723,7 @@ func TestRaft3NodeAttack_DamagedSnapshot(t *testing.T) {
 	})
 }
 
-// TestRaft3NodeAttack_DamagedReplicaBlocksOthers: n3's replica of
+// TestRaft3Node_DamagedReplicaBlocksOthers: n3's replica of
 // partition 0 damaged (a clear error, as it should be), its replica of
 // partition 1 intact. Found a defect: n3 opened none of the partitions
 // after the damaged one (cluster.go sync stopped there), so partition 1
@@ -735,7 +735,7 @@ func TestRaft3NodeAttack_DamagedSnapshot(t *testing.T) {
 // default) share this fault: one damaged file keeps the node's replica of
 // their group out, so with n1 closed too none of them has a quorum. Here
 // each partition has a group of its own.
-func TestRaft3NodeAttack_DamagedReplicaBlocksOthers(t *testing.T) {
+func TestRaft3Node_DamagedReplicaBlocksOthers(t *testing.T) {
 	const parts = 2
 	c, l := damagedSetupWith(t, parts, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 1})
 	truncateTo(t, partitionFile(c, "n3", 0), 0.5)
@@ -782,13 +782,13 @@ func startWith(c *testCluster, id string, cc func(*mq.ClusterConfig), opts ...mq
 	return m
 }
 
-// TestRaft3NodeAttack_ReopenOtherOptions: n3 reopened with options other
+// TestRaft3Node_ReopenOtherOptions: n3 reopened with options other
 // than it was created with (another election timeout and session, a sync
 // interval, a retention and dedup window, a message limit below the
 // stored messages' size): its replicas come back and, with n1 closed, the
 // quorum needs them: every ack is read back, and sends go on.
 // Held (no defect found).
-func TestRaft3NodeAttack_ReopenOtherOptions(t *testing.T) {
+func TestRaft3Node_ReopenOtherOptions(t *testing.T) {
 	const parts = 2
 	c, l := damagedSetup(t, parts) // nothing damaged: n3 closed with every message
 	sendN(t, l, c.nodes["n2"], "b", 20, parts)
@@ -816,12 +816,12 @@ func TestRaft3NodeAttack_ReopenOtherOptions(t *testing.T) {
 	verify(t, "through n2 after more sends", c.nodes["n2"], parts, l)
 }
 
-// TestRaft3NodeAttack_KillDuringRecovery: n3, down while n1 and n2 take
+// TestRaft3Node_KillDuringRecovery: n3, down while n1 and n2 take
 // sends, is reopened in a child process and killed (SIGKILL) while it
 // recovers: at once, a little later, and just after Open returned; then
 // opened cleanly here. Its replicas rejoin: with n1 closed the quorum
 // needs them, and every ack is read back at its offset. Held.
-func TestRaft3NodeAttack_KillDuringRecovery(t *testing.T) {
+func TestRaft3Node_KillDuringRecovery(t *testing.T) {
 	const parts = 2
 	c := raft3Cluster(t, 3, parts, nil)
 	for i := range parts {
@@ -924,13 +924,13 @@ func needN3(t *testing.T, c *testCluster, parts int, check func(what string, via
 	check(what, c.nodes["n1"])
 }
 
-// TestRaft3NodeAttack_DiskFails: n3, in a child process whose files may
+// TestRaft3Node_DiskFails: n3, in a child process whose files may
 // not grow past 20 MiB (RLIMIT_FSIZE: writes past it fail with EFBIG),
 // holds a replica of every partition while n1 and n2 send large messages:
 // its WAL, which holds its replicas' raft logs, fails. Sends go on through
 // the two others; n3's Close returns and leaves nothing behind; reopened
 // here on a healthy disk with n1 closed, it holds every ack. Held.
-func TestRaft3NodeAttack_DiskFails(t *testing.T) {
+func TestRaft3Node_DiskFails(t *testing.T) {
 	const parts = 2
 	c := newClusterWith(t, 2, nil)
 	ch := startNodeChild(t, c, "n3", parts, r3naFsizeEnv+"="+strconv.Itoa(20<<20))

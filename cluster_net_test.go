@@ -3,11 +3,11 @@ package mq_test
 // Hostile review of the cluster under network faults and a paused node
 // (issue 11, left item 4): SIGSTOP of a node longer than its session,
 // one-way and flapping links. Each test says which promise it attacks.
-// Failed before its fix: TestAttack_PausedNode/KeyParallel (now checked in
+// Failed before its fix: TestCluster_PausedNode/KeyParallel (now checked in
 // internal/delivery by TestAttack_PausedPastLeaseStartsNoHandler, which
 // fails every run without the fix, where this one fails now and then).
-// Held: the other TestAttack_PausedNode cases, TestAttack_LinkFaults,
-// TestAttack_ResetDuringClusterConsumption (a guard of the reset fix,
+// Held: the other TestCluster_PausedNode cases, TestCluster_LinkFaults,
+// TestCluster_ResetDuringConsumption (a guard of the reset fix,
 // internal/delivery's TestAttack_ResetLetsClaimUnderLiveLease).
 
 import (
@@ -33,7 +33,7 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// Environment of the paused node's child process (TestAttack_PausedNodeChild).
+// Environment of the paused node's child process (TestCluster_PausedNodeChild).
 const (
 	pauseDirEnv  = "ZEZE_MQ_PAUSE_DIR"  // the child's data directory; empty: not a child
 	pauseSeedEnv = "ZEZE_MQ_PAUSE_SEED" // seed addresses, comma-separated
@@ -177,13 +177,13 @@ func checkKeyOrder(t *testing.T, ds []netDelivery) {
 	}
 }
 
-// TestAttack_PausedNodeChild is node n3 of TestAttack_PausedNode, in a
+// TestCluster_PausedNodeChild is node n3 of TestCluster_PausedNode, in a
 // child process: it joins, consumes group g of topic t and prints each
 // handler call; it closes when its standard input ends.
-func TestAttack_PausedNodeChild(t *testing.T) {
+func TestCluster_PausedNodeChild(t *testing.T) {
 	dir := os.Getenv(pauseDirEnv)
 	if dir == "" {
-		t.Skip("child of TestAttack_PausedNode")
+		t.Skip("child of TestCluster_PausedNode")
 	}
 	kp, _ := strconv.Atoi(os.Getenv(pauseKPEnv))
 	m, err := mq.Open(dir, mq.WithCluster(mq.ClusterConfig{
@@ -220,7 +220,7 @@ func TestAttack_PausedNodeChild(t *testing.T) {
 	}
 }
 
-// TestAttack_PausedNode attacks promise 5 (at most one owner of a partition
+// TestCluster_PausedNode attacks promise 5 (at most one owner of a partition
 // per group delivers at a time), and that nothing acked is lost and
 // per-key order holds, across a node paused longer than its session.
 //
@@ -230,7 +230,7 @@ func TestAttack_PausedNodeChild(t *testing.T) {
 // marks it down, n2's consumer takes its partitions once their leases
 // lapsed. n3 is then continued (SIGCONT): its handlers frozen mid-call end,
 // and it must not begin another call of a partition n2 now delivers.
-func TestAttack_PausedNode(t *testing.T) {
+func TestCluster_PausedNode(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		kp      int
@@ -281,7 +281,7 @@ func testPausedNode(t *testing.T, kp, backlog int, idle, spread bool) {
 
 	// n3, in a child process.
 	seeds := c.nodes["n1"].ClusterStatus().Addr + "," + c.nodes["n2"].ClusterStatus().Addr
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAttack_PausedNodeChild$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCluster_PausedNodeChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), pauseDirEnv+"="+filepath.Join(c.root, "n3"), pauseSeedEnv+"="+seeds, pauseKPEnv+"="+strconv.Itoa(kp))
 	stderr := &lockedBuffer{}
 	cmd.Stderr = stderr
@@ -631,7 +631,7 @@ func (p *netProxy) close() {
 	p.wg.Wait()
 }
 
-// TestAttack_LinkFaults attacks promises 1, 4 and 5 (nothing acked lost,
+// TestCluster_LinkFaults attacks promises 1, 4 and 5 (nothing acked lost,
 // per-key order, one owner of a partition per group at a time), that every
 // call returns when its ctx ends, and that the cluster recovers, under:
 //
@@ -643,7 +643,7 @@ func (p *netProxy) close() {
 //
 // A producer on n1 sends keyed messages all along (each send bounded by
 // 2 s); consumers of group g run on n2 and n3, partitions on every node.
-func TestAttack_LinkFaults(t *testing.T) {
+func TestCluster_LinkFaults(t *testing.T) {
 	t.Run("OneWay", func(t *testing.T) { testLinkFaults(t, "n3", false) })
 	// The node nobody reaches is the metadata leader (it started the
 	// cluster), whose appends reach the others while their heartbeats do
@@ -752,7 +752,7 @@ func testLinkFaults(t *testing.T, pxNode string, flap bool) {
 		for time.Now().Before(end) {
 			a, b := ids[rng.IntN(3)], ids[rng.IntN(3)]
 			if a != b {
-				mq.ReviewSetLinkDown(c.nodes[a], b, true)
+				mq.SetLinkDown(c.nodes[a], b, true)
 			}
 			in := rng.IntN(3) == 0
 			if in {
@@ -760,7 +760,7 @@ func testLinkFaults(t *testing.T, pxNode string, flap bool) {
 			}
 			time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond)
 			if a != b {
-				mq.ReviewSetLinkDown(c.nodes[a], b, false)
+				mq.SetLinkDown(c.nodes[a], b, false)
 			}
 			if in {
 				px.setCut(false)
@@ -812,14 +812,14 @@ func testLinkFaults(t *testing.T, pxNode string, flap bool) {
 	t.Logf("%d handler calls", len(ds))
 }
 
-// TestAttack_ResetDuringClusterConsumption attacks "a partition is never
+// TestCluster_ResetDuringConsumption attacks "a partition is never
 // left undelivered while a live consumer of its group exists" after the
 // reset fix (a reset keeps the owner's lease; the owner claims again with
 // the reset's generation): a reset made on the consumer's node (its
 // workers are told) and on another node (the workers learn from a refused
 // commit) is followed by a redelivery from the first message, with no
 // overlap of owners.
-func TestAttack_ResetDuringClusterConsumption(t *testing.T) {
+func TestCluster_ResetDuringConsumption(t *testing.T) {
 	c := newReviewCluster(t, 2, time.Second) // lease 500 ms
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

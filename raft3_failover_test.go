@@ -412,13 +412,13 @@ func (o *orderly) check(t testing.TB, l *ledger) {
 	}
 }
 
-// TestRaft3Attack_LeaderClosedWhileSending: the node leading a partition
+// TestRaft3_LeaderClosedWhileSending: the node leading a partition
 // is closed while every node sends (the closed node's own sends end with
 // ErrClosed): every acked message is stored once, at the partition and
 // offset of its ack, each key's in order, and nothing never sent is
 // stored. The node reopened on its data rejoins: with another node
 // closed, the quorum needs it, and it takes sends and reads back all.
-func TestRaft3Attack_LeaderClosedWhileSending(t *testing.T) {
+func TestRaft3_LeaderClosedWhileSending(t *testing.T) {
 	const parts = 2
 	c, lead, others := threeNodes(t, parts, nil)
 	ctx := testCtx(t)
@@ -446,14 +446,14 @@ func TestRaft3Attack_LeaderClosedWhileSending(t *testing.T) {
 	l.check(t, back, parts)
 }
 
-// TestRaft3Attack_GroupFailover: a group consumes on two nodes, one of
+// TestRaft3_GroupFailover: a group consumes on two nodes, one of
 // them leading a partition, while the two nodes not leading it send; the
 // leader's node is closed. The other consumer keeps its partitions
 // through the new leader and takes the closed one's over from the offsets
 // replicated in the groups: every acked message is delivered at least
 // once, at its acked place, each partition from its start with no gap and
 // each key's messages first in send order.
-func TestRaft3Attack_GroupFailover(t *testing.T) {
+func TestRaft3_GroupFailover(t *testing.T) {
 	const parts = 2
 	c, lead, others := threeNodes(t, parts, nil)
 	ctx := testCtx(t)
@@ -471,14 +471,14 @@ func TestRaft3Attack_GroupFailover(t *testing.T) {
 	o.waitAll(t, l)
 }
 
-// TestRaft3Attack_LeaderIsolated: the node leading a partition is cut off
+// TestRaft3_LeaderIsolated: the node leading a partition is cut off
 // from the two others (every link, both ways) for longer than a session,
 // while all three send and a group consumes on it and on another node;
 // then healed. The two others go on taking sends; the cut node's sends
 // wait, or fail with an unknown outcome and are sent again, and go on
 // once healed; every acked message is stored once where it was acked and
 // delivered, each partition with no gap.
-func TestRaft3Attack_LeaderIsolated(t *testing.T) {
+func TestRaft3_LeaderIsolated(t *testing.T) {
 	const parts = 2
 	c, lead, others := threeNodes(t, parts, nil)
 	ctx := testCtx(t)
@@ -489,8 +489,8 @@ func TestRaft3Attack_LeaderIsolated(t *testing.T) {
 	waitFor(t, 20*time.Second, "acks from every node", l.atLeast(10, othersThan(c)...))
 	cut := func(down bool) {
 		for _, id := range others {
-			mq.ReviewSetLinkDown(c.nodes[lead], id, down)
-			mq.ReviewSetLinkDown(c.nodes[id], lead, down)
+			mq.SetLinkDown(c.nodes[lead], id, down)
+			mq.SetLinkDown(c.nodes[id], lead, down)
 		}
 	}
 	cut(true)
@@ -503,11 +503,11 @@ func TestRaft3Attack_LeaderIsolated(t *testing.T) {
 	l.check(t, c.nodes[lead], parts)
 }
 
-// TestRaft3Attack_CloseAllWhileBusy: every node closed at once while each
+// TestRaft3_CloseAllWhileBusy: every node closed at once while each
 // sends and consumes: every Close, send and handler returns (no hang), the
 // sends end with ErrClosed, and the cluster reopened on its directories
 // holds every acked message once, where it was acked.
-func TestRaft3Attack_CloseAllWhileBusy(t *testing.T) {
+func TestRaft3_CloseAllWhileBusy(t *testing.T) {
 	const parts = 2
 	c := raft3Cluster(t, 3, parts, nil)
 	ctx := testCtx(t)
@@ -547,12 +547,12 @@ func TestRaft3Attack_CloseAllWhileBusy(t *testing.T) {
 	l.check(t, c.nodes["n2"], parts)
 }
 
-// TestRaft3Attack_NoQuorum: with two of three nodes closed, every call
+// TestRaft3_NoQuorum: with two of three nodes closed, every call
 // that waits for the group's leader, or for the metadata group's, returns
 // ErrNoQuorum wrapping its ctx's error soon after its ctx ends; a send
 // waiting without a deadline returns ErrClosed when the node closes, and
 // Close returns.
-func TestRaft3Attack_NoQuorum(t *testing.T) {
+func TestRaft3_NoQuorum(t *testing.T) {
 	c := raft3Cluster(t, 3, 1, nil)
 	n1 := c.nodes["n1"]
 	p, err := n1.NewProducer(r3)
@@ -631,10 +631,10 @@ func TestRaft3Attack_NoQuorum(t *testing.T) {
 	}
 }
 
-// TestRaft3Attack_DelayedAcrossFailover: messages delayed through the
+// TestRaft3_DelayedAcrossFailover: messages delayed through the
 // partition's leader, which is then closed, are released by the new
 // leader: each delivered no earlier than its time, and stored once.
-func TestRaft3Attack_DelayedAcrossFailover(t *testing.T) {
+func TestRaft3_DelayedAcrossFailover(t *testing.T) {
 	c, lead, others := threeNodes(t, 1, nil)
 	delayedAcrossFailover(t, c, lead, others, 1)
 }
@@ -720,13 +720,13 @@ func delayedAcrossFailover(t *testing.T, c *testCluster, lead string, others []s
 	}
 }
 
-// TestRaft3Attack_Transactions: transactions on a Raft3 topic. A
+// TestRaft3_Transactions: transactions on a Raft3 topic. A
 // committed one whose partition's leader is closed between prepare and
 // commit is delivered; a rolled back one never; one whose preparer's
 // hooks never ran is decided by check-back from the preparer's node
 // (committed where its host holds the marker, rolled back where not);
 // while the preparer is down, none is decided, nor delivered.
-func TestRaft3Attack_Transactions(t *testing.T) {
+func TestRaft3_Transactions(t *testing.T) {
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	const parts = 2
 	c := raft3Cluster(t, 3, parts, func(id string) []mq.Option {
@@ -839,12 +839,12 @@ func TestRaft3Attack_Transactions(t *testing.T) {
 	}
 }
 
-// TestRaft3Attack_ThroughFollowers: on four nodes, one holding no replica:
+// TestRaft3_ThroughFollowers: on four nodes, one holding no replica:
 // sends, reads, Lag, ResetOffset and Seek through a follower replica and
 // through the node without one act on the leader's partition; AlterMQ
 // from the node without one grows the topic, and the group gets the new
 // partitions' messages.
-func TestRaft3Attack_ThroughFollowers(t *testing.T) {
+func TestRaft3_ThroughFollowers(t *testing.T) {
 	c := raft3Cluster(t, 4, 1, nil)
 	ctx := testCtx(t)
 	lead := leaderOf(t, c, 0)
@@ -948,12 +948,12 @@ func TestRaft3Attack_ThroughFollowers(t *testing.T) {
 	}
 }
 
-// TestRaft3Attack_GrowWhileNodeDown: a Raft3 topic grown just after a
+// TestRaft3_GrowWhileNodeDown: a Raft3 topic grown just after a
 // node closed (still up in the metadata, so the new partition is placed
 // on it too) takes sends on the two left; the node reopened opens its
 // replica of the new partition late and joins its group: with another
 // node closed, the group needs it, and it holds every acked message.
-func TestRaft3Attack_GrowWhileNodeDown(t *testing.T) {
+func TestRaft3_GrowWhileNodeDown(t *testing.T) {
 	// Sessions long enough that the closed node is still up when the
 	// topic grows, however slow its Close.
 	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: time.Minute}
@@ -990,12 +990,12 @@ func TestRaft3Attack_GrowWhileNodeDown(t *testing.T) {
 	l.check(t, c.nodes["n2"], 2)
 }
 
-// TestRaft3Attack_HandlerReentry: a handler on a follower's node sends to
+// TestRaft3_HandlerReentry: a handler on a follower's node sends to
 // its own Raft3 topic (a chain), reads, asks Lag, seeks its own consumer
 // once, and at the end of the chain closes its own consumer; a handler on
 // the other follower's node closes its node: every call returns, and the
 // chain is stored once.
-func TestRaft3Attack_HandlerReentry(t *testing.T) {
+func TestRaft3_HandlerReentry(t *testing.T) {
 	c, _, followers := threeNodes(t, 1, nil)
 	ctx := testCtx(t)
 	m := c.nodes[followers[0]]
@@ -1101,7 +1101,7 @@ func TestRaft3Attack_HandlerReentry(t *testing.T) {
 	}
 }
 
-// TestRaft3Attack_Limits: messages at the limits through a follower's
+// TestRaft3_Limits: messages at the limits through a follower's
 // node: the largest message and ID, a batch of several large ones (an
 // entry larger than raftqueue packs, 1 MiB), the earliest timestamp and
 // the latest DeliverAt are stored, read back and delivered as sent; one
@@ -1109,7 +1109,7 @@ func TestRaft3Attack_HandlerReentry(t *testing.T) {
 // limit is 256 KiB: with the tests' 200 ms election timeout under -race,
 // an entry of several MiB takes longer to replicate than the leader's
 // lease, and the group elects again and again.
-func TestRaft3Attack_Limits(t *testing.T) {
+func TestRaft3_Limits(t *testing.T) {
 	const limit = 256 << 10
 	c, lead, others := threeNodes(t, 1, func(string) []mq.Option { return []mq.Option{mq.WithMaxMessageBytes(limit)} })
 	ctx := testCtx(t)
@@ -1160,12 +1160,12 @@ func TestRaft3Attack_Limits(t *testing.T) {
 	}
 }
 
-// TestRaft3Attack_NoQuorumReads: the calls that take a ctx but reach the
+// TestRaft3_NoQuorumReads: the calls that take a ctx but reach the
 // partition through a read that takes none (ReadMessage: Get; ResetOffset
 // to a time: SeekTime; ResolveTx: HalfTxs) return ErrNoQuorum wrapping
 // their ctx's error soon after it ends, not after the partition's 10 s
 // CallTimeout.
-func TestRaft3Attack_NoQuorumReads(t *testing.T) {
+func TestRaft3_NoQuorumReads(t *testing.T) {
 	c := raft3Cluster(t, 3, 1, nil)
 	n1 := c.nodes["n1"]
 	p, err := n1.NewProducer(r3)

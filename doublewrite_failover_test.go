@@ -195,13 +195,13 @@ func dwaCheckStored(ctx context.Context, t *testing.T, m *mq.MQ, parts int, acke
 func dwaIsolate(c *testCluster, id string, cut bool) {
 	for other, m := range c.nodes {
 		if other != id {
-			mq.ReviewSetLinkDown(m, id, cut)
-			mq.ReviewSetLinkDown(c.nodes[id], other, cut)
+			mq.SetLinkDown(m, id, cut)
+			mq.SetLinkDown(c.nodes[id], other, cut)
 		}
 	}
 }
 
-// TestDoubleWriteAttack_FollowerChosenAgain: a node whose replica of a pair
+// TestDoubleWrite_FollowerChosenAgain: a node whose replica of a pair
 // was dropped (the record no longer names it) and that is later chosen
 // again as the pair's follower, in the same process, must be able to follow
 // again: with three nodes, the follower isolated until its session expired
@@ -209,7 +209,7 @@ func dwaIsolate(c *testCluster, id string, cut bool) {
 // follower is the only node free to follow; once it caught up the leader
 // must take sends again. (At 4fd2e47 the reopen failed for good, "stream
 // dw/d/0 retained twice", and sends were refused; fixed by 48db32c.)
-func TestDoubleWriteAttack_FollowerChosenAgain(t *testing.T) {
+func TestDoubleWrite_FollowerChosenAgain(t *testing.T) {
 	var logs dwaLogs
 	c := newDWACluster(t, 3, 1, mq.Options{}, &logs)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -241,8 +241,8 @@ func TestDoubleWriteAttack_FollowerChosenAgain(t *testing.T) {
 
 // dwaCut cuts (or restores) the link between nodes a and b, both ends.
 func dwaCut(c *testCluster, a, b string, cut bool) {
-	mq.ReviewSetLinkDown(c.nodes[a], b, cut)
-	mq.ReviewSetLinkDown(c.nodes[b], a, cut)
+	mq.SetLinkDown(c.nodes[a], b, cut)
+	mq.SetLinkDown(c.nodes[b], a, cut)
 }
 
 // dwaFollower returns the node other than leader that holds a replica of
@@ -278,14 +278,14 @@ func dwaPairOff(t *testing.T, c *testCluster, parts int) (part int, leader, foll
 	return
 }
 
-// TestDoubleWriteAttack_AckAloneLinkCut: with AckAlone, a leader whose
+// TestDoubleWrite_AckAloneLinkCut: with AckAlone, a leader whose
 // follower stopped answering (the link between them cut, both nodes keeping
 // their sessions with the metadata leader, a third node, so no new follower
 // is chosen) has the metadata record it alone in sync and goes on acking
 // sends on its own copy, as the option documents: once the follower timeout
 // passed, sends are acked, not left waiting for the follower. The link
 // back, the follower catches up and nothing acked is lost.
-func TestDoubleWriteAttack_AckAloneLinkCut(t *testing.T) {
+func TestDoubleWrite_AckAloneLinkCut(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
 	c := newDWACluster(t, 3, parts, mq.Options{AckAlone: true, PartitionsPerPair: 1}, &logs)
@@ -312,12 +312,12 @@ func TestDoubleWriteAttack_AckAloneLinkCut(t *testing.T) {
 	dwaCheckStored(ctx, t, c.nodes[follower], parts, acked)
 }
 
-// TestDoubleWriteAttack_AckAloneTwoNodesFollowerLost: with AckAlone on two
+// TestDoubleWrite_AckAloneTwoNodesFollowerLost: with AckAlone on two
 // nodes, the follower killed, the metadata group has no quorum to record
 // the leader alone, so the risk stage cannot start; the send must then get
 // a clear answer (acked, or ErrNoQuorum as without AckAlone, where the
 // stalled follower is refused at once), not wait out every ctx.
-func TestDoubleWriteAttack_AckAloneTwoNodesFollowerLost(t *testing.T) {
+func TestDoubleWrite_AckAloneTwoNodesFollowerLost(t *testing.T) {
 	var logs dwaLogs
 	c := newDWACluster(t, 2, 1, mq.Options{AckAlone: true}, &logs)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -567,20 +567,20 @@ func dwaCheck(t *testing.T, stored [][]string, acked []string, parts int) {
 	}
 }
 
-// TestDoubleWriteAttack_KillAlternately: three nodes, two partitions, a
+// TestDoubleWrite_KillAlternately: three nodes, two partitions, a
 // producer through each node; the leader of a partition and then the
 // follower of the other are killed and restarted, round after round (a
 // promotion, a new follower caught up, the killed node back as a follower
 // or spare). Every acked message is stored once, in its partition, in its
 // producer's order.
-func TestDoubleWriteAttack_KillAlternately(t *testing.T) {
+func TestDoubleWrite_KillAlternately(t *testing.T) {
 	dwaKillAlternately(t, mq.Options{}, 6)
 }
 
-// TestDoubleWriteAttack_KillAlternatelyAckAlone is KillAlternately with the
+// TestDoubleWrite_KillAlternatelyAckAlone is KillAlternately with the
 // risk stage: acks on one copy are recorded (alone in sync), so a copy
 // that may lack them is never promoted.
-func TestDoubleWriteAttack_KillAlternatelyAckAlone(t *testing.T) {
+func TestDoubleWrite_KillAlternatelyAckAlone(t *testing.T) {
 	dwaKillAlternately(t, mq.Options{AckAlone: true}, 4)
 }
 
@@ -630,13 +630,13 @@ func dwaKillAlternately(t *testing.T, opts mq.Options, rounds int) {
 	t.Logf("%d acked", len(acked))
 }
 
-// TestDoubleWriteAttack_FollowerThenLeaderKilled: three nodes under load;
+// TestDoubleWrite_FollowerThenLeaderKilled: three nodes under load;
 // the follower killed, and as soon as the third node is chosen to follow
 // (it may still be catching up, out of sync) the leader killed too, then
 // the follower restarted: the third node is promoted only if it was in
 // sync; either way, once the leader is back every acked message is there,
 // once, in order.
-func TestDoubleWriteAttack_FollowerThenLeaderKilled(t *testing.T) {
+func TestDoubleWrite_FollowerThenLeaderKilled(t *testing.T) {
 	var logs dwaLogs
 	const parts = 1
 	c := newDWACluster(t, 3, parts, mq.Options{}, &logs)
@@ -670,11 +670,11 @@ func TestDoubleWriteAttack_FollowerThenLeaderKilled(t *testing.T) {
 	t.Logf("%d acked; failover log: %q", len(acked), logs.matching("DoubleWrite failover"))
 }
 
-// TestDoubleWriteAttack_ClusterRestartUnderLoad: three nodes, producers
+// TestDoubleWrite_ClusterRestartUnderLoad: three nodes, producers
 // through each; the whole cluster closed mid-load (one node after the
 // other, each while the others still send) and reopened: every acked
 // message is there once, in order, and sends are acked again.
-func TestDoubleWriteAttack_ClusterRestartUnderLoad(t *testing.T) {
+func TestDoubleWrite_ClusterRestartUnderLoad(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
 	c := newDWACluster(t, 3, parts, mq.Options{}, &logs)
@@ -713,13 +713,13 @@ func TestDoubleWriteAttack_ClusterRestartUnderLoad(t *testing.T) {
 	t.Logf("%d acked", len(acked))
 }
 
-// TestDoubleWriteAttack_LeaderCutFromMetadata: a partition's leader cut
+// TestDoubleWrite_LeaderCutFromMetadata: a partition's leader cut
 // from the metadata leader (a third node) while producers on every node,
 // the leader's own included, go on sending: its session may expire and its
 // follower be promoted while the old leader still reaches it and still
 // believes it leads. Whatever it acks must survive: every acked message is
 // there once, in order, after the link is back; and sends are acked again.
-func TestDoubleWriteAttack_LeaderCutFromMetadata(t *testing.T) {
+func TestDoubleWrite_LeaderCutFromMetadata(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
 	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 1}, &logs)
@@ -756,13 +756,13 @@ func TestDoubleWriteAttack_LeaderCutFromMetadata(t *testing.T) {
 	t.Logf("%d acked; %q", len(acked), logs.matching("DoubleWrite"))
 }
 
-// TestDoubleWriteAttack_LinkCutNoAckAlone: without AckAlone, the link
+// TestDoubleWrite_LinkCutNoAckAlone: without AckAlone, the link
 // between a partition's leader and follower cut while both keep their
 // sessions (the metadata leader is the third node): nothing is acked on
 // one copy; once the follower timeout passed, sends are refused with
 // ErrNoQuorum at once (not left waiting); the link back, sends are acked
 // again and every acked message is there once.
-func TestDoubleWriteAttack_LinkCutNoAckAlone(t *testing.T) {
+func TestDoubleWrite_LinkCutNoAckAlone(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
 	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 1}, &logs)
@@ -812,13 +812,13 @@ func TestDoubleWriteAttack_LinkCutNoAckAlone(t *testing.T) {
 	dwaCheckStored(ctx, t, c.nodes[follower], parts, acked)
 }
 
-// TestDoubleWriteAttack_CloseLeaderInFlight: a node closed while sends to
+// TestDoubleWrite_CloseLeaderInFlight: a node closed while sends to
 // the DoubleWrite partition it leads are in flight, through it (with no
 // deadline: its Close must end them) and through the other nodes: Close
 // returns, every send returns (acked, or ErrClosed / ErrUnknownOutcome /
 // ErrNoQuorum), the follower is promoted, and every acked message is
 // there once.
-func TestDoubleWriteAttack_CloseLeaderInFlight(t *testing.T) {
+func TestDoubleWrite_CloseLeaderInFlight(t *testing.T) {
 	var logs dwaLogs
 	c := newDWACluster(t, 3, 1, mq.Options{}, &logs)
 	leader := c.leaderOf("d", 0)
@@ -906,12 +906,12 @@ func TestDoubleWriteAttack_CloseLeaderInFlight(t *testing.T) {
 	t.Logf("%d acked", len(acked))
 }
 
-// TestDoubleWriteAttack_GroupAcrossFailover: a consumer group with a member
+// TestDoubleWrite_GroupAcrossFailover: a consumer group with a member
 // on the node leading a DoubleWrite partition and one on another node,
 // producers sending throughout; the leader's node killed (its member with
 // it): the other member receives every acked message that the killed one
 // had not (at least once), across the promotion.
-func TestDoubleWriteAttack_GroupAcrossFailover(t *testing.T) {
+func TestDoubleWrite_GroupAcrossFailover(t *testing.T) {
 	var logs dwaLogs
 	const parts = 2
 	c := newDWACluster(t, 3, parts, mq.Options{}, &logs)
@@ -957,13 +957,13 @@ func TestDoubleWriteAttack_GroupAcrossFailover(t *testing.T) {
 	t.Logf("%d acked, %d delivered to the killed member, %d to the other", len(acked), len(before), len(c2.ids()))
 }
 
-// TestDoubleWriteAttack_Transactions: local transactions (PrepareMessage,
+// TestDoubleWrite_Transactions: local transactions (PrepareMessage,
 // CommitMessage) on a DoubleWrite topic. A committed one whose partition's
 // leader is killed between prepare and commit is delivered, once; a rolled
 // back one never; orphans (hooks never ran) are decided by the check-back
 // of the partitions' new leaders, committed where the host holds the
 // marker and rolled back where not, across a second failover.
-func TestDoubleWriteAttack_Transactions(t *testing.T) {
+func TestDoubleWrite_Transactions(t *testing.T) {
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	const parts = 2
 	var logs dwaLogs
@@ -1146,12 +1146,12 @@ func TestDoubleWriteAttack_Transactions(t *testing.T) {
 	}
 }
 
-// TestDoubleWriteAttack_AlterUnderLoad: a DoubleWrite topic grown by
+// TestDoubleWrite_AlterUnderLoad: a DoubleWrite topic grown by
 // AlterMQ (from a node that leads nothing of it) while producers send: the
 // new partitions are pairs too (they take sends, survive their leader's
 // kill by promotion), and every acked message is stored once, in its
 // partition, in order.
-func TestDoubleWriteAttack_AlterUnderLoad(t *testing.T) {
+func TestDoubleWrite_AlterUnderLoad(t *testing.T) {
 	var logs dwaLogs
 	c := newDWACluster(t, 3, 1, mq.Options{}, &logs)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -1211,12 +1211,12 @@ func TestDoubleWriteAttack_AlterUnderLoad(t *testing.T) {
 	t.Logf("%d acked (per partition after AlterMQ: %v)", len(acked), counts)
 }
 
-// TestDoubleWriteAttack_Options: AckAlone only with DoubleWrite (Raft3,
+// TestDoubleWrite_Options: AckAlone only with DoubleWrite (Raft3,
 // Single, the zero Type refused), DoubleWrite refuses a raft group size,
 // PartitionsPerPair only with DoubleWrite and within 1..MaxPartitionsPerPair,
 // DoubleWrite (with or without AckAlone) needs a cluster, AlterMQ cannot
 // shrink a DoubleWrite topic, and a producer reports the type.
-func TestDoubleWriteAttack_Options(t *testing.T) {
+func TestDoubleWrite_Options(t *testing.T) {
 	c := newCluster(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -1254,11 +1254,11 @@ func TestDoubleWriteAttack_Options(t *testing.T) {
 	}
 }
 
-// TestDoubleWriteAttack_CloseWithFollowerGone: a consumer group and
+// TestDoubleWrite_CloseWithFollowerGone: a consumer group and
 // producers on the leader's node of a DoubleWrite topic whose follower's
 // node is killed (on two nodes: no new follower, no metadata quorum): the
 // consumer's Close and the node's Close return in bounded time.
-func TestDoubleWriteAttack_CloseWithFollowerGone(t *testing.T) {
+func TestDoubleWrite_CloseWithFollowerGone(t *testing.T) {
 	var logs dwaLogs
 	const parts = 2
 	c := newDWACluster(t, 2, parts, mq.Options{}, &logs)
@@ -1298,13 +1298,13 @@ func TestDoubleWriteAttack_CloseWithFollowerGone(t *testing.T) {
 	}
 }
 
-// TestDoubleWriteAttack_AckAloneFollowerKilled: with AckAlone and the
+// TestDoubleWrite_AckAloneFollowerKilled: with AckAlone and the
 // default-like session timeout (longer than the follower timeout), the
 // follower's node killed on three nodes: once the follower timeout passed
 // the leader records itself alone and acks on its own copy, long before the
 // follower's session expires and a new follower is chosen; acks must not
 // stop for the rest of the session timeout.
-func TestDoubleWriteAttack_AckAloneFollowerKilled(t *testing.T) {
+func TestDoubleWrite_AckAloneFollowerKilled(t *testing.T) {
 	var logs dwaLogs
 	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, opts: logs.opts, sess: 8 * time.Second}
 	c.startAll(3)
@@ -1342,7 +1342,7 @@ func TestDoubleWriteAttack_AckAloneFollowerKilled(t *testing.T) {
 	dwaCheckStored(ctx, t, c.nodes[leader], 1, acked)
 }
 
-// TestDoubleWriteAttack_StaleLeaderRead: a partition's leader cut from the
+// TestDoubleWrite_StaleLeaderRead: a partition's leader cut from the
 // metadata leader (it still reaches its follower) loses its session and
 // its follower is promoted; the old leader does not know. A message acked
 // by the new leader afterwards must not be reported absent by a read
@@ -1350,7 +1350,7 @@ func TestDoubleWriteAttack_AckAloneFollowerKilled(t *testing.T) {
 // leader answers reads from its own replica without confirming its epoch
 // with the follower (raftqueue.Pair.Verify exists for this and is never
 // called).
-func TestDoubleWriteAttack_StaleLeaderRead(t *testing.T) {
+func TestDoubleWrite_StaleLeaderRead(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
 	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 1}, &logs)

@@ -15,10 +15,10 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// TestReview2_CloseRacesEverything: every call of the API from many
+// TestMQ_CloseRacesEverything: every call of the API from many
 // goroutines while Close runs. Each returns (nil or an error), none panics
 // or hangs, and once Close has returned each one fails with ErrClosed.
-func TestReview2_CloseRacesEverything(t *testing.T) {
+func TestMQ_CloseRacesEverything(t *testing.T) {
 	noLeaks(t)
 	for round := 0; round < 4; round++ {
 		dir := t.TempDir()
@@ -97,10 +97,10 @@ func TestReview2_CloseRacesEverything(t *testing.T) {
 	}
 }
 
-// TestReview2_AlterDuringReset: a reset of every partition races AlterMQ;
+// TestMQ_AlterDuringReset: a reset of every partition races AlterMQ;
 // the consumer ends up consuming every message of every partition,
 // those of the new partitions included, in order per partition.
-func TestReview2_AlterDuringReset(t *testing.T) {
+func TestMQ_AlterDuringReset(t *testing.T) {
 	noLeaks(t)
 	for _, mode := range consumeModes {
 		t.Run(mode.name, func(t *testing.T) {
@@ -165,12 +165,12 @@ func TestReview2_AlterDuringReset(t *testing.T) {
 	}
 }
 
-// TestReview2_DamagedGroupStallsRetention: one damaged group record (of
+// TestRetention_DamagedGroupRecord: one damaged group record (of
 // an ordinary group, nothing to do with broadcasting) must not stop the
 // partition's retention: messages older than the retention are still
 // deleted. The upkeep lists every group record for the broadcast TTL
 // (default on) and gives up the whole check, trim included, on the damage.
-func TestReview2_DamagedGroupStallsRetention(t *testing.T) {
+func TestRetention_DamagedGroupRecord(t *testing.T) {
 	dir := t.TempDir()
 	m, err := mq.Open(dir)
 	if err != nil {

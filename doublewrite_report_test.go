@@ -51,14 +51,14 @@ func dwrLeaderIsolated(t *testing.T, isolated time.Duration) (c *testCluster, le
 	return c, leader, follower
 }
 
-// TestDWReportAttack_IsolatedLeaderAlive: the pair's leader isolated but
+// TestDoubleWrite_ReportIsolatedLeaderAlive: the pair's leader isolated but
 // alive (its own producer keeps sending to its replica) for 4 s, far less
 // than a session: the others report it, the metadata leader's probe fails,
 // and the pair moves to the follower while the old leader still believes it
 // leads. Epoch fencing must keep it from acking anything: every ack of the
 // load once, in order, across the move and after the links are back; and
 // the pair did move (not waiting out the 30 s session).
-func TestDWReportAttack_IsolatedLeaderAlive(t *testing.T) {
+func TestDoubleWrite_ReportIsolatedLeaderAlive(t *testing.T) {
 	c, leader, follower := dwrLeaderIsolated(t, 4*time.Second)
 	if now := c.leaderOf("d", 0); now == leader {
 		t.Errorf("%s isolated 4 s with reports, still leads d/0 (follower %s): the reports did nothing", leader, follower)
