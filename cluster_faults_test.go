@@ -40,27 +40,6 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// newReviewCluster starts n nodes with session timeout sess.
-func newReviewCluster(t *testing.T, n int, sess time.Duration) *testCluster {
-	t.Helper()
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: sess}
-	c.startAll(n)
-	return c
-}
-
-// isolate cuts (or restores) every link of node id, on both ends.
-func (c *testCluster) isolate(id string, down bool) {
-	for other, m := range c.nodes {
-		if other == id {
-			continue
-		}
-		mq.SetLinkDown(m, id, down)
-		if x := c.nodes[id]; x != nil {
-			mq.SetLinkDown(x, other, down)
-		}
-	}
-}
-
 // TestCluster_IsolatedHandlerNoOverlap attacks promise 3 (TaskOneByOne across
 // the cluster: at most one node delivers a partition of a group at a time).
 //
@@ -182,7 +161,7 @@ func TestCluster_IsolatedHandlerNoOverlap(t *testing.T) {
 // delivers them.
 func TestCluster_QuickRestartRemovesStaleMember(t *testing.T) {
 	const sess = 4 * time.Second
-	c := newReviewCluster(t, 3, sess)
+	c := newCluster(t, 3, withSession(sess))
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
 	defer cancel()
 	if err := c.nodes["n1"].CreateMQ(ctx, "t", 2, mq.Options{}); err != nil {
@@ -884,12 +863,12 @@ func TestCluster_RemoteConsumerSurvivesOwnerRestart(t *testing.T) {
 // of the partition is never delivered there. A clear refusal would be at
 // Open/join (differing limits) or at the send (a message no peer can read).
 func TestCluster_MixedMaxMessageBytes(t *testing.T) {
-	c := newClusterWith(t, 2, func(id string) []mq.Option {
+	c := newCluster(t, 2, withNodeOptions(func(id string) []mq.Option {
 		if id == "n1" {
 			return []mq.Option{mq.WithMaxMessageBytes(8 << 20)}
 		}
 		return nil
-	})
+	}))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
 	n1, n2 := c.nodes["n1"], c.nodes["n2"]
@@ -934,13 +913,13 @@ func TestCluster_TxPreparerCrashAfterHostCommit(t *testing.T) {
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	// Three nodes: with two, a restart never regains quorum
 	// (TestCluster_TwoNodeRestart).
-	c := newClusterWith(t, 3, func(id string) []mq.Option {
+	c := newCluster(t, 3, withNodeOptions(func(id string) []mq.Option {
 		opts := []mq.Option{mq.WithTxCheckAfter(200 * time.Millisecond)}
 		if id == "n1" {
 			opts = append(opts, mq.WithLocalTx(host.Store))
 		}
 		return opts
-	})
+	}))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
 	n1, n2 := c.nodes["n1"], c.nodes["n2"]

@@ -105,7 +105,7 @@ func TestCluster_NoQuorumLeaseBlip(t *testing.T) {
 // holds q for 4/5 of its own lease.
 // FAILS: n3 delivers q's message while n2's handler of it still runs.
 func TestCluster_MixedSessionTimeouts(t *testing.T) {
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: time.Second}
+	c := newCluster(t, 0, withSession(time.Second))
 	c.opts = func(id string) []mq.Option {
 		if id != "n2" {
 			return nil

@@ -251,7 +251,7 @@ func TestCluster_PausedNode(t *testing.T) {
 }
 
 func testPausedNode(t *testing.T, kp, backlog int, idle, spread bool) {
-	c := newReviewCluster(t, 2, time.Second) // lease 500 ms
+	c := newCluster(t, 2, withSession(time.Second)) // lease 500 ms
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const parts = 4
@@ -655,7 +655,7 @@ func TestCluster_LinkFaults(t *testing.T) {
 // testLinkFaults: pxNode is the node behind the proxy.
 func testLinkFaults(t *testing.T, pxNode string, flap bool) {
 	px := newNetProxy(t)
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: time.Second}
+	c := newCluster(t, 0, withSession(time.Second))
 	c.opts = func(id string) []mq.Option {
 		if id != pxNode {
 			return nil
@@ -820,7 +820,7 @@ func testLinkFaults(t *testing.T, pxNode string, flap bool) {
 // commit) is followed by a redelivery from the first message, with no
 // overlap of owners.
 func TestCluster_ResetDuringConsumption(t *testing.T) {
-	c := newReviewCluster(t, 2, time.Second) // lease 500 ms
+	c := newCluster(t, 2, withSession(time.Second)) // lease 500 ms
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const parts = 2

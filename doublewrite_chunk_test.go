@@ -229,7 +229,7 @@ func dwcLeaders(c *testCluster, parts int) []string {
 func TestDoubleWriteChunk_KillChunkLeadersAlter(t *testing.T) {
 	var logs dwaLogs
 	const parts, grown = 5, 8
-	c := newDWACluster(t, 4, parts, mq.Options{PartitionsPerPair: 2}, &logs)
+	c := newCluster(t, 4, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 2}))
 	l := newDWCLoad(c, parts)
 	defer l.finish()
 	for _, id := range dwaOthers(c) {
@@ -312,7 +312,7 @@ func TestDoubleWriteChunk_KillChunkLeadersAlter(t *testing.T) {
 func TestDoubleWriteChunk_CloseUnderSends(t *testing.T) {
 	var logs dwaLogs
 	const parts = 4
-	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: parts}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: parts}))
 	l := newDWCLoad(c, parts)
 	defer l.finish()
 	for _, id := range dwaOthers(c) {
@@ -384,7 +384,7 @@ func TestDoubleWriteChunk_CloseUnderSends(t *testing.T) {
 func TestDoubleWriteChunk_ClusterRestart(t *testing.T) {
 	var logs dwaLogs
 	const parts = 7
-	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 3}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 3}))
 	l := newDWCLoad(c, parts)
 	defer l.finish()
 	for _, id := range dwaOthers(c) {
@@ -427,7 +427,7 @@ func TestDoubleWriteChunk_ClusterRestart(t *testing.T) {
 func TestDoubleWriteChunk_IsolateNode(t *testing.T) {
 	var logs dwaLogs
 	const parts = 6
-	c := newDWACluster(t, 4, parts, mq.Options{PartitionsPerPair: 2}, &logs)
+	c := newCluster(t, 4, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 2}))
 	l := newDWCLoad(c, parts)
 	defer l.finish()
 	for _, id := range dwaOthers(c) {
@@ -474,7 +474,7 @@ func TestDoubleWriteChunk_IsolateNode(t *testing.T) {
 func TestDoubleWriteChunk_AckAloneLinkCutThenPromote(t *testing.T) {
 	var logs dwaLogs
 	const parts = 4
-	c := newDWACluster(t, 4, parts, mq.Options{PartitionsPerPair: 2, AckAlone: true}, &logs)
+	c := newCluster(t, 4, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 2, AckAlone: true}))
 	first, leader, follower, meta := dwcChunkOff(t, c, []int{0, 2})
 	l := newDWCLoad(c, parts)
 	defer l.finish()
@@ -534,7 +534,7 @@ func dwcChunkOff(t *testing.T, c *testCluster, firsts []int) (first int, leader,
 func TestDoubleWriteChunk_LeaderCutFromMetadata(t *testing.T) {
 	var logs dwaLogs
 	const parts = 4
-	c := newDWACluster(t, 4, parts, mq.Options{PartitionsPerPair: 2}, &logs)
+	c := newCluster(t, 4, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 2}))
 	first, leader, follower, meta := dwcChunkOff(t, c, []int{0, 2})
 	l := newDWCLoad(c, parts)
 	defer l.finish()

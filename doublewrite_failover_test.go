@@ -64,24 +64,6 @@ func (l *dwaLogs) matching(parts ...string) []string {
 	return out
 }
 
-// newDWACluster starts n nodes logging to logs and creates DoubleWrite topic
-// "d" with parts partitions (opts' other fields as given), seen by every
-// node.
-func newDWACluster(t *testing.T, n, parts int, opts mq.Options, logs *dwaLogs) *testCluster {
-	t.Helper()
-	c := newClusterWith(t, n, logs.opts)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	opts.Type = mq.DoubleWrite
-	if err := c.nodes["n1"].CreateMQ(ctx, "d", parts, opts); err != nil {
-		t.Fatalf("CreateMQ DoubleWrite: %v", err)
-	}
-	for id, m := range c.nodes {
-		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["d"] == parts })
-	}
-	return c
-}
-
 // dwaHasReplicaDir reports whether node id ever opened a replica of d/part
 // (its pair's directory).
 func dwaHasReplicaDir(c *testCluster, id string, part int) bool {
@@ -211,7 +193,7 @@ func dwaIsolate(c *testCluster, id string, cut bool) {
 // dw/d/0 retained twice", and sends were refused; fixed by 48db32c.)
 func TestDoubleWrite_FollowerChosenAgain(t *testing.T) {
 	var logs dwaLogs
-	c := newDWACluster(t, 3, 1, mq.Options{}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(1, mq.Options{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	leader, follower := dwaFollowerAtCreation(t, c, 0)
@@ -288,7 +270,7 @@ func dwaPairOff(t *testing.T, c *testCluster, parts int) (part int, leader, foll
 func TestDoubleWrite_AckAloneLinkCut(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{AckAlone: true, PartitionsPerPair: 1}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{AckAlone: true, PartitionsPerPair: 1}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	part, leader, follower := dwaPairOff(t, c, parts)
@@ -319,7 +301,7 @@ func TestDoubleWrite_AckAloneLinkCut(t *testing.T) {
 // stalled follower is refused at once), not wait out every ctx.
 func TestDoubleWrite_AckAloneTwoNodesFollowerLost(t *testing.T) {
 	var logs dwaLogs
-	c := newDWACluster(t, 2, 1, mq.Options{AckAlone: true}, &logs)
+	c := newCluster(t, 2, withNodeOptions(logs.opts), withDoubleWrite(1, mq.Options{AckAlone: true}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	leader := c.leaderOf("d", 0)
@@ -587,7 +569,7 @@ func TestDoubleWrite_KillAlternatelyAckAlone(t *testing.T) {
 func dwaKillAlternately(t *testing.T, opts mq.Options, rounds int) {
 	var logs dwaLogs
 	const parts = 2
-	c := newDWACluster(t, 3, parts, opts, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, opts))
 	l := newDWALoad(c, parts)
 	for id := range c.nodes {
 		l.run(id)
@@ -639,7 +621,7 @@ func dwaKillAlternately(t *testing.T, opts mq.Options, rounds int) {
 func TestDoubleWrite_FollowerThenLeaderKilled(t *testing.T) {
 	var logs dwaLogs
 	const parts = 1
-	c := newDWACluster(t, 3, parts, mq.Options{}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{}))
 	leader := c.leaderOf("d", 0)
 	follower := dwaFollower(c, leader, 0)
 	third := dwaOthers(c, leader, follower)[0]
@@ -677,7 +659,7 @@ func TestDoubleWrite_FollowerThenLeaderKilled(t *testing.T) {
 func TestDoubleWrite_ClusterRestartUnderLoad(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{}))
 	l := newDWALoad(c, parts)
 	for id := range c.nodes {
 		l.run(id)
@@ -722,7 +704,7 @@ func TestDoubleWrite_ClusterRestartUnderLoad(t *testing.T) {
 func TestDoubleWrite_LeaderCutFromMetadata(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 1}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 1}))
 	part, leader, follower := dwaPairOff(t, c, parts)
 	meta := dwaOthers(c, leader, follower)[0]
 	l := newDWALoad(c, parts)
@@ -765,7 +747,7 @@ func TestDoubleWrite_LeaderCutFromMetadata(t *testing.T) {
 func TestDoubleWrite_LinkCutNoAckAlone(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 1}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 1}))
 	part, leader, follower := dwaPairOff(t, c, parts)
 	acked, err := dwaSend(c.nodes[leader], parts, part, 20, "a", 20*time.Second)
 	if err != nil {
@@ -820,7 +802,7 @@ func TestDoubleWrite_LinkCutNoAckAlone(t *testing.T) {
 // there once.
 func TestDoubleWrite_CloseLeaderInFlight(t *testing.T) {
 	var logs dwaLogs
-	c := newDWACluster(t, 3, 1, mq.Options{}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(1, mq.Options{}))
 	leader := c.leaderOf("d", 0)
 	var mu sync.Mutex
 	var acked, odd []string
@@ -914,7 +896,7 @@ func TestDoubleWrite_CloseLeaderInFlight(t *testing.T) {
 func TestDoubleWrite_GroupAcrossFailover(t *testing.T) {
 	var logs dwaLogs
 	const parts = 2
-	c := newDWACluster(t, 3, parts, mq.Options{}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{}))
 	leader := c.leaderOf("d", 0)
 	rest := dwaOthers(c, leader)
 	c1 := collect(t, c.nodes[leader], "d", "g")
@@ -967,13 +949,13 @@ func TestDoubleWrite_Transactions(t *testing.T) {
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	const parts = 2
 	var logs dwaLogs
-	c := newClusterWith(t, 3, func(id string) []mq.Option {
+	c := newCluster(t, 3, withNodeOptions(func(id string) []mq.Option {
 		opts := append(logs.opts(id), mq.WithTxCheckAfter(50*time.Millisecond), mq.WithTxMaxChecks(10000))
 		if id == "n1" {
 			opts = append(opts, mq.WithLocalTx(host.Store))
 		}
 		return opts
-	})
+	}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	if err := c.nodes["n1"].CreateMQ(ctx, "d", parts, mq.Options{Type: mq.DoubleWrite}); err != nil {
@@ -1153,7 +1135,7 @@ func TestDoubleWrite_Transactions(t *testing.T) {
 // partition, in order.
 func TestDoubleWrite_AlterUnderLoad(t *testing.T) {
 	var logs dwaLogs
-	c := newDWACluster(t, 3, 1, mq.Options{}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(1, mq.Options{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const parts = 3
@@ -1261,7 +1243,7 @@ func TestDoubleWrite_Options(t *testing.T) {
 func TestDoubleWrite_CloseWithFollowerGone(t *testing.T) {
 	var logs dwaLogs
 	const parts = 2
-	c := newDWACluster(t, 2, parts, mq.Options{}, &logs)
+	c := newCluster(t, 2, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	leader := c.leaderOf("d", 0)
@@ -1306,16 +1288,9 @@ func TestDoubleWrite_CloseWithFollowerGone(t *testing.T) {
 // stop for the rest of the session timeout.
 func TestDoubleWrite_AckAloneFollowerKilled(t *testing.T) {
 	var logs dwaLogs
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, opts: logs.opts, sess: 8 * time.Second}
-	c.startAll(3)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withSession(8*time.Second), withDoubleWrite(1, mq.Options{AckAlone: true}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if err := c.nodes["n1"].CreateMQ(ctx, "d", 1, mq.Options{Type: mq.DoubleWrite, AckAlone: true}); err != nil {
-		t.Fatal(err)
-	}
-	for id, m := range c.nodes {
-		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["d"] == 1 })
-	}
 	leader := c.leaderOf("d", 0)
 	follower := dwaFollower(c, leader, 0)
 	if follower == "" {
@@ -1353,7 +1328,7 @@ func TestDoubleWrite_AckAloneFollowerKilled(t *testing.T) {
 func TestDoubleWrite_StaleLeaderRead(t *testing.T) {
 	var logs dwaLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 1}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 1}))
 	part, leader, follower := dwaPairOff(t, c, parts)
 	meta := dwaOthers(c, leader, follower)[0]
 	if _, err := dwaSend(c.nodes[meta], parts, part, 5, "a", 20*time.Second); err != nil {

@@ -84,8 +84,7 @@ func TestDoubleWrite_ReportedLeaderDown(t *testing.T) {
 // n3, its follower, the node out of that pair and the pair's epoch.
 func childLedPair(t *testing.T, sess time.Duration) (c *testCluster, ch *nodeChild, part int, follower, other string, epoch uint64) {
 	t.Helper()
-	c = &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: sess}
-	c.startAll(2)
+	c = newCluster(t, 2, withSession(sess))
 	ch = startNodeChild(t, c, "n3", 3)
 	ch.expect(30*time.Second, "OPENED")
 	c.waitUp(3)

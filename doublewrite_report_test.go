@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	mq "github.com/zeze-go/mq"
 )
 
 // dwrLeaderIsolated runs the load of every node on a pair of two partitions
@@ -15,8 +13,7 @@ import (
 // order. It returns the cluster, the pair's first leader and its follower.
 func dwrLeaderIsolated(t *testing.T, isolated time.Duration) (c *testCluster, leader, follower string) {
 	t.Helper()
-	c = &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: 30 * time.Second}
-	c.startAll(3)
+	c = newCluster(t, 3, withSession(30*time.Second))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
 	const parts = 2

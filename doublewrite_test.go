@@ -370,7 +370,7 @@ func (c *testCluster) createPair(ctx context.Context, parts int) (leader, follow
 // node back, for the metadata's quorum), and holds every acked message of
 // both partitions of the pair, once.
 func TestDoubleWrite_CompactedNewFollower(t *testing.T) {
-	c := newClusterWith(t, 3, func(string) []mq.Option { return []mq.Option{mq.WithPairCompaction(8, 2)} })
+	c := newCluster(t, 3, withNodeOptions(func(string) []mq.Option { return []mq.Option{mq.WithPairCompaction(8, 2)} }))
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	const parts = 2
@@ -406,8 +406,7 @@ func TestDoubleWrite_CompactedNewFollower(t *testing.T) {
 // before the old leader's session would expire (30 s here), the sends go
 // on there, and every acked message is stored once.
 func TestDoubleWrite_CloseHandsOff(t *testing.T) {
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: 30 * time.Second}
-	c.startAll(3)
+	c := newCluster(t, 3, withSession(30*time.Second))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const parts = 2

@@ -27,15 +27,6 @@ import (
 // r3 is the Raft3 topic of the attacks.
 const r3 = "r"
 
-// raft3Cluster starts n nodes (node id with opts(id) too; opts may be nil)
-// and creates r3 with parts partitions, seen by every node.
-func raft3Cluster(t *testing.T, n, parts int, opts func(id string) []mq.Option) *testCluster {
-	t.Helper()
-	c := newClusterWith(t, n, opts)
-	createR3(t, c, parts)
-	return c
-}
-
 // createR3 creates r3 with parts partitions on c and waits until every
 // node sees it.
 func createR3(t *testing.T, c *testCluster, parts int) {
@@ -46,24 +37,15 @@ func createR3(t *testing.T, c *testCluster, parts int) {
 // createR3With is createR3 with opts.
 func createR3With(t *testing.T, c *testCluster, parts int, opts mq.Options) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := c.nodes["n1"].CreateMQ(ctx, r3, parts, opts); err != nil {
-		t.Fatalf("CreateMQ Raft3: %v", err)
-	}
-	for id, m := range c.nodes {
-		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()[r3] == parts })
-	}
+	c.createTopic(r3, parts, opts)
 }
 
-// threeNodes starts three nodes with r3 of parts partitions (node id with
-// opts(id) too; opts may be nil) and returns them, the leader of
-// partition 0 and the two others.
-func threeNodes(t *testing.T, parts int, opts func(id string) []mq.Option) (c *testCluster, lead string, others []string) {
+// leaderAndOthers returns the leader of partition 0 of r3 on c and c's
+// other open nodes.
+func leaderAndOthers(t *testing.T, c *testCluster) (lead string, others []string) {
 	t.Helper()
-	c = raft3Cluster(t, 3, parts, opts)
 	lead = leaderOf(t, c, 0)
-	return c, lead, othersThan(c, lead)
+	return lead, othersThan(c, lead)
 }
 
 // testCtx returns the ctx of a test's calls: 60 s at most.
@@ -420,7 +402,8 @@ func (o *orderly) check(t testing.TB, l *ledger) {
 // closed, the quorum needs it, and it takes sends and reads back all.
 func TestRaft3_LeaderClosedWhileSending(t *testing.T) {
 	const parts = 2
-	c, lead, others := threeNodes(t, parts, nil)
+	c := newCluster(t, 3, withRaft3(parts))
+	lead, others := leaderAndOthers(t, c)
 	ctx := testCtx(t)
 	l := newLedger()
 	stop := l.sendFrom(ctx, t, c, parts, othersThan(c)...)
@@ -455,7 +438,8 @@ func TestRaft3_LeaderClosedWhileSending(t *testing.T) {
 // each key's messages first in send order.
 func TestRaft3_GroupFailover(t *testing.T) {
 	const parts = 2
-	c, lead, others := threeNodes(t, parts, nil)
+	c := newCluster(t, 3, withRaft3(parts))
+	lead, others := leaderAndOthers(t, c)
 	ctx := testCtx(t)
 	o := newOrderly() // both consumers' deliveries
 	doomed := o.consume(t, c, lead, others[0])[0]
@@ -480,7 +464,8 @@ func TestRaft3_GroupFailover(t *testing.T) {
 // delivered, each partition with no gap.
 func TestRaft3_LeaderIsolated(t *testing.T) {
 	const parts = 2
-	c, lead, others := threeNodes(t, parts, nil)
+	c := newCluster(t, 3, withRaft3(parts))
+	lead, others := leaderAndOthers(t, c)
 	ctx := testCtx(t)
 	o := newOrderly()
 	o.consume(t, c, lead, others[0])
@@ -509,7 +494,7 @@ func TestRaft3_LeaderIsolated(t *testing.T) {
 // holds every acked message once, where it was acked.
 func TestRaft3_CloseAllWhileBusy(t *testing.T) {
 	const parts = 2
-	c := raft3Cluster(t, 3, parts, nil)
+	c := newCluster(t, 3, withRaft3(parts))
 	ctx := testCtx(t)
 	ids := othersThan(c)
 	l := newLedger()
@@ -553,7 +538,7 @@ func TestRaft3_CloseAllWhileBusy(t *testing.T) {
 // waiting without a deadline returns ErrClosed when the node closes, and
 // Close returns.
 func TestRaft3_NoQuorum(t *testing.T) {
-	c := raft3Cluster(t, 3, 1, nil)
+	c := newCluster(t, 3, withRaft3(1))
 	n1 := c.nodes["n1"]
 	p, err := n1.NewProducer(r3)
 	if err != nil {
@@ -635,7 +620,8 @@ func TestRaft3_NoQuorum(t *testing.T) {
 // partition's leader, which is then closed, are released by the new
 // leader: each delivered no earlier than its time, and stored once.
 func TestRaft3_DelayedAcrossFailover(t *testing.T) {
-	c, lead, others := threeNodes(t, 1, nil)
+	c := newCluster(t, 3, withRaft3(1))
+	lead, others := leaderAndOthers(t, c)
 	delayedAcrossFailover(t, c, lead, others, 1)
 }
 
@@ -729,13 +715,13 @@ func delayedAcrossFailover(t *testing.T, c *testCluster, lead string, others []s
 func TestRaft3_Transactions(t *testing.T) {
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	const parts = 2
-	c := raft3Cluster(t, 3, parts, func(id string) []mq.Option {
+	c := newCluster(t, 3, withNodeOptions(func(id string) []mq.Option {
 		opts := []mq.Option{mq.WithTxCheckAfter(50 * time.Millisecond), mq.WithTxMaxChecks(10000)}
 		if id == "n1" {
 			opts = append(opts, mq.WithLocalTx(host.Store))
 		}
 		return opts
-	})
+	}), withRaft3(parts))
 	ctx := testCtx(t)
 	spread := func(prefix string) []*mq.Message {
 		out := msgs(prefix, parts)
@@ -845,7 +831,7 @@ func TestRaft3_Transactions(t *testing.T) {
 // from the node without one grows the topic, and the group gets the new
 // partitions' messages.
 func TestRaft3_ThroughFollowers(t *testing.T) {
-	c := raft3Cluster(t, 4, 1, nil)
+	c := newCluster(t, 4, withRaft3(1))
 	ctx := testCtx(t)
 	lead := leaderOf(t, c, 0)
 	var none, follower string
@@ -956,9 +942,7 @@ func TestRaft3_ThroughFollowers(t *testing.T) {
 func TestRaft3_GrowWhileNodeDown(t *testing.T) {
 	// Sessions long enough that the closed node is still up when the
 	// topic grows, however slow its Close.
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: time.Minute}
-	c.startAll(3)
-	createR3(t, c, 1)
+	c := newCluster(t, 3, withSession(time.Minute), withRaft3(1))
 	ctx := testCtx(t)
 	c.kill("n3")
 	if err := c.nodes["n1"].AlterMQ(ctx, r3, 2); err != nil {
@@ -996,7 +980,8 @@ func TestRaft3_GrowWhileNodeDown(t *testing.T) {
 // the other follower's node closes its node: every call returns, and the
 // chain is stored once.
 func TestRaft3_HandlerReentry(t *testing.T) {
-	c, _, followers := threeNodes(t, 1, nil)
+	c := newCluster(t, 3, withRaft3(1))
+	_, followers := leaderAndOthers(t, c)
 	ctx := testCtx(t)
 	m := c.nodes[followers[0]]
 	p, err := m.NewProducer(r3)
@@ -1111,7 +1096,8 @@ func TestRaft3_HandlerReentry(t *testing.T) {
 // lease, and the group elects again and again.
 func TestRaft3_Limits(t *testing.T) {
 	const limit = 256 << 10
-	c, lead, others := threeNodes(t, 1, func(string) []mq.Option { return []mq.Option{mq.WithMaxMessageBytes(limit)} })
+	c := newCluster(t, 3, withNodeOptions(func(string) []mq.Option { return []mq.Option{mq.WithMaxMessageBytes(limit)} }), withRaft3(1))
+	lead, others := leaderAndOthers(t, c)
 	ctx := testCtx(t)
 	m := c.nodes[others[0]]
 	p, err := m.NewProducer(r3)
@@ -1166,7 +1152,7 @@ func TestRaft3_Limits(t *testing.T) {
 // their ctx's error soon after it ends, not after the partition's 10 s
 // CallTimeout.
 func TestRaft3_NoQuorumReads(t *testing.T) {
-	c := raft3Cluster(t, 3, 1, nil)
+	c := newCluster(t, 3, withRaft3(1))
 	n1 := c.nodes["n1"]
 	p, err := n1.NewProducer(r3)
 	if err != nil {

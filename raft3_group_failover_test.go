@@ -107,7 +107,7 @@ func (l *ledger) total() int {
 // every acked message is delivered, each partition without a gap.
 func TestRaft3Group_SharedLeaderClosedTwice(t *testing.T) {
 	const parts = 8
-	c := raft3Cluster(t, 3, parts, nil)
+	c := newCluster(t, 3, withRaft3(parts))
 	ctx := testCtx(t)
 	sameGroupLeaders(t, c, [][]int{{0, 1, 2, 3, 4, 5, 6, 7}})
 	o := newOrderly()
@@ -148,9 +148,7 @@ func TestRaft3Group_SharedLeaderClosedTwice(t *testing.T) {
 // partition, and serves in the quorum with n1 closed: every ack read back
 // at its place through n3 and n2.
 func TestRaft3Group_GrowOddWhileNodeDown(t *testing.T) {
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: time.Minute}
-	c.startAll(3)
-	createR3With(t, c, 3, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 2})
+	c := newCluster(t, 3, withSession(time.Minute), withTopic(r3, 3, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 2}))
 	ctx := testCtx(t)
 	l := newLedger()
 	sendN(t, l, c.nodes["n1"], "a", 12, 3)
@@ -295,13 +293,13 @@ func TestRaft3Group_FourNodes(t *testing.T) {
 func TestRaft3Group_TxAcrossGroups(t *testing.T) {
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	const parts = 4
-	c := newClusterWith(t, 3, func(id string) []mq.Option {
+	c := newCluster(t, 3, withNodeOptions(func(id string) []mq.Option {
 		opts := []mq.Option{mq.WithTxCheckAfter(time.Hour)}
 		if id == "n1" {
 			opts = append(opts, mq.WithLocalTx(host.Store))
 		}
 		return opts
-	})
+	}))
 	createR3With(t, c, parts, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 2})
 	ctx := testCtx(t)
 	sameGroupLeaders(t, c, [][]int{{0, 1}, {2, 3}})
@@ -588,7 +586,7 @@ func TestRaft3Group_Limits(t *testing.T) {
 // n2, closed: every ack read back unchanged at its place.
 func TestRaft3Group_LeaderKilledMidLoad(t *testing.T) {
 	const parts = 8
-	c := newClusterWith(t, 2, nil)
+	c := newCluster(t, 2)
 	ch := startNodeChild(t, c, "n3", parts)
 	ch.expect(30*time.Second, "OPENED")
 	c.waitUp(3)
@@ -644,7 +642,8 @@ func TestRaft3Group_LeaderKilledMidLoad(t *testing.T) {
 // partition's own, each once, in its own partition, never early.
 func TestRaft3Group_DelayedAcrossSharers(t *testing.T) {
 	const parts = 8
-	c, lead, others := threeNodes(t, parts, nil)
+	c := newCluster(t, 3, withRaft3(parts))
+	lead, others := leaderAndOthers(t, c)
 	sameGroupLeaders(t, c, [][]int{{0, 1, 2, 3, 4, 5, 6, 7}})
 	delayedAcrossFailover(t, c, lead, others, parts)
 }

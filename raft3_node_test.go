@@ -546,7 +546,7 @@ func damagedSetup(t *testing.T, parts int) (*testCluster, *ledger) {
 // damagedSetupWith is damagedSetup with r3 created with opts.
 func damagedSetupWith(t *testing.T, parts int, opts mq.Options) (*testCluster, *ledger) {
 	t.Helper()
-	c := newClusterWith(t, 3, nil)
+	c := newCluster(t, 3)
 	createR3With(t, c, parts, opts)
 	for i := range parts {
 		leaderOf(t, c, i)
@@ -823,7 +823,7 @@ func TestRaft3Node_ReopenOtherOptions(t *testing.T) {
 // needs them, and every ack is read back at its offset. Held.
 func TestRaft3Node_KillDuringRecovery(t *testing.T) {
 	const parts = 2
-	c := raft3Cluster(t, 3, parts, nil)
+	c := newCluster(t, 3, withRaft3(parts))
 	for i := range parts {
 		leaderOf(t, c, i)
 	}
@@ -932,7 +932,7 @@ func needN3(t *testing.T, c *testCluster, parts int, check func(what string, via
 // here on a healthy disk with n1 closed, it holds every ack. Held.
 func TestRaft3Node_DiskFails(t *testing.T) {
 	const parts = 2
-	c := newClusterWith(t, 2, nil)
+	c := newCluster(t, 2)
 	ch := startNodeChild(t, c, "n3", parts, r3naFsizeEnv+"="+strconv.Itoa(20<<20))
 	ch.expect(30*time.Second, "OPENED")
 	c.waitUp(3)

@@ -324,10 +324,11 @@ func TestRaft3_ReplicaOpenRetried(t *testing.T) {
 // after the old one's kill holds none of them), and the next send goes on
 // at the same offset.
 func TestRaft3_RetentionConsumed(t *testing.T) {
-	c, lead, others := threeNodes(t, 1, func(string) []mq.Option {
+	c := newCluster(t, 3, withNodeOptions(func(string) []mq.Option {
 		return []mq.Option{mq.WithRetentionConsumed(), mq.WithDedupWindow(100 * time.Millisecond),
 			mq.WithMaintenanceInterval(50 * time.Millisecond)}
-	})
+	}), withRaft3(1))
+	lead, others := leaderAndOthers(t, c)
 	ctx := testCtx(t)
 	p, err := c.nodes[others[0]].NewProducer(r3)
 	if err != nil {
