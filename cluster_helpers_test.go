@@ -13,6 +13,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -273,4 +274,16 @@ func (c *testCluster) isolate(id string, down bool) {
 			mq.SetLinkDown(x, other, down)
 		}
 	}
+}
+
+// othersThan returns the ids of c's open nodes but not, sorted.
+func othersThan(c *testCluster, not ...string) []string {
+	var out []string
+	for id := range c.nodes {
+		if !slices.Contains(not, id) {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

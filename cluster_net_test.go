@@ -495,25 +495,6 @@ func testPausedNode(t *testing.T, kp, backlog int, idle, spread bool) {
 	t.Logf("%d handler calls, %d by n3 after its resume", len(ds), n3)
 }
 
-// lockedBuffer is a bytes buffer safe for a child's stderr copier and the
-// test reading it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // netProxy forwards the connections it accepts to a node's port: the node
 // advertises it, so the other nodes reach the node through it while the
 // node reaches them directly. Cut, it closes what it carries and refuses

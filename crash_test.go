@@ -245,53 +245,6 @@ func crashChild(dir string, cycle int) {
 	fail("not killed within 2 minutes")
 }
 
-// errorLog collects the node's error-level log records: a consumer that
-// cannot read (a corrupt record) says so only in the log.
-type errorLog struct {
-	mu   sync.Mutex
-	recs []string
-	errs []error // the error-valued attributes of recs
-}
-
-func (l *errorLog) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelError }
-func (l *errorLog) Handle(_ context.Context, r slog.Record) error {
-	var b strings.Builder
-	b.WriteString(r.Message)
-	r.Attrs(func(a slog.Attr) bool {
-		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
-		if err, ok := a.Value.Any().(error); ok {
-			l.mu.Lock()
-			l.errs = append(l.errs, err)
-			l.mu.Unlock()
-		}
-		return true
-	})
-	l.mu.Lock()
-	l.recs = append(l.recs, b.String())
-	l.mu.Unlock()
-	return nil
-}
-func (l *errorLog) WithAttrs([]slog.Attr) slog.Handler { return l }
-func (l *errorLog) WithGroup(string) slog.Handler      { return l }
-
-// has reports whether an error-valued attribute satisfies match.
-func (l *errorLog) has(match func(error) bool) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, err := range l.errs {
-		if match(err) {
-			return true
-		}
-	}
-	return false
-}
-
-func (l *errorLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.recs, "\n")
-}
-
 // verifyCrashDir reopens dir, reads every stored message of the crash topic
 // through a consumer of a new group, checks them against acked and returns
 // how many messages are stored and how many acked ones were found as acked.

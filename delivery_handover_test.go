@@ -32,10 +32,10 @@ func TestMQ_ResetOffsetAfterHandover(t *testing.T) {
 	b := consume(t, m, "t", "g", other)
 	returns(t, g.entered, "delivery of m1")
 	closed := async(a.Close)
-	waitFor(t, defectTimeout, "the partition to move", func() bool { return slices.Equal(b.Assigned(), []int{0}) })
+	waitFor(t, handoverTimeout, "the partition to move", func() bool { return slices.Equal(b.Assigned(), []int{0}) })
 	g.open()
 	returns(t, closed, "Close")
-	waitFor(t, defectTimeout, "m2 at the next owner", func() bool { return seen(other.all(), "m2") })
+	waitFor(t, handoverTimeout, "m2 at the next owner", func() bool { return seen(other.all(), "m2") })
 	if err := m.ResetOffset(context.Background(), "t", "g", mq.SeekOffset(0, 5)); err != nil {
 		t.Fatal(err)
 	}
@@ -72,12 +72,12 @@ func TestMQ_ResetOffsetBeforeHandover(t *testing.T) {
 				if err := returns(t, reset, "ResetOffset racing Close"); err != nil {
 					t.Fatal(err)
 				}
-				waitFor(t, defectTimeout, "the partition to move", func() bool { return slices.Equal(b.Assigned(), []int{0}) })
+				waitFor(t, handoverTimeout, "the partition to move", func() bool { return slices.Equal(b.Assigned(), []int{0}) })
 				g.open()
 				if err := returns(t, closed, "Close racing ResetOffset"); err != nil {
 					t.Fatal(err)
 				}
-				waitFor(t, defectTimeout, "m9 at the next owner", func() bool { return seen(other.all(), "m9") })
+				waitFor(t, handoverTimeout, "m9 at the next owner", func() bool { return seen(other.all(), "m9") })
 				if got := other.bodies(); got[0] != "m5" {
 					t.Fatalf("round %d: after the reset to 5 (returned before m1's handler did) the next owner got %v", i, got)
 				}

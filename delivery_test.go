@@ -32,19 +32,8 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// defectTimeout bounds every wait of these tests.
-const defectTimeout = 5 * time.Second
-
-// keyedFixtureDir is a node in dir with a one-partition topic t holding
-// messages "m0".."m<n-1>", all with key "k" (so a key-parallel consumer,
-// too, hands them over one by one, in order).
-func keyedFixtureDir(t *testing.T, dir string, n int) *mq.MQ {
-	t.Helper()
-	m := openNode(t, dir)
-	mustCreate(t, m, "t", 1)
-	sendKeyed(t, m, n, 0)
-	return m
-}
+// handoverTimeout bounds every wait of these tests.
+const handoverTimeout = 5 * time.Second
 
 // sendKeyed sends "m<from>".."m<from+n-1>" with key "k" to partition 0 of t.
 func sendKeyed(t *testing.T, m *mq.MQ, n, from int) {
@@ -61,48 +50,6 @@ func sendKeyed(t *testing.T, m *mq.MQ, n, from int) {
 	}
 }
 
-// gate is a Listener that records what it is given and blocks the first
-// delivery of body at until release is closed (or defectTimeout passes, so
-// a failed test leaves no goroutine behind).
-type gate struct {
-	at      string
-	entered chan struct{} // closed when the handler blocks
-	release chan struct{}
-	once    sync.Once
-	rel     sync.Once
-
-	mu     sync.Mutex
-	bodies []string
-}
-
-func newGate(at string) *gate {
-	return &gate{at: at, entered: make(chan struct{}), release: make(chan struct{})}
-}
-
-func (g *gate) OnMessage(_ context.Context, _ string, msg *mq.Message) error {
-	g.mu.Lock()
-	g.bodies = append(g.bodies, string(msg.Body))
-	g.mu.Unlock()
-	if string(msg.Body) == g.at {
-		g.once.Do(func() {
-			close(g.entered)
-			select {
-			case <-g.release:
-			case <-time.After(defectTimeout):
-			}
-		})
-	}
-	return nil
-}
-
-func (g *gate) open() { g.rel.Do(func() { close(g.release) }) }
-
-func (g *gate) got() []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return slices.Clone(g.bodies)
-}
-
 // firstDelivery opens a fresh consumer of group g on m and returns the body
 // of the first message it is given.
 func firstDelivery(t *testing.T, m *mq.MQ) string {
@@ -110,7 +57,7 @@ func firstDelivery(t *testing.T, m *mq.MQ) string {
 	s := &sink{}
 	c := consume(t, m, "t", "g", s)
 	defer c.Close()
-	waitFor(t, defectTimeout, "a delivery to a fresh consumer of g", func() bool { return s.len() > 0 })
+	waitFor(t, handoverTimeout, "a delivery to a fresh consumer of g", func() bool { return s.len() > 0 })
 	return s.bodies()[0]
 }
 
@@ -184,10 +131,10 @@ func testResetVsClose(t *testing.T, kp, two bool, how, order string) {
 		case <-time.After(50 * time.Millisecond):
 		}
 		closeDone = async(closeFn)
-		waitFor(t, defectTimeout, "the closing consumer to leave its group", left)
+		waitFor(t, handoverTimeout, "the closing consumer to leave its group", left)
 	} else {
 		closeDone = async(closeFn)
-		waitFor(t, defectTimeout, "the closing consumer to leave its group", left)
+		waitFor(t, handoverTimeout, "the closing consumer to leave its group", left)
 		resetDone = async(reset)
 		select {
 		case err := <-resetDone:
@@ -210,7 +157,7 @@ func testResetVsClose(t *testing.T, kp, two bool, how, order string) {
 		t.Fatalf("ResetOffset = %v", resetErr)
 	}
 	if two && how == "ConsumerClose" {
-		waitFor(t, defectTimeout, "m9 at the partition's next owner", func() bool { return seen(other.all(), "m9") })
+		waitFor(t, handoverTimeout, "m9 at the partition's next owner", func() bool { return seen(other.all(), "m9") })
 		if got := other.bodies(); got[0] != "m5" {
 			t.Fatalf("after the reset to 5 the next owner got %v, want m5..m9 (the closing worker's commit undid the reset)", got)
 		}
@@ -250,7 +197,7 @@ func TestConsumer_ConcurrentSeeksFromHandlers(t *testing.T) {
 							// Not the handler's ctx: a rebalance cancels it, and
 							// ResetOffset then returns at once. The handler's
 							// goroutine is what makes it a call from a handler.
-							sctx, cancel := context.WithTimeout(context.Background(), defectTimeout)
+							sctx, cancel := context.WithTimeout(context.Background(), handoverTimeout)
 							defer cancel()
 							seeks <- m.ResetOffset(sctx, "t", "g", mq.SeekLast())
 						})
@@ -291,12 +238,12 @@ func TestConsumer_SeekFromHandlerDuringRebalance(t *testing.T) {
 							in <- struct{}{}
 							select {
 							case <-release:
-							case <-time.After(defectTimeout):
+							case <-time.After(handoverTimeout):
 							}
 							// Not the handler's ctx: a rebalance cancels it, and
 							// ResetOffset then returns at once. The handler's
 							// goroutine is what makes it a call from a handler.
-							sctx, cancel := context.WithTimeout(context.Background(), defectTimeout)
+							sctx, cancel := context.WithTimeout(context.Background(), handoverTimeout)
 							defer cancel()
 							seeks <- m.ResetOffset(sctx, "t", "g", mq.SeekLast())
 						})
@@ -362,13 +309,13 @@ func TestConsumer_SeekDoesNotWaitForOtherPartitions(t *testing.T) {
 						close(p1in)
 						select {
 						case <-release:
-						case <-time.After(defectTimeout):
+						case <-time.After(handoverTimeout):
 						}
 						return
 					}
 					<-p1in
 					start := time.Now()
-					sctx, cancel := context.WithTimeout(ctx, defectTimeout)
+					sctx, cancel := context.WithTimeout(ctx, handoverTimeout)
 					defer cancel()
 					m.ResetOffset(sctx, "t", "g", mq.SeekLast())
 					took <- time.Since(start)
@@ -423,7 +370,7 @@ func TestConsumer_OwnRetryCount(t *testing.T) {
 				consume(t, m, topic, "h", h, mq.WithConsumeMode(mode), mq.WithRetryLadder(0), mq.WithMaxReconsumeTimes(hMax))
 				hDead := &sink{}
 				consume(t, m, mq.DeadLetterTopic("h"), "ops", hDead)
-				waitFor(t, defectTimeout, "h's dead letter", func() bool { return hDead.len() == 1 })
+				waitFor(t, handoverTimeout, "h's dead letter", func() bool { return hDead.len() == 1 })
 				if n := h.len(); n != 1+hMax {
 					t.Fatalf("group h was given the message %d times (%s) before dead-lettering it, want 1+%d: it took a count it did not make as its own",
 						n, h.trace(), hMax)
@@ -474,14 +421,14 @@ func TestConsumer_WorkerStartFailure(t *testing.T) {
 	m = openNode(t, dir, mq.WithLogger(slog.New(logs)))
 	s := &sink{}
 	c := consume(t, m, "t", "g", s)
-	waitFor(t, defectTimeout, "the worker to report the damaged offset", func() bool {
+	waitFor(t, handoverTimeout, "the worker to report the damaged offset", func() bool {
 		return logs.has(func(err error) bool { return errors.Is(err, mq.ErrCorrupt) || errors.Is(err, store.ErrCorrupt) })
 	})
 	// The cause goes: the group's offset is written anew.
 	if err := m.ResetOffset(context.Background(), "t", "g", mq.SeekOffset(0, 1)); err != nil {
 		t.Fatalf("ResetOffset over the damaged record: %v", err)
 	}
-	deadline := time.Now().Add(defectTimeout)
+	deadline := time.Now().Add(handoverTimeout)
 	for s.len() < 2 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -491,7 +438,7 @@ func TestConsumer_WorkerStartFailure(t *testing.T) {
 		c.Close()
 		fresh := &sink{}
 		consume(t, m, "t", "g", fresh)
-		waitFor(t, defectTimeout, "a new consumer of g to deliver", func() bool { return fresh.len() >= 2 })
+		waitFor(t, handoverTimeout, "a new consumer of g to deliver", func() bool { return fresh.len() >= 2 })
 		t.Fatalf("%v delivered after the damaged offset was rewritten, want [m1 m2] (a new consumer then got %v); Assigned() = %v; log:\n%s",
 			got, fresh.bodies(), assigned, logs)
 	}
@@ -526,7 +473,7 @@ func TestConsumer_HandlerChangesProperties(t *testing.T) {
 			consume(t, m, "t", "g", l, mq.WithConsumeMode(mode), mq.WithRetryLadder(0), mq.WithMaxReconsumeTimes(1))
 			dead := &sink{}
 			consume(t, m, mq.DeadLetterTopic("g"), "ops", dead)
-			waitFor(t, defectTimeout, "the dead letter", func() bool { return dead.len() == 1 })
+			waitFor(t, handoverTimeout, "the dead letter", func() bool { return dead.len() == 1 })
 			mu.Lock()
 			defer mu.Unlock()
 			if len(seenProps) != 2 {
@@ -568,8 +515,8 @@ func TestConsumer_RetryPresentedAsOriginal(t *testing.T) {
 		return nil
 	}}
 	consume(t, m, "t", "g", s, mq.WithConsumeMode(mq.Concurrent), mq.WithRetryLadder(10*time.Second))
-	waitFor(t, defectTimeout, "the first delivery", func() bool { return s.len() == 1 })
-	deadline := time.Now().Add(defectTimeout)
+	waitFor(t, handoverTimeout, "the first delivery", func() bool { return s.len() == 1 })
+	deadline := time.Now().Add(handoverTimeout)
 	for s.len() < 2 && time.Now().Before(deadline) {
 		clk.Advance(10 * time.Second) // due, whenever the copy was parked
 		time.Sleep(5 * time.Millisecond)
@@ -625,9 +572,9 @@ func TestMQ_ResetOffsetCloseSimultaneous(t *testing.T) {
 					// Released only once Close has stopped the worker, so the
 					// closing consumer delivers nothing after m1.
 					if two {
-						waitFor(t, defectTimeout, "the partition to move", func() bool { return slices.Equal(b.Assigned(), []int{0}) })
+						waitFor(t, handoverTimeout, "the partition to move", func() bool { return slices.Equal(b.Assigned(), []int{0}) })
 					} else {
-						waitFor(t, defectTimeout, "the consumer to leave", func() bool { return len(a.Assigned()) == 0 })
+						waitFor(t, handoverTimeout, "the consumer to leave", func() bool { return len(a.Assigned()) == 0 })
 					}
 					// The reset lands before the closing handler finishes m1: a
 					// reset after its commit of 2 rightly leaves the group at 2.
@@ -639,7 +586,7 @@ func TestMQ_ResetOffsetCloseSimultaneous(t *testing.T) {
 						t.Fatal(err)
 					}
 					if two {
-						waitFor(t, defectTimeout, "m9 at the next owner", func() bool { return seen(other.all(), "m9") })
+						waitFor(t, handoverTimeout, "m9 at the next owner", func() bool { return seen(other.all(), "m9") })
 						if got := other.bodies(); got[0] != "m5" {
 							t.Fatalf("round %d: after the reset to 5 the next owner got %v, want m5..m9", i, got)
 						}
@@ -648,7 +595,7 @@ func TestMQ_ResetOffsetCloseSimultaneous(t *testing.T) {
 					}
 					s := &sink{}
 					c := consume(t, m, "t", group, s)
-					waitFor(t, defectTimeout, fmt.Sprintf("a delivery (the closing consumer got %v)", g.got()), func() bool { return s.len() > 0 })
+					waitFor(t, handoverTimeout, fmt.Sprintf("a delivery (the closing consumer got %v)", g.got()), func() bool { return s.len() > 0 })
 					c.Close()
 					if got := s.bodies()[0]; got != "m5" {
 						t.Fatalf("round %d: after the reset to 5 the next consumer starts at %s, want m5", i, got)
@@ -671,7 +618,7 @@ func TestMQ_CloseWaitsForClosingConsumer(t *testing.T) {
 	a := consume(t, m, "t", "g", g)
 	returns(t, g.entered, "delivery of m1")
 	closed := async(a.Close)
-	waitFor(t, defectTimeout, "the consumer to leave its group", func() bool { return len(a.Assigned()) == 0 })
+	waitFor(t, handoverTimeout, "the consumer to leave its group", func() bool { return len(a.Assigned()) == 0 })
 	reset := async(func() error { return m.ResetOffset(context.Background(), "t", "g", mq.SeekOffset(0, 5)) })
 	mqClosed := async(m.Close)
 	select {
@@ -714,7 +661,7 @@ func TestMQ_DeleteGroup(t *testing.T) {
 	send("old")
 	s := &sink{}
 	c := consume(t, m, "t", "g", s)
-	waitFor(t, defectTimeout, "the first pass", func() bool { return s.len() == 2 })
+	waitFor(t, handoverTimeout, "the first pass", func() bool { return s.len() == 2 })
 
 	if err := m.DeleteGroup(ctx, "t", "g"); !errors.Is(err, mq.ErrGroupInUse) {
 		t.Fatalf("DeleteGroup with a consumer of the group open = %v, want ErrGroupInUse", err)
@@ -731,7 +678,7 @@ func TestMQ_DeleteGroup(t *testing.T) {
 	// StartFirst: both partitions from their oldest message again.
 	again := &sink{}
 	c = consume(t, m, "t", "g", again)
-	waitFor(t, defectTimeout, "the second pass", func() bool { return again.len() == 2 })
+	waitFor(t, handoverTimeout, "the second pass", func() bool { return again.len() == 2 })
 	c.Close()
 
 	// StartLast after a delete: only what is sent afterwards.
@@ -742,7 +689,7 @@ func TestMQ_DeleteGroup(t *testing.T) {
 	consume(t, m, "t", "g", last, mq.WithStartPosition(mq.StartLast))
 	started(t, m, "t", "g")
 	send("new")
-	waitFor(t, defectTimeout, "the new messages", func() bool { return last.len() == 2 })
+	waitFor(t, handoverTimeout, "the new messages", func() bool { return last.len() == 2 })
 	for _, msg := range last.all() {
 		if string(msg.Body[:3]) != "new" {
 			t.Fatalf("after DeleteGroup a StartLast consumer got %s", msg.Body)
@@ -760,12 +707,12 @@ func TestConsumer_BroadcastOffsetTTL(t *testing.T) {
 	publish(t, m, "t", "m0")
 	s := &sink{}
 	c := consume(t, m, "t", "g", s, mq.WithBroadcast("i1"))
-	waitFor(t, defectTimeout, "m0", func() bool { return s.len() == 1 })
+	waitFor(t, handoverTimeout, "m0", func() bool { return s.len() == 1 })
 	c.Close()
 	publish(t, m, "t", "m1") // the idle instance would resume here
 
 	clk.Advance(2 * time.Hour) // fires the upkeep's timers
-	waitFor(t, defectTimeout, "the instance's offsets removed", func() bool {
+	waitFor(t, handoverTimeout, "the instance's offsets removed", func() bool {
 		lags, err := m.Lag("t", "g@i1")
 		return err == nil && !lags[0].Known
 	})
@@ -774,26 +721,8 @@ func TestConsumer_BroadcastOffsetTTL(t *testing.T) {
 	consume(t, m, "t", "g", again, mq.WithBroadcast("i1"), mq.WithStartPosition(mq.StartLast))
 	started(t, m, "t", "g@i1")
 	publish(t, m, "t", "m2")
-	waitFor(t, defectTimeout, "m2", func() bool { return seen(again.all(), "m2") })
+	waitFor(t, handoverTimeout, "m2", func() bool { return seen(again.all(), "m2") })
 	if got := again.bodies(); got[0] != "m2" {
 		t.Fatalf("the expired instance resumed: got %v, want [m2]", got)
 	}
-}
-
-// started waits until group has an offset in every partition of topic: its
-// consumers have claimed them, so their start position is fixed.
-func started(t *testing.T, m *mq.MQ, topic, group string) {
-	t.Helper()
-	waitFor(t, defectTimeout, group+" started", func() bool {
-		lags, err := m.Lag(topic, group)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range lags {
-			if !l.Known {
-				return false
-			}
-		}
-		return true
-	})
 }

@@ -2,220 +2,17 @@ package mq_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/zeze-go/mq"
 )
 
-// Attacks on DoubleWrite chunks (Options.PartitionsPerPair > 1): several
-// partitions share one pair (one log, one record, one failover). The
-// helpers of doublewrite_failover_test.go (dwa*) are used; this file's own
-// are prefixed dwc.
-
-// dwcAck is one acked message: where the producer was told it is.
-type dwcAck struct {
-	id     string
-	part   int
-	offset int64
-	dup    bool
-}
-
-// dwcLoad is producers sending to "d" through the open nodes of a cluster
-// while nodes are killed and restarted. Each producer sends batches of
-// messages spanning several partitions (one per partition of its set, so
-// that the partitions of a chunk are applied concurrently); message k of
-// producer pre is pre-<n> with n%parts its partition, in order per
-// partition, resent with the same IDs until acked.
-type dwcLoad struct {
-	mu    sync.Mutex
-	parts int // the partitions sent to; grown by setParts
-	nodes map[string]*mq.MQ
-	acked []dwcAck
-	errs  []string
-	stop  chan struct{}
-	wg    sync.WaitGroup
-}
-
-func newDWCLoad(c *testCluster, parts int) *dwcLoad {
-	l := &dwcLoad{parts: parts, nodes: map[string]*mq.MQ{}, stop: make(chan struct{})}
-	for id, m := range c.nodes {
-		l.nodes[id] = m
-	}
-	return l
-}
-
-func (l *dwcLoad) set(id string, m *mq.MQ) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.nodes[id] = m
-}
-
-func (l *dwcLoad) node(id string) *mq.MQ {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.nodes[id]
-}
-
-func (l *dwcLoad) count() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.acked)
-}
-
-// countIn returns how many acks went to partition part.
-func (l *dwcLoad) countIn(part int) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, a := range l.acked {
-		if a.part == part {
-			n++
-		}
-	}
-	return n
-}
-
-// run starts producer pre through node id, sending batches to partitions
-// want (fixed numbering modulo total, the topic's final partition count).
-func (l *dwcLoad) run(id, pre string, total int, want []int) {
-	l.wg.Go(func() {
-		dwaProduce(l.stop, func() *mq.MQ { return l.node(id) }, func(k int) []*mq.Message {
-			var batch []*mq.Message
-			for _, part := range want {
-				n := k*total + part
-				id := fmt.Sprintf("%s-%d", pre, n)
-				batch = append(batch, (&mq.Message{ID: id, Body: []byte("body:" + id)}).ToPartition(part))
-			}
-			return batch
-		}, func(batch []*mq.Message, res []mq.SendResult) {
-			l.mu.Lock()
-			for i, r := range res {
-				l.acked = append(l.acked, dwcAck{id: batch[i].ID, part: r.Partition, offset: r.Offset, dup: r.Duplicate})
-			}
-			l.mu.Unlock()
-		}, func(batch []*mq.Message, err error) {
-			l.mu.Lock()
-			if len(l.errs) < 10 {
-				l.errs = append(l.errs, fmt.Sprintf("send %s.. via %s: %v", batch[0].ID, id, err))
-			}
-			l.mu.Unlock()
-		})
-	})
-}
-
-// ended stops the producers and returns what was acked, failing t for
-// each unexpected send error.
-func (l *dwcLoad) ended(t *testing.T) []dwcAck {
-	t.Helper()
-	acked, errs := l.finish()
-	for _, e := range errs {
-		t.Errorf("unexpected: %s", e)
-	}
-	return acked
-}
-
-// endedChecked is ended, then dwcCheck of what m reads of parts
-// partitions.
-func (l *dwcLoad) endedChecked(t *testing.T, m *mq.MQ, parts int) []dwcAck {
-	t.Helper()
-	acked := l.ended(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	dwcCheck(t, dwcRead(ctx, t, m, parts), acked, parts)
-	return acked
-}
-
-func (l *dwcLoad) finish() ([]dwcAck, []string) {
-	select {
-	case <-l.stop:
-	default:
-		close(l.stop)
-	}
-	l.wg.Wait()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.acked), slices.Clone(l.errs)
-}
-
-// dwcRead returns every message of each partition of "d", in offset order,
-// read through m.
-func dwcRead(ctx context.Context, t *testing.T, m *mq.MQ, parts int) [][]*mq.Message {
-	t.Helper()
-	out := make([][]*mq.Message, parts)
-	for i := range parts {
-		for off := int64(0); ; off++ {
-			msg, err := m.ReadMessage(ctx, "d", i, off)
-			if errors.Is(err, mq.ErrNoMessage) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("read d %d/%d: %v", i, off, err)
-			}
-			out[i] = append(out[i], msg)
-		}
-	}
-	return out
-}
-
-// dwcCheck is dwaCheck (total: the modulus of the producers' numbering)
-// plus: each message's body is its own, and each ack's partition and offset
-// (a fresh store, not a duplicate) hold that message.
-func dwcCheck(t *testing.T, stored [][]*mq.Message, acked []dwcAck, total int) {
-	t.Helper()
-	ids := make([][]string, len(stored))
-	bad := 0
-	report := func(format string, args ...any) {
-		if bad++; bad <= 10 {
-			t.Errorf(format, args...)
-		}
-	}
-	for i, msgs := range stored {
-		for off, m := range msgs {
-			ids[i] = append(ids[i], m.ID)
-			if string(m.Body) != "body:"+m.ID && strings.HasPrefix(string(m.Body), "body:") {
-				report("d/%d offset %d: %s carries the body %q", i, off, m.ID, m.Body)
-			}
-		}
-	}
-	ackIDs := make([]string, 0, len(acked))
-	for _, a := range acked {
-		ackIDs = append(ackIDs, a.id)
-		k := strings.LastIndexByte(a.id, '-')
-		n, _ := strconv.Atoi(a.id[k+1:])
-		if a.part != n%total {
-			report("%s acked in partition %d, sent to %d", a.id, a.part, n%total)
-			continue
-		}
-		if a.dup || a.offset < 0 {
-			continue
-		}
-		if a.offset >= int64(len(ids[a.part])) {
-			report("%s acked at d/%d offset %d; the partition holds %d", a.id, a.part, a.offset, len(ids[a.part]))
-		} else if got := ids[a.part][a.offset]; got != a.id {
-			report("%s acked at d/%d offset %d, which holds %s", a.id, a.part, a.offset, got)
-		}
-	}
-	dwaCheck(t, ids, ackIDs, total)
-	if bad > 0 {
-		t.Errorf("%d acks or bodies wrong", bad)
-	}
-}
-
-// dwcLeaders returns the node leading each partition of d.
-func dwcLeaders(c *testCluster, parts int) []string {
-	out := make([]string, parts)
-	for i := range parts {
-		out[i] = c.leaderOf("d", i)
-	}
-	return out
-}
+// DoubleWrite chunks (Options.PartitionsPerPair > 1): several partitions
+// share one pair (one log, one record, one failover). The helpers are in
+// doublewrite_helpers_test.go.
 
 // TestDoubleWriteChunk_KillChunkLeadersAlter: four nodes, five partitions in
 // chunks of two ({0,1} {2,3} {4}), producers through every node sending
@@ -227,21 +24,21 @@ func dwcLeaders(c *testCluster, parts int) []string {
 // stored once, in its partition, at the offset its ack gave, with its own
 // body, in each producer's order.
 func TestDoubleWriteChunk_KillChunkLeadersAlter(t *testing.T) {
-	var logs dwaLogs
+	var logs nodeLogs
 	const parts, grown = 5, 8
 	c := newCluster(t, 4, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 2}))
-	l := newDWCLoad(c, parts)
+	l := newLoad(c, parts)
 	defer l.finish()
-	for _, id := range dwaOthers(c) {
-		l.run(id, id+"a", grown, []int{0, 1})
-		l.run(id, id+"b", grown, []int{2, 3, 4})
+	for _, id := range othersThan(c) {
+		l.runBatches(id, id+"a", grown, []int{0, 1})
+		l.runBatches(id, id+"b", grown, []int{2, 3, 4})
 	}
 	waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() > 40 })
 	victim := c.leaderOf("d", 0)
 	if v1 := c.leaderOf("d", 1); v1 != victim {
 		t.Fatalf("d/0 led by %s, d/1 (same chunk) by %s", victim, v1)
 	}
-	admin := dwaOthers(c, victim)[0]
+	admin := othersThan(c, victim)[0]
 	t.Logf("kill %s, the leader of chunk {0,1}; AlterMQ through %s", victim, admin)
 	l.set(victim, nil)
 	c.kill(victim)
@@ -254,8 +51,8 @@ func TestDoubleWriteChunk_KillChunkLeadersAlter(t *testing.T) {
 	for id, m := range c.nodes {
 		waitFor(t, 10*time.Second, "the new partitions on "+id, func() bool { return m.Topics()["d"] == grown })
 	}
-	for _, id := range dwaOthers(c) {
-		l.run(id, id+"c", grown, []int{5, 6, 7})
+	for _, id := range othersThan(c) {
+		l.runBatches(id, id+"c", grown, []int{5, 6, 7})
 	}
 	waitFor(t, 30*time.Second, "d/0 led by a live node", func() bool {
 		for id := range c.nodes {
@@ -281,7 +78,7 @@ func TestDoubleWriteChunk_KillChunkLeadersAlter(t *testing.T) {
 	before, before5 := l.count(), l.countIn(5)
 	waitFor(t, 30*time.Second, "acks after the restarts", func() bool { return l.count() > before+60 && l.countIn(5) > before5 })
 	acked := l.ended(t)
-	leaders := dwcLeaders(c, grown)
+	leaders := dwLeaders(c, grown)
 	for _, ch := range [][]int{{0, 1}, {2, 3}, {5, 6}} {
 		if leaders[ch[0]] != leaders[ch[1]] {
 			t.Errorf("chunk %v led by %s and %s", ch, leaders[ch[0]], leaders[ch[1]])
@@ -298,7 +95,7 @@ func TestDoubleWriteChunk_KillChunkLeadersAlter(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	dwcCheck(t, dwcRead(ctx, t, c.nodes[admin], grown), acked, grown)
+	dwCheckAcks(t, dwReadMessages(ctx, t, c.nodes[admin], grown), acked, grown)
 	t.Logf("%d acked, per partition %v; leaders %v", len(acked), per, leaders)
 }
 
@@ -310,14 +107,14 @@ func TestDoubleWriteChunk_KillChunkLeadersAlter(t *testing.T) {
 // send returns, sends are acked again, and every acked message is stored
 // once where its ack said.
 func TestDoubleWriteChunk_CloseUnderSends(t *testing.T) {
-	var logs dwaLogs
+	var logs nodeLogs
 	const parts = 4
 	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: parts}))
-	l := newDWCLoad(c, parts)
+	l := newLoad(c, parts)
 	defer l.finish()
-	for _, id := range dwaOthers(c) {
-		l.run(id, id+"a", parts, []int{0, 1, 2, 3})
-		l.run(id, id+"b", parts, []int{3, 1})
+	for _, id := range othersThan(c) {
+		l.runBatches(id, id+"a", parts, []int{0, 1, 2, 3})
+		l.runBatches(id, id+"b", parts, []int{3, 1})
 	}
 	waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() > 60 })
 	closeTimed := func(id string) {
@@ -351,7 +148,7 @@ func TestDoubleWriteChunk_CloseUnderSends(t *testing.T) {
 	l.set(leader, c.start(leader))
 	c.waitUp(3)
 	time.Sleep(2 * time.Second)
-	f := dwaFollower(c, next, 0)
+	f := dwFollower(c, next, 0)
 	if f != "" {
 		closeTimed(f)
 		time.Sleep(2 * time.Second)
@@ -361,7 +158,7 @@ func TestDoubleWriteChunk_CloseUnderSends(t *testing.T) {
 	before = l.count()
 	waitFor(t, 30*time.Second, "acks after the follower came back", func() bool { return l.count() > before+40 })
 	acked := l.ended(t)
-	leaders := dwcLeaders(c, parts)
+	leaders := dwLeaders(c, parts)
 	for i := 1; i < parts; i++ {
 		if leaders[i] != leaders[0] {
 			t.Errorf("one chunk, leaders %v", leaders)
@@ -370,8 +167,8 @@ func TestDoubleWriteChunk_CloseUnderSends(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for _, id := range dwaOthers(c) {
-		dwcCheck(t, dwcRead(ctx, t, c.nodes[id], parts), acked, parts)
+	for _, id := range othersThan(c) {
+		dwCheckAcks(t, dwReadMessages(ctx, t, c.nodes[id], parts), acked, parts)
 	}
 	t.Logf("%d acked; closed %s then %s", len(acked), leader, f)
 }
@@ -382,14 +179,14 @@ func TestDoubleWriteChunk_CloseUnderSends(t *testing.T) {
 // every acked message is there once, at the offset its ack gave, and each
 // chunk takes sends again, led as one.
 func TestDoubleWriteChunk_ClusterRestart(t *testing.T) {
-	var logs dwaLogs
+	var logs nodeLogs
 	const parts = 7
 	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 3}))
-	l := newDWCLoad(c, parts)
+	l := newLoad(c, parts)
 	defer l.finish()
-	for _, id := range dwaOthers(c) {
-		l.run(id, id+"a", parts, []int{0, 1, 2, 6})
-		l.run(id, id+"b", parts, []int{3, 4, 5})
+	for _, id := range othersThan(c) {
+		l.runBatches(id, id+"a", parts, []int{0, 1, 2, 6})
+		l.runBatches(id, id+"b", parts, []int{3, 4, 5})
 	}
 	for round := range 2 {
 		before := l.count()
@@ -407,13 +204,13 @@ func TestDoubleWriteChunk_ClusterRestart(t *testing.T) {
 	before := l.count()
 	waitFor(t, 30*time.Second, "acks after the restarts", func() bool { return l.count() > before+60 })
 	acked := l.ended(t)
-	leaders := dwcLeaders(c, parts)
+	leaders := dwLeaders(c, parts)
 	if leaders[0] != leaders[1] || leaders[0] != leaders[2] || leaders[3] != leaders[4] || leaders[3] != leaders[5] {
 		t.Errorf("chunks not led as one: %v", leaders)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	dwcCheck(t, dwcRead(ctx, t, c.nodes["n2"], parts), acked, parts)
+	dwCheckAcks(t, dwReadMessages(ctx, t, c.nodes["n2"], parts), acked, parts)
 	t.Logf("%d acked; leaders %v", len(acked), leaders)
 }
 
@@ -425,20 +222,20 @@ func TestDoubleWriteChunk_ClusterRestart(t *testing.T) {
 // back, every chunk takes sends again and every acked message is stored
 // once, where its ack said.
 func TestDoubleWriteChunk_IsolateNode(t *testing.T) {
-	var logs dwaLogs
+	var logs nodeLogs
 	const parts = 6
 	c := newCluster(t, 4, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 2}))
-	l := newDWCLoad(c, parts)
+	l := newLoad(c, parts)
 	defer l.finish()
-	for _, id := range dwaOthers(c) {
-		l.run(id, id+"a", parts, []int{0, 1, 2})
-		l.run(id, id+"b", parts, []int{3, 4, 5})
+	for _, id := range othersThan(c) {
+		l.runBatches(id, id+"a", parts, []int{0, 1, 2})
+		l.runBatches(id, id+"b", parts, []int{3, 4, 5})
 	}
 	waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() > 60 })
 	victim := c.leaderOf("d", 0)
-	dwaIsolate(c, victim, true)
+	dwIsolate(c, victim, true)
 	waitFor(t, 30*time.Second, "chunk {0,1} led by another node", func() bool {
-		for _, id := range dwaOthers(c, victim) {
+		for _, id := range othersThan(c, victim) {
 			if slices.Contains(c.nodes[id].ClusterStatus().Leading, "d/0") {
 				return true
 			}
@@ -448,7 +245,7 @@ func TestDoubleWriteChunk_IsolateNode(t *testing.T) {
 	before := l.count()
 	waitFor(t, 30*time.Second, "acks with "+victim+" cut off", func() bool { return l.count() > before+60 })
 	time.Sleep(2 * time.Second)
-	dwaIsolate(c, victim, false)
+	dwIsolate(c, victim, false)
 	c.waitUp(4)
 	before = l.count()
 	waitFor(t, 30*time.Second, "acks after the links came back", func() bool { return l.count() > before+100 })
@@ -459,8 +256,8 @@ func TestDoubleWriteChunk_IsolateNode(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	dwcCheck(t, dwcRead(ctx, t, c.nodes[dwaOthers(c, victim)[0]], parts), acked, parts)
-	t.Logf("%d acked, per partition %v; leaders %v", len(acked), per, dwcLeaders(c, parts))
+	dwCheckAcks(t, dwReadMessages(ctx, t, c.nodes[othersThan(c, victim)[0]], parts), acked, parts)
+	t.Logf("%d acked, per partition %v; leaders %v", len(acked), per, dwLeaders(c, parts))
 }
 
 // TestDoubleWriteChunk_AckAloneLinkCutThenPromote: AckAlone, four nodes, two
@@ -472,21 +269,21 @@ func TestDoubleWriteChunk_IsolateNode(t *testing.T) {
 // killed: the follower is promoted and holds every acked message of both
 // partitions, once, where its ack said.
 func TestDoubleWriteChunk_AckAloneLinkCutThenPromote(t *testing.T) {
-	var logs dwaLogs
+	var logs nodeLogs
 	const parts = 4
 	c := newCluster(t, 4, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 2, AckAlone: true}))
-	first, leader, follower, meta := dwcChunkOff(t, c, []int{0, 2})
-	l := newDWCLoad(c, parts)
+	first, leader, follower, meta := dwChunkOff(t, c, []int{0, 2})
+	l := newLoad(c, parts)
 	defer l.finish()
-	for _, id := range dwaOthers(c) {
-		l.run(id, id+"a", parts, []int{first, first + 1})
+	for _, id := range othersThan(c) {
+		l.runBatches(id, id+"a", parts, []int{first, first + 1})
 	}
 	waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() > 40 })
-	dwaCut(c, leader, follower, true)
+	dwCut(c, leader, follower, true)
 	time.Sleep(3 * time.Second) // past the follower timeout (2s)
 	before := l.count()
 	waitFor(t, 12*time.Second, "acks with the link "+leader+"-"+follower+" cut (AckAlone)", func() bool { return l.count() > before+40 })
-	dwaCut(c, leader, follower, false)
+	dwCut(c, leader, follower, false)
 	waitFor(t, 30*time.Second, follower+" in sync again", func() bool {
 		_, _, in, _ := mq.PairRecord(c.nodes[meta], "d", first+1)
 		return slices.Contains(in, follower)
@@ -504,26 +301,6 @@ func TestDoubleWriteChunk_AckAloneLinkCutThenPromote(t *testing.T) {
 	t.Logf("%d acked on chunk {%d,%d}; %s then %s led it", len(acked), first, first+1, leader, follower)
 }
 
-// dwcChunkOff returns the first partition of a chunk among firsts whose
-// leader and follower are both nodes other than the metadata leader, them,
-// and the metadata leader.
-func dwcChunkOff(t *testing.T, c *testCluster, firsts []int) (first int, leader, follower, meta string) {
-	t.Helper()
-	waitFor(t, 10*time.Second, "a metadata leader", func() bool {
-		meta = c.nodes["n1"].ClusterStatus().Leader
-		return meta != ""
-	})
-	for _, i := range firsts {
-		leader = c.leaderOf("d", i)
-		follower = dwaFollower(c, leader, i)
-		if leader != meta && follower != meta && follower != "" {
-			return i, leader, follower, meta
-		}
-	}
-	t.Fatalf("no chunk off the metadata leader %s", meta)
-	return
-}
-
 // TestDoubleWriteChunk_LeaderCutFromMetadata: four nodes, two chunks of two;
 // the leader of the chunk off the metadata leader cut from it (it still
 // reaches its follower and believes it leads) while producers on every
@@ -532,22 +309,22 @@ func dwcChunkOff(t *testing.T, c *testCluster, firsts []int) (first int, leader,
 // lost (it must not ack after the promotion); the link back, every acked
 // message is stored once, where its ack said, and sends are acked again.
 func TestDoubleWriteChunk_LeaderCutFromMetadata(t *testing.T) {
-	var logs dwaLogs
+	var logs nodeLogs
 	const parts = 4
 	c := newCluster(t, 4, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 2}))
-	first, leader, follower, meta := dwcChunkOff(t, c, []int{0, 2})
-	l := newDWCLoad(c, parts)
+	first, leader, follower, meta := dwChunkOff(t, c, []int{0, 2})
+	l := newLoad(c, parts)
 	defer l.finish()
-	for _, id := range dwaOthers(c) {
-		l.run(id, id+"a", parts, []int{first, first + 1})
-		l.run(id, id+"b", parts, []int{0, 1, 2, 3})
+	for _, id := range othersThan(c) {
+		l.runBatches(id, id+"a", parts, []int{first, first + 1})
+		l.runBatches(id, id+"b", parts, []int{0, 1, 2, 3})
 	}
 	waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() > 40 })
-	dwaCut(c, leader, meta, true)
+	dwCut(c, leader, meta, true)
 	time.Sleep(5 * time.Second)
 	t.Logf("cut %s (leader of chunk {%d,%d}) from %s: %s leads %v; %s leads %v", leader, first, first+1, meta,
 		leader, c.nodes[leader].ClusterStatus().Leading, follower, c.nodes[follower].ClusterStatus().Leading)
-	dwaCut(c, leader, meta, false)
+	dwCut(c, leader, meta, false)
 	c.waitUp(4)
 	before := l.count()
 	waitFor(t, 30*time.Second, "acks after the link came back", func() bool { return l.count() > before+60 })

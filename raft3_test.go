@@ -208,21 +208,6 @@ func TestRaft3_ClusterRestart(t *testing.T) {
 	}
 }
 
-// committedAll reports whether group has committed everything in each of
-// topic's parts partitions (no lag left).
-func committedAll(m *mq.MQ, topic, group string, parts int) bool {
-	lags, err := m.Lag(topic, group)
-	if err != nil || len(lags) != parts {
-		return false
-	}
-	for _, l := range lags {
-		if !l.Known || l.Lag != 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // TestRaft3_CloseWithoutQuorum: the last node of a Raft3 cluster closes
 // promptly with a consumer open: its final offset commit finds no leader
 // and is given up (the group redelivers from the last commit), instead of
@@ -363,22 +348,5 @@ func TestRaft3_RetentionConsumed(t *testing.T) {
 	res, err := p.SendMessage(ctx, &mq.Message{ID: "after", Body: []byte("y")})
 	if err != nil || len(res) != 1 || res[0].Offset != 30 {
 		t.Fatalf("the next send: %+v, %v; want offset 30", res, err)
-	}
-}
-
-// resend sends msg until it is acked: again after ErrUnknownOutcome (a new
-// group's first elections may still settle; the producer's contract is to
-// send the same message again, which stores it once). Any other error
-// fails t.
-func resend(ctx context.Context, t testing.TB, p *mq.Producer, msg *mq.Message) mq.SendResult {
-	t.Helper()
-	for {
-		res, err := p.SendMessage(ctx, msg)
-		if err == nil {
-			return res[0]
-		}
-		if !errors.Is(err, mq.ErrUnknownOutcome) {
-			t.Fatalf("send %s: %v", msg.ID, err)
-		}
 	}
 }

@@ -8,8 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,74 +17,6 @@ import (
 	"github.com/zeze-go/mq"
 	"github.com/zeze-go/mq/localtx"
 )
-
-// logRecords is a slog.Handler that keeps every record at Info or above.
-type logRecords struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (l *logRecords) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelInfo }
-func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.recs = append(l.recs, r.Clone())
-	return nil
-}
-func (l *logRecords) WithAttrs(attrs []slog.Attr) slog.Handler { return &attrHandler{l, attrs} }
-func (l *logRecords) WithGroup(string) slog.Handler            { return l }
-
-// attrHandler adds the attributes of Logger.With to each record.
-type attrHandler struct {
-	*logRecords
-	attrs []slog.Attr
-}
-
-func (h *attrHandler) Handle(ctx context.Context, r slog.Record) error {
-	r = r.Clone()
-	r.AddAttrs(h.attrs...)
-	return h.logRecords.Handle(ctx, r)
-}
-func (h *attrHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return &attrHandler{h.logRecords, append(append([]slog.Attr(nil), h.attrs...), attrs...)}
-}
-
-// find returns the value of attribute key in the first record whose message
-// contains msg and that has the attribute, or "" and false.
-func (l *logRecords) find(msg, key string) (string, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, r := range l.recs {
-		if !strings.Contains(r.Message, msg) {
-			continue
-		}
-		val, found := "", false
-		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == key {
-				val, found = a.Value.String(), true
-				return false
-			}
-			return true
-		})
-		if found {
-			return val, true
-		}
-	}
-	return "", false
-}
-
-// stored reports whether offset is still stored in topic's partition part.
-func stored(t testing.TB, m *mq.MQ, topic string, part int, offset int64) bool {
-	t.Helper()
-	_, err := m.ReadMessage(context.Background(), topic, part, offset)
-	if errors.Is(err, mq.ErrNoMessage) {
-		return false
-	}
-	if err != nil {
-		t.Fatalf("ReadMessage(%s/%d, %d): %v", topic, part, offset, err)
-	}
-	return true
-}
 
 func sendBodies(t testing.TB, p *mq.Producer, prefix string, n int) {
 	t.Helper()
