@@ -1,9 +1,9 @@
 package mq_test
 
-// Hostile review of the cluster mode's files (issue 11, "left" point 4):
-// faults and damage on raft.db, the address book, the state cache and
-// snapshots, reopening a directory in another mode or under another node
-// id, and the extremes of ids and partition counts.
+// The cluster mode's files: faults and damage on raft.db, the address
+// book, the state cache and snapshots, reopening a directory in another
+// mode or under another node id, and the extremes of ids and partition
+// counts.
 
 import (
 	"context"
@@ -84,7 +84,7 @@ func checkAcked(t *testing.T, m *mq.MQ, topic string, acked map[string]int64) {
 	}
 }
 
-// TestCluster_CrashKeepsWALOnlyMessages attacks promise 1 (an acked
+// TestCluster_CrashKeepsWALOnlyMessages checks promise 1 (an acked
 // message is on disk before the ack, so a crash loses none) in cluster
 // mode. The crash is a copy of the running node's directory, taken while
 // its partitions keep what they logged in the write-ahead log only
@@ -103,7 +103,7 @@ func TestCluster_CrashKeepsWALOnlyMessages(t *testing.T) {
 	checkAcked(t, m2, "t", acked)
 }
 
-// TestCluster_ReopenStandaloneDir attacks "never acked messages lost
+// TestCluster_ReopenStandaloneDir checks "never acked messages lost
 // or served from the wrong topic" when a standalone directory is reopened
 // WithCluster. Before the fix it opened: its topics vanished from the
 // table, and a cluster topic of the same name placed on it later served
@@ -175,7 +175,7 @@ func reopenRefused(t *testing.T, what string, opts ...mq.Option) {
 	checkAcked(t, m, "t", acked)
 }
 
-// TestCluster_OpenDamagedFiles attacks "damage is an error: Open
+// TestCluster_OpenDamagedFiles checks "damage is an error: Open
 // returns ErrCorrupt naming the file" for the cluster's own files, and
 // "the cache and the address book are hints": damaged, they are ignored
 // and the node opens with every acked message.
@@ -238,7 +238,7 @@ func TestCluster_OpenDamagedFiles(t *testing.T) {
 	}
 }
 
-// TestCluster_NodeIDLimits attacks "clear errors for bad input" on node
+// TestCluster_NodeIDLimits checks "clear errors for bad input" on node
 // ids: empty, 65 bytes, a character outside the rule; each is
 // ErrInvalidOption from Open and leaves the directory usable.
 func TestCluster_NodeIDLimits(t *testing.T) {
@@ -342,7 +342,7 @@ func TestCluster_Maxima(t *testing.T) {
 	}
 }
 
-// TestConsumer_LongestGroupRetryTopic attacks "clear errors for bad input"
+// TestConsumer_LongestGroupRetryTopic checks "clear errors for bad input"
 // at the longest group name: a Concurrent consumer makes the group's retry
 // topic, whose name is 7 bytes longer, at NewConsumer. Before the fix a
 // 255-byte group (allowed, as topics) failed there with "file name too
@@ -379,7 +379,7 @@ func TestConsumer_LongestGroupRetryTopic(t *testing.T) {
 	}
 }
 
-// TestCluster_OpenFilesUnusable attacks "an error, never a panic or
+// TestCluster_OpenFilesUnusable checks "an error, never a panic or
 // a hang" at Open when a cluster file cannot be used: a directory where
 // raft.db, the state cache, the address book or the snapshots' directory
 // should be a file (EISDIR, ENOTDIR), in a new directory and in one that

@@ -1,22 +1,9 @@
 package mq_test
 
-// Hostile review of the cluster mode (issue 11). Each test says which
-// promise it attacks. Those that failed before their fix:
-// TestCluster_QuickRestartRemovesStaleMember,
-// TestCluster_JoinGroupAsOtherNodesMember,
-// TestCluster_CutFromLeaderStopsDelivering,
-// TestCluster_CloseHandsOverAfterHandlerEnds/Consumer.Close,
-// TestCluster_MixedMaxMessageBytes,
-// TestCluster_TwoNodeRestart, TestCluster_FullRestartSameAddresses,
-// TestCluster_PartitionServiceChecksACL; and
-// TestCluster_IsolatedHandlerNoOverlap with a handler that ignores its ctx
-// (the contract now documented on Listener). Attacks that held:
-// TestCluster_CallsReturnWhenCtxEndsOnCutNode,
-// TestCluster_CloseInHandlerAndDuringCalls,
-// TestCluster_CloseHandsOverAfterHandlerEnds/MQ.Close,
-// TestCluster_GroupChurnAcrossNodes,
-// TestCluster_RemoteConsumerSurvivesOwnerRestart,
-// TestCluster_TxPreparerCrashAfterHostCommit; and delivery_handover_test.go.
+// The cluster mode's promises under faults: one owner of a partition per
+// group, node identity, calls that return when their ctx ends, restarts
+// that lose nothing, the partition service's ACL checks. Each test says
+// which promise it checks.
 
 import (
 	"context"
@@ -40,16 +27,16 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// TestCluster_IsolatedHandlerNoOverlap attacks promise 3 (TaskOneByOne across
+// TestCluster_IsolatedHandlerNoOverlap checks promise 3 (TaskOneByOne across
 // the cluster: at most one node delivers a partition of a group at a time).
 //
 // A node cut off from the others cancels its handlers' contexts when its
 // session may have expired (SessionValid), a fifth of SessionTimeout before
 // the leader can mark it down and give the partition to a consumer on
 // another node. A handler that ends with its ctx, as OnMessage must in a
-// cluster, is over by then. (The review found the overlap with a handler
-// that ignored its ctx: that is the contract's side, documented on
-// Listener and SessionTimeout.)
+// cluster, is over by then. (A handler that ignores its ctx may overlap:
+// that is the contract's side, documented on Listener and
+// SessionTimeout.)
 func TestCluster_IsolatedHandlerNoOverlap(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
@@ -148,10 +135,10 @@ func TestCluster_IsolatedHandlerNoOverlap(t *testing.T) {
 	t.Logf("deliveries %v", log)
 }
 
-// TestCluster_QuickRestartRemovesStaleMember attacks promise 3 (a partition
+// TestCluster_QuickRestartRemovesStaleMember checks promise 3 (a partition
 // of a group is always owned by a live consumer, never unowned forever).
 //
-// FAILED before the fix. A node that dies without proposing LeaveGroup (a crash; here: its
+// It failed before the fix: A node that dies without proposing LeaveGroup (a crash; here: its
 // links cut, then Close) and comes back under the same id before its
 // session expired re-registers with the *same* session (registerNode raises
 // Session only when the node was down), so its dead members are never
@@ -217,10 +204,10 @@ func TestCluster_QuickRestartRemovesStaleMember(t *testing.T) {
 	waitSeen(t, col2, ids...)
 }
 
-// TestCluster_JoinGroupAsOtherNodesMember attacks promise 5 (identity =
+// TestCluster_JoinGroupAsOtherNodesMember checks promise 5 (identity =
 // the node id proven by the handshake: a node cannot act as another).
 //
-// FAILED before the fix (the first check). authorize checks that JoinGroup.Node is the
+// Its first check failed before the fix: authorize checks that JoinGroup.Node is the
 // caller, not that the member name is the caller's (MemberName(node, id)):
 // node n2 may join the member "n3/1", recorded on n2. n3's own consumer 1
 // then cannot join (ErrMemberExists) yet is given the squatted member's
@@ -257,19 +244,19 @@ func TestCluster_JoinGroupAsOtherNodesMember(t *testing.T) {
 	}
 }
 
-// TestCluster_CutFromLeaderStopsDelivering attacks promise 3 (at most
+// TestCluster_CutFromLeaderStopsDelivering checks promise 3 (at most
 // one node delivers a partition of a group at a time) where the metadata
 // group and the partition's node disagree: n3 is cut from the metadata
 // leader n1 only and still reaches n2, the partition's node.
 //
-// FAILED before the fix (then: a node stopped delivering when its session
+// It failed before the fix (then: a node stopped delivering when its session
 // might have expired). The node's Coordinator.Run is the only thing that
 // noticed that SessionValid turned false, but it ran reconcile's proposals
 // synchronously, each waiting up to the session timeout for an unreachable
 // leader: with group changes to propose (two consumers opened just after
 // the cut) n3 kept delivering past its session's end while the leader,
 // having marked it down, let a consumer on n1 deliver the same partition.
-// Control: REVIEW_NO_STEPS=1 (no consumer opened after the cut).
+// Control: ZEZE_CUT_NO_STEPS=1 (no consumer opened after the cut).
 //
 // Now the partition's lease decides (delivery's Leaser): n3 keeps
 // delivering while it renews its lease at n2 (the data path goes on), n1's
@@ -353,7 +340,7 @@ func TestCluster_CutFromLeaderStopsDelivering(t *testing.T) {
 	}()
 	cut := time.Now()
 	noop := mq.ListenerFunc(func(context.Context, string, *mq.Message) error { return nil })
-	for _, g := range reviewGroups() { // group changes for n3's coordinator to propose
+	for _, g := range cutGroups() { // group changes for n3's coordinator to propose
 		if _, err := c.nodes["n3"].NewConsumer("one", g, noop); err != nil {
 			t.Fatal(err)
 		}
@@ -410,20 +397,20 @@ func TestCluster_CutFromLeaderStopsDelivering(t *testing.T) {
 	t.Logf("after the heal: n1 from %v after it, n3's last %v after it", firstN1.Sub(healed).Round(time.Millisecond), lastN3.Sub(healed).Round(time.Millisecond))
 }
 
-// reviewGroups is the groups TestCluster_CutFromLeaderStopsDelivering
-// opens on the cut node (REVIEW_NO_STEPS=1: none, the control run).
-func reviewGroups() []string {
-	if os.Getenv("REVIEW_NO_STEPS") == "1" {
+// cutGroups is the groups TestCluster_CutFromLeaderStopsDelivering
+// opens on the cut node (ZEZE_CUT_NO_STEPS=1: none, the control run).
+func cutGroups() []string {
+	if os.Getenv("ZEZE_CUT_NO_STEPS") == "1" {
 		return nil
 	}
 	return []string{"h1", "h2"}
 }
 
-// TestCluster_CallsReturnWhenCtxEndsOnCutNode attacks promise 4 (every call
+// TestCluster_CallsReturnWhenCtxEndsOnCutNode checks promise 4 (every call
 // with a ctx returns when ctx ends): a node cut from both others (no
 // metadata quorum, every remote partition unreachable) is asked everything
 // that takes a ctx, each with a 500 ms deadline; each must return, with an
-// error, within a few seconds. (Kept as an attack: it passes.)
+// error, within a few seconds.
 func TestCluster_CallsReturnWhenCtxEndsOnCutNode(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx := context.Background()
@@ -488,12 +475,11 @@ func TestCluster_CallsReturnWhenCtxEndsOnCutNode(t *testing.T) {
 	wg.Wait()
 }
 
-// TestCluster_CloseInHandlerAndDuringCalls attacks promise 4 (Close
+// TestCluster_CloseInHandlerAndDuringCalls checks promise 4 (Close
 // concurrent with any call returns; Close from a handler returns): a node
 // of a cluster, cut from the others so that CreateMQ, AlterMQ and a send to
 // a remote partition are all waiting, is closed from inside one of its
-// consumers' handlers. Everything must return. (Kept as an attack: it
-// passes.)
+// consumers' handlers. Everything must return.
 func TestCluster_CloseInHandlerAndDuringCalls(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx := context.Background()
@@ -566,17 +552,17 @@ func TestCluster_CloseInHandlerAndDuringCalls(t *testing.T) {
 	delete(c.nodes, "n3")
 }
 
-// TestCluster_CloseHandsOverAfterHandlerEnds attacks promise 3 (a
+// TestCluster_CloseHandsOverAfterHandlerEnds checks promise 3 (a
 // partition moves in two steps: revoked, its worker stopped after the last
 // commit, Released; only then assigned elsewhere).
 //
-// FAILED before the fix. Consumer.Close removes the consumer from the local group at once;
+// It failed before the fix: Consumer.Close removes the consumer from the local group at once;
 // the coordinator's reconcile then proposes LeaveGroup for its member
 // without waiting for the member's workers to stop (lg.running), and the
 // FSM's leaveGroup frees the member's partitions and gives them to another
 // member in the same step. A consumer on another node starts delivering the
 // partition while the closing consumer's handler still runs (Close is
-// waiting for it): subtest Consumer.Close FAILED before the fix, every run. Subtest
+// waiting for it): subtest Consumer.Close failed before the fix, every run. Subtest
 // MQ.Close (the node's Close mid-handler, the cluster tests' "kill")
 // PASSES: the engine's Close does not leave the groups, so the partition
 // moves only once n2's session expires, after its handler returned.
@@ -714,12 +700,12 @@ func TestCluster_PartitionServiceChecksACL(t *testing.T) {
 	}
 }
 
-// TestCluster_GroupChurnAcrossNodes attacks promise 3 (every partition ends
+// TestCluster_GroupChurnAcrossNodes checks promise 3 (every partition ends
 // up owned, nothing undelivered) with a group whose members join and leave
 // fast on every node while messages flow, and CreateMQ racing on two nodes
-// for one name (exactly one wins, the other gets ErrTopicExists). Kept as an
-// attack: it passes (duplicates are allowed; losses and a partition left
-// without owner are not).
+// for one name (exactly one wins, the other gets ErrTopicExists).
+// Duplicates are allowed; losses and a partition left without owner are
+// not.
 func TestCluster_GroupChurnAcrossNodes(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
@@ -789,11 +775,11 @@ func TestCluster_GroupChurnAcrossNodes(t *testing.T) {
 	})
 }
 
-// TestCluster_RemoteConsumerSurvivesOwnerRestart attacks promises 1 and 3: a
+// TestCluster_RemoteConsumerSurvivesOwnerRestart checks promises 1 and 3: a
 // consumer on n2 of a partition stored on n1 (a long-polling remote Fetch)
 // while n1 is restarted on its data under a new port; sends from n2 retried
 // with the same IDs while n1 is away. Every acknowledged message must be
-// delivered, none lost. Kept as an attack: it passes.
+// delivered, none lost.
 func TestCluster_RemoteConsumerSurvivesOwnerRestart(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
@@ -851,12 +837,12 @@ func TestCluster_RemoteConsumerSurvivesOwnerRestart(t *testing.T) {
 	}
 }
 
-// TestCluster_MixedMaxMessageBytes attacks promises 4 and 5
+// TestCluster_MixedMaxMessageBytes checks promises 4 and 5
 // (clear errors, never a hang; bad input refused): nodes of one cluster
 // with different WithMaxMessageBytes, hence different frame limits
 // (MaxMessageBytes + 1 MiB by default). Nothing checks that they agree.
 //
-// FAILED before the fix. n1 (limit 8 MiB) accepts and acknowledges a 6 MiB message in its
+// It failed before the fix: n1 (limit 8 MiB) accepts and acknowledges a 6 MiB message in its
 // own partition; n2 (default 4 MiB, frames of 5 MiB) can never fetch it: its
 // consumer's worker retries the read forever ("read failed; retrying"), so
 // the group's partition is stuck for good on n2, and every later message
@@ -885,7 +871,7 @@ func TestCluster_MixedMaxMessageBytes(t *testing.T) {
 	}
 	big := make([]byte, 6<<20)
 	if _, err := p.SendMessage(ctx, &mq.Message{ID: "big", Body: big}); err != nil {
-		t.Fatalf("n1 refused the 6 MiB message: %v (a clear refusal; the attack found nothing)", err)
+		t.Fatalf("n1 refused the 6 MiB message: %v (a clear refusal, which the test accepts)", err)
 	}
 	if _, err := p.SendMessage(ctx, &mq.Message{ID: "after", Body: []byte("small")}); err != nil {
 		t.Fatal(err)
@@ -902,13 +888,12 @@ func TestCluster_MixedMaxMessageBytes(t *testing.T) {
 	}
 }
 
-// TestCluster_TxPreparerCrashAfterHostCommit attacks promise 2 (a committed
+// TestCluster_TxPreparerCrashAfterHostCommit checks promise 2 (a committed
 // transaction is never lost, and published exactly once): n1 prepares half
 // messages in partitions of n1 and n2, its host store commits (the marker
 // is there) but its hooks never run, and n1 dies at once; n2's check-back
 // cannot reach it; n1 restarts on its data with the same host store. Each
-// message must end up in its partition exactly once. Kept as an attack: it
-// passes.
+// message must end up in its partition exactly once.
 func TestCluster_TxPreparerCrashAfterHostCommit(t *testing.T) {
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	// Three nodes: with two, a restart never regains quorum
@@ -964,13 +949,13 @@ func TestCluster_TxPreparerCrashAfterHostCommit(t *testing.T) {
 	}
 }
 
-// TestCluster_TwoNodeRestart attacks promises 1 and 4 (a restart loses
+// TestCluster_TwoNodeRestart checks promises 1 and 4 (a restart loses
 // nothing and the cluster comes back): a cluster of two nodes (both
 // voters), one restarted on its data, on a new port as Bind 127.0.0.1:0
 // gives. Once both run again the metadata group has its two voters and must
 // elect a leader, and the restarted node must get its topic table back.
 //
-// FAILED before the fix, both subtests, every run. The raft address book (RaftMux Resolve)
+// Both subtests failed before the fix, every run: The raft address book (RaftMux Resolve)
 // is the metadata FSM's node table, and a restarted member's FSM is empty
 // until a leader tells it the commit index (no snapshot yet): the restarted
 // node cannot dial the other ("unknown node"), and the other dials the old
@@ -1010,13 +995,13 @@ func TestCluster_TwoNodeRestart(t *testing.T) {
 	}
 }
 
-// TestCluster_FullRestartSameAddresses attacks promises 1 and 4: every node
+// TestCluster_FullRestartSameAddresses checks promises 1 and 4: every node
 // of a three-node cluster stopped and started again on its data, at the very
 // address it had (a reboot), seeds naming the others. The metadata group's
 // voters are all back at their addresses: it must elect a leader and every
 // node get its topic table back.
 //
-// FAILED before the fix, every run, for the cause TestCluster_TwoNodeRestart shows: every
+// It failed before the fix, every run, for the cause TestCluster_TwoNodeRestart shows: every
 // restarted FSM is empty, so every RequestVote fails with "transport: unknown
 // node" (the failure message quotes the logs), though each node knows the
 // others' addresses as seeds. A cluster that is rebooted never comes back.

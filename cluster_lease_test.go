@@ -10,7 +10,7 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// TestCluster_NoQuorumLeaseBlip attacks "losing the metadata
+// TestCluster_NoQuorumLeaseBlip checks "losing the metadata
 // quorum stops changes, not the data paths that exist (consumption of held
 // partitions)" and "a partition is never left undelivered forever while a
 // live consumer of its group exists".
@@ -23,7 +23,7 @@ import (
 // and held by no one, is not delivered until a quorum comes back. The
 // partition's lease is what makes a new claim safe here (a claim refused
 // while someone else holds it), so nothing forbids claiming it again.
-// FAILS: a message sent after the link came back is not delivered.
+// It failed before the fix: a message sent after the link came back is not delivered.
 func TestCluster_NoQuorumLeaseBlip(t *testing.T) {
 	c := newCluster(t, 4) // session timeout 1 s: lease 500 ms
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -91,7 +91,7 @@ func TestCluster_NoQuorumLeaseBlip(t *testing.T) {
 	}
 }
 
-// TestCluster_MixedSessionTimeouts attacks "at most one node delivers
+// TestCluster_MixedSessionTimeouts checks "at most one node delivers
 // a partition of a group at a time".
 //
 // The lease a claim respects is the claimer's own (its node's
@@ -103,7 +103,7 @@ func TestCluster_NoQuorumLeaseBlip(t *testing.T) {
 // claim respects a lease of 500 ms only: it takes q between two of n2's
 // renewals, while n2's handler still runs and n2 goes on believing it
 // holds q for 4/5 of its own lease.
-// FAILS: n3 delivers q's message while n2's handler of it still runs.
+// It failed before the fix: n3 delivers q's message while n2's handler of it still runs.
 func TestCluster_MixedSessionTimeouts(t *testing.T) {
 	c := newCluster(t, 0, withSession(time.Second))
 	c.opts = func(id string) []mq.Option {
@@ -197,7 +197,7 @@ func TestCluster_MixedSessionTimeouts(t *testing.T) {
 	}
 }
 
-// TestCluster_NoQuorumDeadLetterClose attacks "losing the metadata
+// TestCluster_NoQuorumDeadLetterClose checks "losing the metadata
 // quorum stops changes (→ ErrNoQuorum), not the data paths" and "Close
 // waits for every goroutine ... every call returns".
 //
@@ -207,7 +207,7 @@ func TestCluster_MixedSessionTimeouts(t *testing.T) {
 // context.Background()), a metadata proposal that retries until a leader
 // appears. The worker is stuck in it, its partition stops, and
 // Consumer.Close, which waits for the worker, never returns.
-// FAILS: Consumer.Close has not returned 10 s after it was called.
+// It failed before the fix: Consumer.Close has not returned 10 s after it was called.
 func TestCluster_NoQuorumDeadLetterClose(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -261,8 +261,7 @@ func TestCluster_NoQuorumDeadLetterClose(t *testing.T) {
 	}
 }
 
-// TestCluster_NoQuorumConsumerCloseHandsOverLater (kept as an attack: it
-// passes) attacks "quorum lost then a node's consumer closes (it cannot
+// TestCluster_NoQuorumConsumerCloseHandsOverLater checks "quorum lost then a node's consumer closes (it cannot
 // LeaveGroup)": Close returns at once, and once the quorum is back the
 // closed consumer's partitions go to the group's other consumer, with the
 // message sent meanwhile delivered.

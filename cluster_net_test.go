@@ -1,14 +1,9 @@
 package mq_test
 
-// Hostile review of the cluster under network faults and a paused node
-// (issue 11, left item 4): SIGSTOP of a node longer than its session,
-// one-way and flapping links. Each test says which promise it attacks.
-// Failed before its fix: TestCluster_PausedNode/KeyParallel (now checked in
-// internal/delivery by TestAttack_PausedPastLeaseStartsNoHandler, which
-// fails every run without the fix, where this one fails now and then).
-// Held: the other TestCluster_PausedNode cases, TestCluster_LinkFaults,
-// TestCluster_ResetDuringConsumption (a guard of the reset fix,
-// internal/delivery's TestAttack_ResetLetsClaimUnderLiveLease).
+// The cluster under network faults and a paused node: SIGSTOP of a node
+// longer than its session, one-way and flapping links. Each test says
+// which promise it checks. TestCluster_PausedNode/KeyParallel failed now
+// and then before its fix (internal/delivery checks the same every run).
 
 import (
 	"bufio"
@@ -220,7 +215,7 @@ func TestCluster_PausedNodeChild(t *testing.T) {
 	}
 }
 
-// TestCluster_PausedNode attacks promise 5 (at most one owner of a partition
+// TestCluster_PausedNode checks promise 5 (at most one owner of a partition
 // per group delivers at a time), and that nothing acked is lost and
 // per-key order holds, across a node paused longer than its session.
 //
@@ -612,7 +607,7 @@ func (p *netProxy) close() {
 	p.wg.Wait()
 }
 
-// TestCluster_LinkFaults attacks promises 1, 4 and 5 (nothing acked lost,
+// TestCluster_LinkFaults checks promises 1, 4 and 5 (nothing acked lost,
 // per-key order, one owner of a partition per group at a time), that every
 // call returns when its ctx ends, and that the cluster recovers, under:
 //
@@ -793,7 +788,7 @@ func testLinkFaults(t *testing.T, pxNode string, flap bool) {
 	t.Logf("%d handler calls", len(ds))
 }
 
-// TestCluster_ResetDuringConsumption attacks "a partition is never
+// TestCluster_ResetDuringConsumption checks "a partition is never
 // left undelivered while a live consumer of its group exists" after the
 // reset fix (a reset keeps the owner's lease; the owner claims again with
 // the reset's generation): a reset made on the consumer's node (its

@@ -9,21 +9,15 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// The lead: TestMQ_ResetOffsetCloseSimultaneous failed once in ~40 loaded runs
-// with "after the reset to 5 the next owner got m2". Finding: not a race in
-// the engine, a race in the test. It opens the gate (g.open) before
-// ResetOffset has returned, so on a loaded machine the reset's store write
-// (an fsync'd OpResetOffset) may land after the closing worker committed 2
-// and the next owner delivered m2: then m2 before m5 is the correct outcome
-// of a reset that happened later. The two tests below PASS: the first forces
-// that order and gets m2 (the flake's outcome, deterministically); the
-// second waits for ResetOffset before opening the gate, and always gets m5.
-// Fix (test only): in TestMQ_ResetOffsetCloseSimultaneous, take
-// `returns(t, reset, ...)` before `g.open()`.
+// A reset racing a consumer's hand-over of its partition, in both orders:
+// a reset stored after the closing worker committed 2 and the next owner
+// delivered m2 leaves m2 before m5 (the correct outcome of a later reset);
+// a reset stored before the closing handler returns makes the next owner
+// start at m5. (TestMQ_ResetOffsetCloseSimultaneous therefore waits for
+// ResetOffset before it opens the gate.)
 
-// TestMQ_ResetOffsetAfterHandover reproduces the flake's outcome on
-// purpose: the reset applied after the gate opened and m2 went to the next
-// owner.
+// TestMQ_ResetOffsetAfterHandover: the reset applied after the gate
+// opened and m2 went to the next owner, which delivers m2 before m5.
 func TestMQ_ResetOffsetAfterHandover(t *testing.T) {
 	m := keyedFixtureDir(t, "", 10)
 	g := newGate("m1")

@@ -1,17 +1,15 @@
 package mq_test
 
-// Regression tests for the delivery-engine defects of issue 9's hostile
-// review: each failed on the code before the fix. Defect 4 (the delay
-// releaser's missed wake-up) is tested where the upkeep lives, by
-// internal/upkeep's TestUpkeep_DelayedSendAfterReadingTheIndex. Defect 5
-// (group state never shrinks) is tested through its cure: DeleteGroup
-// removes a group's offsets on every partition of a topic (ErrGroupInUse
-// while a consumer of it is open on the node), and WithBroadcastOffsetTTL
-// makes the partitions' upkeep remove the offsets of a broadcast instance
-// (group@instance) not committed for that long while no consumer of it is
-// open. Each test states what it expects; run them with
+// The delivery engine: resets racing a closing consumer, seeks from
+// handlers, retry counts and properties, a worker that cannot start,
+// deleted groups and idle broadcast offsets (DeleteGroup removes a group's
+// offsets on every partition of a topic, ErrGroupInUse while a consumer of
+// it is open on the node; WithBroadcastOffsetTTL makes the partitions'
+// upkeep remove the offsets of a broadcast instance, group@instance, not
+// committed for that long while no consumer of it is open). The races are
+// worth running many times:
 //
-//	go test -race -count=20 -run TestDefect .
+//	go test -race -count=20 -run 'TestMQ_ResetOffset|TestConsumer_Seek|TestMQ_CloseWaits' .
 
 import (
 	"context"

@@ -593,7 +593,7 @@ func TestMQ_AlterMQKeepsCreated(t *testing.T) {
 	}
 }
 
-// TestOpen_MetaEveryByte attacks a small node's meta.db: each byte that
+// TestOpen_MetaEveryByte damages a small node's meta.db: each byte that
 // bbolt may read (each page up to its last non-zero byte; bbolt zeroes the
 // rest) is inverted in turn, and one in 64 of the others. Open never
 // panics, and either refuses with ErrCorrupt naming meta.db or opens every

@@ -16,7 +16,7 @@ import (
 	"github.com/zeze-go/mq/localtx/txtest"
 )
 
-// The attacks on Raft3 topics through the public API: a partition's leader
+// Raft3 topics through the public API: a partition's leader
 // closed while sends and a consumer group run, every node closed at once,
 // no quorum, delayed and transactional messages across failovers, calls
 // through a follower replica or none, calls from a handler, and messages

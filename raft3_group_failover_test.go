@@ -18,7 +18,7 @@ import (
 	"github.com/zeze-go/mq/localtx/txtest"
 )
 
-// The attacks on Raft3 partitions that share a raft group
+// Raft3 partitions that share a raft group
 // (Options.PartitionsPerRaftGroup): load on every partition of a group
 // while its leader's node closes or is killed, topics grown while a node
 // is down, a node restarted from its state cache without a quorum, four

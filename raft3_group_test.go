@@ -216,7 +216,7 @@ func TestRaft3_SharedGroups(t *testing.T) {
 // TestRaft3_ReplicaNotOpenYet: a node whose table has not yet caught up
 // with a new Raft3 topic (its sync held) refuses a call for it at once
 // with store.ErrClosed, which sends the caller to another replica, instead of
-// holding it for 5 s and answering ErrNoTopic (before session 6). The
+// holding it for 5 s and answering ErrNoTopic. The
 // topic is served meanwhile by the two other replicas.
 func TestRaft3_ReplicaNotOpenYet(t *testing.T) {
 	c := newCluster(t, 3)

@@ -22,7 +22,7 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// r3 is the Raft3 topic of the attacks.
+// r3 is the Raft3 topic of the Raft3 tests.
 const r3 = "r"
 
 // createR3 creates r3 with parts partitions on c and waits until every
@@ -907,7 +907,7 @@ func damagedSetupWith(t *testing.T, parts int, opts mq.Options) (*testCluster, *
 	return c, l
 }
 
-// damagedReplica is the body of the damage attacks: n3 is reopened (in a
+// damagedReplica is the body of the damaged-replica tests: n3 is reopened (in a
 // child) on its damaged directory. It must open or fail with a clear
 // error, never panic or hang; the two others keep taking sends and hold
 // every ack; reads through n3 see every ack as acked. Then n3's replicas

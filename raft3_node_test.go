@@ -24,10 +24,10 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// The attacks on Raft3 at the level of a node: one node's replica files
+// Raft3 at the level of a node: one node's replica files
 // damaged while it is down, a node reopened with other options, a node
 // killed (SIGKILL) while it recovers, a node whose disk fails while sends
-// flow. The node under attack runs in a child process of the test binary
+// flow. The node under test runs in a child process of the test binary
 // (TestRaft3NodeChild) wherever its failure could take the test
 // binary with it (a panic, a fault, a full disk); the two others run here.
 
@@ -46,7 +46,7 @@ func r3naBody(id string) []byte {
 	return append(b, bytes.Repeat([]byte{'#'}, 512-len(b))...)
 }
 
-// TestRaft3NodeChild is the node under attack, in a child process:
+// TestRaft3NodeChild is the node under test, in a child process:
 // it opens its directory as node R3NA_ID joining R3NA_SEEDS, says OPENED
 // (or OPENERR and the error), then answers the lines of its standard
 // input: "read" reads every message of r3 through this node (M p off id
@@ -56,7 +56,7 @@ func r3naBody(id string) []byte {
 func TestRaft3NodeChild(t *testing.T) {
 	dir := os.Getenv(r3naDirEnv)
 	if dir == "" {
-		t.Skip("child process of the TestRaft3NodeAttack tests")
+		t.Skip("child process of the TestRaft3Node tests")
 	}
 	r3naChild(dir) // never returns
 }
@@ -185,14 +185,11 @@ func breakFreelist(t testing.TB, path string) {
 }
 
 // TestRaft3Node_DamagedPartitionDB: one replica's partition.db
-// damaged while its node is down. FlipRecord found a defect: a replica
-// whose records fail their CRC opens (boltsafe checks bbolt's structure,
-// not the records) and may be elected; leading, it answered ErrCorrupt for
-// acked messages the two other replicas hold intact, with all three nodes
-// up. Fixed: a replica that meets damage no longer serves, sends the call
-// on, and hands its leadership over (replica.Raft3.checkDamage).
-// TruncateHalf (a clear ErrCorrupt logged, the replica left out) and
-// Empty (rebuilt from the raft log) held.
+// damaged while its node is down: a replica that meets damage does not
+// serve, sends the call on and hands its leadership over
+// (replica.Raft3.checkDamage); with FlipRecord it once answered ErrCorrupt
+// for acked messages the two others hold intact. TruncateHalf logs a clear
+// ErrCorrupt and leaves the replica out; Empty is rebuilt from the raft log.
 func TestRaft3Node_DamagedPartitionDB(t *testing.T) {
 	const parts = 4
 	t.Run("FlipRecord", func(t *testing.T) {
@@ -229,12 +226,10 @@ func TestRaft3Node_DamagedPartitionDB(t *testing.T) {
 }
 
 // TestRaft3Node_DamagedRaftDB: one replica's raft.db (terms and
-// votes) damaged while its node is down. Found a defect (Freelist and
-// TruncateToMeta every time; Flip, random bytes, at times): raft.db was
-// opened by raft-boltdb's bare bbolt.Open, not checked by
-// internal/boltsafe, so the damage panicked ("invalid freelist page", "page
-// N already freed") or faulted (SIGBUS) inside mq.Open and killed the
-// process. Fixed: raftqueue.Open checks raft.db first (ErrCorrupt).
+// votes) damaged while its node is down: raftqueue.Open checks raft.db
+// first and returns ErrCorrupt (opened by raft-boltdb's bare bbolt.Open,
+// the damage once panicked or faulted inside mq.Open and killed the
+// process).
 func TestRaft3Node_DamagedRaftDB(t *testing.T) {
 	const parts = 2
 	t.Run("Freelist", func(t *testing.T) {
@@ -305,11 +300,10 @@ func TestRaft3Node_DamagedSnapshot(t *testing.T) {
 
 // TestRaft3Node_DamagedReplicaBlocksOthers: n3's replica of
 // partition 0 damaged (a clear error, as it should be), its replica of
-// partition 1 intact. Found a defect: n3 opened none of the partitions
-// after the damaged one (cluster.go sync stopped there), so partition 1
-// ran on two replicas: with n1 then closed, it had no quorum although n2
-// and n3 both hold it intact. Fixed: a Raft3 replica that fails to open is
-// served by the others and tried again at each metadata change.
+// partition 1 intact: a Raft3 replica that fails to open is served by the
+// others and tried again at each metadata change, and the node opens the
+// partitions after it (it once stopped at the damaged one, so that with n1
+// closed partition 1 had no quorum although n2 and n3 hold it intact).
 //
 // Partitions that share a raft group (PartitionsPerRaftGroup, 8 by
 // default) share this fault: one damaged file keeps the node's replica of
@@ -367,7 +361,6 @@ func startWith(c *testCluster, id string, cc func(*mq.ClusterConfig), opts ...mq
 // interval, a retention and dedup window, a message limit below the
 // stored messages' size): its replicas come back and, with n1 closed, the
 // quorum needs them: every ack is read back, and sends go on.
-// Held (no defect found).
 func TestRaft3Node_ReopenOtherOptions(t *testing.T) {
 	const parts = 2
 	c, l := damagedSetup(t, parts) // nothing damaged: n3 closed with every message
@@ -411,7 +404,7 @@ func TestRaft3Node_KillDuringRecovery(t *testing.T) {
 	sendN(t, l, c.nodes["n1"], "a", 200, parts)
 	time.Sleep(500 * time.Millisecond)
 	c.kill("n3")
-	// Sends flow through n1 and n2 the whole time n3 is attacked.
+	// Sends flow through n1 and n2 the whole time n3 is damaged.
 	stop := make(chan struct{})
 	flowDone := make(chan struct{})
 	go func() {

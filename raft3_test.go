@@ -261,8 +261,7 @@ func TestRaft3_ReplicaOpenRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Sent once n1 knows the leader: with none known a call tries the
-	// replicas in turn, and n3, which lacks the topic, answers ErrNoTopic
-	// (see the closing note of session 4).
+	// replicas in turn, and n3, which lacks the topic, answers ErrNoTopic.
 	waitFor(t, 10*time.Second, "a leader known to n1", func() bool {
 		l, _ := mq.Raft3Leader(c.nodes["n1"], "r", 0)
 		return l != ""

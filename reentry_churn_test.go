@@ -13,7 +13,7 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// These tests attack the re-entrancy fix: every consumer method called
+// Re-entrancy: every consumer method called
 // concurrently with Close and with rebalances, from inside handlers, and
 // with contexts that end.
 
