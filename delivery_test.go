@@ -295,7 +295,9 @@ func TestConsumer_SeekDoesNotWaitForOtherPartitions(t *testing.T) {
 			release := make(chan struct{})
 			var rel sync.Once
 			open := func() { rel.Do(func() { close(release) }) }
-			t.Cleanup(open)
+			// Released before the consumer's Close (a Cleanup), which
+			// waits for partition 1's handler.
+			defer open()
 			took := make(chan time.Duration, 1)
 			var once [2]sync.Once
 			l := mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
