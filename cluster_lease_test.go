@@ -97,7 +97,8 @@ func TestCluster_NoQuorumLeaseBlip(t *testing.T) {
 // The lease a claim respects is the claimer's own (its node's
 // SessionTimeout / 2), not the holder's: nothing makes the nodes agree on
 // SessionTimeout (its doc does not ask for one value, unlike Secret's).
-// n2 (session 20 s: lease 10 s, renewed every 2.5 s) delivers partition q,
+// n2 (session 20 s, 5 s by default: lease 10 s, renewed every 2.5 s)
+// delivers partition q,
 // on n2 itself, and is cut from the metadata leader n1 (session 1 s); the
 // leader marks n2 down after a second and gives q to n3's consumer, whose
 // claim respects a lease of 500 ms only: it takes q between two of n2's
@@ -105,6 +106,9 @@ func TestCluster_NoQuorumLeaseBlip(t *testing.T) {
 // holds q for 4/5 of its own lease.
 // It failed before the fix: n3 delivers q's message while n2's handler of it still runs.
 func TestCluster_MixedSessionTimeouts(t *testing.T) {
+	// n2's session: 5 s by default (lease 2.5 s: n2 believes it holds q
+	// for 2 s after its last renewal), 20 s with ZEZE_FULL=1.
+	n2Session := sized(5*time.Second, 20*time.Second)
 	c := newCluster(t, 0, withSession(time.Second))
 	c.opts = func(id string) []mq.Option {
 		if id != "n2" {
@@ -116,7 +120,7 @@ func TestCluster_MixedSessionTimeouts(t *testing.T) {
 		}
 		return []mq.Option{mq.WithCluster(mq.ClusterConfig{
 			NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret,
-			SessionTimeout: 20 * time.Second, ElectionTimeout: 200 * time.Millisecond,
+			SessionTimeout: n2Session, ElectionTimeout: 200 * time.Millisecond,
 		})}
 	}
 	c.startAll(3)
@@ -185,7 +189,9 @@ func TestCluster_MixedSessionTimeouts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	// Watched for 4 s by default (10 s with ZEZE_FULL=1): the leader
+	// gives q to n3 a second after the cut.
+	deadline := time.Now().Add(sized(4*time.Second, 10*time.Second))
 	for time.Now().Before(deadline) && inA.Load() > 0 {
 		if v := overlap.Load(); v != nil {
 			t.Fatalf("n3 delivered m0 of partition %d %s after n2 was cut from the leader, while n2's handler of it still ran", q, v)

@@ -92,7 +92,8 @@ const (
 
 // TestMQ_DamagedFiles runs the trials for each kind of file: meta.db,
 // a partition file, and a WAL segment holding acked records that are in no
-// partition file. It prints a table per kind.
+// partition file. It prints a table per kind. Each kind has 20 trials by
+// default and 100 with ZEZE_FULL=1.
 func TestMQ_DamagedFiles(t *testing.T) {
 	if list := os.Getenv(trialListEnv); list != "" {
 		trialChild(list)
@@ -100,7 +101,7 @@ func TestMQ_DamagedFiles(t *testing.T) {
 	if dir := os.Getenv(trialWALDirEnv); dir != "" {
 		trialWALChild(dir)
 	}
-	trials := 100
+	trials := sized(20, 100) // per kind of file
 	if testing.Short() {
 		trials = 15
 	}

@@ -82,7 +82,7 @@ func TestMQ_Crash(t *testing.T) {
 		cycle, _ := strconv.Atoi(os.Getenv(crashCycleEnv))
 		crashChild(dir, cycle) // never returns
 	}
-	cycles := 20
+	cycles := sized(8, 20) // 20 with ZEZE_FULL=1
 	if testing.Short() {
 		cycles = 5
 	}

@@ -175,7 +175,8 @@ func TestDoubleWriteChunk_CloseUnderSends(t *testing.T) {
 
 // TestDoubleWriteChunk_ClusterRestart: three nodes, seven partitions in
 // chunks of three ({0,1,2} {3,4,5} {6}) under load; the whole cluster
-// closed mid-load (one node after the other) and reopened from disk, twice:
+// closed mid-load (one node after the other) and reopened from disk (twice
+// with ZEZE_FULL=1):
 // every acked message is there once, at the offset its ack gave, and each
 // chunk takes sends again, led as one.
 func TestDoubleWriteChunk_ClusterRestart(t *testing.T) {
@@ -188,7 +189,7 @@ func TestDoubleWriteChunk_ClusterRestart(t *testing.T) {
 		l.runBatches(id, id+"a", parts, []int{0, 1, 2, 6})
 		l.runBatches(id, id+"b", parts, []int{3, 4, 5})
 	}
-	for round := range 2 {
+	for round := range sized(1, 2) { // twice with ZEZE_FULL=1
 		before := l.count()
 		waitFor(t, 30*time.Second, "acks", func() bool { return l.count() > before+40 })
 		for _, id := range []string{"n2", "n1", "n3"} {
@@ -222,6 +223,7 @@ func TestDoubleWriteChunk_ClusterRestart(t *testing.T) {
 // back, every chunk takes sends again and every acked message is stored
 // once, where its ack said.
 func TestDoubleWriteChunk_IsolateNode(t *testing.T) {
+	fullOnly(t) // the default run isolates a pair's leader in TestDoubleWrite_ReportIsolatedLeaderAlive
 	var logs nodeLogs
 	const parts = 6
 	c := newCluster(t, 4, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 2}))
@@ -309,6 +311,7 @@ func TestDoubleWriteChunk_AckAloneLinkCutThenPromote(t *testing.T) {
 // lost (it must not ack after the promotion); the link back, every acked
 // message is stored once, where its ack said, and sends are acked again.
 func TestDoubleWriteChunk_LeaderCutFromMetadata(t *testing.T) {
+	fullOnly(t) // the default run has TestDoubleWrite_LeaderCutFromMetadata
 	var logs nodeLogs
 	const parts = 4
 	c := newCluster(t, 4, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 2}))

@@ -147,15 +147,17 @@ func TestDoubleWrite_AckAloneTwoNodesFollowerLost(t *testing.T) {
 // follower of the other are killed and restarted, round after round (a
 // promotion, a new follower caught up, the killed node back as a follower
 // or spare). Every acked message is stored once, in its partition, in its
-// producer's order.
+// producer's order. By default two rounds (a leader killed past its
+// session, one back within it); six with ZEZE_FULL=1, followers killed too.
 func TestDoubleWrite_KillAlternately(t *testing.T) {
-	dwKillAlternately(t, mq.Options{}, 6)
+	dwKillAlternately(t, mq.Options{}, sized(2, 6))
 }
 
 // TestDoubleWrite_KillAlternatelyAckAlone is KillAlternately with the
 // risk stage: acks on one copy are recorded (alone in sync), so a copy
-// that may lack them is never promoted.
+// that may lack them is never promoted. It runs with ZEZE_FULL=1 only.
 func TestDoubleWrite_KillAlternatelyAckAlone(t *testing.T) {
+	fullOnly(t) // the default run has AckAlone's failovers in the AckAlone tests
 	dwKillAlternately(t, mq.Options{AckAlone: true}, 4)
 }
 
@@ -229,7 +231,7 @@ func TestDoubleWrite_FollowerThenLeaderKilled(t *testing.T) {
 			l.finish()
 		}
 	}()
-	time.Sleep(2 * time.Second)
+	time.Sleep(sized(time.Second, 2*time.Second)) // load
 	l.set(follower, nil)
 	c.kill(follower)
 	waitFor(t, 20*time.Second, third+" chosen to follow", func() bool { return mq.Served(c.nodes[third], "d", 0) == nil })
@@ -264,7 +266,7 @@ func TestDoubleWrite_ClusterRestartUnderLoad(t *testing.T) {
 			l.finish()
 		}
 	}()
-	for round := range 2 {
+	for round := range sized(1, 2) { // one restart by default, two with ZEZE_FULL=1
 		time.Sleep(2 * time.Second)
 		for _, id := range []string{"n3", "n1", "n2"} {
 			l.set(id, nil)
@@ -309,7 +311,7 @@ func TestDoubleWrite_LeaderCutFromMetadata(t *testing.T) {
 	}()
 	time.Sleep(time.Second)
 	dwCut(c, leader, meta, true)
-	time.Sleep(5 * time.Second)
+	time.Sleep(sized(3*time.Second, 5*time.Second)) // past the session (1 s) either way
 	t.Logf("cut %s (leader of d/%d) from %s: leads %v; %s leads %v", leader, part, meta,
 		c.nodes[leader].ClusterStatus().Leading, follower, c.nodes[follower].ClusterStatus().Leading)
 	dwCut(c, leader, meta, false)
@@ -497,7 +499,7 @@ func TestDoubleWrite_GroupAcrossFailover(t *testing.T) {
 			l.finish()
 		}
 	}()
-	time.Sleep(2 * time.Second)
+	time.Sleep(sized(time.Second, 2*time.Second)) // load
 	l.set(leader, nil)
 	c.kill(leader)
 	before := c1.ids() // its node closed: it delivers no more
@@ -747,7 +749,7 @@ func TestDoubleWrite_AlterUnderLoad(t *testing.T) {
 			l.finish()
 		}
 	}()
-	time.Sleep(2 * time.Second)
+	time.Sleep(sized(time.Second, 2*time.Second)) // load
 	victim := c.leaderOf("d", 2)
 	l.set(victim, nil)
 	c.kill(victim)
@@ -757,7 +759,7 @@ func TestDoubleWrite_AlterUnderLoad(t *testing.T) {
 	}
 	l.set(victim, c.start(victim))
 	c.waitUp(3)
-	time.Sleep(2 * time.Second)
+	time.Sleep(sized(time.Second, 2*time.Second)) // load
 	more, errs := l.finish()
 	for _, e := range errs {
 		t.Errorf("unexpected: %s", e)
@@ -824,8 +826,10 @@ func TestDoubleWrite_Options(t *testing.T) {
 // TestDoubleWrite_CloseWithFollowerGone: a consumer group and
 // producers on the leader's node of a DoubleWrite topic whose follower's
 // node is killed (on two nodes: no new follower, no metadata quorum): the
-// consumer's Close and the node's Close return in bounded time.
+// consumer's Close and the node's Close return in bounded time. It runs
+// with ZEZE_FULL=1 only: the Closes wait out their timeouts (some 10 s).
 func TestDoubleWrite_CloseWithFollowerGone(t *testing.T) {
+	fullOnly(t)
 	var logs nodeLogs
 	const parts = 2
 	c := newCluster(t, 2, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{}))

@@ -368,3 +368,28 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.b.String()
 }
+
+// fullRun reports whether the tests run at their full size
+// (ZEZE_FULL=1, as CI runs them): every seed, cycle, node, message and
+// trial of the exhaustive matrices, long fault schedules and soaks. By
+// default they run a smaller form that still checks the same, so that
+// go test ./... ends within its default timeout.
+func fullRun() bool { return os.Getenv("ZEZE_FULL") == "1" }
+
+// sized returns full under ZEZE_FULL=1 and small otherwise.
+func sized[T any](small, full T) T {
+	if fullRun() {
+		return full
+	}
+	return small
+}
+
+// fullOnly skips t, a case of a matrix or a long schedule, unless the
+// tests run at full size (fullRun): the default run checks the same
+// promise with the matrix's other cases or a shorter schedule.
+func fullOnly(t testing.TB) {
+	t.Helper()
+	if !fullRun() {
+		t.Skip("runs with ZEZE_FULL=1 only; the default run keeps a smaller form")
+	}
+}

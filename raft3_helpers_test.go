@@ -558,8 +558,8 @@ func startNodeChild(t testing.TB, c *testCluster, id string, parts int, env ...s
 		}
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestRaft3NodeChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), r3naDirEnv+"="+filepath.Join(c.root, id), r3naIDEnv+"="+id,
-		r3naSeedsEnv+"="+strings.Join(seeds, ","), r3naPartsEnv+"="+strconv.Itoa(parts))
+	cmd.Env = append(os.Environ(), r3nodeDirEnv+"="+filepath.Join(c.root, id), r3nodeIDEnv+"="+id,
+		r3nodeSeedsEnv+"="+strings.Join(seeds, ","), r3nodePartsEnv+"="+strconv.Itoa(parts))
 	cmd.Env = append(cmd.Env, env...)
 	ch := &nodeChild{t: t, id: id, cmd: cmd, lines: make(chan string, 4096), stderr: &lockedBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = ch.stderr
@@ -725,7 +725,7 @@ func checkChildReads(t testing.TB, l *ledger, got map[string]childRead) {
 	for id, res := range l.acked {
 		key := fmt.Sprintf("%d/%d", res.Partition, res.Offset)
 		r := got[key]
-		if r.id != id || r.crc != crc32.ChecksumIEEE(r3naBody(id)) {
+		if r.id != id || r.crc != crc32.ChecksumIEEE(r3nodeBody(id)) {
 			t.Errorf("%s acked at %s; read through the child there: %+v", id, key, r)
 		}
 	}
@@ -760,7 +760,7 @@ func verify(t testing.TB, what string, m *mq.MQ, parts int, l *ledger) int {
 			}
 			if !l.sent[msg.ID] {
 				bad = append(bad, fmt.Sprintf("%s stored at %d/%d, never sent", msg.ID, i, off))
-			} else if !bytes.Equal(msg.Body, r3naBody(msg.ID)) {
+			} else if !bytes.Equal(msg.Body, r3nodeBody(msg.ID)) {
 				bad = append(bad, fmt.Sprintf("%s at %d/%d read with a changed body (%d bytes: %.40q)", msg.ID, i, off, len(msg.Body), msg.Body))
 			}
 			where[msg.ID] = append(where[msg.ID], fmt.Sprintf("%d/%d", i, off))
@@ -790,7 +790,7 @@ func verify(t testing.TB, what string, m *mq.MQ, parts int, l *ledger) int {
 }
 
 // sendN sends n messages prefix-0.. through m, message j to partition
-// j%parts, each with r3naBody, recorded in l. ErrUnknownOutcome is sent
+// j%parts, each with r3nodeBody, recorded in l. ErrUnknownOutcome is sent
 // again; any other error fails t.
 func sendN(t testing.TB, l *ledger, m *mq.MQ, prefix string, n, parts int) {
 	t.Helper()
@@ -803,7 +803,7 @@ func sendN(t testing.TB, l *ledger, m *mq.MQ, prefix string, n, parts int) {
 	defer p.Close()
 	for j := range n {
 		id := fmt.Sprintf("%s-%d", prefix, j)
-		msg := (&mq.Message{ID: id, Key: fmt.Sprintf("%s/%d", prefix, j%parts), Body: r3naBody(id)}).ToPartition(j % parts)
+		msg := (&mq.Message{ID: id, Key: fmt.Sprintf("%s/%d", prefix, j%parts), Body: r3nodeBody(id)}).ToPartition(j % parts)
 		if err := l.sendOne(ctx, p, prefix, msg); err != nil {
 			t.Fatalf("send %s: %v", id, err)
 		}

@@ -32,38 +32,38 @@ import (
 // binary with it (a panic, a fault, a full disk); the two others run here.
 
 const (
-	r3naDirEnv   = "ZEZE_MQ_R3NA_DIR"
-	r3naIDEnv    = "ZEZE_MQ_R3NA_ID"
-	r3naSeedsEnv = "ZEZE_MQ_R3NA_SEEDS"
-	r3naPartsEnv = "ZEZE_MQ_R3NA_PARTS"
-	r3naFsizeEnv = "ZEZE_MQ_R3NA_FSIZE" // RLIMIT_FSIZE of the child, bytes
+	r3nodeDirEnv   = "ZEZE_MQ_R3NODE_DIR"
+	r3nodeIDEnv    = "ZEZE_MQ_R3NODE_ID"
+	r3nodeSeedsEnv = "ZEZE_MQ_R3NODE_SEEDS"
+	r3nodePartsEnv = "ZEZE_MQ_R3NODE_PARTS"
+	r3nodeFsizeEnv = "ZEZE_MQ_R3NODE_FSIZE" // RLIMIT_FSIZE of the child, bytes
 )
 
-// r3naBody is the body of message id: a marker naming it (found again in
+// r3nodeBody is the body of message id: a marker naming it (found again in
 // the files), then padding.
-func r3naBody(id string) []byte {
+func r3nodeBody(id string) []byte {
 	b := []byte("BODY<" + id + ">")
 	return append(b, bytes.Repeat([]byte{'#'}, 512-len(b))...)
 }
 
 // TestRaft3NodeChild is the node under test, in a child process:
-// it opens its directory as node R3NA_ID joining R3NA_SEEDS, says OPENED
+// it opens its directory as node R3NODE_ID joining R3NODE_SEEDS, says OPENED
 // (or OPENERR and the error), then answers the lines of its standard
 // input: "read" reads every message of r3 through this node (M p off id
 // crc, or E p off err, then DONE), "topics" says T and the partitions of
 // r3 it shows. At the end of its input it closes, says CLOSED (or
 // CLOSEHANG), and LEAK with the goroutines left behind if any.
 func TestRaft3NodeChild(t *testing.T) {
-	dir := os.Getenv(r3naDirEnv)
+	dir := os.Getenv(r3nodeDirEnv)
 	if dir == "" {
 		t.Skip("child process of the TestRaft3Node tests")
 	}
-	r3naChild(dir) // never returns
+	r3nodeChild(dir) // never returns
 }
 
-func r3naChild(dir string) {
+func r3nodeChild(dir string) {
 	say := func(format string, args ...any) { fmt.Fprintf(os.Stdout, format+"\n", args...) }
-	if s := os.Getenv(r3naFsizeEnv); s != "" {
+	if s := os.Getenv(r3nodeFsizeEnv); s != "" {
 		n, _ := strconv.ParseUint(s, 10, 64)
 		signal.Ignore(syscall.SIGXFSZ)
 		var lim syscall.Rlimit
@@ -77,11 +77,11 @@ func r3naChild(dir string) {
 			os.Exit(0)
 		}
 	}
-	parts, _ := strconv.Atoi(os.Getenv(r3naPartsEnv))
+	parts, _ := strconv.Atoi(os.Getenv(r3nodePartsEnv))
 	base := goleak.IgnoreCurrent()
 	say("OPENING")
 	m, err := mq.Open(dir, mq.WithCluster(mq.ClusterConfig{
-		NodeID: os.Getenv(r3naIDEnv), Bind: "127.0.0.1:0", Seeds: strings.Split(os.Getenv(r3naSeedsEnv), ","),
+		NodeID: os.Getenv(r3nodeIDEnv), Bind: "127.0.0.1:0", Seeds: strings.Split(os.Getenv(r3nodeSeedsEnv), ","),
 		Secret: clusterSecret, SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
 	}), mq.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	if err != nil {
@@ -190,6 +190,7 @@ func breakFreelist(t testing.TB, path string) {
 // (replica.Raft3.checkDamage); with FlipRecord it once answered ErrCorrupt
 // for acked messages the two others hold intact. TruncateHalf logs a clear
 // ErrCorrupt and leaves the replica out; Empty is rebuilt from the raft log.
+// The default run has FlipRecord; the others run with ZEZE_FULL=1.
 func TestRaft3Node_DamagedPartitionDB(t *testing.T) {
 	const parts = 4
 	t.Run("FlipRecord", func(t *testing.T) {
@@ -213,11 +214,13 @@ func TestRaft3Node_DamagedPartitionDB(t *testing.T) {
 		})
 	})
 	t.Run("TruncateHalf", func(t *testing.T) {
+		fullOnly(t)
 		damagedReplica(t, parts, func(c *testCluster) {
 			truncateTo(t, partitionFile(c, "n3", 1), 0.5)
 		})
 	})
 	t.Run("Empty", func(t *testing.T) {
+		fullOnly(t)
 		// A 0-byte file: bbolt makes a new one; the raft log replays.
 		damagedReplica(t, parts, func(c *testCluster) {
 			truncateTo(t, partitionFile(c, "n3", 1), 0)
@@ -229,7 +232,7 @@ func TestRaft3Node_DamagedPartitionDB(t *testing.T) {
 // votes) damaged while its node is down: raftqueue.Open checks raft.db
 // first and returns ErrCorrupt (opened by raft-boltdb's bare bbolt.Open,
 // the damage once panicked or faulted inside mq.Open and killed the
-// process).
+// process). The default run has Freelist; the others run with ZEZE_FULL=1.
 func TestRaft3Node_DamagedRaftDB(t *testing.T) {
 	const parts = 2
 	t.Run("Freelist", func(t *testing.T) {
@@ -238,6 +241,7 @@ func TestRaft3Node_DamagedRaftDB(t *testing.T) {
 		})
 	})
 	t.Run("TruncateToMeta", func(t *testing.T) {
+		fullOnly(t)
 		// Its two meta pages kept: the pages they name are past the end.
 		damagedReplica(t, parts, func(c *testCluster) {
 			if err := os.Truncate(filepath.Join(replicaDir(c, "n3", 0), "raft.db"), 8192); err != nil {
@@ -246,6 +250,7 @@ func TestRaft3Node_DamagedRaftDB(t *testing.T) {
 		})
 	})
 	t.Run("Flip", func(t *testing.T) {
+		fullOnly(t)
 		damagedReplica(t, parts, func(c *testCluster) {
 			path := filepath.Join(replicaDir(c, "n3", 0), "raft.db")
 			b, err := os.ReadFile(path)
@@ -269,7 +274,7 @@ func TestRaft3Node_DamagedRaftDB(t *testing.T) {
 // forged: a newest snapshot naming an index past the replica's file whose
 // state.bin does not match its CRC, and one whose meta.json is garbage.
 // Held (a clear "CRC mismatch" logged and the replica left out; a bad
-// meta.json skipped).
+// meta.json skipped). MetaGarbage runs with ZEZE_FULL=1 only.
 func TestRaft3Node_DamagedSnapshot(t *testing.T) {
 	const parts = 2
 	forge := func(c *testCluster, meta string, state []byte) {
@@ -292,6 +297,7 @@ func TestRaft3Node_DamagedSnapshot(t *testing.T) {
 		})
 	})
 	t.Run("MetaGarbage", func(t *testing.T) {
+		fullOnly(t)
 		damagedReplica(t, parts, func(c *testCluster) {
 			forge(c, "{not json", []byte("x"))
 		})
@@ -326,7 +332,7 @@ func TestRaft3Node_DamagedReplicaBlocksOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	msg := (&mq.Message{ID: "p1", Body: r3naBody("p1")}).ToPartition(1)
+	msg := (&mq.Message{ID: "p1", Body: r3nodeBody("p1")}).ToPartition(1)
 	if err := l.sendOne(ctx, p, "p1", msg); err != nil {
 		t.Errorf("send to %s/1 with n1 closed (n2 and n3 hold intact replicas of it): %v", r3, err)
 	}
@@ -424,7 +430,7 @@ func TestRaft3Node_KillDuringRecovery(t *testing.T) {
 			default:
 			}
 			id := fmt.Sprintf("f-%d", j)
-			msg := (&mq.Message{ID: id, Key: fmt.Sprintf("f/%d", j%parts), Body: r3naBody(id)}).ToPartition(j % parts)
+			msg := (&mq.Message{ID: id, Key: fmt.Sprintf("f/%d", j%parts), Body: r3nodeBody(id)}).ToPartition(j % parts)
 			if err := l.sendOne(ctx, p, "f", msg); err != nil {
 				t.Errorf("send %s while n3 recovers: %v", id, err)
 				return
@@ -473,7 +479,7 @@ func TestRaft3Node_KillDuringRecovery(t *testing.T) {
 func TestRaft3Node_DiskFails(t *testing.T) {
 	const parts = 2
 	c := newCluster(t, 2)
-	ch := startNodeChild(t, c, "n3", parts, r3naFsizeEnv+"="+strconv.Itoa(20<<20))
+	ch := startNodeChild(t, c, "n3", parts, r3nodeFsizeEnv+"="+strconv.Itoa(20<<20))
 	ch.expect(30*time.Second, "OPENED")
 	c.waitUp(3)
 	createR3(t, c, parts)
@@ -486,7 +492,7 @@ func TestRaft3Node_DiskFails(t *testing.T) {
 	l := newLedger()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	big := func(id string) []byte { return bytes.Repeat(r3naBody(id), 64) } // 32 KiB
+	big := func(id string) []byte { return bytes.Repeat(r3nodeBody(id), 64) } // 32 KiB
 	errc := make(chan error, 2)
 	for _, via := range []string{"n1", "n2"} {
 		go func() {
