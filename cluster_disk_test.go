@@ -180,6 +180,7 @@ func reopenRefused(t *testing.T, what string, opts ...mq.Option) {
 // "the cache and the address book are hints": damaged, they are ignored
 // and the node opens with every acked message.
 func TestCluster_OpenDamagedFiles(t *testing.T) {
+	parallelByDefault(t)
 	root := t.TempDir()
 	src := filepath.Join(root, "src")
 	m, err := mq.Open(src, clusterOpt("n1"))
@@ -242,6 +243,7 @@ func TestCluster_OpenDamagedFiles(t *testing.T) {
 // ids: empty, 65 bytes, a character outside the rule; each is
 // ErrInvalidOption from Open and leaves the directory usable.
 func TestCluster_NodeIDLimits(t *testing.T) {
+	parallelByDefault(t)
 	for _, tc := range []struct{ name, id string }{
 		{"Empty", ""},
 		{"Long", strings.Repeat("n", 65)},
@@ -269,6 +271,7 @@ func TestCluster_NodeIDLimits(t *testing.T) {
 // both; every node sends to a partition of each node and reads it back;
 // one past each limit is a clear error.
 func TestCluster_Maxima(t *testing.T) {
+	parallelByDefault(t)
 	root := t.TempDir()
 	id1, id2 := strings.Repeat("a", 64), strings.Repeat("b", 64)
 	n1 := openNode(t, filepath.Join(root, "1"), clusterOpt(id1))
@@ -386,6 +389,7 @@ func TestConsumer_LongestGroupRetryTopic(t *testing.T) {
 // ran. Where Open succeeds (the hints are ignored), the node must take a
 // topic and Close.
 func TestCluster_OpenFilesUnusable(t *testing.T) {
+	parallelByDefault(t)
 	for _, used := range []bool{false, true} {
 		for _, tc := range []struct {
 			name string

@@ -38,6 +38,7 @@ import (
 // that is the contract's side, documented on Listener and
 // SessionTimeout.)
 func TestCluster_IsolatedHandlerNoOverlap(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
@@ -149,6 +150,7 @@ func TestCluster_IsolatedHandlerNoOverlap(t *testing.T) {
 // on that node, the stale member keeps its partitions forever and no one
 // delivers them.
 func TestCluster_QuickRestartRemovesStaleMember(t *testing.T) {
+	parallelByDefault(t)
 	const sess = 4 * time.Second
 	c := newCluster(t, 3, withSession(sess))
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
@@ -569,6 +571,7 @@ func TestCluster_CloseInHandlerAndDuringCalls(t *testing.T) {
 // PASSES: the engine's Close does not leave the groups, so the partition
 // moves only once n2's session expires, after its handler returned.
 func TestCluster_CloseHandsOverAfterHandlerEnds(t *testing.T) {
+	parallelByDefault(t)
 	t.Run("Consumer.Close", func(t *testing.T) {
 		testCloseHandsOver(t, func(_ *testCluster, a *mq.Consumer) error { return a.Close() })
 	})
@@ -709,6 +712,7 @@ func TestCluster_PartitionServiceChecksACL(t *testing.T) {
 // Duplicates are allowed; losses and a partition left without owner are
 // not.
 func TestCluster_GroupChurnAcrossNodes(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
 	defer cancel()
@@ -783,6 +787,7 @@ func TestCluster_GroupChurnAcrossNodes(t *testing.T) {
 // with the same IDs while n1 is away. Every acknowledged message must be
 // delivered, none lost.
 func TestCluster_RemoteConsumerSurvivesOwnerRestart(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
 	defer cancel()
@@ -897,6 +902,7 @@ func TestCluster_MixedMaxMessageBytes(t *testing.T) {
 // cannot reach it; n1 restarts on its data with the same host store. Each
 // message must end up in its partition exactly once.
 func TestCluster_TxPreparerCrashAfterHostCommit(t *testing.T) {
+	parallelByDefault(t)
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	// Three nodes: with two, a restart never regains quorum
 	// (TestCluster_TwoNodeRestart).
@@ -967,6 +973,7 @@ func TestCluster_TxPreparerCrashAfterHostCommit(t *testing.T) {
 // table of a node restarting without quorum as not built, "its table fills
 // once a leader is reachable"; here no leader can ever exist again.)
 func TestCluster_TwoNodeRestart(t *testing.T) {
+	parallelByDefault(t)
 	for _, victim := range []string{"n1", "n2"} {
 		t.Run(victim, func(t *testing.T) {
 			c := newCluster(t, 2)

@@ -25,6 +25,7 @@ import (
 // while someone else holds it), so nothing forbids claiming it again.
 // It failed before the fix: a message sent after the link came back is not delivered.
 func TestCluster_NoQuorumLeaseBlip(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 4) // session timeout 1 s: lease 500 ms
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

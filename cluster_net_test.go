@@ -627,6 +627,7 @@ func (p *netProxy) close() {
 // A producer on n1 sends keyed messages all along (each send bounded by
 // 2 s); consumers of group g run on n2 and n3, partitions on every node.
 func TestCluster_LinkFaults(t *testing.T) {
+	parallelByDefault(t)
 	t.Run("OneWay", func(t *testing.T) { testLinkFaults(t, "n3", false) })
 	// The node nobody reaches is the metadata leader (it started the
 	// cluster), whose appends reach the others while their heartbeats do
@@ -803,6 +804,7 @@ func testLinkFaults(t *testing.T, pxNode string, flap bool) {
 // commit) is followed by a redelivery from the first message, with no
 // overlap of owners.
 func TestCluster_ResetDuringConsumption(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 2, withSession(time.Second)) // lease 500 ms
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -162,6 +162,7 @@ func TestCluster_TLS(t *testing.T) {
 // joins, so that node holds no partition (a Single partition is reachable
 // only while its node lives) and every send succeeds while it is dead.
 func TestCluster_GroupAcrossNodes(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -544,6 +545,7 @@ func TestCluster_ACL(t *testing.T) {
 // long past their sessions' end; CreateMQ fails with ErrNoQuorum; once the
 // dead come back, changes work again.
 func TestCluster_NoQuorumDataPathsGoOn(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -635,6 +637,7 @@ func TestCluster_NoQuorumDataPathsGoOn(t *testing.T) {
 // them. A damaged cache is ignored (the node then waits for a leader) and
 // never a reason not to open.
 func TestCluster_RestartWithoutQuorum(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -24,6 +24,7 @@ import (
 // stored once, in its partition, at the offset its ack gave, with its own
 // body, in each producer's order.
 func TestDoubleWriteChunk_KillChunkLeadersAlter(t *testing.T) {
+	parallelByDefault(t)
 	var logs nodeLogs
 	const parts, grown = 5, 8
 	c := newCluster(t, 4, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 2}))
@@ -107,6 +108,7 @@ func TestDoubleWriteChunk_KillChunkLeadersAlter(t *testing.T) {
 // send returns, sends are acked again, and every acked message is stored
 // once where its ack said.
 func TestDoubleWriteChunk_CloseUnderSends(t *testing.T) {
+	parallelByDefault(t)
 	var logs nodeLogs
 	const parts = 4
 	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: parts}))
@@ -180,6 +182,7 @@ func TestDoubleWriteChunk_CloseUnderSends(t *testing.T) {
 // every acked message is there once, at the offset its ack gave, and each
 // chunk takes sends again, led as one.
 func TestDoubleWriteChunk_ClusterRestart(t *testing.T) {
+	parallelByDefault(t)
 	var logs nodeLogs
 	const parts = 7
 	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 3}))

@@ -30,6 +30,7 @@ import (
 // must take sends again. (At 4fd2e47 the reopen failed for good, "stream
 // dw/d/0 retained twice", and sends were refused; fixed by 48db32c.)
 func TestDoubleWrite_FollowerChosenAgain(t *testing.T) {
+	parallelByDefault(t)
 	var logs nodeLogs
 	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(1, mq.Options{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -99,6 +100,7 @@ func TestDoubleWrite_AckAloneLinkCut(t *testing.T) {
 // a clear answer (acked, or ErrNoQuorum as without AckAlone, where the
 // stalled follower is refused at once), not wait out every ctx.
 func TestDoubleWrite_AckAloneTwoNodesFollowerLost(t *testing.T) {
+	parallelByDefault(t)
 	var logs nodeLogs
 	c := newCluster(t, 2, withNodeOptions(logs.opts), withDoubleWrite(1, mq.Options{AckAlone: true}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -150,6 +152,7 @@ func TestDoubleWrite_AckAloneTwoNodesFollowerLost(t *testing.T) {
 // producer's order. By default two rounds (a leader killed past its
 // session, one back within it); six with ZEZE_FULL=1, followers killed too.
 func TestDoubleWrite_KillAlternately(t *testing.T) {
+	parallelByDefault(t)
 	dwKillAlternately(t, mq.Options{}, sized(2, 6))
 }
 
@@ -214,6 +217,7 @@ func dwKillAlternately(t *testing.T, opts mq.Options, rounds int) {
 // sync; either way, once the leader is back every acked message is there,
 // once, in order.
 func TestDoubleWrite_FollowerThenLeaderKilled(t *testing.T) {
+	parallelByDefault(t)
 	var logs nodeLogs
 	const parts = 1
 	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{}))
@@ -252,6 +256,7 @@ func TestDoubleWrite_FollowerThenLeaderKilled(t *testing.T) {
 // other, each while the others still send) and reopened: every acked
 // message is there once, in order, and sends are acked again.
 func TestDoubleWrite_ClusterRestartUnderLoad(t *testing.T) {
+	parallelByDefault(t)
 	var logs nodeLogs
 	const parts = 3
 	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{}))
@@ -293,6 +298,7 @@ func TestDoubleWrite_ClusterRestartUnderLoad(t *testing.T) {
 // believes it leads. Whatever it acks must survive: every acked message is
 // there once, in order, after the link is back; and sends are acked again.
 func TestDoubleWrite_LeaderCutFromMetadata(t *testing.T) {
+	parallelByDefault(t)
 	var logs nodeLogs
 	const parts = 3
 	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 1}))
@@ -388,6 +394,7 @@ func TestDoubleWrite_LinkCutNoAckAlone(t *testing.T) {
 // ErrNoQuorum), the follower is promoted, and every acked message is
 // there once.
 func TestDoubleWrite_CloseLeaderInFlight(t *testing.T) {
+	parallelByDefault(t)
 	var logs nodeLogs
 	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(1, mq.Options{}))
 	leader := c.leaderOf("d", 0)
@@ -481,6 +488,7 @@ func TestDoubleWrite_CloseLeaderInFlight(t *testing.T) {
 // it): the other member receives every acked message that the killed one
 // had not (at least once), across the promotion.
 func TestDoubleWrite_GroupAcrossFailover(t *testing.T) {
+	parallelByDefault(t)
 	var logs nodeLogs
 	const parts = 2
 	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{}))
@@ -533,6 +541,7 @@ func TestDoubleWrite_GroupAcrossFailover(t *testing.T) {
 // of the partitions' new leaders, committed where the host holds the
 // marker and rolled back where not, across a second failover.
 func TestDoubleWrite_Transactions(t *testing.T) {
+	parallelByDefault(t)
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	const parts = 2
 	var logs nodeLogs
@@ -721,6 +730,7 @@ func TestDoubleWrite_Transactions(t *testing.T) {
 // kill by promotion), and every acked message is stored once, in its
 // partition, in order.
 func TestDoubleWrite_AlterUnderLoad(t *testing.T) {
+	parallelByDefault(t)
 	var logs nodeLogs
 	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(1, mq.Options{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -915,6 +925,7 @@ func TestDoubleWrite_AckAloneFollowerKilled(t *testing.T) {
 // with the follower (raftqueue.Pair.Verify exists for this and is never
 // called).
 func TestDoubleWrite_StaleLeaderRead(t *testing.T) {
+	parallelByDefault(t)
 	var logs nodeLogs
 	const parts = 3
 	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 1}))

@@ -52,6 +52,7 @@ func dwLeaderIsolated(t *testing.T, isolated time.Duration) (c *testCluster, lea
 // load once, in order, across the move and after the links are back; and
 // the pair did move (not waiting out the 30 s session).
 func TestDoubleWrite_ReportIsolatedLeaderAlive(t *testing.T) {
+	parallelByDefault(t)
 	c, leader, follower := dwLeaderIsolated(t, 4*time.Second)
 	if now := c.leaderOf("d", 0); now == leader {
 		t.Errorf("%s isolated 4 s with reports, still leads d/0 (follower %s): the reports did nothing", leader, follower)

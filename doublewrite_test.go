@@ -40,6 +40,7 @@ func TestDoubleWrite_Refusals(t *testing.T) {
 // and sends go on (refused with ErrNoQuorum or outcome-unknown meanwhile,
 // never lost): every acked message is stored once, in its partition.
 func TestDoubleWrite_SendConsumeFailover(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -96,6 +97,7 @@ func TestDoubleWrite_SendConsumeFailover(t *testing.T) {
 // from its directories keeps every acked message, once; the leaders, which
 // led their epochs before, take new ones (RenewEpoch) and take sends again.
 func TestDoubleWrite_ClusterRestart(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -127,6 +129,7 @@ func TestDoubleWrite_ClusterRestart(t *testing.T) {
 // with ErrNoQuorum, at once, not a hang; the follower back, it catches up
 // and sends are acked again, nothing lost.
 func TestDoubleWrite_FollowerLost(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -172,6 +175,7 @@ func TestDoubleWrite_FollowerLost(t *testing.T) {
 // loss the option documents (the lone copy's disk) is not caused here: the
 // killed nodes keep their disks.
 func TestDoubleWrite_AckAlone(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -252,6 +256,7 @@ func TestDoubleWrite_AckAlone(t *testing.T) {
 // node back, for the metadata's quorum), and holds every acked message of
 // both partitions of the pair, once.
 func TestDoubleWrite_CompactedNewFollower(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3, withNodeOptions(func(string) []mq.Option { return []mq.Option{mq.WithPairCompaction(8, 2)} }))
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -288,6 +293,7 @@ func TestDoubleWrite_CompactedNewFollower(t *testing.T) {
 // before the old leader's session would expire (30 s here), the sends go
 // on there, and every acked message is stored once.
 func TestDoubleWrite_CloseHandsOff(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3, withSession(30*time.Second))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -393,3 +393,16 @@ func fullOnly(t testing.TB) {
 		t.Skip("runs with ZEZE_FULL=1 only; the default run keeps a smaller form")
 	}
 }
+
+// parallelByDefault marks t, a long cluster test that spends its time
+// waiting out session, election and follower timeouts, parallel with the
+// others of its kind in the default run (defaultParallel at a time, after
+// the sequential tests). Under ZEZE_FULL=1 (CI) or the race detector,
+// which slows every node tenfold, they run one at a time, as before. Tests
+// with tight bounds on wall time, fixed addresses or goroutine checks
+// (noLeaks) stay sequential.
+func parallelByDefault(t *testing.T) {
+	if !fullRun() && !raceEnabled {
+		t.Parallel()
+	}
+}

@@ -29,6 +29,7 @@ import (
 // stored. The node reopened on its data rejoins: with another node
 // closed, the quorum needs it, and it takes sends and reads back all.
 func TestRaft3_LeaderClosedWhileSending(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
 	c := newCluster(t, 3, withRaft3(parts))
 	lead, others := leaderAndOthers(t, c)
@@ -65,6 +66,7 @@ func TestRaft3_LeaderClosedWhileSending(t *testing.T) {
 // once, at its acked place, each partition from its start with no gap and
 // each key's messages first in send order.
 func TestRaft3_GroupFailover(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
 	c := newCluster(t, 3, withRaft3(parts))
 	lead, others := leaderAndOthers(t, c)
@@ -91,6 +93,7 @@ func TestRaft3_GroupFailover(t *testing.T) {
 // once healed; every acked message is stored once where it was acked and
 // delivered, each partition with no gap.
 func TestRaft3_LeaderIsolated(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
 	c := newCluster(t, 3, withRaft3(parts))
 	lead, others := leaderAndOthers(t, c)
@@ -121,6 +124,7 @@ func TestRaft3_LeaderIsolated(t *testing.T) {
 // sends end with ErrClosed, and the cluster reopened on its directories
 // holds every acked message once, where it was acked.
 func TestRaft3_CloseAllWhileBusy(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
 	c := newCluster(t, 3, withRaft3(parts))
 	ctx := testCtx(t)
@@ -248,6 +252,7 @@ func TestRaft3_NoQuorum(t *testing.T) {
 // partition's leader, which is then closed, are released by the new
 // leader: each delivered no earlier than its time, and stored once.
 func TestRaft3_DelayedAcrossFailover(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3, withRaft3(1))
 	lead, others := leaderAndOthers(t, c)
 	delayedAcrossFailover(t, c, lead, others, 1)
@@ -260,6 +265,7 @@ func TestRaft3_DelayedAcrossFailover(t *testing.T) {
 // (committed where its host holds the marker, rolled back where not);
 // while the preparer is down, none is decided, nor delivered.
 func TestRaft3_Transactions(t *testing.T) {
+	parallelByDefault(t)
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	const parts = 2
 	c := newCluster(t, 3, withNodeOptions(func(id string) []mq.Option {
@@ -378,6 +384,7 @@ func TestRaft3_Transactions(t *testing.T) {
 // from the node without one grows the topic, and the group gets the new
 // partitions' messages.
 func TestRaft3_ThroughFollowers(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 4, withRaft3(1))
 	ctx := testCtx(t)
 	lead := leaderOf(t, c, 0)
@@ -487,6 +494,7 @@ func TestRaft3_ThroughFollowers(t *testing.T) {
 // replica of the new partition late and joins its group: with another
 // node closed, the group needs it, and it holds every acked message.
 func TestRaft3_GrowWhileNodeDown(t *testing.T) {
+	parallelByDefault(t)
 	// Sessions long enough that the closed node is still up when the
 	// topic grows, however slow its Close.
 	c := newCluster(t, 3, withSession(time.Minute), withRaft3(1))
@@ -527,6 +535,7 @@ func TestRaft3_GrowWhileNodeDown(t *testing.T) {
 // the other follower's node closes its node: every call returns, and the
 // chain is stored once.
 func TestRaft3_HandlerReentry(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3, withRaft3(1))
 	_, followers := leaderAndOthers(t, c)
 	ctx := testCtx(t)

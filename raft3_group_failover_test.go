@@ -33,6 +33,7 @@ import (
 // every acked message is delivered, each partition without a gap. The
 // default run closes one leader; ZEZE_FULL=1 both.
 func TestRaft3Group_SharedLeaderClosedTwice(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 8
 	c := newCluster(t, 3, withRaft3(parts))
 	ctx := testCtx(t)
@@ -75,6 +76,7 @@ func TestRaft3Group_SharedLeaderClosedTwice(t *testing.T) {
 // partition, and serves in the quorum with n1 closed: every ack read back
 // at its place through n3 and n2.
 func TestRaft3Group_GrowOddWhileNodeDown(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3, withSession(time.Minute), withTopic(r3, 3, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 2}))
 	ctx := testCtx(t)
 	l := newLedger()
@@ -131,6 +133,7 @@ func TestRaft3Group_GrowOddWhileNodeDown(t *testing.T) {
 // the groups have a quorum: every ack read back through both, and new
 // sends to every partition acked.
 func TestRaft3Group_RestartFromStateCache(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	createR3With(t, c, 5, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 2})
 	ctx := testCtx(t)
@@ -172,6 +175,7 @@ func TestRaft3Group_RestartFromStateCache(t *testing.T) {
 // node sends while the leader of group 0 is closed: every ack stored once
 // at its place, each key in order, as every node reads it.
 func TestRaft3Group_FourNodes(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 12
 	c := newCluster(t, 4)
 	createR3With(t, c, parts, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 3})
@@ -218,6 +222,7 @@ func TestRaft3Group_FourNodes(t *testing.T) {
 // delivered, each message once; a rolled-back one never; an uncommitted
 // one is never visible to a consumer while it waits.
 func TestRaft3Group_TxAcrossGroups(t *testing.T) {
+	parallelByDefault(t)
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	const parts = 4
 	c := newCluster(t, 3, withNodeOptions(func(id string) []mq.Option {
@@ -333,6 +338,7 @@ func TestRaft3Group_TxAcrossGroups(t *testing.T) {
 // (goleak checks what is left at the end); n3 reopened serves in the
 // quorum with n1 closed, every ack read back.
 func TestRaft3Group_CloseWhileGroupsOpen(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 32
 	c := newCluster(t, 3)
 	createR3With(t, c, parts, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 8})
@@ -383,6 +389,7 @@ func TestRaft3Group_CloseWhileGroupsOpen(t *testing.T) {
 // clearly, the two others serve every partition, and with n3 in the
 // quorum every ack is read back unchanged at its place.
 func TestRaft3Group_DamagedOneSharer(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 8
 	damagedReplica(t, parts, func(c *testCluster) {
 		var ids []string
@@ -402,6 +409,7 @@ func TestRaft3Group_DamagedOneSharer(t *testing.T) {
 // in groups of 64 (16 groups) take a send to every partition and read it
 // back through a node, and AlterMQ past MaxPartitions is refused.
 func TestRaft3Group_Limits(t *testing.T) {
+	parallelByDefault(t)
 	t.Run("Standalone", func(t *testing.T) {
 		m := openNode(t, "")
 		ctx := testCtx(t)
@@ -512,6 +520,7 @@ func TestRaft3Group_Limits(t *testing.T) {
 // materialized to its own point) and serves in the quorum with n1, then
 // n2, closed: every ack read back unchanged at its place.
 func TestRaft3Group_LeaderKilledMidLoad(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 8
 	c := newCluster(t, 2)
 	ch := startNodeChild(t, c, "n3", parts)
@@ -568,6 +577,7 @@ func TestRaft3Group_LeaderKilledMidLoad(t *testing.T) {
 // leader: the new leader's upkeep of each partition releases that
 // partition's own, each once, in its own partition, never early.
 func TestRaft3Group_DelayedAcrossSharers(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 8
 	c := newCluster(t, 3, withRaft3(parts))
 	lead, others := leaderAndOthers(t, c)
@@ -583,6 +593,7 @@ func TestRaft3Group_DelayedAcrossSharers(t *testing.T) {
 // while sends run: the topic ends at the largest, every group with one
 // leader, every ack read back at its place.
 func TestRaft3Group_RacingCreateAndAlter(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx := testCtx(t)
 	sizes := map[string]int{"n1": 1, "n2": 3, "n3": 8}
@@ -673,6 +684,7 @@ func TestRaft3Group_RacingCreateAndAlter(t *testing.T) {
 // sends to all of them and consumes: every Close and send returns, and
 // the cluster reopened holds every ack once at its place.
 func TestRaft3Group_CloseAllWhileBusy(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 12
 	c := newCluster(t, 3)
 	createR3With(t, c, parts, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 5})

@@ -18,6 +18,7 @@ import (
 // TestRaft3_PartitionsPerRaftGroup: the option's limits, checked before
 // anything is proposed.
 func TestRaft3_PartitionsPerRaftGroup(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -74,6 +75,7 @@ func TestRaft3_PartitionsPerRaftGroup(t *testing.T) {
 // restart of the whole cluster: each acked message once, at its acked
 // offset.
 func TestRaft3_SharedGroups(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

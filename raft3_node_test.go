@@ -192,6 +192,7 @@ func breakFreelist(t testing.TB, path string) {
 // ErrCorrupt and leaves the replica out; Empty is rebuilt from the raft log.
 // The default run has FlipRecord; the others run with ZEZE_FULL=1.
 func TestRaft3Node_DamagedPartitionDB(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 4
 	t.Run("FlipRecord", func(t *testing.T) {
 		// A byte of every message's body, in each partition.db of n3:
@@ -234,6 +235,7 @@ func TestRaft3Node_DamagedPartitionDB(t *testing.T) {
 // the damage once panicked or faulted inside mq.Open and killed the
 // process). The default run has Freelist; the others run with ZEZE_FULL=1.
 func TestRaft3Node_DamagedRaftDB(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
 	t.Run("Freelist", func(t *testing.T) {
 		damagedReplica(t, parts, func(c *testCluster) {
@@ -276,6 +278,7 @@ func TestRaft3Node_DamagedRaftDB(t *testing.T) {
 // Held (a clear "CRC mismatch" logged and the replica left out; a bad
 // meta.json skipped). MetaGarbage runs with ZEZE_FULL=1 only.
 func TestRaft3Node_DamagedSnapshot(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
 	forge := func(c *testCluster, meta string, state []byte) {
 		dir := filepath.Join(replicaDir(c, "n3", 0), "snapshots", "99-100000-1700000000000")
@@ -316,6 +319,7 @@ func TestRaft3Node_DamagedSnapshot(t *testing.T) {
 // their group out, so with n1 closed too none of them has a quorum. Here
 // each partition has a group of its own.
 func TestRaft3Node_DamagedReplicaBlocksOthers(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
 	c, l := damagedSetupWith(t, parts, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 1})
 	truncateTo(t, partitionFile(c, "n3", 0), 0.5)
@@ -368,6 +372,7 @@ func startWith(c *testCluster, id string, cc func(*mq.ClusterConfig), opts ...mq
 // stored messages' size): its replicas come back and, with n1 closed, the
 // quorum needs them: every ack is read back, and sends go on.
 func TestRaft3Node_ReopenOtherOptions(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
 	c, l := damagedSetup(t, parts) // nothing damaged: n3 closed with every message
 	sendN(t, l, c.nodes["n2"], "b", 20, parts)
@@ -401,6 +406,7 @@ func TestRaft3Node_ReopenOtherOptions(t *testing.T) {
 // opened cleanly here. Its replicas rejoin: with n1 closed the quorum
 // needs them, and every ack is read back at its offset. Held.
 func TestRaft3Node_KillDuringRecovery(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
 	c := newCluster(t, 3, withRaft3(parts))
 	for i := range parts {
@@ -477,6 +483,7 @@ func TestRaft3Node_KillDuringRecovery(t *testing.T) {
 // the two others; n3's Close returns and leaves nothing behind; reopened
 // here on a healthy disk with n1 closed, it holds every ack. Held.
 func TestRaft3Node_DiskFails(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
 	c := newCluster(t, 2)
 	ch := startNodeChild(t, c, "n3", parts, r3nodeFsizeEnv+"="+strconv.Itoa(20<<20))

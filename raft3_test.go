@@ -47,6 +47,7 @@ func TestRaft3_NeedsThreeNodes(t *testing.T) {
 // two left go on taking sends, the group goes on receiving, and the node,
 // reopened on its data, rejoins its groups and reads everything back.
 func TestRaft3_SendConsumeFailover(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -148,6 +149,7 @@ func TestRaft3_SendConsumeFailover(t *testing.T) {
 // message delayed before the restart is released after it by whichever
 // replica leads then.
 func TestRaft3_ClusterRestart(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -247,6 +249,7 @@ func TestRaft3_CloseWithoutQuorum(t *testing.T) {
 // succeeds once the path is free: the replica's log, retained on the first
 // try, must not be lost to it.
 func TestRaft3_ReplicaOpenRetried(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -308,6 +311,7 @@ func TestRaft3_ReplicaOpenRetried(t *testing.T) {
 // after the old one's kill holds none of them), and the next send goes on
 // at the same offset.
 func TestRaft3_RetentionConsumed(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3, withNodeOptions(func(string) []mq.Option {
 		return []mq.Option{mq.WithRetentionConsumed(), mq.WithDedupWindow(100 * time.Millisecond),
 			mq.WithMaintenanceInterval(50 * time.Millisecond)}
