@@ -336,11 +336,9 @@ func TestCluster_CutFromLeaderStopsDelivering(t *testing.T) {
 		return len(ds) > 20
 	})
 	// n3 cut from the leader n1 only; it still reaches n2, the partition's node.
-	mq.SetLinkDown(c.nodes["n1"], "n3", true)
-	mq.SetLinkDown(c.nodes["n3"], "n1", true)
+	c.cut("n1", "n3", true)
 	defer func() {
-		mq.SetLinkDown(c.nodes["n1"], "n3", false)
-		mq.SetLinkDown(c.nodes["n3"], "n1", false)
+		c.cut("n1", "n3", false)
 	}()
 	cut := time.Now()
 	noop := mq.ListenerFunc(func(context.Context, string, *mq.Message) error { return nil })
@@ -383,8 +381,7 @@ func TestCluster_CutFromLeaderStopsDelivering(t *testing.T) {
 	// Healed: n3 learns that it was marked down; one node goes on, n1 (the
 	// owner the metadata group chose), and never both at once.
 	healed := time.Now()
-	mq.SetLinkDown(c.nodes["n1"], "n3", false)
-	mq.SetLinkDown(c.nodes["n3"], "n1", false)
+	c.cut("n1", "n3", false)
 	waitFor(t, 20*time.Second, "n1 delivering after the heal", func() bool {
 		f, _, _ := firstLast()
 		return !f.IsZero()

@@ -276,6 +276,12 @@ func (c *testCluster) isolate(id string, down bool) {
 	}
 }
 
+// cut cuts (or restores) the link between nodes a and b, both ends.
+func (c *testCluster) cut(a, b string, down bool) {
+	mq.SetLinkDown(c.nodes[a], b, down)
+	mq.SetLinkDown(c.nodes[b], a, down)
+}
+
 // othersThan returns the ids of c's open nodes but not, sorted.
 func othersThan(c *testCluster, not ...string) []string {
 	var out []string

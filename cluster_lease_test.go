@@ -75,11 +75,9 @@ func TestCluster_NoQuorumLeaseBlip(t *testing.T) {
 	waitFor(t, 10*time.Second, "m1 delivered without a quorum", func() bool { return col.count("m1") > 0 })
 
 	// A blip on the link n3–n4, longer than 4/5 of the lease.
-	mq.SetLinkDown(c.nodes["n3"], "n4", true)
-	mq.SetLinkDown(c.nodes["n4"], "n3", true)
+	c.cut("n3", "n4", true)
 	time.Sleep(1500 * time.Millisecond)
-	mq.SetLinkDown(c.nodes["n3"], "n4", false)
-	mq.SetLinkDown(c.nodes["n4"], "n3", false)
+	c.cut("n3", "n4", false)
 
 	send("m2")
 	deadline := time.Now().Add(10 * time.Second)
@@ -173,11 +171,9 @@ func TestCluster_MixedSessionTimeouts(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("m0 never delivered on n2")
 	}
-	mq.SetLinkDown(c.nodes["n2"], "n1", true)
-	mq.SetLinkDown(c.nodes["n1"], "n2", true)
+	c.cut("n2", "n1", true)
 	defer func() {
-		mq.SetLinkDown(c.nodes["n2"], "n1", false)
-		mq.SetLinkDown(c.nodes["n1"], "n2", false)
+		c.cut("n2", "n1", false)
 	}()
 	cut := time.Now()
 	var overlap atomic.Value

@@ -238,7 +238,7 @@ func TestDoubleWriteChunk_IsolateNode(t *testing.T) {
 	}
 	waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() > 60 })
 	victim := c.leaderOf("d", 0)
-	dwIsolate(c, victim, true)
+	c.isolate(victim, true)
 	waitFor(t, 30*time.Second, "chunk {0,1} led by another node", func() bool {
 		for _, id := range othersThan(c, victim) {
 			if slices.Contains(c.nodes[id].ClusterStatus().Leading, "d/0") {
@@ -250,7 +250,7 @@ func TestDoubleWriteChunk_IsolateNode(t *testing.T) {
 	before := l.count()
 	waitFor(t, 30*time.Second, "acks with "+victim+" cut off", func() bool { return l.count() > before+60 })
 	time.Sleep(2 * time.Second)
-	dwIsolate(c, victim, false)
+	c.isolate(victim, false)
 	c.waitUp(4)
 	before = l.count()
 	waitFor(t, 30*time.Second, "acks after the links came back", func() bool { return l.count() > before+100 })
@@ -284,11 +284,11 @@ func TestDoubleWriteChunk_AckAloneLinkCutThenPromote(t *testing.T) {
 		l.runBatches(id, id+"a", parts, []int{first, first + 1})
 	}
 	waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() > 40 })
-	dwCut(c, leader, follower, true)
+	c.cut(leader, follower, true)
 	time.Sleep(3 * time.Second) // past the follower timeout (2s)
 	before := l.count()
 	waitFor(t, 12*time.Second, "acks with the link "+leader+"-"+follower+" cut (AckAlone)", func() bool { return l.count() > before+40 })
-	dwCut(c, leader, follower, false)
+	c.cut(leader, follower, false)
 	waitFor(t, 30*time.Second, follower+" in sync again", func() bool {
 		_, _, in, _ := mq.PairRecord(c.nodes[meta], "d", first+1)
 		return slices.Contains(in, follower)
@@ -326,11 +326,11 @@ func TestDoubleWriteChunk_LeaderCutFromMetadata(t *testing.T) {
 		l.runBatches(id, id+"b", parts, []int{0, 1, 2, 3})
 	}
 	waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() > 40 })
-	dwCut(c, leader, meta, true)
+	c.cut(leader, meta, true)
 	time.Sleep(5 * time.Second)
 	t.Logf("cut %s (leader of chunk {%d,%d}) from %s: %s leads %v; %s leads %v", leader, first, first+1, meta,
 		leader, c.nodes[leader].ClusterStatus().Leading, follower, c.nodes[follower].ClusterStatus().Leading)
-	dwCut(c, leader, meta, false)
+	c.cut(leader, meta, false)
 	c.waitUp(4)
 	before := l.count()
 	waitFor(t, 30*time.Second, "acks after the link came back", func() bool { return l.count() > before+60 })

@@ -39,14 +39,14 @@ func TestDoubleWrite_FollowerChosenAgain(t *testing.T) {
 	third := othersThan(c, leader, follower)[0]
 	acked := sendAll(ctx, t, c.nodes[leader], "d", 1, 20, "a")
 
-	dwIsolate(c, follower, true)
+	c.isolate(follower, true)
 	waitFor(t, 20*time.Second, "the replacement follower "+third, func() bool { return dwHasReplicaDir(c, third, 0) })
 	more, err := dwSendWithin(c.nodes[leader], 1, 20, "b", 20*time.Second)
 	acked = append(acked, more...)
 	if err != nil {
 		t.Fatalf("sends once %s replaced the follower %s: %v", third, follower, err)
 	}
-	dwIsolate(c, follower, false)
+	c.isolate(follower, false)
 	c.waitUp(3)
 	waitFor(t, 20*time.Second, follower+" dropping its replica", func() bool { return mq.Served(c.nodes[follower], "d", 0) != nil })
 
@@ -78,14 +78,14 @@ func TestDoubleWrite_AckAloneLinkCut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dwCut(c, leader, follower, true)
+	c.cut(leader, follower, true)
 	more, err := dwSend(c.nodes[leader], parts, part, 40, "b", 12*time.Second)
 	acked = append(acked, more...)
 	if err != nil {
 		t.Errorf("AckAlone, the link %s-%s of d/%d cut: %d of 40 sends acked in 12s, then %v\nDoubleWrite log: %q",
 			leader, follower, part, len(more), err, logs.matching("DoubleWrite"))
 	}
-	dwCut(c, leader, follower, false)
+	c.cut(leader, follower, false)
 	more, err = dwSend(c.nodes[leader], parts, part, 20, "c", 30*time.Second)
 	acked = append(acked, more...)
 	if err != nil {
@@ -316,11 +316,11 @@ func TestDoubleWrite_LeaderCutFromMetadata(t *testing.T) {
 		}
 	}()
 	time.Sleep(time.Second)
-	dwCut(c, leader, meta, true)
+	c.cut(leader, meta, true)
 	time.Sleep(sized(3*time.Second, 5*time.Second)) // past the session (1 s) either way
 	t.Logf("cut %s (leader of d/%d) from %s: leads %v; %s leads %v", leader, part, meta,
 		c.nodes[leader].ClusterStatus().Leading, follower, c.nodes[follower].ClusterStatus().Leading)
-	dwCut(c, leader, meta, false)
+	c.cut(leader, meta, false)
 	c.waitUp(3)
 	before := l.count()
 	waitFor(t, 30*time.Second, "sends acked after the link is back", func() bool {
@@ -346,7 +346,7 @@ func TestDoubleWrite_LinkCutNoAckAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dwCut(c, leader, follower, true)
+	c.cut(leader, follower, true)
 	p, err := c.nodes[leader].NewProducer("d")
 	if err != nil {
 		t.Fatal(err)
@@ -376,7 +376,7 @@ func TestDoubleWrite_LinkCutNoAckAlone(t *testing.T) {
 	if !refusedAtOnce {
 		t.Errorf("the link %s-%s cut: no send refused with ErrNoQuorum at once in 15s: %q", leader, follower, outcomes)
 	}
-	dwCut(c, leader, follower, false)
+	c.cut(leader, follower, false)
 	more, err := dwSend(c.nodes[leader], parts, part, 20, "c", 30*time.Second)
 	acked = append(acked, more...)
 	if err != nil {
@@ -934,8 +934,8 @@ func TestDoubleWrite_StaleLeaderRead(t *testing.T) {
 	if _, err := dwSend(c.nodes[meta], parts, part, 5, "a", 20*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	dwCut(c, leader, meta, true)
-	defer dwCut(c, leader, meta, false)
+	c.cut(leader, meta, true)
+	defer c.cut(leader, meta, false)
 	waitFor(t, 20*time.Second, follower+" promoted", func() bool {
 		return slices.Contains(c.nodes[follower].ClusterStatus().Leading, fmt.Sprintf("d/%d", part))
 	})

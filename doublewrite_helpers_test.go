@@ -331,22 +331,6 @@ func dwCheckStored(ctx context.Context, t *testing.T, m *mq.MQ, parts int, acked
 	return seen
 }
 
-// dwIsolate cuts (or restores) every link of node id, both ends.
-func dwIsolate(c *testCluster, id string, cut bool) {
-	for other, m := range c.nodes {
-		if other != id {
-			mq.SetLinkDown(m, id, cut)
-			mq.SetLinkDown(c.nodes[id], other, cut)
-		}
-	}
-}
-
-// dwCut cuts (or restores) the link between nodes a and b, both ends.
-func dwCut(c *testCluster, a, b string, cut bool) {
-	mq.SetLinkDown(c.nodes[a], b, cut)
-	mq.SetLinkDown(c.nodes[b], a, cut)
-}
-
 // dwFollower returns the node other than leader that holds a replica of
 // d/part now (mq.Served finds a replica), "" if none.
 func dwFollower(c *testCluster, leader string, part int) string {

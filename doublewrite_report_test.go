@@ -31,9 +31,9 @@ func dwLeaderIsolated(t *testing.T, isolated time.Duration) (c *testCluster, lea
 		}
 	}()
 	time.Sleep(500 * time.Millisecond)
-	dwIsolate(c, leader, true)
+	c.isolate(leader, true)
 	time.Sleep(isolated)
-	dwIsolate(c, leader, false)
+	c.isolate(leader, false)
 	c.waitUp(3)
 	before := l.count()
 	waitFor(t, 20*time.Second, "sends acked after the links are back", func() bool {
