@@ -1,18 +1,10 @@
 package mq_test
 
 import (
-	"cmp"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/big"
 	"os"
 	"path/filepath"
 	"sync"
@@ -24,125 +16,6 @@ import (
 	"github.com/zeze-go/mq/localtx"
 	"github.com/zeze-go/mq/localtx/txtest"
 )
-
-var clusterSecret = []byte("cluster-test-secret-0123456789")
-
-// testCluster is nodes of one cluster in this process, on 127.0.0.1.
-type testCluster struct {
-	t     testing.TB
-	root  string
-	nodes map[string]*mq.MQ
-	seed  string                      // the first node's address
-	opts  func(id string) []mq.Option // more options of node id; nil for none
-	sess  time.Duration               // the nodes' SessionTimeout; 0 for a second
-	// tls gives node id's ServerTLS and ClientTLS; nil for none.
-	tls func(id string) (server, client *tls.Config)
-}
-
-func newCluster(t testing.TB, n int) *testCluster { return newClusterWith(t, n, nil) }
-
-// newClusterWith starts n nodes, node id with the options opts(id) too.
-func newClusterWith(t testing.TB, n int, opts func(id string) []mq.Option) *testCluster {
-	t.Helper()
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, opts: opts}
-	c.startAll(n)
-	return c
-}
-
-// startAll starts nodes n1 (which starts the cluster) to n<n> and waits
-// until each sees every node up.
-func (c *testCluster) startAll(n int) {
-	c.t.Helper()
-	c.start("n1")
-	c.seed = c.nodes["n1"].ClusterStatus().Addr
-	for i := 2; i <= n; i++ {
-		c.start(fmt.Sprintf("n%d", i))
-	}
-	c.waitUp(n)
-}
-
-// waitUp waits until every open node sees n nodes up.
-func (c *testCluster) waitUp(n int) {
-	c.t.Helper()
-	waitFor(c.t, 30*time.Second, "every node up", func() bool {
-		for _, m := range c.nodes {
-			up := 0
-			for _, nd := range m.ClusterStatus().Nodes {
-				if nd.Up {
-					up++
-				}
-			}
-			if up != n {
-				return false
-			}
-		}
-		return true
-	})
-}
-
-// start opens node id on its directory; every node but the first joins
-// through the first's address (or, once it is gone, another's).
-func (c *testCluster) start(id string) *mq.MQ {
-	c.t.Helper()
-	var seeds []string
-	if c.seed != "" {
-		for other, m := range c.nodes {
-			if other != id {
-				seeds = append(seeds, m.ClusterStatus().Addr)
-			}
-		}
-	}
-	cc := mq.ClusterConfig{
-		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret,
-		SessionTimeout: cmp.Or(c.sess, time.Second), ElectionTimeout: 200 * time.Millisecond,
-	}
-	if c.tls != nil {
-		cc.ServerTLS, cc.ClientTLS = c.tls(id)
-	}
-	opts := []mq.Option{mq.WithCluster(cc)}
-	if c.opts != nil {
-		opts = append(opts, c.opts(id)...)
-	}
-	m, err := mq.Open(filepath.Join(c.root, id), opts...)
-	if err != nil {
-		c.t.Fatalf("open %s: %v", id, err)
-	}
-	c.nodes[id] = m
-	c.t.Cleanup(func() { closeNode(id, m) })
-	return m
-}
-
-// kill closes node id (its data stays).
-func (c *testCluster) kill(id string) {
-	c.t.Helper()
-	if err := closeNode(id, c.nodes[id]); err != nil {
-		c.t.Logf("close %s: %v", id, err)
-	}
-	delete(c.nodes, id)
-}
-
-// closeHangs is how long a node's Close may take before closeNode calls it
-// a hang.
-const closeHangs = 2 * time.Minute
-
-// closeNode closes m. A Close still waiting after closeHangs ends the test
-// binary, after printing the goroutines blocked for a minute or more: the
-// whole dump of a package timeout, with every node of every test still in
-// the process, is too long to read the hang from.
-func closeNode(id string, m *mq.MQ) error {
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		select {
-		case <-stop:
-		case <-time.After(closeHangs):
-			fmt.Fprintf(os.Stderr, "closing %s hangs after %v; the goroutines blocked for minutes:\n%s\n",
-				id, closeHangs, testlog.Goroutines(testlog.BlockedMinutes))
-			os.Exit(3)
-		}
-	}()
-	return m.Close()
-}
 
 // TestCluster_Basic: a topic created on a node that is not the metadata
 // leader is placed over every node; every node sends to every partition and
@@ -246,59 +119,12 @@ func TestCluster_LeaderKilled(t *testing.T) {
 	waitFor(t, 10*time.Second, "the new topic on the restarted node", func() bool { return back.Topics()["after"] == 1 })
 }
 
-// testCerts makes a CA and, per node id, a certificate naming it (its DNS
-// SAN), usable as ServerTLS and ClientTLS.
-func testCerts(t testing.TB) func(id string) (server, client *tls.Config) {
-	t.Helper()
-	key := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	caKey := key()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test cluster CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	var mu sync.Mutex
-	serial := int64(1)
-	return func(id string) (*tls.Config, *tls.Config) {
-		mu.Lock()
-		serial++
-		n := serial
-		mu.Unlock()
-		k := key()
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(n), Subject: pkix.Name{CommonName: id}, DNSNames: []string{id},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
-		return &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool},
-			&tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool}
-	}
-}
-
 // TestCluster_TLS: a cluster whose links are all mutual TLS (WithCluster's
 // ServerTLS and ClientTLS, each node's certificate naming its id) forms,
 // places a topic on both nodes, and carries sends and a group's
 // deliveries across them.
 func TestCluster_TLS(t *testing.T) {
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, tls: testCerts(t)}
-	c.startAll(2)
+	c := newCluster(t, 2, withTLS(testCerts(t)))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	n1, n2 := c.nodes["n1"], c.nodes["n2"]
@@ -336,6 +162,7 @@ func TestCluster_TLS(t *testing.T) {
 // joins, so that node holds no partition (a Single partition is reachable
 // only while its node lives) and every send succeeds while it is dead.
 func TestCluster_GroupAcrossNodes(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -417,7 +244,7 @@ func TestCluster_GroupAcrossNodes(t *testing.T) {
 	c.isolate(victim, true)
 	c.kill(victim)
 	for _, m := range c.nodes {
-		mq.ReviewSetLinkDown(m, victim, false) // for its restart below
+		mq.SetLinkDown(m, victim, false) // for its restart below
 	}
 	delete(consumers, victim)
 	send(300, 600)
@@ -502,13 +329,13 @@ func TestCluster_BroadcastAcrossNodes(t *testing.T) {
 // marker, rolled back where it does not, in the partitions of both nodes.
 func TestCluster_TxCheckBack(t *testing.T) {
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
-	c := newClusterWith(t, 2, func(id string) []mq.Option {
+	c := newCluster(t, 2, withNodeOptions(func(id string) []mq.Option {
 		opts := []mq.Option{mq.WithTxCheckAfter(50 * time.Millisecond)}
 		if id == "n1" {
 			opts = append(opts, mq.WithLocalTx(host.Store))
 		}
 		return opts
-	})
+	}))
 	ctx := context.Background()
 	n1, n2 := c.nodes["n1"], c.nodes["n2"]
 	if err := n1.CreateMQ(ctx, "orders", 4, mq.Options{}); err != nil {
@@ -561,13 +388,13 @@ func TestCluster_TxPreparerDown(t *testing.T) {
 	// n2 has a host store of its own, which has never heard of the
 	// transaction: asked, it would say rolled back.
 	own := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
-	c := newClusterWith(t, 2, func(id string) []mq.Option {
+	c := newCluster(t, 2, withNodeOptions(func(id string) []mq.Option {
 		opts := []mq.Option{mq.WithTxCheckAfter(50 * time.Millisecond), mq.WithTxMaxChecks(3)}
 		if id == "n2" {
 			opts = append(opts, mq.WithLocalTx(own.Store))
 		}
 		return opts
-	})
+	}))
 	ctx := context.Background()
 	n1, n2 := c.nodes["n1"], c.nodes["n2"]
 	if err := n1.CreateMQ(ctx, "orders", 4, mq.Options{}); err != nil {
@@ -611,11 +438,11 @@ func TestCluster_TxPreparerDown(t *testing.T) {
 // logged once with the identity.
 func TestCluster_ACL(t *testing.T) {
 	var logs testlog.Lines
-	c := newClusterWith(t, 2, func(id string) []mq.Option {
+	c := newCluster(t, 2, withNodeOptions(func(id string) []mq.Option {
 		// Both nodes log here: a refused metadata change is logged by the
 		// metadata leader, which may be either.
 		return []mq.Option{mq.WithLogger(slog.New(&logs))}
-	})
+	}))
 	ctx := context.Background()
 	n1, n2 := c.nodes["n1"], c.nodes["n2"]
 	for _, topic := range []string{"orders", "audit"} {
@@ -718,6 +545,7 @@ func TestCluster_ACL(t *testing.T) {
 // long past their sessions' end; CreateMQ fails with ErrNoQuorum; once the
 // dead come back, changes work again.
 func TestCluster_NoQuorumDataPathsGoOn(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -809,6 +637,7 @@ func TestCluster_NoQuorumDataPathsGoOn(t *testing.T) {
 // them. A damaged cache is ignored (the node then waits for a leader) and
 // never a reason not to open.
 func TestCluster_RestartWithoutQuorum(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -82,7 +82,7 @@ func TestMQ_Crash(t *testing.T) {
 		cycle, _ := strconv.Atoi(os.Getenv(crashCycleEnv))
 		crashChild(dir, cycle) // never returns
 	}
-	cycles := 20
+	cycles := sized(8, 20) // 20 with ZEZE_FULL=1
 	if testing.Short() {
 		cycles = 5
 	}
@@ -243,53 +243,6 @@ func crashChild(dir string, cycle int) {
 	// The parent kills us long before this; it only bounds an orphan's life.
 	time.Sleep(2 * time.Minute)
 	fail("not killed within 2 minutes")
-}
-
-// errorLog collects the node's error-level log records: a consumer that
-// cannot read (a corrupt record) says so only in the log.
-type errorLog struct {
-	mu   sync.Mutex
-	recs []string
-	errs []error // the error-valued attributes of recs
-}
-
-func (l *errorLog) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelError }
-func (l *errorLog) Handle(_ context.Context, r slog.Record) error {
-	var b strings.Builder
-	b.WriteString(r.Message)
-	r.Attrs(func(a slog.Attr) bool {
-		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
-		if err, ok := a.Value.Any().(error); ok {
-			l.mu.Lock()
-			l.errs = append(l.errs, err)
-			l.mu.Unlock()
-		}
-		return true
-	})
-	l.mu.Lock()
-	l.recs = append(l.recs, b.String())
-	l.mu.Unlock()
-	return nil
-}
-func (l *errorLog) WithAttrs([]slog.Attr) slog.Handler { return l }
-func (l *errorLog) WithGroup(string) slog.Handler      { return l }
-
-// has reports whether an error-valued attribute satisfies match.
-func (l *errorLog) has(match func(error) bool) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, err := range l.errs {
-		if match(err) {
-			return true
-		}
-	}
-	return false
-}
-
-func (l *errorLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.recs, "\n")
 }
 
 // verifyCrashDir reopens dir, reads every stored message of the crash topic

@@ -6,59 +6,11 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/zeze-go/mq"
 )
-
-// arrivals is a Listener that keeps each message with the time it arrived.
-type arrivals struct {
-	mu   sync.Mutex
-	msgs []*mq.Message
-	at   []time.Time
-}
-
-func (a *arrivals) OnMessage(_ context.Context, _ string, m *mq.Message) error {
-	now := time.Now()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.msgs = append(a.msgs, m)
-	a.at = append(a.at, now)
-	return nil
-}
-
-func (a *arrivals) len() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.msgs)
-}
-
-// lateness returns, sorted, how long after its DeliverAt each message arrived.
-func (a *arrivals) lateness() []time.Duration {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	out := make([]time.Duration, len(a.msgs))
-	for i, m := range a.msgs {
-		out[i] = a.at[i].Sub(m.DeliverAt)
-	}
-	slices.Sort(out)
-	return out
-}
-
-// bodiesOfKey returns the bodies of key's messages in arrival order.
-func (a *arrivals) bodiesOfKey(key string) []string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var out []string
-	for _, m := range a.msgs {
-		if m.Key == key {
-			out = append(out, string(m.Body))
-		}
-	}
-	return out
-}
 
 // quantile returns the q-quantile of sorted (nearest rank).
 func quantile(sorted []time.Duration, q float64) time.Duration {
@@ -67,38 +19,6 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 	}
 	i := int(q*float64(len(sorted))+0.5) - 1
 	return sorted[max(0, min(i, len(sorted)-1))]
-}
-
-func mustSend(t testing.TB, p *mq.Producer, msgs ...*mq.Message) []mq.SendResult {
-	t.Helper()
-	res, err := p.SendMessage(context.Background(), msgs...)
-	if err != nil {
-		t.Fatalf("SendMessage: %v", err)
-	}
-	return res
-}
-
-// openWithTopic opens a node with opts and creates topic with parts
-// partitions; it returns the node and a producer for the topic.
-func openWithTopic(t testing.TB, topic string, parts int, opts ...mq.Option) (*mq.MQ, *mq.Producer) {
-	t.Helper()
-	m := openNode(t, "", opts...)
-	mustCreate(t, m, topic, parts)
-	p, err := m.NewProducer(topic)
-	if err != nil {
-		t.Fatalf("NewProducer(%s): %v", topic, err)
-	}
-	return m, p
-}
-
-func mustConsume(t testing.TB, m *mq.MQ, topic, group string, l mq.Listener) *mq.Consumer {
-	t.Helper()
-	c, err := m.NewConsumer(topic, group, l)
-	if err != nil {
-		t.Fatalf("NewConsumer(%s, %s): %v", topic, group, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
 }
 
 // TestDelay_Precision sends delayed messages due at spread-out times on an

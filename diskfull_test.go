@@ -110,6 +110,9 @@ func TestMQ_DiskFull(t *testing.T) {
 	var rows []row
 	for _, tc := range diskFullCases {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "WALFirst" {
+				fullOnly(t) // WALFirstSend has the WAL meet the limit by default
+			}
 			dir := t.TempDir()
 			out := runDiskFullChild(t, dir, tc)
 			hit := out.hitFile()

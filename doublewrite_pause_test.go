@@ -22,6 +22,7 @@ import (
 // gave, once. The old leader then rejoins as the follower (the other
 // follower's node closed, it is the one left) and is recorded in sync.
 func TestDoubleWrite_PausedLeader(t *testing.T) {
+	parallelByDefault(t)
 	c, ch, part, follower, other, epoch := childLedPair(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -60,6 +61,7 @@ func TestDoubleWrite_PausedLeader(t *testing.T) {
 // within seconds, not at the session's end; every ack is stored once at
 // its offset.
 func TestDoubleWrite_ReportedLeaderDown(t *testing.T) {
+	parallelByDefault(t)
 	c, ch, part, follower, other, epoch := childLedPair(t, 30*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -84,8 +86,7 @@ func TestDoubleWrite_ReportedLeaderDown(t *testing.T) {
 // n3, its follower, the node out of that pair and the pair's epoch.
 func childLedPair(t *testing.T, sess time.Duration) (c *testCluster, ch *nodeChild, part int, follower, other string, epoch uint64) {
 	t.Helper()
-	c = &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: sess}
-	c.startAll(2)
+	c = newCluster(t, 2, withSession(sess))
 	ch = startNodeChild(t, c, "n3", 3)
 	ch.expect(30*time.Second, "OPENED")
 	c.waitUp(3)

@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,28 +34,13 @@ func TestDoubleWrite_Refusals(t *testing.T) {
 	}
 }
 
-// leaderOf returns the node whose replica leads partition part of topic.
-func (c *testCluster) leaderOf(topic string, part int) string {
-	c.t.Helper()
-	var leader string
-	waitFor(c.t, 20*time.Second, fmt.Sprintf("a leader of %s/%d", topic, part), func() bool {
-		for id, m := range c.nodes {
-			if slices.Contains(m.ClusterStatus().Leading, fmt.Sprintf("%s/%d", topic, part)) {
-				leader = id
-				return true
-			}
-		}
-		return false
-	})
-	return leader
-}
-
 // TestDoubleWrite_SendConsumeFailover: a DoubleWrite topic on three nodes
 // takes sends from every node and a consumer group receives them; the
 // leader's node killed, its follower is promoted, a new follower caught up,
 // and sends go on (refused with ErrNoQuorum or outcome-unknown meanwhile,
 // never lost): every acked message is stored once, in its partition.
 func TestDoubleWrite_SendConsumeFailover(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -111,63 +93,11 @@ func TestDoubleWrite_SendConsumeFailover(t *testing.T) {
 	}
 }
 
-// sendAll sends n messages tagged tag through node from to partition
-// i%parts of topic, each resent until acked (ErrUnknownOutcome and
-// ErrNoQuorum are waited out), and returns their IDs.
-func sendAll(ctx context.Context, t *testing.T, m *mq.MQ, topic string, parts, n int, tag string) []string {
-	t.Helper()
-	p, err := m.NewProducer(topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	var ids []string
-	for i := range n {
-		msg := (&mq.Message{ID: fmt.Sprintf("%s-%d", tag, i), Body: []byte(tag)}).ToPartition(i % parts)
-		for {
-			_, err := p.SendMessage(ctx, msg)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, mq.ErrUnknownOutcome) && !errors.Is(err, mq.ErrNoQuorum) {
-				t.Fatalf("send %s: %v", msg.ID, err)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		ids = append(ids, msg.ID)
-	}
-	return ids
-}
-
-// readAll returns how many times each ID is stored in topic, read through
-// m; a message of sendAll's must be in the partition its ID's tag-<n> sent
-// it to (n%parts).
-func readAll(ctx context.Context, t *testing.T, m *mq.MQ, topic string, parts int) map[string]int {
-	t.Helper()
-	seen := map[string]int{}
-	for i := range parts {
-		for off := int64(0); ; off++ {
-			msg, err := m.ReadMessage(ctx, topic, i, off)
-			if errors.Is(err, mq.ErrNoMessage) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("read %s %d/%d: %v", topic, i, off, err)
-			}
-			seen[msg.ID]++
-			k := strings.LastIndexByte(msg.ID, '-')
-			if n, err := strconv.Atoi(msg.ID[k+1:]); err == nil && k > 0 && n%parts != i {
-				t.Errorf("%s in partition %d, sent to %d", msg.ID, i, n%parts)
-			}
-		}
-	}
-	return seen
-}
-
 // TestDoubleWrite_ClusterRestart: the whole cluster closed and reopened
 // from its directories keeps every acked message, once; the leaders, which
 // led their epochs before, take new ones (RenewEpoch) and take sends again.
 func TestDoubleWrite_ClusterRestart(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -199,6 +129,7 @@ func TestDoubleWrite_ClusterRestart(t *testing.T) {
 // with ErrNoQuorum, at once, not a hang; the follower back, it catches up
 // and sends are acked again, nothing lost.
 func TestDoubleWrite_FollowerLost(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -244,6 +175,7 @@ func TestDoubleWrite_FollowerLost(t *testing.T) {
 // loss the option documents (the lone copy's disk) is not caused here: the
 // killed nodes keep their disks.
 func TestDoubleWrite_AckAlone(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -316,52 +248,6 @@ func TestDoubleWrite_AckAlone(t *testing.T) {
 	}
 }
 
-// record returns the metadata record of partition part of topic as some
-// open node sees it.
-func (c *testCluster) record(topic string, part int) (leader string, replicas, inSync []string) {
-	for _, m := range c.nodes {
-		leader, replicas, inSync, _ = mq.PairRecord(m, topic, part)
-		return leader, replicas, inSync
-	}
-	return "", nil, nil
-}
-
-// holdsReplica reports whether node id holds a replica of the partition.
-func (c *testCluster) holdsReplica(id, topic string, part int) bool {
-	_, replicas, _ := c.record(topic, part)
-	return slices.Contains(replicas, id)
-}
-
-// inSync reports whether node id is recorded in sync for the partition.
-func (c *testCluster) inSync(topic string, part int, id string) bool {
-	_, _, inSync := c.record(topic, part)
-	return slices.Contains(inSync, id)
-}
-
-// createPair creates DoubleWrite topic "d" of parts partitions in one
-// pair on a cluster of three nodes, waits until every node has it, and
-// returns the pair's leader, its follower and the third node.
-func (c *testCluster) createPair(ctx context.Context, parts int) (leader, follower, other string) {
-	c.t.Helper()
-	if err := c.nodes["n1"].CreateMQ(ctx, "d", parts, mq.Options{Type: mq.DoubleWrite}); err != nil {
-		c.t.Fatal(err)
-	}
-	for id, m := range c.nodes {
-		waitFor(c.t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["d"] == parts })
-	}
-	leader = c.leaderOf("d", 0)
-	for id := range c.nodes {
-		switch {
-		case id == leader:
-		case c.holdsReplica(id, "d", 0):
-			follower = id
-		default:
-			other = id
-		}
-	}
-	return leader, follower, other
-}
-
 // TestDoubleWrite_CompactedNewFollower: the replicas compact their logs as
 // they go (every 8 entries here); a new follower, chosen when the
 // follower's node is lost, finds the leader's log compacted and catches up
@@ -370,7 +256,8 @@ func (c *testCluster) createPair(ctx context.Context, parts int) (leader, follow
 // node back, for the metadata's quorum), and holds every acked message of
 // both partitions of the pair, once.
 func TestDoubleWrite_CompactedNewFollower(t *testing.T) {
-	c := newClusterWith(t, 3, func(string) []mq.Option { return []mq.Option{mq.WithPairCompaction(8, 2)} })
+	parallelByDefault(t)
+	c := newCluster(t, 3, withNodeOptions(func(string) []mq.Option { return []mq.Option{mq.WithPairCompaction(8, 2)} }))
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	const parts = 2
@@ -406,8 +293,8 @@ func TestDoubleWrite_CompactedNewFollower(t *testing.T) {
 // before the old leader's session would expire (30 s here), the sends go
 // on there, and every acked message is stored once.
 func TestDoubleWrite_CloseHandsOff(t *testing.T) {
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: 30 * time.Second}
-	c.startAll(3)
+	parallelByDefault(t)
+	c := newCluster(t, 3, withSession(30*time.Second))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const parts = 2

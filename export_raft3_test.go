@@ -8,7 +8,7 @@ import (
 	"github.com/zeze-go/mq/internal/replica"
 )
 
-// Hooks of the Raft3 attacks (raft3_attack_test.go).
+// Hooks of the Raft3 tests (raft3_failover_test.go and others).
 
 // Raft3Leader returns the leader of partition i of Raft3 topic as m's
 // replica knows it ("" while none is known), and whether m holds a

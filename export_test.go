@@ -78,29 +78,30 @@ func ApplyAt(ctx context.Context, m *MQ, topic string, i int, msg *Message) erro
 	return translate(err)
 }
 
-// Hooks of the review's tests (cluster_review_test.go): a node's port, and
-// its agent's Propose as a (possibly hostile) node would call it.
+// Hooks of the cluster's fault tests (cluster_faults_test.go and others): a
+// node's links, and its agent's Propose as a (possibly hostile) node would
+// call it.
 
-// ReviewSetLinkDown cuts (or restores) m's side of its link to node peer.
-func ReviewSetLinkDown(m *MQ, peer string, down bool) {
+// SetLinkDown cuts (or restores) m's side of its link to node peer.
+func SetLinkDown(m *MQ, peer string, down bool) {
 	m.cluster.Agent().Transport().SetLinkDown(peer, down)
 }
 
-// ReviewPropose proposes c through m's agent, as node m: what any node
+// Propose proposes c through m's agent, as node m: what any node
 // knowing the secret can send to the metadata leader.
-func ReviewPropose(ctx context.Context, m *MQ, c metastate.Command) (metastate.Result, error) {
+func Propose(ctx context.Context, m *MQ, c metastate.Command) (metastate.Result, error) {
 	return m.cluster.Agent().Propose(ctx, c)
 }
 
-// ReviewGroup is the metadata group's record of a consumer group, as m sees it.
-func ReviewGroup(m *MQ, topic, group string) (metastate.ConsumerGroup, bool) {
+// GroupRecord is the metadata group's record of a consumer group, as m sees it.
+func GroupRecord(m *MQ, topic, group string) (metastate.ConsumerGroup, bool) {
 	return m.cluster.Agent().Meta().State().Group(topic, group)
 }
 
-// ReviewRemotePartition is partition i of topic on node, reached from m
+// RemotePartition is partition i of topic on node, reached from m
 // straight through the RPC partition service (as any node knowing the
 // secret may), not through m's producer or consumer API.
-func ReviewRemotePartition(m *MQ, node, topic string, i int) (partition.Partition, error) {
+func RemotePartition(m *MQ, node, topic string, i int) (partition.Partition, error) {
 	c, err := m.cluster.Agent().Peer(node)
 	if err != nil {
 		return nil, err

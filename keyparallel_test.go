@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,51 +29,6 @@ func keyedFixture(t *testing.T, keys, per int) *mq.MQ {
 	}
 	mustSend(t, p, msgs...)
 	return m
-}
-
-// blocker is a Listener for key-parallel tests: it fails one message while
-// blocked is set, records every successful delivery per key, and measures
-// how many handlers run at once.
-type blocker struct {
-	failBody string
-	blocked  atomic.Bool
-	inFlight atomic.Int32
-	most     atomic.Int32
-	fails    atomic.Int32
-
-	mu    sync.Mutex
-	byKey map[string][]string
-	order []string
-}
-
-func (b *blocker) OnMessage(_ context.Context, _ string, m *mq.Message) error {
-	n := b.inFlight.Add(1)
-	defer b.inFlight.Add(-1)
-	for {
-		old := b.most.Load()
-		if n <= old || b.most.CompareAndSwap(old, n) {
-			break
-		}
-	}
-	time.Sleep(time.Millisecond)
-	if string(m.Body) == b.failBody && b.blocked.Load() {
-		b.fails.Add(1)
-		return errBoom
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.byKey == nil {
-		b.byKey = map[string][]string{}
-	}
-	b.byKey[m.Key] = append(b.byKey[m.Key], string(m.Body))
-	b.order = append(b.order, string(m.Body))
-	return nil
-}
-
-func (b *blocker) done() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.order)
 }
 
 // TestConsumer_KeyParallel: different keys run in parallel, up to the limit;

@@ -514,8 +514,6 @@ func TestMQ_BadInput(t *testing.T) {
 	})
 }
 
-func second[T any](_ T, err error) error { return err }
-
 // TestMQ_CreateDoesNotStallSends: a CreateMQ of MaxPartitions partitions
 // (one file each, opened and synced) runs while another topic is being sent
 // to: the sends go on during it. The topic table is a snapshot swapped once

@@ -18,6 +18,7 @@ import (
 // TestRaft3_PartitionsPerRaftGroup: the option's limits, checked before
 // anything is proposed.
 func TestRaft3_PartitionsPerRaftGroup(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -74,6 +75,7 @@ func TestRaft3_PartitionsPerRaftGroup(t *testing.T) {
 // restart of the whole cluster: each acked message once, at its acked
 // offset.
 func TestRaft3_SharedGroups(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -216,7 +218,7 @@ func TestRaft3_SharedGroups(t *testing.T) {
 // TestRaft3_ReplicaNotOpenYet: a node whose table has not yet caught up
 // with a new Raft3 topic (its sync held) refuses a call for it at once
 // with store.ErrClosed, which sends the caller to another replica, instead of
-// holding it for 5 s and answering ErrNoTopic (before session 6). The
+// holding it for 5 s and answering ErrNoTopic. The
 // topic is served meanwhile by the two other replicas.
 func TestRaft3_ReplicaNotOpenYet(t *testing.T) {
 	c := newCluster(t, 3)

@@ -47,6 +47,7 @@ func TestRaft3_NeedsThreeNodes(t *testing.T) {
 // two left go on taking sends, the group goes on receiving, and the node,
 // reopened on its data, rejoins its groups and reads everything back.
 func TestRaft3_SendConsumeFailover(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -148,6 +149,7 @@ func TestRaft3_SendConsumeFailover(t *testing.T) {
 // message delayed before the restart is released after it by whichever
 // replica leads then.
 func TestRaft3_ClusterRestart(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -208,21 +210,6 @@ func TestRaft3_ClusterRestart(t *testing.T) {
 	}
 }
 
-// committedAll reports whether group has committed everything in each of
-// topic's parts partitions (no lag left).
-func committedAll(m *mq.MQ, topic, group string, parts int) bool {
-	lags, err := m.Lag(topic, group)
-	if err != nil || len(lags) != parts {
-		return false
-	}
-	for _, l := range lags {
-		if !l.Known || l.Lag != 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // TestRaft3_CloseWithoutQuorum: the last node of a Raft3 cluster closes
 // promptly with a consumer open: its final offset commit finds no leader
 // and is given up (the group redelivers from the last commit), instead of
@@ -262,6 +249,7 @@ func TestRaft3_CloseWithoutQuorum(t *testing.T) {
 // succeeds once the path is free: the replica's log, retained on the first
 // try, must not be lost to it.
 func TestRaft3_ReplicaOpenRetried(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -276,8 +264,7 @@ func TestRaft3_ReplicaOpenRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Sent once n1 knows the leader: with none known a call tries the
-	// replicas in turn, and n3, which lacks the topic, answers ErrNoTopic
-	// (see the closing note of session 4).
+	// replicas in turn, and n3, which lacks the topic, answers ErrNoTopic.
 	waitFor(t, 10*time.Second, "a leader known to n1", func() bool {
 		l, _ := mq.Raft3Leader(c.nodes["n1"], "r", 0)
 		return l != ""
@@ -324,10 +311,12 @@ func TestRaft3_ReplicaOpenRetried(t *testing.T) {
 // after the old one's kill holds none of them), and the next send goes on
 // at the same offset.
 func TestRaft3_RetentionConsumed(t *testing.T) {
-	c, lead, others := threeNodes(t, 1, func(string) []mq.Option {
+	parallelByDefault(t)
+	c := newCluster(t, 3, withNodeOptions(func(string) []mq.Option {
 		return []mq.Option{mq.WithRetentionConsumed(), mq.WithDedupWindow(100 * time.Millisecond),
 			mq.WithMaintenanceInterval(50 * time.Millisecond)}
-	})
+	}), withRaft3(1))
+	lead, others := leaderAndOthers(t, c)
 	ctx := testCtx(t)
 	p, err := c.nodes[others[0]].NewProducer(r3)
 	if err != nil {
@@ -362,22 +351,5 @@ func TestRaft3_RetentionConsumed(t *testing.T) {
 	res, err := p.SendMessage(ctx, &mq.Message{ID: "after", Body: []byte("y")})
 	if err != nil || len(res) != 1 || res[0].Offset != 30 {
 		t.Fatalf("the next send: %+v, %v; want offset 30", res, err)
-	}
-}
-
-// resend sends msg until it is acked: again after ErrUnknownOutcome (a new
-// group's first elections may still settle; the producer's contract is to
-// send the same message again, which stores it once). Any other error
-// fails t.
-func resend(ctx context.Context, t testing.TB, p *mq.Producer, msg *mq.Message) mq.SendResult {
-	t.Helper()
-	for {
-		res, err := p.SendMessage(ctx, msg)
-		if err == nil {
-			return res[0]
-		}
-		if !errors.Is(err, mq.ErrUnknownOutcome) {
-			t.Fatalf("send %s: %v", msg.ID, err)
-		}
 	}
 }

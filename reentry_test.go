@@ -4,107 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"runtime/pprof"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/zeze-go/mq"
 )
-
-// A public call made from inside a handler must return promptly: it works or
-// fails with a clear error. These tests call it and fail, instead of hanging,
-// when it has not returned after hangAfter.
-const hangAfter = 10 * time.Second
-
-// noLeaks checks, once the test's other cleanups (closing its nodes) have
-// run, that no goroutine is left.
-func noLeaks(t *testing.T) {
-	t.Helper()
-	t.Cleanup(func() { goleak.VerifyNone(t) })
-}
-
-// returns waits for a value on ch, failing the test as hung after hangAfter.
-func returns[T any](t testing.TB, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(hangAfter):
-		pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
-		t.Fatalf("%s has not returned after %v: hung", what, hangAfter)
-	}
-	panic("unreachable")
-}
-
-// async runs fn in a goroutine; its result arrives on the channel.
-func async(fn func() error) <-chan error {
-	ch := make(chan error, 1)
-	go func() { ch <- fn() }()
-	return ch
-}
-
-// eachMode runs fn as a subtest for each consume mode and checks, after
-// each, that no goroutine is left.
-func eachMode(t *testing.T, fn func(t *testing.T, opts []mq.ConsumerOption)) {
-	for _, mode := range consumeModes {
-		t.Run(mode.name, func(t *testing.T) {
-			noLeaks(t)
-			fn(t, mode.opts)
-		})
-	}
-}
-
-// consumeSelf subscribes fn to topic t as group g. fn may use its own
-// consumer: no message reaches it before NewConsumer has returned it.
-func consumeSelf(t testing.TB, m *mq.MQ, fn func(ctx context.Context, c *mq.Consumer, msg *mq.Message) error, opts ...mq.ConsumerOption) *mq.Consumer {
-	t.Helper()
-	var c *mq.Consumer
-	ready := make(chan struct{})
-	defer close(ready)
-	c = consume(t, m, "t", "g", mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
-		<-ready
-		return fn(ctx, c, msg)
-	}), opts...)
-	return c
-}
-
-// partitionFixture is a topic t of parts partitions; partition i holds per
-// messages "p<i>-0", "p<i>-1", ..., all with key "k<i>" (so a key-parallel
-// consumer, too, hands them over one by one).
-func partitionFixture(t *testing.T, parts, per int) *mq.MQ {
-	t.Helper()
-	m := openNode(t, "")
-	mustCreate(t, m, "t", parts)
-	p, err := m.NewProducer("t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range parts {
-		for j := range per {
-			msg := (&mq.Message{Key: fmt.Sprintf("k%d", i), Body: []byte(fmt.Sprintf("p%d-%d", i, j))}).ToPartition(i)
-			if _, err := p.SendMessage(context.Background(), msg); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	return m
-}
-
-// consumeModes are the ways a consumer runs its handlers.
-var consumeModes = []struct {
-	name string
-	opts []mq.ConsumerOption
-}{
-	{"Orderly", nil},
-	{"Concurrent", []mq.ConsumerOption{mq.WithConsumeMode(mq.Concurrent)}},
-	{"KeyParallel", []mq.ConsumerOption{mq.WithKeyParallel(1)}},
-	{"KeyParallelConcurrent", []mq.ConsumerOption{mq.WithKeyParallel(4), mq.WithConsumeMode(mq.Concurrent)}},
-}
 
 // TestConsumer_CloseFromHandler: a handler closes its own consumer. Close
 // returns at once, nothing is delivered after it, and the message the

@@ -1,6 +1,7 @@
 package mq_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,8 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,74 +18,6 @@ import (
 	"github.com/zeze-go/mq"
 	"github.com/zeze-go/mq/localtx"
 )
-
-// logRecords is a slog.Handler that keeps every record at Info or above.
-type logRecords struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (l *logRecords) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelInfo }
-func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.recs = append(l.recs, r.Clone())
-	return nil
-}
-func (l *logRecords) WithAttrs(attrs []slog.Attr) slog.Handler { return &attrHandler{l, attrs} }
-func (l *logRecords) WithGroup(string) slog.Handler            { return l }
-
-// attrHandler adds the attributes of Logger.With to each record.
-type attrHandler struct {
-	*logRecords
-	attrs []slog.Attr
-}
-
-func (h *attrHandler) Handle(ctx context.Context, r slog.Record) error {
-	r = r.Clone()
-	r.AddAttrs(h.attrs...)
-	return h.logRecords.Handle(ctx, r)
-}
-func (h *attrHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return &attrHandler{h.logRecords, append(append([]slog.Attr(nil), h.attrs...), attrs...)}
-}
-
-// find returns the value of attribute key in the first record whose message
-// contains msg and that has the attribute, or "" and false.
-func (l *logRecords) find(msg, key string) (string, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, r := range l.recs {
-		if !strings.Contains(r.Message, msg) {
-			continue
-		}
-		val, found := "", false
-		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == key {
-				val, found = a.Value.String(), true
-				return false
-			}
-			return true
-		})
-		if found {
-			return val, true
-		}
-	}
-	return "", false
-}
-
-// stored reports whether offset is still stored in topic's partition part.
-func stored(t testing.TB, m *mq.MQ, topic string, part int, offset int64) bool {
-	t.Helper()
-	_, err := m.ReadMessage(context.Background(), topic, part, offset)
-	if errors.Is(err, mq.ErrNoMessage) {
-		return false
-	}
-	if err != nil {
-		t.Fatalf("ReadMessage(%s/%d, %d): %v", topic, part, offset, err)
-	}
-	return true
-}
 
 func sendBodies(t testing.TB, p *mq.Producer, prefix string, n int) {
 	t.Helper()
@@ -382,4 +313,63 @@ func TestOpen_RetentionOptions(t *testing.T) {
 		m := openNode(t, "", mq.WithRetention(0), mq.WithRetentionBytes(0), mq.WithDecisionTTL(time.Hour))
 		mustCreate(t, m, "kept", 1)
 	})
+}
+
+// TestRetention_DamagedGroupRecord: one damaged group record (of
+// an ordinary group, nothing to do with broadcasting) must not stop the
+// partition's retention: messages older than the retention are still
+// deleted. The upkeep lists every group record for the broadcast TTL
+// (default on) and gives up the whole check, trim included, on the damage.
+func TestRetention_DamagedGroupRecord(t *testing.T) {
+	dir := t.TempDir()
+	m, err := mq.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, m, "t", 1)
+	publish(t, m, "t", "a", "b", "c")
+	var s sink
+	c, err := m.NewConsumer("t", "g", &s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "delivery", func() bool { return s.len() == 3 })
+	c.Close()
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "topics", "t", "0.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("groups"))
+		v := bytes.Clone(b.Get([]byte("g")))
+		if len(v) < 10 {
+			return fmt.Errorf("group record %x", v)
+		}
+		v[5] ^= 0x01 // in the offset: its seal no longer matches
+		return b.Put([]byte("g"), v)
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = openNode(t, dir, mq.WithRetention(time.Millisecond), mq.WithMaintenanceInterval(20*time.Millisecond))
+	if _, err := m.Lag("t", "g"); !errors.Is(err, mq.ErrCorrupt) {
+		t.Logf("Lag of the damaged group: %v", err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	var lags []mq.PartitionLag
+	for time.Now().Before(deadline) {
+		if lags, err = m.Lag("t", "other"); err != nil {
+			t.Fatal(err)
+		}
+		if lags[0].Committed == lags[0].Next {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("retention never ran: %+v (3 messages stored long before a retention of 1ms)", lags)
 }

@@ -57,19 +57,6 @@ func waitDecided(t *testing.T, m *mq.MQ, txid string, want mq.TxDecision) {
 	}
 }
 
-// checkOnce fences the topic and checks each of ids was delivered exactly
-// once.
-func checkOnce(t *testing.T, e *txEnv, ids []string) {
-	t.Helper()
-	waitSeen(t, e.col, ids...)
-	fence(t, e.m, e.col, "orders")
-	for _, id := range ids {
-		if n := e.col.count(id); n != 1 {
-			t.Errorf("%s delivered %d times, want once", id, n)
-		}
-	}
-}
-
 // TestTransaction_CommitUnknown: the host's COMMIT returns an error whose
 // outcome is unknown. The queue never takes it for a rollback: it reads the
 // outcome from the host store (the marker), at once or, while the store

@@ -1,24 +1,20 @@
 package mq_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/zeze-go/mq"
 )
 
-// TestReview2_CloseRacesEverything: every call of the API from many
+// TestMQ_CloseRacesEverything: every call of the API from many
 // goroutines while Close runs. Each returns (nil or an error), none panics
 // or hangs, and once Close has returned each one fails with ErrClosed.
-func TestReview2_CloseRacesEverything(t *testing.T) {
+func TestMQ_CloseRacesEverything(t *testing.T) {
 	noLeaks(t)
 	for round := 0; round < 4; round++ {
 		dir := t.TempDir()
@@ -97,10 +93,10 @@ func TestReview2_CloseRacesEverything(t *testing.T) {
 	}
 }
 
-// TestReview2_AlterDuringReset: a reset of every partition races AlterMQ;
+// TestMQ_AlterDuringReset: a reset of every partition races AlterMQ;
 // the consumer ends up consuming every message of every partition,
 // those of the new partitions included, in order per partition.
-func TestReview2_AlterDuringReset(t *testing.T) {
+func TestMQ_AlterDuringReset(t *testing.T) {
 	noLeaks(t)
 	for _, mode := range consumeModes {
 		t.Run(mode.name, func(t *testing.T) {
@@ -163,63 +159,4 @@ func TestReview2_AlterDuringReset(t *testing.T) {
 			})
 		})
 	}
-}
-
-// TestReview2_DamagedGroupStallsRetention: one damaged group record (of
-// an ordinary group, nothing to do with broadcasting) must not stop the
-// partition's retention: messages older than the retention are still
-// deleted. The upkeep lists every group record for the broadcast TTL
-// (default on) and gives up the whole check, trim included, on the damage.
-func TestReview2_DamagedGroupStallsRetention(t *testing.T) {
-	dir := t.TempDir()
-	m, err := mq.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustCreate(t, m, "t", 1)
-	publish(t, m, "t", "a", "b", "c")
-	var s sink
-	c, err := m.NewConsumer("t", "g", &s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 5*time.Second, "delivery", func() bool { return s.len() == 3 })
-	c.Close()
-	if err := m.Close(); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "topics", "t", "0.db")
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket([]byte("groups"))
-		v := bytes.Clone(b.Get([]byte("g")))
-		if len(v) < 10 {
-			return fmt.Errorf("group record %x", v)
-		}
-		v[5] ^= 0x01 // in the offset: its seal no longer matches
-		return b.Put([]byte("g"), v)
-	})
-	db.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m = openNode(t, dir, mq.WithRetention(time.Millisecond), mq.WithMaintenanceInterval(20*time.Millisecond))
-	if _, err := m.Lag("t", "g"); !errors.Is(err, mq.ErrCorrupt) {
-		t.Logf("Lag of the damaged group: %v", err)
-	}
-	deadline := time.Now().Add(3 * time.Second)
-	var lags []mq.PartitionLag
-	for time.Now().Before(deadline) {
-		if lags, err = m.Lag("t", "other"); err != nil {
-			t.Fatal(err)
-		}
-		if lags[0].Committed == lags[0].Next {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("retention never ran: %+v (3 messages stored long before a retention of 1ms)", lags)
 }

@@ -1,9 +1,9 @@
 package mq_test
 
-// Hostile review of the cluster mode's files (issue 11, "left" point 4):
-// faults and damage on raft.db, the address book, the state cache and
-// snapshots, reopening a directory in another mode or under another node
-// id, and the extremes of ids and partition counts.
+// The cluster mode's files: faults and damage on raft.db, the address
+// book, the state cache and snapshots, reopening a directory in another
+// mode or under another node id, and the extremes of ids and partition
+// counts.
 
 import (
 	"context"
@@ -84,12 +84,12 @@ func checkAcked(t *testing.T, m *mq.MQ, topic string, acked map[string]int64) {
 	}
 }
 
-// TestAttack_ClusterCrashLosesWALOnlyMessages attacks promise 1 (an acked
+// TestCluster_CrashKeepsWALOnlyMessages checks promise 1 (an acked
 // message is on disk before the ack, so a crash loses none) in cluster
 // mode. The crash is a copy of the running node's directory, taken while
 // its partitions keep what they logged in the write-ahead log only
 // (WithMaterializeAfter), as after a SIGKILL within 50 ms of the acks.
-func TestAttack_ClusterCrashLosesWALOnlyMessages(t *testing.T) {
+func TestCluster_CrashKeepsWALOnlyMessages(t *testing.T) {
 	root := t.TempDir()
 	src, dst := filepath.Join(root, "live"), filepath.Join(root, "crashed")
 	m := openNode(t, src, clusterOpt("n1"), mq.WithMaterializeAfter(time.Hour))
@@ -103,14 +103,14 @@ func TestAttack_ClusterCrashLosesWALOnlyMessages(t *testing.T) {
 	checkAcked(t, m2, "t", acked)
 }
 
-// TestAttack_ReopenStandaloneAsCluster attacks "never acked messages lost
+// TestCluster_ReopenStandaloneDir checks "never acked messages lost
 // or served from the wrong topic" when a standalone directory is reopened
 // WithCluster. Before the fix it opened: its topics vanished from the
 // table, and a cluster topic of the same name placed on it later served
 // the standalone topic's messages (here at offset 0; with another
 // partition count, some of them never). Want: ErrInvalidOption, and the
 // directory still whole standalone.
-func TestAttack_ReopenStandaloneAsCluster(t *testing.T) {
+func TestCluster_ReopenStandaloneDir(t *testing.T) {
 	dir := t.TempDir()
 	m, err := mq.Open(dir)
 	if err != nil {
@@ -130,22 +130,22 @@ func TestAttack_ReopenStandaloneAsCluster(t *testing.T) {
 	checkAcked(t, openNode(t, dir), "t", acked)
 }
 
-// TestAttack_ReopenClusterAsStandalone: a cluster node's directory opened
+// TestCluster_ReopenAsStandalone: a cluster node's directory opened
 // without WithCluster. Before the fix it opened and adopted the partition
 // files it held as standalone topics (a node holding t/1 but not t/0 got
 // ErrCorrupt, "0.db is missing"; one holding t/0 a topic t of one
 // partition, whose sends then went into the cluster's t/0). Want:
 // ErrInvalidOption, and the node whole when reopened in its cluster.
-func TestAttack_ReopenClusterAsStandalone(t *testing.T) {
+func TestCluster_ReopenAsStandalone(t *testing.T) {
 	reopenRefused(t, "standalone")
 }
 
-// TestAttack_ReopenUnderAnotherNodeID: a cluster node's directory opened
+// TestCluster_ReopenUnderAnotherNodeID: a cluster node's directory opened
 // with another NodeID. Before the fix it opened as n9 with n1's raft log:
 // not in its own configuration, it never elected a leader (CreateMQ ended
 // with ErrNoQuorum) and took its own partitions for n1's, remote and
 // unreachable. Want: ErrInvalidOption, and the node whole as n1.
-func TestAttack_ReopenUnderAnotherNodeID(t *testing.T) {
+func TestCluster_ReopenUnderAnotherNodeID(t *testing.T) {
 	reopenRefused(t, "as n9", clusterOpt("n9"))
 }
 
@@ -175,11 +175,12 @@ func reopenRefused(t *testing.T, what string, opts ...mq.Option) {
 	checkAcked(t, m, "t", acked)
 }
 
-// TestAttack_OpenDamagedClusterFiles attacks "damage is an error: Open
+// TestCluster_OpenDamagedFiles checks "damage is an error: Open
 // returns ErrCorrupt naming the file" for the cluster's own files, and
 // "the cache and the address book are hints": damaged, they are ignored
 // and the node opens with every acked message.
-func TestAttack_OpenDamagedClusterFiles(t *testing.T) {
+func TestCluster_OpenDamagedFiles(t *testing.T) {
+	parallelByDefault(t)
 	root := t.TempDir()
 	src := filepath.Join(root, "src")
 	m, err := mq.Open(src, clusterOpt("n1"))
@@ -238,10 +239,11 @@ func TestAttack_OpenDamagedClusterFiles(t *testing.T) {
 	}
 }
 
-// TestAttack_ClusterIDLimits attacks "clear errors for bad input" on node
+// TestCluster_NodeIDLimits checks "clear errors for bad input" on node
 // ids: empty, 65 bytes, a character outside the rule; each is
 // ErrInvalidOption from Open and leaves the directory usable.
-func TestAttack_ClusterIDLimits(t *testing.T) {
+func TestCluster_NodeIDLimits(t *testing.T) {
+	parallelByDefault(t)
 	for _, tc := range []struct{ name, id string }{
 		{"Empty", ""},
 		{"Long", strings.Repeat("n", 65)},
@@ -264,11 +266,12 @@ func TestAttack_ClusterIDLimits(t *testing.T) {
 	}
 }
 
-// TestAttack_ClusterMaxima: two nodes with ids of the longest length, a
+// TestCluster_Maxima: two nodes with ids of the longest length, a
 // topic of the longest name with MaxPartitions partitions placed over
 // both; every node sends to a partition of each node and reads it back;
 // one past each limit is a clear error.
-func TestAttack_ClusterMaxima(t *testing.T) {
+func TestCluster_Maxima(t *testing.T) {
+	parallelByDefault(t)
 	root := t.TempDir()
 	id1, id2 := strings.Repeat("a", 64), strings.Repeat("b", 64)
 	n1 := openNode(t, filepath.Join(root, "1"), clusterOpt(id1))
@@ -342,13 +345,13 @@ func TestAttack_ClusterMaxima(t *testing.T) {
 	}
 }
 
-// TestAttack_LongestGroupRetryTopic attacks "clear errors for bad input"
+// TestConsumer_LongestGroupRetryTopic checks "clear errors for bad input"
 // at the longest group name: a Concurrent consumer makes the group's retry
 // topic, whose name is 7 bytes longer, at NewConsumer. Before the fix a
 // 255-byte group (allowed, as topics) failed there with "file name too
 // long" (standalone) or "cluster: invalid command: topic name of 262
 // bytes"; groups are now at most 248 bytes (ErrInvalidGroup past it).
-func TestAttack_LongestGroupRetryTopic(t *testing.T) {
+func TestConsumer_LongestGroupRetryTopic(t *testing.T) {
 	for _, mode := range []string{"Standalone", "Cluster"} {
 		t.Run(mode, func(t *testing.T) {
 			var opts []mq.Option
@@ -379,13 +382,14 @@ func TestAttack_LongestGroupRetryTopic(t *testing.T) {
 	}
 }
 
-// TestAttack_OpenClusterFilesUnusable attacks "an error, never a panic or
+// TestCluster_OpenFilesUnusable checks "an error, never a panic or
 // a hang" at Open when a cluster file cannot be used: a directory where
 // raft.db, the state cache, the address book or the snapshots' directory
 // should be a file (EISDIR, ENOTDIR), in a new directory and in one that
 // ran. Where Open succeeds (the hints are ignored), the node must take a
 // topic and Close.
-func TestAttack_OpenClusterFilesUnusable(t *testing.T) {
+func TestCluster_OpenFilesUnusable(t *testing.T) {
+	parallelByDefault(t)
 	for _, used := range []bool{false, true} {
 		for _, tc := range []struct {
 			name string

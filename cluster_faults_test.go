@@ -1,22 +1,9 @@
 package mq_test
 
-// Hostile review of the cluster mode (issue 11). Each test says which
-// promise it attacks. Those that failed before their fix:
-// TestReview_QuickRestartLeavesStaleMember,
-// TestReview_JoinGroupSquatsOtherNodesMember,
-// TestReview_BlockedCoordinatorKeepsDelivering,
-// TestReview_ConsumerCloseHandsOverBeforeHandlerEnds/Consumer.Close,
-// TestReview_MixedMaxMessageBytesBlocksPartition,
-// TestReview_TwoNodeRestart, TestReview_FullRestartSameAddresses,
-// TestReview_RPCPartitionServiceChecksACL; and
-// TestReview_IsolatedHandlerOverlaps with a handler that ignores its ctx
-// (the contract now documented on Listener). Attacks that held:
-// TestReview_CallsReturnWhenCtxEndsOnCutNode,
-// TestReview_CloseInHandlerAndDuringCalls,
-// TestReview_ConsumerCloseHandsOverBeforeHandlerEnds/MQ.Close,
-// TestReview_GroupChurnAcrossNodes,
-// TestReview_RemoteConsumerSurvivesOwnerRestart,
-// TestReview_TxPreparerCrashAfterHostCommit; and delivery_review_test.go.
+// The cluster mode's promises under faults: one owner of a partition per
+// group, node identity, calls that return when their ctx ends, restarts
+// that lose nothing, the partition service's ACL checks. Each test says
+// which promise it checks.
 
 import (
 	"context"
@@ -41,38 +28,18 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// newReviewCluster starts n nodes with session timeout sess.
-func newReviewCluster(t *testing.T, n int, sess time.Duration) *testCluster {
-	t.Helper()
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: sess}
-	c.startAll(n)
-	return c
-}
-
-// isolate cuts (or restores) every link of node id, on both ends.
-func (c *testCluster) isolate(id string, down bool) {
-	for other, m := range c.nodes {
-		if other == id {
-			continue
-		}
-		mq.ReviewSetLinkDown(m, id, down)
-		if x := c.nodes[id]; x != nil {
-			mq.ReviewSetLinkDown(x, other, down)
-		}
-	}
-}
-
-// TestReview_IsolatedHandlerOverlaps attacks promise 3 (TaskOneByOne across
+// TestCluster_IsolatedHandlerNoOverlap checks promise 3 (TaskOneByOne across
 // the cluster: at most one node delivers a partition of a group at a time).
 //
 // A node cut off from the others cancels its handlers' contexts when its
 // session may have expired (SessionValid), a fifth of SessionTimeout before
 // the leader can mark it down and give the partition to a consumer on
 // another node. A handler that ends with its ctx, as OnMessage must in a
-// cluster, is over by then. (The review found the overlap with a handler
-// that ignored its ctx: that is the contract's side, documented on
-// Listener and SessionTimeout.)
-func TestReview_IsolatedHandlerOverlaps(t *testing.T) {
+// cluster, is over by then. (A handler that ignores its ctx may overlap:
+// that is the contract's side, documented on Listener and
+// SessionTimeout.)
+func TestCluster_IsolatedHandlerNoOverlap(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
@@ -157,7 +124,9 @@ func TestReview_IsolatedHandlerOverlaps(t *testing.T) {
 		close(release)
 		c.isolate(x, false)
 	}()
-	deadline := time.Now().Add(6 * time.Second)
+	// Watched for 3 s by default (6 s with ZEZE_FULL=1): the leader marks
+	// x down after its 1 s session and the partition moves within it.
+	deadline := time.Now().Add(sized(3*time.Second, 6*time.Second))
 	for time.Now().Before(deadline) && !overlap.Load() {
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -170,10 +139,10 @@ func TestReview_IsolatedHandlerOverlaps(t *testing.T) {
 	t.Logf("deliveries %v", log)
 }
 
-// TestReview_QuickRestartLeavesStaleMember attacks promise 3 (a partition
+// TestCluster_QuickRestartRemovesStaleMember checks promise 3 (a partition
 // of a group is always owned by a live consumer, never unowned forever).
 //
-// FAILED before the fix. A node that dies without proposing LeaveGroup (a crash; here: its
+// It failed before the fix: a node that dies without proposing LeaveGroup (a crash; here: its
 // links cut, then Close) and comes back under the same id before its
 // session expired re-registers with the *same* session (registerNode raises
 // Session only when the node was down), so its dead members are never
@@ -181,9 +150,10 @@ func TestReview_IsolatedHandlerOverlaps(t *testing.T) {
 // members of groups it has local consumers of: with no consumer of the group
 // on that node, the stale member keeps its partitions forever and no one
 // delivers them.
-func TestReview_QuickRestartLeavesStaleMember(t *testing.T) {
+func TestCluster_QuickRestartRemovesStaleMember(t *testing.T) {
+	parallelByDefault(t)
 	const sess = 4 * time.Second
-	c := newReviewCluster(t, 3, sess)
+	c := newCluster(t, 3, withSession(sess))
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
 	defer cancel()
 	if err := c.nodes["n1"].CreateMQ(ctx, "t", 2, mq.Options{}); err != nil {
@@ -208,7 +178,7 @@ func TestReview_QuickRestartLeavesStaleMember(t *testing.T) {
 	c.isolate("n3", true)
 	c.kill("n3")
 	for _, m := range c.nodes {
-		mq.ReviewSetLinkDown(m, "n3", false)
+		mq.SetLinkDown(m, "n3", false)
 	}
 	start := time.Now()
 	back := c.start("n3") // the same id, well within the session
@@ -232,17 +202,17 @@ func TestReview_QuickRestartLeavesStaleMember(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if len(c2.Assigned()) < 2 {
-		g, _ := mq.ReviewGroup(c.nodes["n1"], "t", "g")
+		g, _ := mq.GroupRecord(c.nodes["n1"], "t", "g")
 		t.Fatalf("after %v the only live consumer (n2) has %v; the group's owners %v, members %v: a dead member keeps a partition",
 			4*sess, c2.Assigned(), g.Owners, g.Members)
 	}
 	waitSeen(t, col2, ids...)
 }
 
-// TestReview_JoinGroupSquatsOtherNodesMember attacks promise 5 (identity =
+// TestCluster_JoinGroupAsOtherNodesMember checks promise 5 (identity =
 // the node id proven by the handshake: a node cannot act as another).
 //
-// FAILED before the fix (the first check). authorize checks that JoinGroup.Node is the
+// Its first check failed before the fix: authorize checks that JoinGroup.Node is the
 // caller, not that the member name is the caller's (MemberName(node, id)):
 // node n2 may join the member "n3/1", recorded on n2. n3's own consumer 1
 // then cannot join (ErrMemberExists) yet is given the squatted member's
@@ -250,7 +220,7 @@ func TestReview_QuickRestartLeavesStaleMember(t *testing.T) {
 // would not remove that member (it is "on" n2), and n3 may LeaveGroup or
 // Released it (ownMember looks only at the name) though the state says it is
 // n2's. The rest of the test (n3's consumer gets the partitions) passes.
-func TestReview_JoinGroupSquatsOtherNodesMember(t *testing.T) {
+func TestCluster_JoinGroupAsOtherNodesMember(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
@@ -260,7 +230,7 @@ func TestReview_JoinGroupSquatsOtherNodesMember(t *testing.T) {
 	for id, m := range c.nodes {
 		waitFor(t, 10*time.Second, "topic on "+id, func() bool { return m.Topics()["t"] == 2 })
 	}
-	_, err := mq.ReviewPropose(ctx, c.nodes["n2"], metastate.JoinGroup{Topic: "t", Group: "g", Member: "n3/1", Node: "n2"})
+	_, err := mq.Propose(ctx, c.nodes["n2"], metastate.JoinGroup{Topic: "t", Group: "g", Member: "n3/1", Node: "n2"})
 	if !errors.Is(err, cluster.ErrDenied) {
 		t.Errorf("n2 joins the member n3/1: %v, want ErrDenied", err)
 	}
@@ -274,30 +244,30 @@ func TestReview_JoinGroupSquatsOtherNodesMember(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if len(c3.Assigned()) < 2 {
-		g, _ := mq.ReviewGroup(c.nodes["n1"], "t", "g")
+		g, _ := mq.GroupRecord(c.nodes["n1"], "t", "g")
 		t.Fatalf("n3's only consumer of g has %v; members %v owners %v", c3.Assigned(), g.Members, g.Owners)
 	}
 }
 
-// TestReview_BlockedCoordinatorKeepsDelivering attacks promise 3 (at most
+// TestCluster_CutFromLeaderStopsDelivering checks promise 3 (at most
 // one node delivers a partition of a group at a time) where the metadata
 // group and the partition's node disagree: n3 is cut from the metadata
 // leader n1 only and still reaches n2, the partition's node.
 //
-// FAILED before the fix (then: a node stopped delivering when its session
+// It failed before the fix (then: a node stopped delivering when its session
 // might have expired). The node's Coordinator.Run is the only thing that
 // noticed that SessionValid turned false, but it ran reconcile's proposals
 // synchronously, each waiting up to the session timeout for an unreachable
 // leader: with group changes to propose (two consumers opened just after
 // the cut) n3 kept delivering past its session's end while the leader,
 // having marked it down, let a consumer on n1 deliver the same partition.
-// Control: REVIEW_NO_STEPS=1 (no consumer opened after the cut).
+// Control: ZEZE_CUT_NO_STEPS=1 (no consumer opened after the cut).
 //
 // Now the partition's lease decides (delivery's Leaser): n3 keeps
 // delivering while it renews its lease at n2 (the data path goes on), n1's
 // worker waits for the lease, and once the link heals n3 learns that it was
 // marked down, lets go, and n1 takes over, never both at once.
-func TestReview_BlockedCoordinatorKeepsDelivering(t *testing.T) {
+func TestCluster_CutFromLeaderStopsDelivering(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
@@ -367,15 +337,13 @@ func TestReview_BlockedCoordinatorKeepsDelivering(t *testing.T) {
 		return len(ds) > 20
 	})
 	// n3 cut from the leader n1 only; it still reaches n2, the partition's node.
-	mq.ReviewSetLinkDown(c.nodes["n1"], "n3", true)
-	mq.ReviewSetLinkDown(c.nodes["n3"], "n1", true)
+	c.cut("n1", "n3", true)
 	defer func() {
-		mq.ReviewSetLinkDown(c.nodes["n1"], "n3", false)
-		mq.ReviewSetLinkDown(c.nodes["n3"], "n1", false)
+		c.cut("n1", "n3", false)
 	}()
 	cut := time.Now()
 	noop := mq.ListenerFunc(func(context.Context, string, *mq.Message) error { return nil })
-	for _, g := range reviewGroups() { // group changes for n3's coordinator to propose
+	for _, g := range cutGroups() { // group changes for n3's coordinator to propose
 		if _, err := c.nodes["n3"].NewConsumer("one", g, noop); err != nil {
 			t.Fatal(err)
 		}
@@ -414,8 +382,7 @@ func TestReview_BlockedCoordinatorKeepsDelivering(t *testing.T) {
 	// Healed: n3 learns that it was marked down; one node goes on, n1 (the
 	// owner the metadata group chose), and never both at once.
 	healed := time.Now()
-	mq.ReviewSetLinkDown(c.nodes["n1"], "n3", false)
-	mq.ReviewSetLinkDown(c.nodes["n3"], "n1", false)
+	c.cut("n1", "n3", false)
 	waitFor(t, 20*time.Second, "n1 delivering after the heal", func() bool {
 		f, _, _ := firstLast()
 		return !f.IsZero()
@@ -432,21 +399,21 @@ func TestReview_BlockedCoordinatorKeepsDelivering(t *testing.T) {
 	t.Logf("after the heal: n1 from %v after it, n3's last %v after it", firstN1.Sub(healed).Round(time.Millisecond), lastN3.Sub(healed).Round(time.Millisecond))
 }
 
-// reviewGroups is the groups TestReview_BlockedCoordinatorKeepsDelivering
-// opens on the cut node (REVIEW_NO_STEPS=1: none, the control run).
-func reviewGroups() []string {
-	if os.Getenv("REVIEW_NO_STEPS") == "1" {
+// cutGroups is the groups TestCluster_CutFromLeaderStopsDelivering
+// opens on the cut node (ZEZE_CUT_NO_STEPS=1: none, the control run).
+func cutGroups() []string {
+	if os.Getenv("ZEZE_CUT_NO_STEPS") == "1" {
 		return nil
 	}
 	return []string{"h1", "h2"}
 }
 
-// TestReview_CallsReturnWhenCtxEndsOnCutNode attacks promise 4 (every call
+// TestCluster_CallsReturnWhenCtxEndsOnCutNode checks promise 4 (every call
 // with a ctx returns when ctx ends): a node cut from both others (no
 // metadata quorum, every remote partition unreachable) is asked everything
 // that takes a ctx, each with a 500 ms deadline; each must return, with an
-// error, within a few seconds. (Kept as an attack: it passes.)
-func TestReview_CallsReturnWhenCtxEndsOnCutNode(t *testing.T) {
+// error, within a few seconds.
+func TestCluster_CallsReturnWhenCtxEndsOnCutNode(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx := context.Background()
 	if err := c.nodes["n1"].CreateMQ(ctx, "t", 3, mq.Options{}); err != nil {
@@ -510,13 +477,12 @@ func TestReview_CallsReturnWhenCtxEndsOnCutNode(t *testing.T) {
 	wg.Wait()
 }
 
-// TestReview_CloseInHandlerAndDuringCalls attacks promise 4 (Close
+// TestCluster_CloseInHandlerAndDuringCalls checks promise 4 (Close
 // concurrent with any call returns; Close from a handler returns): a node
 // of a cluster, cut from the others so that CreateMQ, AlterMQ and a send to
 // a remote partition are all waiting, is closed from inside one of its
-// consumers' handlers. Everything must return. (Kept as an attack: it
-// passes.)
-func TestReview_CloseInHandlerAndDuringCalls(t *testing.T) {
+// consumers' handlers. Everything must return.
+func TestCluster_CloseInHandlerAndDuringCalls(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx := context.Background()
 	if err := c.nodes["n1"].CreateMQ(ctx, "t", 3, mq.Options{}); err != nil {
@@ -588,21 +554,22 @@ func TestReview_CloseInHandlerAndDuringCalls(t *testing.T) {
 	delete(c.nodes, "n3")
 }
 
-// TestReview_ConsumerCloseHandsOverBeforeHandlerEnds attacks promise 3 (a
+// TestCluster_CloseHandsOverAfterHandlerEnds checks promise 3 (a
 // partition moves in two steps: revoked, its worker stopped after the last
 // commit, Released; only then assigned elsewhere).
 //
-// FAILED before the fix. Consumer.Close removes the consumer from the local group at once;
+// It failed before the fix: Consumer.Close removes the consumer from the local group at once;
 // the coordinator's reconcile then proposes LeaveGroup for its member
 // without waiting for the member's workers to stop (lg.running), and the
 // FSM's leaveGroup frees the member's partitions and gives them to another
 // member in the same step. A consumer on another node starts delivering the
 // partition while the closing consumer's handler still runs (Close is
-// waiting for it): subtest Consumer.Close FAILED before the fix, every run. Subtest
+// waiting for it): subtest Consumer.Close failed before the fix, every run. Subtest
 // MQ.Close (the node's Close mid-handler, the cluster tests' "kill")
 // PASSES: the engine's Close does not leave the groups, so the partition
 // moves only once n2's session expires, after its handler returned.
-func TestReview_ConsumerCloseHandsOverBeforeHandlerEnds(t *testing.T) {
+func TestCluster_CloseHandsOverAfterHandlerEnds(t *testing.T) {
+	parallelByDefault(t)
 	t.Run("Consumer.Close", func(t *testing.T) {
 		testCloseHandsOver(t, func(_ *testCluster, a *mq.Consumer) error { return a.Close() })
 	})
@@ -684,12 +651,12 @@ func testCloseHandsOver(t *testing.T, stop func(*testCluster, *mq.Consumer) erro
 	t.Logf("deliveries %v", log)
 }
 
-// TestReview_RPCPartitionServiceChecksACL: a node the ACL allows nothing on
+// TestCluster_PartitionServiceChecksACL: a node the ACL allows nothing on
 // topic t (n2 here), calling the partition service of t's node directly,
 // can neither append, reset a group's offset nor trim the log (which would
 // delete acknowledged messages). It failed before the service checked the
 // ACL: n2 appended, reset and trimmed 4 records.
-func TestReview_RPCPartitionServiceChecksACL(t *testing.T) {
+func TestCluster_PartitionServiceChecksACL(t *testing.T) {
 	c := newCluster(t, 2)
 	ctx := context.Background()
 	n1, n2 := c.nodes["n1"], c.nodes["n2"]
@@ -717,7 +684,7 @@ func TestReview_RPCPartitionServiceChecksACL(t *testing.T) {
 	if _, err := p2.SendMessage(ctx, &mq.Message{Body: []byte("x")}); !errors.Is(err, mq.ErrDenied) {
 		t.Fatalf("n2's send through the API: %v, want ErrDenied", err)
 	}
-	rp, err := mq.ReviewRemotePartition(n2, "n1", "t", 0)
+	rp, err := mq.RemotePartition(n2, "n1", "t", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -736,13 +703,14 @@ func TestReview_RPCPartitionServiceChecksACL(t *testing.T) {
 	}
 }
 
-// TestReview_GroupChurnAcrossNodes attacks promise 3 (every partition ends
+// TestCluster_GroupChurnAcrossNodes checks promise 3 (every partition ends
 // up owned, nothing undelivered) with a group whose members join and leave
 // fast on every node while messages flow, and CreateMQ racing on two nodes
-// for one name (exactly one wins, the other gets ErrTopicExists). Kept as an
-// attack: it passes (duplicates are allowed; losses and a partition left
-// without owner are not).
-func TestReview_GroupChurnAcrossNodes(t *testing.T) {
+// for one name (exactly one wins, the other gets ErrTopicExists).
+// Duplicates are allowed; losses and a partition left without owner are
+// not.
+func TestCluster_GroupChurnAcrossNodes(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
 	defer cancel()
@@ -811,12 +779,13 @@ func TestReview_GroupChurnAcrossNodes(t *testing.T) {
 	})
 }
 
-// TestReview_RemoteConsumerSurvivesOwnerRestart attacks promises 1 and 3: a
+// TestCluster_RemoteConsumerSurvivesOwnerRestart checks promises 1 and 3: a
 // consumer on n2 of a partition stored on n1 (a long-polling remote Fetch)
 // while n1 is restarted on its data under a new port; sends from n2 retried
 // with the same IDs while n1 is away. Every acknowledged message must be
-// delivered, none lost. Kept as an attack: it passes.
-func TestReview_RemoteConsumerSurvivesOwnerRestart(t *testing.T) {
+// delivered, none lost.
+func TestCluster_RemoteConsumerSurvivesOwnerRestart(t *testing.T) {
+	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
 	defer cancel()
@@ -873,24 +842,24 @@ func TestReview_RemoteConsumerSurvivesOwnerRestart(t *testing.T) {
 	}
 }
 
-// TestReview_MixedMaxMessageBytesBlocksPartition attacks promises 4 and 5
+// TestCluster_MixedMaxMessageBytes checks promises 4 and 5
 // (clear errors, never a hang; bad input refused): nodes of one cluster
 // with different WithMaxMessageBytes, hence different frame limits
 // (MaxMessageBytes + 1 MiB by default). Nothing checks that they agree.
 //
-// FAILED before the fix. n1 (limit 8 MiB) accepts and acknowledges a 6 MiB message in its
+// It failed before the fix: n1 (limit 8 MiB) accepts and acknowledges a 6 MiB message in its
 // own partition; n2 (default 4 MiB, frames of 5 MiB) can never fetch it: its
 // consumer's worker retries the read forever ("read failed; retrying"), so
 // the group's partition is stuck for good on n2, and every later message
 // of the partition is never delivered there. A clear refusal would be at
 // Open/join (differing limits) or at the send (a message no peer can read).
-func TestReview_MixedMaxMessageBytesBlocksPartition(t *testing.T) {
-	c := newClusterWith(t, 2, func(id string) []mq.Option {
+func TestCluster_MixedMaxMessageBytes(t *testing.T) {
+	c := newCluster(t, 2, withNodeOptions(func(id string) []mq.Option {
 		if id == "n1" {
 			return []mq.Option{mq.WithMaxMessageBytes(8 << 20)}
 		}
 		return nil
-	})
+	}))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
 	n1, n2 := c.nodes["n1"], c.nodes["n2"]
@@ -907,7 +876,7 @@ func TestReview_MixedMaxMessageBytesBlocksPartition(t *testing.T) {
 	}
 	big := make([]byte, 6<<20)
 	if _, err := p.SendMessage(ctx, &mq.Message{ID: "big", Body: big}); err != nil {
-		t.Fatalf("n1 refused the 6 MiB message: %v (a clear refusal; the attack found nothing)", err)
+		t.Fatalf("n1 refused the 6 MiB message: %v (a clear refusal, which the test accepts)", err)
 	}
 	if _, err := p.SendMessage(ctx, &mq.Message{ID: "after", Body: []byte("small")}); err != nil {
 		t.Fatal(err)
@@ -924,24 +893,24 @@ func TestReview_MixedMaxMessageBytesBlocksPartition(t *testing.T) {
 	}
 }
 
-// TestReview_TxPreparerCrashAfterHostCommit attacks promise 2 (a committed
+// TestCluster_TxPreparerCrashAfterHostCommit checks promise 2 (a committed
 // transaction is never lost, and published exactly once): n1 prepares half
 // messages in partitions of n1 and n2, its host store commits (the marker
 // is there) but its hooks never run, and n1 dies at once; n2's check-back
 // cannot reach it; n1 restarts on its data with the same host store. Each
-// message must end up in its partition exactly once. Kept as an attack: it
-// passes.
-func TestReview_TxPreparerCrashAfterHostCommit(t *testing.T) {
+// message must end up in its partition exactly once.
+func TestCluster_TxPreparerCrashAfterHostCommit(t *testing.T) {
+	parallelByDefault(t)
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	// Three nodes: with two, a restart never regains quorum
-	// (TestReview_TwoNodeRestart).
-	c := newClusterWith(t, 3, func(id string) []mq.Option {
+	// (TestCluster_TwoNodeRestart).
+	c := newCluster(t, 3, withNodeOptions(func(id string) []mq.Option {
 		opts := []mq.Option{mq.WithTxCheckAfter(200 * time.Millisecond)}
 		if id == "n1" {
 			opts = append(opts, mq.WithLocalTx(host.Store))
 		}
 		return opts
-	})
+	}))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
 	n1, n2 := c.nodes["n1"], c.nodes["n2"]
@@ -986,13 +955,13 @@ func TestReview_TxPreparerCrashAfterHostCommit(t *testing.T) {
 	}
 }
 
-// TestReview_TwoNodeRestart attacks promises 1 and 4 (a restart loses
+// TestCluster_TwoNodeRestart checks promises 1 and 4 (a restart loses
 // nothing and the cluster comes back): a cluster of two nodes (both
 // voters), one restarted on its data, on a new port as Bind 127.0.0.1:0
 // gives. Once both run again the metadata group has its two voters and must
 // elect a leader, and the restarted node must get its topic table back.
 //
-// FAILED before the fix, both subtests, every run. The raft address book (RaftMux Resolve)
+// Both subtests failed before the fix, every run: the raft address book (RaftMux Resolve)
 // is the metadata FSM's node table, and a restarted member's FSM is empty
 // until a leader tells it the commit index (no snapshot yet): the restarted
 // node cannot dial the other ("unknown node"), and the other dials the old
@@ -1001,7 +970,8 @@ func TestReview_TxPreparerCrashAfterHostCommit(t *testing.T) {
 // other, CreateMQ/AlterMQ/groups dead, for good. (DESIGN §7 lists the topic
 // table of a node restarting without quorum as not built, "its table fills
 // once a leader is reachable"; here no leader can ever exist again.)
-func TestReview_TwoNodeRestart(t *testing.T) {
+func TestCluster_TwoNodeRestart(t *testing.T) {
+	parallelByDefault(t)
 	for _, victim := range []string{"n1", "n2"} {
 		t.Run(victim, func(t *testing.T) {
 			c := newCluster(t, 2)
@@ -1032,17 +1002,17 @@ func TestReview_TwoNodeRestart(t *testing.T) {
 	}
 }
 
-// TestReview_FullRestartSameAddresses attacks promises 1 and 4: every node
+// TestCluster_FullRestartSameAddresses checks promises 1 and 4: every node
 // of a three-node cluster stopped and started again on its data, at the very
 // address it had (a reboot), seeds naming the others. The metadata group's
 // voters are all back at their addresses: it must elect a leader and every
 // node get its topic table back.
 //
-// FAILED before the fix, every run, for the cause TestReview_TwoNodeRestart shows: every
+// It failed before the fix, every run, for the cause TestCluster_TwoNodeRestart shows: every
 // restarted FSM is empty, so every RequestVote fails with "transport: unknown
 // node" (the failure message quotes the logs), though each node knows the
 // others' addresses as seeds. A cluster that is rebooted never comes back.
-func TestReview_FullRestartSameAddresses(t *testing.T) {
+func TestCluster_FullRestartSameAddresses(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
@@ -1107,14 +1077,14 @@ func TestReview_FullRestartSameAddresses(t *testing.T) {
 	}
 }
 
-// TestReview_PartitionNodeChecksAdminRights: the partition service asks of
+// TestCluster_PartitionServiceChecksAdmin: the partition service asks of
 // a node calling it directly what the API asks where a call starts. A node
 // with Produce and Consume on t but not Admin can neither reset a group
 // (ResetOffset and Seek need Admin), decide a transaction another node
 // prepared, nor prepare one in another node's name; it decides its own.
 // Before the check, the service asked only Consume of a reset and Produce
 // of any decision.
-func TestReview_PartitionNodeChecksAdminRights(t *testing.T) {
+func TestCluster_PartitionServiceChecksAdmin(t *testing.T) {
 	c := newCluster(t, 3)
 	ctx := context.Background()
 	n1 := c.nodes["n1"]
@@ -1137,12 +1107,12 @@ func TestReview_PartitionNodeChecksAdminRights(t *testing.T) {
 	for _, id := range []string{"n1", "n2", "n3"} {
 		waitFor(t, 10*time.Second, "rules on "+id, func() bool { return len(c.nodes[id].ACL()) == 3 })
 	}
-	rpPlain, err := mq.ReviewRemotePartition(c.nodes[plain], home, "t", 0)
+	rpPlain, err := mq.RemotePartition(c.nodes[plain], home, "t", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rpPlain.Close()
-	rpAdmin, err := mq.ReviewRemotePartition(c.nodes[admin], home, "t", 0)
+	rpAdmin, err := mq.RemotePartition(c.nodes[admin], home, "t", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

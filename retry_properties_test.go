@@ -9,11 +9,11 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// TestReviewRetryPropertiesNil: a message sent without Properties is
+// TestConsumer_RetryPropertiesNil: a message sent without Properties is
 // presented with nil Properties; its Concurrent-mode retry is presented with
 // an empty, non-nil map. Promise: a retried message is presented as its
 // original (the user's properties).
-func TestReviewRetryPropertiesNil(t *testing.T) {
+func TestConsumer_RetryPropertiesNil(t *testing.T) {
 	m := openNode(t, "")
 	mustCreate(t, m, "orders", 1)
 	publish(t, m, "orders", "a")
@@ -32,12 +32,12 @@ func TestReviewRetryPropertiesNil(t *testing.T) {
 	}
 }
 
-// TestReviewRetryOfDeadLetterProperties: a group consuming a dead-letter
+// TestConsumer_RetryOfDeadLetterProperties: a group consuming a dead-letter
 // topic in Concurrent mode fails a dead letter once; the retry is presented
 // without the dead letter's own ORIGIN_MSG_ID and LAST_ERROR (failedCopy
 // overwrites them without saving them, present deletes them), so it is not
 // presented as the message first delivered.
-func TestReviewRetryOfDeadLetterProperties(t *testing.T) {
+func TestConsumer_RetryOfDeadLetterProperties(t *testing.T) {
 	m := openNode(t, "")
 	mustCreate(t, m, "orders", 1)
 	publish(t, m, "orders", "a")

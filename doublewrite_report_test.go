@@ -4,25 +4,22 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	mq "github.com/zeze-go/mq"
 )
 
-// dwrLeaderIsolated runs the load of every node on a pair of two partitions
+// dwLeaderIsolated runs the load of every node on a pair of two partitions
 // (sessions of 30 s: only a report moves the pair in time), isolates the
 // pair's leader, alive and still taking its own producer's sends, for
 // isolated, heals it, and checks every acked message once, in place and in
 // order. It returns the cluster, the pair's first leader and its follower.
-func dwrLeaderIsolated(t *testing.T, isolated time.Duration) (c *testCluster, leader, follower string) {
+func dwLeaderIsolated(t *testing.T, isolated time.Duration) (c *testCluster, leader, follower string) {
 	t.Helper()
-	c = &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: 30 * time.Second}
-	c.startAll(3)
+	c = newCluster(t, 3, withSession(30*time.Second))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
 	const parts = 2
 	leader, follower, _ = c.createPair(ctx, parts)
 	waitFor(t, 10*time.Second, follower+" in sync", func() bool { return c.inSync("d", 0, follower) })
-	l := newDWALoad(c, parts)
+	l := newLoad(c, parts)
 	for id := range c.nodes {
 		l.run(id)
 	}
@@ -34,32 +31,29 @@ func dwrLeaderIsolated(t *testing.T, isolated time.Duration) (c *testCluster, le
 		}
 	}()
 	time.Sleep(500 * time.Millisecond)
-	dwaIsolate(c, leader, true)
+	c.isolate(leader, true)
 	time.Sleep(isolated)
-	dwaIsolate(c, leader, false)
+	c.isolate(leader, false)
 	c.waitUp(3)
-	l.mu.Lock()
-	before := len(l.acked)
-	l.mu.Unlock()
+	before := l.count()
 	waitFor(t, 20*time.Second, "sends acked after the links are back", func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return len(l.acked) > before+30
+		return l.count() > before+30
 	})
 	acked, _ := l.finish()
-	dwaCheck(t, dwaReadOrder(ctx, t, c.nodes[follower], parts), acked, parts)
+	dwCheck(t, dwReadOrder(ctx, t, c.nodes[follower], parts), acked, parts)
 	return c, leader, follower
 }
 
-// TestDWReportAttack_IsolatedLeaderAlive: the pair's leader isolated but
+// TestDoubleWrite_ReportIsolatedLeaderAlive: the pair's leader isolated but
 // alive (its own producer keeps sending to its replica) for 4 s, far less
 // than a session: the others report it, the metadata leader's probe fails,
 // and the pair moves to the follower while the old leader still believes it
 // leads. Epoch fencing must keep it from acking anything: every ack of the
 // load once, in order, across the move and after the links are back; and
 // the pair did move (not waiting out the 30 s session).
-func TestDWReportAttack_IsolatedLeaderAlive(t *testing.T) {
-	c, leader, follower := dwrLeaderIsolated(t, 4*time.Second)
+func TestDoubleWrite_ReportIsolatedLeaderAlive(t *testing.T) {
+	parallelByDefault(t)
+	c, leader, follower := dwLeaderIsolated(t, 4*time.Second)
 	if now := c.leaderOf("d", 0); now == leader {
 		t.Errorf("%s isolated 4 s with reports, still leads d/0 (follower %s): the reports did nothing", leader, follower)
 	}

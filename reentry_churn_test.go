@@ -13,7 +13,7 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// These tests attack the re-entrancy fix: every consumer method called
+// Re-entrancy: every consumer method called
 // concurrently with Close and with rebalances, from inside handlers, and
 // with contexts that end.
 
@@ -136,7 +136,7 @@ func TestConsumer_SeekChurn(t *testing.T) {
 		})
 		base := consume(t, m, "t", "g", l, opts...)
 		var wg sync.WaitGroup
-		deadline := time.Now().Add(2 * time.Second)
+		deadline := time.Now().Add(sized(500*time.Millisecond, 2*time.Second))
 		for g := range 4 {
 			wg.Add(1)
 			go func() {

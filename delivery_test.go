@@ -1,17 +1,15 @@
 package mq_test
 
-// Regression tests for the delivery-engine defects of issue 9's hostile
-// review: each failed on the code before the fix. Defect 4 (the delay
-// releaser's missed wake-up) is tested where the upkeep lives, by
-// internal/upkeep's TestUpkeep_DelayedSendAfterReadingTheIndex. Defect 5
-// (group state never shrinks) is tested through its cure: DeleteGroup
-// removes a group's offsets on every partition of a topic (ErrGroupInUse
-// while a consumer of it is open on the node), and WithBroadcastOffsetTTL
-// makes the partitions' upkeep remove the offsets of a broadcast instance
-// (group@instance) not committed for that long while no consumer of it is
-// open. Each test states what it expects; run them with
+// The delivery engine: resets racing a closing consumer, seeks from
+// handlers, retry counts and properties, a worker that cannot start,
+// deleted groups and idle broadcast offsets (DeleteGroup removes a group's
+// offsets on every partition of a topic, ErrGroupInUse while a consumer of
+// it is open on the node; WithBroadcastOffsetTTL makes the partitions'
+// upkeep remove the offsets of a broadcast instance, group@instance, not
+// committed for that long while no consumer of it is open). The races are
+// worth running many times:
 //
-//	go test -race -count=20 -run TestDefect .
+//	go test -race -count=20 -run 'TestMQ_ResetOffset|TestConsumer_Seek|TestMQ_CloseWaits' .
 
 import (
 	"context"
@@ -32,19 +30,8 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-// defectTimeout bounds every wait of these tests.
-const defectTimeout = 5 * time.Second
-
-// keyedFixtureDir is a node in dir with a one-partition topic t holding
-// messages "m0".."m<n-1>", all with key "k" (so a key-parallel consumer,
-// too, hands them over one by one, in order).
-func keyedFixtureDir(t *testing.T, dir string, n int) *mq.MQ {
-	t.Helper()
-	m := openNode(t, dir)
-	mustCreate(t, m, "t", 1)
-	sendKeyed(t, m, n, 0)
-	return m
-}
+// handoverTimeout bounds every wait of these tests.
+const handoverTimeout = 5 * time.Second
 
 // sendKeyed sends "m<from>".."m<from+n-1>" with key "k" to partition 0 of t.
 func sendKeyed(t *testing.T, m *mq.MQ, n, from int) {
@@ -61,48 +48,6 @@ func sendKeyed(t *testing.T, m *mq.MQ, n, from int) {
 	}
 }
 
-// gate is a Listener that records what it is given and blocks the first
-// delivery of body at until release is closed (or defectTimeout passes, so
-// a failed test leaves no goroutine behind).
-type gate struct {
-	at      string
-	entered chan struct{} // closed when the handler blocks
-	release chan struct{}
-	once    sync.Once
-	rel     sync.Once
-
-	mu     sync.Mutex
-	bodies []string
-}
-
-func newGate(at string) *gate {
-	return &gate{at: at, entered: make(chan struct{}), release: make(chan struct{})}
-}
-
-func (g *gate) OnMessage(_ context.Context, _ string, msg *mq.Message) error {
-	g.mu.Lock()
-	g.bodies = append(g.bodies, string(msg.Body))
-	g.mu.Unlock()
-	if string(msg.Body) == g.at {
-		g.once.Do(func() {
-			close(g.entered)
-			select {
-			case <-g.release:
-			case <-time.After(defectTimeout):
-			}
-		})
-	}
-	return nil
-}
-
-func (g *gate) open() { g.rel.Do(func() { close(g.release) }) }
-
-func (g *gate) got() []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return slices.Clone(g.bodies)
-}
-
 // firstDelivery opens a fresh consumer of group g on m and returns the body
 // of the first message it is given.
 func firstDelivery(t *testing.T, m *mq.MQ) string {
@@ -110,17 +55,17 @@ func firstDelivery(t *testing.T, m *mq.MQ) string {
 	s := &sink{}
 	c := consume(t, m, "t", "g", s)
 	defer c.Close()
-	waitFor(t, defectTimeout, "a delivery to a fresh consumer of g", func() bool { return s.len() > 0 })
+	waitFor(t, handoverTimeout, "a delivery to a fresh consumer of g", func() bool { return s.len() > 0 })
 	return s.bodies()[0]
 }
 
-// TestDefect1_ResetVsClosingConsumer: a reset made while a consumer of the
+// TestMQ_ResetOffsetWhileConsumerCloses: a reset made while a consumer of the
 // group closes (its handler blocked in the message at offset 1) must not be
 // undone by the closing worker's last commit. The reset moves partition 0
 // to offset 5; once the handler is released, the partition's next owner (a
 // second consumer of the group, if any) and, after a restart, a fresh
 // consumer must go on from m5, never from m2.
-func TestDefect1_ResetVsClosingConsumer(t *testing.T) {
+func TestMQ_ResetOffsetWhileConsumerCloses(t *testing.T) {
 	for _, kp := range []bool{false, true} {
 		for _, two := range []bool{false, true} {
 			for _, how := range []string{"ConsumerClose", "MQClose"} {
@@ -133,7 +78,7 @@ func TestDefect1_ResetVsClosingConsumer(t *testing.T) {
 						name += "/TwoConsumers"
 					}
 					if how == "MQClose" && order == "CloseFirst" {
-						continue // refused with ErrClosed; see TestDefect1_MQCloseWaitsForClosingConsumer
+						continue // refused with ErrClosed; see TestMQ_CloseWaitsForClosingConsumer
 					}
 					t.Run(name, func(t *testing.T) {
 						t.Parallel() // TestMain's goleak checks what they leave
@@ -184,10 +129,10 @@ func testResetVsClose(t *testing.T, kp, two bool, how, order string) {
 		case <-time.After(50 * time.Millisecond):
 		}
 		closeDone = async(closeFn)
-		waitFor(t, defectTimeout, "the closing consumer to leave its group", left)
+		waitFor(t, handoverTimeout, "the closing consumer to leave its group", left)
 	} else {
 		closeDone = async(closeFn)
-		waitFor(t, defectTimeout, "the closing consumer to leave its group", left)
+		waitFor(t, handoverTimeout, "the closing consumer to leave its group", left)
 		resetDone = async(reset)
 		select {
 		case err := <-resetDone:
@@ -210,7 +155,7 @@ func testResetVsClose(t *testing.T, kp, two bool, how, order string) {
 		t.Fatalf("ResetOffset = %v", resetErr)
 	}
 	if two && how == "ConsumerClose" {
-		waitFor(t, defectTimeout, "m9 at the partition's next owner", func() bool { return seen(other.all(), "m9") })
+		waitFor(t, handoverTimeout, "m9 at the partition's next owner", func() bool { return seen(other.all(), "m9") })
 		if got := other.bodies(); got[0] != "m5" {
 			t.Fatalf("after the reset to 5 the next owner got %v, want m5..m9 (the closing worker's commit undid the reset)", got)
 		}
@@ -229,10 +174,10 @@ func testResetVsClose(t *testing.T, kp, two bool, how, order string) {
 	}
 }
 
-// TestDefect2_ConcurrentSeeksFromHandlers: the handlers of two partitions
+// TestConsumer_ConcurrentSeeksFromHandlers: the handlers of two partitions
 // of one group, run by one consumer or by two, call Seek at the same moment;
 // both calls return (no deadlock).
-func TestDefect2_ConcurrentSeeksFromHandlers(t *testing.T) {
+func TestConsumer_ConcurrentSeeksFromHandlers(t *testing.T) {
 	for _, mode := range consumeModes {
 		for _, consumers := range []int{1, 2} {
 			t.Run(fmt.Sprintf("%s/%dConsumers", mode.name, consumers), func(t *testing.T) {
@@ -250,7 +195,7 @@ func TestDefect2_ConcurrentSeeksFromHandlers(t *testing.T) {
 							// Not the handler's ctx: a rebalance cancels it, and
 							// ResetOffset then returns at once. The handler's
 							// goroutine is what makes it a call from a handler.
-							sctx, cancel := context.WithTimeout(context.Background(), defectTimeout)
+							sctx, cancel := context.WithTimeout(context.Background(), handoverTimeout)
 							defer cancel()
 							seeks <- m.ResetOffset(sctx, "t", "g", mq.SeekLast())
 						})
@@ -270,10 +215,10 @@ func TestDefect2_ConcurrentSeeksFromHandlers(t *testing.T) {
 	}
 }
 
-// TestDefect2_SeekFromHandlerDuringRebalance: a handler calls Seek while a
+// TestConsumer_SeekFromHandlerDuringRebalance: a handler calls Seek while a
 // consumer joins, or leaves, the group and takes, or hands over, the
 // partition whose handler is running; every call returns.
-func TestDefect2_SeekFromHandlerDuringRebalance(t *testing.T) {
+func TestConsumer_SeekFromHandlerDuringRebalance(t *testing.T) {
 	for _, mode := range consumeModes {
 		for _, event := range []string{"Join", "Leave"} {
 			t.Run(mode.name+"/"+event, func(t *testing.T) {
@@ -291,12 +236,12 @@ func TestDefect2_SeekFromHandlerDuringRebalance(t *testing.T) {
 							in <- struct{}{}
 							select {
 							case <-release:
-							case <-time.After(defectTimeout):
+							case <-time.After(handoverTimeout):
 							}
 							// Not the handler's ctx: a rebalance cancels it, and
 							// ResetOffset then returns at once. The handler's
 							// goroutine is what makes it a call from a handler.
-							sctx, cancel := context.WithTimeout(context.Background(), defectTimeout)
+							sctx, cancel := context.WithTimeout(context.Background(), handoverTimeout)
 							defer cancel()
 							seeks <- m.ResetOffset(sctx, "t", "g", mq.SeekLast())
 						})
@@ -336,12 +281,12 @@ func TestDefect2_SeekFromHandlerDuringRebalance(t *testing.T) {
 	}
 }
 
-// TestDefect2_SeekDoesNotWaitForOtherPartitions: Seek from the handler of
+// TestConsumer_SeekDoesNotWaitForOtherPartitions: Seek from the handler of
 // partition 0 must not wait for the handler of partition 1, which here
 // waits for something the test holds back (as a handler may wait for
 // another one). The reset of partition 1 then lands when its handler
 // returns.
-func TestDefect2_SeekDoesNotWaitForOtherPartitions(t *testing.T) {
+func TestConsumer_SeekDoesNotWaitForOtherPartitions(t *testing.T) {
 	for _, mode := range consumeModes {
 		t.Run(mode.name, func(t *testing.T) {
 			noLeaks(t)
@@ -350,7 +295,9 @@ func TestDefect2_SeekDoesNotWaitForOtherPartitions(t *testing.T) {
 			release := make(chan struct{})
 			var rel sync.Once
 			open := func() { rel.Do(func() { close(release) }) }
-			t.Cleanup(open)
+			// Released before the consumer's Close (a Cleanup), which
+			// waits for partition 1's handler.
+			defer open()
 			took := make(chan time.Duration, 1)
 			var once [2]sync.Once
 			l := mq.ListenerFunc(func(ctx context.Context, _ string, msg *mq.Message) error {
@@ -362,13 +309,13 @@ func TestDefect2_SeekDoesNotWaitForOtherPartitions(t *testing.T) {
 						close(p1in)
 						select {
 						case <-release:
-						case <-time.After(defectTimeout):
+						case <-time.After(handoverTimeout):
 						}
 						return
 					}
 					<-p1in
 					start := time.Now()
-					sctx, cancel := context.WithTimeout(ctx, defectTimeout)
+					sctx, cancel := context.WithTimeout(ctx, handoverTimeout)
 					defer cancel()
 					m.ResetOffset(sctx, "t", "g", mq.SeekLast())
 					took <- time.Since(start)
@@ -391,12 +338,12 @@ func TestDefect2_SeekDoesNotWaitForOtherPartitions(t *testing.T) {
 	}
 }
 
-// TestDefect3_OwnRetryCount: a group starts counting failures at 0 for a
+// TestConsumer_OwnRetryCount: a group starts counting failures at 0 for a
 // message it has not failed itself. A dead letter of group g (stored with
 // ReconsumeTimes MaxReconsumeTimes+1 = 3) consumed by group h, and a message
 // sent with ReconsumeTimes 7, must each be delivered to h 1 + h's own
 // MaxReconsumeTimes (2) times before h dead-letters them.
-func TestDefect3_OwnRetryCount(t *testing.T) {
+func TestConsumer_OwnRetryCount(t *testing.T) {
 	const hMax = 2
 	for _, mode := range []mq.ConsumeMode{mq.Orderly, mq.Concurrent} {
 		for _, src := range []string{"DeadLetter", "SentReconsumeTimes"} {
@@ -423,7 +370,7 @@ func TestDefect3_OwnRetryCount(t *testing.T) {
 				consume(t, m, topic, "h", h, mq.WithConsumeMode(mode), mq.WithRetryLadder(0), mq.WithMaxReconsumeTimes(hMax))
 				hDead := &sink{}
 				consume(t, m, mq.DeadLetterTopic("h"), "ops", hDead)
-				waitFor(t, defectTimeout, "h's dead letter", func() bool { return hDead.len() == 1 })
+				waitFor(t, handoverTimeout, "h's dead letter", func() bool { return hDead.len() == 1 })
 				if n := h.len(); n != 1+hMax {
 					t.Fatalf("group h was given the message %d times (%s) before dead-lettering it, want 1+%d: it took a count it did not make as its own",
 						n, h.trace(), hMax)
@@ -433,11 +380,11 @@ func TestDefect3_OwnRetryCount(t *testing.T) {
 	}
 }
 
-// TestDefect6_WorkerStartFailure: the worker of a partition whose group
+// TestConsumer_WorkerStartFailure: the worker of a partition whose group
 // offset cannot be read (a damaged group record) must not give up for
 // good while the partition stays assigned: once the cause is gone (the
 // group's offset rewritten by ResetOffset) the partition is delivered.
-func TestDefect6_WorkerStartFailure(t *testing.T) {
+func TestConsumer_WorkerStartFailure(t *testing.T) {
 	noLeaks(t)
 	dir := t.TempDir()
 	m, err := mq.Open(dir)
@@ -474,14 +421,14 @@ func TestDefect6_WorkerStartFailure(t *testing.T) {
 	m = openNode(t, dir, mq.WithLogger(slog.New(logs)))
 	s := &sink{}
 	c := consume(t, m, "t", "g", s)
-	waitFor(t, defectTimeout, "the worker to report the damaged offset", func() bool {
+	waitFor(t, handoverTimeout, "the worker to report the damaged offset", func() bool {
 		return logs.has(func(err error) bool { return errors.Is(err, mq.ErrCorrupt) || errors.Is(err, store.ErrCorrupt) })
 	})
 	// The cause goes: the group's offset is written anew.
 	if err := m.ResetOffset(context.Background(), "t", "g", mq.SeekOffset(0, 1)); err != nil {
 		t.Fatalf("ResetOffset over the damaged record: %v", err)
 	}
-	deadline := time.Now().Add(defectTimeout)
+	deadline := time.Now().Add(handoverTimeout)
 	for s.len() < 2 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -491,16 +438,16 @@ func TestDefect6_WorkerStartFailure(t *testing.T) {
 		c.Close()
 		fresh := &sink{}
 		consume(t, m, "t", "g", fresh)
-		waitFor(t, defectTimeout, "a new consumer of g to deliver", func() bool { return fresh.len() >= 2 })
+		waitFor(t, handoverTimeout, "a new consumer of g to deliver", func() bool { return fresh.len() >= 2 })
 		t.Fatalf("%v delivered after the damaged offset was rewritten, want [m1 m2] (a new consumer then got %v); Assigned() = %v; log:\n%s",
 			got, fresh.bodies(), assigned, logs)
 	}
 }
 
-// TestDefect7_HandlerChangesProperties: what a handler does to
+// TestConsumer_HandlerChangesProperties: what a handler does to
 // msg.Properties stays with that delivery: a redelivery, a parked copy and
 // a dead letter carry the Properties the message was sent with.
-func TestDefect7_HandlerChangesProperties(t *testing.T) {
+func TestConsumer_HandlerChangesProperties(t *testing.T) {
 	for _, mode := range []mq.ConsumeMode{mq.Orderly, mq.Concurrent} {
 		t.Run(mode.String(), func(t *testing.T) {
 			noLeaks(t)
@@ -526,7 +473,7 @@ func TestDefect7_HandlerChangesProperties(t *testing.T) {
 			consume(t, m, "t", "g", l, mq.WithConsumeMode(mode), mq.WithRetryLadder(0), mq.WithMaxReconsumeTimes(1))
 			dead := &sink{}
 			consume(t, m, mq.DeadLetterTopic("g"), "ops", dead)
-			waitFor(t, defectTimeout, "the dead letter", func() bool { return dead.len() == 1 })
+			waitFor(t, handoverTimeout, "the dead letter", func() bool { return dead.len() == 1 })
 			mu.Lock()
 			defer mu.Unlock()
 			if len(seenProps) != 2 {
@@ -542,13 +489,13 @@ func TestDefect7_HandlerChangesProperties(t *testing.T) {
 	}
 }
 
-// TestDefect7_RetryPresentedAsOriginal: in Concurrent mode a message taken
+// TestConsumer_RetryPresentedAsOriginal: in Concurrent mode a message taken
 // back from the retry topic is "presented as the original": the Properties
 // it was sent with and nothing else (none of the queue's ORIGIN_*,
 // LAST_ERROR, RETRY_GROUP), and the original's DeliverAt (here none; the
 // parked copy's release time is the queue's business, and ReconsumeTimes
 // already says it is a retry).
-func TestDefect7_RetryPresentedAsOriginal(t *testing.T) {
+func TestConsumer_RetryPresentedAsOriginal(t *testing.T) {
 	noLeaks(t)
 	clk := newRetryClock()
 	m := openNode(t, "", mq.WithClock(clk))
@@ -568,8 +515,8 @@ func TestDefect7_RetryPresentedAsOriginal(t *testing.T) {
 		return nil
 	}}
 	consume(t, m, "t", "g", s, mq.WithConsumeMode(mq.Concurrent), mq.WithRetryLadder(10*time.Second))
-	waitFor(t, defectTimeout, "the first delivery", func() bool { return s.len() == 1 })
-	deadline := time.Now().Add(defectTimeout)
+	waitFor(t, handoverTimeout, "the first delivery", func() bool { return s.len() == 1 })
+	deadline := time.Now().Add(handoverTimeout)
 	for s.len() < 2 && time.Now().Before(deadline) {
 		clk.Advance(10 * time.Second) // due, whenever the copy was parked
 		time.Sleep(5 * time.Millisecond)
@@ -590,11 +537,11 @@ func TestDefect7_RetryPresentedAsOriginal(t *testing.T) {
 	}
 }
 
-// TestDefect1_ResetCloseSimultaneous starts Consumer.Close and ResetOffset
+// TestMQ_ResetOffsetCloseSimultaneous starts Consumer.Close and ResetOffset
 // at the same instant, many times, while the handler is blocked in m1 (and
 // a second consumer waits to take the partition over, or none does): when
 // the reset returns nil, the group's next consumer starts at m5.
-func TestDefect1_ResetCloseSimultaneous(t *testing.T) {
+func TestMQ_ResetOffsetCloseSimultaneous(t *testing.T) {
 	for _, kp := range []bool{false, true} {
 		for _, two := range []bool{false, true} {
 			name := fmt.Sprintf("KeyParallel=%v/Two=%v", kp, two)
@@ -625,9 +572,9 @@ func TestDefect1_ResetCloseSimultaneous(t *testing.T) {
 					// Released only once Close has stopped the worker, so the
 					// closing consumer delivers nothing after m1.
 					if two {
-						waitFor(t, defectTimeout, "the partition to move", func() bool { return slices.Equal(b.Assigned(), []int{0}) })
+						waitFor(t, handoverTimeout, "the partition to move", func() bool { return slices.Equal(b.Assigned(), []int{0}) })
 					} else {
-						waitFor(t, defectTimeout, "the consumer to leave", func() bool { return len(a.Assigned()) == 0 })
+						waitFor(t, handoverTimeout, "the consumer to leave", func() bool { return len(a.Assigned()) == 0 })
 					}
 					// The reset lands before the closing handler finishes m1: a
 					// reset after its commit of 2 rightly leaves the group at 2.
@@ -639,7 +586,7 @@ func TestDefect1_ResetCloseSimultaneous(t *testing.T) {
 						t.Fatal(err)
 					}
 					if two {
-						waitFor(t, defectTimeout, "m9 at the next owner", func() bool { return seen(other.all(), "m9") })
+						waitFor(t, handoverTimeout, "m9 at the next owner", func() bool { return seen(other.all(), "m9") })
 						if got := other.bodies(); got[0] != "m5" {
 							t.Fatalf("round %d: after the reset to 5 the next owner got %v, want m5..m9", i, got)
 						}
@@ -648,7 +595,7 @@ func TestDefect1_ResetCloseSimultaneous(t *testing.T) {
 					}
 					s := &sink{}
 					c := consume(t, m, "t", group, s)
-					waitFor(t, defectTimeout, fmt.Sprintf("a delivery (the closing consumer got %v)", g.got()), func() bool { return s.len() > 0 })
+					waitFor(t, handoverTimeout, fmt.Sprintf("a delivery (the closing consumer got %v)", g.got()), func() bool { return s.len() > 0 })
 					c.Close()
 					if got := s.bodies()[0]; got != "m5" {
 						t.Fatalf("round %d: after the reset to 5 the next consumer starts at %s, want m5", i, got)
@@ -659,11 +606,11 @@ func TestDefect1_ResetCloseSimultaneous(t *testing.T) {
 	}
 }
 
-// TestDefect1_MQCloseWaitsForClosingConsumer: MQ.Close "stops every
+// TestMQ_CloseWaitsForClosingConsumer: MQ.Close "stops every
 // consumer ... waits for them": it must not return while the handler of a
 // consumer that another goroutine is closing still runs (its worker would
 // then commit, and apply a reset, on a closed partition).
-func TestDefect1_MQCloseWaitsForClosingConsumer(t *testing.T) {
+func TestMQ_CloseWaitsForClosingConsumer(t *testing.T) {
 	noLeaks(t)
 	m := keyedFixtureDir(t, "", 10)
 	g := newGate("m1")
@@ -671,7 +618,7 @@ func TestDefect1_MQCloseWaitsForClosingConsumer(t *testing.T) {
 	a := consume(t, m, "t", "g", g)
 	returns(t, g.entered, "delivery of m1")
 	closed := async(a.Close)
-	waitFor(t, defectTimeout, "the consumer to leave its group", func() bool { return len(a.Assigned()) == 0 })
+	waitFor(t, handoverTimeout, "the consumer to leave its group", func() bool { return len(a.Assigned()) == 0 })
 	reset := async(func() error { return m.ResetOffset(context.Background(), "t", "g", mq.SeekOffset(0, 5)) })
 	mqClosed := async(m.Close)
 	select {
@@ -692,10 +639,10 @@ func TestDefect1_MQCloseWaitsForClosingConsumer(t *testing.T) {
 	}
 }
 
-// TestDefect5_DeleteGroup: a deleted group starts over per its
+// TestMQ_DeleteGroup: a deleted group starts over per its
 // StartPosition on every partition; a group with an open consumer cannot
 // be deleted.
-func TestDefect5_DeleteGroup(t *testing.T) {
+func TestMQ_DeleteGroup(t *testing.T) {
 	ctx := context.Background()
 	m := openNode(t, "")
 	mustCreate(t, m, "t", 2)
@@ -714,7 +661,7 @@ func TestDefect5_DeleteGroup(t *testing.T) {
 	send("old")
 	s := &sink{}
 	c := consume(t, m, "t", "g", s)
-	waitFor(t, defectTimeout, "the first pass", func() bool { return s.len() == 2 })
+	waitFor(t, handoverTimeout, "the first pass", func() bool { return s.len() == 2 })
 
 	if err := m.DeleteGroup(ctx, "t", "g"); !errors.Is(err, mq.ErrGroupInUse) {
 		t.Fatalf("DeleteGroup with a consumer of the group open = %v, want ErrGroupInUse", err)
@@ -731,7 +678,7 @@ func TestDefect5_DeleteGroup(t *testing.T) {
 	// StartFirst: both partitions from their oldest message again.
 	again := &sink{}
 	c = consume(t, m, "t", "g", again)
-	waitFor(t, defectTimeout, "the second pass", func() bool { return again.len() == 2 })
+	waitFor(t, handoverTimeout, "the second pass", func() bool { return again.len() == 2 })
 	c.Close()
 
 	// StartLast after a delete: only what is sent afterwards.
@@ -742,7 +689,7 @@ func TestDefect5_DeleteGroup(t *testing.T) {
 	consume(t, m, "t", "g", last, mq.WithStartPosition(mq.StartLast))
 	started(t, m, "t", "g")
 	send("new")
-	waitFor(t, defectTimeout, "the new messages", func() bool { return last.len() == 2 })
+	waitFor(t, handoverTimeout, "the new messages", func() bool { return last.len() == 2 })
 	for _, msg := range last.all() {
 		if string(msg.Body[:3]) != "new" {
 			t.Fatalf("after DeleteGroup a StartLast consumer got %s", msg.Body)
@@ -750,22 +697,22 @@ func TestDefect5_DeleteGroup(t *testing.T) {
 	}
 }
 
-// TestDefect5_BroadcastOffsetTTL: the offsets of a broadcast instance idle
+// TestConsumer_BroadcastOffsetTTL: the offsets of a broadcast instance idle
 // longer than the TTL are removed by the upkeep: the instance, opened
 // again, starts per its StartPosition instead of resuming.
-func TestDefect5_BroadcastOffsetTTL(t *testing.T) {
+func TestConsumer_BroadcastOffsetTTL(t *testing.T) {
 	clk := newRetryClock()
 	m := openNode(t, "", mq.WithClock(clk), mq.WithMaintenanceInterval(time.Minute), mq.WithBroadcastOffsetTTL(time.Hour))
 	mustCreate(t, m, "t", 1)
 	publish(t, m, "t", "m0")
 	s := &sink{}
 	c := consume(t, m, "t", "g", s, mq.WithBroadcast("i1"))
-	waitFor(t, defectTimeout, "m0", func() bool { return s.len() == 1 })
+	waitFor(t, handoverTimeout, "m0", func() bool { return s.len() == 1 })
 	c.Close()
 	publish(t, m, "t", "m1") // the idle instance would resume here
 
 	clk.Advance(2 * time.Hour) // fires the upkeep's timers
-	waitFor(t, defectTimeout, "the instance's offsets removed", func() bool {
+	waitFor(t, handoverTimeout, "the instance's offsets removed", func() bool {
 		lags, err := m.Lag("t", "g@i1")
 		return err == nil && !lags[0].Known
 	})
@@ -774,26 +721,8 @@ func TestDefect5_BroadcastOffsetTTL(t *testing.T) {
 	consume(t, m, "t", "g", again, mq.WithBroadcast("i1"), mq.WithStartPosition(mq.StartLast))
 	started(t, m, "t", "g@i1")
 	publish(t, m, "t", "m2")
-	waitFor(t, defectTimeout, "m2", func() bool { return seen(again.all(), "m2") })
+	waitFor(t, handoverTimeout, "m2", func() bool { return seen(again.all(), "m2") })
 	if got := again.bodies(); got[0] != "m2" {
 		t.Fatalf("the expired instance resumed: got %v, want [m2]", got)
 	}
-}
-
-// started waits until group has an offset in every partition of topic: its
-// consumers have claimed them, so their start position is fixed.
-func started(t *testing.T, m *mq.MQ, topic, group string) {
-	t.Helper()
-	waitFor(t, defectTimeout, group+" started", func() bool {
-		lags, err := m.Lag(topic, group)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range lags {
-			if !l.Known {
-				return false
-			}
-		}
-		return true
-	})
 }

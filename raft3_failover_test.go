@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"runtime/pprof"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,409 +16,23 @@ import (
 	"github.com/zeze-go/mq/localtx/txtest"
 )
 
-// The attacks on Raft3 topics through the public API: a partition's leader
+// Raft3 topics through the public API: a partition's leader
 // closed while sends and a consumer group run, every node closed at once,
 // no quorum, delayed and transactional messages across failovers, calls
 // through a follower replica or none, calls from a handler, and messages
 // at the limits.
 
-// r3 is the Raft3 topic of the attacks.
-const r3 = "r"
-
-// raft3Cluster starts n nodes (node id with opts(id) too; opts may be nil)
-// and creates r3 with parts partitions, seen by every node.
-func raft3Cluster(t *testing.T, n, parts int, opts func(id string) []mq.Option) *testCluster {
-	t.Helper()
-	c := newClusterWith(t, n, opts)
-	createR3(t, c, parts)
-	return c
-}
-
-// createR3 creates r3 with parts partitions on c and waits until every
-// node sees it.
-func createR3(t *testing.T, c *testCluster, parts int) {
-	t.Helper()
-	createR3With(t, c, parts, mq.Options{Type: mq.Raft3})
-}
-
-// createR3With is createR3 with opts.
-func createR3With(t *testing.T, c *testCluster, parts int, opts mq.Options) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := c.nodes["n1"].CreateMQ(ctx, r3, parts, opts); err != nil {
-		t.Fatalf("CreateMQ Raft3: %v", err)
-	}
-	for id, m := range c.nodes {
-		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()[r3] == parts })
-	}
-}
-
-// threeNodes starts three nodes with r3 of parts partitions (node id with
-// opts(id) too; opts may be nil) and returns them, the leader of
-// partition 0 and the two others.
-func threeNodes(t *testing.T, parts int, opts func(id string) []mq.Option) (c *testCluster, lead string, others []string) {
-	t.Helper()
-	c = raft3Cluster(t, 3, parts, opts)
-	lead = leaderOf(t, c, 0)
-	return c, lead, othersThan(c, lead)
-}
-
-// testCtx returns the ctx of a test's calls: 60 s at most.
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// leaderOf waits until the open nodes holding a replica of partition i of
-// r3 agree on an open leader, and returns it.
-func leaderOf(t testing.TB, c *testCluster, i int) string {
-	t.Helper()
-	var leader string
-	waitFor(t, 20*time.Second, fmt.Sprintf("a leader of %s/%d", r3, i), func() bool {
-		leader = ""
-		for _, m := range c.nodes {
-			l, holds := mq.Raft3Leader(m, r3, i)
-			if !holds {
-				continue
-			}
-			if l == "" || c.nodes[l] == nil || (leader != "" && l != leader) {
-				return false
-			}
-			leader = l
-		}
-		return leader != ""
-	})
-	return leader
-}
-
-// othersThan returns the ids of c's open nodes but not, sorted.
-func othersThan(c *testCluster, not ...string) []string {
-	var out []string
-	for id := range c.nodes {
-		if !slices.Contains(not, id) {
-			out = append(out, id)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// waitReadable waits until m reads offset 0 of every partition of r3
-// (each holds a message): its view of the groups works.
-func waitReadable(t testing.TB, m *mq.MQ, parts int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for i := range parts {
-		waitFor(t, 30*time.Second, fmt.Sprintf("%s/%d readable", r3, i), func() bool {
-			_, err := m.ReadMessage(ctx, r3, i, 0)
-			return err == nil
-		})
-	}
-}
-
-// bounded runs fn and fails t, with every goroutine's stack, when it has
-// not returned within d: a hang.
-func bounded(t testing.TB, d time.Duration, what string, fn func()) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fn()
-	}()
-	select {
-	case <-done:
-	case <-time.After(d):
-		var b bytes.Buffer
-		pprof.Lookup("goroutine").WriteTo(&b, 2)
-		t.Fatalf("%s did not return within %v: a hang\n%s", what, d, b.String())
-	}
-}
-
-// sendAgain sends msgs through p, again while the outcome is unknown (the
-// same messages: their IDs and partitions make the resend store each
-// once).
-func sendAgain(ctx context.Context, p *mq.Producer, msgs ...*mq.Message) ([]mq.SendResult, error) {
-	for {
-		res, err := p.SendMessage(ctx, msgs...)
-		if !errors.Is(err, mq.ErrUnknownOutcome) {
-			return res, err
-		}
-	}
-}
-
-// prepareAgain is sendAgain for PrepareMessage.
-func prepareAgain(ctx context.Context, p *mq.Producer, msgs ...*mq.Message) error {
-	for {
-		if err := p.PrepareMessage(ctx, msgs...); !errors.Is(err, mq.ErrUnknownOutcome) {
-			return err
-		}
-	}
-}
-
-// ledger is what the senders were told: each ack, each key's acked
-// messages in send order, and every ID sent, acked or not.
-type ledger struct {
-	mu    sync.Mutex
-	acked map[string]mq.SendResult // by ID
-	byKey map[string][]string
-	sent  map[string]bool
-	acks  map[string]int // by sender
-}
-
-func newLedger() *ledger {
-	return &ledger{acked: map[string]mq.SendResult{}, byKey: map[string][]string{}, sent: map[string]bool{}, acks: map[string]int{}}
-}
-
-// count returns the acks of sender.
-func (l *ledger) count(sender string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.acks[sender]
-}
-
-// ids returns the acked IDs.
-func (l *ledger) ids() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for id := range l.acked {
-		out = append(out, id)
-	}
-	return out
-}
-
-// sendOne sends msg through p, again while its outcome is unknown (the
-// same message: its ID and partition make the resend store it once), and
-// records the ack.
-func (l *ledger) sendOne(ctx context.Context, p *mq.Producer, sender string, msg *mq.Message) error {
-	l.mu.Lock()
-	l.sent[msg.ID] = true
-	l.mu.Unlock()
-	res, err := sendAgain(ctx, p, msg)
-	if err != nil {
-		return err
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.acked[msg.ID] = res[0]
-	l.byKey[msg.Key] = append(l.byKey[msg.Key], msg.ID)
-	l.acks[sender]++
-	return nil
-}
-
-// sendLoop sends sender-0, sender-1, ... through m, one at a time, until
-// stop closes or m closes (ErrClosed ends it quietly): message j to
-// partition j%parts, keyed sender/j%parts. Any other error fails t.
-func (l *ledger) sendLoop(ctx context.Context, t testing.TB, m *mq.MQ, sender string, parts int, stop <-chan struct{}) {
-	p, err := m.NewProducer(r3)
-	if err != nil {
-		if !errors.Is(err, mq.ErrClosed) {
-			t.Errorf("NewProducer on %s: %v", sender, err)
-		}
-		return
-	}
-	for j := 0; ; j++ {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		msg := (&mq.Message{ID: fmt.Sprintf("%s-%d", sender, j), Key: fmt.Sprintf("%s/%d", sender, j%parts), Body: []byte(sender)}).ToPartition(j % parts)
-		if err := l.sendOne(ctx, p, sender, msg); err != nil {
-			if !errors.Is(err, mq.ErrClosed) {
-				t.Errorf("send %s through %s: %v", msg.ID, sender, err)
-			}
-			return
-		}
-	}
-}
-
-// sendFrom starts a sendLoop through each of ids' nodes; the function it
-// returns stops them and waits.
-func (l *ledger) sendFrom(ctx context.Context, t testing.TB, c *testCluster, parts int, ids ...string) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	for _, id := range ids {
-		m := c.nodes[id]
-		wg.Go(func() { l.sendLoop(ctx, t, m, id, parts, done) })
-	}
-	return func() {
-		close(done)
-		wg.Wait()
-	}
-}
-
-// atLeast returns a condition: each of senders has n acks or more.
-func (l *ledger) atLeast(n int, senders ...string) func() bool {
-	return func() bool {
-		for _, s := range senders {
-			if l.count(s) < n {
-				return false
-			}
-		}
-		return true
-	}
-}
-
-// check reads every message of r3 through m and checks it against the
-// ledger: each acked message stored once, at the partition and offset of
-// its ack, each key's in send order, and nothing stored that was never
-// sent (but IDs starting with "x-", sent outside the ledger).
-func (l *ledger) check(t testing.TB, m *mq.MQ, parts int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	where := map[string][]string{}
-	for i := range parts {
-		for off := int64(0); ; off++ {
-			msg, err := m.ReadMessage(ctx, r3, i, off)
-			if errors.Is(err, mq.ErrNoMessage) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("read %s/%d at %d: %v", r3, i, off, err)
-			}
-			if !l.sent[msg.ID] && !strings.HasPrefix(msg.ID, "x-") {
-				t.Errorf("%s stored at %d/%d, never sent", msg.ID, i, off)
-			}
-			where[msg.ID] = append(where[msg.ID], fmt.Sprintf("%d/%d", i, off))
-		}
-	}
-	for id, res := range l.acked {
-		want := fmt.Sprintf("%d/%d", res.Partition, res.Offset)
-		if got := where[id]; len(got) != 1 || got[0] != want {
-			t.Errorf("%s acked at %s, stored at %v", id, want, got)
-		}
-	}
-	for key, ids := range l.byKey {
-		for k := 1; k < len(ids); k++ {
-			if a, b := l.acked[ids[k-1]], l.acked[ids[k]]; a.Partition != b.Partition || a.Offset >= b.Offset {
-				t.Errorf("key %s: %s acked at %d/%d, then %s at %d/%d", key, ids[k-1], a.Partition, a.Offset, ids[k], b.Partition, b.Offset)
-			}
-		}
-	}
-}
-
-// orderly is a group's listener that records its deliveries and what
-// breaks Orderly delivery from the start of each partition: an offset
-// delivered before every offset below it was (a redelivery from the last
-// committed offset after a failover is at least once, and allowed).
-type orderly struct {
-	mu     sync.Mutex
-	next   map[int]int64       // by partition: one past the highest offset delivered
-	seen   map[string]int      // by ID: deliveries
-	at     map[string]string   // by ID: partition/offset delivered at
-	firsts map[string][]string // by key: IDs in the order of their first delivery
-	broken []string
-}
-
-func newOrderly() *orderly {
-	return &orderly{next: map[int]int64{}, seen: map[string]int{}, at: map[string]string{}, firsts: map[string][]string{}}
-}
-
-func (o *orderly) OnMessage(_ context.Context, _ string, m *mq.Message) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	p := m.PartitionIndex
-	if m.Offset > o.next[p] {
-		o.broken = append(o.broken, fmt.Sprintf("%s at %d/%d delivered before %d/%d", m.ID, p, m.Offset, p, o.next[p]))
-	}
-	o.next[p] = max(o.next[p], m.Offset+1)
-	if o.seen[m.ID] == 0 {
-		o.firsts[m.Key] = append(o.firsts[m.Key], m.ID)
-	}
-	o.seen[m.ID]++
-	o.at[m.ID] = fmt.Sprintf("%d/%d", p, m.Offset)
-	return nil
-}
-
-func (o *orderly) count(id string) int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.seen[id]
-}
-
-// consume opens a consumer of group g on each of ids' nodes, all with
-// listener o, closed when the test ends, and returns them.
-func (o *orderly) consume(t testing.TB, c *testCluster, ids ...string) []*mq.Consumer {
-	t.Helper()
-	var out []*mq.Consumer
-	for _, id := range ids {
-		cons, err := c.nodes[id].NewConsumer(r3, "g", o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cons.Close() })
-		out = append(out, cons)
-	}
-	return out
-}
-
-// waitAll waits until every message acked in l was delivered at least
-// once, then checks the deliveries against l.
-func (o *orderly) waitAll(t testing.TB, l *ledger) {
-	t.Helper()
-	ids := l.ids()
-	waitFor(t, 30*time.Second, fmt.Sprintf("delivery of %d acked messages", len(ids)), func() bool {
-		for _, id := range ids {
-			if o.count(id) == 0 {
-				return false
-			}
-		}
-		return true
-	})
-	o.check(t, l)
-}
-
-// check checks the deliveries against l: every acked message delivered,
-// at its acked place, each key's first deliveries in send order, nothing
-// never sent, Orderly unbroken.
-func (o *orderly) check(t testing.TB, l *ledger) {
-	t.Helper()
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, b := range o.broken {
-		t.Errorf("order broken: %s", b)
-	}
-	for id, res := range l.acked {
-		if want := fmt.Sprintf("%d/%d", res.Partition, res.Offset); o.at[id] != want {
-			t.Errorf("%s acked at %s, delivered at %q", id, want, o.at[id])
-		}
-	}
-	for id := range o.seen {
-		if !l.sent[id] && !strings.HasPrefix(id, "x-") {
-			t.Errorf("%s delivered, never sent", id)
-		}
-	}
-	for key, want := range l.byKey {
-		var got []string
-		for _, id := range o.firsts[key] {
-			if _, ok := l.acked[id]; ok {
-				got = append(got, id)
-			}
-		}
-		if !slices.Equal(got, want) {
-			t.Errorf("key %s first delivered as %v, sent as %v", key, got, want)
-		}
-	}
-}
-
-// TestRaft3Attack_LeaderClosedWhileSending: the node leading a partition
+// TestRaft3_LeaderClosedWhileSending: the node leading a partition
 // is closed while every node sends (the closed node's own sends end with
 // ErrClosed): every acked message is stored once, at the partition and
 // offset of its ack, each key's in order, and nothing never sent is
 // stored. The node reopened on its data rejoins: with another node
 // closed, the quorum needs it, and it takes sends and reads back all.
-func TestRaft3Attack_LeaderClosedWhileSending(t *testing.T) {
+func TestRaft3_LeaderClosedWhileSending(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
-	c, lead, others := threeNodes(t, parts, nil)
+	c := newCluster(t, 3, withRaft3(parts))
+	lead, others := leaderAndOthers(t, c)
 	ctx := testCtx(t)
 	l := newLedger()
 	stop := l.sendFrom(ctx, t, c, parts, othersThan(c)...)
@@ -446,16 +58,18 @@ func TestRaft3Attack_LeaderClosedWhileSending(t *testing.T) {
 	l.check(t, back, parts)
 }
 
-// TestRaft3Attack_GroupFailover: a group consumes on two nodes, one of
+// TestRaft3_GroupFailover: a group consumes on two nodes, one of
 // them leading a partition, while the two nodes not leading it send; the
 // leader's node is closed. The other consumer keeps its partitions
 // through the new leader and takes the closed one's over from the offsets
 // replicated in the groups: every acked message is delivered at least
 // once, at its acked place, each partition from its start with no gap and
 // each key's messages first in send order.
-func TestRaft3Attack_GroupFailover(t *testing.T) {
+func TestRaft3_GroupFailover(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
-	c, lead, others := threeNodes(t, parts, nil)
+	c := newCluster(t, 3, withRaft3(parts))
+	lead, others := leaderAndOthers(t, c)
 	ctx := testCtx(t)
 	o := newOrderly() // both consumers' deliveries
 	doomed := o.consume(t, c, lead, others[0])[0]
@@ -471,16 +85,18 @@ func TestRaft3Attack_GroupFailover(t *testing.T) {
 	o.waitAll(t, l)
 }
 
-// TestRaft3Attack_LeaderIsolated: the node leading a partition is cut off
+// TestRaft3_LeaderIsolated: the node leading a partition is cut off
 // from the two others (every link, both ways) for longer than a session,
 // while all three send and a group consumes on it and on another node;
 // then healed. The two others go on taking sends; the cut node's sends
 // wait, or fail with an unknown outcome and are sent again, and go on
 // once healed; every acked message is stored once where it was acked and
 // delivered, each partition with no gap.
-func TestRaft3Attack_LeaderIsolated(t *testing.T) {
+func TestRaft3_LeaderIsolated(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
-	c, lead, others := threeNodes(t, parts, nil)
+	c := newCluster(t, 3, withRaft3(parts))
+	lead, others := leaderAndOthers(t, c)
 	ctx := testCtx(t)
 	o := newOrderly()
 	o.consume(t, c, lead, others[0])
@@ -489,8 +105,8 @@ func TestRaft3Attack_LeaderIsolated(t *testing.T) {
 	waitFor(t, 20*time.Second, "acks from every node", l.atLeast(10, othersThan(c)...))
 	cut := func(down bool) {
 		for _, id := range others {
-			mq.ReviewSetLinkDown(c.nodes[lead], id, down)
-			mq.ReviewSetLinkDown(c.nodes[id], lead, down)
+			mq.SetLinkDown(c.nodes[lead], id, down)
+			mq.SetLinkDown(c.nodes[id], lead, down)
 		}
 	}
 	cut(true)
@@ -503,13 +119,14 @@ func TestRaft3Attack_LeaderIsolated(t *testing.T) {
 	l.check(t, c.nodes[lead], parts)
 }
 
-// TestRaft3Attack_CloseAllWhileBusy: every node closed at once while each
+// TestRaft3_CloseAllWhileBusy: every node closed at once while each
 // sends and consumes: every Close, send and handler returns (no hang), the
 // sends end with ErrClosed, and the cluster reopened on its directories
 // holds every acked message once, where it was acked.
-func TestRaft3Attack_CloseAllWhileBusy(t *testing.T) {
+func TestRaft3_CloseAllWhileBusy(t *testing.T) {
+	parallelByDefault(t)
 	const parts = 2
-	c := raft3Cluster(t, 3, parts, nil)
+	c := newCluster(t, 3, withRaft3(parts))
 	ctx := testCtx(t)
 	ids := othersThan(c)
 	l := newLedger()
@@ -547,13 +164,13 @@ func TestRaft3Attack_CloseAllWhileBusy(t *testing.T) {
 	l.check(t, c.nodes["n2"], parts)
 }
 
-// TestRaft3Attack_NoQuorum: with two of three nodes closed, every call
+// TestRaft3_NoQuorum: with two of three nodes closed, every call
 // that waits for the group's leader, or for the metadata group's, returns
 // ErrNoQuorum wrapping its ctx's error soon after its ctx ends; a send
 // waiting without a deadline returns ErrClosed when the node closes, and
 // Close returns.
-func TestRaft3Attack_NoQuorum(t *testing.T) {
-	c := raft3Cluster(t, 3, 1, nil)
+func TestRaft3_NoQuorum(t *testing.T) {
+	c := newCluster(t, 3, withRaft3(1))
 	n1 := c.nodes["n1"]
 	p, err := n1.NewProducer(r3)
 	if err != nil {
@@ -631,111 +248,33 @@ func TestRaft3Attack_NoQuorum(t *testing.T) {
 	}
 }
 
-// TestRaft3Attack_DelayedAcrossFailover: messages delayed through the
+// TestRaft3_DelayedAcrossFailover: messages delayed through the
 // partition's leader, which is then closed, are released by the new
 // leader: each delivered no earlier than its time, and stored once.
-func TestRaft3Attack_DelayedAcrossFailover(t *testing.T) {
-	c, lead, others := threeNodes(t, 1, nil)
+func TestRaft3_DelayedAcrossFailover(t *testing.T) {
+	parallelByDefault(t)
+	c := newCluster(t, 3, withRaft3(1))
+	lead, others := leaderAndOthers(t, c)
 	delayedAcrossFailover(t, c, lead, others, 1)
 }
 
-// delayedAcrossFailover sends three delayed messages to each of the parts
-// partitions of r3 through lead, closes lead around the first one's time,
-// and checks that a consumer on others[0] gets each once, no earlier than
-// its time, from its partition, and that each is stored once, in its
-// partition, as others[1] reads them.
-func delayedAcrossFailover(t *testing.T, c *testCluster, lead string, others []string, parts int) {
-	t.Helper()
-	ctx := testCtx(t)
-	var mu sync.Mutex
-	got := map[string]time.Time{}
-	from := map[string]int{}
-	cons, err := c.nodes[others[0]].NewConsumer(r3, "g", mq.ListenerFunc(func(_ context.Context, _ string, m *mq.Message) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if _, ok := got[m.ID]; !ok {
-			got[m.ID] = time.Now()
-			from[m.ID] = m.PartitionIndex
-		}
-		return nil
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cons.Close() })
-	p, err := c.nodes[lead].NewProducer(r3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	due := map[string]time.Time{}
-	want := map[string]int{}
-	for i := range parts {
-		for k, d := range []time.Duration{300, 1200, 2500} { // the first around the close
-			id := fmt.Sprintf("x-%d-%d", i, k)
-			due[id], want[id] = now.Add(d*time.Millisecond+time.Duration(i)*20*time.Millisecond), i
-			res, err := p.SendMessage(ctx, (&mq.Message{ID: id, DeliverAt: due[id]}).ToPartition(i))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !res[0].Delayed || res[0].Offset != -1 || res[0].Partition != i {
-				t.Fatalf("%s delayed: %+v", id, res[0])
-			}
-		}
-	}
-	time.Sleep(time.Until(now.Add(300 * time.Millisecond)))
-	c.kill(lead)
-	waitFor(t, 20*time.Second, "every delayed message", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(got) == len(due)
-	})
-	mu.Lock()
-	for id, at := range due {
-		if got[id].Before(at) {
-			t.Errorf("%s delivered at %v, %v before its time", id, got[id].Format(time.StampMilli), at.Sub(got[id]))
-		}
-		if from[id] != want[id] {
-			t.Errorf("%s delivered from partition %d, sent to %d", id, from[id], want[id])
-		}
-	}
-	mu.Unlock()
-	stored := map[string][]int{}
-	for i := range parts {
-		for off := int64(0); ; off++ {
-			m, err := c.nodes[others[1]].ReadMessage(ctx, r3, i, off)
-			if errors.Is(err, mq.ErrNoMessage) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			stored[m.ID] = append(stored[m.ID], i)
-		}
-	}
-	for id, i := range want {
-		if len(stored[id]) != 1 || stored[id][0] != i {
-			t.Errorf("%s (to partition %d) stored in %v", id, i, stored[id])
-		}
-	}
-}
-
-// TestRaft3Attack_Transactions: transactions on a Raft3 topic. A
+// TestRaft3_Transactions: transactions on a Raft3 topic. A
 // committed one whose partition's leader is closed between prepare and
 // commit is delivered; a rolled back one never; one whose preparer's
 // hooks never ran is decided by check-back from the preparer's node
 // (committed where its host holds the marker, rolled back where not);
 // while the preparer is down, none is decided, nor delivered.
-func TestRaft3Attack_Transactions(t *testing.T) {
+func TestRaft3_Transactions(t *testing.T) {
+	parallelByDefault(t)
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	const parts = 2
-	c := raft3Cluster(t, 3, parts, func(id string) []mq.Option {
+	c := newCluster(t, 3, withNodeOptions(func(id string) []mq.Option {
 		opts := []mq.Option{mq.WithTxCheckAfter(50 * time.Millisecond), mq.WithTxMaxChecks(10000)}
 		if id == "n1" {
 			opts = append(opts, mq.WithLocalTx(host.Store))
 		}
 		return opts
-	})
+	}), withRaft3(parts))
 	ctx := testCtx(t)
 	spread := func(prefix string) []*mq.Message {
 		out := msgs(prefix, parts)
@@ -839,13 +378,14 @@ func TestRaft3Attack_Transactions(t *testing.T) {
 	}
 }
 
-// TestRaft3Attack_ThroughFollowers: on four nodes, one holding no replica:
+// TestRaft3_ThroughFollowers: on four nodes, one holding no replica:
 // sends, reads, Lag, ResetOffset and Seek through a follower replica and
 // through the node without one act on the leader's partition; AlterMQ
 // from the node without one grows the topic, and the group gets the new
 // partitions' messages.
-func TestRaft3Attack_ThroughFollowers(t *testing.T) {
-	c := raft3Cluster(t, 4, 1, nil)
+func TestRaft3_ThroughFollowers(t *testing.T) {
+	parallelByDefault(t)
+	c := newCluster(t, 4, withRaft3(1))
 	ctx := testCtx(t)
 	lead := leaderOf(t, c, 0)
 	var none, follower string
@@ -948,17 +488,16 @@ func TestRaft3Attack_ThroughFollowers(t *testing.T) {
 	}
 }
 
-// TestRaft3Attack_GrowWhileNodeDown: a Raft3 topic grown just after a
+// TestRaft3_GrowWhileNodeDown: a Raft3 topic grown just after a
 // node closed (still up in the metadata, so the new partition is placed
 // on it too) takes sends on the two left; the node reopened opens its
 // replica of the new partition late and joins its group: with another
 // node closed, the group needs it, and it holds every acked message.
-func TestRaft3Attack_GrowWhileNodeDown(t *testing.T) {
+func TestRaft3_GrowWhileNodeDown(t *testing.T) {
+	parallelByDefault(t)
 	// Sessions long enough that the closed node is still up when the
 	// topic grows, however slow its Close.
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, sess: time.Minute}
-	c.startAll(3)
-	createR3(t, c, 1)
+	c := newCluster(t, 3, withSession(time.Minute), withRaft3(1))
 	ctx := testCtx(t)
 	c.kill("n3")
 	if err := c.nodes["n1"].AlterMQ(ctx, r3, 2); err != nil {
@@ -990,13 +529,15 @@ func TestRaft3Attack_GrowWhileNodeDown(t *testing.T) {
 	l.check(t, c.nodes["n2"], 2)
 }
 
-// TestRaft3Attack_HandlerReentry: a handler on a follower's node sends to
+// TestRaft3_HandlerReentry: a handler on a follower's node sends to
 // its own Raft3 topic (a chain), reads, asks Lag, seeks its own consumer
 // once, and at the end of the chain closes its own consumer; a handler on
 // the other follower's node closes its node: every call returns, and the
 // chain is stored once.
-func TestRaft3Attack_HandlerReentry(t *testing.T) {
-	c, _, followers := threeNodes(t, 1, nil)
+func TestRaft3_HandlerReentry(t *testing.T) {
+	parallelByDefault(t)
+	c := newCluster(t, 3, withRaft3(1))
+	_, followers := leaderAndOthers(t, c)
 	ctx := testCtx(t)
 	m := c.nodes[followers[0]]
 	p, err := m.NewProducer(r3)
@@ -1101,7 +642,7 @@ func TestRaft3Attack_HandlerReentry(t *testing.T) {
 	}
 }
 
-// TestRaft3Attack_Limits: messages at the limits through a follower's
+// TestRaft3_Limits: messages at the limits through a follower's
 // node: the largest message and ID, a batch of several large ones (an
 // entry larger than raftqueue packs, 1 MiB), the earliest timestamp and
 // the latest DeliverAt are stored, read back and delivered as sent; one
@@ -1109,9 +650,10 @@ func TestRaft3Attack_HandlerReentry(t *testing.T) {
 // limit is 256 KiB: with the tests' 200 ms election timeout under -race,
 // an entry of several MiB takes longer to replicate than the leader's
 // lease, and the group elects again and again.
-func TestRaft3Attack_Limits(t *testing.T) {
+func TestRaft3_Limits(t *testing.T) {
 	const limit = 256 << 10
-	c, lead, others := threeNodes(t, 1, func(string) []mq.Option { return []mq.Option{mq.WithMaxMessageBytes(limit)} })
+	c := newCluster(t, 3, withNodeOptions(func(string) []mq.Option { return []mq.Option{mq.WithMaxMessageBytes(limit)} }), withRaft3(1))
+	lead, others := leaderAndOthers(t, c)
 	ctx := testCtx(t)
 	m := c.nodes[others[0]]
 	p, err := m.NewProducer(r3)
@@ -1160,13 +702,13 @@ func TestRaft3Attack_Limits(t *testing.T) {
 	}
 }
 
-// TestRaft3Attack_NoQuorumReads: the calls that take a ctx but reach the
+// TestRaft3_NoQuorumReads: the calls that take a ctx but reach the
 // partition through a read that takes none (ReadMessage: Get; ResetOffset
 // to a time: SeekTime; ResolveTx: HalfTxs) return ErrNoQuorum wrapping
 // their ctx's error soon after it ends, not after the partition's 10 s
 // CallTimeout.
-func TestRaft3Attack_NoQuorumReads(t *testing.T) {
-	c := raft3Cluster(t, 3, 1, nil)
+func TestRaft3_NoQuorumReads(t *testing.T) {
+	c := newCluster(t, 3, withRaft3(1))
 	n1 := c.nodes["n1"]
 	p, err := n1.NewProducer(r3)
 	if err != nil {

@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,192 +13,15 @@ import (
 	"time"
 
 	"github.com/zeze-go/mq"
-	"github.com/zeze-go/mq/internal/testlog"
 	"github.com/zeze-go/mq/localtx"
 	"github.com/zeze-go/mq/localtx/txtest"
 )
 
-// Attacks on the DoubleWrite replication type at the node level: kills and
-// restarts, links cut, the risk stage (AckAlone), transactions, consumer
-// groups and AlterMQ across failovers. The helpers of doublewrite_test.go,
-// cluster_test.go and transaction_test.go are used; this file's own are
-// prefixed dwa.
+// The DoubleWrite replication type at the node level: kills and restarts,
+// links cut, the risk stage (AckAlone), transactions, consumer groups and
+// AlterMQ across failovers. The helpers are in doublewrite_helpers_test.go.
 
-// dwaLogs keeps each node's log lines across its restarts.
-type dwaLogs struct {
-	mu   sync.Mutex
-	byID map[string]*testlog.Lines
-}
-
-func (l *dwaLogs) of(id string) *testlog.Lines {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.byID == nil {
-		l.byID = map[string]*testlog.Lines{}
-	}
-	if l.byID[id] == nil {
-		l.byID[id] = &testlog.Lines{}
-	}
-	return l.byID[id]
-}
-
-func (l *dwaLogs) opts(id string) []mq.Option {
-	return []mq.Option{mq.WithLogger(slog.New(l.of(id)))}
-}
-
-// matching returns the lines of every node holding every part, prefixed
-// with the node's id.
-func (l *dwaLogs) matching(parts ...string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for id, lines := range l.byID {
-		for _, line := range lines.Matching(parts...) {
-			out = append(out, id+": "+line)
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
-// newDWACluster starts n nodes logging to logs and creates DoubleWrite topic
-// "d" with parts partitions (opts' other fields as given), seen by every
-// node.
-func newDWACluster(t *testing.T, n, parts int, opts mq.Options, logs *dwaLogs) *testCluster {
-	t.Helper()
-	c := newClusterWith(t, n, logs.opts)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	opts.Type = mq.DoubleWrite
-	if err := c.nodes["n1"].CreateMQ(ctx, "d", parts, opts); err != nil {
-		t.Fatalf("CreateMQ DoubleWrite: %v", err)
-	}
-	for id, m := range c.nodes {
-		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["d"] == parts })
-	}
-	return c
-}
-
-// dwaHasReplicaDir reports whether node id ever opened a replica of d/part
-// (its pair's directory).
-func dwaHasReplicaDir(c *testCluster, id string, part int) bool {
-	_, err := os.Stat(filepath.Join(c.root, id, "dw", "d", fmt.Sprint(part)))
-	return err == nil
-}
-
-// dwaFollowerAtCreation is the node other than the leader that opened a
-// replica of d/part when the topic was created (the third node has none).
-func dwaFollowerAtCreation(t *testing.T, c *testCluster, part int) (leader, follower string) {
-	t.Helper()
-	leader = c.leaderOf("d", part)
-	for id := range c.nodes {
-		if id != leader && dwaHasReplicaDir(c, id, part) {
-			if follower != "" {
-				t.Fatalf("two nodes besides the leader %s hold a replica of d/%d: %s and %s", leader, part, follower, id)
-			}
-			follower = id
-		}
-	}
-	if follower == "" {
-		t.Fatalf("no follower of d/%d found", part)
-	}
-	return leader, follower
-}
-
-// dwaOthers returns the ids of c's open nodes but not.
-func dwaOthers(c *testCluster, not ...string) []string {
-	var out []string
-	for id := range c.nodes {
-		if !slices.Contains(not, id) {
-			out = append(out, id)
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
-// dwaSendWithin sends n messages tagged tag through m to partition i%parts of
-// "d", each resent on ErrUnknownOutcome and ErrNoQuorum, all within d; it
-// returns the acked IDs and the last error when d ran out (nil if all were
-// acked).
-func dwaSendWithin(m *mq.MQ, parts, n int, tag string, d time.Duration) (acked []string, last error) {
-	return dwaSend(m, parts, -1, n, tag, d)
-}
-
-// dwaSend is dwaSendWithin to partition part only (-1: i%parts), message k's
-// ID numbered k*parts+part (readAll checks the partition by it).
-func dwaSend(m *mq.MQ, parts, part, n int, tag string, d time.Duration) (acked []string, last error) {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	p, err := m.NewProducer("d")
-	if err != nil {
-		return nil, err
-	}
-	defer p.Close()
-	for i := range n {
-		to, num := i%parts, i
-		if part >= 0 {
-			to, num = part, i*parts+part
-		}
-		msg := (&mq.Message{ID: fmt.Sprintf("%s-%d", tag, num), Body: []byte(tag)}).ToPartition(to)
-		for {
-			sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
-			_, err := p.SendMessage(sctx, msg)
-			scancel()
-			if err == nil {
-				break
-			}
-			last = err
-			if !errors.Is(err, mq.ErrUnknownOutcome) && !errors.Is(err, mq.ErrNoQuorum) && !errors.Is(err, context.DeadlineExceeded) {
-				return acked, err
-			}
-			if ctx.Err() != nil {
-				return acked, last
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		acked = append(acked, msg.ID)
-	}
-	return acked, nil
-}
-
-// dwaCheckStored reads "d" through m and fails the test for every acked ID not
-// stored exactly once (readAll checks the partitions).
-func dwaCheckStored(ctx context.Context, t *testing.T, m *mq.MQ, parts int, acked []string) map[string]int {
-	t.Helper()
-	seen := readAll(ctx, t, m, "d", parts)
-	lost, twice := 0, 0
-	for _, id := range acked {
-		switch {
-		case seen[id] == 0:
-			lost++
-			if lost <= 5 {
-				t.Errorf("acked %s lost", id)
-			}
-		case seen[id] > 1:
-			twice++
-			if twice <= 5 {
-				t.Errorf("acked %s stored %d times", id, seen[id])
-			}
-		}
-	}
-	if lost+twice > 0 {
-		t.Errorf("%d of %d acked messages lost, %d stored more than once", lost, len(acked), twice)
-	}
-	return seen
-}
-
-// dwaIsolate cuts (or restores) every link of node id, both ends.
-func dwaIsolate(c *testCluster, id string, cut bool) {
-	for other, m := range c.nodes {
-		if other != id {
-			mq.ReviewSetLinkDown(m, id, cut)
-			mq.ReviewSetLinkDown(c.nodes[id], other, cut)
-		}
-	}
-}
-
-// TestDoubleWriteAttack_FollowerChosenAgain: a node whose replica of a pair
+// TestDoubleWrite_FollowerChosenAgain: a node whose replica of a pair
 // was dropped (the record no longer names it) and that is later chosen
 // again as the pair's follower, in the same process, must be able to follow
 // again: with three nodes, the follower isolated until its session expired
@@ -209,121 +29,84 @@ func dwaIsolate(c *testCluster, id string, cut bool) {
 // follower is the only node free to follow; once it caught up the leader
 // must take sends again. (At 4fd2e47 the reopen failed for good, "stream
 // dw/d/0 retained twice", and sends were refused; fixed by 48db32c.)
-func TestDoubleWriteAttack_FollowerChosenAgain(t *testing.T) {
-	var logs dwaLogs
-	c := newDWACluster(t, 3, 1, mq.Options{}, &logs)
+func TestDoubleWrite_FollowerChosenAgain(t *testing.T) {
+	parallelByDefault(t)
+	var logs nodeLogs
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(1, mq.Options{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	leader, follower := dwaFollowerAtCreation(t, c, 0)
-	third := dwaOthers(c, leader, follower)[0]
+	leader, follower := dwFollowerAtCreation(t, c, 0)
+	third := othersThan(c, leader, follower)[0]
 	acked := sendAll(ctx, t, c.nodes[leader], "d", 1, 20, "a")
 
-	dwaIsolate(c, follower, true)
-	waitFor(t, 20*time.Second, "the replacement follower "+third, func() bool { return dwaHasReplicaDir(c, third, 0) })
-	more, err := dwaSendWithin(c.nodes[leader], 1, 20, "b", 20*time.Second)
+	c.isolate(follower, true)
+	waitFor(t, 20*time.Second, "the replacement follower "+third, func() bool { return dwHasReplicaDir(c, third, 0) })
+	more, err := dwSendWithin(c.nodes[leader], 1, 20, "b", 20*time.Second)
 	acked = append(acked, more...)
 	if err != nil {
 		t.Fatalf("sends once %s replaced the follower %s: %v", third, follower, err)
 	}
-	dwaIsolate(c, follower, false)
+	c.isolate(follower, false)
 	c.waitUp(3)
 	waitFor(t, 20*time.Second, follower+" dropping its replica", func() bool { return mq.Served(c.nodes[follower], "d", 0) != nil })
 
 	c.kill(third) // follower is the only node free: chosen again
-	more, err = dwaSendWithin(c.nodes[leader], 1, 20, "c", 30*time.Second)
+	more, err = dwSendWithin(c.nodes[leader], 1, 20, "c", 30*time.Second)
 	acked = append(acked, more...)
 	if err != nil {
 		t.Fatalf("%s chosen again as the follower: sends still refused after 30s: %v\nlogs: %q", follower, err,
 			logs.matching("cannot take its role"))
 	}
-	dwaCheckStored(ctx, t, c.nodes[leader], 1, acked)
+	dwCheckStored(ctx, t, c.nodes[leader], 1, acked)
 }
 
-// dwaCut cuts (or restores) the link between nodes a and b, both ends.
-func dwaCut(c *testCluster, a, b string, cut bool) {
-	mq.ReviewSetLinkDown(c.nodes[a], b, cut)
-	mq.ReviewSetLinkDown(c.nodes[b], a, cut)
-}
-
-// dwaFollower returns the node other than leader that holds a replica of
-// d/part now (mq.Served finds a replica), "" if none.
-func dwaFollower(c *testCluster, leader string, part int) string {
-	for _, id := range dwaOthers(c, leader) {
-		if mq.Served(c.nodes[id], "d", part) == nil {
-			return id
-		}
-	}
-	return ""
-}
-
-// dwaPairOff returns a partition of "d" (parts partitions) whose leader
-// and follower are both nodes other than the metadata leader, and them.
-// The topic needs pairs of their own (PartitionsPerPair 1), spread over
-// the nodes.
-func dwaPairOff(t *testing.T, c *testCluster, parts int) (part int, leader, follower string) {
-	t.Helper()
-	var meta string
-	waitFor(t, 10*time.Second, "a metadata leader", func() bool {
-		meta = c.nodes["n1"].ClusterStatus().Leader
-		return meta != ""
-	})
-	for i := range parts {
-		leader := c.leaderOf("d", i)
-		follower := dwaFollower(c, leader, i)
-		if leader != meta && follower != meta && follower != "" {
-			return i, leader, follower
-		}
-	}
-	t.Fatalf("no partition of d off the metadata leader %s", meta)
-	return
-}
-
-// TestDoubleWriteAttack_AckAloneLinkCut: with AckAlone, a leader whose
+// TestDoubleWrite_AckAloneLinkCut: with AckAlone, a leader whose
 // follower stopped answering (the link between them cut, both nodes keeping
 // their sessions with the metadata leader, a third node, so no new follower
 // is chosen) has the metadata record it alone in sync and goes on acking
 // sends on its own copy, as the option documents: once the follower timeout
 // passed, sends are acked, not left waiting for the follower. The link
 // back, the follower catches up and nothing acked is lost.
-func TestDoubleWriteAttack_AckAloneLinkCut(t *testing.T) {
-	var logs dwaLogs
+func TestDoubleWrite_AckAloneLinkCut(t *testing.T) {
+	var logs nodeLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{AckAlone: true, PartitionsPerPair: 1}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{AckAlone: true, PartitionsPerPair: 1}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	part, leader, follower := dwaPairOff(t, c, parts)
-	acked, err := dwaSend(c.nodes[leader], parts, part, 20, "a", 20*time.Second)
+	part, leader, follower := dwPairOff(t, c, parts)
+	acked, err := dwSend(c.nodes[leader], parts, part, 20, "a", 20*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dwaCut(c, leader, follower, true)
-	more, err := dwaSend(c.nodes[leader], parts, part, 40, "b", 12*time.Second)
+	c.cut(leader, follower, true)
+	more, err := dwSend(c.nodes[leader], parts, part, 40, "b", 12*time.Second)
 	acked = append(acked, more...)
 	if err != nil {
 		t.Errorf("AckAlone, the link %s-%s of d/%d cut: %d of 40 sends acked in 12s, then %v\nDoubleWrite log: %q",
 			leader, follower, part, len(more), err, logs.matching("DoubleWrite"))
 	}
-	dwaCut(c, leader, follower, false)
-	more, err = dwaSend(c.nodes[leader], parts, part, 20, "c", 30*time.Second)
+	c.cut(leader, follower, false)
+	more, err = dwSend(c.nodes[leader], parts, part, 20, "c", 30*time.Second)
 	acked = append(acked, more...)
 	if err != nil {
 		t.Fatalf("the link back: %v", err)
 	}
-	dwaCheckStored(ctx, t, c.nodes[follower], parts, acked)
+	dwCheckStored(ctx, t, c.nodes[follower], parts, acked)
 }
 
-// TestDoubleWriteAttack_AckAloneTwoNodesFollowerLost: with AckAlone on two
+// TestDoubleWrite_AckAloneTwoNodesFollowerLost: with AckAlone on two
 // nodes, the follower killed, the metadata group has no quorum to record
 // the leader alone, so the risk stage cannot start; the send must then get
 // a clear answer (acked, or ErrNoQuorum as without AckAlone, where the
 // stalled follower is refused at once), not wait out every ctx.
-func TestDoubleWriteAttack_AckAloneTwoNodesFollowerLost(t *testing.T) {
-	var logs dwaLogs
-	c := newDWACluster(t, 2, 1, mq.Options{AckAlone: true}, &logs)
+func TestDoubleWrite_AckAloneTwoNodesFollowerLost(t *testing.T) {
+	parallelByDefault(t)
+	var logs nodeLogs
+	c := newCluster(t, 2, withNodeOptions(logs.opts), withDoubleWrite(1, mq.Options{AckAlone: true}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	leader := c.leaderOf("d", 0)
-	follower := dwaOthers(c, leader)[0]
+	follower := othersThan(c, leader)[0]
 	acked := sendAll(ctx, t, c.nodes[leader], "d", 1, 20, "a")
 	c.kill(follower)
 	p, err := c.nodes[leader].NewProducer("d")
@@ -353,242 +136,39 @@ func TestDoubleWriteAttack_AckAloneTwoNodesFollowerLost(t *testing.T) {
 	}
 	c.start(follower)
 	c.waitUp(2)
-	more, err := dwaSendWithin(c.nodes[leader], 1, 20, "c", 30*time.Second)
+	more, err := dwSendWithin(c.nodes[leader], 1, 20, "c", 30*time.Second)
 	acked = append(acked, more...)
 	if err != nil {
 		t.Fatalf("the follower back: %v", err)
 	}
-	dwaCheckStored(ctx, t, c.nodes[follower], 1, acked)
+	dwCheckStored(ctx, t, c.nodes[follower], 1, acked)
 }
 
-// dwaLoad is producers sending to "d" through every node of a cluster while
-// nodes are killed and restarted: producer id sends tag id-g (g its node's
-// incarnation) message k only once k-1 was acked, resending the same ID
-// (through the node's next incarnation if it was killed) until acked.
-type dwaLoad struct {
-	parts int
-	mu    sync.Mutex
-	nodes map[string]*mq.MQ // the open incarnation of each node, nil while down
-	acked []string
-	stop  chan struct{}
-	wg    sync.WaitGroup
-	errs  []string // unexpected send errors
-}
-
-func newDWALoad(c *testCluster, parts int) *dwaLoad {
-	l := &dwaLoad{parts: parts, nodes: map[string]*mq.MQ{}, stop: make(chan struct{})}
-	for id, m := range c.nodes {
-		l.nodes[id] = m
-	}
-	return l
-}
-
-func (l *dwaLoad) set(id string, m *mq.MQ) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.nodes[id] = m
-}
-
-func (l *dwaLoad) node(id string) *mq.MQ {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.nodes[id]
-}
-
-// run starts a producer through node id.
-func (l *dwaLoad) run(id string) {
-	l.wg.Go(func() {
-		dwaProduce(l.stop, func() *mq.MQ { return l.node(id) }, func(k int) []*mq.Message {
-			return []*mq.Message{(&mq.Message{ID: fmt.Sprintf("%s-%d", id, k), Body: []byte(id)}).ToPartition(k % l.parts)}
-		}, func(batch []*mq.Message, _ []mq.SendResult) {
-			l.mu.Lock()
-			l.acked = append(l.acked, batch[0].ID)
-			l.mu.Unlock()
-		}, func(batch []*mq.Message, err error) {
-			l.mu.Lock()
-			if len(l.errs) < 10 {
-				l.errs = append(l.errs, fmt.Sprintf("send %s via %s: %v", batch[0].ID, id, err))
-			}
-			l.mu.Unlock()
-		})
-	})
-}
-
-// dwaProduce sends batch(k), for k = 0, 1, ..., through the node node
-// returns (a producer of "d" made anew when it changes; none while it is
-// nil) until stop closes, each batch resent until acked: ErrUnknownOutcome,
-// ErrNoQuorum, ErrClosed and a send's 2 s timeout are waited out, acked
-// gets each acked batch with its results, fail the batches refused
-// otherwise (sent again after a wait).
-func dwaProduce(stop <-chan struct{}, node func() *mq.MQ, batch func(k int) []*mq.Message,
-	acked func([]*mq.Message, []mq.SendResult), fail func([]*mq.Message, error)) {
-	var p *mq.Producer
-	var via *mq.MQ
-	defer func() {
-		if p != nil {
-			p.Close()
-		}
-	}()
-	for k := 0; ; {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		m := node()
-		if m == nil {
-			time.Sleep(50 * time.Millisecond)
-			continue
-		}
-		if via != m {
-			if p != nil {
-				p.Close()
-			}
-			var err error
-			if p, err = m.NewProducer("d"); err != nil {
-				p, via = nil, nil
-				time.Sleep(50 * time.Millisecond)
-				continue
-			}
-			via = m
-		}
-		b := batch(k)
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		res, err := p.SendMessage(ctx, b...)
-		cancel()
-		switch {
-		case err == nil:
-			acked(b, res)
-			k++
-		case errors.Is(err, mq.ErrUnknownOutcome), errors.Is(err, mq.ErrNoQuorum), errors.Is(err, mq.ErrClosed),
-			errors.Is(err, context.DeadlineExceeded):
-			time.Sleep(20 * time.Millisecond)
-		default:
-			fail(b, err)
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-}
-
-// finishChecked stops the producers and checks what was acked against
-// what m reads (dwaCheck), failing t for any unexpected send error; it
-// returns the acked IDs.
-func (l *dwaLoad) finishChecked(t *testing.T, m *mq.MQ) []string {
-	t.Helper()
-	acked := l.ended(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	dwaCheck(t, dwaReadOrder(ctx, t, m, l.parts), acked, l.parts)
-	return acked
-}
-
-// ended stops the producers and returns what was acked, failing t for
-// each unexpected send error.
-func (l *dwaLoad) ended(t *testing.T) []string {
-	t.Helper()
-	acked, errs := l.finish()
-	for _, e := range errs {
-		t.Errorf("unexpected: %s", e)
-	}
-	return acked
-}
-
-func (l *dwaLoad) finish() (acked, errs []string) {
-	close(l.stop)
-	l.wg.Wait()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.acked), slices.Clone(l.errs)
-}
-
-// dwaReadOrder returns the IDs stored in each partition of "d", in offset
-// order, read through m.
-func dwaReadOrder(ctx context.Context, t *testing.T, m *mq.MQ, parts int) [][]string {
-	t.Helper()
-	out := make([][]string, parts)
-	for i := range parts {
-		for off := int64(0); ; off++ {
-			msg, err := m.ReadMessage(ctx, "d", i, off)
-			if errors.Is(err, mq.ErrNoMessage) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("read d %d/%d: %v", i, off, err)
-			}
-			out[i] = append(out[i], msg.ID)
-		}
-	}
-	return out
-}
-
-// dwaCheck fails the test for an acked ID lost, any ID stored twice or in
-// another partition than its number sends it to, and the acked messages of
-// one producer out of order in a partition.
-func dwaCheck(t *testing.T, stored [][]string, acked []string, parts int) {
-	t.Helper()
-	where := map[string]int{}
-	bad := 0
-	report := func(format string, args ...any) {
-		if bad++; bad <= 10 {
-			t.Errorf(format, args...)
-		}
-	}
-	for i, ids := range stored {
-		last := map[string]int{} // producer → last number seen in partition i
-		for _, id := range ids {
-			if prev, ok := where[id]; ok {
-				report("%s stored twice (partitions %d and %d)", id, prev, i)
-			}
-			where[id] = i
-			k := strings.LastIndexByte(id, '-')
-			n, err := strconv.Atoi(id[k+1:])
-			if k <= 0 || err != nil {
-				continue // not the load's
-			}
-			if n%parts != i {
-				report("%s in partition %d, sent to %d", id, i, n%parts)
-			}
-			if prev, ok := last[id[:k]]; ok && n < prev {
-				report("%s after %s-%d in partition %d: reordered", id, id[:k], prev, i)
-			}
-			last[id[:k]] = n
-		}
-	}
-	lost := 0
-	for _, id := range acked {
-		if _, ok := where[id]; !ok {
-			if lost++; lost <= 10 {
-				t.Errorf("acked %s lost", id)
-			}
-		}
-	}
-	if lost+bad > 0 {
-		t.Errorf("%d of %d acked messages lost; %d other faults", lost, len(acked), bad)
-	}
-}
-
-// TestDoubleWriteAttack_KillAlternately: three nodes, two partitions, a
+// TestDoubleWrite_KillAlternately: three nodes, two partitions, a
 // producer through each node; the leader of a partition and then the
 // follower of the other are killed and restarted, round after round (a
 // promotion, a new follower caught up, the killed node back as a follower
 // or spare). Every acked message is stored once, in its partition, in its
-// producer's order.
-func TestDoubleWriteAttack_KillAlternately(t *testing.T) {
-	dwaKillAlternately(t, mq.Options{}, 6)
+// producer's order. By default two rounds (a leader killed past its
+// session, one back within it); six with ZEZE_FULL=1, followers killed too.
+func TestDoubleWrite_KillAlternately(t *testing.T) {
+	parallelByDefault(t)
+	dwKillAlternately(t, mq.Options{}, sized(2, 6))
 }
 
-// TestDoubleWriteAttack_KillAlternatelyAckAlone is KillAlternately with the
+// TestDoubleWrite_KillAlternatelyAckAlone is KillAlternately with the
 // risk stage: acks on one copy are recorded (alone in sync), so a copy
-// that may lack them is never promoted.
-func TestDoubleWriteAttack_KillAlternatelyAckAlone(t *testing.T) {
-	dwaKillAlternately(t, mq.Options{AckAlone: true}, 4)
+// that may lack them is never promoted. It runs with ZEZE_FULL=1 only.
+func TestDoubleWrite_KillAlternatelyAckAlone(t *testing.T) {
+	fullOnly(t) // the default run has AckAlone's failovers in the AckAlone tests
+	dwKillAlternately(t, mq.Options{AckAlone: true}, 4)
 }
 
-func dwaKillAlternately(t *testing.T, opts mq.Options, rounds int) {
-	var logs dwaLogs
+func dwKillAlternately(t *testing.T, opts mq.Options, rounds int) {
+	var logs nodeLogs
 	const parts = 2
-	c := newDWACluster(t, 3, parts, opts, &logs)
-	l := newDWALoad(c, parts)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, opts))
+	l := newLoad(c, parts)
 	for id := range c.nodes {
 		l.run(id)
 	}
@@ -605,7 +185,7 @@ func dwaKillAlternately(t *testing.T, opts mq.Options, rounds int) {
 		victim := c.leaderOf("d", part)
 		what := "leader"
 		if round%3 == 2 {
-			if f := dwaFollower(c, victim, part); f != "" {
+			if f := dwFollower(c, victim, part); f != "" {
 				victim, what = f, "follower"
 			}
 		}
@@ -620,30 +200,31 @@ func dwaKillAlternately(t *testing.T, opts mq.Options, rounds int) {
 		time.Sleep(time.Second)
 	}
 	time.Sleep(2 * time.Second)
-	acked := l.ended(t)
+	acked := l.endedIDs(t)
 	if len(acked) < 50 {
 		t.Errorf("only %d sends acked in the whole run", len(acked))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	dwaCheck(t, dwaReadOrder(ctx, t, c.nodes["n1"], parts), acked, parts)
+	dwCheck(t, dwReadOrder(ctx, t, c.nodes["n1"], parts), acked, parts)
 	t.Logf("%d acked", len(acked))
 }
 
-// TestDoubleWriteAttack_FollowerThenLeaderKilled: three nodes under load;
+// TestDoubleWrite_FollowerThenLeaderKilled: three nodes under load;
 // the follower killed, and as soon as the third node is chosen to follow
 // (it may still be catching up, out of sync) the leader killed too, then
 // the follower restarted: the third node is promoted only if it was in
 // sync; either way, once the leader is back every acked message is there,
 // once, in order.
-func TestDoubleWriteAttack_FollowerThenLeaderKilled(t *testing.T) {
-	var logs dwaLogs
+func TestDoubleWrite_FollowerThenLeaderKilled(t *testing.T) {
+	parallelByDefault(t)
+	var logs nodeLogs
 	const parts = 1
-	c := newDWACluster(t, 3, parts, mq.Options{}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{}))
 	leader := c.leaderOf("d", 0)
-	follower := dwaFollower(c, leader, 0)
-	third := dwaOthers(c, leader, follower)[0]
-	l := newDWALoad(c, parts)
+	follower := dwFollower(c, leader, 0)
+	third := othersThan(c, leader, follower)[0]
+	l := newLoad(c, parts)
 	for id := range c.nodes {
 		l.run(id)
 	}
@@ -654,7 +235,7 @@ func TestDoubleWriteAttack_FollowerThenLeaderKilled(t *testing.T) {
 			l.finish()
 		}
 	}()
-	time.Sleep(2 * time.Second)
+	time.Sleep(sized(time.Second, 2*time.Second)) // load
 	l.set(follower, nil)
 	c.kill(follower)
 	waitFor(t, 20*time.Second, third+" chosen to follow", func() bool { return mq.Served(c.nodes[third], "d", 0) == nil })
@@ -670,15 +251,16 @@ func TestDoubleWriteAttack_FollowerThenLeaderKilled(t *testing.T) {
 	t.Logf("%d acked; failover log: %q", len(acked), logs.matching("DoubleWrite failover"))
 }
 
-// TestDoubleWriteAttack_ClusterRestartUnderLoad: three nodes, producers
+// TestDoubleWrite_ClusterRestartUnderLoad: three nodes, producers
 // through each; the whole cluster closed mid-load (one node after the
 // other, each while the others still send) and reopened: every acked
 // message is there once, in order, and sends are acked again.
-func TestDoubleWriteAttack_ClusterRestartUnderLoad(t *testing.T) {
-	var logs dwaLogs
+func TestDoubleWrite_ClusterRestartUnderLoad(t *testing.T) {
+	parallelByDefault(t)
+	var logs nodeLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{}, &logs)
-	l := newDWALoad(c, parts)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{}))
+	l := newLoad(c, parts)
 	for id := range c.nodes {
 		l.run(id)
 	}
@@ -689,7 +271,7 @@ func TestDoubleWriteAttack_ClusterRestartUnderLoad(t *testing.T) {
 			l.finish()
 		}
 	}()
-	for round := range 2 {
+	for round := range sized(1, 2) { // one restart by default, two with ZEZE_FULL=1
 		time.Sleep(2 * time.Second)
 		for _, id := range []string{"n3", "n1", "n2"} {
 			l.set(id, nil)
@@ -701,31 +283,28 @@ func TestDoubleWriteAttack_ClusterRestartUnderLoad(t *testing.T) {
 		c.waitUp(3)
 		t.Logf("round %d: restarted", round)
 	}
-	l.mu.Lock()
-	before := len(l.acked)
-	l.mu.Unlock()
+	before := l.count()
 	waitFor(t, 30*time.Second, "sends acked after the restarts", func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return len(l.acked) > before+30
+		return l.count() > before+30
 	})
 	acked := l.finishChecked(t, c.nodes["n2"])
 	t.Logf("%d acked", len(acked))
 }
 
-// TestDoubleWriteAttack_LeaderCutFromMetadata: a partition's leader cut
+// TestDoubleWrite_LeaderCutFromMetadata: a partition's leader cut
 // from the metadata leader (a third node) while producers on every node,
 // the leader's own included, go on sending: its session may expire and its
 // follower be promoted while the old leader still reaches it and still
 // believes it leads. Whatever it acks must survive: every acked message is
 // there once, in order, after the link is back; and sends are acked again.
-func TestDoubleWriteAttack_LeaderCutFromMetadata(t *testing.T) {
-	var logs dwaLogs
+func TestDoubleWrite_LeaderCutFromMetadata(t *testing.T) {
+	parallelByDefault(t)
+	var logs nodeLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 1}, &logs)
-	part, leader, follower := dwaPairOff(t, c, parts)
-	meta := dwaOthers(c, leader, follower)[0]
-	l := newDWALoad(c, parts)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 1}))
+	part, leader, follower := dwPairOff(t, c, parts)
+	meta := othersThan(c, leader, follower)[0]
+	l := newLoad(c, parts)
 	for id := range c.nodes {
 		l.run(id)
 	}
@@ -737,41 +316,37 @@ func TestDoubleWriteAttack_LeaderCutFromMetadata(t *testing.T) {
 		}
 	}()
 	time.Sleep(time.Second)
-	dwaCut(c, leader, meta, true)
-	time.Sleep(5 * time.Second)
+	c.cut(leader, meta, true)
+	time.Sleep(sized(3*time.Second, 5*time.Second)) // past the session (1 s) either way
 	t.Logf("cut %s (leader of d/%d) from %s: leads %v; %s leads %v", leader, part, meta,
 		c.nodes[leader].ClusterStatus().Leading, follower, c.nodes[follower].ClusterStatus().Leading)
-	dwaCut(c, leader, meta, false)
+	c.cut(leader, meta, false)
 	c.waitUp(3)
-	l.mu.Lock()
-	before := len(l.acked)
-	l.mu.Unlock()
+	before := l.count()
 	waitFor(t, 30*time.Second, "sends acked after the link is back", func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return len(l.acked) > before+30
+		return l.count() > before+30
 	})
 	time.Sleep(time.Second)
 	acked := l.finishChecked(t, c.nodes[meta])
 	t.Logf("%d acked; %q", len(acked), logs.matching("DoubleWrite"))
 }
 
-// TestDoubleWriteAttack_LinkCutNoAckAlone: without AckAlone, the link
+// TestDoubleWrite_LinkCutNoAckAlone: without AckAlone, the link
 // between a partition's leader and follower cut while both keep their
 // sessions (the metadata leader is the third node): nothing is acked on
 // one copy; once the follower timeout passed, sends are refused with
 // ErrNoQuorum at once (not left waiting); the link back, sends are acked
 // again and every acked message is there once.
-func TestDoubleWriteAttack_LinkCutNoAckAlone(t *testing.T) {
-	var logs dwaLogs
+func TestDoubleWrite_LinkCutNoAckAlone(t *testing.T) {
+	var logs nodeLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 1}, &logs)
-	part, leader, follower := dwaPairOff(t, c, parts)
-	acked, err := dwaSend(c.nodes[leader], parts, part, 20, "a", 20*time.Second)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 1}))
+	part, leader, follower := dwPairOff(t, c, parts)
+	acked, err := dwSend(c.nodes[leader], parts, part, 20, "a", 20*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dwaCut(c, leader, follower, true)
+	c.cut(leader, follower, true)
 	p, err := c.nodes[leader].NewProducer("d")
 	if err != nil {
 		t.Fatal(err)
@@ -801,26 +376,27 @@ func TestDoubleWriteAttack_LinkCutNoAckAlone(t *testing.T) {
 	if !refusedAtOnce {
 		t.Errorf("the link %s-%s cut: no send refused with ErrNoQuorum at once in 15s: %q", leader, follower, outcomes)
 	}
-	dwaCut(c, leader, follower, false)
-	more, err := dwaSend(c.nodes[leader], parts, part, 20, "c", 30*time.Second)
+	c.cut(leader, follower, false)
+	more, err := dwSend(c.nodes[leader], parts, part, 20, "c", 30*time.Second)
 	acked = append(acked, more...)
 	if err != nil {
 		t.Fatalf("the link back: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	dwaCheckStored(ctx, t, c.nodes[follower], parts, acked)
+	dwCheckStored(ctx, t, c.nodes[follower], parts, acked)
 }
 
-// TestDoubleWriteAttack_CloseLeaderInFlight: a node closed while sends to
+// TestDoubleWrite_CloseLeaderInFlight: a node closed while sends to
 // the DoubleWrite partition it leads are in flight, through it (with no
 // deadline: its Close must end them) and through the other nodes: Close
 // returns, every send returns (acked, or ErrClosed / ErrUnknownOutcome /
 // ErrNoQuorum), the follower is promoted, and every acked message is
 // there once.
-func TestDoubleWriteAttack_CloseLeaderInFlight(t *testing.T) {
-	var logs dwaLogs
-	c := newDWACluster(t, 3, 1, mq.Options{}, &logs)
+func TestDoubleWrite_CloseLeaderInFlight(t *testing.T) {
+	parallelByDefault(t)
+	var logs nodeLogs
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(1, mq.Options{}))
 	leader := c.leaderOf("d", 0)
 	var mu sync.Mutex
 	var acked, odd []string
@@ -864,7 +440,7 @@ func TestDoubleWriteAttack_CloseLeaderInFlight(t *testing.T) {
 		wg.Add(1)
 		go send(c.nodes[leader], fmt.Sprintf("l%d", i), context.Background())
 	}
-	for _, id := range dwaOthers(c, leader) {
+	for _, id := range othersThan(c, leader) {
 		wg.Add(1)
 		go send(c.nodes[id], "o"+id, ctx)
 	}
@@ -893,11 +469,11 @@ func TestDoubleWriteAttack_CloseLeaderInFlight(t *testing.T) {
 	}
 	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer rcancel()
-	rest := dwaOthers(c)
+	rest := othersThan(c)
 	if now := c.leaderOf("d", 0); now == leader {
 		t.Fatalf("%s still leads", leader)
 	}
-	seen := dwaCheckStored(rctx, t, c.nodes[rest[0]], 1, acked)
+	seen := dwCheckStored(rctx, t, c.nodes[rest[0]], 1, acked)
 	for id, n := range seen {
 		if n > 1 {
 			t.Errorf("%s stored %d times", id, n)
@@ -906,20 +482,21 @@ func TestDoubleWriteAttack_CloseLeaderInFlight(t *testing.T) {
 	t.Logf("%d acked", len(acked))
 }
 
-// TestDoubleWriteAttack_GroupAcrossFailover: a consumer group with a member
+// TestDoubleWrite_GroupAcrossFailover: a consumer group with a member
 // on the node leading a DoubleWrite partition and one on another node,
 // producers sending throughout; the leader's node killed (its member with
 // it): the other member receives every acked message that the killed one
 // had not (at least once), across the promotion.
-func TestDoubleWriteAttack_GroupAcrossFailover(t *testing.T) {
-	var logs dwaLogs
+func TestDoubleWrite_GroupAcrossFailover(t *testing.T) {
+	parallelByDefault(t)
+	var logs nodeLogs
 	const parts = 2
-	c := newDWACluster(t, 3, parts, mq.Options{}, &logs)
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{}))
 	leader := c.leaderOf("d", 0)
-	rest := dwaOthers(c, leader)
+	rest := othersThan(c, leader)
 	c1 := collect(t, c.nodes[leader], "d", "g")
 	c2 := collect(t, c.nodes[rest[0]], "d", "g")
-	l := newDWALoad(c, parts)
+	l := newLoad(c, parts)
 	for _, id := range rest {
 		l.run(id)
 	}
@@ -930,12 +507,12 @@ func TestDoubleWriteAttack_GroupAcrossFailover(t *testing.T) {
 			l.finish()
 		}
 	}()
-	time.Sleep(2 * time.Second)
+	time.Sleep(sized(time.Second, 2*time.Second)) // load
 	l.set(leader, nil)
 	c.kill(leader)
 	before := c1.ids() // its node closed: it delivers no more
 	time.Sleep(4 * time.Second)
-	acked := l.ended(t)
+	acked := l.endedIDs(t)
 	var missing []string
 	waitFor2 := time.Now().Add(30 * time.Second)
 	for {
@@ -957,23 +534,24 @@ func TestDoubleWriteAttack_GroupAcrossFailover(t *testing.T) {
 	t.Logf("%d acked, %d delivered to the killed member, %d to the other", len(acked), len(before), len(c2.ids()))
 }
 
-// TestDoubleWriteAttack_Transactions: local transactions (PrepareMessage,
+// TestDoubleWrite_Transactions: local transactions (PrepareMessage,
 // CommitMessage) on a DoubleWrite topic. A committed one whose partition's
 // leader is killed between prepare and commit is delivered, once; a rolled
 // back one never; orphans (hooks never ran) are decided by the check-back
 // of the partitions' new leaders, committed where the host holds the
 // marker and rolled back where not, across a second failover.
-func TestDoubleWriteAttack_Transactions(t *testing.T) {
+func TestDoubleWrite_Transactions(t *testing.T) {
+	parallelByDefault(t)
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	const parts = 2
-	var logs dwaLogs
-	c := newClusterWith(t, 3, func(id string) []mq.Option {
+	var logs nodeLogs
+	c := newCluster(t, 3, withNodeOptions(func(id string) []mq.Option {
 		opts := append(logs.opts(id), mq.WithTxCheckAfter(50*time.Millisecond), mq.WithTxMaxChecks(10000))
 		if id == "n1" {
 			opts = append(opts, mq.WithLocalTx(host.Store))
 		}
 		return opts
-	})
+	}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	if err := c.nodes["n1"].CreateMQ(ctx, "d", parts, mq.Options{Type: mq.DoubleWrite}); err != nil {
@@ -1024,7 +602,7 @@ func TestDoubleWriteAttack_Transactions(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a transaction whose partition's leader was killed before its commit: %v", err)
 	}
-	on := dwaOthers(c, "n1")[0]
+	on := othersThan(c, "n1")[0]
 	col := &collector{}
 	cons, err := c.nodes[on].NewConsumer("d", "g", col)
 	if err != nil {
@@ -1076,7 +654,7 @@ func TestDoubleWriteAttack_Transactions(t *testing.T) {
 	if lead1 != "" {
 		if lead1 == on {
 			cons.Close()
-			on = dwaOthers(c, "n1", lead1)[0]
+			on = othersThan(c, "n1", lead1)[0]
 			col = &collector{}
 			cons2, err := c.nodes[on].NewConsumer("d", "g", col)
 			if err != nil {
@@ -1146,30 +724,31 @@ func TestDoubleWriteAttack_Transactions(t *testing.T) {
 	}
 }
 
-// TestDoubleWriteAttack_AlterUnderLoad: a DoubleWrite topic grown by
+// TestDoubleWrite_AlterUnderLoad: a DoubleWrite topic grown by
 // AlterMQ (from a node that leads nothing of it) while producers send: the
 // new partitions are pairs too (they take sends, survive their leader's
 // kill by promotion), and every acked message is stored once, in its
 // partition, in order.
-func TestDoubleWriteAttack_AlterUnderLoad(t *testing.T) {
-	var logs dwaLogs
-	c := newDWACluster(t, 3, 1, mq.Options{}, &logs)
+func TestDoubleWrite_AlterUnderLoad(t *testing.T) {
+	parallelByDefault(t)
+	var logs nodeLogs
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(1, mq.Options{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const parts = 3
-	acked, err := dwaSend(c.nodes["n1"], parts, 0, 30, "a", 20*time.Second)
+	acked, err := dwSend(c.nodes["n1"], parts, 0, 30, "a", 20*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	leader := c.leaderOf("d", 0)
-	admin := dwaOthers(c, leader)[0]
+	admin := othersThan(c, leader)[0]
 	if err := c.nodes[admin].AlterMQ(ctx, "d", parts); err != nil {
 		t.Fatalf("AlterMQ of a DoubleWrite topic: %v", err)
 	}
 	for id, m := range c.nodes {
 		waitFor(t, 10*time.Second, "the new partitions on "+id, func() bool { return m.Topics()["d"] == parts })
 	}
-	l := newDWALoad(c, parts)
+	l := newLoad(c, parts)
 	for id := range c.nodes {
 		l.run(id)
 	}
@@ -1180,7 +759,7 @@ func TestDoubleWriteAttack_AlterUnderLoad(t *testing.T) {
 			l.finish()
 		}
 	}()
-	time.Sleep(2 * time.Second)
+	time.Sleep(sized(time.Second, 2*time.Second)) // load
 	victim := c.leaderOf("d", 2)
 	l.set(victim, nil)
 	c.kill(victim)
@@ -1190,7 +769,7 @@ func TestDoubleWriteAttack_AlterUnderLoad(t *testing.T) {
 	}
 	l.set(victim, c.start(victim))
 	c.waitUp(3)
-	time.Sleep(2 * time.Second)
+	time.Sleep(sized(time.Second, 2*time.Second)) // load
 	more, errs := l.finish()
 	for _, e := range errs {
 		t.Errorf("unexpected: %s", e)
@@ -1207,16 +786,16 @@ func TestDoubleWriteAttack_AlterUnderLoad(t *testing.T) {
 			t.Errorf("no send acked to d/%d after AlterMQ", i)
 		}
 	}
-	dwaCheck(t, dwaReadOrder(ctx, t, c.nodes[admin], parts), acked, parts)
+	dwCheck(t, dwReadOrder(ctx, t, c.nodes[admin], parts), acked, parts)
 	t.Logf("%d acked (per partition after AlterMQ: %v)", len(acked), counts)
 }
 
-// TestDoubleWriteAttack_Options: AckAlone only with DoubleWrite (Raft3,
+// TestDoubleWrite_Options: AckAlone only with DoubleWrite (Raft3,
 // Single, the zero Type refused), DoubleWrite refuses a raft group size,
 // PartitionsPerPair only with DoubleWrite and within 1..MaxPartitionsPerPair,
 // DoubleWrite (with or without AckAlone) needs a cluster, AlterMQ cannot
 // shrink a DoubleWrite topic, and a producer reports the type.
-func TestDoubleWriteAttack_Options(t *testing.T) {
+func TestDoubleWrite_Options(t *testing.T) {
 	c := newCluster(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -1254,18 +833,20 @@ func TestDoubleWriteAttack_Options(t *testing.T) {
 	}
 }
 
-// TestDoubleWriteAttack_CloseWithFollowerGone: a consumer group and
+// TestDoubleWrite_CloseWithFollowerGone: a consumer group and
 // producers on the leader's node of a DoubleWrite topic whose follower's
 // node is killed (on two nodes: no new follower, no metadata quorum): the
-// consumer's Close and the node's Close return in bounded time.
-func TestDoubleWriteAttack_CloseWithFollowerGone(t *testing.T) {
-	var logs dwaLogs
+// consumer's Close and the node's Close return in bounded time. It runs
+// with ZEZE_FULL=1 only: the Closes wait out their timeouts (some 10 s).
+func TestDoubleWrite_CloseWithFollowerGone(t *testing.T) {
+	fullOnly(t)
+	var logs nodeLogs
 	const parts = 2
-	c := newDWACluster(t, 2, parts, mq.Options{}, &logs)
+	c := newCluster(t, 2, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{}))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	leader := c.leaderOf("d", 0)
-	follower := dwaOthers(c, leader)[0]
+	follower := othersThan(c, leader)[0]
 	col := &collector{}
 	cons, err := c.nodes[leader].NewConsumer("d", "g", col)
 	if err != nil {
@@ -1274,7 +855,7 @@ func TestDoubleWriteAttack_CloseWithFollowerGone(t *testing.T) {
 	acked := sendAll(ctx, t, c.nodes[leader], "d", parts, 40, "a")
 	waitSeen(t, col, acked...)
 	c.kill(follower)
-	l := newDWALoad(c, parts)
+	l := newLoad(c, parts)
 	l.run(leader)
 	time.Sleep(time.Second)
 	start := time.Now()
@@ -1298,26 +879,19 @@ func TestDoubleWriteAttack_CloseWithFollowerGone(t *testing.T) {
 	}
 }
 
-// TestDoubleWriteAttack_AckAloneFollowerKilled: with AckAlone and the
+// TestDoubleWrite_AckAloneFollowerKilled: with AckAlone and the
 // default-like session timeout (longer than the follower timeout), the
 // follower's node killed on three nodes: once the follower timeout passed
 // the leader records itself alone and acks on its own copy, long before the
 // follower's session expires and a new follower is chosen; acks must not
 // stop for the rest of the session timeout.
-func TestDoubleWriteAttack_AckAloneFollowerKilled(t *testing.T) {
-	var logs dwaLogs
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, opts: logs.opts, sess: 8 * time.Second}
-	c.startAll(3)
+func TestDoubleWrite_AckAloneFollowerKilled(t *testing.T) {
+	var logs nodeLogs
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withSession(8*time.Second), withDoubleWrite(1, mq.Options{AckAlone: true}))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if err := c.nodes["n1"].CreateMQ(ctx, "d", 1, mq.Options{Type: mq.DoubleWrite, AckAlone: true}); err != nil {
-		t.Fatal(err)
-	}
-	for id, m := range c.nodes {
-		waitFor(t, 10*time.Second, "the topic on "+id, func() bool { return m.Topics()["d"] == 1 })
-	}
 	leader := c.leaderOf("d", 0)
-	follower := dwaFollower(c, leader, 0)
+	follower := dwFollower(c, leader, 0)
 	if follower == "" {
 		t.Fatal("no follower")
 	}
@@ -1326,23 +900,23 @@ func TestDoubleWriteAttack_AckAloneFollowerKilled(t *testing.T) {
 	// The first 3s: the follower timeout (2s) passes, the leader is
 	// recorded alone. The next 3s, well before the session expires (8s),
 	// it must ack alone.
-	more, _ := dwaSendWithin(c.nodes[leader], 1, 1000, "b", 3*time.Second)
+	more, _ := dwSendWithin(c.nodes[leader], 1, 1000, "b", 3*time.Second)
 	acked = append(acked, more...)
-	more, err := dwaSendWithin(c.nodes[leader], 1, 60, "c", 3*time.Second)
+	more, err := dwSendWithin(c.nodes[leader], 1, 60, "c", 3*time.Second)
 	acked = append(acked, more...)
 	if len(more) < 10 {
 		t.Errorf("AckAlone, the follower %s killed: %d sends acked from 3s to 6s after (the follower timeout is 2s, the session 8s); last error %v\nDoubleWrite log: %q",
 			follower, len(more), err, logs.matching("DoubleWrite"))
 	}
-	more, err = dwaSendWithin(c.nodes[leader], 1, 20, "e", 30*time.Second)
+	more, err = dwSendWithin(c.nodes[leader], 1, 20, "e", 30*time.Second)
 	acked = append(acked, more...)
 	if err != nil {
 		t.Fatalf("after the follower was replaced: %v", err)
 	}
-	dwaCheckStored(ctx, t, c.nodes[leader], 1, acked)
+	dwCheckStored(ctx, t, c.nodes[leader], 1, acked)
 }
 
-// TestDoubleWriteAttack_StaleLeaderRead: a partition's leader cut from the
+// TestDoubleWrite_StaleLeaderRead: a partition's leader cut from the
 // metadata leader (it still reaches its follower) loses its session and
 // its follower is promoted; the old leader does not know. A message acked
 // by the new leader afterwards must not be reported absent by a read
@@ -1350,17 +924,18 @@ func TestDoubleWriteAttack_AckAloneFollowerKilled(t *testing.T) {
 // leader answers reads from its own replica without confirming its epoch
 // with the follower (raftqueue.Pair.Verify exists for this and is never
 // called).
-func TestDoubleWriteAttack_StaleLeaderRead(t *testing.T) {
-	var logs dwaLogs
+func TestDoubleWrite_StaleLeaderRead(t *testing.T) {
+	parallelByDefault(t)
+	var logs nodeLogs
 	const parts = 3
-	c := newDWACluster(t, 3, parts, mq.Options{PartitionsPerPair: 1}, &logs)
-	part, leader, follower := dwaPairOff(t, c, parts)
-	meta := dwaOthers(c, leader, follower)[0]
-	if _, err := dwaSend(c.nodes[meta], parts, part, 5, "a", 20*time.Second); err != nil {
+	c := newCluster(t, 3, withNodeOptions(logs.opts), withDoubleWrite(parts, mq.Options{PartitionsPerPair: 1}))
+	part, leader, follower := dwPairOff(t, c, parts)
+	meta := othersThan(c, leader, follower)[0]
+	if _, err := dwSend(c.nodes[meta], parts, part, 5, "a", 20*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	dwaCut(c, leader, meta, true)
-	defer dwaCut(c, leader, meta, false)
+	c.cut(leader, meta, true)
+	defer c.cut(leader, meta, false)
 	waitFor(t, 20*time.Second, follower+" promoted", func() bool {
 		return slices.Contains(c.nodes[follower].ClusterStatus().Leading, fmt.Sprintf("d/%d", part))
 	})

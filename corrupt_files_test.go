@@ -90,17 +90,18 @@ const (
 	outCrash     = "crash" // the child died otherwise
 )
 
-// TestMQ_CorruptionTrials runs the trials for each kind of file: meta.db,
+// TestMQ_DamagedFiles runs the trials for each kind of file: meta.db,
 // a partition file, and a WAL segment holding acked records that are in no
-// partition file. It prints a table per kind.
-func TestMQ_CorruptionTrials(t *testing.T) {
+// partition file. It prints a table per kind. Each kind has 20 trials by
+// default and 100 with ZEZE_FULL=1.
+func TestMQ_DamagedFiles(t *testing.T) {
 	if list := os.Getenv(trialListEnv); list != "" {
 		trialChild(list)
 	}
 	if dir := os.Getenv(trialWALDirEnv); dir != "" {
 		trialWALChild(dir)
 	}
-	trials := 100
+	trials := sized(20, 100) // per kind of file
 	if testing.Short() {
 		trials = 15
 	}
@@ -264,7 +265,7 @@ func fillTrialNode(ctx context.Context, m *mq.MQ, ack func(trialAck)) ([]trialAc
 // SIGKILL after its last ack.
 func buildWALPristine(t *testing.T, dir string) []trialAck {
 	t.Helper()
-	cmd, stdout, stderr := startChild(t, "TestMQ_CorruptionTrials", trialWALDirEnv+"="+dir)
+	cmd, stdout, stderr := startChild(t, "TestMQ_DamagedFiles", trialWALDirEnv+"="+dir)
 	defer cmd.Wait()
 	defer cmd.Process.Kill()
 	var acks []trialAck
@@ -463,7 +464,7 @@ func runTrialChildren(t *testing.T, specs []trialSpec) map[int]trialOutcome {
 		if err == nil {
 			err = os.WriteFile(list, js, 0o600)
 		}
-		cmd := exec.Command(os.Args[0], "-test.run=^TestMQ_CorruptionTrials$", "-test.count=1")
+		cmd := exec.Command(os.Args[0], "-test.run=^TestMQ_DamagedFiles$", "-test.count=1")
 		cmd.Env = append(os.Environ(), trialListEnv+"="+list)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
