@@ -728,3 +728,31 @@ func TestCluster_RestartAllOnNewPorts(t *testing.T) {
 		return true
 	})
 }
+
+// TestCluster_CreateCtxEndsAfterCommit: a CreateMQ whose change the
+// metadata group committed, but whose ctx ends while this node's table
+// has not caught up, returns ctx's error, not ErrNoQuorum: the quorum was
+// there. The same for AlterMQ.
+func TestCluster_CreateCtxEndsAfterCommit(t *testing.T) {
+	c := newCluster(t, 3)
+	n := c.nodes["n2"]
+	release := sync.OnceFunc(mq.HoldAdmin(n)) // n2's table does not follow the metadata
+	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	err := n.CreateMQ(ctx, "t", 2, mq.Options{})
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, mq.ErrNoQuorum) {
+		t.Fatalf("CreateMQ while the table is held: %v, want ctx's error alone", err)
+	}
+	if _, ok := c.nodes["n1"].Topics()["t"]; !ok {
+		waitFor(t, 10*time.Second, "n1 has the topic", func() bool { _, ok := c.nodes["n1"].Topics()["t"]; return ok })
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	err = n.AlterMQ(ctx, "t", 4)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, mq.ErrNoQuorum) {
+		t.Fatalf("AlterMQ while the table is held: %v, want ctx's error alone", err)
+	}
+	release()
+	waitFor(t, 10*time.Second, "n2 has 4 partitions", func() bool { return n.Topics()["t"] == 4 })
+}
