@@ -265,11 +265,14 @@ func TestRaft3_DelayedAcrossFailover(t *testing.T) {
 // (committed where its host holds the marker, rolled back where not);
 // while the preparer is down, none is decided, nor delivered.
 func TestRaft3_Transactions(t *testing.T) {
+	// The first check-back comes checkAfter after a prepare: the preparer
+	// is cut off within it, so that none reaches it while it closes.
+	const checkAfter = 500 * time.Millisecond
 	parallelByDefault(t)
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	const parts = 2
 	c := newCluster(t, 3, withNodeOptions(func(id string) []mq.Option {
-		opts := []mq.Option{mq.WithTxCheckAfter(50 * time.Millisecond), mq.WithTxMaxChecks(10000)}
+		opts := []mq.Option{mq.WithTxCheckAfter(checkAfter), mq.WithTxMaxChecks(10000)}
 		if id == "n1" {
 			opts = append(opts, mq.WithLocalTx(host.Store))
 		}
@@ -357,9 +360,15 @@ func TestRaft3_Transactions(t *testing.T) {
 		c.start(lead)
 		c.waitUp(3)
 	}
+	prepared := time.Now()
 	pending, undecided := orphan("dp", true), orphan("dq", false)
+	c.isolate("n1", true) // no check-back reaches n1 while it closes
+	if time.Since(prepared) >= checkAfter {
+		t.Logf("n1 cut off %v after the prepare: a check-back may have reached it", time.Since(prepared))
+	}
 	c.kill("n1")
-	time.Sleep(time.Second) // many check-backs find n1 down
+	c.isolate("n1", false)
+	time.Sleep(3 * checkAfter) // check-backs find n1 down
 	for _, id := range []string{pending, undecided} {
 		if d := mq.TxDecided(c.nodes[on], id); d != mq.TxUndecided {
 			t.Fatalf("%s decided %v while its preparer was down", id, d)
