@@ -99,9 +99,7 @@ func (b *bench) fill(ctx context.Context, m *mq.MQ) (int64, error) {
 		firstErr error
 	)
 	for w := range b.conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			msgs := make([]*mq.Message, consumeFillBatch)
 			for ctx.Err() == nil && time.Now().Before(deadline) {
 				seq := claimed.Add(1) - 1
@@ -117,7 +115,7 @@ func (b *bench) fill(ctx context.Context, m *mq.MQ) (int64, error) {
 				}
 				stored.Add(consumeFillBatch)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return stored.Load(), firstErr

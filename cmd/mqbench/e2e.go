@@ -95,9 +95,7 @@ func (b *bench) paced(ctx context.Context, op func(ctx context.Context, w int, s
 		firstErr error
 	)
 	for w := 0; w < b.conc; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for j := range jobs {
 				if err := op(ctx, w, j.seq, j.at); err != nil {
 					errOnce.Do(func() { firstErr = err; cancel() })
@@ -105,7 +103,7 @@ func (b *bench) paced(ctx context.Context, op func(ctx context.Context, w int, s
 				}
 				ok.Add(1)
 			}
-		}()
+		})
 	}
 	interval := time.Second / time.Duration(b.rate)
 	start := time.Now()

@@ -238,11 +238,9 @@ func (b *bench) measure(ctx context.Context, fn caseFunc) (result, error) {
 	progressDone := make(chan struct{})
 	var wg sync.WaitGroup
 	if b.duration > 3*time.Second {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			b.progress(start, progressDone)
-		}()
+		})
 	}
 	res, err := fn(ctx, b)
 	close(progressDone)
@@ -304,9 +302,7 @@ func (b *bench) closedLoop(ctx context.Context, op func(ctx context.Context, wor
 	)
 	start := time.Now()
 	for w := 0; w < b.conc; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			rec := b.meter.recorder()
 			for seq := int64(0); ctx.Err() == nil; seq++ {
 				t0 := time.Now()
@@ -318,7 +314,7 @@ func (b *bench) closedLoop(ctx context.Context, op func(ctx context.Context, wor
 				}
 				rec.add(time.Since(t0))
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return time.Since(start), firstErr

@@ -425,11 +425,9 @@ func (l *launcher) startNode(ctx context.Context, id, label string, seeds ...str
 	l.mu.Lock()
 	l.procs = append(l.procs, p)
 	l.mu.Unlock()
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
+	l.wg.Go(func() {
 		l.read(p, stdout)
-	}()
+	})
 	if err := l.wait(ctx, label+" listening", 20*time.Second, func() bool { return p.addr != "" }); err != nil {
 		return nil, err
 	}

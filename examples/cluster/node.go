@@ -221,11 +221,9 @@ func (n *node) consume(ctx context.Context, topic, group string) error {
 	}
 	n.cons = c
 	n.emit("consuming")
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
+	n.wg.Go(func() {
 		n.watchAssigned(ctx, c)
-	}()
+	})
 	return nil
 }
 
@@ -265,9 +263,7 @@ func (n *node) produce(ctx context.Context, topic string) error {
 	}
 	stop, done := make(chan struct{}), make(chan int, 1)
 	n.stopProd, n.prodDone = stop, done
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
+	n.wg.Go(func() {
 		acked := 0
 		defer func() { done <- acked }()
 		t := time.NewTicker(sendInterval)
@@ -307,7 +303,7 @@ func (n *node) produce(ctx context.Context, topic string) error {
 				}
 			}
 		}
-	}()
+	})
 	return nil
 }
 

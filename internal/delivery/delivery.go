@@ -154,13 +154,7 @@ func New(topics Topics, clock Clock, log *slog.Logger, coord Coordinator) *Engin
 }
 
 // spawn runs fn on a goroutine owned by the engine: Close waits for it.
-func (e *Engine) spawn(fn func()) {
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		fn()
-	}()
-}
+func (e *Engine) spawn(fn func()) { e.wg.Go(fn) }
 
 // Close closes every consumer, waits for its goroutines and their
 // handlers, and refuses new consumers. Called from a handler, it does not

@@ -16,9 +16,7 @@ func Each[T any](items []T, fn func(T) error) error {
 		first error
 	)
 	for _, it := range items {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if err := fn(it); err != nil {
 				mu.Lock()
 				if first == nil {
@@ -26,7 +24,7 @@ func Each[T any](items []T, fn func(T) error) error {
 				}
 				mu.Unlock()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return first

@@ -324,12 +324,10 @@ func (sc *serverConn) serve() {
 			sc.running[r.id] = r
 		}
 		sc.mu.Unlock()
-		sc.wg.Add(1)
-		go func() {
-			defer sc.wg.Done()
+		sc.wg.Go(func() {
 			defer func() { <-sc.slots }()
 			sc.handle(hctx, r, req)
-		}()
+		})
 	}
 }
 

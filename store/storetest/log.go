@@ -128,9 +128,7 @@ var appendTests = []test{
 		offs := make([][]uint64, senders)
 		errs := make([]error, senders)
 		for s := range senders {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := range each {
 					res, err := p.Apply(context.Background(), &store.Command{Op: store.OpAppend, Now: t0,
 						Msgs: []store.Message{msg(fmt.Sprintf("%d-%d", s, i))}})
@@ -140,7 +138,7 @@ var appendTests = []test{
 					}
 					offs[s] = append(offs[s], res.Acks[0].Offset)
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		if err := errors.Join(errs...); err != nil {
