@@ -94,7 +94,10 @@ type Meta struct {
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // the session and cache loops, the waiters of raft futures
+	wg     sync.WaitGroup // the session and cache loops
+	// waiters counts the goroutines waiting for a raft future (wait):
+	// Close waits for them a bounded time only (see Close).
+	waiters atomic.Int64
 
 	lifeMu sync.Mutex
 	closed bool // guarded by lifeMu; no wg.Add once set
@@ -351,9 +354,9 @@ func (m *Meta) Close() error {
 		m.closed = true
 		m.lifeMu.Unlock()
 		m.cancel()
-		// Shutdown fails every pending future, which ends their waiters.
 		err := m.raft.Shutdown().Error()
 		m.wg.Wait()
+		m.awaitWaiters()
 		m.saveCache() // what raft applied last
 		if e := m.store.Close(); err == nil && e != nil {
 			err = fmt.Errorf("close metadata log: %w", e)
@@ -365,6 +368,26 @@ func (m *Meta) Close() error {
 	})
 	return m.closeErr
 }
+
+// awaitWaiters waits, once raft has shut down, for the goroutines waiting
+// for its futures, at most waitersGrace. Shutdown fails the pending
+// futures, but hashicorp/raft v1.7.3 drops those of committed entries still
+// queued for its FSM (runFSM returns without answering them, and an
+// ApplyFuture has no shutdown channel): their waiters would wait for ever,
+// and with them Close. Such a waiter, given up here, holds only its
+// goroutine; its proposer's ctx has ended, with ErrUnknownOutcome.
+func (m *Meta) awaitWaiters() {
+	deadline := time.Now().Add(waitersGrace)
+	for m.waiters.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := m.waiters.Load(); n > 0 {
+		m.log.Warn("raft left proposals unanswered at its shutdown; their waiting goroutines are given up", "count", n)
+	}
+}
+
+// waitersGrace bounds Close's wait for the waiters of raft futures.
+const waitersGrace = time.Second
 
 // enter registers one more goroutine with wg, or reports false once Close
 // has begun.
@@ -468,16 +491,20 @@ func enqueueTimeout(ctx context.Context) time.Duration {
 }
 
 // wait starts start's raft call and waits for its future, which a goroutine
-// owned by m watches so that ctx can end the wait; Close ends it by shutting
+// of m's watches so that ctx can end the wait; Close ends it by shutting
 // raft down.
 func (m *Meta) wait(ctx context.Context, start func() raft.Future) error {
-	if !m.enter() {
+	m.lifeMu.Lock()
+	if m.closed {
+		m.lifeMu.Unlock()
 		return ErrClosed
 	}
+	m.waiters.Add(1)
+	m.lifeMu.Unlock()
 	f := start()
 	done := make(chan error, 1)
 	go func() {
-		defer m.wg.Done()
+		defer m.waiters.Add(-1)
 		done <- f.Error()
 	}()
 	select {
