@@ -78,7 +78,7 @@ type Node struct {
 	wg      sync.WaitGroup
 
 	// started is agent once Open has set it: the agent serves RPC
-	// (served, authorize, checkTx) before OpenAgent returns, and those
+	// (Served, authorize, checkTx) before OpenAgent returns, and those
 	// callbacks answer only once it is set, which orders their reads of
 	// agent after its write.
 	started atomic.Pointer[cluster.Agent]
@@ -120,7 +120,7 @@ func Open(cfg Config) (*Node, error) {
 	}
 	ac := cfg.Agent
 	ac.Dir = filepath.Join(n.dir, "cluster")
-	ac.Partitions, ac.Authorize, ac.CheckTx, ac.Serve = n.served, n.authorize, n.checkTx, n.serveReplicas
+	ac.Partitions, ac.Authorize, ac.CheckTx, ac.Serve = n.Served, n.authorize, n.checkTx, n.serveReplicas
 	agent, err := cluster.OpenAgent(ac)
 	if err != nil {
 		n.cancel()

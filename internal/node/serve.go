@@ -28,9 +28,7 @@ var ErrNoTopic = errors.New("node: no such topic")
 // Served waits a little for it. A replicated partition the metadata shows
 // and the table does not yet is refused at once with store.ErrClosed, so
 // the caller asks another of its replicas.
-func (n *Node) Served(topic string, i int) (partition.Partition, error) { return n.served(topic, i) }
-
-func (n *Node) served(topic string, i int) (partition.Partition, error) {
+func (n *Node) Served(topic string, i int) (partition.Partition, error) {
 	if n.started.Load() == nil {
 		return nil, errStarting
 	}

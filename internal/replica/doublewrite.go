@@ -65,7 +65,6 @@ const reportEvery = time.Second
 // (raftqueue.Pair), shared with the partitions of its chunk.
 type doubleWrite struct {
 	cfg  DoubleWriteConfig
-	name string
 	pair *Pair // shared with the partitions of its chunk; released at Close
 
 	mu       sync.Mutex
@@ -75,9 +74,7 @@ type doubleWrite struct {
 // NewDoubleWrite returns the partition cfg describes, on pair: a hold
 // taken for it with Pairs.Attach, which its Close releases.
 func NewDoubleWrite(cfg DoubleWriteConfig, pair *Pair) *Partition {
-	p := newPartition(cfg.Config, &doubleWrite{cfg: cfg, pair: pair})
-	p.kind.(*doubleWrite).name = p.Name()
-	return p
+	return newPartition(cfg.Config, &doubleWrite{cfg: cfg, pair: pair})
 }
 
 // Pair returns the pair a DoubleWrite partition shares with its chunk, nil
@@ -99,7 +96,7 @@ func (k *doubleWrite) next() route {
 		if r, refuse := k.pair.local(); r != nil {
 			rt := route{local: r, changed: changed}
 			if refuse {
-				rt.refuse = fmt.Errorf("%w: %s", ErrNoInSync, k.name)
+				rt.refuse = fmt.Errorf("%w: %s/%d", ErrNoInSync, k.cfg.Topic, k.cfg.Index)
 			}
 			return rt
 		}
