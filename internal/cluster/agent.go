@@ -37,6 +37,8 @@ type AgentConfig struct {
 
 	// ServerTLS and ClientTLS, both or neither, turn on mutual TLS.
 	ServerTLS, ClientTLS *tls.Config
+	// InsecurePlaintext lets the node run without TLS (transport.Config's).
+	InsecurePlaintext bool
 
 	SessionTimeout   time.Duration // DefaultSessionTimeout if zero
 	HandshakeTimeout time.Duration // transport.DefaultHandshakeTimeout if zero
@@ -137,8 +139,9 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 	}
 	var err error
 	n.tr, err = transport.Listen(transport.Config{NodeID: cfg.ID, Bind: cfg.Bind, Secret: cfg.Secret,
-		ServerTLS: cfg.ServerTLS, ClientTLS: cfg.ClientTLS, HandshakeTimeout: cfg.HandshakeTimeout,
-		MaxFrameBytes: cfg.MaxFrameBytes, Logger: n.log})
+		ServerTLS: cfg.ServerTLS, ClientTLS: cfg.ClientTLS, InsecurePlaintext: cfg.InsecurePlaintext,
+		HandshakeTimeout: cfg.HandshakeTimeout,
+		MaxFrameBytes:    cfg.MaxFrameBytes, Logger: n.log})
 	if err != nil {
 		return nil, err
 	}

@@ -82,6 +82,9 @@ type Config struct {
 	// and RootCAs. The listener's host name is not checked: its certificate
 	// must name the node id it claims instead.
 	ServerTLS, ClientTLS *tls.Config
+	// InsecurePlaintext says the transport runs without TLS on purpose:
+	// node ids are then claimed, not proven, and nothing is encrypted.
+	InsecurePlaintext bool
 	// HandshakeTimeout bounds TLS and the secret handshake together. Zero
 	// means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
