@@ -352,6 +352,9 @@ func TestRaft3Group_CloseWhileGroupsOpen(t *testing.T) {
 		bounded(t, 20*time.Second, "Close of n3 just after its Open", func() { c.kill("n3") })
 	}
 	c.start("n3")
+	// CreateMQ places on the nodes the metadata sees up: until n3's new
+	// session is seen, Raft3 has two live nodes and ErrNoQuorum is right.
+	c.waitUp(3)
 	created := make(chan error, 1)
 	go func() {
 		created <- c.nodes["n1"].CreateMQ(ctx, "r2", parts, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 8})
@@ -359,7 +362,17 @@ func TestRaft3Group_CloseWhileGroupsOpen(t *testing.T) {
 	// n3 closes once its copy of the metadata places r2, so the placement
 	// counted it and its sync is opening the new groups. Closed before
 	// that, the placement sees two live nodes, and ErrNoQuorum is right.
-	waitFor(t, 20*time.Second, "r2 placed in n3's metadata", func() bool { return mq.PartitionNode(c.nodes["n3"], "r2", 0) != "" })
+	waitFor(t, 20*time.Second, "r2 placed in n3's metadata", func() bool {
+		select {
+		case err := <-created:
+			if err != nil {
+				t.Fatalf("CreateMQ with n3 up: %v", err)
+			}
+			created <- nil
+		default:
+		}
+		return mq.PartitionNode(c.nodes["n3"], "r2", 0) != ""
+	})
 	bounded(t, 20*time.Second, "Close of n3 while a topic is created", func() { c.kill("n3") })
 	if err := <-created; err != nil {
 		t.Fatalf("CreateMQ with n3 closing: %v", err)
