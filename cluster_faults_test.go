@@ -1038,7 +1038,7 @@ func TestCluster_FullRestartSameAddresses(t *testing.T) {
 			}
 		}
 		m, err := mq.Open(filepath.Join(c.root, id), mq.WithCluster(mq.ClusterConfig{
-			NodeID: id, Bind: addrs[id], Seeds: seeds, Secret: clusterSecret,
+			NodeID: id, Bind: addrs[id], Seeds: seeds, Secret: clusterSecret, InsecurePlaintext: true,
 			SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
 		}), mq.WithLogger(slog.New(&logs)))
 		if err != nil {

@@ -3,14 +3,8 @@ package mq_test
 import (
 	"cmp"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
-	"math/big"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,7 +16,7 @@ import (
 	"github.com/zeze-go/mq/internal/testlog"
 )
 
-var clusterSecret = []byte("cluster-test-secret-0123456789")
+var clusterSecret = []byte("3f8a1c6e9b2d5f0a7c4e1b8d3a6f9c2e5b0d7a4f1c8e3b6d")
 
 // testCluster is nodes of one cluster in this process, on 127.0.0.1.
 type testCluster struct {
@@ -171,6 +165,8 @@ func (c *testCluster) start(id string) *mq.MQ {
 	}
 	if c.tls != nil {
 		cc.ServerTLS, cc.ClientTLS = c.tls(id)
+	} else {
+		cc.ServerTLS, cc.ClientTLS = nodeTLS(c.t, id)
 	}
 	opts := []mq.Option{mq.WithCluster(cc)}
 	if c.opts != nil {
@@ -217,49 +213,37 @@ func closeNode(id string, m *mq.MQ) error {
 	return m.Close()
 }
 
-// testCerts makes a CA and, per node id, a certificate naming it (its DNS
-// SAN), usable as ServerTLS and ClientTLS.
+// testCA is the CA of the root tests' clusters, made once.
+var testCA = sync.OnceValues(func() (*mq.ClusterCA, error) { return mq.NewClusterCA("test cluster CA", time.Hour) })
+
+// nodeTLS is node id's ServerTLS and ClientTLS under testCA.
+func nodeTLS(t testing.TB, id string) (server, client *tls.Config) {
+	t.Helper()
+	ca, err := testCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, client, err = ca.NodeTLS(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return server, client
+}
+
+// testCerts makes a CA of its own and, per node id, a certificate naming
+// it, as ServerTLS and ClientTLS.
 func testCerts(t testing.TB) func(id string) (server, client *tls.Config) {
 	t.Helper()
-	key := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	caKey := key()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test cluster CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	ca, err := mq.NewClusterCA("another test cluster CA", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	var mu sync.Mutex
-	serial := int64(1)
 	return func(id string) (*tls.Config, *tls.Config) {
-		mu.Lock()
-		serial++
-		n := serial
-		mu.Unlock()
-		k := key()
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(n), Subject: pkix.Name{CommonName: id}, DNSNames: []string{id},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
+		server, client, err := ca.NodeTLS(id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
-		return &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool},
-			&tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool}
+		return server, client
 	}
 }
 

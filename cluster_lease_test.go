@@ -117,8 +117,9 @@ func TestCluster_MixedSessionTimeouts(t *testing.T) {
 		for _, m := range c.nodes {
 			seeds = append(seeds, m.ClusterStatus().Addr)
 		}
+		server, client := nodeTLS(t, id)
 		return []mq.Option{mq.WithCluster(mq.ClusterConfig{
-			NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret,
+			NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret, ServerTLS: server, ClientTLS: client,
 			SessionTimeout: n2Session, ElectionTimeout: 200 * time.Millisecond,
 		})}
 	}

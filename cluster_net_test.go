@@ -182,7 +182,7 @@ func TestCluster_PausedNodeChild(t *testing.T) {
 	}
 	kp, _ := strconv.Atoi(os.Getenv(pauseKPEnv))
 	m, err := mq.Open(dir, mq.WithCluster(mq.ClusterConfig{
-		NodeID: "n3", Bind: "127.0.0.1:0", Seeds: strings.Split(os.Getenv(pauseSeedEnv), ","), Secret: clusterSecret,
+		NodeID: "n3", Bind: "127.0.0.1:0", Seeds: strings.Split(os.Getenv(pauseSeedEnv), ","), Secret: clusterSecret, InsecurePlaintext: true,
 		SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
 	}))
 	if err != nil {
@@ -648,8 +648,9 @@ func testLinkFaults(t *testing.T, pxNode string, flap bool) {
 		for _, m := range c.nodes {
 			seeds = append(seeds, m.ClusterStatus().Addr)
 		}
+		server, client := nodeTLS(t, id)
 		return []mq.Option{mq.WithCluster(mq.ClusterConfig{
-			NodeID: id, Bind: px.target, Advertise: px.Addr(), Seeds: seeds, Secret: clusterSecret,
+			NodeID: id, Bind: px.target, Advertise: px.Addr(), Seeds: seeds, Secret: clusterSecret, ServerTLS: server, ClientTLS: client,
 			SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
 		})}
 	}

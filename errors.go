@@ -12,6 +12,7 @@ import (
 	"github.com/zeze-go/mq/internal/node"
 	"github.com/zeze-go/mq/internal/replica"
 	"github.com/zeze-go/mq/internal/topicdb"
+	"github.com/zeze-go/mq/internal/transport"
 	"github.com/zeze-go/mq/internal/txn"
 	"github.com/zeze-go/mq/raftqueue"
 	"github.com/zeze-go/mq/store"
@@ -106,7 +107,7 @@ func translate(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, node.ErrWrongDir):
+	case errors.Is(err, node.ErrWrongDir), errors.Is(err, transport.ErrConfig):
 		return fmt.Errorf("%w: %v", ErrInvalidOption, err)
 	case errors.Is(err, node.ErrNoTopic):
 		return fmt.Errorf("%w: %v", ErrNoTopic, err)

@@ -10,6 +10,7 @@ import (
 	"github.com/zeze-go/mq/internal/delivery"
 	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/partition"
+	"github.com/zeze-go/mq/internal/transport"
 	"github.com/zeze-go/mq/localtx"
 )
 
@@ -611,14 +612,21 @@ type ClusterConfig struct {
 	// any of them. A node without seeds starts a new cluster the first time
 	// it opens its directory.
 	Seeds []string
-	// Secret is the cluster secret, at least 16 bytes, the same on every
-	// node: each connection starts with a mutual HMAC-SHA256 challenge
-	// over it.
+	// Secret is the cluster secret, the same on every node: each
+	// connection proves it after TLS. It must be at least 32 random bytes
+	// (or their hex or base64, as `openssl rand -hex 32` prints); a short
+	// or guessable one is refused with ErrInvalidOption.
 	Secret []byte
-	// ServerTLS and ClientTLS, both or neither, make every link mutual TLS
-	// 1.3: client certificates are required, and the peer's certificate is
-	// checked against the CAs given and the node id it claims.
+	// ServerTLS and ClientTLS make every link mutual TLS 1.3: client
+	// certificates are required, and the peer's certificate is checked
+	// against the CAs given and must name the node id it claims. Both are
+	// required unless InsecurePlaintext is set; NewClusterCA makes them.
 	ServerTLS, ClientTLS *tls.Config
+	// InsecurePlaintext runs the node without TLS, for tests and a laptop:
+	// a node's id is then claimed, not proven, nothing is encrypted, and
+	// anyone holding the secret can speak as any node. Open logs a warning
+	// each time. It cannot be set together with ServerTLS and ClientTLS.
+	InsecurePlaintext bool
 	// SessionTimeout is how long a node may go unheard before the
 	// metadata leader marks it down and gives its consumers' partitions to
 	// others. Default 5s. Consumers hold their partitions under a lease of
@@ -656,10 +664,14 @@ func WithCluster(c ClusterConfig) Option {
 			return fmt.Errorf("%w: cluster NodeID %q: 1 to %d letters, digits, '.', '-' and '_'", ErrInvalidOption, c.NodeID, metastate.MaxNodeIDLen)
 		case c.Bind == "":
 			return fmt.Errorf("%w: cluster needs a Bind address", ErrInvalidOption)
-		case len(c.Secret) < 16:
-			return fmt.Errorf("%w: cluster secret of %d bytes (16 at least)", ErrInvalidOption, len(c.Secret))
+		case transport.CheckSecret(c.Secret) != nil:
+			return fmt.Errorf("%w: cluster secret: %v", ErrInvalidOption, transport.CheckSecret(c.Secret))
 		case (c.ServerTLS == nil) != (c.ClientTLS == nil):
 			return fmt.Errorf("%w: cluster TLS needs both ServerTLS and ClientTLS", ErrInvalidOption)
+		case c.ServerTLS == nil && !c.InsecurePlaintext:
+			return fmt.Errorf("%w: cluster without TLS: give ServerTLS and ClientTLS (NewClusterCA makes them), or set InsecurePlaintext to run without it on purpose", ErrInvalidOption)
+		case c.ServerTLS != nil && c.InsecurePlaintext:
+			return fmt.Errorf("%w: cluster InsecurePlaintext with ServerTLS and ClientTLS: choose one", ErrInvalidOption)
 		case c.SessionTimeout < 0 || c.HandshakeTimeout < 0 || c.ElectionTimeout < 0 || c.MaxFrameBytes < 0:
 			return fmt.Errorf("%w: negative cluster timeout or size", ErrInvalidOption)
 		}

@@ -82,7 +82,7 @@ func r3nodeChild(dir string) {
 	say("OPENING")
 	m, err := mq.Open(dir, mq.WithCluster(mq.ClusterConfig{
 		NodeID: os.Getenv(r3nodeIDEnv), Bind: "127.0.0.1:0", Seeds: strings.Split(os.Getenv(r3nodeSeedsEnv), ","),
-		Secret: clusterSecret, SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
+		Secret: clusterSecret, InsecurePlaintext: true, SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
 	}), mq.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	if err != nil {
 		say("OPENERR %v", err)
@@ -352,7 +352,7 @@ func startWith(c *testCluster, id string, cc func(*mq.ClusterConfig), opts ...mq
 			seeds = append(seeds, m.ClusterStatus().Addr)
 		}
 	}
-	conf := mq.ClusterConfig{NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret,
+	conf := mq.ClusterConfig{NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret, InsecurePlaintext: true,
 		SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond}
 	if cc != nil {
 		cc(&conf)

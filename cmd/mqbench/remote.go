@@ -22,7 +22,7 @@ const (
 	remoteDrainMax    = 100_000 // messages in the drained backlog at most
 )
 
-var remoteSecret = []byte("mqbench-remote-secret-0123456789")
+var remoteSecret = []byte("e4b7a1d8c2f5e9b3a6d0c7f1e4b8a2d5c9f3e6b0a7d1c4f8")
 
 // remoteMode is one measurement of runRemote: a send at some concurrency
 // or a drain, on node A, remote, or B, local.
@@ -169,7 +169,7 @@ func (b *bench) openNode(id string, seeds ...string) (*mq.MQ, error) {
 // openNodeWith is openNode with the nodes' raft election timeout.
 func (b *bench) openNodeWith(id string, election time.Duration, seeds ...string) (*mq.MQ, error) {
 	return mq.Open(filepath.Join(b.dir, id), mq.WithCluster(mq.ClusterConfig{
-		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: remoteSecret,
+		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: remoteSecret, InsecurePlaintext: true,
 		ElectionTimeout: election,
 	}))
 }

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/zeze-go/mq"
 )
 
 const (
@@ -81,6 +83,9 @@ func run(ctx context.Context, out io.Writer, raft3 bool) error {
 	defer os.RemoveAll(root)
 	secret := make([]byte, 32)
 	rand.Read(secret)
+	if err := makeCerts(filepath.Join(root, "certs"), "n1", "n2", "n3"); err != nil {
+		return err
+	}
 	l := &launcher{
 		out: out, start: time.Now(), exe: exe, root: root, secret: hex.EncodeToString(secret),
 		changed: make(chan struct{}), acked: map[string]bool{}, consumed: map[string]int{}, stopped: -1,
@@ -407,6 +412,7 @@ func (l *launcher) startNode(ctx context.Context, id, label string, seeds ...str
 		nodeDirEnv+"="+filepath.Join(l.root, id),
 		nodeSeedsEnv+"="+strings.Join(seeds, ","),
 		nodeSecretEnv+"="+l.secret,
+		nodeCertsEnv+"="+filepath.Join(l.root, "certs"),
 	)
 	cmd.Stderr = os.Stderr
 	cmd.WaitDelay = 5 * time.Second
@@ -641,4 +647,33 @@ func fmtParts(ps []int) string {
 		s[i] = strconv.Itoa(p)
 	}
 	return "[" + strings.Join(s, " ") + "]"
+}
+
+// makeCerts makes the cluster's CA in dir and a certificate for each node
+// id, as cmd/mqcert would: ca.pem, and <id>.pem with <id>-key.pem. The
+// CA's key is not kept: no more nodes are added.
+func makeCerts(dir string, ids ...string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	ca, err := mq.NewClusterCA("example cluster CA", time.Hour)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ca.pem"), ca.CertPEM(), 0o644); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		cert, key, err := ca.IssueNode(id, time.Hour)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, id+".pem"), cert, 0o644); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, id+"-key.pem"), key, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
 }

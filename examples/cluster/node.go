@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +24,7 @@ const (
 	nodeDirEnv    = "ZEZE_EXAMPLE_DIR"    // data directory
 	nodeSeedsEnv  = "ZEZE_EXAMPLE_SEEDS"  // comma-separated addresses; empty bootstraps
 	nodeSecretEnv = "ZEZE_EXAMPLE_SECRET" // hex cluster secret
+	nodeCertsEnv  = "ZEZE_EXAMPLE_CERTS"  // ca.pem, <id>.pem and <id>-key.pem
 )
 
 // Short timeouts, so a dead node is noticed within seconds.
@@ -74,8 +76,16 @@ func nodeMain() int {
 		seeds = strings.Split(s, ",")
 	}
 	id := os.Getenv(nodeIDEnv)
+	certs := os.Getenv(nodeCertsEnv)
+	serverTLS, clientTLS, err := mq.ClusterTLSFiles(filepath.Join(certs, "ca.pem"),
+		filepath.Join(certs, id+".pem"), filepath.Join(certs, id+"-key.pem"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "node %s: %v\n", id, err)
+		return 1
+	}
 	m, err := mq.Open(os.Getenv(nodeDirEnv), mq.WithCluster(mq.ClusterConfig{
 		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: secret,
+		ServerTLS: serverTLS, ClientTLS: clientTLS,
 		SessionTimeout: sessionTimeout, ElectionTimeout: electionTimeout,
 	}))
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/zeze-go/mq/store"
 )
 
-var testSecret = []byte("agent-test-secret-0123456789")
+var testSecret = []byte("7b2e9f4c1a6d3e8b0f5a2c7d4e9b1f6a3c8e0d5b2a7f4c9e")
 
 // agents is a cluster of agents on 127.0.0.1 in one process.
 type agents struct {
@@ -37,7 +37,7 @@ func (a *agents) start(id string, seeds ...string) *Agent {
 		dir = filepath.Join(a.t.TempDir(), id)
 		a.dirs[id] = dir
 	}
-	ag, err := OpenAgent(AgentConfig{ID: id, Dir: dir, Bind: "127.0.0.1:0", Seeds: seeds, Secret: testSecret,
+	ag, err := OpenAgent(AgentConfig{ID: id, Dir: dir, Bind: "127.0.0.1:0", Seeds: seeds, Secret: testSecret, InsecurePlaintext: true,
 		SessionTimeout: time.Second, HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: agentElection,
 		LeaderLeaseTimeout: 100 * time.Millisecond, Partitions: noPartitions, CheckTx: noTx, Logger: discardLogger()})
 	if err != nil {

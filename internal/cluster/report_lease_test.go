@@ -24,7 +24,7 @@ func reportAgents(t *testing.T, n int, sessionTimeout time.Duration) map[string]
 			seeds = []string{seed}
 		}
 		ag, err := OpenAgent(AgentConfig{ID: id, Dir: filepath.Join(t.TempDir(), id), Bind: "127.0.0.1:0", Seeds: seeds,
-			Secret: testSecret, SessionTimeout: sessionTimeout, HeartbeatTimeout: 200 * time.Millisecond,
+			Secret: testSecret, InsecurePlaintext: true, SessionTimeout: sessionTimeout, HeartbeatTimeout: 200 * time.Millisecond,
 			ElectionTimeout: agentElection, LeaderLeaseTimeout: 100 * time.Millisecond, Partitions: noPartitions,
 			CheckTx: noTx, Logger: discardLogger()})
 		if err != nil {

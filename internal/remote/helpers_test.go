@@ -18,7 +18,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var secret = []byte("0123456789abcdef-cluster")
+var secret = []byte("9c1f4e7a2b8d3f60e5a1c7b4d2f8e0a36b9c5d1e7f3a0b2c")
 
 // patience bounds every wait for something that must happen.
 const patience = 20 * time.Second
@@ -26,7 +26,7 @@ const patience = 20 * time.Second
 // newTransport listens on 127.0.0.1:0 as node id.
 func newTransport(t testing.TB, id string, frame int) *transport.Transport {
 	t.Helper()
-	tr, err := transport.Listen(transport.Config{NodeID: id, Bind: "127.0.0.1:0", Secret: secret, MaxFrameBytes: frame})
+	tr, err := transport.Listen(transport.Config{NodeID: id, Bind: "127.0.0.1:0", Secret: secret, MaxFrameBytes: frame, InsecurePlaintext: true})
 	if err != nil {
 		t.Fatal(err)
 	}

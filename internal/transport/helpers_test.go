@@ -19,7 +19,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var secret = []byte("0123456789abcdef-cluster")
+var secret = []byte("9c1f4e7a2b8d3f60e5a1c7b4d2f8e0a36b9c5d1e7f3a0b2c")
 
 // testCA is a certificate authority made in memory.
 type testCA struct {
@@ -59,6 +59,13 @@ func newCA(t testing.TB) *testCA {
 // leaf returns a certificate for both TLS roles naming dnsNames.
 func (ca *testCA) leaf(t testing.TB, dnsNames ...string) tls.Certificate {
 	t.Helper()
+	return ca.leafFor(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, dnsNames...)
+}
+
+// leafFor returns a certificate with the extended key usages eku naming
+// dnsNames.
+func (ca *testCA) leafFor(t testing.TB, eku []x509.ExtKeyUsage, dnsNames ...string) tls.Certificate {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +77,7 @@ func (ca *testCA) leaf(t testing.TB, dnsNames ...string) tls.Certificate {
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		ExtKeyUsage:  eku,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
@@ -92,6 +99,7 @@ func listen(t testing.TB, cfg Config) *Transport {
 	if cfg.Secret == nil {
 		cfg.Secret = secret
 	}
+	cfg.InsecurePlaintext = cfg.ServerTLS == nil && cfg.ClientTLS == nil
 	tr, err := Listen(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -53,7 +53,7 @@ func TestTransport_RefusalsLogged(t *testing.T) {
 		want   string // in the refusal's line
 	}{
 		{"WrongSecret", false, 0, func(t *testing.T, b *Transport) {
-			a := listen(t, Config{NodeID: "a", Secret: []byte("another secret of the cluster")})
+			a := listen(t, Config{NodeID: "a", Secret: []byte("4d7e1a9c3f6b0e2d8a5c7f1b3e9d0a6c2f4b8e1d7a3c5f9b")})
 			a.Dial(context.Background(), b.Addr().String(), ProtoRPC)
 		}, `claiming "a"`},
 		{"Replay", false, 1, func(t *testing.T, b *Transport) {
@@ -93,8 +93,12 @@ func TestTransport_RefusalsLogged(t *testing.T) {
 			a.Dial(context.Background(), b.Addr().String(), ProtoRPC)
 		}, "certificate"},
 		{"CertNamesOther", true, 0, func(t *testing.T, b *Transport) {
-			ast, act := ca.tlsFor(ca.leaf(t, "c"))
+			ast, act := ca.tlsFor(ca.leaf(t, "a"))
 			a := listen(t, Config{NodeID: "a", ServerTLS: ast, ClientTLS: act})
+			var err error
+			if a.serverTLS, a.clientTLS, err = tlsConfigs(ca.tlsFor(ca.leaf(t, "c"))); err != nil {
+				t.Fatal(err)
+			}
 			a.Dial(context.Background(), b.Addr().String(), ProtoRPC)
 		}, "a"},
 	}

@@ -27,6 +27,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -47,7 +48,6 @@ const (
 const (
 	DefaultHandshakeTimeout = 5 * time.Second
 	DefaultMaxHandshakes    = 64
-	MinSecretLen            = 16
 )
 
 var (
@@ -62,6 +62,11 @@ var (
 	ErrUnknownProto = errors.New("transport: unknown protocol")
 	// ErrProtoTaken is returned by Listener for a protocol already served.
 	ErrProtoTaken = errors.New("transport: protocol already has a listener")
+	// ErrConfig wraps every error of Listen about its Config.
+	ErrConfig = errors.New("transport: bad config")
+	// ErrNoTLS is returned by Listen for a config with neither TLS nor
+	// InsecurePlaintext.
+	ErrNoTLS = errors.New("transport: no TLS: set ServerTLS and ClientTLS, or InsecurePlaintext to run without it on purpose")
 	// ErrLinkDown is returned by Dial, and logged for an accepted
 	// connection, when the peer's link is cut by SetLinkDown.
 	ErrLinkDown = errors.New("transport: link down")
@@ -74,7 +79,8 @@ type Config struct {
 	NodeID string
 	// Bind is the TCP address to listen on ("127.0.0.1:0" in tests).
 	Bind string
-	// Secret is the cluster secret, at least MinSecretLen bytes. Required.
+	// Secret is the cluster secret, which CheckSecret must accept.
+	// Required.
 	Secret []byte
 	// ServerTLS and ClientTLS, both or neither, turn on mutual TLS. They are
 	// cloned and forced to TLS 1.3 with client certificates required.
@@ -84,6 +90,8 @@ type Config struct {
 	ServerTLS, ClientTLS *tls.Config
 	// InsecurePlaintext says the transport runs without TLS on purpose:
 	// node ids are then claimed, not proven, and nothing is encrypted.
+	// Without TLS and without it, Listen fails with ErrNoTLS; with it,
+	// Listen logs a warning.
 	InsecurePlaintext bool
 	// HandshakeTimeout bounds TLS and the secret handshake together. Zero
 	// means DefaultHandshakeTimeout.
@@ -128,10 +136,10 @@ type Transport struct {
 // handshake. Close stops and waits for all of them.
 func Listen(cfg Config) (*Transport, error) {
 	if err := checkNodeID(cfg.NodeID); err != nil {
-		return nil, fmt.Errorf("transport: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if len(cfg.Secret) < MinSecretLen {
-		return nil, fmt.Errorf("transport: cluster secret of %d bytes, want at least %d", len(cfg.Secret), MinSecretLen)
+	if err := CheckSecret(cfg.Secret); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = DefaultHandshakeTimeout
@@ -155,7 +163,24 @@ func Listen(cfg Config) (*Transport, error) {
 	}
 	var err error
 	if t.serverTLS, t.clientTLS, err = tlsConfigs(cfg.ServerTLS, cfg.ClientTLS); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if t.serverTLS != nil {
+		for _, c := range [][]tls.Certificate{t.serverTLS.Certificates, t.clientTLS.Certificates} {
+			for _, cert := range c {
+				if err := checkOwnCert(cert, cfg.NodeID); err != nil {
+					return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+				}
+			}
+		}
+	}
+	switch {
+	case t.serverTLS == nil && !cfg.InsecurePlaintext:
+		return nil, fmt.Errorf("%w: %w", ErrConfig, ErrNoTLS)
+	case t.serverTLS == nil:
+		t.log.Warn("transport: running without TLS (InsecurePlaintext): node ids are claimed, not proven, and nothing is encrypted", "node", cfg.NodeID)
+	case cfg.InsecurePlaintext:
+		return nil, fmt.Errorf("%w: InsecurePlaintext with ServerTLS and ClientTLS: choose one", ErrConfig)
 	}
 	if t.ln, err = net.Listen("tcp", cfg.Bind); err != nil {
 		return nil, fmt.Errorf("transport: %w", err)
@@ -210,6 +235,35 @@ func tlsConfigs(server, client *tls.Config) (*tls.Config, *tls.Config, error) {
 		return nil
 	}
 	return s, c, nil
+}
+
+// checkOwnCert returns an error unless cert's leaf names node id as a DNS
+// SAN and may serve both ends of a mutual link: server and client auth
+// (or no extended key usage, which allows any), and a digital signature
+// key usage if it has key usages at all.
+func checkOwnCert(cert tls.Certificate, id string) error {
+	if len(cert.Certificate) == 0 {
+		return errors.New("transport: own TLS certificate is empty")
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return fmt.Errorf("transport: own TLS certificate: %w", err)
+	}
+	if !slices.Contains(leaf.DNSNames, id) {
+		return fmt.Errorf("transport: own TLS certificate names %q, not this node's id %q as a DNS SAN", leaf.DNSNames, id)
+	}
+	if len(leaf.ExtKeyUsage) > 0 && !slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageAny) {
+		if !slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageServerAuth) || !slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageClientAuth) {
+			return errors.New("transport: own TLS certificate cannot serve both ends of a link: it needs the server auth and client auth extended key usages")
+		}
+	}
+	if leaf.KeyUsage != 0 && leaf.KeyUsage&x509.KeyUsageDigitalSignature == 0 {
+		return errors.New("transport: own TLS certificate lacks the digital signature key usage TLS 1.3 needs")
+	}
+	if time.Now().After(leaf.NotAfter) {
+		return fmt.Errorf("transport: own TLS certificate expired at %v", leaf.NotAfter)
+	}
+	return nil
 }
 
 // Addr is the address the transport listens on.

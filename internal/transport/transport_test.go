@@ -3,7 +3,11 @@ package transport
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net"
@@ -32,6 +36,14 @@ func TestListen_Config(t *testing.T) {
 		{"ServerTLSOnly", Config{NodeID: "a", Secret: secret, ServerTLS: st}, "together"},
 		{"NoClientCAs", Config{NodeID: "a", Secret: secret, ServerTLS: &tls.Config{Certificates: st.Certificates}, ClientTLS: ct}, "ClientCAs"},
 		{"NoRootCAs", Config{NodeID: "a", Secret: secret, ServerTLS: st, ClientTLS: &tls.Config{Certificates: ct.Certificates}}, "RootCAs"},
+		{"NoTLS", Config{NodeID: "a", Secret: secret}, "no TLS"},
+		{"OwnCertNamesAnother", Config{NodeID: "b", Secret: secret, ServerTLS: st, ClientTLS: ct}, "not this node's id"},
+		{"OwnCertServerOnly", func() Config {
+			st, ct := ca.tlsFor(ca.leafFor(t, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, "a"))
+			return Config{NodeID: "a", Secret: secret, ServerTLS: st, ClientTLS: ct}
+		}(), "both ends"},
+		{"TLSAndPlaintext", Config{NodeID: "a", Secret: secret, ServerTLS: st, ClientTLS: ct, InsecurePlaintext: true}, "choose one"},
+		{"RepeatedSecret", Config{NodeID: "a", Secret: []byte(strings.Repeat("ab", 32)), InsecurePlaintext: true}, "random bytes"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -98,7 +110,7 @@ func TestTransport_Dial(t *testing.T) {
 func TestTransport_WrongSecret(t *testing.T) {
 	for _, side := range []string{"Dialer", "Listener"} {
 		t.Run(side, func(t *testing.T) {
-			other := []byte("another secret of the cluster")
+			other := []byte("4d7e1a9c3f6b0e2d8a5c7f1b3e9d0a6c2f4b8e1d7a3c5f9b")
 			da, lb := Config{NodeID: "a"}, Config{NodeID: "b"}
 			if side == "Dialer" {
 				da.Secret = other
@@ -270,10 +282,20 @@ func TestTransport_TLS(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ast, act := ca.tlsFor(c.dialCA.leaf(t, c.dialCert...))
+			// Listen refuses a certificate that does not name its own
+			// node: each side starts right, then presents the one of
+			// the case, as a peer that is not a Transport could.
+			ast, act := ca.tlsFor(ca.leaf(t, "a"))
 			a := listen(t, Config{NodeID: "a", ServerTLS: ast, ClientTLS: act})
-			bst, bct := ca.tlsFor(ca.leaf(t, c.lisCert...))
+			bst, bct := ca.tlsFor(ca.leaf(t, "b"))
 			b := listen(t, Config{NodeID: "b", ServerTLS: bst, ClientTLS: bct})
+			var err error
+			if a.serverTLS, a.clientTLS, err = tlsConfigs(ca.tlsFor(c.dialCA.leaf(t, c.dialCert...))); err != nil {
+				t.Fatal(err)
+			}
+			if b.serverTLS, b.clientTLS, err = tlsConfigs(ca.tlsFor(ca.leaf(t, c.lisCert...))); err != nil {
+				t.Fatal(err)
+			}
 			acc := accept(t, b, ProtoRPC)
 			if _, err := a.Dial(context.Background(), b.Addr().String(), ProtoRPC); err == nil {
 				t.Fatal("dial succeeded")
@@ -516,4 +538,38 @@ func TestTransport_TooManyHandshakes(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	_ = acc
+}
+
+// TestCheckSecret: random bytes and their hex and base64 pass; short,
+// repeated and word-like secrets are refused, saying what is wanted.
+func TestCheckSecret(t *testing.T) {
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		t.Fatal(err)
+	}
+	ok := map[string][]byte{
+		"Raw32":    raw,
+		"Hex32":    []byte(hex.EncodeToString(raw)),
+		"Base64":   []byte(base64.StdEncoding.EncodeToString(raw)),
+		"TestOnes": secret,
+	}
+	for name, s := range ok {
+		if err := CheckSecret(s); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	weak := map[string][]byte{
+		"Empty":     nil,
+		"Raw31":     raw[:31],
+		"Repeated":  []byte(strings.Repeat("x", 64)),
+		"TwoBytes":  []byte(strings.Repeat("01", 40)),
+		"Phrase":    []byte("our-cluster-secret-our-cluster-secret"),
+		"Hex16Only": []byte(hex.EncodeToString(raw[:16]))[:31],
+	}
+	for name, s := range weak {
+		err := CheckSecret(s)
+		if !errors.Is(err, ErrWeakSecret) || !strings.Contains(err.Error(), "32 random bytes") {
+			t.Errorf("%s: %v, want ErrWeakSecret saying what is wanted", name, err)
+		}
+	}
 }
