@@ -1037,8 +1037,9 @@ func TestCluster_FullRestartSameAddresses(t *testing.T) {
 				seeds = append(seeds, a)
 			}
 		}
+		server, client := nodeTLS(t, id)
 		m, err := mq.Open(filepath.Join(c.root, id), mq.WithCluster(mq.ClusterConfig{
-			NodeID: id, Bind: addrs[id], Seeds: seeds, Secret: clusterSecret, InsecurePlaintext: true,
+			NodeID: id, Bind: addrs[id], Seeds: seeds, Secret: clusterSecret, ServerTLS: server, ClientTLS: client,
 			SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
 		}), mq.WithLogger(slog.New(&logs)))
 		if err != nil {

@@ -230,6 +230,39 @@ func nodeTLS(t testing.TB, id string) (server, client *tls.Config) {
 	return server, client
 }
 
+// nodeCertsEnv names a child process node's certificate directory, as
+// nodeCertsDir writes it.
+const nodeCertsEnv = "ZEZE_MQ_NODE_CERTS"
+
+// nodeCertsDir writes node id's certificate under testCA, its key and the
+// CA's certificate to a new directory (ca.pem, node.pem, node-key.pem) for
+// a node in a child process, and returns it as nodeCertsEnv's setting.
+func nodeCertsDir(t testing.TB, id string) string {
+	t.Helper()
+	ca, err := testCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, err := ca.IssueNode(id, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for name, b := range map[string][]byte{"ca.pem": ca.CertPEM(), "node.pem": cert, "node-key.pem": key} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return nodeCertsEnv + "=" + dir
+}
+
+// childTLS is the ServerTLS and ClientTLS of a node in a child process,
+// from the directory nodeCertsEnv names.
+func childTLS() (server, client *tls.Config, err error) {
+	dir := os.Getenv(nodeCertsEnv)
+	return mq.ClusterTLSFiles(filepath.Join(dir, "ca.pem"), filepath.Join(dir, "node.pem"), filepath.Join(dir, "node-key.pem"))
+}
+
 // testCerts makes a CA of its own and, per node id, a certificate naming
 // it, as ServerTLS and ClientTLS.
 func testCerts(t testing.TB) func(id string) (server, client *tls.Config) {

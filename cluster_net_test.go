@@ -181,8 +181,13 @@ func TestCluster_PausedNodeChild(t *testing.T) {
 		t.Skip("child of TestCluster_PausedNode")
 	}
 	kp, _ := strconv.Atoi(os.Getenv(pauseKPEnv))
+	serverTLS, clientTLS, err := childTLS()
+	if err != nil {
+		t.Fatal(err)
+	}
 	m, err := mq.Open(dir, mq.WithCluster(mq.ClusterConfig{
-		NodeID: "n3", Bind: "127.0.0.1:0", Seeds: strings.Split(os.Getenv(pauseSeedEnv), ","), Secret: clusterSecret, InsecurePlaintext: true,
+		NodeID: "n3", Bind: "127.0.0.1:0", Seeds: strings.Split(os.Getenv(pauseSeedEnv), ","), Secret: clusterSecret,
+		ServerTLS: serverTLS, ClientTLS: clientTLS,
 		SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
 	}))
 	if err != nil {
@@ -283,7 +288,7 @@ func testPausedNode(t *testing.T, kp, backlog int, idle, spread bool) {
 	// n3, in a child process.
 	seeds := c.nodes["n1"].ClusterStatus().Addr + "," + c.nodes["n2"].ClusterStatus().Addr
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCluster_PausedNodeChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), pauseDirEnv+"="+filepath.Join(c.root, "n3"), pauseSeedEnv+"="+seeds, pauseKPEnv+"="+strconv.Itoa(kp))
+	cmd.Env = append(os.Environ(), pauseDirEnv+"="+filepath.Join(c.root, "n3"), pauseSeedEnv+"="+seeds, pauseKPEnv+"="+strconv.Itoa(kp), nodeCertsDir(t, "n3"))
 	stderr := &lockedBuffer{}
 	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()

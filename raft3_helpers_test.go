@@ -559,7 +559,7 @@ func startNodeChild(t testing.TB, c *testCluster, id string, parts int, env ...s
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestRaft3NodeChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), r3nodeDirEnv+"="+filepath.Join(c.root, id), r3nodeIDEnv+"="+id,
-		r3nodeSeedsEnv+"="+strings.Join(seeds, ","), r3nodePartsEnv+"="+strconv.Itoa(parts))
+		r3nodeSeedsEnv+"="+strings.Join(seeds, ","), r3nodePartsEnv+"="+strconv.Itoa(parts), nodeCertsDir(t, id))
 	cmd.Env = append(cmd.Env, env...)
 	ch := &nodeChild{t: t, id: id, cmd: cmd, lines: make(chan string, 4096), stderr: &lockedBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = ch.stderr

@@ -80,9 +80,14 @@ func r3nodeChild(dir string) {
 	parts, _ := strconv.Atoi(os.Getenv(r3nodePartsEnv))
 	base := goleak.IgnoreCurrent()
 	say("OPENING")
+	serverTLS, clientTLS, err := childTLS()
+	if err != nil {
+		say("OPENERR %v", err)
+		os.Exit(0)
+	}
 	m, err := mq.Open(dir, mq.WithCluster(mq.ClusterConfig{
 		NodeID: os.Getenv(r3nodeIDEnv), Bind: "127.0.0.1:0", Seeds: strings.Split(os.Getenv(r3nodeSeedsEnv), ","),
-		Secret: clusterSecret, InsecurePlaintext: true, SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
+		Secret: clusterSecret, ServerTLS: serverTLS, ClientTLS: clientTLS, SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
 	}), mq.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	if err != nil {
 		say("OPENERR %v", err)
@@ -352,8 +357,9 @@ func startWith(c *testCluster, id string, cc func(*mq.ClusterConfig), opts ...mq
 			seeds = append(seeds, m.ClusterStatus().Addr)
 		}
 	}
-	conf := mq.ClusterConfig{NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret, InsecurePlaintext: true,
+	conf := mq.ClusterConfig{NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret,
 		SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond}
+	conf.ServerTLS, conf.ClientTLS = nodeTLS(c.t, id)
 	if cc != nil {
 		cc(&conf)
 	}
