@@ -24,17 +24,27 @@ const (
 )
 
 // ACLRule allows the nodes whose id matches Identity to do Rights on the
-// topics whose name matches Topic. A pattern is a name, or a prefix
-// followed by '*'; "*" alone matches everything.
+// topics whose name matches Topic. Where a call names a consumer group
+// (consuming in a group, which claims, commits and releases its offsets;
+// resetting or deleting them), the rule also needs Group to match the
+// group's name: empty matches every group, as "*" does, so a rule without
+// one covers every group of its topics. A broadcasting consumer's offsets
+// are its group's. A pattern is a name, or a prefix followed by '*'; "*"
+// alone matches everything.
 type ACLRule struct {
 	Identity string
 	Topic    string
 	Rights   Rights
+	Group    string
 }
 
-// SetACL replaces the cluster's access rules. Once there is a rule, every
-// call is refused with ErrDenied unless a rule allows the calling node's
-// identity the right on the topic. The identity is the node id, which its
+// MaxACLRules is the most rules SetACL takes.
+const MaxACLRules = metastate.MaxRules
+
+// SetACL replaces the cluster's access rules, at most MaxACLRules of them
+// (more return ErrInvalidOption). Once there is a rule, every call is
+// refused with ErrDenied unless a rule allows the calling node's identity
+// the right on the topic. The identity is the node id, which its
 // certificate names when the cluster uses TLS; the node that refused logs
 // the refusal once per identity, topic and right. No rules turn access
 // control off, as it is at first. Keep a rule giving some node Admin on
@@ -49,9 +59,12 @@ func (m *MQ) SetACL(ctx context.Context, rules []ACLRule) error {
 	if m.cluster == nil {
 		return fmt.Errorf("%w: ACLs need a cluster", ErrUnsupportedType)
 	}
+	if len(rules) > MaxACLRules {
+		return fmt.Errorf("%w: %d ACL rules, at most %d", ErrInvalidOption, len(rules), MaxACLRules)
+	}
 	cr := make([]metastate.Rule, len(rules))
 	for i, r := range rules {
-		cr[i] = metastate.Rule{Identity: r.Identity, Topic: r.Topic, Rights: metastate.Rights(r.Rights)}
+		cr[i] = metastate.Rule{Identity: r.Identity, Topic: r.Topic, Rights: metastate.Rights(r.Rights), Group: r.Group}
 	}
 	index, err := m.cluster.SetACL(ctx, cr)
 	if err != nil {
@@ -67,7 +80,7 @@ func (m *MQ) ACL() []ACLRule {
 	}
 	var out []ACLRule
 	for _, r := range m.cluster.ACL() {
-		out = append(out, ACLRule{Identity: r.Identity, Topic: r.Topic, Rights: Rights(r.Rights)})
+		out = append(out, ACLRule{Identity: r.Identity, Topic: r.Topic, Rights: Rights(r.Rights), Group: r.Group})
 	}
 	return out
 }
@@ -79,6 +92,15 @@ func (m *MQ) allowed(topic string, right Rights) error {
 		return nil
 	}
 	return translate(m.cluster.Allowed(m.cluster.ID(), topic, metastate.Rights(right)))
+}
+
+// allowedGroup is allowed for a call naming consumer group group, which
+// some rule's Group must match too.
+func (m *MQ) allowedGroup(topic, group string, right Rights) error {
+	if m.cluster == nil || topicdb.IsSystemTopic(topic) {
+		return nil
+	}
+	return translate(m.cluster.AllowedGroup(m.cluster.ID(), topic, group, metastate.Rights(right)))
 }
 
 // String names the rights: "produce|consume|admin", "nothing" for none.

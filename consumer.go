@@ -183,7 +183,7 @@ func (m *MQ) NewConsumer(topic, groupName string, listener Listener, opts ...Con
 	if listener == nil {
 		return nil, fmt.Errorf("%w: nil listener", ErrInvalidOption)
 	}
-	if err := m.allowed(topic, Consume); err != nil {
+	if err := m.allowedGroup(topic, groupName, Consume); err != nil {
 		return nil, err
 	}
 	cfg := defaultConsumerConfig()
@@ -323,7 +323,7 @@ func (m *MQ) ResetOffset(ctx context.Context, topic, group string, to Position) 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := m.allowed(topic, Admin); err != nil {
+	if err := m.allowedGroup(topic, group, Admin); err != nil {
 		return err
 	}
 	if err := delivery.CheckOffsetName(group); err != nil {
@@ -354,7 +354,7 @@ func (m *MQ) DeleteGroup(ctx context.Context, topic, group string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := m.allowed(topic, Admin); err != nil {
+	if err := m.allowedGroup(topic, group, Admin); err != nil {
 		return err
 	}
 	if err := delivery.CheckOffsetName(group); err != nil {

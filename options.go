@@ -632,8 +632,9 @@ type ClusterConfig struct {
 	// others. Default 5s. Consumers hold their partitions under a lease of
 	// half of it, kept by the partition: a node that still reaches a
 	// partition goes on delivering it, also while the metadata group has
-	// no quorum, and the new owner waits; one that cannot renew the lease
-	// cancels its handlers' contexts a fifth of the lease before it lapses.
+	// no quorum, until it is marked down; one that cannot renew the lease
+	// (cut from the partition, or no longer its owner) cancels its
+	// handlers' contexts a fifth of the lease before it lapses.
 	SessionTimeout time.Duration
 	// HandshakeTimeout bounds a connection's TLS and secret handshake.
 	// Default 5s.

@@ -317,25 +317,56 @@ var errShort = errors.New("short input")
 
 // DecodeCommand decodes a command encoded by AppendCommand. Its messages'
 // Body slices point into b. Malformed input returns an error wrapping
-// ErrBadCommand; nothing is allocated beyond what the input's length allows.
+// ErrBadCommand; nothing is allocated beyond what the input's length allows:
+// a message takes at least minCommandMessage bytes, and what it becomes in
+// memory about ten times that, its strings their bytes.
 func DecodeCommand(b []byte) (*Command, error) {
-	c, err := decodeCommand(b)
+	c, msgs, err := DecodeCommandHead(b)
 	if err != nil {
-		return nil, fmt.Errorf("%w: decode: %v", ErrBadCommand, err)
+		return nil, err
+	}
+	if err := DecodeMessages(c, msgs); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
 
-func decodeCommand(b []byte) (*Command, error) {
+// DecodeCommandHead decodes a command encoded by AppendCommand but for its
+// messages, and returns the bytes that hold them, for DecodeMessages: a
+// server decides from the head whether the caller may make the command
+// before it decodes the rest. Errors wrap ErrBadCommand.
+func DecodeCommandHead(b []byte) (c *Command, msgs []byte, err error) {
+	c, msgs, err = decodeCommandHead(b)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: decode: %v", ErrBadCommand, err)
+	}
+	return c, msgs, nil
+}
+
+// DecodeMessages decodes msgs, the rest of a command after its head
+// (DecodeCommandHead), into c.Msgs. The messages' Body slices point into
+// msgs. Errors wrap ErrBadCommand.
+func DecodeMessages(c *Command, msgs []byte) error {
+	if err := decodeMessages(c, msgs); err != nil {
+		return fmt.Errorf("%w: decode: %v", ErrBadCommand, err)
+	}
+	return nil
+}
+
+// minCommandMessage is the least a message takes in a command: a one-byte
+// length, a record of ten one-byte fields in a one-byte array, the flags.
+const minCommandMessage = 1 + 1 + recordFields + 1
+
+func decodeCommandHead(b []byte) (*Command, []byte, error) {
 	if len(b) < cmdFixed {
-		return nil, errShort
+		return nil, nil, errShort
 	}
 	if b[0] != cmdMagic0 || b[1] != cmdMagic1 {
-		return nil, errors.New("bad magic")
+		return nil, nil, errors.New("bad magic")
 	}
 	version := b[2]
 	if version < 1 || version > cmdVersion {
-		return nil, fmt.Errorf("version %d, want 1 to %d", version, cmdVersion)
+		return nil, nil, fmt.Errorf("version %d, want 1 to %d", version, cmdVersion)
 	}
 	c := &Command{Op: Op(b[3])}
 	c.Now = int64(binary.BigEndian.Uint64(b[4:]))
@@ -343,13 +374,13 @@ func decodeCommand(b []byte) (*Command, error) {
 	r := reader{b: b[cmdFixed:]}
 	limit := r.uvarint()
 	if limit > math.MaxInt32 {
-		return nil, errors.New("limit out of range")
+		return nil, nil, errors.New("limit out of range")
 	}
 	c.Limit = int(limit)
 	for _, f := range []*int64{&c.MaxAge, &c.MaxBytes, &c.DedupTTL, &c.DecideTTL} {
 		v := r.uvarint()
 		if v > math.MaxInt64 {
-			return nil, errors.New("duration out of range")
+			return nil, nil, errors.New("duration out of range")
 		}
 		*f = int64(v)
 	}
@@ -360,20 +391,30 @@ func decodeCommand(b []byte) (*Command, error) {
 	if version >= 3 {
 		flags := r.byte()
 		if flags&^cmdConsumed != 0 {
-			return nil, fmt.Errorf("flags %#x", flags)
+			return nil, nil, fmt.Errorf("flags %#x", flags)
 		}
 		c.Consumed = flags&cmdConsumed != 0
 	}
 	c.Group = r.str()
 	c.TxID = r.str()
 	c.Producer = r.str()
-	n := r.uvarint()
-	if r.err == nil && n > uint64(len(r.b)) { // every message takes at least a byte
-		return nil, fmt.Errorf("%d messages in %d bytes", n, len(r.b))
+	if r.err != nil {
+		return nil, nil, r.err
 	}
-	// Msgs grows as messages decode: a count is believed only as far as
-	// the messages are there, so a frame claiming millions of messages
-	// costs what it holds, not what it claims.
+	return c, r.b, nil
+}
+
+func decodeMessages(c *Command, b []byte) error {
+	r := reader{b: b}
+	n := r.uvarint()
+	if r.err == nil && n > uint64(len(r.b)/minCommandMessage) {
+		return fmt.Errorf("%d messages in %d bytes", n, len(r.b))
+	}
+	// Msgs is made once for the count, which the bytes can hold: growing
+	// it by appends would allocate several times its final size.
+	if r.err == nil && n > 0 {
+		c.Msgs = make([]Message, 0, n)
+	}
 	for i := uint64(0); i < n && r.err == nil; i++ {
 		rec := r.bytes()
 		flags := r.byte()
@@ -381,26 +422,24 @@ func decodeCommand(b []byte) (*Command, error) {
 			break
 		}
 		if flags > 1 {
-			return nil, fmt.Errorf("message %d: flags %#x", i, flags)
+			return fmt.Errorf("message %d: flags %#x", i, flags)
 		}
 		c.Msgs = append(c.Msgs, Message{})
 		m := &c.Msgs[len(c.Msgs)-1]
 		if err := decodeMessagePayload(rec, m, true); err != nil {
-			return nil, fmt.Errorf("message %d: %v", i, err)
+			return fmt.Errorf("message %d: %v", i, err)
 		}
 		m.FreshID = flags == 1
 	}
 	if r.err != nil {
-		return nil, r.err
+		return r.err
 	}
 	if len(r.b) != 0 {
-		return nil, fmt.Errorf("%d bytes after the command", len(r.b))
+		return fmt.Errorf("%d bytes after the command", len(r.b))
 	}
-	return c, nil
+	return nil
 }
 
-// reader reads the varint layouts of this package from b; the first error
-// sticks and every later read returns zero values.
 type reader struct {
 	b   []byte
 	err error

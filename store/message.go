@@ -159,16 +159,21 @@ func decodeMessagePayload(b []byte, m *Message, alias bool) error {
 	}
 	m.ID = r.str()
 	m.Key = r.str()
-	// Tags and Properties grow as their elements decode: a count is only
-	// checked against the bytes left, one byte an element, while a string
-	// header takes 16 and a map entry more.
+	// Tags and Properties are made once, after their strings were checked
+	// to be there: a claimed count costs nothing, and what is there costs
+	// its final size, not the copies of growing it. A tag takes one byte at
+	// least and a string header 16; a property two, three for every key but
+	// one, and a map entry about 40.
 	m.Tags = nil
-	for nt := r.arrayLen(); nt > 0 && r.err == nil; nt-- {
-		m.Tags = append(m.Tags, r.str())
+	if nt := r.arrayLen(); nt > 0 && r.strings(nt) {
+		m.Tags = make([]string, 0, nt)
+		for ; nt > 0 && r.err == nil; nt-- {
+			m.Tags = append(m.Tags, r.str())
+		}
 	}
 	m.Properties = nil
-	if np := r.mapLen(); np > 0 {
-		m.Properties = make(map[string]string, min(np, 8))
+	if np := r.mapLen(); np > 0 && r.strings(2*np) {
+		m.Properties = make(map[string]string, min(np, len(r.b)/3+1))
 		for ; np > 0 && r.err == nil; np-- {
 			k := r.str()
 			m.Properties[k] = r.str()

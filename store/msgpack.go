@@ -152,6 +152,17 @@ func (r *mpReader) length(fix, fixMask, c16, c32 byte) int {
 func (r *mpReader) arrayLen() int { return r.length(0x90, 0x0f, 0xdc, 0xdd) }
 func (r *mpReader) mapLen() int   { return r.length(0x80, 0x0f, 0xde, 0xdf) }
 
+// strings reports whether n strings follow, reading none of them; if not,
+// it fails r with the error reading them would.
+func (r *mpReader) strings(n int) bool {
+	probe := *r
+	for ; n > 0 && probe.err == nil; n-- {
+		probe.raw()
+	}
+	r.err = probe.err
+	return r.err == nil
+}
+
 // raw reads a string or binary value; nil is empty, with isNil true.
 func (r *mpReader) raw() (v []byte, isNil bool) {
 	c := r.code()

@@ -7,8 +7,9 @@
 //
 // It prints one line per case, with msgs/s, MB/s, p50/p99 latency, and the
 // process's CPU time per message, which a busy machine disturbs less than
-// the rates; then the ratios send/ceiling, raft3/raft-stock and raft3/send
-// of the pairs that both ran. Runs longer than a few seconds report progress
+// the rates; then the ratios send/ceiling, raft3/raft-stock, raft3/send and
+// of each -tls case to its plaintext one, of the pairs that both ran, with
+// their p50 and p99 ratios. Runs longer than a few seconds report progress
 // on stderr every 2 seconds. On a noisy machine, -runs 5 -duration 2s
 // alternates the cases and prints the median ratios.
 //
@@ -90,6 +91,7 @@ type config struct {
 	raftGroup   int  // partitions per raft group of the raft3 cases; 0: mq's default
 	leaderOnly  bool // raft3-leader: the producers on the leading node
 	doubleWrite bool // doublewrite: the raft3 case's cluster with a DoubleWrite topic
+	tls         bool // the -tls cases: cluster nodes on mutual TLS, not InsecurePlaintext
 }
 
 func main() {
@@ -163,22 +165,25 @@ func run(cfg config) error {
 	fmt.Printf("mqbench: c=%d p=%d size=%d duration=%v dir=%s\n", cfg.conc, cfg.partitions, cfg.size, cfg.duration, root)
 	ratios := make([][]float64, len(ratioPairs))
 	for range cfg.runs {
-		rates := map[string]float64{}
+		results := map[string]result{}
 		for _, c := range todo {
 			res, err := runCase(ctx, cfg, root, c)
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
 			fmt.Println(res.line(c.name))
-			rates[c.name] = res.rate()
+			results[c.name] = res
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 		}
 		for i, pair := range ratioPairs {
-			if n, d := rates[pair[0]], rates[pair[1]]; n > 0 && d > 0 {
+			num, den := results[pair[0]], results[pair[1]]
+			if n, d := num.rate(), den.rate(); n > 0 && d > 0 {
 				ratios[i] = append(ratios[i], n/d)
-				fmt.Printf("ratio %s/%s: %.2f\n", pair[0], pair[1], n/d)
+				fmt.Printf("ratio %s/%s: %.2f (p50 %.2f, p99 %.2f)\n", pair[0], pair[1], n/d,
+					durRatio(percentile(num.lat, 0.50), percentile(den.lat, 0.50)),
+					durRatio(percentile(num.lat, 0.99), percentile(den.lat, 0.99)))
 			}
 		}
 	}
@@ -192,14 +197,18 @@ func run(cfg config) error {
 	return nil
 }
 
-// ratioPairs are the rates compared when both cases ran: numerator, then
-// denominator.
+// ratioPairs are the rates compared when both cases ran, numerator then
+// denominator, with their latencies' p50 and p99 (a ratio above 1 is
+// slower).
 var ratioPairs = [][2]string{
 	{"send", "ceiling"},
 	{"raft3", "raft-stock"},
 	{"raft3", "send"},
 	{"doublewrite", "raft3"},
 	{"doublewrite", "send"},
+	{"remote-tls", "remote"},
+	{"raft3-tls", "raft3"},
+	{"doublewrite-tls", "doublewrite"},
 }
 
 // runCase runs c once in a new directory under root, removed afterwards.
@@ -228,6 +237,7 @@ type bench struct {
 	dir   string // empty at the start, removed after the case
 	body  []byte // -size bytes, shared read-only by all senders
 	meter meter
+	ca    *mq.ClusterCA // the -tls cases': made for the first node
 }
 
 // measure runs fn with a progress reporter and fills in the result's

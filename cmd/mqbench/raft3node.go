@@ -21,10 +21,7 @@ func init() {
 		b.raftGroup = 1
 		return runRaft3Node(ctx, b)
 	})
-	register("doublewrite", "the three nodes of raft3 with a DoubleWrite topic of P partitions (-raft-group of them per pair: a leader and a follower, placed by load): C producers spread over the nodes send keyed messages", func(ctx context.Context, b *bench) (result, error) {
-		b.doubleWrite = true
-		return runRaft3Node(ctx, b)
-	})
+	register("doublewrite", "the three nodes of raft3 with a DoubleWrite topic of P partitions (-raft-group of them per pair: a leader and a follower, placed by load): C producers spread over the nodes send keyed messages", runDoubleWrite)
 	register("doublewrite-own", "doublewrite with a pair of its own for each partition (PartitionsPerPair 1)", func(ctx context.Context, b *bench) (result, error) {
 		b.doubleWrite, b.raftGroup = true, 1
 		return runRaft3Node(ctx, b)
@@ -33,6 +30,11 @@ func init() {
 		b.leaderOnly = true
 		return runRaft3Node(ctx, b)
 	})
+}
+
+func runDoubleWrite(ctx context.Context, b *bench) (result, error) {
+	b.doubleWrite = true
+	return runRaft3Node(ctx, b)
 }
 
 // raft3Nodes are the nodes of the raft3 case, one replica of every

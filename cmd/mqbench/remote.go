@@ -166,12 +166,21 @@ func (b *bench) openNode(id string, seeds ...string) (*mq.MQ, error) {
 	return b.openNodeWith(id, 300*time.Millisecond, seeds...)
 }
 
-// openNodeWith is openNode with the nodes' raft election timeout.
+// openNodeWith is openNode with the nodes' raft election timeout. The
+// node runs without TLS (InsecurePlaintext) unless b.tls is set: then on
+// mutual TLS with a certificate from the case's CA.
 func (b *bench) openNodeWith(id string, election time.Duration, seeds ...string) (*mq.MQ, error) {
-	return mq.Open(filepath.Join(b.dir, id), mq.WithCluster(mq.ClusterConfig{
-		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: remoteSecret, InsecurePlaintext: true,
-		ElectionTimeout: election,
-	}))
+	cc := mq.ClusterConfig{
+		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: remoteSecret,
+		ElectionTimeout: election, InsecurePlaintext: !b.tls,
+	}
+	if b.tls {
+		var err error
+		if cc.ServerTLS, cc.ClientTLS, err = b.nodeTLS(id); err != nil {
+			return nil, err
+		}
+	}
+	return mq.Open(filepath.Join(b.dir, id), mq.WithCluster(cc))
 }
 
 // loopFor runs op on conc workers for d with closedLoop and returns what this

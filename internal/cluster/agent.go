@@ -93,6 +93,7 @@ type Agent struct {
 
 	book      atomic.Pointer[map[string]string] // the address book as last saved: node id → address
 	announced sync.Map                          // node id → the address it announced itself at (opAnnounce, or a seed's handshake)
+	contacted sync.Map                          // node id → struct{}: the nodes this node dialed as a seed or as the leader a seed named
 	probing   sync.Map                          // node id → true while a report of it is probed (opReport)
 	reports   chan string                       // the nodes to report (ReportLater), sent by reportLoop
 	metaRef   atomic.Pointer[Meta]              // meta, for resolve, which raft calls from its goroutines
@@ -159,7 +160,7 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 	if n.mux, err = transport.NewRaftMux(n.tr, transport.RaftMuxConfig{Resolve: n.resolve, Logger: n.log}); err != nil {
 		return nil, err
 	}
-	layer, err := n.mux.Layer(metaGroup)
+	layer, err := n.mux.Layer(metaGroup, transport.LayerConfig{Member: n.metaMember})
 	if err != nil {
 		return nil, err
 	}
@@ -309,6 +310,29 @@ func (n *Agent) resolve(id string) (string, bool) {
 	return "", false
 }
 
+// metaMember says whether node id may open raft streams of the metadata
+// group here: a server of the group's raft configuration, a node of the
+// metadata state or of the saved address book (nodes the committed state
+// registered), or a node this node dialed itself as a seed or as the leader
+// a seed named, whose id its handshake proved. The last covers a node
+// joining with no state at all, which must accept the leader that adds it,
+// and a node whose state misses a leader elected while it was away; they
+// are nodes its operator pointed it at. What a node only announced of
+// itself (opAnnounce) does not count: anyone with a certificate of the
+// cluster's CA may announce.
+func (n *Agent) metaMember(id string) bool {
+	if m := n.metaRef.Load(); m != nil && m.isMember(id) {
+		return true
+	}
+	if book := n.book.Load(); book != nil {
+		if _, ok := (*book)[id]; ok {
+			return true
+		}
+	}
+	_, ok := n.contacted.Load(id)
+	return ok
+}
+
 // Peer returns the RPC client of node id, which dials it when first used
 // and after a break, at the address resolve has for it then.
 func (n *Agent) Peer(id string) (*remote.Client, error) {
@@ -351,6 +375,7 @@ func (n *Agent) seed(addr string) (*remote.Client, error) {
 			// has no seed and a stale book, and can only be found this
 			// way.
 			n.announced.Store(c.PeerID(), addr)
+			n.contacted.Store(c.PeerID(), struct{}{})
 		}
 		return c, err
 	}, remote.ClientConfig{MaxFrameBytes: n.cfg.MaxFrameBytes})
@@ -532,10 +557,11 @@ func (n *Agent) callLeader(ctx context.Context, op uint16, req []byte, attempt i
 		}
 	}
 	// No leader known here: ask a seed who leads, then call it.
-	if len(n.cfg.Seeds) == 0 {
+	seeds := n.seedAddrs()
+	if len(seeds) == 0 {
 		return nil, &NotLeaderError{}
 	}
-	s, err := n.seed(n.cfg.Seeds[attempt%len(n.cfg.Seeds)])
+	s, err := n.seed(seeds[attempt%len(seeds)])
 	if err != nil {
 		return nil, err
 	}
@@ -558,6 +584,29 @@ func (n *Agent) callLeader(ctx context.Context, op uint16, req []byte, attempt i
 		return nil, err
 	}
 	return c.Call(ctx, op, req)
+}
+
+// seedAddrs are the addresses to ask who leads: the configured seeds, or,
+// for a node started without any (the one that bootstrapped the cluster),
+// the other nodes of its address book. Without the book, such a node that
+// missed the addition of a node now leading would refuse that leader's
+// raft streams (metaMember) and never learn of it.
+func (n *Agent) seedAddrs() []string {
+	if len(n.cfg.Seeds) > 0 {
+		return n.cfg.Seeds
+	}
+	book := n.book.Load()
+	if book == nil {
+		return nil
+	}
+	var out []string
+	for id, addr := range *book {
+		if id != n.cfg.ID {
+			out = append(out, addr)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // retryable reports whether a call to the leader may succeed if repeated:

@@ -684,3 +684,22 @@ func (m *Meta) checkSessions(now time.Time) {
 	}
 	m.failover(ctx)
 }
+
+// isMember reports whether node id is a server of the group's latest raft
+// configuration, which raft keeps without waiting for its main loop, or a
+// node of the metadata state.
+func (m *Meta) isMember(id string) bool {
+	if _, ok := m.State().Node(id); ok {
+		return true
+	}
+	f := m.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == id {
+			return true
+		}
+	}
+	return false
+}

@@ -56,7 +56,33 @@ type joinReq struct {
 type checkTxReq struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	TxID     string
-	Parts    []PartRef
+	Parts    []PartRef // at most MaxCheckParts
+}
+
+// MaxCheckParts bounds the partitions one check-back request names: the
+// decoder refuses more, and CheckTx asks for more in several requests.
+const MaxCheckParts = 4096
+
+// The limits of each message (decodeMsg): names are MaxNameLen at most,
+// a txid store.MaxKeyBytes; a list holds at most its own maximum, and at
+// least the fields of its struct.
+var (
+	nameLimits   = wire.Limits{Elems: 2, Bytes: metastate.MaxNameLen}
+	checkLimits  = wire.Limits{Elems: MaxCheckParts, Bytes: store.MaxKeyBytes}
+	resultLimits = wire.Limits{Elems: metastate.MaxPartitions, Bytes: metastate.MaxNameLen}
+	tinyLimits   = wire.Limits{Elems: 1}
+)
+
+func (*whoLeads) limits() wire.Limits    { return nameLimits }
+func (*joinReq) limits() wire.Limits     { return nameLimits }
+func (*checkTxReq) limits() wire.Limits  { return checkLimits }
+func (*checkTxResp) limits() wire.Limits { return tinyLimits }
+func (*resultMsg) limits() wire.Limits   { return resultLimits }
+
+// bounded is a message of this file: its limits bound what decodeMsg
+// accepts for it.
+type bounded interface {
+	limits() wire.Limits
 }
 
 // PartRef names one partition of one topic.
@@ -117,8 +143,12 @@ func (m *resultMsg) result() metastate.Result {
 
 func encodeMsg(v any) ([]byte, error) { return msgpack.Marshal(v) }
 
-func decodeMsg(b []byte, v any) error {
-	if err := wire.Unmarshal(b, v); err != nil {
+// decodeMsg decodes b into v, refusing with ErrCorrupt, before it
+// allocates, a count or a length over v's limits: each element of a list
+// costs the receiver far more than its smallest encoding (an empty array,
+// one byte, becomes a PartRef of 24), so a list is bounded by its type.
+func decodeMsg(b []byte, v bounded) error {
+	if err := wire.UnmarshalLimited(b, v, v.limits()); err != nil {
 		return fmt.Errorf("%w: %v", metastate.ErrCorrupt, err)
 	}
 	return nil
@@ -150,19 +180,32 @@ func (n *Agent) handleWhoLeads(_ context.Context, _ string, _ []byte) ([]byte, e
 
 // handleJoin registers the calling node (AddNode) on the leader. A node
 // registers only itself: the id is the peer's, which the handshake proved,
-// and with TLS its certificate.
+// and with TLS its certificate. An identity that is not a node yet joins
+// only as joinAllowed says.
 func (n *Agent) handleJoin(ctx context.Context, peer string, req []byte) ([]byte, error) {
 	var j joinReq
 	if err := decodeMsg(req, &j); err != nil {
 		return nil, err
 	}
 	if j.ID != peer {
-		return nil, fmt.Errorf("%w: node %s cannot register %s", ErrDenied, peer, j.ID)
+		return nil, n.refuse(peer, "join as another", fmt.Errorf("%w: node %s cannot register %s", ErrDenied, peer, j.ID))
+	}
+	if !n.meta.IsLeader() {
+		return nil, n.meta.notLeader() // the joining node finds the leader
+	}
+	if err := n.joinAllowed(ctx, peer, j.Addr); err != nil {
+		return nil, err
 	}
 	return nil, n.meta.AddNode(ctx, j.ID, j.Addr)
 }
 
+// handleHeartbeat renews the calling node's session on the leader. An
+// identity that is no node is told so (ErrNoNode) before its request is
+// decoded: a node the leader does not know registers again.
 func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]byte, error) {
+	if !n.IsNode(peer) {
+		return nil, n.refuse(peer, "not a node: heartbeat", fmt.Errorf("%w: %q", metastate.ErrNoNode, peer))
+	}
 	var j joinReq
 	if err := decodeMsg(req, &j); err != nil {
 		return nil, err
@@ -186,6 +229,9 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 // leader's node. Nodes are registered by joining, marked down by the
 // leader alone.
 func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]byte, error) {
+	if err := n.nodeOnly(peer, "propose"); err != nil {
+		return nil, err
+	}
 	c, err := metastate.DecodeCommand(req)
 	if err != nil {
 		return nil, err
@@ -254,6 +300,9 @@ const (
 
 // handleReport probes the node a report names, on the leader.
 func (n *Agent) handleReport(ctx context.Context, peer string, req []byte) ([]byte, error) {
+	if err := n.nodeOnly(peer, "report"); err != nil {
+		return nil, err
+	}
 	var j joinReq
 	if err := decodeMsg(req, &j); err != nil {
 		return nil, err
@@ -329,7 +378,10 @@ func (n *Agent) authorize(peer string, c metastate.Command) error {
 		if c.Node != peer || !ownMember(peer, c.Member) {
 			return fmt.Errorf("%w: node %s cannot add member %s on %s", ErrDenied, peer, c.Member, c.Node)
 		}
-		return deny(c.Topic, metastate.RightConsume)
+		if !s.AllowedGroup(peer, c.Topic, c.Group, metastate.RightConsume) {
+			return fmt.Errorf("%w: %s may not consume from %s in group %s", ErrDenied, peer, c.Topic, c.Group)
+		}
+		return nil
 	case metastate.LeaveGroup:
 		if !ownMember(peer, c.Member) {
 			return fmt.Errorf("%w: node %s cannot remove member %s", ErrDenied, peer, c.Member)
@@ -375,24 +427,38 @@ func rightName(r metastate.Rights) string {
 }
 
 // handleAnnounce records where the calling node listens. Nothing proves
-// the address, but only the node itself may announce one for its id.
+// the address, but only a current node may announce, and only for its own
+// id.
 func (n *Agent) handleAnnounce(_ context.Context, peer string, req []byte) ([]byte, error) {
+	if err := n.nodeOnly(peer, "announce"); err != nil {
+		return nil, err
+	}
 	var j joinReq
 	if err := decodeMsg(req, &j); err != nil {
 		return nil, err
 	}
 	if j.ID != peer || j.Addr == "" || len(j.Addr) > metastate.MaxNameLen {
-		return nil, fmt.Errorf("%w: node %s cannot announce %q at %q", ErrDenied, peer, j.ID, j.Addr)
+		return nil, n.refuse(peer, "announce as another", fmt.Errorf("%w: node %s cannot announce %q at %q", ErrDenied, peer, j.ID, j.Addr))
 	}
 	n.announced.Store(j.ID, j.Addr)
 	return nil, nil
 }
 
-// handleCheckTx answers a check-back of a transaction this node prepared.
-func (n *Agent) handleCheckTx(ctx context.Context, _ string, req []byte) ([]byte, error) {
+// handleCheckTx answers a check-back of a transaction this node prepared
+// (AgentConfig.CheckTx checks that it did) to a current node holding a
+// replica of every partition the request names: the node that checks back
+// the half messages there. Another identity is refused before its request
+// is decoded.
+func (n *Agent) handleCheckTx(ctx context.Context, peer string, req []byte) ([]byte, error) {
+	if err := n.nodeOnly(peer, "check-back"); err != nil {
+		return nil, err
+	}
 	var q checkTxReq
 	if err := decodeMsg(req, &q); err != nil {
 		return nil, err
+	}
+	if err := n.holdsAll(peer, q.Parts); err != nil {
+		return nil, n.refuse(peer, "check-back of partitions it does not hold", err)
 	}
 	d, err := n.cfg.CheckTx(ctx, q.TxID, q.Parts)
 	if err != nil {
@@ -402,12 +468,27 @@ func (n *Agent) handleCheckTx(ctx context.Context, _ string, req []byte) ([]byte
 }
 
 // CheckTx asks node, the preparer of txid, to decide it for the half
-// messages in parts (AgentConfig.CheckTx there).
+// messages in parts (AgentConfig.CheckTx there), MaxCheckParts of them a
+// request: each request gets the same decision, which the preparer takes
+// from its own record, and the first undecided answer is the answer.
 func (n *Agent) CheckTx(ctx context.Context, node, txid string, parts []PartRef) (store.Decision, error) {
 	c, err := n.Peer(node)
 	if err != nil {
 		return store.Undecided, err
 	}
+	d := store.Undecided
+	for first := true; first || len(parts) > 0; first = false {
+		chunk := parts[:min(len(parts), MaxCheckParts)]
+		parts = parts[len(chunk):]
+		if d, err = n.checkTx(ctx, c, txid, chunk); err != nil || d == store.Undecided {
+			return d, err
+		}
+	}
+	return d, nil
+}
+
+// checkTx makes one check-back request of CheckTx.
+func (n *Agent) checkTx(ctx context.Context, c *remote.Client, txid string, parts []PartRef) (store.Decision, error) {
 	req, err := encodeMsg(&checkTxReq{TxID: txid, Parts: parts})
 	if err != nil {
 		return store.Undecided, err

@@ -11,12 +11,12 @@ import (
 
 // rpcMessages are the request and reply structs of the cluster's RPC ops,
 // each a fresh value to decode into.
-var rpcMessages = []func() any{
-	func() any { return &whoLeads{} },
-	func() any { return &joinReq{} },
-	func() any { return &checkTxReq{} },
-	func() any { return &checkTxResp{} },
-	func() any { return &resultMsg{} },
+var rpcMessages = []func() bounded{
+	func() bounded { return &whoLeads{} },
+	func() bounded { return &joinReq{} },
+	func() bounded { return &checkTxReq{} },
+	func() bounded { return &checkTxResp{} },
+	func() bounded { return &resultMsg{} },
 }
 
 func rpcSeeds() fuzzseed.Seeds {
@@ -68,7 +68,7 @@ func FuzzRPCMessages(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w := reflect.New(reflect.TypeOf(v).Elem()).Interface()
+		w := reflect.New(reflect.TypeOf(v).Elem()).Interface().(bounded)
 		if err := decodeMsg(again, w); err != nil || !reflect.DeepEqual(v, w) {
 			t.Fatalf("%#v came back as %#v, %v", v, w, err)
 		}

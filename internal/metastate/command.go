@@ -1,7 +1,9 @@
 package metastate
 
 import (
+	"errors"
 	"fmt"
+	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -25,10 +27,11 @@ import (
 // DoubleWrite CreateTopic have a GroupSize above 1, for pairs shared by
 // several partitions. A version 3 node would refuse such a command where a
 // version 4 one applies it: an older node must refuse the entry as unknown
-// rather than apply it otherwise.
+// rather than apply it otherwise. Version 5 added Rule.Group to SetACL's
+// rules; an older SetACL's rules match every group.
 const (
 	cmdMagic   = 0xC1 // never the first byte of a msgpack value
-	cmdVersion = 4
+	cmdVersion = 5
 )
 
 // Command kinds, the third byte of an encoded command.
@@ -160,6 +163,12 @@ type SetACL struct {
 	Rules    []Rule
 }
 
+// setACLV4 is SetACL in version 4 and before, its rules without Group.
+type setACLV4 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Rules    []ruleV4
+}
+
 // SetInSync sets the in-sync replicas of DoubleWrite partition Partition
 // of Topic, Partition.InSync with its leader first, or returns ErrStale if
 // its record is no longer at Version. Its leader proposes it.
@@ -233,9 +242,17 @@ func EncodeCommand(c Command) ([]byte, error) {
 	return append([]byte{cmdMagic, cmdVersion, c.kind()}, body...), nil
 }
 
-// DecodeCommand decodes an encoded command. Damaged or foreign bytes return
-// ErrCorrupt; what is decoded is not yet checked against the limits, which
-// Apply does.
+// cmdLimits bound what DecodeCommand decodes: no list is longer than
+// MaxRules, SetACL's (a command's other lists are shorter), so a command
+// costs at most a SetACL of MaxRules rules, about 40 KiB, beyond its
+// strings. Strings are bounded by the bytes alone: a string costs its
+// length, and Apply refuses an over-long name with ErrInvalid.
+var cmdLimits = wire.Limits{Elems: MaxRules, Bytes: math.MaxInt32}
+
+// DecodeCommand decodes an encoded command. Damaged or foreign bytes
+// return ErrCorrupt; a list over cmdLimits, checked before anything is
+// allocated, returns ErrInvalid, as Apply would; the rest of the limits
+// are Apply's.
 func DecodeCommand(b []byte) (Command, error) {
 	if len(b) < 4 {
 		return nil, fmt.Errorf("%w: command of %d bytes", ErrCorrupt, len(b))
@@ -247,40 +264,46 @@ func DecodeCommand(b []byte) (Command, error) {
 	var err error
 	switch k, body := b[2], b[3:]; k {
 	case kindRegisterNode:
-		c, err = decodeAs[RegisterNode](body)
+		c, err = decodeAs[RegisterNode](body, cmdLimits)
 	case kindNodeDown:
-		c, err = decodeAs[NodeDown](body)
+		c, err = decodeAs[NodeDown](body, cmdLimits)
 	case kindCreateTopic:
 		switch b[1] {
 		case 1:
 			var v createTopicV1
-			v, err = decodeAs[createTopicV1](body)
+			v, err = decodeAs[createTopicV1](body, cmdLimits)
 			c = CreateTopic{Name: v.Name, Partitions: v.Partitions, Type: v.Type, Replicas: v.Replicas, Now: v.Now}
 		case 2:
 			var v createTopicV2
-			v, err = decodeAs[createTopicV2](body)
+			v, err = decodeAs[createTopicV2](body, cmdLimits)
 			c = CreateTopic{Name: v.Name, Partitions: v.Partitions, Type: v.Type, Replicas: v.Replicas, Now: v.Now, GroupSize: v.GroupSize}
 		default:
-			c, err = decodeAs[CreateTopic](body)
+			c, err = decodeAs[CreateTopic](body, cmdLimits)
 		}
 	case kindAlterTopic:
-		c, err = decodeAs[AlterTopic](body)
+		c, err = decodeAs[AlterTopic](body, cmdLimits)
 	case kindJoinGroup:
-		c, err = decodeAs[JoinGroup](body)
+		c, err = decodeAs[JoinGroup](body, cmdLimits)
 	case kindLeaveGroup:
-		c, err = decodeAs[LeaveGroup](body)
+		c, err = decodeAs[LeaveGroup](body, cmdLimits)
 	case kindReleased:
-		c, err = decodeAs[Released](body)
+		c, err = decodeAs[Released](body, cmdLimits)
 	case kindSetACL:
-		c, err = decodeAs[SetACL](body)
+		if b[1] < 5 {
+			var v setACLV4
+			v, err = decodeAs[setACLV4](body, cmdLimits)
+			c = SetACL{Rules: rulesOf(v.Rules)}
+			break
+		}
+		c, err = decodeAs[SetACL](body, cmdLimits)
 	case kindSetInSync:
-		c, err = decodeAs[SetInSync](body)
+		c, err = decodeAs[SetInSync](body, cmdLimits)
 	case kindPromote:
-		c, err = decodeAs[Promote](body)
+		c, err = decodeAs[Promote](body, cmdLimits)
 	case kindReplaceFollower:
-		c, err = decodeAs[ReplaceFollower](body)
+		c, err = decodeAs[ReplaceFollower](body, cmdLimits)
 	case kindRenewEpoch:
-		c, err = decodeAs[RenewEpoch](body)
+		c, err = decodeAs[RenewEpoch](body, cmdLimits)
 	default:
 		return nil, fmt.Errorf("%w: command kind %d", ErrCorrupt, k)
 	}
@@ -291,13 +314,15 @@ func DecodeCommand(b []byte) (Command, error) {
 }
 
 // decodeAs decodes body as a T, which must be a msgpack array, never a map
-// of field names.
-func decodeAs[T any](body []byte) (T, error) {
+// of field names, within lim.
+func decodeAs[T any](body []byte, lim wire.Limits) (T, error) {
 	var v T
 	if !isArray(body) {
 		return v, fmt.Errorf("%w: %T is not a msgpack array", ErrCorrupt, v)
 	}
-	if err := wire.Unmarshal(body, &v); err != nil {
+	if err := wire.UnmarshalLimited(body, &v, lim); errors.Is(err, wire.ErrOverLimit) {
+		return v, fmt.Errorf("%w: %T: %v", ErrInvalid, v, err) // well formed, over a limit Apply checks too
+	} else if err != nil {
 		return v, fmt.Errorf("%w: %T: %v", ErrCorrupt, v, err)
 	}
 	return v, nil

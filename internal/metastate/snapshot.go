@@ -7,36 +7,54 @@ import (
 	"strings"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/zeze-go/mq/internal/wire"
 )
 
 // A snapshot of the state, the content of a raft snapshot:
 //
 //	[4] snapMagic "ZMMS"
 //	[1] snapVersion
-//	[…] snapV3 as a msgpack array: every list sorted by its key, so equal
+//	[…] snapV4 as a msgpack array: every list sorted by its key, so equal
 //	    states encode to equal bytes
 //
 // Version 2 added snapTopic.GroupSize and snapPart.Chunk; a version 1
 // snapshot is read with every partition in a group of its own. Version 3
 // added snapTopic.Alone, snapPart.InSync and snapPart.Version; a version 2
 // snapshot is read with both replicas of a DoubleWrite partition in sync,
-// at version 1.
+// at version 1. Version 4 added Rule.Group; a version 3 snapshot's rules
+// match every group.
 //
 // The decoder checks what Apply keeps true: sorted unique keys, limits,
 // replicas and members on known nodes, owners that are members. So a
 // damaged snapshot is ErrCorrupt, never a state Apply could not reach.
 const (
 	snapMagic   = "ZMMS"
-	snapVersion = 3
+	snapVersion = 4
 )
 
-type snapV3 struct {
+type snapV4 struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Index    uint64
 	Nodes    []snapNode
 	Topics   []snapTopic
 	Groups   []snapGroup
 	ACL      []Rule
+}
+
+// snapV3 is a version 3 snapshot: its rules lack Group.
+type snapV3 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Index    uint64
+	Nodes    []snapNode
+	Topics   []snapTopic
+	Groups   []snapGroup
+	ACL      []ruleV4
+}
+
+// v4 is v in version 4: its rules match every group.
+func (v snapV3) v4() snapV4 {
+	return snapV4{Index: v.Index, Nodes: v.Nodes, Topics: v.Topics, Groups: v.Groups, ACL: rulesOf(v.ACL)}
 }
 
 // snapV1 is a version 1 snapshot: its topics and partitions lack the
@@ -47,7 +65,7 @@ type snapV1 struct {
 	Nodes    []snapNode
 	Topics   []snapTopicV1
 	Groups   []snapGroup
-	ACL      []Rule
+	ACL      []ruleV4
 }
 
 type snapTopicV1 struct {
@@ -86,7 +104,7 @@ type snapV2 struct {
 	Nodes    []snapNode
 	Topics   []snapTopicV2
 	Groups   []snapGroup
-	ACL      []Rule
+	ACL      []ruleV4
 }
 
 type snapTopicV2 struct {
@@ -179,7 +197,7 @@ type snapRevoke struct {
 
 // EncodeSnapshot returns the encoding of s, laid out as above.
 func EncodeSnapshot(s *State) ([]byte, error) {
-	v := snapV3{Index: s.index, ACL: s.acl}
+	v := snapV4{Index: s.index, ACL: s.acl}
 	for _, n := range s.Nodes() {
 		v.Nodes = append(v.Nodes, snapNode{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session})
 	}
@@ -219,6 +237,15 @@ func compareKeys(a, b GroupKey) int {
 	return strings.Compare(a.Group, b.Group)
 }
 
+// snapLimits bound what DecodeSnapshot decodes from body by its bytes
+// alone, as wire.Unmarshal does: a state holds as many nodes, topics and
+// groups as its commands made, and state checks the limits of each. A
+// snapshot comes from the metadata group's leader, never from a caller of
+// an op.
+func snapLimits(body []byte) wire.Limits {
+	return wire.Limits{Elems: len(body), Bytes: len(body)}
+}
+
 // DecodeSnapshot decodes an encoded snapshot into a State, or returns
 // ErrCorrupt.
 func DecodeSnapshot(b []byte) (*State, error) {
@@ -229,19 +256,23 @@ func DecodeSnapshot(b []byte) (*State, error) {
 	if version < 1 || version > snapVersion {
 		return nil, fmt.Errorf("%w: snapshot version %d", ErrCorrupt, version)
 	}
-	var v snapV3
+	var v snapV4
 	var err error
 	switch body := b[len(snapMagic)+1:]; version {
 	case 1:
 		var v1 snapV1
-		v1, err = decodeAs[snapV1](body)
-		v = v1.v2().v3()
+		v1, err = decodeAs[snapV1](body, snapLimits(body))
+		v = v1.v2().v3().v4()
 	case 2:
 		var v2 snapV2
-		v2, err = decodeAs[snapV2](body)
-		v = v2.v3()
+		v2, err = decodeAs[snapV2](body, snapLimits(body))
+		v = v2.v3().v4()
+	case 3:
+		var v3 snapV3
+		v3, err = decodeAs[snapV3](body, snapLimits(body))
+		v = v3.v4()
 	default:
-		v, err = decodeAs[snapV3](body)
+		v, err = decodeAs[snapV4](body, snapLimits(body))
 	}
 	if err != nil {
 		return nil, err
@@ -254,7 +285,7 @@ func DecodeSnapshot(b []byte) (*State, error) {
 }
 
 // state builds and checks the State of a decoded snapshot.
-func (v *snapV3) state() (*State, error) {
+func (v *snapV4) state() (*State, error) {
 	s := New()
 	s.index = v.Index
 	for i, n := range v.Nodes {

@@ -59,13 +59,37 @@ func (r Rights) String() string {
 }
 
 // Rule is one ACL rule: identities matching Identity may do Rights on the
-// topics matching Topic. A pattern is an exact name, a prefix followed by
+// topics matching Topic, and in the consumer groups matching Group where
+// an operation names a group (AllowedGroup); an empty Group matches every
+// group, as "*" does. A pattern is an exact name, a prefix followed by
 // "*", or "*" alone, which matches anything.
 type Rule struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Identity string
 	Topic    string
 	Rights   Rights
+	Group    string
+}
+
+// ruleV4 is a Rule in command version 4 and snapshot version 3 and
+// before, without Group: it matches every group.
+type ruleV4 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Identity string
+	Topic    string
+	Rights   Rights
+}
+
+// rulesOf returns old rules as Rules, matching every group.
+func rulesOf(old []ruleV4) []Rule {
+	if old == nil {
+		return nil
+	}
+	out := make([]Rule, len(old))
+	for i, r := range old {
+		out[i] = Rule{Identity: r.Identity, Topic: r.Topic, Rights: r.Rights}
+	}
+	return out
 }
 
 // Node is a node of the cluster as the metadata group records it.
@@ -329,6 +353,38 @@ func (s *State) Allowed(identity, topic string, right Rights) bool {
 	}
 	for _, r := range s.acl {
 		if r.Rights&right == right && matchPattern(r.Identity, identity) && matchPattern(r.Topic, topic) {
+			return true
+		}
+	}
+	return false
+}
+
+// AllowedGroup reports whether identity may do right on topic for the
+// consumer group group: always when there are no rules, else when some
+// rule matching all three grants it. A broadcasting consumer's offsets,
+// group@instance, are its group's: a rule's Group matches the name before
+// the '@'.
+func (s *State) AllowedGroup(identity, topic, group string, right Rights) bool {
+	if len(s.acl) == 0 {
+		return true
+	}
+	if g, _, ok := strings.Cut(group, "@"); ok {
+		group = g
+	}
+	for _, r := range s.acl {
+		if r.Rights&right == right && matchPattern(r.Identity, identity) && matchPattern(r.Topic, topic) &&
+			(r.Group == "" || matchPattern(r.Group, group)) {
+			return true
+		}
+	}
+	return false
+}
+
+// NamesIdentity reports whether some rule's identity pattern matches
+// identity, whatever it grants.
+func NamesIdentity(rules []Rule, identity string) bool {
+	for _, r := range rules {
+		if matchPattern(r.Identity, identity) {
 			return true
 		}
 	}
@@ -671,8 +727,8 @@ func (s *State) setACL(c SetACL) error {
 
 func checkRule(r Rule) error {
 	if r.Identity == "" || len(r.Identity) > MaxNameLen || r.Topic == "" || len(r.Topic) > MaxNameLen ||
-		r.Rights == 0 || r.Rights&^rightsAll != 0 {
-		return fmt.Errorf("%w: ACL rule %q %q rights %#x", ErrInvalid, r.Identity, r.Topic, r.Rights)
+		r.Rights == 0 || r.Rights&^rightsAll != 0 || len(r.Group) > MaxNameLen {
+		return fmt.Errorf("%w: ACL rule %q %q group %q rights %#x", ErrInvalid, r.Identity, r.Topic, r.Group, r.Rights)
 	}
 	return nil
 }

@@ -31,6 +31,9 @@ func (ft *stateT) do(c Command) (Result, error) {
 		ft.t.Fatal(err)
 	}
 	dc, err := DecodeCommand(b)
+	if errors.Is(err, ErrInvalid) { // over a decoder's limit: the FSM answers the error
+		return Result{Index: ft.index}, err
+	}
 	if err != nil {
 		ft.t.Fatalf("%T does not decode: %v", c, err)
 	}

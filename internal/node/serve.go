@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/zeze-go/mq/internal/cluster"
@@ -55,17 +56,24 @@ func (n *Node) Served(topic string, i int) (partition.Partition, error) {
 	}
 }
 
-// authorize is the ACL of the partition service: what a node asks of a
-// partition stored here needs the right its own calls would. Commands only
-// a partition's own node proposes, the upkeep's and the counting of
-// check-backs, are refused from others. Deciding a transaction needs
-// Produce from the node that prepared it, which the half messages name as
-// their producer: a prepare must name the node that sends it. Another
-// node needs Admin to decide it. A reset needs Admin, as ResetOffset and
-// Seek do where they start. Any right reads a transaction's state.
+// authorize is the ACL of the partition service: only current nodes of
+// the cluster call it, and what a node asks of a partition stored here
+// needs the right its own calls would. Commands only a partition's own
+// node proposes, the upkeep's and the counting of check-backs, are refused
+// from others. Deciding a transaction needs Produce from the node that
+// prepared it, which the half messages name as their producer: a prepare
+// must name the node that sends it. Another node needs Admin to decide it.
+// A reset or a deletion of a group's offsets needs Admin on the topic and
+// the group, as ResetOffset and Seek do where they start. Claiming,
+// renewing, committing and releasing a group's offsets need Consume on the
+// topic and the group, and the peer must own the partition in the group's
+// current assignment (owns). Any right reads a transaction's state.
 func (n *Node) authorize(peer, topic string, index int, op uint16, cmd *store.Command) error {
 	if n.started.Load() == nil {
 		return errStarting
+	}
+	if !n.agent.IsNode(peer) {
+		return n.refuse(peer, "not a node: partition service", fmt.Errorf("%w: %s is not a node of this cluster", cluster.ErrDenied, peer))
 	}
 	if topicdb.IsSystemTopic(topic) {
 		return nil
@@ -99,12 +107,66 @@ func (n *Node) authorize(peer, topic string, index int, op uint16, cmd *store.Co
 	case cmd.Op == store.OpAppend || cmd.Op == store.OpPrepare:
 		right = metastate.RightProduce
 	case cmd.Op == store.OpDeleteGroup || cmd.Op == store.OpResetOffset:
-		right = metastate.RightAdmin
+		return n.AllowedGroup(peer, topic, cmd.Group, metastate.RightAdmin)
 	case cmd.Op == store.OpClaim || cmd.Op == store.OpCommitOffset || cmd.Op == store.OpUnclaim || cmd.Op == store.OpRenew:
+		if err := n.AllowedGroup(peer, topic, cmd.Group, metastate.RightConsume); err != nil {
+			return err
+		}
+		return n.owns(peer, topic, index, cmd.Group)
 	default:
 		return fmt.Errorf("%w: op %d is proposed by the partition's own node only", cluster.ErrDenied, cmd.Op)
 	}
 	return n.Allowed(peer, topic, right) // cluster.ErrDenied: a code the caller's node maps back
+}
+
+// AllowedGroup returns cluster.ErrDenied, logged once per identity, topic,
+// group and right, unless identity may do right on topic for group.
+func (n *Node) AllowedGroup(identity, topic, group string, right metastate.Rights) error {
+	if n.agent.Meta().State().AllowedGroup(identity, topic, group, right) {
+		return nil
+	}
+	what := strings.Join([]string{identity, topic, right.String(), group}, "\x00")
+	if _, seen := n.refused.LoadOrStore(what, struct{}{}); !seen {
+		n.cfg.Logger.Warn("refused by the cluster's ACL", "identity", identity, "topic", topic, "right", right.String(), "group", group)
+	}
+	return fmt.Errorf("%w: %s may not %s %s in group %s", cluster.ErrDenied, identity, right, topic, group)
+}
+
+// ownsWait bounds how long owns waits for this node's metadata state to
+// show the peer's assignment: the claimer's node may have applied it first.
+const ownsWait = time.Second
+
+// owns returns cluster.ErrDenied unless node peer owns partition index of
+// topic for group in the group's current assignment: a member named after
+// peer owns it, or is having it revoked and may still commit. It waits up
+// to ownsWait for the state to show it. The refusal names no generation,
+// so a node that does not own the partition learns nothing it could use
+// to move the group's offsets.
+func (n *Node) owns(peer, topic string, index int, group string) error {
+	deadline := time.NewTimer(ownsWait)
+	defer deadline.Stop()
+	for {
+		st := n.agent.Meta().State()
+		if member, _ := st.Owner(topic, group, index); cluster.OwnMember(peer, member) {
+			return nil
+		}
+		select {
+		case <-st.Changed():
+			continue
+		case <-deadline.C:
+		}
+		return n.refuse(peer, strings.Join([]string{"owner", topic, group}, "\x00"),
+			fmt.Errorf("%w: %s does not own %s/%d in group %s", cluster.ErrDenied, peer, topic, index, group))
+	}
+}
+
+// refuse logs err, a refusal of peer's call, once per identity and cause,
+// and returns it.
+func (n *Node) refuse(peer, cause string, err error) error {
+	if _, seen := n.refused.LoadOrStore(peer+"\x00"+cause, struct{}{}); !seen {
+		n.cfg.Logger.Warn("refused a call", "identity", peer, "err", err)
+	}
+	return err
 }
 
 // halfProducer returns the producer of txid's half messages in partition
@@ -126,7 +188,10 @@ func (n *Node) halfProducer(topic string, index int, txid string) (string, bool,
 }
 
 // checkTx answers another node's check-back of a transaction this node
-// prepared, through txn.Node.CheckBack.
+// prepared, through txn.Node.CheckBack. One whose half messages in parts
+// do not name this node as their producer is refused: this node would
+// otherwise find no marker of it and roll it back, with its own rights,
+// in parts. (The agent checked that the asking node holds parts.)
 func (n *Node) checkTx(ctx context.Context, txid string, parts []cluster.PartRef) (store.Decision, error) {
 	if n.started.Load() == nil {
 		return store.Undecided, errStarting
@@ -135,11 +200,45 @@ func (n *Node) checkTx(ctx context.Context, txid string, parts []cluster.PartRef
 	if tx == nil { // not started yet: as if running
 		return store.Undecided, nil
 	}
+	if err := n.preparedHere(ctx, txid, parts); err != nil {
+		return store.Undecided, err
+	}
 	refs := make([]txn.Ref, len(parts))
 	for i, p := range parts {
 		refs[i] = txn.Ref{Topic: p.Topic, Part: p.Part}
 	}
 	return tx.CheckBack(ctx, txid, refs)
+}
+
+// preparedHere returns cluster.ErrDenied unless some partition of parts
+// holds a half message of txid whose producer is this node.
+func (n *Node) preparedHere(ctx context.Context, txid string, parts []cluster.PartRef) error {
+	self := n.agent.ID()
+	var readErr error
+	for _, r := range parts {
+		t, ok := n.cfg.Topics.Get(r.Topic)
+		if !ok || r.Part < 0 || r.Part >= len(t.Parts) {
+			continue
+		}
+		found := false
+		err := partition.HalfTxs(ctx, t.Parts[r.Part], func(h store.HalfTx) bool {
+			if h.TxID == txid {
+				found = h.Producer == self
+			}
+			return h.TxID < txid // in txid order: past it, it is not there
+		})
+		if err != nil {
+			readErr = err
+			continue
+		}
+		if found {
+			return nil
+		}
+	}
+	if readErr != nil {
+		return readErr // the asker tries again
+	}
+	return fmt.Errorf("%w: node %s did not prepare transaction %s in the partitions named", cluster.ErrDenied, self, txid)
 }
 
 // AskNode asks node, which prepared txid, to decide it for the half
@@ -181,6 +280,9 @@ var errNotHere = errors.New("node: no such replica here")
 func (n *Node) pairAt(peer, topic string, i int) (*raftqueue.Pair, error) {
 	if n.started.Load() == nil {
 		return nil, errStarting
+	}
+	if !n.agent.IsNode(peer) {
+		return nil, n.refuse(peer, "not a node: pair append", fmt.Errorf("%w: %s is not a node of this cluster", cluster.ErrDenied, peer))
 	}
 	t, ok := n.cfg.Topics.Get(topic)
 	if !ok || i < 0 || i >= len(t.Parts) {

@@ -252,13 +252,9 @@ func (n *Node) attachGroup(p *replica.Partition, cfg replica.Raft3Config) error 
 		if err != nil {
 			return nil, err
 		}
-		layer, err := n.agent.RaftMux().Layer(name)
-		if err != nil {
-			return nil, err
-		}
 		g, err := replica.OpenGroup(replica.GroupConfig{Self: cfg.Self, Replicas: cfg.Replicas,
 			Dir: filepath.Join(n.dir, "raft3", cfg.Topic, strconv.Itoa(cfg.First)), Partitions: cfg.Partitions,
-			Layer: layer, Log: log, ElectionTimeout: n.cfg.ElectionTimeout,
+			Mux: n.agent.RaftMux(), Name: name, Log: log, ElectionTimeout: n.cfg.ElectionTimeout,
 			Logger: cluster.NewHCLogger(n.cfg.Logger.With("topic", cfg.Topic, "group", cfg.First), "raft3")})
 		if err == nil {
 			delete(n.logs, name) // the group has it; a failed open is tried again on it

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -17,6 +19,7 @@ import (
 const (
 	DefaultDialTimeout        = 10 * time.Second
 	DefaultClientWriteTimeout = 30 * time.Second
+	DefaultProbeTimeout       = 10 * time.Second
 )
 
 // ClientConfig configures a Client. Zero values take the defaults.
@@ -37,6 +40,17 @@ type ClientConfig struct {
 	// call sent at that moment fails with ErrUnavailable; when the client
 	// does, no call is on the connection and the next one dials.
 	IdleTimeout time.Duration
+	// ProbeTimeout is how long a ping may go unanswered,
+	// DefaultProbeTimeout if zero. A call that gives up, by its ctx, while
+	// its request is in flight sends a ping; when nothing at all is read
+	// from the connection for ProbeTimeout after the ping was written, the
+	// peer is taken for gone (a paused process, a dropped link: no reset
+	// ever comes) and the connection is closed, failing its calls with
+	// ErrUnavailable, so that the next call dials anew. The server answers
+	// a ping as soon as it reads it, but reads nothing while all its
+	// handler slots are taken: keep ProbeTimeout above the longest a
+	// handler runs, such as a Fetch's long poll (DefaultMaxWait).
+	ProbeTimeout time.Duration
 }
 
 // Client calls one peer over one connection at a time: it dials on the
@@ -95,6 +109,9 @@ func NewClient(dial func(ctx context.Context) (*transport.Conn, error), cfg Clie
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = DefaultIdleTimeout / 2
 	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = DefaultProbeTimeout
+	}
 	c := &Client{dial: dial, cfg: cfg}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c
@@ -105,9 +122,10 @@ func (c *Client) MaxFrameBytes() int { return c.cfg.MaxFrameBytes }
 
 // Call sends req as op and returns the reply's payload, which the caller
 // owns. It returns when the reply arrives; ctx's error as soon as ctx ends,
-// dropping a reply that arrives later and asking the peer to cancel the
-// handler; an error wrapping ErrUnavailable when the connection cannot be
-// dialed or breaks first: the request may then have run on the peer. A
+// dropping a reply that arrives later, asking the peer to cancel the
+// handler and pinging it (ClientConfig.ProbeTimeout); an error wrapping
+// ErrUnavailable when the connection cannot be dialed or breaks first: the
+// request may then have run on the peer. A
 // handler's error comes back as an *Error that errors.Is its sentinel. After
 // Close, Call returns ErrClosed. req is copied into the request's frame
 // before Call returns: the caller may reuse it then, however the call ended.
@@ -198,6 +216,11 @@ func (c *Client) roundTrip(ctx context.Context, stop <-chan struct{}, cn *client
 		case cn.cancels <- id:
 		default: // the writer is behind: the handler runs to its end
 		}
+		// No reply in time: the peer may be gone without a reset.
+		select {
+		case cn.pings <- struct{}{}:
+		default: // a ping is on its way already
+		}
 	}
 	return nil, nil, ended(ctx)
 }
@@ -279,6 +302,7 @@ func (c *Client) dialOnce(d *dialing) {
 		tc:      tc,
 		reqs:    make(chan *[]byte),
 		cancels: make(chan uint64, 64),
+		pings:   make(chan struct{}, 1),
 		done:    make(chan struct{}),
 		pending: make(map[uint64]chan reply),
 	}
@@ -319,11 +343,19 @@ type clientConn struct {
 	tc      *transport.Conn
 	reqs    chan *[]byte  // frames for the writer
 	cancels chan uint64   // ids of calls given up, for the writer
+	pings   chan struct{} // a ping to send, for the writer
 	done    chan struct{} // closed when the connection broke
 
 	mu      sync.Mutex
 	pending map[uint64]chan reply // guarded by mu; nil once broken
 	err     error                 // guarded by mu: why it broke
+
+	// The probe: the writer arms it once it wrote a ping, setting a read
+	// deadline ProbeTimeout away; the reader disarms it, clearing the
+	// deadline, when it reads any byte. A read that times out while it is
+	// armed finds the peer silent. pmu is taken alone.
+	pmu     sync.Mutex
+	probing atomic.Bool // written under pmu; read without it by the reader
 }
 
 func (cn *clientConn) register(id uint64, ch chan reply) error {
@@ -378,7 +410,7 @@ func (cn *clientConn) fail(err error) {
 }
 
 func (cn *clientConn) readLoop() {
-	fr := cn.tc.FrameReader()
+	fr := cn.frameReader()
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
@@ -395,6 +427,74 @@ func (cn *clientConn) readLoop() {
 		bp, _ := cn.c.replies.Get().(*[]byte)
 		ch <- frameReply(f, bp)
 	}
+}
+
+// frameReader reads the connection's frames, under the transport's
+// MaxFrameBytes, through a probeReader: a copy of cn.tc whose net.Conn is
+// wrapped.
+func (cn *clientConn) frameReader() *wire.FrameReader {
+	tc := *cn.tc
+	tc.Conn = probeReader{Conn: cn.tc.Conn, cn: cn}
+	return tc.FrameReader()
+}
+
+// errSilent is why a connection whose peer did not answer a ping broke.
+var errSilent = errors.New("no reply to a ping")
+
+// probeReader reads a client connection for its reader, disarming the
+// probe on every byte read and turning the probe's deadline into
+// errSilent.
+type probeReader struct {
+	net.Conn
+	cn *clientConn
+}
+
+func (r probeReader) Read(b []byte) (int, error) {
+	for {
+		n, err := r.Conn.Read(b)
+		if n > 0 && r.cn.probing.Load() {
+			r.cn.heard()
+		}
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return n, err
+		}
+		if r.cn.silent() {
+			return n, fmt.Errorf("%w within %v", errSilent, r.cn.c.cfg.ProbeTimeout)
+		}
+		if n > 0 { // a deadline passed as the bytes came: they answered
+			return n, nil
+		}
+	}
+}
+
+// arm starts the probe, unless it runs: the reader must read a byte within
+// ProbeTimeout.
+func (cn *clientConn) arm() error {
+	cn.pmu.Lock()
+	defer cn.pmu.Unlock()
+	if cn.probing.Load() {
+		return nil
+	}
+	cn.probing.Store(true)
+	return cn.tc.SetReadDeadline(time.Now().Add(cn.c.cfg.ProbeTimeout))
+}
+
+// heard disarms the probe; the reader calls it, between its reads.
+func (cn *clientConn) heard() {
+	cn.pmu.Lock()
+	defer cn.pmu.Unlock()
+	if cn.probing.Load() {
+		cn.probing.Store(false)
+		cn.tc.SetReadDeadline(time.Time{}) // an error shows in the next read
+	}
+}
+
+// silent reports that a read deadline passed with the probe armed: only
+// the probe sets one, and the byte that disarms it also clears it.
+func (cn *clientConn) silent() bool {
+	cn.pmu.Lock()
+	defer cn.pmu.Unlock()
+	return cn.probing.Load()
 }
 
 // frameReply turns a reply frame into what its call returns; a payload is
@@ -457,6 +557,11 @@ func (cn *clientConn) writeLoop() {
 		case id := <-cn.cancels:
 			wbuf = cn.gather(cn.appendCancel(wbuf[:0], id))
 			err = cn.write(wbuf)
+		case <-cn.pings:
+			wbuf = cn.gather(cn.appendPing(wbuf[:0]))
+			if err = cn.write(wbuf); err == nil {
+				err = cn.arm()
+			}
 		case <-cn.done:
 			return
 		}
@@ -504,6 +609,13 @@ func (cn *clientConn) others() bool {
 
 func (cn *clientConn) appendCancel(b []byte, id uint64) []byte {
 	b, _ = wire.AppendFrame(b, wire.Frame{ReqID: id, Op: opCancel}, cn.c.cfg.MaxFrameBytes)
+	return b
+}
+
+// appendPing appends a ping, whose id no call has: the reader drops its
+// reply.
+func (cn *clientConn) appendPing(b []byte) []byte {
+	b, _ = wire.AppendFrame(b, wire.Frame{ReqID: cn.c.nextID.Add(1), Op: opPing}, cn.c.cfg.MaxFrameBytes)
 	return b
 }
 

@@ -17,9 +17,12 @@
 // Frames are internal/wire's: [u32 length][u64 request id][u16 op]
 // [payload], the length checked against MaxFrameBytes before anything is
 // allocated. Ops below FirstOp are the protocol's: opReply = 0 carries a
-// handler's payload, opError = 1 its error, and opCancel = 2, sent by a
-// client whose caller gave up, cancels the handler's ctx. An error crosses
-// as a version byte, a u16 code and the message, laid out in errors.go: this
+// handler's payload, opError = 1 its error; opCancel = 2, sent by a client
+// whose caller gave up, cancels the handler's ctx, and opPing = 3, which
+// that client sends too, is answered by the server's reading loop with an
+// empty opReply, no handler involved: a client that reads nothing for its
+// ProbeTimeout after a ping closes the connection. An error crosses as a
+// version byte, a u16 code and the message, laid out in errors.go: this
 // package's codes name its own sentinels, store's, wire.ErrFrameTooLarge and
 // ctx's errors; RegisterError adds a higher layer's from FirstUserCode on;
 // the client's error errors.Is the sentinel and reads as the handler's
@@ -63,6 +66,7 @@ const (
 	opReply  = 0 // server → client: the handler's payload
 	opError  = 1 // server → client: an error payload, as errors.go lays out
 	opCancel = 2 // client → server: cancel the request of this id; no reply
+	opPing   = 3 // client → server: answered at once with an empty opReply
 	// FirstOp is the first op Handle accepts.
 	FirstOp uint16 = 16
 )

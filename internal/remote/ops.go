@@ -73,6 +73,7 @@ type partReq struct {
 	topic    string
 	index    int
 	cmd      *store.Command // OpApply
+	msgs     []byte         // OpApply: the command's messages, until decodeBody
 	from     uint64         // OpFetch
 	max      int            // OpFetch
 	maxBytes int            // OpFetch
@@ -109,21 +110,35 @@ func appendRequest(dst []byte, op uint16, r *partReq) []byte {
 	return dst
 }
 
-// decodeRequest decodes a request of op. Errors wrap ErrProtocol, or
-// store.ErrBadCommand for an Apply's command. A command's message bodies
-// point into b.
+// decodeRequest decodes a request of op whole: decodeRequestHead, then
+// decodeBody. Errors wrap ErrProtocol, or store.ErrBadCommand for an
+// Apply's command. A command's message bodies point into b.
 func decodeRequest(op uint16, b []byte) (*partReq, error) {
+	r, err := decodeRequestHead(op, b)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.decodeBody(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// decodeRequestHead decodes a request of op but for an Apply's messages,
+// which decodeBody decodes once the server knows from the head that the
+// caller may make the request. Errors are decodeRequest's.
+func decodeRequestHead(op uint16, b []byte) (*partReq, error) {
 	d := &decoder{b: b}
 	d.version()
 	r := &partReq{topic: d.str(maxTopicBytes), index: d.int()}
 	switch op {
 	case OpApply:
 		if d.err == nil {
-			cmd, err := store.DecodeCommand(d.b)
+			cmd, msgs, err := store.DecodeCommandHead(d.b)
 			if err != nil {
 				return nil, err
 			}
-			r.cmd, d.b = cmd, nil
+			r.cmd, r.msgs, d.b = cmd, msgs, nil
 		}
 	case OpFetch:
 		r.from, r.max, r.maxBytes, r.waitMS = d.uvarint(), d.int(), d.int(), d.uvarint()
@@ -143,6 +158,16 @@ func decodeRequest(op uint16, b []byte) (*partReq, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// decodeBody decodes what decodeRequestHead left: an Apply's messages.
+func (r *partReq) decodeBody() error {
+	if r.cmd == nil {
+		return nil
+	}
+	msgs := r.msgs
+	r.msgs = nil
+	return store.DecodeMessages(r.cmd, msgs)
 }
 
 // partResp is a decoded reply of any op; each op uses some fields.

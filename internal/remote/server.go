@@ -303,6 +303,10 @@ func (sc *serverConn) serve() {
 			sc.cancelRequest(f.ReqID)
 			continue
 		}
+		if f.Op == opPing { // answered here: no handler runs for it
+			sc.send(wire.Frame{ReqID: f.ReqID, Op: opReply}, 0)
+			continue
+		}
 		waitedSlot = false
 		select {
 		case sc.slots <- struct{}{}:

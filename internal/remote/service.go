@@ -18,8 +18,9 @@ import (
 // clock, this node being the proposer.
 //
 // authorize, unless nil, is asked first whether peer may make the request:
-// op on partition index of topic, with the command for OpApply and nil for
-// the others; its error is the call's.
+// op on partition index of topic, with the command for OpApply, its
+// messages not yet decoded, and nil for the others; its error is the
+// call's.
 func ServePartitions(s *Server, lookup func(topic string, index int) (partition.Partition, error),
 	authorize func(peer, topic string, index int, op uint16, cmd *store.Command) error) {
 	sv := &service{lookup: lookup, authorize: authorize, budget: s.MaxFrameBytes() - wire.FrameHeaderSize - replyReserve}
@@ -36,8 +37,11 @@ type service struct {
 	budget    int // the bytes a reply's payload may take
 }
 
+// serve answers a request of op: its head decoded, authorized, and only
+// then its body (an Apply's messages) decoded, so that a caller without
+// the right costs the decoding of a head.
 func (sv *service) serve(ctx context.Context, peer string, op uint16, b []byte) ([]byte, error) {
-	r, err := decodeRequest(op, b)
+	r, err := decodeRequestHead(op, b)
 	if err != nil {
 		return nil, err
 	}
@@ -49,6 +53,9 @@ func (sv *service) serve(ctx context.Context, peer string, op uint16, b []byte) 
 		if err := sv.authorize(peer, r.topic, r.index, op, cmd); err != nil {
 			return nil, err
 		}
+	}
+	if err := r.decodeBody(); err != nil {
+		return nil, err
 	}
 	p, err := sv.lookup(r.topic, r.index)
 	if err != nil {

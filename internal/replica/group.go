@@ -23,9 +23,10 @@ type GroupConfig struct {
 	Dir      string   // the replica's files
 	// Partitions is how many partitions the group carries; 0 means 1.
 	Partitions int
-	// Layer is the group's stream layer on the node's port, from its
-	// RaftMux.
-	Layer raft.StreamLayer
+	// Mux is the node's port's carrier of raft groups; the group takes a
+	// layer of it named Name.
+	Mux  *transport.RaftMux
+	Name string
 	// Log is the group's log: a stream of the node's WAL.
 	Log             *raftqueue.WALLog
 	ElectionTimeout time.Duration // raft's default if zero
@@ -35,8 +36,26 @@ type GroupConfig struct {
 // OpenGroup opens a node's replica of a Raft3 raft group. A new replica
 // bootstraps the group with the three replicas; each of the three does so
 // alike, which raft allows. One with state rejoins.
+//
+// The group's layer accepts raft streams only from its members: the
+// replicas the metadata places (cfg.Replicas: a Raft3 group's placement
+// never changes), and the servers of the group's raft configuration. The
+// placement alone would do today; the configuration is there so that a
+// group whose configuration changes keeps accepting its members.
 func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
-	trans := transport.NewRaftTransport(cfg.Layer)
+	var opened atomic.Pointer[raftqueue.Group]
+	member := func(peer string) bool {
+		if slices.Contains(cfg.Replicas, peer) {
+			return true
+		}
+		g := opened.Load()
+		return g != nil && inConfiguration(g.Raft(), peer)
+	}
+	layer, err := cfg.Mux.Layer(cfg.Name, transport.LayerConfig{Member: member})
+	if err != nil {
+		return nil, err
+	}
+	trans := transport.NewRaftTransport(layer)
 	conf := raft.DefaultConfig()
 	if t := cfg.ElectionTimeout; t > 0 {
 		conf.HeartbeatTimeout, conf.ElectionTimeout, conf.LeaderLeaseTimeout = t, t, t/2
@@ -67,7 +86,23 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 		g.Close()
 		return nil, err
 	}
+	opened.Store(g)
 	return g, nil
+}
+
+// inConfiguration reports whether node id is a server of r's latest
+// configuration, which raft keeps without waiting for its main loop.
+func inConfiguration(r *raft.Raft, id string) bool {
+	f := r.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == id {
+			return true
+		}
+	}
+	return false
 }
 
 // sharedGroup is this node's replica of a raft group, as the Raft3

@@ -449,15 +449,17 @@ func (p *Pair) local() (rep *raftqueue.Pair, refuse bool) {
 	return p.rep, !p.rec.followerInSync() || !p.rec.FollowerUp || p.stalled
 }
 
-// AppendFrom is the follower's side of OpPairAppend: this node's replica,
-// when the record makes it the follower of node leader.
+// AppendFrom is the follower's side of OpPairAppend and OpPairInstall:
+// this node's replica, when the record makes it the follower of node
+// leader. When the record makes this node the leader, the caller is a
+// leader it deposed: it gets a *pairlog.EpochError with the record's
+// epoch, which tells it so, and never the replica, which may not lead
+// yet and would take the appends.
 func (p *Pair) AppendFrom(leader string) (*raftqueue.Pair, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.rep != nil && p.rec.leader() == p.cfg.Self {
-		// A leader deposed by this one: the replica refuses its epoch
-		// (pairlog.EpochError), which tells it so.
-		return p.rep, nil
+		return nil, &pairlog.EpochError{Epoch: p.rec.Epoch}
 	}
 	if p.rep == nil || p.rec.Follower() != p.cfg.Self {
 		return nil, fmt.Errorf("%w: %s does not follow here", store.ErrClosed, p.name)

@@ -51,8 +51,14 @@ const (
 )
 
 // minEntryBytes is the least an entry takes on the wire: a decoder
-// allocates no more entries than the bytes could hold.
-const minEntryBytes = 4
+// allocates no more entries than the bytes could hold. maxPairEntries
+// bounds the entries of one request, since a raft.Log in memory takes
+// about thirty times its smallest encoding: pairlog's leader sends no more
+// (LeaderConfig.MaxBatch is at most pairlog.MaxAppendEntries).
+const (
+	minEntryBytes  = 4
+	maxPairEntries = pairlog.MaxAppendEntries
+)
 
 // appendPairRequest encodes a.
 func appendPairRequest(dst []byte, a pairlog.Append) []byte {
@@ -87,7 +93,7 @@ func decodePairRequest(b []byte) (pairlog.Append, error) {
 	r := uvarints{b: b[2:]}
 	a.Epoch, a.PrevIndex, a.PrevEpoch, a.Commit = r.next(), r.next(), r.next(), r.next()
 	n := r.next()
-	if r.bad || n > uint64(len(r.b)/minEntryBytes) {
+	if r.bad || n > uint64(len(r.b)/minEntryBytes) || n > maxPairEntries {
 		return a, errPairFormat
 	}
 	a.Entries = make([]*raft.Log, n)
@@ -260,8 +266,9 @@ func ServePairs(srv *remote.Server, lookup func(peer, topic string, index int) (
 }
 
 // pairHandler is the handler of a pair op: the partition its request
-// names (decodePairHead), the rest decoded by decode, this node's replica
-// found by lookup, then call.
+// names (decodePairHead), this node's replica found by lookup, which
+// refuses a peer that does not lead it, then the rest decoded by decode,
+// so that only the pair's leader gets a body decoded, then call.
 func pairHandler[R any](lookup func(peer, topic string, index int) (*raftqueue.Pair, error), decode func([]byte) (R, error),
 	call func(ctx context.Context, p *raftqueue.Pair, r R) ([]byte, error)) remote.Handler {
 	return func(ctx context.Context, peer string, req []byte) ([]byte, error) {
@@ -269,11 +276,11 @@ func pairHandler[R any](lookup func(peer, topic string, index int) (*raftqueue.P
 		if err != nil {
 			return nil, err
 		}
-		r, err := decode(rest)
-		if err != nil {
-			return nil, err
-		}
 		p, err := lookup(peer, topic, index)
+		if err != nil {
+			return pairReply(0, err) // an *pairlog.EpochError tells a deposed leader so
+		}
+		r, err := decode(rest)
 		if err != nil {
 			return nil, err
 		}

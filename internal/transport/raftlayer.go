@@ -44,6 +44,15 @@ const (
 	// MaxQueuedStreams bounds a layer's streams waiting for its Accept;
 	// further ones are closed, and raft redials.
 	MaxQueuedStreams = 16
+	// MaxPeerStreams bounds the inbound streams of one group from one
+	// peer, over all its sessions; further ones are closed. Raft opens a
+	// few: one per RPC in flight (heartbeat, append, vote, snapshot) and
+	// up to 3 pooled.
+	MaxPeerStreams = 16
+	// DefaultIdleTimeout is how long an inbound stream may stay without a
+	// byte before it is closed; a dialed stream idle half as long is
+	// replaced by a new one when raft writes to it again.
+	DefaultIdleTimeout = 2 * time.Minute
 	// maxHeaderReads bounds an inbound session's streams still in their
 	// header; further ones are closed.
 	maxHeaderReads = 64
@@ -78,6 +87,19 @@ type RaftMuxConfig struct {
 	// KeepAlive is the yamux keepalive interval and connection write
 	// timeout. Zero means DefaultKeepAlive.
 	KeepAlive time.Duration
+	// IdleTimeout closes an inbound stream that carried no byte for that
+	// long. Zero means DefaultIdleTimeout.
+	IdleTimeout time.Duration
+}
+
+// LayerConfig configures a group's RaftLayer.
+type LayerConfig struct {
+	// Member says whether node peer, proven by the connection's
+	// handshake, may open streams of the group: a stream from any other
+	// node is closed before raft reads a byte of it. Required; called
+	// from the mux's goroutines without its locks held, so it must not
+	// wait for the group's raft.
+	Member func(peer string) bool
 }
 
 // RaftMux carries many raft groups between nodes over the transport's
@@ -104,6 +126,8 @@ type RaftMux struct {
 	peers   map[string]*peer            // guarded by mu: outbound sessions by node id
 	inbound map[*yamux.Session]struct{} // guarded by mu
 
+	logged sync.Map // refusals logged once: peer, group and reason → struct{}
+
 	closeOnce sync.Once
 }
 
@@ -129,6 +153,9 @@ func NewRaftMux(t *Transport, cfg RaftMuxConfig) (*RaftMux, error) {
 	}
 	if cfg.KeepAlive <= 0 {
 		cfg.KeepAlive = DefaultKeepAlive
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
 	}
 	m := &RaftMux{
 		t:       t,
@@ -160,12 +187,15 @@ func NewRaftMux(t *Transport, cfg RaftMuxConfig) (*RaftMux, error) {
 	return m, nil
 }
 
-// Layer registers group and returns its stream layer. It returns
-// ErrGroupTaken if the group has a layer that is not closed, or ErrClosed
-// after Close.
-func (m *RaftMux) Layer(group string) (*RaftLayer, error) {
+// Layer registers group and returns its stream layer, which accepts
+// streams only from the nodes cfg.Member names. It returns ErrGroupTaken if
+// the group has a layer that is not closed, or ErrClosed after Close.
+func (m *RaftMux) Layer(group string, cfg LayerConfig) (*RaftLayer, error) {
 	if len(group) == 0 || len(group) > MaxGroupIDLen {
 		return nil, fmt.Errorf("transport: raft group id of %d bytes, want 1..%d", len(group), MaxGroupIDLen)
+	}
+	if cfg.Member == nil {
+		return nil, errors.New("transport: LayerConfig.Member is required")
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -178,10 +208,13 @@ func (m *RaftMux) Layer(group string) (*RaftLayer, error) {
 	l := &RaftLayer{
 		m:       m,
 		group:   group,
+		member:  cfg.Member,
 		queue:   make(chan *stream, MaxQueuedStreams),
 		done:    make(chan struct{}),
 		streams: make(map[*stream]struct{}),
+		perPeer: make(map[string]int),
 	}
+	l.ctx, l.cancel = context.WithCancel(m.ctx)
 	m.layers[group] = l
 	return l, nil
 }
@@ -279,7 +312,8 @@ func (m *RaftMux) serveSession(s *yamux.Session, peerID string) {
 	}
 }
 
-// route reads ys's header and queues it for its group's Accept, or closes it.
+// route reads ys's header and queues it for its group's Accept if peerID
+// is a member of the group, or closes it.
 func (m *RaftMux) route(ys *yamux.Stream, peerID string) {
 	err := ys.SetReadDeadline(time.Now().Add(m.cfg.HeaderTimeout))
 	var group string
@@ -305,18 +339,54 @@ func (m *RaftMux) route(ys *yamux.Stream, peerID string) {
 		ys.Close()
 		return
 	}
-	if !l.queueStream(&stream{Stream: ys, l: l, peer: peerID}) {
+	if !l.member(peerID) {
+		m.refused(peerID, group, "transport: refused raft stream: the peer is not a member of the group")
+		ys.Close()
+		return
+	}
+	s := &stream{ys: ys, l: l, peer: peerID, check: newRPCCheck(peerID)}
+	switch l.queueStream(s) {
+	case queued:
+	case peerFull:
+		m.refused(peerID, group, "transport: refused raft stream: too many streams of the group from the peer", "limit", MaxPeerStreams)
+		ys.Close()
+	default:
 		m.log.Warn("transport: refused raft stream: layer closed or its queue full", "peer", peerID, "group", group)
 		ys.Close()
 	}
 }
 
-// dial opens a stream of l's group to node id and writes its header.
+// refused logs msg once per peer, group and msg: a peer that keeps
+// trying is not logged again.
+func (m *RaftMux) refused(peer, group, msg string, args ...any) {
+	if _, seen := m.logged.LoadOrStore(peer+"\x00"+group+"\x00"+msg, struct{}{}); seen {
+		return
+	}
+	m.log.Warn(msg, append([]any{"peer", peer, "group", group}, args...)...)
+}
+
+// dial opens a stream of l's group to node id.
 func (m *RaftMux) dial(l *RaftLayer, id string, timeout time.Duration) (net.Conn, error) {
+	ys, err := m.openStream(l, id, timeout)
+	if err != nil {
+		return nil, err
+	}
+	s := &stream{ys: ys, l: l, peer: id}
+	s.touch()
+	if !l.track(s) {
+		ys.Close()
+		return nil, ErrClosed
+	}
+	return s, nil
+}
+
+// openStream opens a yamux stream of l's group to node id and writes its
+// header. timeout, or DefaultRaftDialTimeout if zero, and l's Close end it.
+func (m *RaftMux) openStream(l *RaftLayer, id string, timeout time.Duration) (*yamux.Stream, error) {
 	if timeout <= 0 {
 		timeout = DefaultRaftDialTimeout
 	}
-	ctx, cancel := context.WithTimeout(m.ctx, timeout)
+	ctx, cancel := context.WithTimeout(l.ctx, timeout)
 	defer cancel()
 	sess, err := m.session(ctx, id)
 	if err != nil {
@@ -325,11 +395,6 @@ func (m *RaftMux) dial(l *RaftLayer, id string, timeout time.Duration) (net.Conn
 	ys, err := sess.OpenStream()
 	if err != nil {
 		return nil, fmt.Errorf("transport: raft group %q: dial %s: %w", l.group, id, err)
-	}
-	s := &stream{Stream: ys, l: l, peer: id}
-	if !l.track(s) {
-		ys.Close()
-		return nil, ErrClosed
 	}
 	deadline, _ := ctx.Deadline()
 	err = ys.SetWriteDeadline(deadline)
@@ -340,10 +405,10 @@ func (m *RaftMux) dial(l *RaftLayer, id string, timeout time.Duration) (net.Conn
 		err = ys.SetWriteDeadline(time.Time{})
 	}
 	if err != nil {
-		s.Close()
+		ys.Close()
 		return nil, fmt.Errorf("transport: raft group %q: dial %s: %w", l.group, id, err)
 	}
-	return s, nil
+	return ys, nil
 }
 
 // session returns the live outbound session to node id, dialing one if
@@ -418,14 +483,18 @@ func (m *RaftMux) ctxErr(ctx context.Context) error {
 // group to other nodes, whose ServerAddress values are node ids. Safe for
 // concurrent use.
 type RaftLayer struct {
-	m     *RaftMux
-	group string
-	queue chan *stream  // inbound streams waiting for Accept
-	done  chan struct{} // closed by Close
+	m      *RaftMux
+	group  string
+	member func(peer string) bool
+	queue  chan *stream    // inbound streams waiting for Accept
+	done   chan struct{}   // closed by Close
+	ctx    context.Context // cancelled by Close: ends Dial
+	cancel context.CancelFunc
 
 	mu      sync.Mutex
 	closed  bool                 // guarded by mu
 	streams map[*stream]struct{} // guarded by mu: every open stream, queued, accepted or dialed
+	perPeer map[string]int       // guarded by mu: inbound streams open by peer
 
 	closeOnce sync.Once
 }
@@ -466,6 +535,7 @@ func (l *RaftLayer) Close() error {
 			delete(l.m.layers, l.group)
 		}
 		l.m.mu.Unlock()
+		l.cancel()
 		l.mu.Lock()
 		l.closed = true
 		close(l.done)
@@ -476,10 +546,7 @@ func (l *RaftLayer) Close() error {
 		}
 		l.mu.Unlock()
 		for s := range streams {
-			// Close alone only stops our writes: the deadline ends
-			// raft's reads and writes on this end too.
-			_ = s.Stream.SetDeadline(time.Unix(1, 0))
-			s.Stream.Close()
+			s.kill()
 		}
 	})
 	return nil
@@ -488,20 +555,32 @@ func (l *RaftLayer) Close() error {
 // Addr is this node's id: raft takes it as its local ServerAddress.
 func (l *RaftLayer) Addr() net.Addr { return nodeAddr(l.m.t.NodeID()) }
 
-// queueStream hands s to Accept; false if the layer is closed or its
-// queue is full.
-func (l *RaftLayer) queueStream(s *stream) bool {
+// queueResult is what queueStream did.
+type queueResult int
+
+const (
+	queued    queueResult = iota
+	peerFull              // MaxPeerStreams of the peer are open
+	notQueued             // the layer is closed or its queue full
+)
+
+// queueStream hands s, an inbound stream, to Accept.
+func (l *RaftLayer) queueStream(s *stream) queueResult {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return false
+		return notQueued
+	}
+	if l.perPeer[s.peer] >= MaxPeerStreams {
+		return peerFull
 	}
 	select {
 	case l.queue <- s:
 		l.streams[s] = struct{}{}
-		return true
+		l.perPeer[s.peer]++
+		return queued
 	default:
-		return false
+		return notQueued
 	}
 }
 
@@ -518,25 +597,17 @@ func (l *RaftLayer) track(s *stream) bool {
 
 func (l *RaftLayer) forget(s *stream) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.streams[s]; !ok {
+		return
+	}
 	delete(l.streams, s)
-	l.mu.Unlock()
+	if s.check != nil {
+		if l.perPeer[s.peer]--; l.perPeer[s.peer] <= 0 {
+			delete(l.perPeer, s.peer)
+		}
+	}
 }
-
-// stream is a yamux stream of one group, addressed by node ids.
-type stream struct {
-	*yamux.Stream
-	l    *RaftLayer
-	peer string
-}
-
-// Close closes the stream and forgets it in its layer.
-func (s *stream) Close() error {
-	s.l.forget(s)
-	return s.Stream.Close()
-}
-
-func (s *stream) LocalAddr() net.Addr  { return nodeAddr(s.l.m.t.NodeID()) }
-func (s *stream) RemoteAddr() net.Addr { return nodeAddr(s.peer) }
 
 // nodeAddr is a node id as a net.Addr.
 type nodeAddr string

@@ -83,7 +83,14 @@ func (n *node) stop(t testing.TB) {
 
 func layer(t testing.TB, n *node, group string) *RaftLayer {
 	t.Helper()
-	l, err := n.m.Layer(group)
+	return layerOf(t, n, group, anyone)
+}
+
+// layerOf is n's layer of group, taking streams from the nodes member
+// names.
+func layerOf(t testing.TB, n *node, group string, member func(string) bool) *RaftLayer {
+	t.Helper()
+	l, err := n.m.Layer(group, LayerConfig{Member: member})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,6 +174,13 @@ type member struct {
 // it bootstraps with ids if there are any. Cleanup shuts it down.
 func startMember(t testing.TB, n *node, group string, st stores, ids []string) *member {
 	t.Helper()
+	return startMemberOf(t, n, group, st, ids, anyone)
+}
+
+// startMemberOf is startMember on a layer that takes streams from the
+// nodes member names.
+func startMemberOf(t testing.TB, n *node, group string, st stores, ids []string, isMember func(string) bool) *member {
+	t.Helper()
 	c := raft.DefaultConfig()
 	c.LocalID = raft.ServerID(n.id)
 	c.HeartbeatTimeout = 500 * time.Millisecond
@@ -175,7 +189,7 @@ func startMember(t testing.TB, n *node, group string, st stores, ids []string) *
 	c.CommitTimeout = 20 * time.Millisecond
 	c.LogOutput = io.Discard
 	c.LogLevel = "ERROR"
-	trans := raft.NewNetworkTransport(layer(t, n, group), 3, 2*time.Second, io.Discard)
+	trans := raft.NewNetworkTransport(layerOf(t, n, group, isMember), 3, 2*time.Second, io.Discard)
 	fsm := newCountFSM()
 	r, err := raft.NewRaft(c, fsm, st.logs, st.logs, st.snaps, trans)
 	if err != nil {
@@ -432,7 +446,8 @@ func TestRaftMux_HostileStreams(t *testing.T) {
 		})
 	}
 	t.Run("ValidStillWorks", func(t *testing.T) {
-		st := open(t, append(appendStreamHeader(nil, "g1"), "ping"...))
+		ping := encodeRPC(t, 3, &raft.TimeoutNowRequest{RPCHeader: header("evil")}, nil)
+		st := open(t, append(appendStreamHeader(nil, "g1"), ping...))
 		got, err := l.Accept()
 		if err != nil {
 			t.Fatal(err)
@@ -441,10 +456,11 @@ func TestRaftMux_HostileStreams(t *testing.T) {
 		if got.RemoteAddr().String() != "evil" || got.LocalAddr().String() != "a" {
 			t.Fatalf("stream from %s to %s, want evil to a", got.RemoteAddr(), got.LocalAddr())
 		}
-		buf := make([]byte, 4)
-		if _, err := io.ReadFull(got, buf); err != nil || string(buf) != "ping" {
+		buf := make([]byte, len(ping))
+		if _, err := io.ReadFull(got, buf); err != nil || !bytes.Equal(buf, ping) {
 			t.Fatalf("read %q, %v", buf, err)
 		}
+		buf = buf[:4]
 		if _, err := got.Write([]byte("pong")); err != nil {
 			t.Fatal(err)
 		}
@@ -493,17 +509,17 @@ func TestRaftMux_Layer(t *testing.T) {
 		}
 	})
 	t.Run("ErrGroupTaken", func(t *testing.T) {
-		if _, err := n.m.Layer("g"); !errors.Is(err, ErrGroupTaken) {
+		if _, err := n.m.Layer("g", LayerConfig{Member: anyone}); !errors.Is(err, ErrGroupTaken) {
 			t.Fatalf("second layer: %v", err)
 		}
 	})
 	t.Run("BadGroup", func(t *testing.T) {
 		for _, g := range []string{"", strings.Repeat("x", MaxGroupIDLen+1)} {
-			if _, err := n.m.Layer(g); err == nil {
+			if _, err := n.m.Layer(g, LayerConfig{Member: anyone}); err == nil {
 				t.Fatalf("group of %d bytes accepted", len(g))
 			}
 		}
-		if l, err := n.m.Layer(strings.Repeat("x", MaxGroupIDLen)); err != nil {
+		if l, err := n.m.Layer(strings.Repeat("x", MaxGroupIDLen), LayerConfig{Member: anyone}); err != nil {
 			t.Fatal(err)
 		} else {
 			l.Close()
@@ -528,7 +544,7 @@ func TestRaftMux_Layer(t *testing.T) {
 	})
 	t.Run("ErrClosed", func(t *testing.T) {
 		n.m.Close()
-		if _, err := n.m.Layer("k"); !errors.Is(err, ErrClosed) {
+		if _, err := n.m.Layer("k", LayerConfig{Member: anyone}); !errors.Is(err, ErrClosed) {
 			t.Fatalf("Layer after Close: %v", err)
 		}
 		if _, err := l.Accept(); !errors.Is(err, ErrClosed) {

@@ -1,6 +1,7 @@
 // Package transport is a node's one TCP port: every connection, accepted or
-// dialed, is optionally mutual TLS 1.3, then a mutual HMAC-SHA256 challenge
-// over the cluster secret, then one byte that picks the protocol: RPC or
+// dialed, is mutual TLS 1.3 (unless InsecurePlaintext), then a
+// password-authenticated key exchange over the cluster secret (CPace) with
+// key confirmation both ways, then one byte that picks the protocol: RPC or
 // raft. ProtoRepl is reserved for replication, which DoubleWrite does over
 // RPC. Accepted connections go to that protocol's listener. Frames on the
 // connections are internal/wire's.
@@ -12,8 +13,15 @@
 // handshake as one of its DNS SANs; node ids are limited to characters a
 // DNS SAN can hold. The handshake is bound to the TLS session with
 // ExportKeyingMaterial, so it cannot be relayed into another session.
+// Nothing either side sends lets anyone test a guess of the secret
+// offline; a peer without it gets one online guess per connection.
 // Without TLS the secret authenticates both ends but nothing is encrypted,
 // and a machine in the middle can relay an authenticated connection.
+//
+// Accepted connections that have not completed the handshake are bounded
+// per source address and in total, and each has HandshakeTimeout to
+// complete it (limits.go), so that connections from one address cannot
+// keep the node's peers out.
 //
 // docs/DESIGN.md §7 gives the reasons for these choices.
 package transport
@@ -27,6 +35,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -46,8 +55,9 @@ const (
 
 // Defaults of Config's zero values.
 const (
-	DefaultHandshakeTimeout = 5 * time.Second
-	DefaultMaxHandshakes    = 64
+	DefaultHandshakeTimeout       = 5 * time.Second
+	DefaultMaxHandshakes          = 64
+	DefaultMaxHandshakesPerSource = 16
 )
 
 var (
@@ -77,7 +87,10 @@ type Config struct {
 	// NodeID names this node to its peers: 1..MaxNodeIDLen letters, digits,
 	// '.', '-', '_'. Required.
 	NodeID string
-	// Bind is the TCP address to listen on ("127.0.0.1:0" in tests).
+	// Bind is the TCP address to listen on ("127.0.0.1:0" in tests). When
+	// its host is an IP address other than the unspecified one, Dial
+	// connects from that address too, so that a node on a multi-homed host
+	// reaches its peers from the address they know it by.
 	Bind string
 	// Secret is the cluster secret, which CheckSecret must accept.
 	// Required.
@@ -96,9 +109,18 @@ type Config struct {
 	// HandshakeTimeout bounds TLS and the secret handshake together. Zero
 	// means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
-	// MaxHandshakes bounds accepted connections still in their handshake;
-	// further ones are closed at once. Zero means DefaultMaxHandshakes.
+	// MaxHandshakes bounds accepted connections still in their handshake.
+	// When it is reached, a connection from a source holding fewer of them
+	// than the source holding most takes that source's oldest one, which
+	// is closed; otherwise the new connection is closed at once. Zero
+	// means DefaultMaxHandshakes.
 	MaxHandshakes int
+	// MaxHandshakesPerSource bounds accepted connections still in their
+	// handshake from one source address (an IPv6 /64); further ones are
+	// closed at once, with a log line per source a minute. Zero means
+	// DefaultMaxHandshakesPerSource, which leaves room for several nodes
+	// of one host dialing at once.
+	MaxHandshakesPerSource int
 	// MaxFrameBytes is the frame limit of the connections' frame readers.
 	// Zero means wire.DefaultMaxFrameBytes.
 	MaxFrameBytes int
@@ -118,7 +140,10 @@ type Transport struct {
 	ln        net.Listener
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
-	sem       chan struct{} // a slot per accepted connection in its handshake
+	gate      *gate    // a slot per accepted connection in its handshake
+	refusals  logLimit // lines about connections the gate refused
+	failures  logLimit // lines about handshakes that failed
+	localAddr net.Addr // Dial's local address: Bind's IP, or nil
 	wg        sync.WaitGroup
 
 	mu        sync.Mutex
@@ -147,6 +172,9 @@ func Listen(cfg Config) (*Transport, error) {
 	if cfg.MaxHandshakes <= 0 {
 		cfg.MaxHandshakes = DefaultMaxHandshakes
 	}
+	if cfg.MaxHandshakesPerSource <= 0 {
+		cfg.MaxHandshakesPerSource = DefaultMaxHandshakesPerSource
+	}
 	if cfg.MaxFrameBytes <= 0 {
 		cfg.MaxFrameBytes = wire.DefaultMaxFrameBytes
 	}
@@ -154,7 +182,9 @@ func Listen(cfg Config) (*Transport, error) {
 	t := &Transport{
 		cfg:       cfg,
 		log:       cfg.Logger,
-		sem:       make(chan struct{}, cfg.MaxHandshakes),
+		gate:      newGate(cfg.MaxHandshakesPerSource, cfg.MaxHandshakes),
+		refusals:  logLimit{interval: refusalLogInterval},
+		failures:  logLimit{interval: refusalLogInterval},
 		pending:   make(map[net.Conn]struct{}),
 		listeners: make(map[Proto]*listener),
 	}
@@ -185,6 +215,7 @@ func Listen(cfg Config) (*Transport, error) {
 	if t.ln, err = net.Listen("tcp", cfg.Bind); err != nil {
 		return nil, fmt.Errorf("transport: %w", err)
 	}
+	t.localAddr = bindIP(cfg.Bind)
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.wg.Go(t.acceptLoop)
 	return t, nil
@@ -300,23 +331,50 @@ func AcceptEach(ctx context.Context, l net.Listener, log *slog.Logger, what stri
 	}
 }
 
+// bindIP is the local address for dialing from bind's host, if it is an
+// IP address other than the unspecified one.
+func bindIP(bind string) net.Addr {
+	host, _, err := net.SplitHostPort(bind)
+	if err != nil {
+		return nil
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || ip.IsUnspecified() {
+		return nil
+	}
+	return net.TCPAddrFromAddrPort(netip.AddrPortFrom(ip, 0))
+}
+
 func (t *Transport) acceptLoop() {
 	AcceptEach(t.ctx, t.ln, t.log, "transport: accept", func(c net.Conn) bool {
-		select {
-		case t.sem <- struct{}{}:
-		default:
-			t.log.Warn("transport: refused connection: too many handshakes in progress", "remote", c.RemoteAddr(), "limit", t.cfg.MaxHandshakes)
+		s, why := t.gate.enter(c)
+		if why != admitted {
 			c.Close()
+			t.logRefusal(c.RemoteAddr(), why)
 			return true
 		}
 		if !t.track(c) {
-			<-t.sem
+			t.gate.leave(s)
 			c.Close()
 			return false
 		}
-		t.wg.Go(func() { t.serve(c) })
+		t.wg.Go(func() { t.serve(c, s) })
 		return true
 	})
+}
+
+// logRefusal logs a connection the gate refused, at most a line per source
+// and refusalLogInterval.
+func (t *Transport) logRefusal(remote net.Addr, why refusal) {
+	ok, held := t.refusals.allow(sourceOf(remote), time.Now())
+	if !ok {
+		return
+	}
+	msg, limit := "transport: refused connection: too many handshakes in progress from its source", t.cfg.MaxHandshakesPerSource
+	if why == overTotal {
+		msg, limit = "transport: refused connection: too many handshakes in progress", t.cfg.MaxHandshakes
+	}
+	t.log.Warn(msg, "remote", remote, "limit", limit, "refused_unlogged", held)
 }
 
 // track records c as pending, so Close closes it; false after Close.
@@ -338,14 +396,18 @@ func (t *Transport) untrack(c net.Conn) {
 
 // serve runs the handshake on an accepted connection and hands it to its
 // protocol's listener.
-func (t *Transport) serve(raw net.Conn) {
+func (t *Transport) serve(raw net.Conn, s *slot) {
 	defer t.untrack(raw)
 	c, err := t.handshakeAccepted(raw)
-	<-t.sem
+	t.gate.leave(s)
 	if err != nil {
 		raw.Close()
 		if t.ctx.Err() == nil {
-			t.log.Warn("transport: refused connection", "remote", raw.RemoteAddr(), "err", err)
+			// At most a line per source and refusalLogInterval: a peer
+			// failing handshakes as fast as it can dial fills no disk.
+			if ok, held := t.failures.allow(sourceOf(raw.RemoteAddr()), time.Now()); ok {
+				t.log.Warn("transport: refused connection", "remote", raw.RemoteAddr(), "err", err, "refused_unlogged", held)
+			}
 		}
 		return
 	}
@@ -413,7 +475,7 @@ func (t *Transport) Dial(ctx context.Context, addr string, p Proto) (*Conn, erro
 	defer cancel()
 	stop := context.AfterFunc(t.ctx, cancel)
 	defer stop()
-	var d net.Dialer
+	d := net.Dialer{LocalAddr: t.localAddr}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, t.dialErr(ctx, addr, err)

@@ -212,7 +212,11 @@ func TestTransport_Reflection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := raw.Write(append(lh.mac[:], byte(ProtoRPC))); err != nil {
+	// The listener's share as the dialer's, and a confirmation made by
+	// the key that share gives without the secret: the labels and the
+	// shares differ.
+	fin := append(lh.share[:], make([]byte, macSize)...)
+	if _, err := raw.Write(append(fin, byte(ProtoRPC))); err != nil {
 		t.Fatal(err)
 	}
 	if got := waitClosed(t, raw, 5*time.Second); len(got) != 0 {

@@ -57,9 +57,9 @@ type LeaderConfig struct {
 	// log. Entries after it, written under earlier epochs, are applied
 	// once the follower holds them too.
 	Applied uint64
-	// MaxBatch bounds the entries of one Append, 256 by default, and
-	// MaxBatchBytes their data, without a bound if 0; an entry larger goes
-	// alone.
+	// MaxBatch bounds the entries of one Append, 256 by default and at
+	// most MaxAppendEntries, and MaxBatchBytes their data, without a bound
+	// if 0; an entry larger goes alone.
 	MaxBatch, MaxBatchBytes int
 	// Async makes the leader commit each entry on its own write while it
 	// still sends every entry to Peer: the risk stage, for a follower that
@@ -131,6 +131,10 @@ func (e *entry) Index() uint64 { return e.log.Index }
 // Response is the state machine's response, after Error returned nil.
 func (e *entry) Response() any { return e.resp }
 
+// MaxAppendEntries is the most entries one Append carries: a follower's
+// node refuses a request with more before it decodes them.
+const MaxAppendEntries = 1024
+
 // NewLeader starts the leader of cfg.Log's epoch.
 func NewLeader(cfg LeaderConfig) (*Leader, error) {
 	if cfg.Log == nil || cfg.Apply == nil {
@@ -139,6 +143,7 @@ func NewLeader(cfg LeaderConfig) (*Leader, error) {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 256
 	}
+	cfg.MaxBatch = min(cfg.MaxBatch, MaxAppendEntries)
 	if cfg.MaxPending <= 0 {
 		cfg.MaxPending = 1024
 	}

@@ -1,0 +1,109 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/zeze-go/mq/internal/metastate"
+)
+
+// Who may call what on the node's RPC port. Every connection's peer id is
+// proven by the transport (a certificate naming it; in InsecurePlaintext
+// mode, the secret). A current node of the cluster is one the metadata
+// state records, up or down (nodes are never removed), or one the saved
+// address book names while the state is not back yet. The node-only ops,
+// opHeartbeat, opPropose, opAnnounce, opReport and opCheckTx, are refused
+// to any other identity before their body is decoded; opWhoLeads is open
+// to every authenticated peer, and opJoin makes an identity a node
+// (joinAllowed).
+
+// IsNode reports whether peer is a current node of the cluster: this node,
+// one the metadata state records, up or down, or one the saved address
+// book names.
+func (n *Agent) IsNode(peer string) bool {
+	if peer == n.cfg.ID {
+		return true
+	}
+	if _, ok := n.meta.State().Node(peer); ok {
+		return true
+	}
+	if book := n.book.Load(); book != nil {
+		_, ok := (*book)[peer]
+		return ok
+	}
+	return false
+}
+
+// refuse logs err, a refusal of peer's call, once per identity and cause,
+// and returns it.
+func (n *Agent) refuse(peer, cause string, err error) error {
+	if _, seen := n.refused.LoadOrStore(peer+"\x00"+cause, struct{}{}); !seen {
+		n.log.Warn("refused a call", "identity", peer, "cause", cause, "err", err)
+	}
+	return err
+}
+
+// nodeOnly returns ErrDenied, logged, unless peer is a current node of the
+// cluster: op is what it asked.
+func (n *Agent) nodeOnly(peer, op string) error {
+	if n.IsNode(peer) {
+		return nil
+	}
+	return n.refuse(peer, "not a node: "+op, fmt.Errorf("%w: %s is not a node of this cluster (%s)", ErrDenied, peer, op))
+}
+
+// dialBackTimeout bounds joinAllowed's dial to a joining node.
+const dialBackTimeout = 5 * time.Second
+
+// joinAllowed decides whether peer, not yet a node, may join at addr:
+//
+//   - with the ACL on, some rule's identity pattern must match peer: the
+//     operator names a node in the ACL before it joins, as etcd adds a
+//     member before it starts;
+//   - the leader dials peer back at addr and the node there must prove
+//     it is peer: with TLS its certificate names peer and serves the
+//     server side (the connection peer made proved the client side), so
+//     only an identity with a node certificate (mq.ClusterCA.IssueNode)
+//     joins, never one that can only dial, such as a client's; and the
+//     address it registers is one where it listens.
+//
+// A node registered already registers again freely: it comes back up.
+func (n *Agent) joinAllowed(ctx context.Context, peer, addr string) error {
+	if n.IsNode(peer) {
+		return nil
+	}
+	st := n.meta.State()
+	if acl := st.ACL(); len(acl) > 0 && !metastate.NamesIdentity(acl, peer) {
+		return n.refuse(peer, "join: not in the ACL", fmt.Errorf("%w: no ACL rule names %s, which may not join", ErrDenied, peer))
+	}
+	ctx, cancel := context.WithTimeout(ctx, dialBackTimeout)
+	defer cancel()
+	c, err := n.dial(ctx, addr, peer)
+	if err != nil {
+		return n.refuse(peer, "join: dial-back failed",
+			fmt.Errorf("%w: %s cannot be reached as itself at %q, where it joins: %v", ErrDenied, peer, addr, err))
+	}
+	c.Close()
+	return nil
+}
+
+// holdsAll returns ErrDenied unless parts is not empty and peer holds a
+// replica of each of them.
+func (n *Agent) holdsAll(peer string, parts []PartRef) error {
+	if len(parts) == 0 {
+		return fmt.Errorf("%w: %s checks back no partition", ErrDenied, peer)
+	}
+	st := n.meta.State()
+	for _, r := range parts {
+		if p, ok := st.Partition(r.Topic, r.Part); !ok || !slices.Contains(p.Replicas, peer) {
+			return fmt.Errorf("%w: %s holds no replica of %s/%d", ErrDenied, peer, r.Topic, r.Part)
+		}
+	}
+	return nil
+}
+
+// OwnMember reports whether member is a group member of node: named
+// MemberName(node, …).
+func OwnMember(node, member string) bool { return ownMember(node, member) }
