@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/zeze-go/mq/internal/metastate"
-	"github.com/zeze-go/mq/internal/topicdb"
 )
 
 // Rights are what an ACL rule allows; combine them with |.
@@ -47,9 +46,15 @@ const MaxACLRules = metastate.MaxRules
 // the right on the topic. The identity is the node id, which its
 // certificate names when the cluster uses TLS; the node that refused logs
 // the refusal once per identity, topic and right. No rules turn access
-// control off, as it is at first. Keep a rule giving some node Admin on
-// "*": only such a node can change the rules again. System topics, the
-// retry and dead-letter topics, are not controlled. It needs Admin on "*"
+// control off, as it is at first. With rules, a node that is not in the
+// cluster yet joins only if a rule names its id exactly, with no '*',
+// whatever the rule grants. Keep a rule giving some node Admin on
+// "*": only such a node can change the rules again. A group's retry and
+// dead-letter topics are checked as the group's: a node that may consume
+// some topic in the group may create, consume and read them, and its
+// Concurrent consumers retry there, while resetting their offsets needs
+// Admin; rules naming the system topics themselves grant nothing there.
+// It needs Admin on "*"
 // under the current rules, and a cluster: a standalone node returns
 // ErrUnsupportedType.
 func (m *MQ) SetACL(ctx context.Context, rules []ACLRule) error {
@@ -86,9 +91,9 @@ func (m *MQ) ACL() []ACLRule {
 }
 
 // allowed returns ErrDenied unless this node may do right on topic: always
-// on a standalone node, and for system topics.
+// on a standalone node. A system topic's calls are its group's.
 func (m *MQ) allowed(topic string, right Rights) error {
-	if m.cluster == nil || topicdb.IsSystemTopic(topic) {
+	if m.cluster == nil {
 		return nil
 	}
 	return translate(m.cluster.Allowed(m.cluster.ID(), topic, metastate.Rights(right)))
@@ -97,7 +102,7 @@ func (m *MQ) allowed(topic string, right Rights) error {
 // allowedGroup is allowed for a call naming consumer group group, which
 // some rule's Group must match too.
 func (m *MQ) allowedGroup(topic, group string, right Rights) error {
-	if m.cluster == nil || topicdb.IsSystemTopic(topic) {
+	if m.cluster == nil {
 		return nil
 	}
 	return translate(m.cluster.AllowedGroup(m.cluster.ID(), topic, group, metastate.Rights(right)))

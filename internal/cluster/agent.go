@@ -89,18 +89,18 @@ type Agent struct {
 	// owning partitions of groups at lastAck + timeout - margin.
 	lastAck atomic.Int64
 
-	refused sync.Map // refusals logged: error text → struct{}
+	refused refusals // the refusals logged
 
 	book      atomic.Pointer[map[string]string] // the address book as last saved: node id → address
 	announced sync.Map                          // node id → the address it announced itself at (opAnnounce, or a seed's handshake)
-	contacted sync.Map                          // node id → struct{}: the nodes this node dialed as a seed or as the leader a seed named
+	contacted sync.Map                          // node id → struct{}: the nodes found at a configured seed's address, or where this node expected them (seed)
 	probing   sync.Map                          // node id → true while a report of it is probed (opReport)
 	reports   chan string                       // the nodes to report (ReportLater), sent by reportLoop
 	metaRef   atomic.Pointer[Meta]              // meta, for resolve, which raft calls from its goroutines
 
-	mu      sync.Mutex                // guards peers, seeds and closed
-	peers   map[string]*remote.Client // by node id
-	seeds   map[string]*remote.Client // by address
+	mu      sync.Mutex                  // guards peers, seeds and closed
+	peers   map[string]*remote.Client   // by node id
+	seeds   map[seedPeer]*remote.Client // by address and the id expected there
 	closed  bool
 	closeMu sync.Mutex // serializes Close
 	done    bool       // guarded by closeMu
@@ -134,15 +134,15 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := &Agent{cfg: cfg, log: log.With("node", cfg.ID), timeout: cfg.SessionTimeout,
-		peers: map[string]*remote.Client{}, seeds: map[string]*remote.Client{}, reports: make(chan string, 16)}
+		peers: map[string]*remote.Client{}, seeds: map[seedPeer]*remote.Client{}, reports: make(chan string, 16)}
 	if n.timeout <= 0 {
 		n.timeout = DefaultSessionTimeout
 	}
 	var err error
 	n.tr, err = transport.Listen(transport.Config{NodeID: cfg.ID, Bind: cfg.Bind, Secret: cfg.Secret,
 		ServerTLS: cfg.ServerTLS, ClientTLS: cfg.ClientTLS, InsecurePlaintext: cfg.InsecurePlaintext,
-		HandshakeTimeout: cfg.HandshakeTimeout,
-		MaxFrameBytes:    cfg.MaxFrameBytes, Logger: n.log})
+		HandshakeTimeout: cfg.HandshakeTimeout, KnownSource: n.knownSource,
+		MaxFrameBytes: cfg.MaxFrameBytes, Logger: n.log})
 	if err != nil {
 		return nil, err
 	}
@@ -313,13 +313,16 @@ func (n *Agent) resolve(id string) (string, bool) {
 // metaMember says whether node id may open raft streams of the metadata
 // group here: a server of the group's raft configuration, a node of the
 // metadata state or of the saved address book (nodes the committed state
-// registered), or a node this node dialed itself as a seed or as the leader
-// a seed named, whose id its handshake proved. The last covers a node
-// joining with no state at all, which must accept the leader that adds it,
-// and a node whose state misses a leader elected while it was away; they
-// are nodes its operator pointed it at. What a node only announced of
-// itself (opAnnounce) does not count: anyone with a certificate of the
-// cluster's CA may announce.
+// registered), or a contacted node (seed): one that proved its id at a
+// configured seed's address, or at an address where this node
+// expected it (a book entry, or the leader a seed named). That covers a
+// node joining with no state at all, which must accept the leader that
+// adds it, and a node whose state misses a leader elected while it was
+// away; they are nodes its operator pointed it at, or that one of them
+// named. Another id found at a book address (a stale one, which anyone
+// may listen at now) does not count, nor what a node only announced of
+// itself (opAnnounce): anyone with a certificate of the cluster's CA may
+// announce.
 func (n *Agent) metaMember(id string) bool {
 	if m := n.metaRef.Load(); m != nil && m.isMember(id) {
 		return true
@@ -355,31 +358,56 @@ func (n *Agent) Peer(id string) (*remote.Client, error) {
 	return c, nil
 }
 
-// seed returns the RPC client of the node at addr, whatever its id.
-func (n *Agent) seed(addr string) (*remote.Client, error) {
+// A seedPeer is an address a seed client dials and what it expects there.
+type seedPeer struct {
+	addr string
+	// want is the id expected at addr: the book's for it, or the one a
+	// seed named as leader; "" for a configured seed (AgentConfig.Seeds),
+	// whose id is not known in advance.
+	want string
+	// only refuses any id but want: the client asks who leads or calls the
+	// leader, and takes no answer from another identity.
+	only bool
+}
+
+// seed returns the RPC client of p. The id that proves itself at p.addr
+// is recorded as listening there (announced) whoever it is, since the
+// handshake proved it; it is recorded as contacted, a member of the
+// metadata group (metaMember), if p is a configured seed or it is the
+// id p expects. A client of p.only refuses to connect to another id.
+func (n *Agent) seed(p seedPeer) (*remote.Client, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
 		return nil, ErrClosed
 	}
-	if c, ok := n.seeds[addr]; ok {
+	if c, ok := n.seeds[p]; ok {
 		return c, nil
 	}
 	c := remote.NewClient(func(ctx context.Context) (*transport.Conn, error) {
-		c, err := n.dial(ctx, addr, "")
-		if err == nil && c.PeerID() != n.cfg.ID {
-			// The node there proved its id in the handshake: this is
-			// where it listens now, which the others' state and books
-			// may not know yet. When a whole cluster restarted on new
-			// ports, with this node among the last, the first one back
-			// has no seed and a stale book, and can only be found this
-			// way.
-			n.announced.Store(c.PeerID(), addr)
-			n.contacted.Store(c.PeerID(), struct{}{})
+		c, err := n.tr.Dial(ctx, p.addr, transport.ProtoRPC)
+		if err != nil {
+			return nil, err
 		}
-		return c, err
+		id := c.PeerID()
+		if id != n.cfg.ID {
+			// This is where id listens now, which the others' state and
+			// books may not know yet. When a whole cluster restarted on
+			// new ports, with this node among the last, the first one
+			// back has no seed and a stale book, and can only be found
+			// this way.
+			n.announced.Store(id, p.addr)
+			if p.want == "" || id == p.want {
+				n.contacted.Store(id, struct{}{})
+			}
+		}
+		if p.only && id != p.want {
+			c.Close()
+			return nil, fmt.Errorf("%w: %s answers as %s, not %s", errNoAddress, p.addr, id, p.want)
+		}
+		return c, nil
 	}, remote.ClientConfig{MaxFrameBytes: n.cfg.MaxFrameBytes})
-	n.seeds[addr] = c
+	n.seeds[p] = c
 	return c, nil
 }
 
@@ -451,23 +479,27 @@ func (n *Agent) announce() {
 	if err != nil {
 		return
 	}
-	addrs := slices.Clone(n.cfg.Seeds)
+	// Whoever listens at a book address is told (a node of the cluster
+	// may have moved there), but only the book's id there is contacted.
+	to := map[string]seedPeer{}
 	if book := n.book.Load(); book != nil {
 		for id, addr := range *book {
 			if id != n.cfg.ID {
-				addrs = append(addrs, addr)
+				to[addr] = seedPeer{addr: addr, want: id}
 			}
 		}
 	}
-	slices.Sort(addrs)
+	for _, addr := range n.cfg.Seeds {
+		to[addr] = seedPeer{addr: addr}
+	}
 	ctx, cancel := context.WithTimeout(n.ctx, max(n.timeout/2, 200*time.Millisecond))
 	defer cancel()
 	var wg sync.WaitGroup
-	for _, addr := range slices.Compact(addrs) {
+	for addr, p := range to {
 		if addr == n.addr {
 			continue
 		}
-		c, err := n.seed(addr)
+		c, err := n.seed(p)
 		if err != nil {
 			continue
 		}
@@ -557,7 +589,7 @@ func (n *Agent) callLeader(ctx context.Context, op uint16, req []byte, attempt i
 		}
 	}
 	// No leader known here: ask a seed who leads, then call it.
-	seeds := n.seedAddrs()
+	seeds := n.seedPeers()
 	if len(seeds) == 0 {
 		return nil, &NotLeaderError{}
 	}
@@ -579,33 +611,37 @@ func (n *Agent) callLeader(ctx context.Context, op uint16, req []byte, attempt i
 	if who.ID == n.cfg.ID { // stale: this node led once
 		return nil, &NotLeaderError{}
 	}
-	c, err := n.seed(who.Addr)
+	c, err := n.seed(seedPeer{addr: who.Addr, want: who.ID, only: true})
 	if err != nil {
 		return nil, err
 	}
 	return c.Call(ctx, op, req)
 }
 
-// seedAddrs are the addresses to ask who leads: the configured seeds, or,
-// for a node started without any (the one that bootstrapped the cluster),
-// the other nodes of its address book. Without the book, such a node that
-// missed the addition of a node now leading would refuse that leader's
-// raft streams (metaMember) and never learn of it.
-func (n *Agent) seedAddrs() []string {
+// seedPeers are the nodes to ask who leads: the configured seeds, or, for a
+// node started without any (the one that bootstrapped the cluster), the
+// other nodes of its address book, each only at its book address and as
+// itself: an answer from whoever listens at a stale address names no
+// leader. Without the book, such a node that missed the addition of a node
+// now leading would refuse that leader's raft streams (metaMember) and
+// never learn of it.
+func (n *Agent) seedPeers() []seedPeer {
+	var out []seedPeer
 	if len(n.cfg.Seeds) > 0 {
-		return n.cfg.Seeds
+		for _, addr := range n.cfg.Seeds {
+			out = append(out, seedPeer{addr: addr})
+		}
+		return out
 	}
 	book := n.book.Load()
 	if book == nil {
 		return nil
 	}
-	var out []string
-	for id, addr := range *book {
+	for _, id := range slices.Sorted(maps.Keys(*book)) {
 		if id != n.cfg.ID {
-			out = append(out, addr)
+			out = append(out, seedPeer{addr: (*book)[id], want: id, only: true})
 		}
 	}
-	slices.Sort(out)
 	return out
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/zeze-go/mq/internal/metastate"
@@ -16,8 +17,8 @@ import (
 // address book names while the state is not back yet. The node-only ops,
 // opHeartbeat, opPropose, opAnnounce, opReport and opCheckTx, are refused
 // to any other identity before their body is decoded; opWhoLeads is open
-// to every authenticated peer, and opJoin makes an identity a node
-// (joinAllowed).
+// to every authenticated peer, and opJoin makes an identity a node, or
+// moves a node (joinAllowed).
 
 // IsNode reports whether peer is a current node of the cluster: this node,
 // one the metadata state records, up or down, or one the saved address
@@ -36,13 +37,57 @@ func (n *Agent) IsNode(peer string) bool {
 	return false
 }
 
-// refuse logs err, a refusal of peer's call, once per identity and cause,
-// and returns it.
+// refuse logs err, a refusal of peer's call, once per identity and cause
+// (refusals.first), and returns it. cause is fixed text, never a value
+// the caller chose.
 func (n *Agent) refuse(peer, cause string, err error) error {
-	if _, seen := n.refused.LoadOrStore(peer+"\x00"+cause, struct{}{}); !seen {
-		n.log.Warn("refused a call", "identity", peer, "cause", cause, "err", err)
+	if ok, unlogged := n.refused.first(peer + "\x00" + cause); ok {
+		n.log.Warn("refused a call", "identity", peer, "cause", cause, "err", err, "unlogged", unlogged)
 	}
 	return err
+}
+
+// maxRefusals bounds the keys refusals remembers; refusalEvery is how often
+// a refusal of a new key is logged past that bound.
+const (
+	maxRefusals  = 1024
+	refusalEvery = time.Minute
+)
+
+// refusals remembers the refusals logged, by key (an identity and a fixed
+// cause), so that each key is logged once. It remembers at most
+// maxRefusals keys, since identities are the callers' to choose: past
+// that, a refusal of a key it does not hold is logged at most once every
+// refusalEvery, with the number of such refusals not logged before it.
+// The zero value is ready; safe for concurrent use.
+type refusals struct {
+	mu       sync.Mutex
+	seen     map[string]struct{} // guarded by mu
+	unlogged int                 // refusals of new keys not logged since the last one past the bound; guarded by mu
+	last     time.Time           // when the last one past the bound was logged; guarded by mu
+}
+
+// first reports whether a refusal of key is to be logged, and how many
+// refusals were not logged, past the bound, before it.
+func (r *refusals) first(key string) (ok bool, unlogged int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, seen := r.seen[key]; seen {
+		return false, 0
+	}
+	if len(r.seen) < maxRefusals {
+		if r.seen == nil {
+			r.seen = map[string]struct{}{}
+		}
+		r.seen[key] = struct{}{}
+		return true, 0
+	}
+	if now := time.Now(); now.Sub(r.last) >= refusalEvery {
+		r.last, unlogged, r.unlogged = now, r.unlogged, 0
+		return true, unlogged
+	}
+	r.unlogged++
+	return false, 0
 }
 
 // nodeOnly returns ErrDenied, logged, unless peer is a current node of the
@@ -57,25 +102,31 @@ func (n *Agent) nodeOnly(peer, op string) error {
 // dialBackTimeout bounds joinAllowed's dial to a joining node.
 const dialBackTimeout = 5 * time.Second
 
-// joinAllowed decides whether peer, not yet a node, may join at addr:
+// joinAllowed decides whether peer may register at addr:
 //
-//   - with the ACL on, some rule's identity pattern must match peer: the
-//     operator names a node in the ACL before it joins, as etcd adds a
-//     member before it starts;
-//   - the leader dials peer back at addr and the node there must prove
-//     it is peer: with TLS its certificate names peer and serves the
-//     server side (the connection peer made proved the client side), so
-//     only an identity with a node certificate (mq.ClusterCA.IssueNode)
-//     joins, never one that can only dial, such as a client's; and the
-//     address it registers is one where it listens.
-//
-// A node registered already registers again freely: it comes back up.
+//   - this node registers itself freely, and a node the metadata state
+//     records at addr comes back up there;
+//   - with the ACL on, an identity that is not a node yet joins only if a
+//     rule names it exactly (an identity pattern without '*'), whatever
+//     the rule grants: the operator names a node in the ACL before it
+//     joins, as etcd adds a member before it starts, and a rule for
+//     everyone ("*") or for a prefix names no node;
+//   - otherwise, a new node as a node registering another address, the
+//     leader dials peer back at addr and the node there must prove it is
+//     peer: with TLS its certificate names peer and serves the server
+//     side (the connection peer made proved the client side), so only an
+//     identity with a node certificate (mq.ClusterCA.IssueNode) joins,
+//     never one that can only dial, such as a client's; and the address
+//     it registers is one where it listens, never another's.
 func (n *Agent) joinAllowed(ctx context.Context, peer, addr string) error {
-	if n.IsNode(peer) {
+	if peer == n.cfg.ID {
 		return nil
 	}
 	st := n.meta.State()
-	if acl := st.ACL(); len(acl) > 0 && !metastate.NamesIdentity(acl, peer) {
+	if nd, ok := st.Node(peer); ok && nd.Addr == addr {
+		return nil
+	}
+	if acl := st.ACL(); len(acl) > 0 && !n.IsNode(peer) && !metastate.NamesIdentity(acl, peer) {
 		return n.refuse(peer, "join: not in the ACL", fmt.Errorf("%w: no ACL rule names %s, which may not join", ErrDenied, peer))
 	}
 	ctx, cancel := context.WithTimeout(ctx, dialBackTimeout)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/zeze-go/mq/internal/metastate"
+	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -112,6 +113,41 @@ func TestAgent_JoinProvesTheJoiner(t *testing.T) {
 	}
 	a.start("n2", n1.Addr())
 	eventually(t, "n2, which a rule names, joined", func() bool { return a.allUp(2) })
+}
+
+// TestAgent_RejoinAtAnotherAddressProvesTheNode: a registered node that
+// registers again at another address is dialed back there as a new joiner
+// is: n2 registering x9's address, where x9 answers, is refused and keeps
+// its address; at its own address it registers again freely. Before, a
+// node registered anything, so the state sent every node's raft and RPC
+// for n2 to x9.
+func TestAgent_RejoinAtAnotherAddressProvesTheNode(t *testing.T) {
+	a := &agents{t: t, dirs: map[string]string{}, all: map[string]*Agent{}}
+	n1, logs := a.startLogged("n1", noTx)
+	eventually(t, "n1 up", func() bool { return a.allUp(1) })
+	n2 := a.start("n2", n1.Addr())
+	eventually(t, "n2 up", func() bool { return a.allUp(2) })
+	n2rpc := &outsider{tr: n2.Transport(), cli: map[string]*remote.Client{}} // n2's own calls, as a hostile n2 makes them
+	t.Cleanup(func() {
+		for _, c := range n2rpc.cli {
+			c.Close()
+		}
+	})
+	x9 := newOutsider(t, "x9")
+	req, _ := encodeMsg(&joinReq{ID: "n2", Addr: x9.Addr()})
+	if _, err := n2rpc.call(n1.Addr(), opJoin, req); !errors.Is(err, ErrDenied) {
+		t.Fatalf("n2 registers x9's address: %v, want ErrDenied", err)
+	}
+	if nd, _ := n1.Meta().State().Node("n2"); nd.Addr != n2.Addr() {
+		t.Errorf("n2 registered at %s, want %s", nd.Addr, n2.Addr())
+	}
+	if logs.count("identity=n2", "dial-back") != 1 {
+		t.Error("no log line naming n2's refused join")
+	}
+	req, _ = encodeMsg(&joinReq{ID: "n2", Addr: n2.Addr()})
+	if _, err := n2rpc.call(n1.Addr(), opJoin, req); err != nil {
+		t.Fatalf("n2 registers its own address again: %v", err)
+	}
 }
 
 // TestAgent_ProposalsCheckEveryKind: a node whose ACL rights are limited

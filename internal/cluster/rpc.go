@@ -211,7 +211,7 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 		return nil, err
 	}
 	if j.ID != peer {
-		return nil, fmt.Errorf("%w: node %s cannot heartbeat for %s", ErrDenied, peer, j.ID)
+		return nil, n.refuse(peer, "heartbeat as another", fmt.Errorf("%w: node %s cannot heartbeat for %s", ErrDenied, peer, j.ID))
 	}
 	if nd, ok := n.meta.State().Node(j.ID); ok && nd.Up && nd.Addr != j.Addr {
 		return nil, fmt.Errorf("%w: %s moved to %s", metastate.ErrNodeDown, j.ID, j.Addr) // registers again
@@ -227,7 +227,8 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 // "*"; joining a group needs Consume on its topic; group commands may name
 // only the peer's own members; a DoubleWrite pair's commands come from its
 // leader's node. Nodes are registered by joining, marked down by the
-// leader alone.
+// leader alone. A refusal is logged once per identity, command type and
+// cause (refusals), whatever names the command holds.
 func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]byte, error) {
 	if err := n.nodeOnly(peer, "propose"); err != nil {
 		return nil, err
@@ -236,9 +237,10 @@ func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]b
 	if err != nil {
 		return nil, err
 	}
-	if err := n.authorize(peer, c); err != nil {
-		if _, seen := n.refused.LoadOrStore(err.Error(), struct{}{}); !seen { // once per identity and call
-			n.log.Warn("refused by the cluster's ACL", "identity", peer, "command", fmt.Sprintf("%T", c), "err", err)
+	if cause, err := n.authorize(peer, c); err != nil {
+		command := fmt.Sprintf("%T", c)
+		if ok, unlogged := n.refused.first(peer + "\x00" + command + "\x00" + cause); ok {
+			n.log.Warn("refused by the cluster's ACL", "identity", peer, "command", command, "cause", cause, "err", err, "unlogged", unlogged)
 		}
 		return nil, err
 	}
@@ -359,49 +361,81 @@ func pairLeader(s *metastate.State, peer, topic string, i int) error {
 	return fmt.Errorf("%w: %s does not lead %s/%d", ErrDenied, peer, topic, i)
 }
 
-func (n *Agent) authorize(peer string, c metastate.Command) error {
+// authorize says whether peer may propose c (handlePropose): nil, or
+// ErrDenied and, beside it, its cause: fixed text naming no value of c.
+func (n *Agent) authorize(peer string, c metastate.Command) (cause string, err error) {
 	s := n.meta.State()
-	deny := func(topic string, right metastate.Rights) error {
+	deny := func(topic string, right metastate.Rights) (string, error) {
 		if s.Allowed(peer, topic, right) {
-			return nil
+			return "", nil
 		}
-		return fmt.Errorf("%w: %s may not %s %s", ErrDenied, peer, rightName(right), topic)
+		return "may not " + rightName(right), fmt.Errorf("%w: %s may not %s %s", ErrDenied, peer, rightName(right), topic)
 	}
+	const another, notPairLeader = "another node's member", "not the pair's leader"
 	switch c := c.(type) {
 	case metastate.CreateTopic:
+		if systemTopic(c.Name) { // made by the first consumer of its group that needs it
+			return denySystem(s, peer, c.Name, "", metastate.RightConsume)
+		}
 		return deny(c.Name, metastate.RightAdmin)
 	case metastate.AlterTopic:
+		if systemTopic(c.Name) {
+			return denySystem(s, peer, c.Name, "", metastate.RightAdmin)
+		}
 		return deny(c.Name, metastate.RightAdmin)
 	case metastate.SetACL:
 		return deny("*", metastate.RightAdmin)
 	case metastate.JoinGroup:
 		if c.Node != peer || !ownMember(peer, c.Member) {
-			return fmt.Errorf("%w: node %s cannot add member %s on %s", ErrDenied, peer, c.Member, c.Node)
+			return another, fmt.Errorf("%w: node %s cannot add member %s on %s", ErrDenied, peer, c.Member, c.Node)
+		}
+		if systemTopic(c.Topic) {
+			return denySystem(s, peer, c.Topic, c.Group, metastate.RightConsume)
 		}
 		if !s.AllowedGroup(peer, c.Topic, c.Group, metastate.RightConsume) {
-			return fmt.Errorf("%w: %s may not consume from %s in group %s", ErrDenied, peer, c.Topic, c.Group)
+			return "may not consume in the group", fmt.Errorf("%w: %s may not consume from %s in group %s", ErrDenied, peer, c.Topic, c.Group)
 		}
-		return nil
+		return "", nil
 	case metastate.LeaveGroup:
 		if !ownMember(peer, c.Member) {
-			return fmt.Errorf("%w: node %s cannot remove member %s", ErrDenied, peer, c.Member)
+			return another, fmt.Errorf("%w: node %s cannot remove member %s", ErrDenied, peer, c.Member)
 		}
-		return nil
+		return "", nil
 	case metastate.Released:
 		if !ownMember(peer, c.Member) {
-			return fmt.Errorf("%w: node %s cannot release for member %s", ErrDenied, peer, c.Member)
+			return another, fmt.Errorf("%w: node %s cannot release for member %s", ErrDenied, peer, c.Member)
 		}
-		return nil
+		return "", nil
 	case metastate.SetInSync:
-		return pairLeader(s, peer, c.Topic, c.Partition)
+		return notPairLeader, pairLeader(s, peer, c.Topic, c.Partition)
 	case metastate.RenewEpoch:
-		return pairLeader(s, peer, c.Topic, c.Partition)
+		return notPairLeader, pairLeader(s, peer, c.Topic, c.Partition)
 	case metastate.Promote:
 		// A leader whose replica failed, or whose node closes, hands the
 		// pair to its follower, which Promote requires in sync and up.
-		return pairLeader(s, peer, c.Topic, c.Partition)
+		return notPairLeader, pairLeader(s, peer, c.Topic, c.Partition)
 	}
-	return fmt.Errorf("%w: %T is the leader's own", ErrDenied, c)
+	return "the leader's own", fmt.Errorf("%w: %T is the leader's own", ErrDenied, c)
+}
+
+// systemTopic reports whether topic is a group's retry or dead-letter topic.
+func systemTopic(topic string) bool {
+	_, ok := metastate.SystemGroup(topic)
+	return ok
+}
+
+// denySystem is authorize's refusal of right on the system topic topic,
+// for offsets ("" for none), unless the ACL gives it to peer in the
+// topic's group (State.AllowedSystem): creating a group's retry or
+// dead-letter topic and joining it are its consumers' Consume, not an
+// Admin's.
+func denySystem(s *metastate.State, peer, topic, offsets string, right metastate.Rights) (cause string, err error) {
+	if s.AllowedSystem(peer, topic, offsets, right) {
+		return "", nil
+	}
+	g, _ := metastate.SystemGroup(topic)
+	return "may not " + rightName(right) + " in the system topic's group",
+		fmt.Errorf("%w: %s may not %s %s (%s of group %s)", ErrDenied, peer, rightName(right), topic, offsets, g)
 }
 
 // MemberName is the group member name of consumer id on node: the node's

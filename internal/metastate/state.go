@@ -380,15 +380,11 @@ func (s *State) AllowedGroup(identity, topic, group string, right Rights) bool {
 	return false
 }
 
-// NamesIdentity reports whether some rule's identity pattern matches
-// identity, whatever it grants.
+// NamesIdentity reports whether some rule names identity exactly, whatever
+// it grants: its identity pattern is identity itself, not a prefix and
+// '*' that matches it.
 func NamesIdentity(rules []Rule, identity string) bool {
-	for _, r := range rules {
-		if matchPattern(r.Identity, identity) {
-			return true
-		}
-	}
-	return false
+	return !strings.Contains(identity, "*") && slices.ContainsFunc(rules, func(r Rule) bool { return r.Identity == identity })
 }
 
 func matchPattern(pattern, s string) bool {

@@ -250,8 +250,12 @@ func (n *Node) AwaitIndex(ctx context.Context, index uint64) error {
 }
 
 // Allowed returns cluster.ErrDenied unless identity may do right on topic
-// under the current rules, logging a refusal the first time.
+// under the current rules, logging a refusal the first time. A system
+// topic's calls are its group's (allowedSystem).
 func (n *Node) Allowed(identity, topic string, right metastate.Rights) error {
+	if _, ok := metastate.SystemGroup(topic); ok {
+		return n.allowedSystem(identity, topic, "", right)
+	}
 	st := n.agent.Meta().State()
 	if st.Allowed(identity, topic, right) {
 		return nil

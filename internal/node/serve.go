@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -12,9 +14,9 @@ import (
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/internal/replica"
-	"github.com/zeze-go/mq/internal/topicdb"
 	"github.com/zeze-go/mq/internal/txn"
 	"github.com/zeze-go/mq/raftqueue"
+	"github.com/zeze-go/mq/raftqueue/pairlog"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -67,7 +69,8 @@ func (n *Node) Served(topic string, i int) (partition.Partition, error) {
 // the group, as ResetOffset and Seek do where they start. Claiming,
 // renewing, committing and releasing a group's offsets need Consume on the
 // topic and the group, and the peer must own the partition in the group's
-// current assignment (owns). Any right reads a transaction's state.
+// current assignment (owns). Any right reads a transaction's state. A
+// group's retry and dead-letter topics are the group's (authorizeSystem).
 func (n *Node) authorize(peer, topic string, index int, op uint16, cmd *store.Command) error {
 	if n.started.Load() == nil {
 		return errStarting
@@ -75,8 +78,8 @@ func (n *Node) authorize(peer, topic string, index int, op uint16, cmd *store.Co
 	if !n.agent.IsNode(peer) {
 		return n.refuse(peer, "not a node: partition service", fmt.Errorf("%w: %s is not a node of this cluster", cluster.ErrDenied, peer))
 	}
-	if topicdb.IsSystemTopic(topic) {
-		return nil
+	if group, ok := metastate.SystemGroup(topic); ok {
+		return n.authorizeSystem(peer, topic, group, index, op, cmd)
 	}
 	right := metastate.RightConsume // reads, fetches, offsets
 	switch {
@@ -119,9 +122,85 @@ func (n *Node) authorize(peer, topic string, index int, op uint16, cmd *store.Co
 	return n.Allowed(peer, topic, right) // cluster.ErrDenied: a code the caller's node maps back
 }
 
+// authorizeSystem is authorize for a retry or dead-letter topic of group,
+// whose calls are the group's (metastate.State.AllowedSystem): reading it
+// needs Consume in the group; appending to it, parking or dead-lettering
+// a message, needs Consume in the group from a node owning a partition in
+// it, whose consumer failed the message (ownsInGroup); resetting or
+// deleting offsets needs Admin, claiming, renewing, committing and
+// releasing them Consume, for the offsets named (a retry consumer's
+// "<group>%<topic>": the right on its origin topic), and the ownership of
+// the partition as on any topic. Offsets no consumer stores
+// (RedriveDeadLetters' progress, named with a leading '%') need Admin in
+// the group. Transactions, the upkeep and the counting of check-backs are
+// refused.
+func (n *Node) authorizeSystem(peer, topic, group string, index int, op uint16, cmd *store.Command) error {
+	if op != remote.OpApply {
+		return n.allowedSystem(peer, topic, "", metastate.RightConsume)
+	}
+	switch cmd.Op {
+	case store.OpAppend:
+		if err := n.allowedSystem(peer, topic, "", metastate.RightConsume); err != nil {
+			return err
+		}
+		return n.ownsInGroup(peer, topic, group)
+	case store.OpDeleteGroup, store.OpResetOffset:
+		return n.allowedSystem(peer, topic, cmd.Group, metastate.RightAdmin)
+	case store.OpClaim, store.OpCommitOffset, store.OpUnclaim, store.OpRenew:
+		if strings.HasPrefix(cmd.Group, "%") {
+			return n.allowedSystem(peer, topic, cmd.Group, metastate.RightAdmin)
+		}
+		if err := n.allowedSystem(peer, topic, cmd.Group, metastate.RightConsume); err != nil {
+			return err
+		}
+		return n.owns(peer, topic, index, cmd.Group)
+	}
+	return n.refuse(peer, strings.Join([]string{"system op", topic, strconv.Itoa(int(cmd.Op))}, "\x00"),
+		fmt.Errorf("%w: op %d on %s is proposed by the partition's own node only", cluster.ErrDenied, cmd.Op, topic))
+}
+
+// allowedSystem returns cluster.ErrDenied, logged once per identity,
+// topic, offsets and right, unless identity may do right on the system
+// topic topic for offsets ("" for none).
+func (n *Node) allowedSystem(identity, topic, offsets string, right metastate.Rights) error {
+	if n.agent.Meta().State().AllowedSystem(identity, topic, offsets, right) {
+		return nil
+	}
+	what := strings.Join([]string{identity, topic, right.String(), offsets}, "\x00")
+	if _, seen := n.refused.LoadOrStore(what, struct{}{}); !seen {
+		n.cfg.Logger.Warn("refused by the cluster's ACL", "identity", identity, "topic", topic, "right", right.String(), "group", offsets)
+	}
+	return fmt.Errorf("%w: %s may not %s %s (%q)", cluster.ErrDenied, identity, right, topic, offsets)
+}
+
+// ownsInGroup returns cluster.ErrDenied unless node peer owns a partition
+// in group (metastate.State.OwnsInGroup), waiting up to ownsWait for the
+// state to show it, as owns does.
+func (n *Node) ownsInGroup(peer, topic, group string) error {
+	deadline := time.NewTimer(ownsWait)
+	defer deadline.Stop()
+	for {
+		st := n.agent.Meta().State()
+		if st.OwnsInGroup(peer, group) {
+			return nil
+		}
+		select {
+		case <-st.Changed():
+			continue
+		case <-deadline.C:
+		}
+		return n.refuse(peer, strings.Join([]string{"group owner", topic, group}, "\x00"),
+			fmt.Errorf("%w: %s owns no partition in group %s, whose %s it appends to", cluster.ErrDenied, peer, group, topic))
+	}
+}
+
 // AllowedGroup returns cluster.ErrDenied, logged once per identity, topic,
 // group and right, unless identity may do right on topic for group.
+// A system topic's calls are its group's (allowedSystem).
 func (n *Node) AllowedGroup(identity, topic, group string, right metastate.Rights) error {
+	if _, ok := metastate.SystemGroup(topic); ok {
+		return n.allowedSystem(identity, topic, group, right)
+	}
 	if n.agent.Meta().State().AllowedGroup(identity, topic, group, right) {
 		return nil
 	}
@@ -188,10 +267,12 @@ func (n *Node) halfProducer(topic string, index int, txid string) (string, bool,
 }
 
 // checkTx answers another node's check-back of a transaction this node
-// prepared, through txn.Node.CheckBack. One whose half messages in parts
-// do not name this node as their producer is refused: this node would
-// otherwise find no marker of it and roll it back, with its own rights,
-// in parts. (The agent checked that the asking node holds parts.)
+// prepared, through txn.Node.CheckBack, for those of parts whose half
+// messages of txid name this node as their producer (preparedHere): this
+// node, finding no marker of a transaction, rolls it back with its own
+// rights, so it must never do so where another node prepared it. One with
+// no such partition is refused. (The agent checked that the asking node
+// holds parts.)
 func (n *Node) checkTx(ctx context.Context, txid string, parts []cluster.PartRef) (store.Decision, error) {
 	if n.started.Load() == nil {
 		return store.Undecided, errStarting
@@ -200,21 +281,19 @@ func (n *Node) checkTx(ctx context.Context, txid string, parts []cluster.PartRef
 	if tx == nil { // not started yet: as if running
 		return store.Undecided, nil
 	}
-	if err := n.preparedHere(ctx, txid, parts); err != nil {
+	refs, err := n.preparedHere(ctx, txid, parts)
+	if err != nil {
 		return store.Undecided, err
-	}
-	refs := make([]txn.Ref, len(parts))
-	for i, p := range parts {
-		refs[i] = txn.Ref{Topic: p.Topic, Part: p.Part}
 	}
 	return tx.CheckBack(ctx, txid, refs)
 }
 
-// preparedHere returns cluster.ErrDenied unless some partition of parts
-// holds a half message of txid whose producer is this node.
-func (n *Node) preparedHere(ctx context.Context, txid string, parts []cluster.PartRef) error {
+// preparedHere returns the partitions of parts holding a half message of
+// txid whose producer is this node, or cluster.ErrDenied, logged once,
+// when none does.
+func (n *Node) preparedHere(ctx context.Context, txid string, parts []cluster.PartRef) ([]txn.Ref, error) {
 	self := n.agent.ID()
-	var readErr error
+	var refs []txn.Ref
 	for _, r := range parts {
 		t, ok := n.cfg.Topics.Get(r.Topic)
 		if !ok || r.Part < 0 || r.Part >= len(t.Parts) {
@@ -228,17 +307,20 @@ func (n *Node) preparedHere(ctx context.Context, txid string, parts []cluster.Pa
 			return h.TxID < txid // in txid order: past it, it is not there
 		})
 		if err != nil {
-			readErr = err
-			continue
+			return nil, err // the asker tries again: deciding part of them would be no answer
 		}
-		if found {
-			return nil
+		if found && !slices.Contains(refs, txn.Ref{Topic: r.Topic, Part: r.Part}) {
+			refs = append(refs, txn.Ref{Topic: r.Topic, Part: r.Part})
 		}
 	}
-	if readErr != nil {
-		return readErr // the asker tries again
+	if len(refs) == 0 {
+		err := fmt.Errorf("%w: node %s did not prepare transaction %s in the partitions named", cluster.ErrDenied, self, txid)
+		if _, seen := n.refused.LoadOrStore("check-back of another's transaction", struct{}{}); !seen {
+			n.cfg.Logger.Warn("refused a check-back", "tx", txid, "err", err)
+		}
+		return nil, err
 	}
-	return fmt.Errorf("%w: node %s did not prepare transaction %s in the partitions named", cluster.ErrDenied, self, txid)
+	return refs, nil
 }
 
 // AskNode asks node, which prepared txid, to decide it for the half
@@ -276,7 +358,8 @@ func (n *Node) Owned(topic string, part int) bool {
 var errNotHere = errors.New("node: no such replica here")
 
 // pairAt is the follower's side of a DoubleWrite leader's append from node
-// peer (replica.ServePairs).
+// peer (replica.ServePairs). A node the pair's record does not name as its
+// leader is refused, logged once per identity and partition.
 func (n *Node) pairAt(peer, topic string, i int) (*raftqueue.Pair, error) {
 	if n.started.Load() == nil {
 		return nil, errStarting
@@ -292,7 +375,11 @@ func (n *Node) pairAt(peer, topic string, i int) (*raftqueue.Pair, error) {
 	if !ok || p.Pair() == nil {
 		return nil, fmt.Errorf("%w: %s/%d is not a DoubleWrite partition", errNotHere, topic, i)
 	}
-	return p.Pair().AppendFrom(peer)
+	rep, err := p.Pair().AppendFrom(peer)
+	if errors.Is(err, pairlog.ErrBadAppend) { // a node the pair's record does not name as its leader
+		return nil, n.refuse(peer, fmt.Sprintf("pair append\x00%s/%d", topic, i), fmt.Errorf("append to %s/%d: %w", topic, i, err))
+	}
+	return rep, err
 }
 
 // serveReplicas registers the replicas' ops on the node's RPC server.

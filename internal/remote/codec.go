@@ -124,14 +124,20 @@ func (d *decoder) bytes() []byte {
 }
 
 // count reads a count of elements taking at least min bytes each, refusing
-// one the bytes left cannot hold.
-func (d *decoder) count(min int) uint64 {
+// one above most (at least 0) or that the bytes left cannot hold, before
+// anything is allocated for them.
+func (d *decoder) count(min, most int) int {
 	n := d.uvarint()
-	if d.err == nil && n > uint64(len(d.b)/min) {
+	switch {
+	case d.err != nil:
+	case n > uint64(most):
+		d.fail(fmt.Errorf("%d elements, limit %d", n, most))
+	case n > uint64(len(d.b)/min):
 		d.fail(fmt.Errorf("%d elements in %d bytes", n, len(d.b)))
-		return 0
+	default:
+		return int(n)
 	}
-	return n
+	return 0
 }
 
 // str reads a string of at most max bytes.
@@ -193,10 +199,14 @@ func appendResult(dst []byte, r *store.Result) []byte {
 	return binary.AppendUvarint(dst, r.Generation)
 }
 
-func (d *decoder) result() store.Result {
+// result reads a Result of at most most acks.
+func (d *decoder) result(most int) store.Result {
 	var r store.Result
-	n := d.count(2) // an ack takes two bytes at least
-	for i := uint64(0); i < n && d.err == nil; i++ {
+	n := d.count(minAckBytes, most)
+	if n > 0 {
+		r.Acks = make([]store.Ack, 0, n)
+	}
+	for i := 0; i < n && d.err == nil; i++ {
 		off := d.uvarint()
 		delayed, dup := d.flags("ack")
 		r.Acks = append(r.Acks, store.Ack{Offset: off, Delayed: delayed, Duplicate: dup})

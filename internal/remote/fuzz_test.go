@@ -2,6 +2,7 @@ package remote
 
 import (
 	"errors"
+	"math"
 	"reflect"
 	"testing"
 
@@ -104,7 +105,28 @@ func sameErr(a, b error) bool {
 	return errors.As(a, &ea) && errors.As(b, &eb) && ea.Message == eb.Message && ea.err == eb.err
 }
 
-// FuzzDecodeReply: as FuzzDecodeRequest, for every op's reply.
+// askMost is a request asking for the most any reply may hold: a Fetch of
+// MaxInt32 messages, a full HalfTxs page, a commit's acks.
+func askMost() *partReq {
+	return &partReq{max: math.MaxInt32, limit: maxHalfPage, cmd: &store.Command{Op: store.OpCommitTx}}
+}
+
+// elements is the count of the elements a reply of op holds that its
+// request bounds (replyLimit).
+func elements(op uint16, a *partResp) int {
+	switch op {
+	case OpFetch:
+		return len(a.msgs)
+	case OpHalfTxs:
+		return len(a.halves)
+	case OpApply:
+		return len(a.res.Acks)
+	}
+	return 0
+}
+
+// FuzzDecodeReply: as FuzzDecodeRequest, for every op's reply, decoded for
+// the request asking the most.
 func FuzzDecodeReply(f *testing.F) {
 	for op, a := range sampleReplies() {
 		b, _, err := appendReply(nil, op, a, 1<<20)
@@ -119,7 +141,7 @@ func FuzzDecodeReply(f *testing.F) {
 			a   *partResp
 			err error
 		)
-		fuzzseed.CheckAlloc(t, len(b), func() { a, err = decodeReply(uint16(op), b, nil) })
+		fuzzseed.CheckAlloc(t, len(b), func() { a, err = decodeReply(uint16(op), b, askMost(), nil) })
 		if err != nil {
 			if !errors.Is(err, ErrProtocol) {
 				t.Fatalf("error %v is not ErrProtocol", err)
@@ -130,7 +152,7 @@ func FuzzDecodeReply(f *testing.F) {
 		if err != nil || (uint16(op) == OpFetch && n != len(a.msgs)) {
 			t.Fatalf("re-encoding %+v: %d messages, %v", a, n, err)
 		}
-		again, err := decodeReply(uint16(op), enc, nil)
+		again, err := decodeReply(uint16(op), enc, askMost(), nil)
 		if err != nil || !sameErr(again.err, a.err) {
 			t.Fatalf("re-encoded reply decodes to %+v, %v; want %+v", again, err, a)
 		}
@@ -138,8 +160,56 @@ func FuzzDecodeReply(f *testing.F) {
 		if !reflect.DeepEqual(again, a) {
 			t.Fatalf("re-encoded reply decodes to %+v; want %+v", again, a)
 		}
-		if _, err := decodeReply(uint16(op), enc[:len(enc)-1], nil); err == nil {
+		if _, err := decodeReply(uint16(op), enc[:len(enc)-1], askMost(), nil); err == nil {
 			t.Fatalf("a cut reply (%x) decodes", enc[:len(enc)-1])
+		}
+	})
+}
+
+// FuzzDecodeReplyLimit: a reply is decoded for the request it answers; one
+// holding more elements than the request asked for (replyLimit) is
+// refused, and one within it decodes as for the request asking the most.
+func FuzzDecodeReplyLimit(f *testing.F) {
+	for op, a := range sampleReplies() {
+		b, _, err := appendReply(nil, op, a, 1<<20)
+		if err != nil {
+			f.Fatal(err)
+		}
+		for _, limit := range []int{0, 1, 2, 3} {
+			f.Add(int(op), limit, b)
+		}
+		for _, p := range hostilePrefixes {
+			f.Add(int(op), 1, append(append([]byte{}, b[:min(len(b), 4)]...), p...))
+		}
+	}
+	f.Fuzz(func(t *testing.T, op, limit int, b []byte) {
+		limit = int(uint(limit) % 1024)
+		r := &partReq{max: limit, limit: limit, cmd: &store.Command{Op: store.OpAppend, Msgs: make([]store.Message, limit)}}
+		most := replyLimit(uint16(op), r)
+		var (
+			a   *partResp
+			err error
+		)
+		fuzzseed.CheckAlloc(t, len(b), func() { a, err = decodeReply(uint16(op), b, r, nil) })
+		wide, werr := decodeReply(uint16(op), b, askMost(), nil)
+		if err != nil {
+			if !errors.Is(err, ErrProtocol) {
+				t.Fatalf("error %v is not ErrProtocol", err)
+			}
+			if werr == nil && elements(uint16(op), wide) <= most {
+				t.Fatalf("a reply of %d elements, within the %d asked for, is refused: %v", elements(uint16(op), wide), most, err)
+			}
+			return
+		}
+		if n := elements(uint16(op), a); n > most {
+			t.Fatalf("a reply of %d elements decodes for a request of %d", n, most)
+		}
+		if werr != nil || !sameErr(wide.err, a.err) {
+			t.Fatalf("decodes for a request of %d, not for the widest: %v", most, werr)
+		}
+		wide.err, a.err = nil, nil
+		if !reflect.DeepEqual(wide, a) {
+			t.Fatalf("decodes to %+v for a request of %d; to %+v for the widest", a, most, wide)
 		}
 	})
 }

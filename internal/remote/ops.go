@@ -3,6 +3,7 @@ package remote
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -56,14 +57,17 @@ const (
 	// header, version, stats and count.
 	replyReserve = 64
 	// minMessageBytes is the smallest encoded message (offset, length and
-	// a record payload of ten one-byte fields), bounding a count by the
-	// bytes left.
-	minMessageBytes = 12
+	// a record payload: an array header and ten one-byte fields), bounding
+	// a count by the bytes left.
+	minMessageBytes = 13
 	// halfTxBytes bounds one encoded HalfTx.
 	halfTxBytes = 2*(store.MaxKeyBytes+binary.MaxVarintLen32) + 4*binary.MaxVarintLen64
-	// minHalfTxBytes and minGroupBytes are the smallest encodings.
+	// minHalfTxBytes and minGroupBytes are the smallest encodings; a
+	// GroupStates entry is a name and a group.
 	minHalfTxBytes = 6
 	minGroupBytes  = 5
+	// minAckBytes is the smallest encoded ack: offset and flags.
+	minAckBytes = 2
 	// maxHalfPage bounds a HalfTxs page.
 	maxHalfPage = 256
 )
@@ -283,20 +287,56 @@ func tooLarge(off uint64, n, budget int) error {
 	return fmt.Errorf("%w: message at offset %d takes %d bytes, more than a reply of at most %d holds", store.ErrTooLarge, off, n, budget)
 }
 
-// decodeReply decodes a reply of op; Fetch's and Get's messages are
-// appended to the caller's dst, and a.msgs is dst. Errors wrap
-// ErrProtocol.
-func decodeReply(op uint16, b []byte, dst []store.Message) (*partResp, error) {
+// halfPage is the transactions a HalfTxs page holds at most when limit
+// are asked for.
+func halfPage(limit int) int { return min(max(limit, 1), maxHalfPage) }
+
+// replyLimit is the most elements a reply of op may hold in answer to r: a
+// Fetch's messages, a HalfTxs page's transactions, an Apply's acks. The
+// reply's decoder refuses more, so a peer cannot make its caller allocate
+// for elements the call did not ask for.
+func replyLimit(op uint16, r *partReq) int {
+	switch op {
+	case OpFetch:
+		return max(r.max, 0)
+	case OpHalfTxs:
+		return halfPage(r.limit)
+	case OpApply:
+		if r.cmd == nil {
+			return 0
+		}
+		switch r.cmd.Op {
+		case store.OpAppend:
+			return len(r.cmd.Msgs)
+		case store.OpCommitTx:
+			// The transaction's half messages come first, which the
+			// committer need not know of (a check-back's commit): their
+			// acks are bounded by the bytes alone.
+			return math.MaxInt32
+		}
+	}
+	return 0
+}
+
+// decodeReply decodes a reply of op to the request r; Fetch's and Get's
+// messages are appended to the caller's dst, and a.msgs is dst. A reply
+// holding more elements than r asked for (replyLimit) is refused, and
+// every slice is made once for its count. Errors wrap ErrProtocol.
+func decodeReply(op uint16, b []byte, r *partReq, dst []store.Message) (*partResp, error) {
 	d := &decoder{b: b}
 	d.version()
 	a := &partResp{}
 	switch op {
 	case OpApply:
-		a.err, a.res, a.stats = d.embeddedError(), d.result(), d.stats()
+		a.err, a.res, a.stats = d.embeddedError(), d.result(replyLimit(op, r)), d.stats()
 	case OpFetch:
 		a.stats = d.stats()
-		n := d.count(minMessageBytes)
-		for i := uint64(0); i < n && d.err == nil; i++ {
+		n := d.count(minMessageBytes, replyLimit(op, r))
+		if cap(dst)-len(dst) < n {
+			// Made by hand: slices.Grow allocates twice under -race.
+			dst = append(make([]store.Message, 0, len(dst)+n), dst...)
+		}
+		for i := 0; i < n && d.err == nil; i++ {
 			dst = append(dst, store.Message{})
 			d.message(&dst[len(dst)-1])
 		}
@@ -313,9 +353,9 @@ func decodeReply(op uint16, b []byte, dst []store.Message) (*partResp, error) {
 		a.ok, a.group = d.bool(), d.group()
 	case OpGroupStates:
 		a.err = d.embeddedError()
-		n := d.count(minGroupBytes)
-		a.groups = make(map[string]store.GroupState, min(n, 64))
-		for i := uint64(0); i < n && d.err == nil; i++ {
+		n := d.count(1+minGroupBytes, math.MaxInt32)
+		a.groups = make(map[string]store.GroupState, n)
+		for i := 0; i < n && d.err == nil; i++ {
 			name := d.str(store.MaxKeyBytes)
 			if _, dup := a.groups[name]; dup && d.err == nil {
 				d.fail(fmt.Errorf("group %q twice", name))
@@ -327,8 +367,11 @@ func decodeReply(op uint16, b []byte, dst []store.Message) (*partResp, error) {
 	case OpNextDue:
 		a.ok, a.due = d.bool(), d.varint()
 	case OpHalfTxs:
-		n := d.count(minHalfTxBytes)
-		for i := uint64(0); i < n && d.err == nil; i++ {
+		n := d.count(minHalfTxBytes, replyLimit(op, r))
+		if n > 0 {
+			a.halves = make([]store.HalfTx, 0, n)
+		}
+		for i := 0; i < n && d.err == nil; i++ {
 			h := store.HalfTx{TxID: d.str(store.MaxKeyBytes), Producer: d.str(store.MaxKeyBytes),
 				FirstSeen: d.varint(), LastCheck: d.varint(), Checks: d.int(), Messages: d.int()}
 			if d.err == nil && len(a.halves) > 0 && h.TxID <= a.halves[len(a.halves)-1].TxID {

@@ -123,7 +123,7 @@ func (p *Partition) do(ctx context.Context, op uint16, r *partReq, timeout time.
 		return nil, err
 	}
 	defer p.c.putReply(buf)
-	return decodeReply(op, resp, dst)
+	return decodeReply(op, resp, r, dst)
 }
 
 // observe records stats from a reply, for Stats when a call fails.
@@ -151,7 +151,8 @@ func (p *Partition) Apply(ctx context.Context, cmd *store.Command) (store.Result
 			p.bufs.Put(bp)
 		}
 	}()
-	*bp = appendRequest((*bp)[:0], OpApply, &partReq{topic: p.topic, index: p.index, cmd: cmd})
+	r := &partReq{topic: p.topic, index: p.index, cmd: cmd}
+	*bp = appendRequest((*bp)[:0], OpApply, r)
 	if n := wire.FrameHeaderSize + len(*bp); n > p.c.MaxFrameBytes() {
 		return store.Result{}, fmt.Errorf("%w: command of %d bytes over the frame limit %d: %w", store.ErrTooLarge, n, p.c.MaxFrameBytes(), wire.ErrFrameTooLarge)
 	}
@@ -159,10 +160,15 @@ func (p *Partition) Apply(ctx context.Context, cmd *store.Command) (store.Result
 	if err != nil {
 		return store.Result{}, err
 	}
-	a, err := decodeReply(OpApply, resp, nil)
+	a, err := decodeReply(OpApply, resp, r, nil)
 	p.c.putReply(buf)
 	if err != nil {
 		return store.Result{}, err
+	}
+	// An append that succeeded acks every message: its caller reads an
+	// ack for each.
+	if a.err == nil && cmd.Op == store.OpAppend && len(a.res.Acks) != len(cmd.Msgs) {
+		return store.Result{}, fmt.Errorf("%s/%d: %w: %d acks for %d messages", p.topic, p.index, ErrProtocol, len(a.res.Acks), len(cmd.Msgs))
 	}
 	p.observe(a.stats)
 	return a.res, a.err

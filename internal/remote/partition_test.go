@@ -213,3 +213,52 @@ func TestPartition_NoSuchPartition(t *testing.T) {
 		t.Fatalf("Decision = %v, want errNoPartition", err)
 	}
 }
+
+// TestPartition_RepliesBeyondRequest: a reply holding more than its call
+// asked for, or an append's acks not one per message, is ErrProtocol, so
+// that a lying peer makes its caller neither allocate for elements it did
+// not ask for nor read acks that are not there.
+func TestPartition_RepliesBeyondRequest(t *testing.T) {
+	acks := func(n int) *partResp { return &partResp{res: store.Result{Acks: make([]store.Ack, n)}} }
+	for name, c := range map[string]struct {
+		op   uint16
+		a    *partResp
+		call func(t testing.TB, p *Partition) error
+	}{
+		"ApplyMoreAcks": {OpApply, acks(3), func(t testing.TB, p *Partition) error {
+			_, err := p.Apply(ctxT(t), &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{{}}})
+			return err
+		}},
+		"ApplyFewerAcks": {OpApply, acks(1), func(t testing.TB, p *Partition) error {
+			_, err := p.Apply(ctxT(t), &store.Command{Op: store.OpAppend, Now: t0, Msgs: []store.Message{{}, {}}})
+			return err
+		}},
+		"AcksOfNoAppend": {OpApply, acks(1), func(t testing.TB, p *Partition) error {
+			_, err := p.Apply(ctxT(t), &store.Command{Op: store.OpTrim, Now: t0})
+			return err
+		}},
+		"FetchMoreThanMax": {OpFetch, &partResp{msgs: make([]store.Message, 3)}, func(t testing.TB, p *Partition) error {
+			_, err := p.Fetch(ctxT(t), 0, 2, 0, nil)
+			return err
+		}},
+		"HalfTxsOverPage": {OpHalfTxs, &partResp{halves: []store.HalfTx{{TxID: "a"}, {TxID: "b"}, {TxID: "c"}}}, func(t testing.TB, p *Partition) error {
+			return p.HalfTxs(func(store.HalfTx) bool { return true })
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			leakCheck(t)
+			reply, _, err := appendReply(nil, c.op, c.a, 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := newNode(t, ServerConfig{}, ClientConfig{}, func(s *Server) {
+				s.Handle(c.op, func(context.Context, string, []byte) ([]byte, error) { return reply, nil })
+			})
+			p := NewPartition(n.client, "t", 0, PartitionConfig{HalfPage: 2})
+			t.Cleanup(func() { p.Close() })
+			if err := c.call(t, p); !errors.Is(err, ErrProtocol) {
+				t.Fatalf("call: %v, want ErrProtocol", err)
+			}
+		})
+	}
+}

@@ -126,7 +126,7 @@ func (sv *service) fetch(ctx context.Context, p partition.Partition, r *partReq)
 
 // halfTxs returns one page: the transactions after r.name, in txid order.
 func (sv *service) halfTxs(p partition.Partition, r *partReq) (page []store.HalfTx, more bool, err error) {
-	limit := min(max(r.limit, 1), maxHalfPage, sv.budget/halfTxBytes)
+	limit := min(halfPage(r.limit), sv.budget/halfTxBytes)
 	err = p.HalfTxs(func(h store.HalfTx) bool {
 		if h.TxID <= r.name {
 			return true

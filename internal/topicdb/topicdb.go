@@ -23,6 +23,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/zeze-go/mq/internal/boltsafe"
+	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/wire"
 )
 
@@ -42,10 +43,10 @@ const (
 )
 
 // System topics: a group's retry and dead-letter topics are named by these
-// prefixes followed by the group.
+// prefixes followed by the group (metastate.SystemGroup reads them back).
 const (
-	RetryPrefix      = "%RETRY%"
-	DeadLetterPrefix = "%DLQ%"
+	RetryPrefix      = metastate.RetryPrefix
+	DeadLetterPrefix = metastate.DeadLetterPrefix
 )
 
 // MaxGroupLen is the longest group name: the group's retry topic, named

@@ -1,8 +1,10 @@
 package transport
 
 import (
+	"errors"
 	"net"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -106,4 +108,10 @@ func (f *flood) count() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.opened
+}
+
+// closedByPeer says whether err, from a write, is the peer closing the
+// connection.
+func closedByPeer(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }

@@ -14,14 +14,26 @@ import (
 // most any source holds takes the oldest slot of that source, so that an
 // attacker with few addresses, whatever it sends, cannot keep a peer from
 // another address out: it holds at most perSource slots per address, and
-// loses slots to any source that holds fewer. Safe for concurrent use.
+// loses slots to any source that holds fewer.
+//
+// Connections from the addresses known says are nodes' count in a pool of
+// their own, with the same bounds, so that an attacker with as many
+// addresses as there are slots, holding one each, keeps no node out
+// either: an accepted TCP connection's source address cannot be forged, as
+// the TCP handshake needs the source's answer. Safe for concurrent use.
 type gate struct {
 	perSource, total int
+	known            func(netip.Addr) bool // nil: every source is unknown
 
-	mu      sync.Mutex
-	n       int                          // guarded by mu: slots taken
-	seq     uint64                       // guarded by mu: the last slot's number
-	sources map[netip.Prefix]*gateSource // guarded by mu
+	mu    sync.Mutex
+	seq   uint64      // guarded by mu: the last slot's number
+	pools [2]gatePool // guarded by mu: unknown sources', known sources'
+}
+
+// gatePool is the slots of the known or of the unknown sources.
+type gatePool struct {
+	n       int // slots taken
+	sources map[netip.Prefix]*gateSource
 }
 
 type gateSource struct {
@@ -32,6 +44,7 @@ type gateSource struct {
 type slot struct {
 	conn net.Conn
 	src  netip.Prefix
+	pool *gatePool
 	seq  uint64 // in the order slots were taken
 	gone bool   // guarded by gate.mu: left, or evicted
 }
@@ -45,17 +58,31 @@ const (
 	overTotal
 )
 
-func newGate(perSource, total int) *gate {
-	return &gate{perSource: perSource, total: total, sources: make(map[netip.Prefix]*gateSource)}
+// newGate returns a gate with the bounds above; known, if not nil, says
+// which source addresses are nodes'. It is called without the gate's lock
+// for every connection, so it must be cheap and must not block.
+func newGate(perSource, total int, known func(netip.Addr) bool) *gate {
+	g := &gate{perSource: perSource, total: total, known: known}
+	for i := range g.pools {
+		g.pools[i].sources = make(map[netip.Prefix]*gateSource)
+	}
+	return g
 }
 
 // sourceOf is the source a remote address counts under: the address for
 // IPv4 (and IPv4-mapped IPv6), its /64 for IPv6. Addresses that are no IP
 // address share the zero prefix.
 func sourceOf(a net.Addr) netip.Prefix {
+	p, _ := sourceAddr(a)
+	return p
+}
+
+// sourceAddr is sourceOf(a) and a's IP address, unmapped and without a
+// zone; the zero Addr if a is no IP address.
+func sourceAddr(a net.Addr) (netip.Prefix, netip.Addr) {
 	ap, err := netip.ParseAddrPort(a.String())
 	if err != nil {
-		return netip.Prefix{}
+		return netip.Prefix{}, netip.Addr{}
 	}
 	ip := ap.Addr().Unmap().WithZone("")
 	bits := 32
@@ -63,14 +90,18 @@ func sourceOf(a net.Addr) netip.Prefix {
 		bits = 64
 	}
 	p, _ := ip.Prefix(bits)
-	return p
+	return p, ip
 }
 
 // enter takes a slot for c, or refuses it with the reason. A slot taken
 // from another source is closed before enter returns; that connection's
 // leave is then a no-op.
 func (g *gate) enter(c net.Conn) (*slot, refusal) {
-	src := sourceOf(c.RemoteAddr())
+	src, ip := sourceAddr(c.RemoteAddr())
+	pool := &g.pools[0]
+	if g.known != nil && ip.IsValid() && g.known(ip) {
+		pool = &g.pools[1]
+	}
 	var evict net.Conn
 	defer func() {
 		if evict != nil {
@@ -79,7 +110,7 @@ func (g *gate) enter(c net.Conn) (*slot, refusal) {
 	}()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	own := g.sources[src]
+	own := pool.sources[src]
 	var held int
 	if own != nil {
 		held = len(own.slots)
@@ -87,9 +118,9 @@ func (g *gate) enter(c net.Conn) (*slot, refusal) {
 	if held >= g.perSource {
 		return nil, overSource
 	}
-	if g.n >= g.total {
+	if pool.n >= g.total {
 		var most *gateSource
-		for _, s := range g.sources { // ties: the source whose oldest slot is older
+		for _, s := range pool.sources { // ties: the source whose oldest slot is older
 			if most == nil || len(s.slots) > len(most.slots) ||
 				len(s.slots) == len(most.slots) && s.slots[0].seq < most.slots[0].seq {
 				most = s
@@ -105,13 +136,13 @@ func (g *gate) enter(c net.Conn) (*slot, refusal) {
 		evict = old.conn
 	}
 	g.seq++
-	s := &slot{conn: c, src: src, seq: g.seq}
+	s := &slot{conn: c, src: src, pool: pool, seq: g.seq}
 	if own == nil {
 		own = &gateSource{}
-		g.sources[src] = own
+		pool.sources[src] = own
 	}
 	own.slots = append(own.slots, s)
-	g.n++
+	pool.n++
 	return s, admitted
 }
 
@@ -127,8 +158,8 @@ func (g *gate) remove(s *slot) {
 		return
 	}
 	s.gone = true
-	g.n--
-	src := g.sources[s.src]
+	s.pool.n--
+	src := s.pool.sources[s.src]
 	for i, x := range src.slots {
 		if x == s {
 			src.slots = append(src.slots[:i], src.slots[i+1:]...)
@@ -136,15 +167,15 @@ func (g *gate) remove(s *slot) {
 		}
 	}
 	if len(src.slots) == 0 {
-		delete(g.sources, s.src)
+		delete(s.pool.sources, s.src)
 	}
 }
 
-// taken is the number of slots taken.
+// taken is the number of slots taken, in both pools.
 func (g *gate) taken() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.n
+	return g.pools[0].n + g.pools[1].n
 }
 
 // logLimit lets one log line per source through per interval and counts

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -126,7 +127,7 @@ func TestTransport_FloodFromManyAddressesLocksNoPeerOut(t *testing.T) {
 // takes when all are taken.
 func TestGate(t *testing.T) {
 	conn := func(addr string) *fakeConn { return &fakeConn{remote: &net.TCPAddr{IP: net.ParseIP(addr), Port: 1}} }
-	g := newGate(2, 4)
+	g := newGate(2, 4, nil)
 	x1, x2, x3 := conn("10.0.0.1"), conn("10.0.0.1"), conn("10.0.0.1")
 	s1, why := g.enter(x1)
 	if why != admitted {
@@ -176,6 +177,36 @@ func TestGate(t *testing.T) {
 	g.leave(sy)
 	if _, why := g.enter(conn("10.0.0.4")); why != admitted {
 		t.Fatalf("after a leave: %v", why)
+	}
+}
+
+// TestGate_KnownSourcesApart: connections from known sources take slots
+// of their own pool, under the same bounds, and neither pool takes slots
+// from the other.
+func TestGate_KnownSourcesApart(t *testing.T) {
+	conn := func(addr string) *fakeConn { return &fakeConn{remote: &net.TCPAddr{IP: net.ParseIP(addr), Port: 1}} }
+	node := netip.MustParseAddr("10.0.0.9")
+	g := newGate(2, 2, func(ip netip.Addr) bool { return ip == node })
+	u1, u2 := conn("10.0.1.1"), conn("10.0.1.2")
+	for _, c := range []*fakeConn{u1, u2} {
+		if _, why := g.enter(c); why != admitted {
+			t.Fatal(why)
+		}
+	}
+	if _, why := g.enter(conn("10.0.1.3")); why != overTotal {
+		t.Fatalf("unknown newcomer with every slot at one: %v, want overTotal", why)
+	}
+	k1, k2 := conn("10.0.0.9"), conn("::ffff:10.0.0.9")
+	for _, c := range []*fakeConn{k1, k2} {
+		if _, why := g.enter(c); why != admitted {
+			t.Fatalf("known source with the unknown pool full: %v", why)
+		}
+	}
+	if _, why := g.enter(conn("10.0.0.9")); why != overSource {
+		t.Fatalf("third from a known source: %v, want overSource", why)
+	}
+	if u1.closed || u2.closed || k1.closed || k2.closed || g.taken() != 4 {
+		t.Fatalf("a pool took a slot of the other: %d taken", g.taken())
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -54,8 +55,16 @@ const (
 	// replaced by a new one when raft writes to it again.
 	DefaultIdleTimeout = 2 * time.Minute
 	// maxHeaderReads bounds an inbound session's streams still in their
-	// header; further ones are closed.
+	// header; further ones wait in yamux's accept backlog.
 	maxHeaderReads = 64
+	// maxRefusedStreams bounds the streams an inbound session may have
+	// refused since it last had one accepted, counting those raft never
+	// opens (bad or late headers, a group the peer is no member of, a
+	// request failing the sender check) and, from a peer that is a member
+	// of no registered group, those of a group not registered here; one
+	// more closes the session. A refused yamux stream stays in its
+	// session until the peer's FIN or StreamCloseTimeout.
+	maxRefusedStreams = 32
 )
 
 var (
@@ -85,7 +94,9 @@ type RaftMuxConfig struct {
 	// DefaultHeaderTimeout.
 	HeaderTimeout time.Duration
 	// KeepAlive is the yamux keepalive interval and connection write
-	// timeout. Zero means DefaultKeepAlive.
+	// timeout. Zero means DefaultKeepAlive. A session whose peer sends
+	// more than 64 pings in a second is closed, so every node's
+	// KeepAlive must be well above 1/64 s.
 	KeepAlive time.Duration
 	// IdleTimeout closes an inbound stream that carried no byte for that
 	// long. Zero means DefaultIdleTimeout.
@@ -121,10 +132,10 @@ type RaftMux struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
-	closed  bool                        // guarded by mu
-	layers  map[string]*RaftLayer       // guarded by mu
-	peers   map[string]*peer            // guarded by mu: outbound sessions by node id
-	inbound map[*yamux.Session]struct{} // guarded by mu
+	closed  bool                    // guarded by mu
+	layers  map[string]*RaftLayer   // guarded by mu
+	peers   map[string]*peer        // guarded by mu: outbound sessions by node id
+	inbound map[*inSession]struct{} // guarded by mu
 
 	logged sync.Map // refusals logged once: peer, group and reason → struct{}
 
@@ -163,7 +174,7 @@ func NewRaftMux(t *Transport, cfg RaftMuxConfig) (*RaftMux, error) {
 		log:     cfg.Logger,
 		layers:  make(map[string]*RaftLayer),
 		peers:   make(map[string]*peer),
-		inbound: make(map[*yamux.Session]struct{}),
+		inbound: make(map[*inSession]struct{}),
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
@@ -233,8 +244,8 @@ func (m *RaftMux) Close() error {
 				sessions = append(sessions, p.sess)
 			}
 		}
-		for s := range m.inbound {
-			sessions = append(sessions, s)
+		for in := range m.inbound {
+			sessions = append(sessions, in.sess)
 		}
 		layers := make([]*RaftLayer, 0, len(m.layers))
 		for _, l := range m.layers {
@@ -264,31 +275,61 @@ func (m *RaftMux) acceptLoop() {
 			return
 		}
 		c := nc.(*Conn)
-		s, err := yamux.Server(c, m.ycfg)
+		s, err := yamux.Server(m.guard(c), m.ycfg)
 		if err != nil { // only a bad config, checked in NewRaftMux
 			c.Close()
 			continue
 		}
+		in := &inSession{sess: s, peer: c.PeerID()}
 		m.mu.Lock()
 		closed := m.closed
 		if !closed {
-			m.inbound[s] = struct{}{}
+			m.inbound[in] = struct{}{}
 		}
 		m.mu.Unlock()
 		if closed {
 			s.Close()
 			return
 		}
-		m.wg.Go(func() { m.serveSession(s, c.PeerID()) })
+		m.wg.Go(func() { m.serveSession(in) })
 	}
 }
 
-// serveSession accepts s's streams until s dies, each read by a goroutine
-// of its own so a stalled header holds back nothing else.
-func (m *RaftMux) serveSession(s *yamux.Session, peerID string) {
+// guard wraps c, a session's connection, in a pingGuard that logs once
+// per peer when it closes the session.
+func (m *RaftMux) guard(c *Conn) *pingGuard {
+	return &pingGuard{Conn: c, flood: func() {
+		m.logOnce(c.PeerID(), "", "transport: closed raft session: the peer sent pings faster than the bound",
+			"peer", c.PeerID(), "limit", maxPings, "per", pingWindow)
+	}}
+}
+
+// inSession is an inbound session and the streams it had refused.
+type inSession struct {
+	sess    *yamux.Session
+	peer    string       // the id the connection's handshake proved
+	refused atomic.Int32 // streams refused and counted since the last one accepted
+}
+
+// refuse counts a refused stream of in: past maxRefusedStreams since the
+// last accepted one, it closes the session, logged once per peer.
+func (m *RaftMux) refuse(in *inSession) {
+	if in.refused.Add(1) <= maxRefusedStreams {
+		return
+	}
+	m.logOnce(in.peer, "", "transport: closed raft session: too many streams refused", "peer", in.peer, "limit", maxRefusedStreams)
+	in.sess.Close()
+}
+
+// serveSession accepts in's streams until its session dies, each read by
+// a goroutine of its own, up to maxHeaderReads at once: a stalled header
+// holds back no other stream, and stalled ones hold back the session's
+// new streams for at most HeaderTimeout.
+func (m *RaftMux) serveSession(in *inSession) {
+	s := in.sess
 	defer func() {
 		m.mu.Lock()
-		delete(m.inbound, s)
+		delete(m.inbound, in)
 		m.mu.Unlock()
 		s.Close()
 	}()
@@ -298,23 +339,27 @@ func (m *RaftMux) serveSession(s *yamux.Session, peerID string) {
 		if err != nil {
 			return
 		}
+		// With maxHeaderReads in progress, wait for one to end: within
+		// HeaderTimeout. Meanwhile new streams queue in yamux's accept
+		// backlog, which resets those beyond it (a reset stream leaves
+		// its session at once, where a closed one lingers).
 		select {
 		case reading <- struct{}{}:
-		default:
-			m.log.Warn("transport: refused raft stream: too many headers in progress", "peer", peerID, "limit", maxHeaderReads)
+		case <-m.ctx.Done():
 			ys.Close()
-			continue
+			return
 		}
 		m.wg.Go(func() {
 			defer func() { <-reading }()
-			m.route(ys, peerID)
+			m.route(ys, in)
 		})
 	}
 }
 
-// route reads ys's header and queues it for its group's Accept if peerID
-// is a member of the group, or closes it.
-func (m *RaftMux) route(ys *yamux.Stream, peerID string) {
+// route reads ys's header and queues it for its group's Accept if in's
+// peer is a member of the group, or closes it.
+func (m *RaftMux) route(ys *yamux.Stream, in *inSession) {
+	peerID := in.peer
 	err := ys.SetReadDeadline(time.Now().Add(m.cfg.HeaderTimeout))
 	var group string
 	if err == nil {
@@ -328,26 +373,36 @@ func (m *RaftMux) route(ys *yamux.Stream, peerID string) {
 			m.log.Warn("transport: refused raft stream", "peer", peerID, "err", err)
 		}
 		ys.Close()
+		m.refuse(in)
 		return
 	}
 	m.mu.Lock()
 	l := m.layers[group]
 	m.mu.Unlock()
 	if l == nil {
-		// A group not started here, or not yet: raft retries.
+		// A group not started here, or not yet: raft retries. Counted
+		// only from a peer that is a member of no group here, since a
+		// member's raft keeps dialing a group this node opens later.
 		m.log.Debug("transport: raft stream for an unknown group", "peer", peerID, "group", group)
 		ys.Close()
+		if !m.memberOfAny(peerID) {
+			m.refuse(in)
+		}
 		return
 	}
 	if !l.member(peerID) {
 		m.refused(peerID, group, "transport: refused raft stream: the peer is not a member of the group")
 		ys.Close()
+		m.refuse(in)
 		return
 	}
-	s := &stream{ys: ys, l: l, peer: peerID, check: newRPCCheck(peerID)}
+	s := &stream{ys: ys, l: l, peer: peerID, check: newRPCCheck(peerID), in: in}
 	switch l.queueStream(s) {
 	case queued:
+		in.refused.Store(0)
 	case peerFull:
+		// Not counted: raft's redials while its old streams close may
+		// pass the bound for a moment.
 		m.refused(peerID, group, "transport: refused raft stream: too many streams of the group from the peer", "limit", MaxPeerStreams)
 		ys.Close()
 	default:
@@ -359,10 +414,31 @@ func (m *RaftMux) route(ys *yamux.Stream, peerID string) {
 // refused logs msg once per peer, group and msg: a peer that keeps
 // trying is not logged again.
 func (m *RaftMux) refused(peer, group, msg string, args ...any) {
+	m.logOnce(peer, group, msg, append([]any{"peer", peer, "group", group}, args...)...)
+}
+
+// logOnce logs msg with args once per peer, group and msg.
+func (m *RaftMux) logOnce(peer, group, msg string, args ...any) {
 	if _, seen := m.logged.LoadOrStore(peer+"\x00"+group+"\x00"+msg, struct{}{}); seen {
 		return
 	}
-	m.log.Warn(msg, append([]any{"peer", peer, "group", group}, args...)...)
+	m.log.Warn(msg, args...)
+}
+
+// memberOfAny says whether peer is a member of a group registered here.
+func (m *RaftMux) memberOfAny(peer string) bool {
+	m.mu.Lock()
+	layers := make([]*RaftLayer, 0, len(m.layers))
+	for _, l := range m.layers {
+		layers = append(layers, l)
+	}
+	m.mu.Unlock()
+	for _, l := range layers {
+		if l.member(peer) {
+			return true
+		}
+	}
+	return false
 }
 
 // dial opens a stream of l's group to node id.
@@ -453,7 +529,7 @@ func (m *RaftMux) session(ctx context.Context, id string) (*yamux.Session, error
 		c.Close()
 		return nil, fmt.Errorf("%w: %s is %q", ErrWrongPeer, addr, c.PeerID())
 	}
-	s, err := yamux.Client(c, m.ycfg)
+	s, err := yamux.Client(m.guard(c), m.ycfg)
 	if err != nil {
 		c.Close()
 		return nil, err

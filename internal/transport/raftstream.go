@@ -25,6 +25,7 @@ type stream struct {
 	l     *RaftLayer
 	peer  string
 	check *rpcCheck    // inbound only; used by raft's reading goroutine
+	in    *inSession   // inbound only: the session it came in on
 	last  atomic.Int64 // dialed only: unix ns of the last read or write
 
 	mu     sync.Mutex
@@ -67,6 +68,7 @@ func (s *stream) Read(p []byte) (int, error) {
 		if cerr := s.check.feed(p[:n]); cerr != nil {
 			s.l.m.refused(s.peer, s.l.group, "transport: closed raft stream: a request not from the peer, or not raft's", "err", cerr)
 			s.kill()
+			s.l.m.refuse(s.in)
 			return 0, cerr
 		}
 	}

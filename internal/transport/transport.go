@@ -109,11 +109,12 @@ type Config struct {
 	// HandshakeTimeout bounds TLS and the secret handshake together. Zero
 	// means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
-	// MaxHandshakes bounds accepted connections still in their handshake.
-	// When it is reached, a connection from a source holding fewer of them
-	// than the source holding most takes that source's oldest one, which
-	// is closed; otherwise the new connection is closed at once. Zero
-	// means DefaultMaxHandshakes.
+	// MaxHandshakes bounds accepted connections still in their handshake,
+	// those from known sources (KnownSource) counted apart. When it is
+	// reached, a connection from a source holding fewer of them than the
+	// source holding most takes that source's oldest one, which is
+	// closed; otherwise the new connection is closed at once. Zero means
+	// DefaultMaxHandshakes.
 	MaxHandshakes int
 	// MaxHandshakesPerSource bounds accepted connections still in their
 	// handshake from one source address (an IPv6 /64); further ones are
@@ -121,6 +122,15 @@ type Config struct {
 	// DefaultMaxHandshakesPerSource, which leaves room for several nodes
 	// of one host dialing at once.
 	MaxHandshakesPerSource int
+	// KnownSource says whether ip, the source address of an accepted
+	// connection (IPv4-mapped addresses unmapped), is a known node's.
+	// Connections from known sources take their handshake slots from a
+	// pool of their own, under the same two bounds, which connections
+	// from other sources never take from; so no number of attacker
+	// addresses keeps a known node out. Called from the accept goroutine
+	// for every connection before its handshake, so it must be cheap and
+	// must not block. Nil knows no source.
+	KnownSource func(ip netip.Addr) bool
 	// MaxFrameBytes is the frame limit of the connections' frame readers.
 	// Zero means wire.DefaultMaxFrameBytes.
 	MaxFrameBytes int
@@ -182,7 +192,7 @@ func Listen(cfg Config) (*Transport, error) {
 	t := &Transport{
 		cfg:       cfg,
 		log:       cfg.Logger,
-		gate:      newGate(cfg.MaxHandshakesPerSource, cfg.MaxHandshakes),
+		gate:      newGate(cfg.MaxHandshakesPerSource, cfg.MaxHandshakes, cfg.KnownSource),
 		refusals:  logLimit{interval: refusalLogInterval},
 		failures:  logLimit{interval: refusalLogInterval},
 		pending:   make(map[net.Conn]struct{}),
