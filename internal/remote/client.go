@@ -467,15 +467,27 @@ func (r probeReader) Read(b []byte) (int, error) {
 	}
 }
 
-// arm starts the probe, unless it runs: the reader must read a byte within
-// ProbeTimeout.
-func (cn *clientConn) arm() error {
+// startProbe starts the probe, unless one runs, whose deadline stands:
+// pings that follow it do not push it back.
+func (cn *clientConn) startProbe() bool {
 	cn.pmu.Lock()
 	defer cn.pmu.Unlock()
 	if cn.probing.Load() {
-		return nil
+		return false
 	}
 	cn.probing.Store(true)
+	return true
+}
+
+// arm sets the probe's deadline once its ping is written, unless a byte
+// read since the writer set probing disarmed it: the reader must read a
+// byte within ProbeTimeout.
+func (cn *clientConn) arm() error {
+	cn.pmu.Lock()
+	defer cn.pmu.Unlock()
+	if !cn.probing.Load() {
+		return nil
+	}
 	return cn.tc.SetReadDeadline(time.Now().Add(cn.c.cfg.ProbeTimeout))
 }
 
@@ -559,7 +571,10 @@ func (cn *clientConn) writeLoop() {
 			err = cn.write(wbuf)
 		case <-cn.pings:
 			wbuf = cn.gather(cn.appendPing(wbuf[:0]))
-			if err = cn.write(wbuf); err == nil {
+			// Armed before the write, the deadline set after it: the
+			// answer may be read before write returns, and disarms.
+			started := cn.startProbe()
+			if err = cn.write(wbuf); err == nil && started {
 				err = cn.arm()
 			}
 		case <-cn.done:

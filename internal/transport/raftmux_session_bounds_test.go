@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -119,4 +120,31 @@ func accepted(t *testing.T, s *yamux.Session, l *RaftLayer) {
 		t.Fatal(err)
 	}
 	got.Close()
+}
+
+// FuzzPingGuard: the guard follows any bytes without panicking, and
+// whether it refuses them does not depend on how reads split them.
+func FuzzPingGuard(f *testing.F) {
+	hdr := func(typ byte, flags uint16, length uint32) []byte {
+		h := make([]byte, yamuxHeaderLen)
+		h[1] = typ
+		binary.BigEndian.PutUint16(h[2:], flags)
+		binary.BigEndian.PutUint32(h[8:], length)
+		return h
+	}
+	f.Add(hdr(yamuxTypePing, yamuxFlagSYN, 1), 5)
+	f.Add(slices.Concat(hdr(yamuxTypeData, 0, 3), []byte("abc"), hdr(yamuxTypePing, yamuxFlagSYN, 2)), 7)
+	f.Add(bytes.Repeat(hdr(yamuxTypePing, yamuxFlagSYN, 1), maxPings+1), 13)
+	f.Fuzz(func(t *testing.T, b []byte, step int) {
+		step = 1 + int(uint(step)%uint(max(len(b), 1)))
+		var whole, split pingGuard
+		want := whole.scan(b)
+		got := true
+		for off := 0; off < len(b) && got; off += step {
+			got = split.scan(b[off:min(off+step, len(b))])
+		}
+		if got != want {
+			t.Fatalf("refused whole: %v, in pieces of %d: %v", !want, step, !got)
+		}
+	})
 }
