@@ -3,18 +3,15 @@ package mq_test
 import (
 	"context"
 	"encoding/binary"
-	"io"
 	"net"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	"github.com/hashicorp/yamux"
 
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/internal/transport"
+	"github.com/zeze-go/mq/internal/transport/transporttest"
 )
 
 // impostor holds a certificate of testCA naming id and the cluster
@@ -72,70 +69,10 @@ func (im *impostor) partition(addr, topic string, i int) *remote.Partition {
 // to the node at addr, over streams of the impostor's own session.
 func (im *impostor) raft(addr, group string) *raft.NetworkTransport {
 	im.t.Helper()
-	l := &streamForger{tr: im.tr, addr: addr, group: group, done: make(chan struct{})}
-	nt := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: l, MaxPool: 1, Timeout: 5 * time.Second,
-		Logger: hclog.NewNullLogger()})
-	im.t.Cleanup(func() { nt.Close() })
-	return nt
+	return transporttest.Forge(im.t, func(ctx context.Context) (net.Conn, error) {
+		return im.tr.Dial(ctx, addr, transport.ProtoRaft)
+	}, group, im.tr.Addr())
 }
-
-// streamForger is a raft.StreamLayer dialing streams of one group.
-type streamForger struct {
-	tr          *transport.Transport
-	addr, group string
-	done        chan struct{}
-
-	mu   sync.Mutex
-	sess *yamux.Session // guarded by mu
-}
-
-func (f *streamForger) Dial(_ raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.sess == nil || f.sess.IsClosed() {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		c, err := f.tr.Dial(ctx, f.addr, transport.ProtoRaft)
-		if err != nil {
-			return nil, err
-		}
-		cfg := yamux.DefaultConfig()
-		cfg.LogOutput = io.Discard
-		if f.sess, err = yamux.Client(c, cfg); err != nil {
-			return nil, err
-		}
-	}
-	st, err := f.sess.Open()
-	if err != nil {
-		return nil, err
-	}
-	if _, err := st.Write(append(binary.AppendUvarint(nil, uint64(len(f.group))), f.group...)); err != nil { // the stream header
-		st.Close()
-		return nil, err
-	}
-	return st, nil
-}
-
-func (f *streamForger) Accept() (net.Conn, error) {
-	<-f.done
-	return nil, net.ErrClosed
-}
-
-func (f *streamForger) Close() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	select {
-	case <-f.done:
-	default:
-		close(f.done)
-	}
-	if f.sess != nil {
-		f.sess.Close()
-	}
-	return nil
-}
-
-func (f *streamForger) Addr() net.Addr { return f.tr.Addr() }
 
 // pairAppend is an OpPairAppend request (replica's layout, version 1) for
 // partition i of topic: one entry at index, in epoch, its data data.

@@ -205,15 +205,9 @@ func TestThreatModel_Nodes(t *testing.T) {
 			case tc.want == errRefused && err == nil, tc.want != errRefused && !errors.Is(err, tc.want):
 				t.Errorf("%s by %s: %v, want %v", tc.op, tc.identity, err, tc.want)
 			}
-			deadline := time.Now().Add(5 * time.Second)
-			for len(logs[tc.at].Matching(tc.log...)) == 0 {
-				if time.Now().After(deadline) {
-					t.Errorf("no log line on %s holding %q", tc.at, tc.log)
-					break
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-			if l := logs[tc.at].Matching(tc.log...); len(l) > 0 {
+			if l := logs[tc.at].AwaitMatching(5*time.Second, tc.log...); len(l) == 0 {
+				t.Errorf("no log line on %s holding %q", tc.at, tc.log)
+			} else {
 				t.Logf("%v; logged on %s: %s", err, tc.at, l[0])
 			}
 			time.Sleep(50 * time.Millisecond) // let a forged entry, were it taken, be applied

@@ -30,8 +30,15 @@ type outsider struct {
 // test ends.
 func newOutsider(t testing.TB, id string) *outsider {
 	t.Helper()
-	tr, err := transport.Listen(transport.Config{NodeID: id, Bind: "127.0.0.1:0", Secret: testSecret,
-		InsecurePlaintext: true, Logger: discardLogger()})
+	return outsiderOn(t, transport.Config{NodeID: id, InsecurePlaintext: true})
+}
+
+// outsiderOn is an outsider on a transport of cfg, listening on 127.0.0.1
+// with the cluster secret.
+func outsiderOn(t testing.TB, cfg transport.Config) *outsider {
+	t.Helper()
+	cfg.Bind, cfg.Secret, cfg.Logger = "127.0.0.1:0", testSecret, discardLogger()
+	tr, err := transport.Listen(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

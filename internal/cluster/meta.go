@@ -23,6 +23,7 @@ import (
 
 	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/internal/metastate"
+	"github.com/zeze-go/mq/internal/transport"
 )
 
 // MaxVoters is the number of raft voters of the metadata group; further
@@ -692,14 +693,5 @@ func (m *Meta) isMember(id string) bool {
 	if _, ok := m.State().Node(id); ok {
 		return true
 	}
-	f := m.raft.GetConfiguration()
-	if f.Error() != nil {
-		return false
-	}
-	for _, s := range f.Configuration().Servers {
-		if string(s.ID) == id {
-			return true
-		}
-	}
-	return false
+	return transport.InConfiguration(m.raft, id)
 }

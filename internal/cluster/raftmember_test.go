@@ -74,6 +74,18 @@ func TestAgent_MetaRaftOnlyFromMembers(t *testing.T) {
 // that leader, and so accepts it, catches up and registers again.
 func TestAgent_BootstrapNodeFindsANewLeader(t *testing.T) {
 	a := newAgents(t, 3)
+	// n2 and n3 must hold the configuration naming all three before n1
+	// goes: a node's state shows another up before raft adds it as a
+	// voter, and without n1 the two could not elect a leader otherwise.
+	eventually(t, "three voters everywhere", func() bool {
+		for _, ag := range a.all {
+			f := ag.Meta().raft.GetConfiguration()
+			if f.Error() != nil || len(f.Configuration().Servers) != 3 {
+				return false
+			}
+		}
+		return true
+	})
 	a.all["n1"].Close()
 	delete(a.all, "n1")
 	n4 := a.start("n4", a.all["n2"].Addr())

@@ -202,15 +202,9 @@ func TestThreatModel_Cluster(t *testing.T) {
 				t.Errorf("%s by %s: %v, want %v", c.op, c.identity, err, c.want)
 			}
 			if c.want != nil {
-				deadline := time.Now().Add(5 * time.Second)
-				for len(logs[c.at].Matching(c.log...)) == 0 {
-					if time.Now().After(deadline) {
-						t.Errorf("no log line on %s holding %q", c.at, c.log)
-						break
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
-				if l := logs[c.at].Matching(c.log...); len(l) > 0 {
+				if l := logs[c.at].AwaitMatching(5*time.Second, c.log...); len(l) == 0 {
+					t.Errorf("no log line on %s holding %q", c.at, c.log)
+				} else {
 					t.Logf("%v; logged on %s: %s", err, c.at, l[0])
 				}
 			}

@@ -2,19 +2,13 @@ package remote
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
-	"math/big"
 	"net"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/zeze-go/mq/internal/certs"
 	"github.com/zeze-go/mq/internal/transport"
 )
 
@@ -158,76 +152,27 @@ func proxiedEcho(t testing.TB, withTLS bool, cfg ClientConfig) (*Client, *proxy)
 }
 
 // testCA is a cluster CA made in memory.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-}
+type testCA struct{ *certs.CA }
 
 func newTestCA(t testing.TB) *testCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := certs.NewCA("test cluster CA", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "test cluster CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
+	return &testCA{ca}
 }
 
 // transport listens on 127.0.0.1:0 as node id, on mutual TLS with a
 // certificate of ca naming id; Cleanup closes it.
 func (ca *testCA) transport(t testing.TB, id string) *transport.Transport {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	cert, err := ca.Issue(certs.Node(id, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: id},
-		DNSNames:     []string{id},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-	tr, err := transport.Listen(transport.Config{
-		NodeID: id, Bind: "127.0.0.1:0", Secret: secret,
-		ServerTLS: &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.pool},
-		ClientTLS: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.pool},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := tr.Close(); err != nil {
-			t.Errorf("transport Close: %v", err)
-		}
-	})
-	return tr
+	st, ct := certs.Configs(ca.Pool(), cert)
+	return listen(t, transport.Config{NodeID: id, ServerTLS: st, ClientTLS: ct})
 }
 
 // connected reports that c holds a connection.

@@ -26,7 +26,15 @@ const patience = 20 * time.Second
 // newTransport listens on 127.0.0.1:0 as node id.
 func newTransport(t testing.TB, id string, frame int) *transport.Transport {
 	t.Helper()
-	tr, err := transport.Listen(transport.Config{NodeID: id, Bind: "127.0.0.1:0", Secret: secret, MaxFrameBytes: frame, InsecurePlaintext: true})
+	return listen(t, transport.Config{NodeID: id, MaxFrameBytes: frame, InsecurePlaintext: true})
+}
+
+// listen starts a transport of cfg on 127.0.0.1:0 with the test secret;
+// Cleanup closes it.
+func listen(t testing.TB, cfg transport.Config) *transport.Transport {
+	t.Helper()
+	cfg.Bind, cfg.Secret = "127.0.0.1:0", secret
+	tr, err := transport.Listen(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,7 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 			return true
 		}
 		g := opened.Load()
-		return g != nil && inConfiguration(g.Raft(), peer)
+		return g != nil && transport.InConfiguration(g.Raft(), peer)
 	}
 	layer, err := cfg.Mux.Layer(cfg.Name, transport.LayerConfig{Member: member})
 	if err != nil {
@@ -88,21 +88,6 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 	}
 	opened.Store(g)
 	return g, nil
-}
-
-// inConfiguration reports whether node id is a server of r's latest
-// configuration, which raft keeps without waiting for its main loop.
-func inConfiguration(r *raft.Raft, id string) bool {
-	f := r.GetConfiguration()
-	if f.Error() != nil {
-		return false
-	}
-	for _, s := range f.Configuration().Servers {
-		if string(s.ID) == id {
-			return true
-		}
-	}
-	return false
 }
 
 // sharedGroup is this node's replica of a raft group, as the Raft3

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Lines keeps every record as one line: the message, then " key=value" per
@@ -51,6 +52,18 @@ func (l *Lines) Matching(parts ...string) []string {
 		}
 	}
 	return out
+}
+
+// AwaitMatching polls Matching until it returns a line or within has
+// passed, and returns its last result: nil if no line came.
+func (l *Lines) AwaitMatching(within time.Duration, parts ...string) []string {
+	deadline := time.Now().Add(within)
+	for {
+		if m := l.Matching(parts...); len(m) > 0 || time.Now().After(deadline) {
+			return m
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // String is every line, one per line.

@@ -1,59 +1,37 @@
 package transport
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
-	"math/big"
 	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/zeze-go/mq/internal/certs"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var secret = []byte("9c1f4e7a2b8d3f60e5a1c7b4d2f8e0a36b9c5d1e7f3a0b2c")
 
-// testCA is a certificate authority made in memory.
+// testCA is a certificate authority made in memory, and a pool trusting
+// it.
 type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
+	ca   *certs.CA
 	pool *x509.CertPool
 }
 
 func newCA(t testing.TB) *testCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := certs.NewCA("test cluster CA", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "test cluster CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
+	return &testCA{ca: ca, pool: ca.Pool()}
 }
 
 // leaf returns a certificate for both TLS roles naming dnsNames.
@@ -66,50 +44,22 @@ func (ca *testCA) leaf(t testing.TB, dnsNames ...string) tls.Certificate {
 // dnsNames.
 func (ca *testCA) leafFor(t testing.TB, eku []x509.ExtKeyUsage, dnsNames ...string) tls.Certificate {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	cert, err := ca.ca.Issue(certs.Leaf{DNSNames: dnsNames, ExtKeyUsage: eku})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: "node"},
-		DNSNames:     dnsNames,
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  eku,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return cert
 }
 
 // tlsFor returns ServerTLS and ClientTLS presenting cert and trusting ca.
 func (ca *testCA) tlsFor(cert tls.Certificate) (server, client *tls.Config) {
-	return &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: ca.pool},
-		&tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.pool}
+	return certs.Configs(ca.pool, cert)
 }
 
 // listen starts a transport on 127.0.0.1:0 that Cleanup closes.
 func listen(t testing.TB, cfg Config) *Transport {
 	t.Helper()
-	cfg.Bind = "127.0.0.1:0"
-	if cfg.Secret == nil {
-		cfg.Secret = secret
-	}
-	cfg.InsecurePlaintext = cfg.ServerTLS == nil && cfg.ClientTLS == nil
-	tr, err := Listen(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := tr.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return tr
+	return listenOn(t, "127.0.0.1", cfg)
 }
 
 // acceptor accepts p's connections on tr until Close and records them.

@@ -9,15 +9,13 @@ import (
 	"errors"
 	"io"
 	"net"
-	"strconv"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/hashicorp/raft"
-	"github.com/hashicorp/yamux"
+
+	"github.com/zeze-go/mq/internal/transport/transporttest"
 )
 
 // anyone is a LayerConfig.Member that takes every authenticated peer.
@@ -129,80 +127,15 @@ func decodeRPCs(b []byte) []sender {
 	}
 }
 
-// forger is a raft.StreamLayer that dials, as its own transport's node
-// (authenticated: it holds the cluster's secret), to the node at addr,
-// streams of group: raft's NetworkTransport over it sends the requests a
-// test forges, as any holder of the secret or of a CA certificate could.
-type forger struct {
-	tr    *Transport
-	addr  string
-	group string
-	done  chan struct{}
-
-	mu   sync.Mutex
-	sess *yamux.Session // guarded by mu
-}
-
-var _ raft.StreamLayer = (*forger)(nil)
-
-// forge returns a NetworkTransport that sends, as node id, requests of
-// group to n; Cleanup closes it.
+// forge returns a NetworkTransport that sends, as node id (authenticated:
+// its transport holds the cluster's secret), requests of group to n, as any
+// holder of the secret or of a CA certificate could; Cleanup closes it.
 func forge(t testing.TB, id string, n *node, group string) *raft.NetworkTransport {
 	t.Helper()
-	f := &forger{tr: listen(t, Config{NodeID: id}), addr: n.t.Addr().String(), group: group, done: make(chan struct{})}
-	nt := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: f, MaxPool: 1, Timeout: 5 * time.Second,
-		Logger: hclog.NewNullLogger()})
-	t.Cleanup(func() { nt.Close() })
-	return nt
+	tr, addr := listen(t, Config{NodeID: id}), n.t.Addr().String()
+	return transporttest.Forge(t, func(ctx context.Context) (net.Conn, error) { return tr.Dial(ctx, addr, ProtoRaft) },
+		group, nodeAddr(id))
 }
-
-func (f *forger) Dial(_ raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.sess == nil || f.sess.IsClosed() {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		c, err := f.tr.Dial(ctx, f.addr, ProtoRaft)
-		if err != nil {
-			return nil, err
-		}
-		cfg := yamux.DefaultConfig()
-		cfg.LogOutput = io.Discard
-		if f.sess, err = yamux.Client(c, cfg); err != nil {
-			return nil, err
-		}
-	}
-	st, err := f.sess.Open()
-	if err != nil {
-		return nil, err
-	}
-	if _, err := st.Write(appendStreamHeader(nil, f.group)); err != nil {
-		st.Close()
-		return nil, err
-	}
-	return st, nil
-}
-
-func (f *forger) Accept() (net.Conn, error) {
-	<-f.done
-	return nil, net.ErrClosed
-}
-
-func (f *forger) Close() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	select {
-	case <-f.done:
-	default:
-		close(f.done)
-	}
-	if f.sess != nil {
-		f.sess.Close()
-	}
-	return nil
-}
-
-func (f *forger) Addr() net.Addr { return nodeAddr(f.tr.NodeID()) }
 
 // has reports whether f applied cmd.
 func (f *countFSM) has(cmd string) bool {
@@ -213,21 +146,11 @@ func (f *countFSM) has(cmd string) bool {
 }
 
 // raftStat is r's statistic name as a number.
-func raftStat(t testing.TB, r *raft.Raft, name string) uint64 {
-	t.Helper()
-	v, err := strconv.ParseUint(r.Stats()[name], 10, 64)
-	if err != nil {
-		t.Fatalf("raft stat %s: %v", name, err)
-	}
-	return v
-}
+var raftStat = transporttest.RaftStat
 
 // forgedAppend is an AppendEntries that would append and commit cmd on
 // follower m at its next index, in its current term, sent as node as.
 func forgedAppend(t testing.TB, m *member, as, cmd string) *raft.AppendEntriesRequest {
 	t.Helper()
-	last, lastTerm, term := m.r.LastIndex(), raftStat(t, m.r, "last_log_term"), raftStat(t, m.r, "term")
-	return &raft.AppendEntriesRequest{RPCHeader: header(as), Term: term, Leader: []byte(as),
-		PrevLogEntry: last, PrevLogTerm: lastTerm, LeaderCommitIndex: last + 1,
-		Entries: []*raft.Log{{Index: last + 1, Term: term, Type: raft.LogCommand, Data: []byte(cmd)}}}
+	return transporttest.NextAppend(t, m.r, as, []byte(cmd))
 }

@@ -113,6 +113,22 @@ type LayerConfig struct {
 	Member func(peer string) bool
 }
 
+// InConfiguration reports whether node id is a server of r's latest
+// configuration, which raft keeps without waiting for its main loop: the
+// part of a Member check that follows the group's own membership.
+func InConfiguration(r *raft.Raft, id string) bool {
+	f := r.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == id {
+			return true
+		}
+	}
+	return false
+}
+
 // RaftMux carries many raft groups between nodes over the transport's
 // ProtoRaft connections: one outbound yamux session per peer node, one
 // inbound session per accepted connection, a stream per raft connection
