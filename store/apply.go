@@ -499,6 +499,8 @@ func (v *view) prepare(c *Command, res *Result) error {
 	}
 	if h == nil {
 		h = &halfTx{Producer: c.Producer, FirstSeen: c.Now}
+	} else if h.Producer != c.Producer {
+		return fmt.Errorf("%w: %s is %q's, not %q's", ErrOtherProducer, c.TxID, h.Producer, c.Producer)
 	}
 	if n := v.cost(c); n > MaxCommandBytes {
 		return fmt.Errorf("%w: the half messages of %s would take about %d bytes (max %d)", ErrTooLarge, c.TxID, n, MaxCommandBytes)

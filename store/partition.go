@@ -83,6 +83,11 @@ var (
 	ErrFormat = errors.New("store: unsupported format version")
 	// ErrDecided is returned by OpPrepare for a transaction already decided.
 	ErrDecided = errors.New("store: transaction already decided")
+	// ErrOtherProducer is returned by OpPrepare for a transaction whose
+	// half messages another producer prepared: transaction ids are the
+	// application's, and messages joining another node's half would be
+	// decided by that node's check-back. The command changed nothing.
+	ErrOtherProducer = errors.New("store: transaction prepared by another producer")
 	// ErrStaleGeneration is returned by OpCommitOffset when its Generation
 	// is not the group's: a claim or a reset fenced the committer. The
 	// command changed nothing.

@@ -48,8 +48,10 @@ func baseGroup(offsets string) string {
 // topic's calls are its group's: the retry consumer's offsets of group g
 // and origin topic t need right on t in g (AllowedGroup, or AllowedSystem
 // again when t is a system topic itself); any other call needs right in
-// g on some topic (AllowedInGroup). It is false for a topic that is not a
-// system topic.
+// g on some topic (AllowedInGroup), and, when it names the offsets of
+// another group (a group consuming g's dead letters), right in that group
+// too: a right in g moves none of another group's offsets. It is false for
+// a topic that is not a system topic.
 func (s *State) AllowedSystem(identity, topic, offsets string, right Rights) bool {
 	g, ok := SystemGroup(topic)
 	if !ok {
@@ -61,7 +63,13 @@ func (s *State) AllowedSystem(identity, topic, offsets string, right Rights) boo
 		}
 		return s.AllowedGroup(identity, origin, og, right)
 	}
-	return s.AllowedInGroup(identity, g, right)
+	if !s.AllowedInGroup(identity, g, right) {
+		return false
+	}
+	if offsets != "" && !strings.HasPrefix(offsets, "%") && baseGroup(offsets) != g {
+		return s.AllowedInGroup(identity, offsets, right)
+	}
+	return true
 }
 
 // AllowedInGroup reports whether identity may do right on some topic for

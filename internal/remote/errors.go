@@ -77,6 +77,7 @@ const (
 	codeFailed        = 27
 	codeWALFailed     = 28
 	codeClaimed       = 29
+	codeOtherProducer = 30
 )
 
 type codedErr struct {
@@ -96,6 +97,7 @@ var builtin = []codedErr{
 	{codeDecided, store.ErrDecided},
 	{codeStale, store.ErrStaleGeneration},
 	{codeClaimed, store.ErrClaimed},
+	{codeOtherProducer, store.ErrOtherProducer},
 	{codeBadCommand, store.ErrBadCommand},
 	{codeTooLarge, store.ErrTooLarge},
 	{codeFailed, store.ErrFailed},

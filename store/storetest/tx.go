@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/zeze-go/mq/store"
@@ -53,10 +54,15 @@ var txTests = []test{
 		if c := prepare(t, p, t0, "tx1", "node-1", "h1", "h2"); c.Count != 2 {
 			t.Fatalf("prepare Count = %d, want 2", c.Count)
 		}
-		// Another prepare of the same transaction adds to it; the first
-		// prepare's producer and time stay.
-		if c := prepare(t, p, t0+sec, "tx1", "node-2", "h3"); c.Count != 1 {
+		// Another prepare of the same transaction by its producer adds
+		// to it; the first prepare's time stays. Another producer's is
+		// refused, changing nothing.
+		if c := prepare(t, p, t0+sec, "tx1", "node-1", "h3"); c.Count != 1 {
 			t.Fatalf("second prepare Count = %d, want 1", c.Count)
+		}
+		other := &store.Command{Op: store.OpPrepare, Now: t0 + sec, TxID: "tx1", Producer: "node-2", Msgs: []store.Message{msg("h4")}}
+		if _, err := p.Apply(context.Background(), other); !errors.Is(err, store.ErrOtherProducer) {
+			t.Fatalf("another producer's prepare of tx1: %v, want ErrOtherProducer", err)
 		}
 		equal(t, "log", bodies(t, p), []string{"body-before"})
 		equal(t, "Stats", p.Stats(), before)

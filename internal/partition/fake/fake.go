@@ -489,6 +489,8 @@ func (p *Partition) prepare(c *store.Command, sizes []int, res *store.Result) er
 	if h == nil {
 		h = &halfTx{producer: c.Producer, firstSeen: c.Now}
 		p.half[c.TxID] = h
+	} else if h.producer != c.Producer {
+		return fmt.Errorf("%w: %s is %q's, not %q's", store.ErrOtherProducer, c.TxID, h.producer, c.Producer)
 	}
 	for i := range c.Msgs {
 		h.msgs = append(h.msgs, record{stored(c.Msgs[i]), sizes[i]})
