@@ -89,7 +89,7 @@ type Agent struct {
 	// owning partitions of groups at lastAck + timeout - margin.
 	lastAck atomic.Int64
 
-	refused refusals // the refusals logged
+	refused Refusals // the refusals logged
 
 	book      atomic.Pointer[map[string]string] // the address book as last saved: node id → address
 	announced sync.Map                          // node id → the address it announced itself at (opAnnounce, or a seed's handshake)

@@ -38,38 +38,38 @@ func (n *Agent) IsNode(peer string) bool {
 }
 
 // refuse logs err, a refusal of peer's call, once per identity and cause
-// (refusals.first), and returns it. cause is fixed text, never a value
+// (Refusals.First), and returns it. cause is fixed text, never a value
 // the caller chose.
 func (n *Agent) refuse(peer, cause string, err error) error {
-	if ok, unlogged := n.refused.first(peer + "\x00" + cause); ok {
+	if ok, unlogged := n.refused.First(peer + "\x00" + cause); ok {
 		n.log.Warn("refused a call", "identity", peer, "cause", cause, "err", err, "unlogged", unlogged)
 	}
 	return err
 }
 
-// maxRefusals bounds the keys refusals remembers; refusalEvery is how often
+// maxRefusals bounds the keys Refusals remembers; refusalEvery is how often
 // a refusal of a new key is logged past that bound.
 const (
 	maxRefusals  = 1024
 	refusalEvery = time.Minute
 )
 
-// refusals remembers the refusals logged, by key (an identity and a fixed
+// Refusals remembers the refusals logged, by key (an identity and a fixed
 // cause), so that each key is logged once. It remembers at most
 // maxRefusals keys, since identities are the callers' to choose: past
 // that, a refusal of a key it does not hold is logged at most once every
 // refusalEvery, with the number of such refusals not logged before it.
 // The zero value is ready; safe for concurrent use.
-type refusals struct {
+type Refusals struct {
 	mu       sync.Mutex
 	seen     map[string]struct{} // guarded by mu
 	unlogged int                 // refusals of new keys not logged since the last one past the bound; guarded by mu
 	last     time.Time           // when the last one past the bound was logged; guarded by mu
 }
 
-// first reports whether a refusal of key is to be logged, and how many
+// First reports whether a refusal of key is to be logged, and how many
 // refusals were not logged, past the bound, before it.
-func (r *refusals) first(key string) (ok bool, unlogged int) {
+func (r *Refusals) First(key string) (ok bool, unlogged int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, seen := r.seen[key]; seen {

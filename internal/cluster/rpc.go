@@ -228,7 +228,7 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 // only the peer's own members; a DoubleWrite pair's commands come from its
 // leader's node. Nodes are registered by joining, marked down by the
 // leader alone. A refusal is logged once per identity, command type and
-// cause (refusals), whatever names the command holds.
+// cause (Refusals), whatever names the command holds.
 func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]byte, error) {
 	if err := n.nodeOnly(peer, "propose"); err != nil {
 		return nil, err
@@ -239,7 +239,7 @@ func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]b
 	}
 	if cause, err := n.authorize(peer, c); err != nil {
 		command := fmt.Sprintf("%T", c)
-		if ok, unlogged := n.refused.first(peer + "\x00" + command + "\x00" + cause); ok {
+		if ok, unlogged := n.refused.First(peer + "\x00" + command + "\x00" + cause); ok {
 			n.log.Warn("refused by the cluster's ACL", "identity", peer, "command", command, "cause", cause, "err", err, "unlogged", unlogged)
 		}
 		return nil, err

@@ -72,7 +72,7 @@ type Node struct {
 	agent   *cluster.Agent
 	coord   *cluster.Coordinator
 	tx      atomic.Pointer[txn.Node] // answers check-backs once set (ServeTx)
-	refused sync.Map                 // "identity\x00topic\x00right" → struct{}: refusals logged once
+	refused cluster.Refusals         // refusals logged once per key, bounded
 	ctx     context.Context          // cancelled by Close
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -261,8 +261,8 @@ func (n *Node) Allowed(identity, topic string, right metastate.Rights) error {
 		return nil
 	}
 	what := strings.Join([]string{identity, topic, right.String()}, "\x00")
-	if _, seen := n.refused.LoadOrStore(what, struct{}{}); !seen {
-		n.cfg.Logger.Warn("refused by the cluster's ACL", "identity", identity, "topic", topic, "right", right.String())
+	if ok, unlogged := n.refused.First(what); ok {
+		n.cfg.Logger.Warn("refused by the cluster's ACL", "identity", identity, "topic", topic, "right", right.String(), "unlogged", unlogged)
 	}
 	return fmt.Errorf("%w: %s may not %s %s", cluster.ErrDenied, identity, right, topic)
 }

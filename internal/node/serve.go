@@ -167,8 +167,8 @@ func (n *Node) allowedSystem(identity, topic, offsets string, right metastate.Ri
 		return nil
 	}
 	what := strings.Join([]string{identity, topic, right.String(), offsets}, "\x00")
-	if _, seen := n.refused.LoadOrStore(what, struct{}{}); !seen {
-		n.cfg.Logger.Warn("refused by the cluster's ACL", "identity", identity, "topic", topic, "right", right.String(), "group", offsets)
+	if ok, unlogged := n.refused.First(what); ok {
+		n.cfg.Logger.Warn("refused by the cluster's ACL", "identity", identity, "topic", topic, "right", right.String(), "group", offsets, "unlogged", unlogged)
 	}
 	return fmt.Errorf("%w: %s may not %s %s (%q)", cluster.ErrDenied, identity, right, topic, offsets)
 }
@@ -177,20 +177,32 @@ func (n *Node) allowedSystem(identity, topic, offsets string, right metastate.Ri
 // in group (metastate.State.OwnsInGroup), waiting up to ownsWait for the
 // state to show it, as owns does.
 func (n *Node) ownsInGroup(peer, topic, group string) error {
-	deadline := time.NewTimer(ownsWait)
-	defer deadline.Stop()
+	if n.awaitState(func(st *metastate.State) bool { return st.OwnsInGroup(peer, group) }) {
+		return nil
+	}
+	return n.refuse(peer, strings.Join([]string{"group owner", topic, group}, "\x00"),
+		fmt.Errorf("%w: %s owns no partition in group %s, whose %s it appends to", cluster.ErrDenied, peer, group, topic))
+}
+
+// awaitState reports whether this node's metadata state satisfies cond,
+// now or within ownsWait: the caller's node may have applied a change
+// first.
+func (n *Node) awaitState(cond func(*metastate.State) bool) bool {
+	var deadline *time.Timer // made on the first miss: most calls pass at once
 	for {
 		st := n.agent.Meta().State()
-		if st.OwnsInGroup(peer, group) {
-			return nil
+		if cond(st) {
+			return true
+		}
+		if deadline == nil {
+			deadline = time.NewTimer(ownsWait)
+			defer deadline.Stop()
 		}
 		select {
 		case <-st.Changed():
-			continue
 		case <-deadline.C:
+			return false
 		}
-		return n.refuse(peer, strings.Join([]string{"group owner", topic, group}, "\x00"),
-			fmt.Errorf("%w: %s owns no partition in group %s, whose %s it appends to", cluster.ErrDenied, peer, group, topic))
 	}
 }
 
@@ -205,8 +217,8 @@ func (n *Node) AllowedGroup(identity, topic, group string, right metastate.Right
 		return nil
 	}
 	what := strings.Join([]string{identity, topic, right.String(), group}, "\x00")
-	if _, seen := n.refused.LoadOrStore(what, struct{}{}); !seen {
-		n.cfg.Logger.Warn("refused by the cluster's ACL", "identity", identity, "topic", topic, "right", right.String(), "group", group)
+	if ok, unlogged := n.refused.First(what); ok {
+		n.cfg.Logger.Warn("refused by the cluster's ACL", "identity", identity, "topic", topic, "right", right.String(), "group", group, "unlogged", unlogged)
 	}
 	return fmt.Errorf("%w: %s may not %s %s in group %s", cluster.ErrDenied, identity, right, topic, group)
 }
@@ -222,28 +234,21 @@ const ownsWait = time.Second
 // so a node that does not own the partition learns nothing it could use
 // to move the group's offsets.
 func (n *Node) owns(peer, topic string, index int, group string) error {
-	deadline := time.NewTimer(ownsWait)
-	defer deadline.Stop()
-	for {
-		st := n.agent.Meta().State()
-		if member, _ := st.Owner(topic, group, index); cluster.OwnMember(peer, member) {
-			return nil
-		}
-		select {
-		case <-st.Changed():
-			continue
-		case <-deadline.C:
-		}
-		return n.refuse(peer, strings.Join([]string{"owner", topic, group}, "\x00"),
-			fmt.Errorf("%w: %s does not own %s/%d in group %s", cluster.ErrDenied, peer, topic, index, group))
+	if n.awaitState(func(st *metastate.State) bool {
+		member, _ := st.Owner(topic, group, index)
+		return cluster.OwnMember(peer, member)
+	}) {
+		return nil
 	}
+	return n.refuse(peer, strings.Join([]string{"owner", topic, group}, "\x00"),
+		fmt.Errorf("%w: %s does not own %s/%d in group %s", cluster.ErrDenied, peer, topic, index, group))
 }
 
 // refuse logs err, a refusal of peer's call, once per identity and cause,
 // and returns it.
 func (n *Node) refuse(peer, cause string, err error) error {
-	if _, seen := n.refused.LoadOrStore(peer+"\x00"+cause, struct{}{}); !seen {
-		n.cfg.Logger.Warn("refused a call", "identity", peer, "err", err)
+	if ok, unlogged := n.refused.First(peer + "\x00" + cause); ok {
+		n.cfg.Logger.Warn("refused a call", "identity", peer, "err", err, "unlogged", unlogged)
 	}
 	return err
 }
@@ -315,7 +320,7 @@ func (n *Node) preparedHere(ctx context.Context, txid string, parts []cluster.Pa
 	}
 	if len(refs) == 0 {
 		err := fmt.Errorf("%w: node %s did not prepare transaction %s in the partitions named", cluster.ErrDenied, self, txid)
-		if _, seen := n.refused.LoadOrStore("check-back of another's transaction", struct{}{}); !seen {
+		if ok, _ := n.refused.First("check-back of another's transaction"); ok {
 			n.cfg.Logger.Warn("refused a check-back", "tx", txid, "err", err)
 		}
 		return nil, err

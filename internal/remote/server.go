@@ -304,7 +304,13 @@ func (sc *serverConn) serve() {
 			continue
 		}
 		if f.Op == opPing { // answered here: no handler runs for it
-			sc.send(wire.Frame{ReqID: f.ReqID, Op: opReply}, 0)
+			// Counted like a request's reply, so that a peer pinging
+			// without reading is held back by waitRoom, not by a write
+			// buffer that grows until WriteTimeout.
+			sc.mu.Lock()
+			sc.inflight += frameCost
+			sc.mu.Unlock()
+			sc.send(wire.Frame{ReqID: f.ReqID, Op: opReply}, frameCost)
 			continue
 		}
 		waitedSlot = false

@@ -80,8 +80,13 @@ func sourceOf(a net.Addr) netip.Prefix {
 // sourceAddr is sourceOf(a) and a's IP address, unmapped and without a
 // zone; the zero Addr if a is no IP address.
 func sourceAddr(a net.Addr) (netip.Prefix, netip.Addr) {
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
+	var ap netip.AddrPort
+	if t, ok := a.(*net.TCPAddr); ok {
+		ap = t.AddrPort()
+	} else if p, err := netip.ParseAddrPort(a.String()); err == nil {
+		ap = p
+	}
+	if !ap.IsValid() {
 		return netip.Prefix{}, netip.Addr{}
 	}
 	ip := ap.Addr().Unmap().WithZone("")

@@ -382,12 +382,14 @@ func (c *rpcCheck) valueDone() error {
 			}
 		}
 	case roleSender:
-		got := string(c.val[:c.vn])
-		if c.long {
-			got = string(c.val[:]) + "..."
-		}
+		// Compared without a copy: this runs for every sender field of
+		// every request, heartbeats included.
 		empty := c.vn == 0 && !c.long
-		if !empty && got != c.peer || empty && (c.field == fieldID || c.field == fieldAddr) {
+		if !empty && (c.long || string(c.val[:c.vn]) != c.peer) || empty && (c.field == fieldID || c.field == fieldAddr) {
+			got := string(c.val[:c.vn])
+			if c.long {
+				got = string(c.val[:]) + "..."
+			}
 			return fmt.Errorf("%w: peer %q sent a request whose %s is %q", errBadRPC, c.peer, c.field, got)
 		}
 		c.id = c.id || c.field == fieldID
