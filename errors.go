@@ -140,11 +140,16 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrPartitionDecrease, err)
 	case errors.Is(err, metastate.ErrNotEnoughNodes):
 		return fmt.Errorf("%w: %v", ErrNoQuorum, err)
-	case errors.Is(err, replica.ErrNoInSync):
+	case errors.Is(err, replica.ErrNoInSync), errors.Is(err, replica.ErrReplicaFailed):
 		return fmt.Errorf("%w: %v", ErrNoQuorum, err)
 	case errors.Is(err, replica.ErrNoLeader): // and still the ctx's error that ended the wait
 		return fmt.Errorf("%w: %w", ErrNoQuorum, err)
 	case errors.Is(err, raftqueue.ErrUnknownOutcome), errors.Is(err, cluster.ErrUnknownOutcome):
+		for _, cerr := range []error{context.DeadlineExceeded, context.Canceled} {
+			if errors.Is(err, cerr) { // the caller's ctx ended: still its error too
+				return fmt.Errorf("%w: %w (%v)", ErrUnknownOutcome, cerr, err)
+			}
+		}
 		return fmt.Errorf("%w: %v", ErrUnknownOutcome, err)
 	case errors.Is(err, cluster.ErrClosed):
 		return fmt.Errorf("%w: %v", ErrClosed, err)

@@ -3,6 +3,10 @@ package mq
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/zeze-go/mq/internal/node"
 	"github.com/zeze-go/mq/internal/replica"
@@ -38,4 +42,50 @@ func Served(m *MQ, topic string, i int) error {
 		return fmt.Errorf("%w: %w", ErrNoTopic, err)
 	}
 	return err
+}
+
+// Raft3Membership returns what m's metadata state records of the replicas
+// of partition i of Raft3 topic that are lost (metastate.Partition.Lost),
+// and the voters of m's replica's raft configuration (nil when m holds
+// none).
+func Raft3Membership(m *MQ, topic string, i int) (lost, voters []string) {
+	if p, ok := m.cluster.Agent().Meta().State().Partition(topic, i); ok {
+		lost = p.Lost
+	}
+	t, ok := m.topics.Get(topic)
+	if !ok || i < 0 || i >= len(t.Parts) {
+		return lost, nil
+	}
+	r, ok := t.Parts[i].(*replica.Partition)
+	if !ok || r.RaftGroup() == nil {
+		return lost, nil
+	}
+	f := r.RaftGroup().Raft().GetConfiguration()
+	if f.Error() != nil {
+		return lost, nil
+	}
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			voters = append(voters, string(s.ID))
+		}
+	}
+	slices.Sort(voters)
+	return lost, voters
+}
+
+// Raft3Indexes returns the last log index and the commit index of m's
+// replica of partition i of Raft3 topic, 0, 0 when m holds none.
+func Raft3Indexes(m *MQ, topic string, i int) (last, commit uint64) {
+	t, ok := m.topics.Get(topic)
+	if !ok || i < 0 || i >= len(t.Parts) {
+		return 0, 0
+	}
+	r, ok := t.Parts[i].(*replica.Partition)
+	if !ok || r.RaftGroup() == nil {
+		return 0, 0
+	}
+	st := r.RaftGroup().Raft().Stats()
+	last, _ = strconv.ParseUint(st["last_log_index"], 10, 64)
+	commit, _ = strconv.ParseUint(st["commit_index"], 10, 64)
+	return last, commit
 }

@@ -9,6 +9,13 @@ type ClusterStatus struct {
 	// Leading lists the replicated partitions (Raft3, DoubleWrite) whose
 	// replica on this node leads now, as "topic/partition", sorted.
 	Leading []string
+	// Failed holds the DoubleWrite partitions whose record makes this node
+	// the leader while its replica cannot serve them, by
+	// "topic/partition", with why: it could not be opened or take the
+	// lead, or no intact copy is known (the leader's data directory was
+	// replaced while no follower was in sync). Sends to them fail at
+	// once; the pair is handed to its follower when that one is in sync.
+	Failed map[string]string
 }
 
 // NodeStatus is one node as the metadata group records it.
@@ -26,6 +33,12 @@ func (m *MQ) ClusterStatus() ClusterStatus {
 	}
 	ns := m.cluster.Status()
 	st := ClusterStatus{NodeID: ns.NodeID, Addr: ns.Addr, Leader: ns.Leader, Leading: ns.Leading}
+	for name, err := range ns.Failed {
+		if st.Failed == nil {
+			st.Failed = map[string]string{}
+		}
+		st.Failed[name] = err.Error()
+	}
 	for _, nd := range ns.Nodes {
 		st.Nodes = append(st.Nodes, NodeStatus{ID: nd.ID, Addr: nd.Addr, Up: nd.Up})
 	}

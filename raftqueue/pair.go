@@ -655,6 +655,15 @@ func (p *Pair) InSync() bool {
 	return l != nil && l.InSync()
 }
 
+// FollowerLost reports whether this replica leads and its follower
+// answered that its log no longer holds what it had matched (an empty or
+// replaced disk), and has not caught up since (pairlog.Leader.Lost): it
+// must not be recorded in sync.
+func (p *Pair) FollowerLost() bool {
+	l := p.lead.Load()
+	return l != nil && l.Lost()
+}
+
 // Matched returns the index up to which the follower's log is known to
 // match the leader's, 0 when this replica does not lead.
 func (p *Pair) Matched() uint64 {

@@ -34,6 +34,9 @@ type AgentConfig struct {
 	Advertise string   // the address other nodes dial; "" for the bound one
 	Seeds     []string // addresses of nodes to join through; none: start a new cluster
 	Secret    []byte   // the cluster secret
+	// Incarnation is the identity of the node's data directory
+	// (node.Incarnation), presented with its sessions.
+	Incarnation string
 
 	// ServerTLS and ClientTLS, both or neither, turn on mutual TLS.
 	ServerTLS, ClientTLS *tls.Config
@@ -165,7 +168,7 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, err
 	}
 	rt := transport.NewRaftTransport(layer)
-	n.meta, err = OpenMeta(MetaConfig{NodeID: cfg.ID, Addr: n.addr, RaftAddr: raftAddrIsID, Dir: filepath.Clean(cfg.Dir), Transport: rt,
+	n.meta, err = OpenMeta(MetaConfig{NodeID: cfg.ID, Addr: n.addr, Incarnation: cfg.Incarnation, RaftAddr: raftAddrIsID, Dir: filepath.Clean(cfg.Dir), Transport: rt,
 		Logger: n.log, Bootstrap: len(cfg.Seeds) == 0, SessionTimeout: n.timeout,
 		HeartbeatTimeout: cfg.HeartbeatTimeout, ElectionTimeout: cfg.ElectionTimeout,
 		LeaderLeaseTimeout: cfg.LeaderLeaseTimeout})
@@ -513,7 +516,7 @@ func (n *Agent) announce() {
 }
 
 func (n *Agent) register(ctx context.Context) error {
-	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Addr: n.addr})
+	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Addr: n.addr, Incarnation: n.cfg.Incarnation})
 	if err != nil {
 		return err
 	}
@@ -522,7 +525,7 @@ func (n *Agent) register(ctx context.Context) error {
 }
 
 func (n *Agent) heartbeat(ctx context.Context) error {
-	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Addr: n.addr})
+	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Addr: n.addr, Incarnation: n.cfg.Incarnation})
 	if err != nil {
 		return err
 	}

@@ -47,8 +47,11 @@ type MetaConfig struct {
 	RaftAddr func(id, addr string) raft.ServerAddress
 	// Addr is the address recorded for this node, its advertised RPC
 	// address, when it registers itself as leader; "" for the raft address.
-	Addr   string
-	Logger *slog.Logger // raft's logs and ours; nil for none
+	Addr string
+	// Incarnation is this node's data directory's identity
+	// (node.Incarnation), which it registers with itself as leader.
+	Incarnation string
+	Logger      *slog.Logger // raft's logs and ours; nil for none
 
 	// Bootstrap makes this node, if it has no raft state yet, the single
 	// voter of a new group: the first seed. Without state and without
@@ -80,6 +83,7 @@ type MetaConfig struct {
 type Meta struct {
 	id       string
 	addr     string
+	inc      string // this node's incarnation
 	raftAddr func(id, addr string) raft.ServerAddress
 	log      *slog.Logger
 	timeout  time.Duration // session timeout
@@ -189,6 +193,7 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 	m := &Meta{
 		id:       cfg.NodeID,
 		addr:     cmp.Or(cfg.Addr, string(cfg.Transport.LocalAddr())),
+		inc:      cfg.Incarnation,
 		raftAddr: cfg.RaftAddr,
 		log:      log,
 		timeout:  timeout,
@@ -534,11 +539,12 @@ func (m *Meta) raftErr(err error) error {
 }
 
 // AddNode registers a node on the leader: RegisterNode records it, up and
-// with a new session if it was down, then it joins the raft configuration
+// with a new session if it was down or comes back as another incarnation
+// (metastate.RegisterNode), then it joins the raft configuration
 // as a voter while the group has fewer than MaxVoters, else as a nonvoter.
 // Calling it again for a known node is how a node comes back up. It blocks
 // like Propose and returns its errors.
-func (m *Meta) AddNode(ctx context.Context, id, addr string) error {
+func (m *Meta) AddNode(ctx context.Context, id, addr, incarnation string) error {
 	if err := metastate.CheckNodeID(id); err != nil {
 		return err
 	}
@@ -567,7 +573,7 @@ func (m *Meta) AddNode(ctx context.Context, id, addr string) error {
 	}
 	// The address first: the leader's raft dials the node by id as soon
 	// as it is in the configuration, through the address book.
-	if _, err := m.Propose(ctx, metastate.RegisterNode{ID: id, Addr: addr, Voter: voter}); err != nil {
+	if _, err := m.Propose(ctx, metastate.RegisterNode{ID: id, Addr: addr, Voter: voter, Incarnation: incarnation}); err != nil {
 		return fmt.Errorf("register %s: %w", id, err)
 	}
 	raddr := raft.ServerAddress(addr)
@@ -672,8 +678,8 @@ func (m *Meta) checkSessions(now time.Time) {
 
 	ctx, cancel := context.WithTimeout(m.ctx, m.timeout)
 	defer cancel()
-	if self, ok := s.Node(m.id); !ok || !self.Up || self.Addr != m.addr || !self.Voter {
-		if _, err := m.Propose(ctx, metastate.RegisterNode{ID: m.id, Addr: m.addr, Voter: true}); err != nil {
+	if self, ok := s.Node(m.id); !ok || !self.Up || self.Addr != m.addr || !self.Voter || m.inc != "" && self.Incarnation != m.inc {
+		if _, err := m.Propose(ctx, metastate.RegisterNode{ID: m.id, Addr: m.addr, Voter: true, Incarnation: m.inc}); err != nil {
 			m.log.Warn("metadata leader cannot register itself", "node", m.id, "err", err)
 		}
 	}

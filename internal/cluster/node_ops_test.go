@@ -198,6 +198,7 @@ func TestAgent_ProposalsCheckEveryKind(t *testing.T) {
 		metastate.Promote{Topic: "d", Partition: led, Version: rec.Version, Leader: "n2"},
 		metastate.ReplaceFollower{Topic: "d", Partition: led, Version: rec.Version},
 		metastate.RenewEpoch{Topic: "d", Partition: led, Version: rec.Version},
+		metastate.Rejoined{Topic: "d", Partition: led, Node: "n1"},
 	} {
 		if _, err := n2.Propose(ctx, c); !errors.Is(err, ErrDenied) {
 			t.Errorf("%T from n2: %v, want ErrDenied", c, err)

@@ -51,6 +51,9 @@ type joinReq struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	ID       string
 	Addr     string
+	// Incarnation is the node's data directory's identity, in a join and
+	// a heartbeat; "" from an older release, and in the other uses.
+	Incarnation string
 }
 
 type checkTxReq struct {
@@ -67,7 +70,7 @@ const MaxCheckParts = 4096
 // a txid store.MaxKeyBytes; a list holds at most its own maximum, and at
 // least the fields of its struct.
 var (
-	nameLimits   = wire.Limits{Elems: 2, Bytes: metastate.MaxNameLen}
+	nameLimits   = wire.Limits{Elems: 3, Bytes: metastate.MaxNameLen}
 	checkLimits  = wire.Limits{Elems: MaxCheckParts, Bytes: store.MaxKeyBytes}
 	resultLimits = wire.Limits{Elems: metastate.MaxPartitions, Bytes: metastate.MaxNameLen}
 	tinyLimits   = wire.Limits{Elems: 1}
@@ -196,7 +199,7 @@ func (n *Agent) handleJoin(ctx context.Context, peer string, req []byte) ([]byte
 	if err := n.joinAllowed(ctx, peer, j.Addr); err != nil {
 		return nil, err
 	}
-	return nil, n.meta.AddNode(ctx, j.ID, j.Addr)
+	return nil, n.meta.AddNode(ctx, j.ID, j.Addr, j.Incarnation)
 }
 
 // handleHeartbeat renews the calling node's session on the leader. An
@@ -215,6 +218,10 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 	}
 	if nd, ok := n.meta.State().Node(j.ID); ok && nd.Up && nd.Addr != j.Addr {
 		return nil, fmt.Errorf("%w: %s moved to %s", metastate.ErrNodeDown, j.ID, j.Addr) // registers again
+	} else if ok && nd.Up && j.Incarnation != "" && nd.Incarnation != j.Incarnation {
+		// Another data directory than the one registered: the node
+		// registers again, which takes its replicas out of sync.
+		return nil, fmt.Errorf("%w: %s is incarnation %s, not %s", metastate.ErrNodeDown, j.ID, j.Incarnation, nd.Incarnation)
 	}
 	if j.ID == n.cfg.ID { // the leader itself: it is alive, and registers itself
 		return nil, nil
@@ -414,6 +421,12 @@ func (n *Agent) authorize(peer string, c metastate.Command) (cause string, err e
 		// A leader whose replica failed, or whose node closes, hands the
 		// pair to its follower, which Promote requires in sync and up.
 		return notPairLeader, pairLeader(s, peer, c.Topic, c.Partition)
+	case metastate.Rejoined:
+		// A replica caught up as a new server says so itself.
+		if c.Node != peer {
+			return "rejoin for another", fmt.Errorf("%w: node %s cannot record %s rejoined", ErrDenied, peer, c.Node)
+		}
+		return "", nil
 	}
 	return "the leader's own", fmt.Errorf("%w: %T is the leader's own", ErrDenied, c)
 }

@@ -28,10 +28,12 @@ import (
 // several partitions. A version 3 node would refuse such a command where a
 // version 4 one applies it: an older node must refuse the entry as unknown
 // rather than apply it otherwise. Version 5 added Rule.Group to SetACL's
-// rules; an older SetACL's rules match every group.
+// rules; an older SetACL's rules match every group. Version 6 added
+// RegisterNode.Incarnation, an older one having none, which changes no
+// incarnation, and the command Rejoined.
 const (
 	cmdMagic   = 0xC1 // never the first byte of a msgpack value
-	cmdVersion = 5
+	cmdVersion = 6
 )
 
 // Command kinds, the third byte of an encoded command.
@@ -48,6 +50,7 @@ const (
 	kindPromote
 	kindReplaceFollower
 	kindRenewEpoch
+	kindRejoined
 )
 
 // Command is one mutation of the metadata state: one of RegisterNode,
@@ -62,11 +65,17 @@ type Command interface {
 // RegisterNode adds a node or updates its address. A node marked down comes
 // back up with a new session. Voter records whether the node is a raft voter
 // of the metadata group, as the leader decides (see cluster.Meta.AddNode).
+// Incarnation is the identity of the node's data directory, made at its
+// first Open: one other than recorded is a directory that lost what the
+// node held (an empty or replaced disk), so the node comes back with a new
+// session and none of its replicas is in sync any more (Node.Incarnation).
+// "" keeps the recorded one.
 type RegisterNode struct {
-	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
-	ID       string
-	Addr     string
-	Voter    bool
+	_msgpack    struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	ID          string
+	Addr        string
+	Voter       bool
+	Incarnation string
 }
 
 // NodeDown marks a node down, proposed by the leader when the node's
@@ -220,6 +229,21 @@ func (SetInSync) kind() byte       { return kindSetInSync }
 func (Promote) kind() byte         { return kindPromote }
 func (ReplaceFollower) kind() byte { return kindReplaceFollower }
 func (RenewEpoch) kind() byte      { return kindRenewEpoch }
+func (Rejoined) kind() byte        { return kindRejoined }
+
+// Rejoined records that Node's replica of the Raft3 group holding
+// Partition caught up as a new server, after its node came back as
+// Incarnation (Partition.Lost): it is no longer lost, and may vote again.
+// Only the node itself proposes it. It returns ErrStale when the node is
+// no longer that incarnation, and changes nothing when the replica is not
+// lost.
+type Rejoined struct {
+	_msgpack    struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Topic       string
+	Partition   int
+	Node        string
+	Incarnation string
+}
 
 // RenewEpoch gives a DoubleWrite partition's leader the next epoch, its
 // replicas and in-sync set unchanged, or returns ErrStale if its record is
@@ -304,6 +328,8 @@ func DecodeCommand(b []byte) (Command, error) {
 		c, err = decodeAs[ReplaceFollower](body, cmdLimits)
 	case kindRenewEpoch:
 		c, err = decodeAs[RenewEpoch](body, cmdLimits)
+	case kindRejoined:
+		c, err = decodeAs[Rejoined](body, cmdLimits)
 	default:
 		return nil, fmt.Errorf("%w: command kind %d", ErrCorrupt, k)
 	}

@@ -87,8 +87,52 @@ func (s *State) setInSync(c SetInSync) (Topic, error) {
 	case len(c.InSync) == 2 && (c.InSync[1] == p.Leader || !slices.Contains(p.Replicas, c.InSync[1])):
 		return Topic{}, fmt.Errorf("%w: %s/%d: in sync %q, replicas %q", ErrInvalid, c.Topic, c.Partition, c.InSync, p.Replicas)
 	}
+	if len(p.InSync) == 0 {
+		// The leader's copy was lost (lostCopies): it cannot vouch for
+		// anyone, itself included.
+		return Topic{}, fmt.Errorf("%w: %s/%d: its leader %s holds no intact copy", ErrNotInSync, c.Topic, c.Partition, p.Leader)
+	}
 	p.InSync = slices.Clone(c.InSync)
 	return s.withPart(t, c.Partition, p), nil
+}
+
+// lostCopies takes the replicas of node id, whose data directory was
+// replaced (a new incarnation), out of every DoubleWrite record: a
+// follower is out of sync at once, and its leader replicates to it anew
+// at the next epoch, from nothing; a leader hands the pair to its
+// follower in sync, which leads at the next epoch with the node as its
+// follower (the promoted one may be down: the pair then waits for it, the
+// only intact copy). A leader without a follower in sync keeps the record
+// with no replica in sync: no copy is known to hold what was acked, and
+// nothing is served until an operator decides.
+func (s *State) lostCopies(id string) {
+	for _, name := range s.Topics() {
+		t := s.topics[name]
+		if t.Type == TypeRaft3 {
+			s.lostRaft3(t, id)
+			continue
+		}
+		if t.Type != TypeDoubleWrite {
+			continue
+		}
+		for i := range t.Parts {
+			p := t.Parts[i]
+			if p.Chunk != i || !slices.Contains(p.Replicas, id) {
+				continue
+			}
+			f := p.Follower()
+			switch {
+			case p.Leader == id && f != "" && slices.Contains(p.InSync, f):
+				p.Replicas, p.Leader, p.InSync = []string{f, id}, f, []string{f}
+			case p.Leader == id:
+				p.InSync = nil
+			default:
+				p.InSync = slices.DeleteFunc(slices.Clone(p.InSync), func(n string) bool { return n == id })
+			}
+			p.Epoch++
+			t = s.withPart(t, i, p)
+		}
+	}
 }
 
 func (s *State) promote(c Promote) (Topic, error) {
@@ -149,4 +193,54 @@ func (s *State) LeastLoaded(not ...string) string {
 		}
 	}
 	return best
+}
+
+// lostRaft3 marks node id's replicas of topic t's Raft3 groups lost
+// (Partition.Lost): they rejoin their groups as new servers.
+func (s *State) lostRaft3(t Topic, id string) {
+	changed := false
+	parts := slices.Clone(t.Parts)
+	for i := range parts {
+		p := parts[i]
+		if !slices.Contains(p.Replicas, id) || slices.Contains(p.Lost, id) {
+			continue
+		}
+		p.Lost = append(slices.Clone(p.Lost), id)
+		slices.Sort(p.Lost)
+		parts[i], changed = p, true
+	}
+	if changed {
+		t.Parts = parts
+		s.topics[t.Name] = t
+	}
+}
+
+func (s *State) rejoined(c Rejoined) (Topic, error) {
+	t, ok := s.topics[c.Topic]
+	switch {
+	case !ok:
+		return Topic{}, fmt.Errorf("%w: %s", ErrNoTopic, c.Topic)
+	case t.Type != TypeRaft3:
+		return Topic{}, fmt.Errorf("%w: topic %s is of type %d, not Raft3", ErrInvalid, c.Topic, t.Type)
+	case c.Partition < 0 || c.Partition >= len(t.Parts):
+		return Topic{}, fmt.Errorf("%w: %s/%d: %d partitions", ErrInvalid, c.Topic, c.Partition, len(t.Parts))
+	}
+	if nd, ok := s.nodes[c.Node]; !ok || nd.Incarnation != c.Incarnation {
+		return Topic{}, fmt.Errorf("%w: node %s is incarnation %q, not %q", ErrStale, c.Node, nd.Incarnation, c.Incarnation)
+	}
+	first, n := t.Chunk(c.Partition)
+	if !slices.Contains(t.Parts[first].Lost, c.Node) {
+		return t, nil
+	}
+	t.Parts = slices.Clone(t.Parts)
+	for j := first; j < first+n; j++ {
+		p := t.Parts[j]
+		p.Lost = slices.DeleteFunc(slices.Clone(p.Lost), func(id string) bool { return id == c.Node })
+		if len(p.Lost) == 0 {
+			p.Lost = nil
+		}
+		t.Parts[j] = p
+	}
+	s.topics[t.Name] = t
+	return t, nil
 }

@@ -238,7 +238,7 @@ func TestDoubleWrite_Snapshot(t *testing.T) {
 
 	for name, damage := range map[string]func(v *snapV3){
 		"VersionZero":   func(v *snapV3) { v.Topics[0].Parts[0].Version = 0 },
-		"NoneInSync":    func(v *snapV3) { v.Topics[0].Parts[0].InSync = nil },
+		"FollowerAlone": func(v *snapV3) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Replicas[1]} },
 		"FollowerFirst": func(v *snapV3) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Replicas[1], p.Replicas[0]} },
 		"LeaderTwice":   func(v *snapV3) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Leader, p.Leader} },
 		"OtherInSync":   func(v *snapV3) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Leader, "zz"} },
@@ -326,4 +326,136 @@ func TestDoubleWrite_Chunks(t *testing.T) {
 	}
 	ft.refused(CreateTopic{Name: "s", Partitions: 2, Type: TypeSingle, GroupSize: 2}, ErrInvalid)
 	ft.refused(CreateTopic{Name: "big", Partitions: 2, Type: TypeDoubleWrite, GroupSize: MaxGroupSize + 1}, ErrInvalid)
+}
+
+// TestDoubleWrite_NewIncarnation: a node registering with another
+// incarnation than recorded (its data directory replaced) loses every
+// replica's place in sync at once: as a follower it is out of sync and its
+// leader replicates to it anew at the next epoch; as a leader with a
+// follower in sync, the follower leads at the next epoch, with the node as
+// its follower; as a leader without one, no replica is in sync and none
+// may vouch for itself. The same incarnation, or none (an older release),
+// changes nothing, and a snapshot keeps the incarnations.
+func TestDoubleWrite_NewIncarnation(t *testing.T) {
+	ft := newStateT(t)
+	for _, id := range []string{"a", "b", "c"} {
+		ft.must(RegisterNode{ID: id, Addr: id + ":7000", Incarnation: "i1-" + id})
+	}
+	ft.must(CreateTopic{Name: "d", Partitions: 3, Type: TypeDoubleWrite, AllowAlone: true})
+	var asFollower, asLeader, alone int = -1, -1, -1
+	for i := range 3 {
+		switch p := ft.dwPart(i); {
+		case p.Follower() == "b" && asFollower < 0:
+			asFollower = i
+		case p.Leader == "b" && asLeader < 0:
+			asLeader = i
+		}
+	}
+	if asFollower < 0 || asLeader < 0 {
+		t.Fatalf("b neither leads nor follows one of d's pairs: %+v %+v %+v", ft.dwPart(0), ft.dwPart(1), ft.dwPart(2))
+	}
+	// One pair b leads alone in sync (the risk stage): no intact copy
+	// but b's.
+	ft.must(CreateTopic{Name: "e", Partitions: 1, Type: TypeDoubleWrite, AllowAlone: true})
+	e, _ := ft.s().Partition("e", 0)
+	if e.Leader == "b" {
+		alone = 0
+		ft.must(SetInSync{Topic: "e", Partition: 0, Version: e.Version, InSync: []string{"b"}})
+	}
+	before := map[int]Partition{}
+	for i := range 3 {
+		before[i] = ft.dwPart(i)
+	}
+	nd, _ := ft.s().Node("b")
+
+	// The same incarnation, and none, change nothing.
+	ft.must(RegisterNode{ID: "b", Addr: "b:7000", Incarnation: "i1-b"})
+	ft.must(RegisterNode{ID: "b", Addr: "b:7000"})
+	for i := range 3 {
+		if p := ft.dwPart(i); p.Version != before[i].Version {
+			t.Fatalf("d/%d changed by a registration of the same incarnation: %+v", i, p)
+		}
+	}
+
+	ft.must(RegisterNode{ID: "b", Addr: "b:7000", Incarnation: "i2-b"})
+	if got, _ := ft.s().Node("b"); got.Incarnation != "i2-b" || got.Session != nd.Session+1 || !got.Up {
+		t.Fatalf("b after its new incarnation: %+v (before %+v)", got, nd)
+	}
+	f := ft.dwPart(asFollower)
+	if want := before[asFollower]; f.Leader != want.Leader || !slices.Equal(f.InSync, []string{want.Leader}) || f.Epoch != want.Epoch+1 {
+		t.Fatalf("the pair b followed: %+v, want %s alone in sync at epoch %d", f, want.Leader, want.Epoch+1)
+	}
+	l := ft.dwPart(asLeader)
+	if want := before[asLeader]; l.Leader != want.Follower() || !slices.Equal(l.Replicas, []string{want.Follower(), "b"}) ||
+		!slices.Equal(l.InSync, []string{want.Follower()}) || l.Epoch != want.Epoch+1 {
+		t.Fatalf("the pair b led: %+v, want %s leading alone in sync at epoch %d, b its follower", l, want.Follower(), want.Epoch+1)
+	}
+	// b caught up is recorded in sync by its leader as before.
+	ft.must(SetInSync{Topic: "d", Partition: asFollower, Version: f.Version, InSync: []string{f.Leader, "b"}})
+	if alone == 0 {
+		p, _ := ft.s().Partition("e", 0)
+		if p.Leader != "b" || len(p.InSync) != 0 {
+			t.Fatalf("the pair b led alone: %+v, want no replica in sync", p)
+		}
+		ft.refused(SetInSync{Topic: "e", Partition: 0, Version: p.Version, InSync: []string{"b"}}, ErrNotInSync)
+	}
+	b, err := EncodeSnapshot(ft.s())
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := DecodeSnapshot(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sameState(back, ft.s()) {
+		t.Fatal("the snapshot lost a node's incarnation or a record")
+	}
+	if got, _ := back.Node("b"); got.Incarnation != "i2-b" {
+		t.Fatalf("b's incarnation after a snapshot: %q", got.Incarnation)
+	}
+}
+
+// TestRaft3_LostAndRejoined: a node registering as a new incarnation marks
+// its replicas of every Raft3 group lost, all the partitions of a group
+// alike, and the snapshot keeps them; Rejoined from its current
+// incarnation clears its mark in the whole group, and from an older one
+// is ErrStale, changing nothing; a Rejoined of a replica not lost changes
+// nothing; other types refuse it.
+func TestRaft3_LostAndRejoined(t *testing.T) {
+	ft := newStateT(t)
+	for _, id := range []string{"a", "b", "c"} {
+		ft.must(RegisterNode{ID: id, Addr: id + ":7000", Incarnation: "i1-" + id})
+	}
+	ft.must(CreateTopic{Name: "r", Partitions: 4, Type: TypeRaft3, GroupSize: 2})
+	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite})
+	ft.must(RegisterNode{ID: "b", Addr: "b:7000", Incarnation: "i2-b"})
+	for i := range 4 {
+		if p, _ := ft.s().Partition("r", i); !slices.Equal(p.Lost, []string{"b"}) {
+			t.Fatalf("r/%d after b's new incarnation: lost %q", i, p.Lost)
+		}
+	}
+	b, err := EncodeSnapshot(ft.s())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back, err := DecodeSnapshot(b); err != nil || !sameState(back, ft.s()) {
+		t.Fatalf("a snapshot with lost replicas: %v", err)
+	}
+	ft.refused(Rejoined{Topic: "r", Partition: 1, Node: "b", Incarnation: "i1-b"}, ErrStale)
+	ft.refused(Rejoined{Topic: "d", Partition: 0, Node: "b", Incarnation: "i2-b"}, ErrInvalid)
+	ft.refused(Rejoined{Topic: "r", Partition: 4, Node: "b", Incarnation: "i2-b"}, ErrInvalid)
+	ft.must(Rejoined{Topic: "r", Partition: 1, Node: "b", Incarnation: "i2-b"})
+	for i := range 4 {
+		p, _ := ft.s().Partition("r", i)
+		if want := i >= 2; (len(p.Lost) > 0) != want {
+			t.Fatalf("r/%d after b rejoined the group of r/0: lost %q", i, p.Lost)
+		}
+	}
+	ft.must(Rejoined{Topic: "r", Partition: 0, Node: "b", Incarnation: "i2-b"})
+	for i := range 4 {
+		p, _ := ft.s().Partition("r", i)
+		if want := i >= 2; (len(p.Lost) > 0) != want {
+			t.Fatalf("r/%d after a Rejoined of a replica not lost: lost %q", i, p.Lost)
+		}
+	}
 }

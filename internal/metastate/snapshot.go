@@ -23,14 +23,15 @@ import (
 // added snapTopic.Alone, snapPart.InSync and snapPart.Version; a version 2
 // snapshot is read with both replicas of a DoubleWrite partition in sync,
 // at version 1. Version 4 added Rule.Group; a version 3 snapshot's rules
-// match every group.
+// match every group. Version 5 added snapNode.Incarnation and snapPart.Lost;
+// an older snapshot's nodes have none, and no replica is lost.
 //
 // The decoder checks what Apply keeps true: sorted unique keys, limits,
 // replicas and members on known nodes, owners that are members. So a
 // damaged snapshot is ErrCorrupt, never a state Apply could not reach.
 const (
 	snapMagic   = "ZMMS"
-	snapVersion = 4
+	snapVersion = 5
 )
 
 type snapV4 struct {
@@ -150,6 +151,8 @@ type snapNode struct {
 	Up       bool
 	Joined   uint64
 	Session  uint64
+	// Incarnation is Node.Incarnation, since version 5.
+	Incarnation string
 }
 
 type snapTopic struct {
@@ -170,6 +173,7 @@ type snapPart struct {
 	Chunk    int
 	InSync   []string
 	Version  uint64
+	Lost     []string // since version 5
 }
 
 type snapGroup struct {
@@ -199,14 +203,15 @@ type snapRevoke struct {
 func EncodeSnapshot(s *State) ([]byte, error) {
 	v := snapV4{Index: s.index, ACL: s.acl}
 	for _, n := range s.Nodes() {
-		v.Nodes = append(v.Nodes, snapNode{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session})
+		v.Nodes = append(v.Nodes, snapNode{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session,
+			Incarnation: n.Incarnation})
 	}
 	for _, name := range s.Topics() {
 		t := s.topics[name]
 		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize, Alone: t.Alone}
 		for _, p := range t.Parts {
 			st.Parts = append(st.Parts, snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
-				InSync: p.InSync, Version: p.Version})
+				InSync: p.InSync, Version: p.Version, Lost: p.Lost})
 		}
 		v.Topics = append(v.Topics, st)
 	}
@@ -295,10 +300,11 @@ func (v *snapV4) state() (*State, error) {
 		if i > 0 && v.Nodes[i-1].ID >= n.ID {
 			return nil, fmt.Errorf("node %q out of order", n.ID)
 		}
-		if n.Addr == "" || len(n.Addr) > MaxNameLen || n.Session == 0 {
-			return nil, fmt.Errorf("node %s: address %q, session %d", n.ID, n.Addr, n.Session)
+		if n.Addr == "" || len(n.Addr) > MaxNameLen || n.Session == 0 || len(n.Incarnation) > MaxNameLen {
+			return nil, fmt.Errorf("node %s: address %q, session %d, incarnation of %d bytes", n.ID, n.Addr, n.Session, len(n.Incarnation))
 		}
-		s.nodes[n.ID] = Node{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session}
+		s.nodes[n.ID] = Node{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session,
+			Incarnation: n.Incarnation}
 	}
 	for i, t := range v.Topics {
 		if err := checkName("topic", t.Name); err != nil {
@@ -345,8 +351,14 @@ func (v *snapV4) state() (*State, error) {
 				p.Version != c.Version || !slices.Equal(p.InSync, c.InSync)) {
 				return nil, fmt.Errorf("topic %s/%d: a record other than its pair's (partition %d)", t.Name, j, p.Chunk)
 			}
+			if err := checkLost(t.Type, p); err != nil {
+				return nil, fmt.Errorf("topic %s/%d: %v", t.Name, j, err)
+			}
+			if c := t.Parts[p.Chunk]; !slices.Equal(p.Lost, c.Lost) {
+				return nil, fmt.Errorf("topic %s/%d: lost %q, its group's %q", t.Name, j, p.Lost, c.Lost)
+			}
 			tp.Parts[j] = Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
-				InSync: p.InSync, Version: p.Version}
+				InSync: p.InSync, Version: p.Version, Lost: p.Lost}
 		}
 		s.topics[t.Name] = tp
 	}
@@ -401,6 +413,23 @@ func (v *snapV4) state() (*State, error) {
 	return s, nil
 }
 
+// checkLost checks a partition's lost replicas: a Raft3 partition's, if
+// any, are some of its replicas, sorted and unique; other types have none.
+func checkLost(typ uint8, p snapPart) error {
+	if p.Lost == nil {
+		return nil
+	}
+	if typ != TypeRaft3 || len(p.Lost) == 0 {
+		return fmt.Errorf("lost %q for type %d", p.Lost, typ)
+	}
+	for i, id := range p.Lost {
+		if !slices.Contains(p.Replicas, id) || i > 0 && p.Lost[i-1] >= id {
+			return fmt.Errorf("lost %q of replicas %q", p.Lost, p.Replicas)
+		}
+	}
+	return nil
+}
+
 // checkPair checks the fields of a DoubleWrite pair in a partition of a
 // topic of type typ: what SetInSync, Promote and ReplaceFollower keep true,
 // the leader first in sync, the others replicas, and a version. A
@@ -412,7 +441,7 @@ func checkPair(typ uint8, p snapPart) error {
 		}
 		return nil
 	}
-	if p.Version == 0 || len(p.InSync) < 1 || len(p.InSync) > len(p.Replicas) || p.InSync[0] != p.Leader ||
+	if p.Version == 0 || len(p.InSync) > len(p.Replicas) || len(p.InSync) > 0 && p.InSync[0] != p.Leader ||
 		len(p.InSync) == 2 && (p.InSync[1] == p.Leader || !slices.Contains(p.Replicas, p.InSync[1])) {
 		return fmt.Errorf("in sync %q of replicas %q led by %q, version %d", p.InSync, p.Replicas, p.Leader, p.Version)
 	}

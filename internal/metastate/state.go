@@ -100,6 +100,11 @@ type Node struct {
 	Up      bool   // false once its session expired, until it registers again
 	Joined  uint64 // log index of its first registration
 	Session uint64 // 1 at the first registration, +1 each time it comes back up
+	// Incarnation is the identity of the node's data directory, made at
+	// its first Open and kept with it; "" for a node of an older release
+	// until it registers with one. A registration with another is a new
+	// incarnation: the directory lost what the node held.
+	Incarnation string
 }
 
 // Topic is a topic with its partitions' placement.
@@ -155,6 +160,13 @@ type Partition struct {
 	// its record (SetInSync, Promote, ReplaceFollower, RenewEpoch): the
 	// token their compare-and-set carries. 0 for the other types.
 	Version uint64
+	// Lost is, for a Raft3 partition, its replicas whose node came back
+	// as a new incarnation (its data directory replaced) and that have
+	// not yet rejoined the raft group as new servers (Rejoined): such a
+	// replica never bootstraps the group, never votes, and its group's
+	// leader removes it and adds it back as a nonvoter, promoted once it
+	// caught up. Sorted; nil for the other types and while none is lost.
+	Lost []string
 }
 
 // Follower returns a DoubleWrite partition's follower: its replica that
@@ -439,6 +451,8 @@ func (s *State) Apply(index uint64, c Command) (next *State, res Result, err err
 		res.Topic, err = n.replaceFollower(c)
 	case RenewEpoch:
 		res.Topic, err = n.renewEpoch(c)
+	case Rejoined:
+		res.Topic, err = n.rejoined(c)
 	default:
 		err = fmt.Errorf("%w: command %T", ErrInvalid, c)
 	}
@@ -459,12 +473,23 @@ func (s *State) registerNode(index uint64, c RegisterNode) (uint64, error) {
 	if !ok {
 		nd = Node{ID: c.ID, Joined: index}
 	}
-	if !nd.Up {
+	if len(c.Incarnation) > MaxNameLen {
+		return 0, fmt.Errorf("%w: node %s incarnation of %d bytes", ErrInvalid, c.ID, len(c.Incarnation))
+	}
+	reborn := ok && nd.Incarnation != "" && c.Incarnation != "" && c.Incarnation != nd.Incarnation
+	if !nd.Up || reborn {
 		nd.Up = true
 		nd.Session++
 	}
+	if c.Incarnation != "" {
+		nd.Incarnation = c.Incarnation
+	}
 	nd.Addr, nd.Voter = c.Addr, c.Voter
 	s.nodes[c.ID] = nd
+	if reborn {
+		s.dropMembers(c.ID) // the old process's members are gone with it
+		s.lostCopies(c.ID)
+	}
 	return nd.Session, nil
 }
 
@@ -478,23 +503,29 @@ func (s *State) nodeDown(c NodeDown) error {
 	}
 	nd.Up = false
 	s.nodes[c.ID] = nd
+	s.dropMembers(c.ID)
+	return nil
+}
+
+// dropMembers removes node id's consumer-group members from their groups,
+// which rebalance.
+func (s *State) dropMembers(id string) {
 	for k, g := range s.groups { // each group on its own: the order does not matter
 		var gone []string
-		for id, m := range g.Members {
-			if m.Node == c.ID {
-				gone = append(gone, id)
+		for mid, m := range g.Members {
+			if m.Node == id {
+				gone = append(gone, mid)
 			}
 		}
 		if len(gone) == 0 {
 			continue
 		}
 		g = g.clone()
-		for _, id := range gone {
-			delete(g.Members, id)
+		for _, mid := range gone {
+			delete(g.Members, mid)
 		}
 		s.groups[k] = s.rebalance(g)
 	}
-	return nil
 }
 
 func (s *State) createTopic(c CreateTopic) (Topic, error) {

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/google/uuid"
+
 	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/internal/metastate"
 )
@@ -77,4 +79,40 @@ func Claim(dir, id string) error {
 		return fmt.Errorf("open %s: %w", path, err)
 	}
 	return nil
+}
+
+// The incarnation file, <dir>/cluster/incarnation: incarnationHeader, then
+// a random id made at the directory's first Open as a cluster node, and a
+// newline. The node registers with it (metastate.Node.Incarnation): a
+// directory that lost its data, emptied or replaced, has none, gets a new
+// one, and the metadata then knows that none of the node's replicas holds
+// what it held.
+const incarnationHeader = "zeze-mq incarnation 1\n"
+
+// Incarnation returns the incarnation of dir, a cluster node's directory,
+// making it at the first call. A damaged file is ErrCorrupt: the node
+// would otherwise come back as a new incarnation, its replicas caught up
+// anew, for a file an operator may restore.
+func Incarnation(dir string) (string, error) {
+	path := filepath.Join(dir, "cluster", "incarnation")
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		id, hasHeader := strings.CutPrefix(string(b), incarnationHeader)
+		id, hasEnd := strings.CutSuffix(id, "\n")
+		if _, perr := uuid.Parse(id); !hasHeader || !hasEnd || perr != nil {
+			return "", fmt.Errorf("%w: %s is not an incarnation file", ErrCorrupt, path)
+		}
+		return id, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("open %s: %w", path, err)
+	}
+	id := uuid.NewString()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", err
+	}
+	if err := boltsafe.ReplaceFile(path, []byte(incarnationHeader+id+"\n")); err != nil {
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	return id, nil
 }

@@ -69,6 +69,7 @@ type Config struct {
 type Node struct {
 	cfg     Config
 	dir     string
+	inc     string // the incarnation of dir (Incarnation)
 	agent   *cluster.Agent
 	coord   *cluster.Coordinator
 	tx      atomic.Pointer[txn.Node] // answers check-backs once set (ServeTx)
@@ -120,6 +121,12 @@ func Open(cfg Config) (*Node, error) {
 	}
 	ac := cfg.Agent
 	ac.Dir = filepath.Join(n.dir, "cluster")
+	inc, err := Incarnation(n.dir)
+	if err != nil {
+		n.cancel()
+		return nil, err
+	}
+	ac.Incarnation, n.inc = inc, inc
 	ac.Partitions, ac.Authorize, ac.CheckTx, ac.Serve = n.Served, n.authorize, n.checkTx, n.serveReplicas
 	agent, err := cluster.OpenAgent(ac)
 	if err != nil {
@@ -152,6 +159,7 @@ func (n *Node) ServeTx(tx *txn.Node) { n.tx.Store(tx) }
 func (n *Node) Start() {
 	n.sync(n.agent.Meta().State())
 	n.wg.Go(n.syncLoop)
+	n.wg.Go(n.rejoinLoop)
 	n.wg.Go(func() { n.coord.Run(n.ctx) })
 }
 
@@ -275,6 +283,9 @@ type Status struct {
 	// Leading lists the replicated partitions whose replica on this node
 	// leads now, as "topic/partition", sorted.
 	Leading []string
+	// Failed holds the replicated partitions this node is to lead and
+	// cannot serve, by "topic/partition", with why (replica.ErrReplicaFailed).
+	Failed map[string]error
 }
 
 // Status returns what the node knows of its cluster.
@@ -284,6 +295,12 @@ func (n *Node) Status() Status {
 	n.eachReplicated(func(p *replica.Partition) {
 		if p.Leads() {
 			st.Leading = append(st.Leading, p.Name())
+		}
+		if err := p.Failed(); err != nil {
+			if st.Failed == nil {
+				st.Failed = map[string]error{}
+			}
+			st.Failed[p.Name()] = err
 		}
 	})
 	slices.Sort(st.Leading)

@@ -125,6 +125,13 @@ func (n *Node) sync(st *metastate.State) {
 	if n.closed.Load() {
 		return
 	}
+	if nd, ok := st.Node(n.agent.ID()); ok && nd.Incarnation != "" && nd.Incarnation != n.inc {
+		// A state from before this directory's incarnation registered:
+		// it places the replicas the node held with its old data, which
+		// this directory lacks. Nothing is opened until the metadata
+		// knows (metastate.RegisterNode), which marks them lost.
+		return
+	}
 	for p, cfg := range n.unopened {
 		if n.attachGroup(p, cfg) == nil { // a failure was logged when it first failed
 			delete(n.unopened, p)
@@ -255,7 +262,8 @@ func (n *Node) attachGroup(p *replica.Partition, cfg replica.Raft3Config) error 
 		g, err := replica.OpenGroup(replica.GroupConfig{Self: cfg.Self, Replicas: cfg.Replicas,
 			Dir: filepath.Join(n.dir, "raft3", cfg.Topic, strconv.Itoa(cfg.First)), Partitions: cfg.Partitions,
 			Mux: n.agent.RaftMux(), Name: name, Log: log, ElectionTimeout: n.cfg.ElectionTimeout,
-			Logger: cluster.NewHCLogger(n.cfg.Logger.With("topic", cfg.Topic, "group", cfg.First), "raft3")})
+			Logger: cluster.NewHCLogger(n.cfg.Logger.With("topic", cfg.Topic, "group", cfg.First), "raft3"),
+			Lost:   func() []string { return n.lostOf(cfg.Topic, cfg.First) }})
 		if err == nil {
 			delete(n.logs, name) // the group has it; a failed open is tried again on it
 		}

@@ -15,6 +15,13 @@ import (
 // mean one copy. It lasts until a follower has caught up.
 var ErrNoInSync = errors.New("replica: the DoubleWrite partition has no follower in sync")
 
+// ErrReplicaFailed is a call to a DoubleWrite partition whose record makes
+// this node the leader while its replica cannot serve: it could not be
+// opened or take its role, or the record holds no intact copy, the
+// leader's own having been lost with its data directory. It wraps the
+// cause and lasts until the record or the replica changes.
+var ErrReplicaFailed = errors.New("replica: this node's DoubleWrite replica cannot serve")
+
 // PairRecord is a DoubleWrite partition's record in the metadata, as the
 // node last saw it: metastate.Partition's fields.
 type PairRecord struct {
@@ -46,6 +53,14 @@ func (r PairRecord) Follower() string {
 func (r PairRecord) followerInSync() bool {
 	f := r.Follower()
 	return f != "" && slices.Contains(r.InSync, f)
+}
+
+// leaderInSync reports whether the leader holds every acked entry: false
+// once the metadata found its data directory replaced (a new incarnation)
+// with no follower in sync to take over, when no intact copy is known.
+func (r PairRecord) leaderInSync() bool {
+	l := r.leader()
+	return l != "" && slices.Contains(r.InSync, l)
 }
 
 // DoubleWriteConfig configures a node's DoubleWrite partition.
@@ -93,6 +108,9 @@ func (k *doubleWrite) next() route {
 	leader, changed := k.pair.leader()
 	switch {
 	case leader == k.cfg.Self:
+		if err := k.pair.failed(); err != nil {
+			return route{fail: fmt.Errorf("%w: %s/%d: %w", ErrReplicaFailed, k.cfg.Topic, k.cfg.Index, err), changed: changed}
+		}
 		if r, refuse := k.pair.local(); r != nil {
 			rt := route{local: r, changed: changed}
 			if refuse {
@@ -121,6 +139,16 @@ func (k *doubleWrite) sent(leader string, err error) {
 	if due {
 		k.cfg.Report(leader)
 	}
+}
+
+// Failed returns why this node cannot serve a DoubleWrite partition whose
+// record makes it the leader (ErrReplicaFailed's cause), nil when it can,
+// when another node leads, and for the other types.
+func (p *Partition) Failed() error {
+	if k, ok := p.kind.(*doubleWrite); ok {
+		return k.pair.failed()
+	}
+	return nil
 }
 
 // candidates: the record names one leader; a call waits after each try,

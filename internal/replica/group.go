@@ -31,11 +31,21 @@ type GroupConfig struct {
 	Log             *raftqueue.WALLog
 	ElectionTimeout time.Duration // raft's default if zero
 	Logger          hclog.Logger
+	// Lost returns the group's lost replicas (metastate.Partition.Lost):
+	// their nodes came back as new incarnations, their data directories
+	// replaced, and they have not yet rejoined the group as new servers
+	// (Rejoin). A lost replica never bootstraps the group, which the
+	// others hold, and votes only for a replica that is not lost: its
+	// empty log would grant any candidate, one lacking what was committed
+	// too. Nil: none is lost.
+	Lost func() []string
 }
 
 // OpenGroup opens a node's replica of a Raft3 raft group. A new replica
 // bootstraps the group with the three replicas; each of the three does so
-// alike, which raft allows. One with state rejoins.
+// alike, which raft allows. One with state rejoins, and so does a lost one
+// (cfg.Lost), which waits to be added back by the group's leader (Rejoin)
+// and meanwhile votes only for replicas not lost.
 //
 // The group's layer accepts raft streams only from its members: the
 // replicas the metadata places (cfg.Replicas: a Raft3 group's placement
@@ -51,7 +61,15 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 		g := opened.Load()
 		return g != nil && transport.InConfiguration(g.Raft(), peer)
 	}
-	layer, err := cfg.Mux.Layer(cfg.Name, transport.LayerConfig{Member: member})
+	lost := func() []string { return nil }
+	if cfg.Lost != nil {
+		lost = cfg.Lost
+	}
+	vote := func(candidate string) bool {
+		l := lost()
+		return !slices.Contains(l, cfg.Self) || !slices.Contains(l, candidate)
+	}
+	layer, err := cfg.Mux.Layer(cfg.Name, transport.LayerConfig{Member: member, Vote: vote})
 	if err != nil {
 		return nil, err
 	}
@@ -82,9 +100,11 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 	for j, id := range cfg.Replicas {
 		servers[j] = raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(id)}
 	}
-	if err := g.Bootstrap(servers); err != nil {
-		g.Close()
-		return nil, err
+	if !slices.Contains(lost(), cfg.Self) {
+		if err := g.Bootstrap(servers); err != nil {
+			g.Close()
+			return nil, err
+		}
 	}
 	opened.Store(g)
 	return g, nil
@@ -94,10 +114,12 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 // partitions it carries share it: the first to be attached opens it
 // (RaftGroups.Attach), the last to close closes it.
 type sharedGroup struct {
-	g    *raftqueue.Group
-	name string
-	gs   *RaftGroups
-	refs int // guarded by gs.mu: the partitions attached; 0 once closed
+	g     *raftqueue.Group
+	name  string
+	topic string // the topic, and first its group's first partition
+	first int
+	gs    *RaftGroups
+	refs  int // guarded by gs.mu: the partitions attached; 0 once closed
 	// damaged: a partition of this replica met damage (store.ErrCorrupt or
 	// ErrFailed) in a read or an apply. The replica no longer serves, and
 	// hands its leadership over whenever it leads (Partition.WhileLeading),
@@ -131,7 +153,7 @@ func (gs *RaftGroups) Attach(p *Partition, name string, open func() (*raftqueue.
 		if err != nil {
 			return err
 		}
-		g = &sharedGroup{g: rg, name: name, gs: gs}
+		g = &sharedGroup{g: rg, name: name, topic: k.cfg.Topic, first: k.cfg.First, gs: gs}
 		if gs.m == nil {
 			gs.m = map[string]*sharedGroup{}
 		}
@@ -143,6 +165,17 @@ func (gs *RaftGroups) Attach(p *Partition, name string, open func() (*raftqueue.
 		g.closeLocked()
 	}
 	return nil
+}
+
+// Each calls fn with each open replica, named by its topic and its group's
+// first partition, not under gs's lock: a replica may close meanwhile.
+func (gs *RaftGroups) Each(fn func(topic string, first int, g *raftqueue.Group)) {
+	gs.mu.Lock()
+	groups := slices.Collect(maps.Values(gs.m))
+	gs.mu.Unlock()
+	for _, g := range groups {
+		fn(g.topic, g.first, g.g)
+	}
 }
 
 // HandOff hands the leadership of each group whose replica here leads to

@@ -79,8 +79,13 @@ type Pair struct {
 	syncing bool            // guarded by mu: the risk stage ended, the follower catching up in sync
 	renew   bool            // guarded by mu: the replica led the record's epoch before: ask for the next
 	stalled bool            // guarded by mu: leading, the follower matched nothing new for FollowerTimeout
+	roleErr error           // guarded by mu: why the replica could not open or take its role at the last Update
 	closed  bool            // guarded by mu
 }
+
+// errNoIntactCopy is the cause of ErrReplicaFailed when the record keeps
+// this node's replica as the leader but in sync no more.
+var errNoIntactCopy = errors.New("no intact copy known: the leader's data directory was replaced and no follower was in sync")
 
 // pairRole is what this node's replica was last told.
 type pairRole struct {
@@ -199,9 +204,28 @@ func (p *Pair) Update(rec PairRecord) {
 	p.rec, p.renew = rec, false
 	close(p.changed)
 	p.changed = make(chan struct{})
-	if err := p.takeRole(); err != nil {
-		p.cfg.Logger.Error("DoubleWrite replica cannot take its role", "epoch", rec.Epoch, "replicas", rec.Replicas, "err", err)
+	p.roleErr = p.takeRole()
+	if p.roleErr != nil {
+		p.cfg.Logger.Error("DoubleWrite replica cannot take its role", "pair", p.name, "epoch", rec.Epoch, "replicas", rec.Replicas, "err", p.roleErr)
 	}
+}
+
+// failed returns why this node's replica cannot serve as the record's
+// leader: it could not open or take its role, or the record knows no
+// intact copy. Nil otherwise, and when the record names another leader.
+func (p *Pair) failed() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rec.leader() != p.cfg.Self {
+		return nil
+	}
+	if p.roleErr != nil {
+		return p.roleErr
+	}
+	if !p.rec.leaderInSync() {
+		return errNoIntactCopy
+	}
+	return nil
 }
 
 // takeRole gives this node's replica the role p.rec gives it. mu is held.
@@ -222,7 +246,10 @@ func (p *Pair) takeRole() error {
 		}
 		p.rep = r
 	}
-	if self == rec.Follower() {
+	if self == rec.Follower() || !rec.leaderInSync() {
+		// Following, or leading a record that knows no intact copy: this
+		// replica, which lost its data, must not lead what it lacks. It
+		// serves the epoch so that nothing older is taken.
 		if p.role.follow && p.role.epoch == rec.Epoch {
 			return nil
 		}
@@ -280,13 +307,13 @@ func (p *Pair) watch() {
 		case <-tick.C:
 		}
 		p.mu.Lock()
-		rec, r, role, renew := p.rec, p.rep, p.role, p.renew
+		rec, r, role, renew, roleErr := p.rec, p.rep, p.role, p.renew, p.roleErr
 		p.mu.Unlock()
 		if renew {
 			p.propose(rec, func(ctx context.Context) error { return p.cfg.RenewEpoch(ctx, rec) }, "renew the epoch")
 			continue
 		}
-		if err := p.failedLeader(rec, r, role); err != nil {
+		if err := p.failedLeader(rec, r, role, roleErr); err != nil {
 			// This replica failed: the follower, which holds every acked
 			// entry, is to lead instead of a node that stays up but can
 			// no longer ack.
@@ -297,6 +324,14 @@ func (p *Pair) watch() {
 		if r == nil || !role.lead || rec.Follower() == "" || !r.Leading() {
 			laggingSince = time.Time{}
 			p.setStalled(false)
+			continue
+		}
+		if rec.followerInSync() && r.FollowerLost() {
+			// The follower's log no longer holds what it matched: it
+			// lost its disk. Out of sync before anything else is acked,
+			// so that it is never promoted with what it lacks; commits
+			// wait for it meanwhile.
+			p.setInSync(rec, []string{p.cfg.Self})
 			continue
 		}
 		matched, lag := r.Matched(), r.Lag()
@@ -371,7 +406,10 @@ func (ps *Pairs) HandOff(timeout time.Duration) {
 // failedLeader returns why this node's replica, which leads rec, failed,
 // when it should hand the pair to its follower: in sync and up. Nil
 // otherwise.
-func (p *Pair) failedLeader(rec PairRecord, r *raftqueue.Pair, role pairRole) error {
+func (p *Pair) failedLeader(rec PairRecord, r *raftqueue.Pair, role pairRole, roleErr error) error {
+	if roleErr != nil && rec.leader() == p.cfg.Self && p.cfg.HandOff != nil && rec.followerInSync() && rec.FollowerUp {
+		return roleErr // the replica could not open or take the lead
+	}
 	if !p.mayHandOff(rec, r, role) {
 		return nil
 	}

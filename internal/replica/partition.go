@@ -119,6 +119,9 @@ type route struct {
 	// of running; nil when they run.
 	refuse error
 	node   string // without local: the node to ask, "" while none is known
+	// fail is, without local and node, the error every call gets at once:
+	// the leader is this node, whose replica cannot serve.
+	fail error
 	// changed is closed when the route may change; nil when nothing
 	// signals it.
 	changed <-chan struct{}
@@ -176,6 +179,8 @@ func (p *Partition) route(ctx context.Context, idempotent bool, local func(r lea
 		switch {
 		case rt.local != nil:
 			err = p.kind.checkDamage(local(rt.local, rt.refuse))
+		case rt.fail != nil:
+			return rt.fail
 		case rt.node != "":
 			rp, rerr := p.remote(rt.node)
 			if rerr != nil {
@@ -199,6 +204,9 @@ func (p *Partition) route(ctx context.Context, idempotent bool, local func(r lea
 			// ran there.
 		case errors.Is(err, remote.ErrUnavailable) && !idempotent:
 			return fmt.Errorf("%w: %w", raftqueue.ErrUnknownOutcome, err) // sent, and the connection broke
+		case rt.node != "" && !idempotent && ctx.Err() != nil && errors.Is(err, ctx.Err()):
+			// The caller gave up while the leader's node may have run it.
+			return fmt.Errorf("%w: %w", raftqueue.ErrUnknownOutcome, err)
 		case errors.Is(err, remote.ErrUnavailable):
 			// A read: asked again.
 		default:

@@ -27,6 +27,7 @@ import (
 // of a chunk ends before raft gets any byte of it, so raft never acts on a
 // request that fails.
 const (
+	rpcTypeRequestVote     = 1
 	rpcTypeInstallSnapshot = 2
 	maxRPCType             = 4 // RequestPreVote, the last of raft v1.7.3's
 	// maxCheckDepth bounds the nesting of a request's values; raft's are
@@ -108,9 +109,18 @@ type rpcCheck struct {
 
 	id, addr bool  // ID and Addr seen
 	size     int64 // Size, as raft will read it
+
+	vote func(candidate string) bool // LayerConfig.Vote; nil grants every vote
 }
 
-func newRPCCheck(peer string) *rpcCheck { return &rpcCheck{peer: peer} }
+// errVoteWithheld closes a stream carrying a request for a vote that this
+// replica withholds from the peer (LayerConfig.Vote): raft's candidate
+// counts it as not granted.
+var errVoteWithheld = errors.New("transport: vote withheld")
+
+func newRPCCheck(peer string, vote func(candidate string) bool) *rpcCheck {
+	return &rpcCheck{peer: peer, vote: vote}
+}
 
 // feed checks the next bytes of the stream; after an error the stream is
 // to be closed, and feed must not be called again.
@@ -120,6 +130,9 @@ func (c *rpcCheck) feed(b []byte) error {
 		case csType:
 			if b[0] > maxRPCType {
 				return fmt.Errorf("%w: request type %d", errBadRPC, b[0])
+			}
+			if b[0] == rpcTypeRequestVote && c.vote != nil && !c.vote(c.peer) {
+				return errVoteWithheld
 			}
 			c.rpc, c.id, c.addr, c.size = b[0], false, false, 0
 			c.state = csLead

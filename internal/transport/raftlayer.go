@@ -111,6 +111,12 @@ type LayerConfig struct {
 	// from the mux's goroutines without its locks held, so it must not
 	// wait for the group's raft.
 	Member func(peer string) bool
+	// Vote, unless nil, says whether this replica may vote for node
+	// candidate: a RequestVote from a peer it returns false for is not
+	// given to raft, and its stream is closed, which raft's candidate
+	// counts as a vote not granted (not a refusal of the peer). Called
+	// from raft's goroutines; it must not wait for the group's raft.
+	Vote func(candidate string) bool
 }
 
 // InConfiguration reports whether node id is a server of r's latest
@@ -236,6 +242,7 @@ func (m *RaftMux) Layer(group string, cfg LayerConfig) (*RaftLayer, error) {
 		m:       m,
 		group:   group,
 		member:  cfg.Member,
+		vote:    cfg.Vote,
 		queue:   make(chan *stream, MaxQueuedStreams),
 		done:    make(chan struct{}),
 		streams: make(map[*stream]struct{}),
@@ -412,7 +419,7 @@ func (m *RaftMux) route(ys *yamux.Stream, in *inSession) {
 		m.refuse(in)
 		return
 	}
-	s := &stream{ys: ys, l: l, peer: peerID, check: newRPCCheck(peerID), in: in}
+	s := &stream{ys: ys, l: l, peer: peerID, check: newRPCCheck(peerID, l.vote), in: in}
 	switch l.queueStream(s) {
 	case queued:
 		in.refused.Store(0)
@@ -578,9 +585,10 @@ type RaftLayer struct {
 	m      *RaftMux
 	group  string
 	member func(peer string) bool
-	queue  chan *stream    // inbound streams waiting for Accept
-	done   chan struct{}   // closed by Close
-	ctx    context.Context // cancelled by Close: ends Dial
+	vote   func(candidate string) bool // LayerConfig.Vote
+	queue  chan *stream                // inbound streams waiting for Accept
+	done   chan struct{}               // closed by Close
+	ctx    context.Context             // cancelled by Close: ends Dial
 	cancel context.CancelFunc
 
 	mu      sync.Mutex

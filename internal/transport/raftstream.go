@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -65,7 +66,10 @@ func (s *stream) Read(p []byte) (int, error) {
 		return n, err
 	}
 	if n > 0 {
-		if cerr := s.check.feed(p[:n]); cerr != nil {
+		if cerr := s.check.feed(p[:n]); errors.Is(cerr, errVoteWithheld) {
+			s.kill()
+			return 0, cerr
+		} else if cerr != nil {
 			s.l.m.refused(s.peer, s.l.group, "transport: closed raft stream: a request not from the peer, or not raft's", "err", cerr)
 			s.kill()
 			s.l.m.refuse(s.in)

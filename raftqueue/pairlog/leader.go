@@ -71,6 +71,10 @@ type LeaderConfig struct {
 	MaxPending int
 	// RetryAfter is the wait after an Append that failed, 20 ms by default.
 	RetryAfter time.Duration
+	// CheckEvery is how long the leader lets the follower go without an
+	// Append while there is nothing to send, 500 ms by default: an empty
+	// one then checks that its log still holds what it matched (Lost).
+	CheckEvery time.Duration
 	// Snapshot returns the state machine's state, holding every effect up
 	// to the index it returns, for a follower that needs entries the log
 	// no longer holds. It is sent with Peer.Install in pieces of
@@ -110,6 +114,13 @@ type Leader struct {
 	// installed is the index of the last snapshot the follower restored:
 	// its log holds no entry there, so send checks no epoch at it.
 	installed uint64
+	// lost is set when the follower answered that its log no longer holds
+	// entries it matched (an empty or replaced disk), until it holds
+	// again every entry that may have been acked.
+	lost bool
+	// check is set when the follower has gone CheckEvery without an
+	// Append: the next one goes even if empty.
+	check bool
 }
 
 // entry is one proposed entry and its future.
@@ -149,6 +160,9 @@ func NewLeader(cfg LeaderConfig) (*Leader, error) {
 	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = 20 * time.Millisecond
+	}
+	if cfg.CheckEvery <= 0 {
+		cfg.CheckEvery = 500 * time.Millisecond
 	}
 	epoch := cfg.Log.Epoch()
 	if epoch == 0 {
@@ -337,7 +351,23 @@ func (l *Leader) SetSync(sync bool) {
 func (l *Leader) InSync() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.inSync()
+}
+
+// inSync is InSync with mu held.
+func (l *Leader) inSync() bool {
 	return l.cfg.Peer != nil && !l.async && l.failed == nil && !l.reset && l.matched >= l.acked
+}
+
+// Lost reports whether the follower answered that its log no longer holds
+// entries it had matched, an empty or replaced disk, and has not yet
+// caught up again (InSync): it must not be recorded in sync, nor lead,
+// until then. What it matched is then known to be nothing, and the
+// leader commits nothing until it holds the entries again.
+func (l *Leader) Lost() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lost
 }
 
 // Matched returns the index up to which the follower's log is known to
@@ -433,10 +463,11 @@ func (l *Leader) send() bool {
 	for i := max(prev+1, mem); i <= to; i++ {
 		a.Entries = append(a.Entries, &l.at(i).log)
 	}
-	idle := l.matched >= prev && to == prev && a.Commit <= l.told && !l.reset
+	idle := l.matched >= prev && to == prev && a.Commit <= l.told && !l.reset && !l.check
+	l.check = false
 	l.mu.Unlock()
 	if idle {
-		return l.wait(l.wakeSend)
+		return l.idle()
 	}
 	if hi := min(to, mem-1); prev < mem && max(prev, 1) <= hi {
 		// prev's epoch, and the entries no longer in memory, applied and so
@@ -495,10 +526,17 @@ func (l *Leader) send() bool {
 		l.reset = false
 		l.matched, l.sendAfter = max(l.matched, end), max(l.sendAfter, end)
 		l.told = max(l.told, a.Commit)
+		l.lost = l.lost && !l.inSync()
 		signal(l.wakeApply)
 		l.mu.Unlock()
 		return true
 	case errors.As(err, &me):
+		if me.Last < l.matched {
+			// An intact follower never loses an entry it matched: it cuts
+			// only a tail past what both held, and compacts only what its
+			// files hold. Its log was lost; it holds nothing known.
+			l.lost, l.matched, l.reset = true, 0, true
+		}
 		l.sendAfter = min(me.Last, prev-1)
 		l.mu.Unlock()
 		return true
@@ -515,6 +553,24 @@ func (l *Leader) send() bool {
 	}
 	l.mu.Unlock()
 	return l.retry()
+}
+
+// idle waits for something to send, or CheckEvery, after which the next
+// Append goes even if empty; false once the leader stops.
+func (l *Leader) idle() bool {
+	t := time.NewTimer(l.cfg.CheckEvery)
+	defer t.Stop()
+	select {
+	case <-l.wakeSend:
+		return true
+	case <-t.C:
+		l.mu.Lock()
+		l.check = true
+		l.mu.Unlock()
+		return true
+	case <-l.ctx.Done():
+		return false
+	}
 }
 
 // install sends the follower a snapshot of this replica's state, in
@@ -563,6 +619,7 @@ func (l *Leader) install() bool {
 	l.installed = index
 	l.reset = false
 	l.matched, l.sendAfter = max(l.matched, index), max(l.sendAfter, index)
+	l.lost = l.lost && !l.inSync()
 	signal(l.wakeApply)
 	return true
 }

@@ -92,7 +92,10 @@ func (p *testPeer) Append(ctx context.Context, a Append) (uint64, error) {
 	if p.down.Load() {
 		return 0, errLink
 	}
-	end, err := p.f.Append(a)
+	p.mu.Lock()
+	f := p.f
+	p.mu.Unlock()
+	end, err := f.Append(a)
 	p.mu.Lock()
 	lost := p.rng != nil && p.rng.Int64N(1000) < p.loseRate.Load()
 	p.mu.Unlock()

@@ -1,0 +1,106 @@
+package replica
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/zeze-go/mq/raftqueue"
+)
+
+// rejoinTimeout bounds each membership change Rejoin makes.
+const rejoinTimeout = 5 * time.Second
+
+// Rejoin brings a Raft3 group's raft configuration to its placement,
+// replicas, while the replicas in lost (metastate.Partition.Lost) rejoin
+// as new servers; self is this node, g its replica. A lost replica's node
+// came back with its data directory replaced: it forgot its log and its
+// votes, which raft's safety needs, so it must not count as the voter it
+// was.
+//
+// On the leader, if not lost itself: a lost replica still a voter is
+// removed, then added back as a nonvoter, caught up from nothing by the
+// leader; a replica placed and not lost that is not a voter is made one.
+// Each lost voter is removed before any is added back, so two lost
+// replicas leave the intact one alone as the voters, and the group never
+// counts a lost copy toward a quorum.
+//
+// A lost replica that leads (one that caught up while still a voter may
+// be elected) hands the leadership over. Otherwise it reports caughtUp
+// once the configuration has it as
+// a nonvoter (removed and added back) and it has applied what its leader
+// last told it was committed: the node then records it rejoined
+// (metastate.Rejoined), and the leader makes it a voter again.
+//
+// It returns what it did, for the log, and the first change that failed.
+func Rejoin(g *raftqueue.Group, self string, replicas, lost []string) (caughtUp bool, did []string, err error) {
+	r := g.Raft()
+	f := r.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return false, nil, err
+	}
+	servers := f.Configuration().Servers
+	suffrage := func(id string) (raft.ServerSuffrage, bool) {
+		for _, s := range servers {
+			if string(s.ID) == id {
+				return s.Suffrage, true
+			}
+		}
+		return 0, false
+	}
+	if slices.Contains(lost, self) {
+		if r.State() == raft.Leader {
+			// Caught up while still a voter, it won an election, which is
+			// safe; but a lost leader cannot remove itself, so it hands
+			// the leadership to a replica that is not lost.
+			if err := r.LeadershipTransfer().Error(); err != nil {
+				return false, nil, fmt.Errorf("hand the leadership over: %w", err)
+			}
+			return false, []string{"lost, the leadership handed over"}, nil
+		}
+		s, ok := suffrage(self)
+		if !ok || s != raft.Nonvoter || time.Since(r.LastContact()) > 2*time.Second {
+			return false, nil, nil
+		}
+		commit, _ := strconv.ParseUint(r.Stats()["commit_index"], 10, 64)
+		return commit > 0 && r.AppliedIndex() >= commit, nil, nil
+	}
+	if r.State() != raft.Leader {
+		return false, nil, nil
+	}
+	change := func(what string, fut raft.IndexFuture) error {
+		if err := fut.Error(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		did = append(did, what)
+		return nil
+	}
+	for _, id := range lost {
+		if s, ok := suffrage(id); ok && s == raft.Voter {
+			if err := change("remove lost "+id, r.RemoveServer(raft.ServerID(id), 0, rejoinTimeout)); err != nil {
+				return false, did, err
+			}
+		}
+	}
+	for _, id := range lost {
+		if s, ok := suffrage(id); !ok || s == raft.Voter {
+			if err := change("add back "+id+" as a nonvoter", r.AddNonvoter(raft.ServerID(id), raft.ServerAddress(id), 0, rejoinTimeout)); err != nil {
+				return false, did, err
+			}
+		}
+	}
+	for _, id := range replicas {
+		if slices.Contains(lost, id) {
+			continue
+		}
+		if s, ok := suffrage(id); !ok || s != raft.Voter {
+			if err := change("promote "+id, r.AddVoter(raft.ServerID(id), raft.ServerAddress(id), 0, rejoinTimeout)); err != nil {
+				return false, did, err
+			}
+		}
+	}
+	return false, did, nil
+}
