@@ -27,7 +27,7 @@ func TestOpen_ClusterNeedsTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := mq.ClusterConfig{NodeID: "n1", Bind: "127.0.0.1:0", Secret: clusterSecret}
+	base := mq.ClusterConfig{NodeID: "n1", Bind: "127.0.0.1:0", Bootstrap: true, Secret: clusterSecret}
 	cases := []struct {
 		name string
 		set  func(c *mq.ClusterConfig)
@@ -64,7 +64,7 @@ func TestOpen_PlaintextWarns(t *testing.T) {
 	for range 2 {
 		var logs testlog.Lines
 		m, err := mq.Open(dir, mq.WithLogger(slog.New(&logs)), mq.WithCluster(mq.ClusterConfig{
-			NodeID: "n1", Bind: "127.0.0.1:0", Secret: clusterSecret, InsecurePlaintext: true,
+			NodeID: "n1", Bind: "127.0.0.1:0", Bootstrap: true, Secret: clusterSecret, InsecurePlaintext: true,
 		}))
 		if err != nil {
 			t.Fatal(err)

@@ -22,7 +22,7 @@ import (
 // joining seeds).
 func clusterOpt(id string, seeds ...string) mq.Option {
 	return mq.WithCluster(mq.ClusterConfig{
-		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret, InsecurePlaintext: true,
+		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Bootstrap: len(seeds) == 0, Secret: clusterSecret, InsecurePlaintext: true,
 		SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
 	})
 }

@@ -1039,7 +1039,7 @@ func TestCluster_FullRestartSameAddresses(t *testing.T) {
 		}
 		server, client := nodeTLS(t, id)
 		m, err := mq.Open(filepath.Join(c.root, id), mq.WithCluster(mq.ClusterConfig{
-			NodeID: id, Bind: addrs[id], Seeds: seeds, Secret: clusterSecret, ServerTLS: server, ClientTLS: client,
+			NodeID: id, Bind: addrs[id], Seeds: seeds, Bootstrap: len(seeds) == 0, Secret: clusterSecret, ServerTLS: server, ClientTLS: client,
 			SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
 		}), mq.WithLogger(slog.New(&logs)))
 		if err != nil {

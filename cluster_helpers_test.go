@@ -160,7 +160,7 @@ func (c *testCluster) start(id string) *mq.MQ {
 		}
 	}
 	cc := mq.ClusterConfig{
-		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret,
+		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Bootstrap: len(seeds) == 0, Secret: clusterSecret,
 		SessionTimeout: cmp.Or(c.sess, time.Second), ElectionTimeout: 200 * time.Millisecond,
 	}
 	if c.tls != nil {

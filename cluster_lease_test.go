@@ -119,7 +119,7 @@ func TestCluster_MixedSessionTimeouts(t *testing.T) {
 		}
 		server, client := nodeTLS(t, id)
 		return []mq.Option{mq.WithCluster(mq.ClusterConfig{
-			NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret, ServerTLS: server, ClientTLS: client,
+			NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Bootstrap: len(seeds) == 0, Secret: clusterSecret, ServerTLS: server, ClientTLS: client,
 			SessionTimeout: n2Session, ElectionTimeout: 200 * time.Millisecond,
 		})}
 	}

@@ -655,7 +655,7 @@ func testLinkFaults(t *testing.T, pxNode string, flap bool) {
 		}
 		server, client := nodeTLS(t, id)
 		return []mq.Option{mq.WithCluster(mq.ClusterConfig{
-			NodeID: id, Bind: px.target, Advertise: px.Addr(), Seeds: seeds, Secret: clusterSecret, ServerTLS: server, ClientTLS: client,
+			NodeID: id, Bind: px.target, Advertise: px.Addr(), Seeds: seeds, Bootstrap: len(seeds) == 0, Secret: clusterSecret, ServerTLS: server, ClientTLS: client,
 			SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond,
 		})}
 	}

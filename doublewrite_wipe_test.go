@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -213,4 +214,109 @@ func (c *testCluster) waitInSync(part int, d time.Duration) {
 		_, _, inSync := c.record("d", part)
 		return len(inSync) == 2
 	})
+}
+
+// TestDoubleWrite_LeaderBackEmptyHandsOver: the leader of a pair whose
+// follower is in sync (and not the metadata leader) loses its disk: cut
+// off and closed, so nothing is handed over, emptied, and back within its
+// session. Its new incarnation hands the pair to the follower, which
+// holds every acked message; the wiped node never leads what it lacks.
+// Sends through the third node go on; every acked message, before and
+// after, is read once through every node. With and without AckAlone.
+func TestDoubleWrite_LeaderBackEmptyHandsOver(t *testing.T) {
+	for _, alone := range []bool{false, true} {
+		t.Run(fmt.Sprintf("AckAlone-%t", alone), func(t *testing.T) {
+			const parts = 3
+			c := newCluster(t, 3, withSession(8*time.Second), withDoubleWrite(parts, mq.Options{AckAlone: alone, PartitionsPerPair: 1}))
+			part, leader, follower := dwPairOff(t, c, parts)
+			c.waitInSync(part, 10*time.Second)
+			third := othersThan(c, leader, follower)[0]
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			acked, err := dwSend(c.nodes[third], parts, part, 200, "before", 30*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.waitInSync(part, 10*time.Second)
+
+			c.isolate(leader, true)
+			start := time.Now()
+			c.kill(leader)
+			t.Logf("%s closed in %v", leader, time.Since(start))
+			c.isolate(leader, false)
+			if err := os.RemoveAll(filepath.Join(c.root, leader)); err != nil {
+				t.Fatal(err)
+			}
+			m := c.start(leader)
+			// The wiped node must never lead the pair while the record
+			// does not count it in sync.
+			deadline := time.Now().Add(20 * time.Second)
+			for time.Now().Before(deadline) {
+				ld, _, _, _ := mq.PairRecord(c.nodes[third], "d", part)
+				if ld == follower {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			ld, replicas, inSync, epoch := mq.PairRecord(c.nodes[third], "d", part)
+			t.Logf("after the wipe: leader %s, replicas %q, in sync %q, epoch %d", ld, replicas, inSync, epoch)
+			if ld != follower {
+				t.Fatalf("the pair not handed to the intact follower %s: leader %s", follower, ld)
+			}
+			after, err := dwSend(c.nodes[third], parts, part, 100, "after", 60*time.Second)
+			if err != nil {
+				t.Fatalf("sends after the wipe: %v", err)
+			}
+			acked = append(acked, after...)
+			c.waitInSync(part, 30*time.Second)
+			ld, replicas, _, _ = mq.PairRecord(c.nodes[third], "d", part)
+			if !slices.Contains(replicas, leader) {
+				t.Logf("the wiped %s no longer in the pair %q", leader, replicas)
+				for _, id := range othersThan(c) {
+					dwCheckStored(ctx, t, c.nodes[id], parts, acked)
+				}
+				return
+			}
+			// The intact copy is lost now: only the wiped node, caught
+			// up, may hold what was acked.
+			c.isolate(ld, true)
+			c.kill(ld)
+			c.isolate(ld, false)
+			waitFor(t, 30*time.Second, "the pair on "+leader, func() bool {
+				ld, _, _, _ := mq.PairRecord(m, "d", part)
+				return ld == leader
+			})
+			got := map[string]int{}
+			var readErr error
+			waitFor(t, 30*time.Second, "a read of d/"+fmt.Sprint(part)+" through "+leader, func() bool {
+				got, readErr = readPart(ctx, m, part)
+				return readErr == nil
+			})
+			missing := 0
+			for _, id := range acked {
+				if got[id] != 1 {
+					missing++
+				}
+			}
+			if missing > 0 {
+				t.Fatalf("with only the wiped-and-caught-up %s: %d of %d acked messages not stored once", leader, missing, len(acked))
+			}
+		})
+	}
+}
+
+// readPart returns how many times each ID is stored in d/part, read
+// through m.
+func readPart(ctx context.Context, m *mq.MQ, part int) (map[string]int, error) {
+	seen := map[string]int{}
+	for off := int64(0); ; off++ {
+		msg, err := m.ReadMessage(ctx, "d", part, off)
+		if errors.Is(err, mq.ErrNoMessage) {
+			return seen, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		seen[msg.ID]++
+	}
 }

@@ -140,6 +140,8 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrPartitionDecrease, err)
 	case errors.Is(err, metastate.ErrNotEnoughNodes):
 		return fmt.Errorf("%w: %v", ErrNoQuorum, err)
+	case errors.Is(err, cluster.ErrNoSeeds):
+		return fmt.Errorf("%w: %v", ErrInvalidOption, err)
 	case errors.Is(err, replica.ErrNoInSync), errors.Is(err, replica.ErrReplicaFailed):
 		return fmt.Errorf("%w: %v", ErrNoQuorum, err)
 	case errors.Is(err, replica.ErrNoLeader): // and still the ctx's error that ended the wait

@@ -89,3 +89,17 @@ func Raft3Indexes(m *MQ, topic string, i int) (last, commit uint64) {
 	commit, _ = strconv.ParseUint(st["commit_index"], 10, 64)
 	return last, commit
 }
+
+// Raft3TransferTo has m's replica of partition i of Raft3 topic, which
+// must lead, hand its leadership to node to.
+func Raft3TransferTo(m *MQ, topic string, i int, to string) error {
+	t, ok := m.topics.Get(topic)
+	if !ok || i < 0 || i >= len(t.Parts) {
+		return ErrNoTopic
+	}
+	r, ok := t.Parts[i].(*replica.Partition)
+	if !ok || r.RaftGroup() == nil {
+		return fmt.Errorf("no replica of %s/%d here", topic, i)
+	}
+	return r.RaftGroup().Raft().LeadershipTransferToServer(raft.ServerID(to), raft.ServerAddress(to)).Error()
+}

@@ -216,7 +216,7 @@ func (m *MQ) openCluster() error {
 	n, err := node.Open(node.Config{
 		Agent: cluster.AgentConfig{
 			ID: c.NodeID, Bind: c.Bind, Advertise: c.Advertise,
-			Seeds: c.Seeds, Secret: c.Secret, ServerTLS: c.ServerTLS, ClientTLS: c.ClientTLS, InsecurePlaintext: c.InsecurePlaintext,
+			Seeds: c.Seeds, Bootstrap: c.Bootstrap, Secret: c.Secret, ServerTLS: c.ServerTLS, ClientTLS: c.ClientTLS, InsecurePlaintext: c.InsecurePlaintext,
 			SessionTimeout: c.SessionTimeout, HandshakeTimeout: c.HandshakeTimeout, MaxFrameBytes: maxFrame,
 			HeartbeatTimeout: c.ElectionTimeout, ElectionTimeout: c.ElectionTimeout,
 			LeaderLeaseTimeout: c.ElectionTimeout / 2, Logger: m.cfg.logger,

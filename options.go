@@ -609,9 +609,19 @@ type ClusterConfig struct {
 	// address.
 	Advertise string
 	// Seeds are addresses of nodes of the cluster; the node joins through
-	// any of them. A node without seeds starts a new cluster the first time
-	// it opens its directory.
+	// any of them. A node without metadata state needs seeds, or
+	// Bootstrap: Open refuses one with neither (ErrInvalidOption).
 	Seeds []string
+	// Bootstrap lets the node start a new cluster when its directory has
+	// no metadata state and none of its Seeds answers that it knows a
+	// leader; otherwise it joins through them. Set it on one node of a
+	// new cluster, for its first start: with its seeds listing the other
+	// nodes, a node whose disk was replaced and that comes back with the
+	// same configuration joins its cluster rather than starting a second
+	// one, as long as one seed answers. The cluster's id, made then, is
+	// recorded in every node's directory, and a node never joins another
+	// cluster with its data.
+	Bootstrap bool
 	// Secret is the cluster secret, the same on every node: each
 	// connection proves it after TLS. It must be at least 32 random bytes
 	// (or their hex or base64, as `openssl rand -hex 32` prints); a short
@@ -652,8 +662,8 @@ type ClusterConfig struct {
 }
 
 // WithCluster makes the node one of a cluster: it listens on one port,
-// joins the metadata group through c.Seeds or, without seeds, starts a
-// cluster, and its topics are the cluster's: CreateMQ places partitions on
+// joins the metadata group through c.Seeds or, with c.Bootstrap and no
+// cluster among its seeds, starts one, and its topics are the cluster's: CreateMQ places partitions on
 // the nodes by load, and producers and consumers reach every partition from
 // any node.
 func WithCluster(c ClusterConfig) Option {

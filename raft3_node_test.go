@@ -357,7 +357,7 @@ func startWith(c *testCluster, id string, cc func(*mq.ClusterConfig), opts ...mq
 			seeds = append(seeds, m.ClusterStatus().Addr)
 		}
 	}
-	conf := mq.ClusterConfig{NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: clusterSecret,
+	conf := mq.ClusterConfig{NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Bootstrap: len(seeds) == 0, Secret: clusterSecret,
 		SessionTimeout: time.Second, ElectionTimeout: 200 * time.Millisecond}
 	conf.ServerTLS, conf.ClientTLS = nodeTLS(c.t, id)
 	if cc != nil {

@@ -4,8 +4,11 @@ package mq
 type ClusterStatus struct {
 	NodeID string // this node's
 	Addr   string // this node's advertised address
-	Leader string // the metadata leader's node id, "" while none is known
-	Nodes  []NodeStatus
+	// ClusterID is the cluster's id, made by the node that started it and
+	// recorded in every node's directory; "" until this node knows it.
+	ClusterID string
+	Leader    string // the metadata leader's node id, "" while none is known
+	Nodes     []NodeStatus
 	// Leading lists the replicated partitions (Raft3, DoubleWrite) whose
 	// replica on this node leads now, as "topic/partition", sorted.
 	Leading []string
@@ -32,7 +35,7 @@ func (m *MQ) ClusterStatus() ClusterStatus {
 		return ClusterStatus{}
 	}
 	ns := m.cluster.Status()
-	st := ClusterStatus{NodeID: ns.NodeID, Addr: ns.Addr, Leader: ns.Leader, Leading: ns.Leading}
+	st := ClusterStatus{NodeID: ns.NodeID, Addr: ns.Addr, ClusterID: ns.ClusterID, Leader: ns.Leader, Leading: ns.Leading}
 	for name, err := range ns.Failed {
 		if st.Failed == nil {
 			st.Failed = map[string]string{}

@@ -142,7 +142,8 @@ type Group struct {
 	// For LeaderChanged, watchLeader closes leadChanged at each leadership
 	// change and makes a new one, until watchStop.
 	leadMu      sync.Mutex
-	leadChanged chan struct{} // guarded by leadMu
+	leadChanged chan struct{}             // guarded by leadMu
+	leadSince   atomic.Pointer[time.Time] // when this replica last took the lead, by this process's clock; nil while it does not lead
 	watchStop   chan struct{}
 	watchDone   chan struct{}
 }
@@ -257,7 +258,13 @@ func (g *Group) watchLeader() {
 	}
 	for {
 		select {
-		case <-g.raft.LeaderCh():
+		case leads := <-g.raft.LeaderCh():
+			if leads {
+				t := time.Now()
+				g.leadSince.Store(&t)
+			} else {
+				g.leadSince.Store(nil)
+			}
 			changed()
 		case <-g.watchStop:
 			changed()
@@ -357,6 +364,15 @@ func (g *Group) State() raft.RaftState { return g.raft.State() }
 // Leader returns the leader this replica knows of; both are empty while
 // there is none.
 func (g *Group) Leader() (raft.ServerAddress, raft.ServerID) { return g.raft.LeaderWithID() }
+
+// LeaderSince returns when this replica last took the lead, by this
+// process's monotonic clock; the zero time while it does not lead.
+func (g *Group) LeaderSince() time.Time {
+	if t := g.leadSince.Load(); t != nil && g.raft.State() == raft.Leader {
+		return *t
+	}
+	return time.Time{}
+}
 
 // Raft returns the replica's raft, for membership changes and tests.
 func (g *Group) Raft() *raft.Raft { return g.raft }

@@ -75,6 +75,7 @@ type Pair struct {
 
 	roleMu sync.Mutex                     // serializes Lead, Follow and Close
 	lead   atomic.Pointer[pairlog.Leader] // while this replica leads
+	leadAt atomic.Pointer[time.Time]      // when lead was last set, by this process's clock
 	closed bool                           // guarded by roleMu
 
 	// appendMu serializes the follower's Appends and orders them with Lead
@@ -230,6 +231,15 @@ func (p *Pair) applyCommitted() bool {
 // Epoch returns the epoch the replica serves, 0 before its first.
 func (p *Pair) Epoch() uint64 { return p.log.Epoch() }
 
+// LeaderSince returns when this replica last took the lead, by this
+// process's monotonic clock; the zero time while it does not lead.
+func (p *Pair) LeaderSince() time.Time {
+	if t := p.leadAt.Load(); t != nil && p.leading() {
+		return *t
+	}
+	return time.Time{}
+}
+
 // Leading reports whether the replica leads and may still ack: it was
 // told to lead, and its follower has not refused its epoch for a newer one.
 func (p *Pair) Leading() bool { return p.leading() }
@@ -262,6 +272,8 @@ func (p *Pair) startLeading(peer pairlog.Peer, async bool) error {
 		return err
 	}
 	p.readyAt = last
+	now := time.Now()
+	p.leadAt.Store(&now)
 	p.lead.Store(l)
 	p.wake()
 	return nil

@@ -171,7 +171,7 @@ func (b *bench) openNode(id string, seeds ...string) (*mq.MQ, error) {
 // mutual TLS with a certificate from the case's CA.
 func (b *bench) openNodeWith(id string, election time.Duration, seeds ...string) (*mq.MQ, error) {
 	cc := mq.ClusterConfig{
-		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: remoteSecret,
+		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Bootstrap: len(seeds) == 0, Secret: remoteSecret,
 		ElectionTimeout: election, InsecurePlaintext: !b.tls,
 	}
 	if b.tls {

@@ -41,7 +41,7 @@ func TestMqcert(t *testing.T) {
 	if b, err := hex.DecodeString(s); err != nil || len(b) != 32 {
 		t.Fatalf("secret %q: %v", s, err)
 	}
-	m, err := mq.Open(t.TempDir(), mq.WithCluster(mq.ClusterConfig{NodeID: "n1", Bind: "127.0.0.1:0", Secret: []byte(s), InsecurePlaintext: true}))
+	m, err := mq.Open(t.TempDir(), mq.WithCluster(mq.ClusterConfig{NodeID: "n1", Bind: "127.0.0.1:0", Bootstrap: true, Secret: []byte(s), InsecurePlaintext: true}))
 	if err != nil {
 		t.Fatalf("Open with the printed secret: %v", err)
 	}

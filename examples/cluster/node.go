@@ -84,7 +84,7 @@ func nodeMain() int {
 		return 1
 	}
 	m, err := mq.Open(os.Getenv(nodeDirEnv), mq.WithCluster(mq.ClusterConfig{
-		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Secret: secret,
+		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Bootstrap: len(seeds) == 0, Secret: secret,
 		ServerTLS: serverTLS, ClientTLS: clientTLS,
 		SessionTimeout: sessionTimeout, ElectionTimeout: electionTimeout,
 	}))

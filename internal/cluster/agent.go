@@ -32,8 +32,13 @@ type AgentConfig struct {
 	Dir       string   // the metadata group's raft log and snapshots
 	Bind      string   // the TCP address to listen on
 	Advertise string   // the address other nodes dial; "" for the bound one
-	Seeds     []string // addresses of nodes to join through; none: start a new cluster
+	Seeds     []string // addresses of nodes to join through
 	Secret    []byte   // the cluster secret
+	// Bootstrap lets a node without metadata state start a new cluster,
+	// once no seed answers that it knows a leader (a node whose disk was
+	// replaced then joins the cluster it was a member of). A node without
+	// state, without Bootstrap and without seeds is ErrNoSeeds.
+	Bootstrap bool
 	// Incarnation is the identity of the node's data directory
 	// (node.Incarnation), presented with its sessions.
 	Incarnation string
@@ -93,6 +98,8 @@ type Agent struct {
 	lastAck atomic.Int64
 
 	refused Refusals // the refusals logged
+
+	clusterID atomic.Value // string: the cluster id <dir>/cluster/cluster records, "" until known
 
 	book      atomic.Pointer[map[string]string] // the address book as last saved: node id → address
 	announced sync.Map                          // node id → the address it announced itself at (opAnnounce, or a seed's handshake)
@@ -168,8 +175,13 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, err
 	}
 	rt := transport.NewRaftTransport(layer)
+	boot, err := n.bootstrap()
+	if err != nil {
+		rt.Close()
+		return nil, err
+	}
 	n.meta, err = OpenMeta(MetaConfig{NodeID: cfg.ID, Addr: n.addr, Incarnation: cfg.Incarnation, RaftAddr: raftAddrIsID, Dir: filepath.Clean(cfg.Dir), Transport: rt,
-		Logger: n.log, Bootstrap: len(cfg.Seeds) == 0, SessionTimeout: n.timeout,
+		Logger: n.log, Bootstrap: boot, ClusterID: n.clusterID.Load().(string), SessionTimeout: n.timeout,
 		HeartbeatTimeout: cfg.HeartbeatTimeout, ElectionTimeout: cfg.ElectionTimeout,
 		LeaderLeaseTimeout: cfg.LeaderLeaseTimeout})
 	if err != nil {
@@ -184,6 +196,7 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 	n.srv = remote.NewServer(l, remote.ServerConfig{MaxFrameBytes: cfg.MaxFrameBytes, MaxInflightBytes: maxInflight, Logger: n.log})
 	remote.ServePartitions(n.srv, cfg.Partitions, cfg.Authorize)
 	n.srv.Handle(opWhoLeads, n.handleWhoLeads)
+	n.srv.Handle(opClusterOf, n.handleClusterOf)
 	n.srv.Handle(opJoin, n.handleJoin)
 	n.srv.Handle(opHeartbeat, n.handleHeartbeat)
 	n.srv.Handle(opPropose, n.handlePropose)
@@ -454,6 +467,9 @@ func (n *Agent) sessionLoop() {
 			}
 		}
 		cancel()
+		if registered {
+			n.recordCluster()
+		}
 		if err == nil {
 			n.lastAck.Store(sent.UnixNano())
 		} else if n.ctx.Err() == nil {
@@ -516,7 +532,7 @@ func (n *Agent) announce() {
 }
 
 func (n *Agent) register(ctx context.Context) error {
-	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Addr: n.addr, Incarnation: n.cfg.Incarnation})
+	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Addr: n.addr, Incarnation: n.cfg.Incarnation, Cluster: n.clusterID.Load().(string)})
 	if err != nil {
 		return err
 	}
@@ -525,7 +541,7 @@ func (n *Agent) register(ctx context.Context) error {
 }
 
 func (n *Agent) heartbeat(ctx context.Context) error {
-	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Addr: n.addr, Incarnation: n.cfg.Incarnation})
+	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Addr: n.addr, Incarnation: n.cfg.Incarnation, Cluster: n.clusterID.Load().(string)})
 	if err != nil {
 		return err
 	}

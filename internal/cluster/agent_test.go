@@ -37,7 +37,7 @@ func (a *agents) start(id string, seeds ...string) *Agent {
 		dir = filepath.Join(a.t.TempDir(), id)
 		a.dirs[id] = dir
 	}
-	ag, err := OpenAgent(AgentConfig{ID: id, Dir: dir, Bind: "127.0.0.1:0", Seeds: seeds, Secret: testSecret, InsecurePlaintext: true,
+	ag, err := OpenAgent(AgentConfig{ID: id, Dir: dir, Bind: "127.0.0.1:0", Seeds: seeds, Bootstrap: len(seeds) == 0, Secret: testSecret, InsecurePlaintext: true,
 		SessionTimeout: time.Second, HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: agentElection,
 		LeaderLeaseTimeout: 100 * time.Millisecond, Partitions: noPartitions, CheckTx: noTx, Logger: discardLogger()})
 	if err != nil {

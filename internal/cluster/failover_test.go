@@ -67,7 +67,7 @@ func TestMeta_DoubleWriteFailover(t *testing.T) {
 	eventually(t, "n4 back", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		return c.leader().AddNode(ctx, "n4", "n4", "") == nil
+		return c.leader().AddNode(ctx, metastate.RegisterNode{ID: "n4", Addr: "n4"}) == nil
 	})
 	eventually(t, "d/1 gets a new follower", func() bool { return part(1).Follower() != "n5" })
 	if p := part(1); p.Leader != "n4" || p.Epoch != 2 || !slices.Equal(p.InSync, []string{"n4"}) || p.Follower() != "n3" {

@@ -119,7 +119,7 @@ func (a *agents) startLogged(id string, checkTx func(context.Context, string, []
 	logs := &logBuffer{}
 	dir := filepath.Join(a.t.TempDir(), id)
 	a.dirs[id] = dir
-	ag, err := OpenAgent(AgentConfig{ID: id, Dir: dir, Bind: "127.0.0.1:0", Seeds: seeds, Secret: testSecret, InsecurePlaintext: true,
+	ag, err := OpenAgent(AgentConfig{ID: id, Dir: dir, Bind: "127.0.0.1:0", Seeds: seeds, Bootstrap: len(seeds) == 0, Secret: testSecret, InsecurePlaintext: true,
 		SessionTimeout: time.Second, HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: agentElection,
 		LeaderLeaseTimeout: 100 * time.Millisecond, Partitions: noPartitions, CheckTx: checkTx,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	bolt "go.etcd.io/bbolt"
@@ -51,7 +52,11 @@ type MetaConfig struct {
 	// Incarnation is this node's data directory's identity
 	// (node.Incarnation), which it registers with itself as leader.
 	Incarnation string
-	Logger      *slog.Logger // raft's logs and ours; nil for none
+	// ClusterID is the cluster id this node's directory records, or made
+	// to start a cluster: as leader, it registers itself with it while
+	// the state has none (metastate.State.ClusterID).
+	ClusterID string
+	Logger    *slog.Logger // raft's logs and ours; nil for none
 
 	// Bootstrap makes this node, if it has no raft state yet, the single
 	// voter of a new group: the first seed. Without state and without
@@ -84,6 +89,7 @@ type Meta struct {
 	id       string
 	addr     string
 	inc      string // this node's incarnation
+	cluster  string // the cluster id this node's directory records, "" if none
 	raftAddr func(id, addr string) raft.ServerAddress
 	log      *slog.Logger
 	timeout  time.Duration // session timeout
@@ -194,6 +200,7 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 		id:       cfg.NodeID,
 		addr:     cmp.Or(cfg.Addr, string(cfg.Transport.LocalAddr())),
 		inc:      cfg.Incarnation,
+		cluster:  cfg.ClusterID,
 		raftAddr: cfg.RaftAddr,
 		log:      log,
 		timeout:  timeout,
@@ -544,7 +551,8 @@ func (m *Meta) raftErr(err error) error {
 // as a voter while the group has fewer than MaxVoters, else as a nonvoter.
 // Calling it again for a known node is how a node comes back up. It blocks
 // like Propose and returns its errors.
-func (m *Meta) AddNode(ctx context.Context, id, addr, incarnation string) error {
+func (m *Meta) AddNode(ctx context.Context, reg metastate.RegisterNode) error {
+	id, addr := reg.ID, reg.Addr
 	if err := metastate.CheckNodeID(id); err != nil {
 		return err
 	}
@@ -573,7 +581,8 @@ func (m *Meta) AddNode(ctx context.Context, id, addr, incarnation string) error 
 	}
 	// The address first: the leader's raft dials the node by id as soon
 	// as it is in the configuration, through the address book.
-	if _, err := m.Propose(ctx, metastate.RegisterNode{ID: id, Addr: addr, Voter: voter, Incarnation: incarnation}); err != nil {
+	reg.Voter = voter
+	if _, err := m.Propose(ctx, reg); err != nil {
 		return fmt.Errorf("register %s: %w", id, err)
 	}
 	raddr := raft.ServerAddress(addr)
@@ -678,8 +687,14 @@ func (m *Meta) checkSessions(now time.Time) {
 
 	ctx, cancel := context.WithTimeout(m.ctx, m.timeout)
 	defer cancel()
-	if self, ok := s.Node(m.id); !ok || !self.Up || self.Addr != m.addr || !self.Voter || m.inc != "" && self.Incarnation != m.inc {
-		if _, err := m.Propose(ctx, metastate.RegisterNode{ID: m.id, Addr: m.addr, Voter: true, Incarnation: m.inc}); err != nil {
+	cluster := s.ClusterID()
+	if cluster == "" {
+		// A cluster of an older release has no id: its leader gives it
+		// one, which every node then records.
+		cluster = cmp.Or(m.cluster, uuid.NewString())
+	}
+	if self, ok := s.Node(m.id); !ok || !self.Up || self.Addr != m.addr || !self.Voter || m.inc != "" && self.Incarnation != m.inc || s.ClusterID() == "" {
+		if _, err := m.Propose(ctx, metastate.RegisterNode{ID: m.id, Addr: m.addr, Voter: true, Incarnation: m.inc, Cluster: cluster}); err != nil {
 			m.log.Warn("metadata leader cannot register itself", "node", m.id, "err", err)
 		}
 	}

@@ -36,7 +36,7 @@ func TestAgent_BookAddressAnsweredByAnotherIDGrantsNoMetaMembership(t *testing.T
 		t.Fatal(err)
 	}
 	st, ct := ca.tlsFor(t, "n1")
-	n1, err := OpenAgent(AgentConfig{ID: "n1", Dir: dir, Bind: "127.0.0.1:0", Secret: testSecret, ServerTLS: st, ClientTLS: ct,
+	n1, err := OpenAgent(AgentConfig{ID: "n1", Dir: dir, Bind: "127.0.0.1:0", Bootstrap: true, Secret: testSecret, ServerTLS: st, ClientTLS: ct,
 		SessionTimeout: time.Second, HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: agentElection,
 		LeaderLeaseTimeout: 100 * time.Millisecond, Partitions: noPartitions, CheckTx: noTx, Logger: slog.New(&testlog.Lines{})})
 	if err != nil {

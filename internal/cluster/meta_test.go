@@ -185,7 +185,7 @@ func (c *testCluster) addNode(id string) *Meta {
 	eventually(c.t, "add "+id, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		err := c.leader().AddNode(ctx, id, id, "")
+		err := c.leader().AddNode(ctx, metastate.RegisterNode{ID: id, Addr: id})
 		return err == nil
 	})
 	return m
@@ -300,7 +300,7 @@ func TestMeta_Cluster(t *testing.T) {
 		if !errors.Is(err, ErrNotLeader) || !errors.As(err, &nl) || nl.LeaderID != lid || nl.LeaderAddr != laddr {
 			t.Fatalf("propose on a follower: %v", err)
 		}
-		if err := f.AddNode(context.Background(), "n9", "n9", ""); !errors.Is(err, ErrNotLeader) {
+		if err := f.AddNode(context.Background(), metastate.RegisterNode{ID: "n9", Addr: "n9"}); !errors.Is(err, ErrNotLeader) {
 			t.Fatalf("AddNode on a follower: %v", err)
 		}
 		if err := f.Heartbeat("n1"); !errors.Is(err, ErrNotLeader) {
@@ -431,7 +431,7 @@ func TestMeta_SessionExpiry(t *testing.T) {
 	eventually(t, "n3 re-added", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		return c.leader().AddNode(ctx, "n3", "n3", "") == nil
+		return c.leader().AddNode(ctx, metastate.RegisterNode{ID: "n3", Addr: "n3"}) == nil
 	})
 	if n, _ := c.leader().State().Node("n3"); !n.Up || n.Session != 2 {
 		t.Fatalf("n3 %+v", n)
@@ -493,7 +493,7 @@ func TestMeta_Close(t *testing.T) {
 	if _, err := m.Propose(context.Background(), metastate.CreateTopic{Name: "t", Partitions: 1, Type: metastate.TypeSingle}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("propose after close: %v", err)
 	}
-	if err := m.AddNode(context.Background(), "n2", "n2", ""); !errors.Is(err, ErrClosed) {
+	if err := m.AddNode(context.Background(), metastate.RegisterNode{ID: "n2", Addr: "n2"}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("AddNode after close: %v", err)
 	}
 	if err := m.Heartbeat("n1"); !errors.Is(err, ErrClosed) {

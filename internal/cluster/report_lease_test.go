@@ -23,7 +23,7 @@ func reportAgents(t *testing.T, n int, sessionTimeout time.Duration) map[string]
 		if seed != "" {
 			seeds = []string{seed}
 		}
-		ag, err := OpenAgent(AgentConfig{ID: id, Dir: filepath.Join(t.TempDir(), id), Bind: "127.0.0.1:0", Seeds: seeds,
+		ag, err := OpenAgent(AgentConfig{ID: id, Dir: filepath.Join(t.TempDir(), id), Bind: "127.0.0.1:0", Seeds: seeds, Bootstrap: len(seeds) == 0,
 			Secret: testSecret, InsecurePlaintext: true, SessionTimeout: sessionTimeout, HeartbeatTimeout: 200 * time.Millisecond,
 			ElectionTimeout: agentElection, LeaderLeaseTimeout: 100 * time.Millisecond, Partitions: noPartitions,
 			CheckTx: noTx, Logger: discardLogger()})

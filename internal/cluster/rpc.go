@@ -10,6 +10,7 @@ import (
 
 	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/internal/transport"
 	"github.com/zeze-go/mq/internal/wire"
 	"github.com/zeze-go/mq/store"
 )
@@ -26,7 +27,18 @@ const (
 	opCheckTx   = remote.FirstOp + 68 // checkTxReq → checkTxResp
 	opAnnounce  = remote.FirstOp + 69 // joinReq → nothing: where the calling node listens now
 	opReport    = remote.FirstOp + 70 // joinReq naming the node, Addr empty → nothing: the leader probed it
+	opClusterOf = remote.FirstOp + 71 // → clusterOf: whether the node is a member of a cluster, and its id
 )
+
+// clusterOf answers opClusterOf: whether the node holds metadata state
+// (a member of a cluster) and the cluster's id as it knows it.
+type clusterOf struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Member   bool
+	ID       string
+}
+
+func (*clusterOf) limits() wire.Limits { return nameLimits }
 
 // Error codes of the metadata group's errors on the wire.
 func init() {
@@ -54,6 +66,31 @@ type joinReq struct {
 	// Incarnation is the node's data directory's identity, in a join and
 	// a heartbeat; "" from an older release, and in the other uses.
 	Incarnation string
+	// Cluster is the cluster id the node's directory records, in a join
+	// and a heartbeat; "" while it has none.
+	Cluster string
+}
+
+// joinReqV1 is a joinReq of an older release, without Incarnation and
+// Cluster.
+type joinReqV1 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	ID       string
+	Addr     string
+}
+
+// decodeJoin decodes a joinReq, or an older release's.
+func decodeJoin(req []byte) (joinReq, error) {
+	var j joinReq
+	if len(req) > 0 && req[0] == 0x92 { // an array of two: an older release's
+		var v joinReqV1
+		if err := decodeMsg(req, &v); err != nil {
+			return j, err
+		}
+		return joinReq{ID: v.ID, Addr: v.Addr}, nil
+	}
+	err := decodeMsg(req, &j)
+	return j, err
 }
 
 type checkTxReq struct {
@@ -70,7 +107,7 @@ const MaxCheckParts = 4096
 // a txid store.MaxKeyBytes; a list holds at most its own maximum, and at
 // least the fields of its struct.
 var (
-	nameLimits   = wire.Limits{Elems: 3, Bytes: metastate.MaxNameLen}
+	nameLimits   = wire.Limits{Elems: 4, Bytes: metastate.MaxNameLen}
 	checkLimits  = wire.Limits{Elems: MaxCheckParts, Bytes: store.MaxKeyBytes}
 	resultLimits = wire.Limits{Elems: metastate.MaxPartitions, Bytes: metastate.MaxNameLen}
 	tinyLimits   = wire.Limits{Elems: 1}
@@ -78,6 +115,7 @@ var (
 
 func (*whoLeads) limits() wire.Limits    { return nameLimits }
 func (*joinReq) limits() wire.Limits     { return nameLimits }
+func (*joinReqV1) limits() wire.Limits   { return nameLimits }
 func (*checkTxReq) limits() wire.Limits  { return checkLimits }
 func (*checkTxResp) limits() wire.Limits { return tinyLimits }
 func (*resultMsg) limits() wire.Limits   { return resultLimits }
@@ -172,6 +210,19 @@ func (n *Agent) handle(ctx context.Context, peer string, op uint16, req []byte) 
 	return nil, fmt.Errorf("%w: op %d", metastate.ErrInvalid, op)
 }
 
+// handleClusterOf tells any authenticated peer whether this node is a
+// member of a cluster, and its id: a node about to start a cluster asks
+// its seeds first (Agent.bootstrap).
+func (n *Agent) handleClusterOf(_ context.Context, _ string, _ []byte) ([]byte, error) {
+	st := n.meta.State()
+	c := clusterOf{Member: st.Index() > 0 || transport.InConfiguration(n.meta.raft, n.cfg.ID), ID: st.ClusterID()}
+	if c.ID == "" {
+		c.ID, _ = n.clusterID.Load().(string)
+	}
+	c.Member = c.Member || c.ID != ""
+	return encodeMsg(&c)
+}
+
 func (n *Agent) handleWhoLeads(_ context.Context, _ string, _ []byte) ([]byte, error) {
 	id, _ := n.meta.Leader()
 	w := whoLeads{ID: id}
@@ -186,8 +237,8 @@ func (n *Agent) handleWhoLeads(_ context.Context, _ string, _ []byte) ([]byte, e
 // and with TLS its certificate. An identity that is not a node yet joins
 // only as joinAllowed says.
 func (n *Agent) handleJoin(ctx context.Context, peer string, req []byte) ([]byte, error) {
-	var j joinReq
-	if err := decodeMsg(req, &j); err != nil {
+	j, err := decodeJoin(req)
+	if err != nil {
 		return nil, err
 	}
 	if j.ID != peer {
@@ -199,7 +250,10 @@ func (n *Agent) handleJoin(ctx context.Context, peer string, req []byte) ([]byte
 	if err := n.joinAllowed(ctx, peer, j.Addr); err != nil {
 		return nil, err
 	}
-	return nil, n.meta.AddNode(ctx, j.ID, j.Addr, j.Incarnation)
+	if c := n.meta.State().ClusterID(); j.Cluster != "" && c != "" && j.Cluster != c {
+		return nil, n.refuse(peer, "join from another cluster", fmt.Errorf("%w: %s holds cluster %s's data, this is %s", metastate.ErrWrongCluster, peer, j.Cluster, c))
+	}
+	return nil, n.meta.AddNode(ctx, metastate.RegisterNode{ID: j.ID, Addr: j.Addr, Incarnation: j.Incarnation, Cluster: j.Cluster})
 }
 
 // handleHeartbeat renews the calling node's session on the leader. An
@@ -209,8 +263,8 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 	if !n.IsNode(peer) {
 		return nil, n.refuse(peer, "not a node: heartbeat", fmt.Errorf("%w: %q", metastate.ErrNoNode, peer))
 	}
-	var j joinReq
-	if err := decodeMsg(req, &j); err != nil {
+	j, err := decodeJoin(req)
+	if err != nil {
 		return nil, err
 	}
 	if j.ID != peer {
@@ -218,6 +272,8 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 	}
 	if nd, ok := n.meta.State().Node(j.ID); ok && nd.Up && nd.Addr != j.Addr {
 		return nil, fmt.Errorf("%w: %s moved to %s", metastate.ErrNodeDown, j.ID, j.Addr) // registers again
+	} else if c := n.meta.State().ClusterID(); j.Cluster != "" && c != "" && j.Cluster != c {
+		return nil, n.refuse(peer, "heartbeat from another cluster", fmt.Errorf("%w: %s holds cluster %s's data, this is %s", metastate.ErrWrongCluster, peer, j.Cluster, c))
 	} else if ok && nd.Up && j.Incarnation != "" && nd.Incarnation != j.Incarnation {
 		// Another data directory than the one registered: the node
 		// registers again, which takes its replicas out of sync.
@@ -312,8 +368,8 @@ func (n *Agent) handleReport(ctx context.Context, peer string, req []byte) ([]by
 	if err := n.nodeOnly(peer, "report"); err != nil {
 		return nil, err
 	}
-	var j joinReq
-	if err := decodeMsg(req, &j); err != nil {
+	j, err := decodeJoin(req)
+	if err != nil {
 		return nil, err
 	}
 	if !n.meta.IsLeader() {
@@ -480,8 +536,8 @@ func (n *Agent) handleAnnounce(_ context.Context, peer string, req []byte) ([]by
 	if err := n.nodeOnly(peer, "announce"); err != nil {
 		return nil, err
 	}
-	var j joinReq
-	if err := decodeMsg(req, &j); err != nil {
+	j, err := decodeJoin(req)
+	if err != nil {
 		return nil, err
 	}
 	if j.ID != peer || j.Addr == "" || len(j.Addr) > metastate.MaxNameLen {

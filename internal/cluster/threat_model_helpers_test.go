@@ -44,7 +44,7 @@ func (a *agents) startTLS(ca *certAuthority, id string, seeds ...string) (*Agent
 	dir := filepath.Join(a.t.TempDir(), id)
 	a.dirs[id] = dir
 	st, ct := ca.tlsFor(a.t, id)
-	ag, err := OpenAgent(AgentConfig{ID: id, Dir: dir, Bind: "127.0.0.1:0", Seeds: seeds, Secret: testSecret, ServerTLS: st, ClientTLS: ct,
+	ag, err := OpenAgent(AgentConfig{ID: id, Dir: dir, Bind: "127.0.0.1:0", Seeds: seeds, Bootstrap: len(seeds) == 0, Secret: testSecret, ServerTLS: st, ClientTLS: ct,
 		SessionTimeout: time.Second, HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: agentElection,
 		LeaderLeaseTimeout: 100 * time.Millisecond, Partitions: noPartitions, CheckTx: noTx, Logger: slog.New(logs)})
 	if err != nil {

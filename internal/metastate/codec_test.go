@@ -149,12 +149,12 @@ func TestSnapshot_Version1(t *testing.T) {
 	want := ft.s()
 	b := encodeSnap(t, want)
 	// The same state as version 1 wrote it.
-	var v3 snapV3
+	var v3 snapV5
 	if err := wire.Unmarshal(b[len(snapMagic)+1:], &v3); err != nil {
 		t.Fatal(err)
 	}
 	var v1 snapV1
-	v1.Index, v1.Nodes, v1.Groups, v1.ACL = v3.Index, v3.Nodes, v3.Groups, v3.ACL
+	v1.Index, v1.Nodes, v1.Groups, v1.ACL = v3.Index, nodesV4(v3.Nodes), v3.Groups, rulesV4(v3.ACL)
 	for _, st := range v3.Topics {
 		t1 := snapTopicV1{Name: st.Name, Type: st.Type, Created: st.Created}
 		for _, p := range st.Parts {
@@ -189,16 +189,16 @@ func TestSnapshot_BadGroups(t *testing.T) {
 	b := encodeSnap(t, ft.s())
 	for _, tc := range []struct {
 		name   string
-		damage func(v *snapV3)
+		damage func(v *snapV5)
 	}{
-		{"ChunkAhead", func(v *snapV3) { v.Topics[0].Parts[0].Chunk = 1 }},
-		{"ChunkNegative", func(v *snapV3) { v.Topics[0].Parts[1].Chunk = -1 }},
-		{"ChunkSkips", func(v *snapV3) { v.Topics[0].Parts[3].Chunk = 0 }},
-		{"GroupTooLong", func(v *snapV3) { v.Topics[0].Parts[2].Chunk, v.Topics[0].Parts[3].Chunk = 0, 0 }},
-		{"OtherReplicas", func(v *snapV3) { v.Topics[0].Parts[1].Replicas = v.Topics[0].Parts[2].Replicas }},
-		{"SizeZero", func(v *snapV3) { v.Topics[0].GroupSize = 0 }},
-		{"SizeTooBig", func(v *snapV3) { v.Topics[0].GroupSize = MaxGroupSize + 1 }},
-		{"SizeNotRaft3", func(v *snapV3) { v.Topics[1].GroupSize = 2 }},
+		{"ChunkAhead", func(v *snapV5) { v.Topics[0].Parts[0].Chunk = 1 }},
+		{"ChunkNegative", func(v *snapV5) { v.Topics[0].Parts[1].Chunk = -1 }},
+		{"ChunkSkips", func(v *snapV5) { v.Topics[0].Parts[3].Chunk = 0 }},
+		{"GroupTooLong", func(v *snapV5) { v.Topics[0].Parts[2].Chunk, v.Topics[0].Parts[3].Chunk = 0, 0 }},
+		{"OtherReplicas", func(v *snapV5) { v.Topics[0].Parts[1].Replicas = v.Topics[0].Parts[2].Replicas }},
+		{"SizeZero", func(v *snapV5) { v.Topics[0].GroupSize = 0 }},
+		{"SizeTooBig", func(v *snapV5) { v.Topics[0].GroupSize = MaxGroupSize + 1 }},
+		{"SizeNotRaft3", func(v *snapV5) { v.Topics[1].GroupSize = 2 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) { corruptSnapshot(t, b, tc.damage) })
 	}
@@ -206,9 +206,9 @@ func TestSnapshot_BadGroups(t *testing.T) {
 
 // corruptSnapshot fails the test unless snapshot b, with damage done to
 // its decoded fields, is ErrCorrupt.
-func corruptSnapshot(t *testing.T, b []byte, damage func(v *snapV3)) {
+func corruptSnapshot(t *testing.T, b []byte, damage func(v *snapV5)) {
 	t.Helper()
-	var v snapV3
+	var v snapV5
 	if err := wire.Unmarshal(b[len(snapMagic)+1:], &v); err != nil {
 		t.Fatal(err)
 	}
@@ -437,4 +437,73 @@ func TestWriteFuzzCorpus(t *testing.T) {
 		t.Skip("ZEZE_WRITE_CORPUS=1 writes the seed corpus")
 	}
 	fuzzseed.WriteCorpus(t, fuzzSeeds(t))
+}
+
+// nodesV4 returns ns as a snapshot before version 5 holds them.
+func nodesV4(ns []snapNode) []snapNodeV4 {
+	var out []snapNodeV4
+	for _, n := range ns {
+		out = append(out, snapNodeV4{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session})
+	}
+	return out
+}
+
+// rulesV4 returns rules as a snapshot before version 4 holds them.
+func rulesV4(rules []Rule) []ruleV4 {
+	var out []ruleV4
+	for _, r := range rules {
+		out = append(out, ruleV4{Identity: r.Identity, Topic: r.Topic, Rights: r.Rights})
+	}
+	return out
+}
+
+// TestSnapshot_Version4: a version 4 snapshot (nodes without incarnations,
+// partitions without lost replicas, no cluster id) decodes to the state it
+// held, with none of them.
+func TestSnapshot_Version4(t *testing.T) {
+	ft := newStateT(t)
+	ft.nodes("a", "b", "c")
+	ft.must(CreateTopic{Name: "r", Partitions: 3, Type: TypeRaft3})
+	ft.must(CreateTopic{Name: "d", Partitions: 2, Type: TypeDoubleWrite})
+	want := ft.s()
+	var v5 snapV5
+	if err := wire.Unmarshal(encodeSnap(t, want)[len(snapMagic)+1:], &v5); err != nil {
+		t.Fatal(err)
+	}
+	v4 := snapV4{Index: v5.Index, Nodes: nodesV4(v5.Nodes), Groups: v5.Groups, ACL: v5.ACL}
+	for _, st := range v5.Topics {
+		t4 := snapTopicV4{Name: st.Name, Type: st.Type, Created: st.Created, GroupSize: st.GroupSize, Alone: st.Alone}
+		for _, p := range st.Parts {
+			t4.Parts = append(t4.Parts, snapPartV4{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
+				InSync: p.InSync, Version: p.Version})
+		}
+		v4.Topics = append(v4.Topics, t4)
+	}
+	body, err := msgpack.Marshal(&v4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeSnapshot(append([]byte(snapMagic+"\x04"), body...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sameState(want, got) || got.ClusterID() != "" {
+		t.Fatal("a version 4 snapshot decodes to another state")
+	}
+}
+
+// TestDecodeCommand_RegisterNodeVersion5: a RegisterNode of version 5,
+// without Incarnation and Cluster, decodes with both empty.
+func TestDecodeCommand_RegisterNodeVersion5(t *testing.T) {
+	body, err := msgpack.Marshal(&registerNodeV5{ID: "a", Addr: "a:1", Voter: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := DecodeCommand(append([]byte{cmdMagic, 5, kindRegisterNode}, body...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.(RegisterNode); got.ID != "a" || got.Addr != "a:1" || !got.Voter || got.Incarnation != "" || got.Cluster != "" {
+		t.Fatalf("decoded %+v", got)
+	}
 }

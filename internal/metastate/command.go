@@ -29,8 +29,8 @@ import (
 // version 4 one applies it: an older node must refuse the entry as unknown
 // rather than apply it otherwise. Version 5 added Rule.Group to SetACL's
 // rules; an older SetACL's rules match every group. Version 6 added
-// RegisterNode.Incarnation, an older one having none, which changes no
-// incarnation, and the command Rejoined.
+// RegisterNode.Incarnation and Cluster, an older one having neither, which
+// changes no incarnation and sets no cluster id, and the command Rejoined.
 const (
 	cmdMagic   = 0xC1 // never the first byte of a msgpack value
 	cmdVersion = 6
@@ -69,13 +69,26 @@ type Command interface {
 // first Open: one other than recorded is a directory that lost what the
 // node held (an empty or replaced disk), so the node comes back with a new
 // session and none of its replicas is in sync any more (Node.Incarnation).
-// "" keeps the recorded one.
+// "" keeps the recorded one. Cluster is the cluster id the node's
+// directory records, or the one its node made to start the cluster: the
+// first registration carrying one sets State.ClusterID, and another one
+// is refused with ErrWrongCluster; "" for a node that has none yet.
 type RegisterNode struct {
 	_msgpack    struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	ID          string
 	Addr        string
 	Voter       bool
 	Incarnation string
+	Cluster     string
+}
+
+// registerNodeV5 is RegisterNode before version 6, without Incarnation
+// and Cluster.
+type registerNodeV5 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	ID       string
+	Addr     string
+	Voter    bool
 }
 
 // NodeDown marks a node down, proposed by the leader when the node's
@@ -288,6 +301,12 @@ func DecodeCommand(b []byte) (Command, error) {
 	var err error
 	switch k, body := b[2], b[3:]; k {
 	case kindRegisterNode:
+		if b[1] < 6 {
+			var v registerNodeV5
+			v, err = decodeAs[registerNodeV5](body, cmdLimits)
+			c = RegisterNode{ID: v.ID, Addr: v.Addr, Voter: v.Voter}
+			break
+		}
 		c, err = decodeAs[RegisterNode](body, cmdLimits)
 	case kindNodeDown:
 		c, err = decodeAs[NodeDown](body, cmdLimits)

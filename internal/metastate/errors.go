@@ -64,6 +64,11 @@ var (
 	// nothing.
 	ErrStale = errors.New("cluster: stale partition version")
 
+	// ErrWrongCluster is returned for a node whose data directory belongs
+	// to another cluster than this one (State.ClusterID): it never joins
+	// with that data.
+	ErrWrongCluster = errors.New("cluster: the node's data belongs to another cluster")
+
 	// ErrNotInSync is returned by Promote for a replica outside the
 	// partition's in-sync set: it may lack acked batches, and is never
 	// promoted automatically.

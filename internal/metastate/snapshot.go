@@ -15,7 +15,7 @@ import (
 //
 //	[4] snapMagic "ZMMS"
 //	[1] snapVersion
-//	[…] snapV4 as a msgpack array: every list sorted by its key, so equal
+//	[…] snapV5 as a msgpack array: every list sorted by its key, so equal
 //	    states encode to equal bytes
 //
 // Version 2 added snapTopic.GroupSize and snapPart.Chunk; a version 1
@@ -23,8 +23,9 @@ import (
 // added snapTopic.Alone, snapPart.InSync and snapPart.Version; a version 2
 // snapshot is read with both replicas of a DoubleWrite partition in sync,
 // at version 1. Version 4 added Rule.Group; a version 3 snapshot's rules
-// match every group. Version 5 added snapNode.Incarnation and snapPart.Lost;
-// an older snapshot's nodes have none, and no replica is lost.
+// match every group. Version 5 added snapNode.Incarnation, snapPart.Lost and
+// snapV5.ClusterID; an older snapshot's nodes have none, no replica is
+// lost, and the cluster has no id.
 //
 // The decoder checks what Apply keeps true: sorted unique keys, limits,
 // replicas and members on known nodes, owners that are members. So a
@@ -34,21 +35,50 @@ const (
 	snapVersion = 5
 )
 
+type snapV5 struct {
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Index     uint64
+	Nodes     []snapNode
+	Topics    []snapTopic
+	Groups    []snapGroup
+	ACL       []Rule
+	ClusterID string
+}
+
+// snapV4 is a version 4 snapshot: its nodes lack Incarnation, its
+// partitions Lost, and it has no cluster id.
 type snapV4 struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Index    uint64
-	Nodes    []snapNode
-	Topics   []snapTopic
+	Nodes    []snapNodeV4
+	Topics   []snapTopicV4
 	Groups   []snapGroup
 	ACL      []Rule
+}
+
+// v5 is v in version 5: no incarnations, no lost replicas, no cluster id.
+func (v snapV4) v5() snapV5 {
+	out := snapV5{Index: v.Index, Groups: v.Groups, ACL: v.ACL}
+	for _, n := range v.Nodes {
+		out.Nodes = append(out.Nodes, snapNode{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session})
+	}
+	for _, t := range v.Topics {
+		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize, Alone: t.Alone}
+		for _, p := range t.Parts {
+			st.Parts = append(st.Parts, snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
+				InSync: p.InSync, Version: p.Version})
+		}
+		out.Topics = append(out.Topics, st)
+	}
+	return out
 }
 
 // snapV3 is a version 3 snapshot: its rules lack Group.
 type snapV3 struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Index    uint64
-	Nodes    []snapNode
-	Topics   []snapTopic
+	Nodes    []snapNodeV4
+	Topics   []snapTopicV4
 	Groups   []snapGroup
 	ACL      []ruleV4
 }
@@ -63,7 +93,7 @@ func (v snapV3) v4() snapV4 {
 type snapV1 struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Index    uint64
-	Nodes    []snapNode
+	Nodes    []snapNodeV4
 	Topics   []snapTopicV1
 	Groups   []snapGroup
 	ACL      []ruleV4
@@ -102,7 +132,7 @@ func (v snapV1) v2() snapV2 {
 type snapV2 struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Index    uint64
-	Nodes    []snapNode
+	Nodes    []snapNodeV4
 	Topics   []snapTopicV2
 	Groups   []snapGroup
 	ACL      []ruleV4
@@ -130,9 +160,9 @@ type snapPartV2 struct {
 func (v snapV2) v3() snapV3 {
 	out := snapV3{Index: v.Index, Nodes: v.Nodes, Groups: v.Groups, ACL: v.ACL}
 	for _, t := range v.Topics {
-		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize}
+		st := snapTopicV4{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize}
 		for _, p := range t.Parts {
-			sp := snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk}
+			sp := snapPartV4{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk}
 			if t.Type == TypeDoubleWrite {
 				sp.InSync, sp.Version = slices.Clone(p.Replicas), 1
 			}
@@ -144,6 +174,18 @@ func (v snapV2) v3() snapV3 {
 }
 
 type snapNode struct {
+	_msgpack    struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	ID          string
+	Addr        string
+	Voter       bool
+	Up          bool
+	Joined      uint64
+	Session     uint64
+	Incarnation string
+}
+
+// snapNodeV4 is a node before version 5, without Incarnation.
+type snapNodeV4 struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	ID       string
 	Addr     string
@@ -151,8 +193,28 @@ type snapNode struct {
 	Up       bool
 	Joined   uint64
 	Session  uint64
-	// Incarnation is Node.Incarnation, since version 5.
-	Incarnation string
+}
+
+// snapTopicV4 and snapPartV4 are a topic and a partition in versions 3
+// and 4, without Lost.
+type snapTopicV4 struct {
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Name      string
+	Type      uint8
+	Created   int64
+	Parts     []snapPartV4
+	GroupSize int
+	Alone     bool
+}
+
+type snapPartV4 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Replicas []string
+	Leader   string
+	Epoch    uint64
+	Chunk    int
+	InSync   []string
+	Version  uint64
 }
 
 type snapTopic struct {
@@ -173,7 +235,7 @@ type snapPart struct {
 	Chunk    int
 	InSync   []string
 	Version  uint64
-	Lost     []string // since version 5
+	Lost     []string
 }
 
 type snapGroup struct {
@@ -201,7 +263,7 @@ type snapRevoke struct {
 
 // EncodeSnapshot returns the encoding of s, laid out as above.
 func EncodeSnapshot(s *State) ([]byte, error) {
-	v := snapV4{Index: s.index, ACL: s.acl}
+	v := snapV5{Index: s.index, ACL: s.acl, ClusterID: s.cluster}
 	for _, n := range s.Nodes() {
 		v.Nodes = append(v.Nodes, snapNode{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session,
 			Incarnation: n.Incarnation})
@@ -261,23 +323,27 @@ func DecodeSnapshot(b []byte) (*State, error) {
 	if version < 1 || version > snapVersion {
 		return nil, fmt.Errorf("%w: snapshot version %d", ErrCorrupt, version)
 	}
-	var v snapV4
+	var v snapV5
 	var err error
 	switch body := b[len(snapMagic)+1:]; version {
 	case 1:
 		var v1 snapV1
 		v1, err = decodeAs[snapV1](body, snapLimits(body))
-		v = v1.v2().v3().v4()
+		v = v1.v2().v3().v4().v5()
 	case 2:
 		var v2 snapV2
 		v2, err = decodeAs[snapV2](body, snapLimits(body))
-		v = v2.v3().v4()
+		v = v2.v3().v4().v5()
 	case 3:
 		var v3 snapV3
 		v3, err = decodeAs[snapV3](body, snapLimits(body))
-		v = v3.v4()
+		v = v3.v4().v5()
+	case 4:
+		var v4 snapV4
+		v4, err = decodeAs[snapV4](body, snapLimits(body))
+		v = v4.v5()
 	default:
-		v, err = decodeAs[snapV4](body, snapLimits(body))
+		v, err = decodeAs[snapV5](body, snapLimits(body))
 	}
 	if err != nil {
 		return nil, err
@@ -290,9 +356,13 @@ func DecodeSnapshot(b []byte) (*State, error) {
 }
 
 // state builds and checks the State of a decoded snapshot.
-func (v *snapV4) state() (*State, error) {
+func (v *snapV5) state() (*State, error) {
 	s := New()
 	s.index = v.Index
+	if len(v.ClusterID) > MaxNameLen {
+		return nil, fmt.Errorf("a cluster id of %d bytes", len(v.ClusterID))
+	}
+	s.cluster = v.ClusterID
 	for i, n := range v.Nodes {
 		if err := CheckNodeID(n.ID); err != nil {
 			return nil, err

@@ -225,6 +225,7 @@ type State struct {
 	topics  map[string]Topic
 	groups  map[GroupKey]ConsumerGroup
 	acl     []Rule
+	cluster string        // the cluster's id, set by its first registration that carries one
 	changed chan struct{} // closed when a newer version is published
 }
 
@@ -240,6 +241,12 @@ func New() *State {
 
 // Index returns the log index of the last command applied without error.
 func (s *State) Index() uint64 { return s.index }
+
+// ClusterID returns the cluster's id: made by the node that started the
+// cluster, recorded by the first registration that carries one, and by
+// every node's directory; "" for a cluster of an older release until
+// then.
+func (s *State) ClusterID() string { return s.cluster }
 
 // Changed returns a channel closed when a newer State is published.
 func (s *State) Changed() <-chan struct{} { return s.changed }
@@ -411,6 +418,7 @@ func matchPattern(pattern, s string) bool {
 func (s *State) clone() *State {
 	return &State{
 		index:   s.index,
+		cluster: s.cluster,
 		nodes:   maps.Clone(s.nodes),
 		topics:  maps.Clone(s.topics),
 		groups:  maps.Clone(s.groups),
@@ -473,8 +481,14 @@ func (s *State) registerNode(index uint64, c RegisterNode) (uint64, error) {
 	if !ok {
 		nd = Node{ID: c.ID, Joined: index}
 	}
-	if len(c.Incarnation) > MaxNameLen {
-		return 0, fmt.Errorf("%w: node %s incarnation of %d bytes", ErrInvalid, c.ID, len(c.Incarnation))
+	if len(c.Incarnation) > MaxNameLen || len(c.Cluster) > MaxNameLen {
+		return 0, fmt.Errorf("%w: node %s incarnation of %d bytes, cluster id of %d", ErrInvalid, c.ID, len(c.Incarnation), len(c.Cluster))
+	}
+	if c.Cluster != "" && s.cluster != "" && c.Cluster != s.cluster {
+		return 0, fmt.Errorf("%w: node %s of cluster %s, this is %s", ErrWrongCluster, c.ID, c.Cluster, s.cluster)
+	}
+	if s.cluster == "" {
+		s.cluster = c.Cluster
 	}
 	reborn := ok && nd.Incarnation != "" && c.Incarnation != "" && c.Incarnation != nd.Incarnation
 	if !nd.Up || reborn {

@@ -278,6 +278,7 @@ func (n *Node) Allowed(identity, topic string, right metastate.Rights) error {
 // Status is what a node knows of its cluster.
 type Status struct {
 	NodeID, Addr string
+	ClusterID    string // the cluster's id as this node's state has it
 	Leader       string // the metadata leader's node id, "" while none is known
 	Nodes        []metastate.Node
 	// Leading lists the replicated partitions whose replica on this node
@@ -291,7 +292,8 @@ type Status struct {
 // Status returns what the node knows of its cluster.
 func (n *Node) Status() Status {
 	leader, _ := n.agent.Meta().Leader()
-	st := Status{NodeID: n.agent.ID(), Addr: n.agent.Addr(), Leader: leader, Nodes: n.agent.Meta().State().Nodes()}
+	ms := n.agent.Meta().State()
+	st := Status{NodeID: n.agent.ID(), Addr: n.agent.Addr(), ClusterID: ms.ClusterID(), Leader: leader, Nodes: ms.Nodes()}
 	n.eachReplicated(func(p *replica.Partition) {
 		if p.Leads() {
 			st.Leading = append(st.Leading, p.Name())

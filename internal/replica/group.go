@@ -35,9 +35,10 @@ type GroupConfig struct {
 	// their nodes came back as new incarnations, their data directories
 	// replaced, and they have not yet rejoined the group as new servers
 	// (Rejoin). A lost replica never bootstraps the group, which the
-	// others hold, and votes only for a replica that is not lost: its
-	// empty log would grant any candidate, one lacking what was committed
-	// too. Nil: none is lost.
+	// others hold, and grants no vote: its log lacks what it had
+	// acknowledged, so it would grant a candidate lacking what was
+	// committed too, an intact but lagging one among them. Nil: none is
+	// lost.
 	Lost func() []string
 }
 
@@ -45,7 +46,7 @@ type GroupConfig struct {
 // bootstraps the group with the three replicas; each of the three does so
 // alike, which raft allows. One with state rejoins, and so does a lost one
 // (cfg.Lost), which waits to be added back by the group's leader (Rejoin)
-// and meanwhile votes only for replicas not lost.
+// and meanwhile grants no vote.
 //
 // The group's layer accepts raft streams only from its members: the
 // replicas the metadata places (cfg.Replicas: a Raft3 group's placement
@@ -65,10 +66,7 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 	if cfg.Lost != nil {
 		lost = cfg.Lost
 	}
-	vote := func(candidate string) bool {
-		l := lost()
-		return !slices.Contains(l, cfg.Self) || !slices.Contains(l, candidate)
-	}
+	vote := func(string) bool { return !slices.Contains(lost(), cfg.Self) }
 	layer, err := cfg.Mux.Layer(cfg.Name, transport.LayerConfig{Member: member, Vote: vote})
 	if err != nil {
 		return nil, err

@@ -136,6 +136,9 @@ type leaderReplica interface {
 	// LeaderPartition is the replica's partition part while it leads, once
 	// it has applied what its predecessors committed.
 	LeaderPartition(ctx context.Context, part int) (*store.Partition, error)
+	// LeaderSince is when the replica last took the lead, by this
+	// process's monotonic clock; the zero time while it does not lead.
+	LeaderSince() time.Time
 }
 
 func newPartition(cfg Config, k kind) *Partition {
@@ -182,6 +185,9 @@ func (p *Partition) route(ctx context.Context, idempotent bool, local func(r lea
 		case rt.fail != nil:
 			return rt.fail
 		case rt.node != "":
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("%w: %s: %w", ErrNoLeader, p.Name(), err) // nothing forwarded
+			}
 			rp, rerr := p.remote(rt.node)
 			if rerr != nil {
 				return rerr
@@ -278,8 +284,44 @@ func (p *Partition) applyAt(ctx context.Context, r leaderReplica, refuse error, 
 	if refuse != nil && (cmd.Op == store.OpAppend || cmd.Op == store.OpPrepare) {
 		return store.Result{}, refuse
 	}
+	if err := p.awaitLeases(ctx, r, cmd); err != nil {
+		return store.Result{}, err
+	}
 	partition.Stamp(cmd, p.cfg.Now)
 	return r.ApplyTo(ctx, p.part(), cmd)
+}
+
+// awaitLeases refuses, with store.ErrClaimed, a claim that would take a
+// group's partition from another owner while this replica has led for
+// less than the claim's lease. A lease is stamped by its leader's clock,
+// which may run ahead of or behind this one's by up to the session
+// timeout: a claim compared with a lease renewed under the previous
+// leader could find it lapsed while its owner still delivers. One lease
+// after this replica took the lead, by its own monotonic clock, every
+// lease renewed under an earlier leader has lapsed in real time too, and
+// every later renewal was stamped by this replica's clock. The owner's
+// own claims and renewals pass.
+func (p *Partition) awaitLeases(ctx context.Context, r leaderReplica, cmd *store.Command) error {
+	if cmd.Op != store.OpClaim || cmd.MaxAge <= 0 {
+		return nil
+	}
+	since := r.LeaderSince()
+	if since.IsZero() || time.Since(since) >= time.Duration(cmd.MaxAge) {
+		return nil
+	}
+	sp, err := r.LeaderPartition(ctx, p.part())
+	if err != nil {
+		return err
+	}
+	g, found, err := sp.Group(cmd.Group)
+	if err != nil || !found {
+		return err
+	}
+	if g.Generation != 0 && g.Generation != cmd.Generation && !g.Released && g.Updated != 0 && (!g.Reset || g.Lease > 0) {
+		return fmt.Errorf("%w: group %s at generation %d: this partition's leader took the lead %v ago, less than a lease (%v)",
+			store.ErrClaimed, cmd.Group, g.Generation, time.Since(since).Round(time.Millisecond), time.Duration(cmd.MaxAge))
+	}
+	return nil
 }
 
 // read runs fn on the leader's partition: this node's replica's when it

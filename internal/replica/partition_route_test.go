@@ -38,6 +38,8 @@ func (r *fakeReplica) LeaderPartition(context.Context, int) (*store.Partition, e
 	return r.Partition(0)
 }
 
+func (r *fakeReplica) LeaderSince() time.Time { return time.Time{} }
+
 // fakeKind leads through rep while it is set; setLeader changes that and
 // signals the change.
 type fakeKind struct {

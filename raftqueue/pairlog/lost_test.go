@@ -1,6 +1,10 @@
 package pairlog
 
 import (
+	"bytes"
+	"context"
+	"io"
+	"sync"
 	"testing"
 	"time"
 )
@@ -54,5 +58,148 @@ func TestLeader_FollowerLostItsLog(t *testing.T) {
 		if want[i] != got[i] {
 			t.Fatalf("entry %d: the leader's %s, the follower's %s", i+1, want[i], got[i])
 		}
+	}
+}
+
+// installPeer is a testPeer whose follower restores snapshots as
+// raftqueue's does: it assembles the pieces, empties its log
+// (Truncate), then records the snapshot's index (Restored).
+type installPeer struct {
+	*testPeer
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	index uint64 // the last snapshot restored
+}
+
+func (p *installPeer) Install(ctx context.Context, in Install) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p.testPeer.mu.Lock()
+	f := p.testPeer.f
+	p.testPeer.mu.Unlock()
+	if err := f.CheckEpoch(in.Epoch); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if in.Offset == 0 {
+		p.buf.Reset()
+	}
+	p.buf.Write(in.Data)
+	if !in.Done {
+		return nil
+	}
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	if err := f.Restored(in.Index); err != nil {
+		return err
+	}
+	p.index = in.Index
+	return nil
+}
+
+// TestLeader_FollowerRestoredSnapshotNotLost: a new follower that gets a
+// snapshot (the leader's log compacted), then entries after it, then
+// compacts its whole log and restarts, holds every entry it matched: the
+// leader's idle checks never find it lost, it stays in sync, and an entry
+// proposed afterwards commits.
+func TestLeader_FollowerRestoredSnapshotNotLost(t *testing.T) {
+	ls, fs := newGatedStore(), newGatedStore()
+	if err := ls.StoreLogs(ents(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.DeleteRange(1, 8); err != nil { // compacted: applied through 8
+		t.Fatal(err)
+	}
+	snap := func() (uint64, io.ReadCloser, error) {
+		return 8, io.NopCloser(bytes.NewReader([]byte("state at 8"))), nil
+	}
+	p := &pair{lstore: ls, fstore: fs, sm: &applied{}}
+	llog, err := OpenLog(ls, ls, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flog, err := OpenLog(fs, fs, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []*Log{llog, flog} {
+		if err := l.SetEpoch(2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.flog = flog
+	p.peer = &testPeer{f: flog}
+	peer := &installPeer{testPeer: p.peer}
+	p.leader, err = NewLeader(LeaderConfig{Log: llog, Apply: p.sm.apply, Applied: 8, Peer: peer, Snapshot: snap,
+		CheckEvery: 5 * time.Millisecond, RetryAfter: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeWithin(t, p.leader, 5*time.Second)
+
+	if err := answer(t, p.leader.Propose([]byte("x"))); err != nil {
+		t.Fatal(err)
+	}
+	peer.mu.Lock()
+	restored := peer.index
+	peer.mu.Unlock()
+	if restored != 8 {
+		t.Fatalf("the follower restored a snapshot at %d, want 8", restored)
+	}
+	waitFor(t, "the follower in sync", p.leader.InSync)
+	checkNotLost := func(what string) {
+		t.Helper()
+		for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
+			if p.leader.Lost() {
+				t.Fatalf("%s: the leader finds its follower lost (matched %d)", what, p.leader.Matched())
+			}
+		}
+	}
+	checkNotLost("after the install")
+
+	// The follower compacts its whole log, then restarts.
+	_, last, err := flog.Bounds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := flog.Compact(last); err != nil {
+		t.Fatal(err)
+	}
+	checkNotLost("after the follower compacted its log")
+	reopened, err := OpenLog(fs, fs, last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.peer.mu.Lock()
+	p.peer.f = reopened
+	p.peer.mu.Unlock()
+	checkNotLost("after the follower restarted")
+	if !p.leader.InSync() {
+		t.Fatal("the follower, intact, is no longer in sync")
+	}
+	if err := answer(t, p.leader.Propose([]byte("y"))); err != nil {
+		t.Fatal(err)
+	}
+	checkNotLost("after y")
+}
+
+// TestLeader_CloseDuringIdleChecks: a leader whose idle checks run every
+// millisecond closes promptly at any point of its check cycle, its
+// follower reachable or not, and leaves no goroutine behind (goleak in
+// TestMain).
+func TestLeader_CloseDuringIdleChecks(t *testing.T) {
+	for i := range 40 {
+		p := newPair(t, 1, newGatedStore(), newGatedStore(), LeaderConfig{CheckEvery: time.Millisecond, RetryAfter: time.Millisecond})
+		if err := answer(t, p.leader.Propose([]byte("a"))); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 1 {
+			p.peer.down.Store(true)
+		}
+		time.Sleep(time.Duration(i%7) * time.Millisecond)
+		closeWithin(t, p.leader, 2*time.Second)
 	}
 }
