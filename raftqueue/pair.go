@@ -667,6 +667,17 @@ func (p *Pair) InSync() bool {
 	return l != nil && l.InSync()
 }
 
+// ConfirmFollower has the follower answer an append now and returns nil
+// once it did, holding everything that may have been acked
+// (pairlog.Leader.Confirm); an error when this replica does not lead.
+func (p *Pair) ConfirmFollower(ctx context.Context) error {
+	l := p.lead.Load()
+	if l == nil {
+		return p.notLeader()
+	}
+	return l.Confirm(ctx)
+}
+
 // FollowerLost reports whether this replica leads and its follower
 // answered that its log no longer holds what it had matched (an empty or
 // replaced disk), and has not caught up since (pairlog.Leader.Lost): it

@@ -380,6 +380,13 @@ func (p *Pair) HandOff(ctx context.Context) {
 	if !p.mayHandOff(rec, r, role) {
 		return
 	}
+	// The follower may have come back with an empty disk, its node's new
+	// incarnation not yet registered: only one that answers now, holding
+	// everything, is handed the pair.
+	if err := r.ConfirmFollower(ctx); err != nil {
+		p.cfg.Logger.Warn("DoubleWrite: the pair not handed to its follower before the node closes: the follower did not confirm it holds the pair", "follower", rec.Follower(), "err", err)
+		return
+	}
 	if err := p.cfg.HandOff(ctx, rec); err != nil {
 		p.cfg.Logger.Warn("DoubleWrite: the pair not handed to its follower before the node closes", "follower", rec.Follower(), "err", err)
 	}

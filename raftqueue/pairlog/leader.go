@@ -119,8 +119,13 @@ type Leader struct {
 	// again every entry that may have been acked.
 	lost bool
 	// check is set when the follower has gone CheckEvery without an
-	// Append: the next one goes even if empty.
+	// Append, or Confirm asks: the next one goes even if empty.
 	check bool
+	// rounds counts the Appends the follower took, each telling that its
+	// log matches this one up to where it followed; roundsChanged is
+	// closed at each.
+	rounds        uint64
+	roundsChanged chan struct{}
 }
 
 // entry is one proposed entry and its future.
@@ -180,6 +185,7 @@ func NewLeader(cfg LeaderConfig) (*Leader, error) {
 		room: make(chan struct{}, cfg.MaxPending),
 		next: last + 1, written: last, sendAfter: last, applied: cfg.Applied,
 		wakeWrite: make(chan struct{}, 1), wakeSend: make(chan struct{}, 1), wakeApply: make(chan struct{}, 1),
+		roundsChanged: make(chan struct{}),
 	}
 	if cfg.Peer == nil {
 		l.matched = last
@@ -359,6 +365,42 @@ func (l *Leader) inSync() bool {
 	return l.cfg.Peer != nil && !l.async && l.failed == nil && !l.reset && l.matched >= l.acked
 }
 
+// Confirm has the follower answer an Append now, even with nothing to
+// send, and returns nil once it took one and is InSync: its log was found
+// to hold everything that may have been acked, after Confirm began. A
+// follower that lost its log, does not answer or serves another epoch
+// fails it; so does ctx's end. For a hand-off: the follower may have
+// lost its disk since the last round.
+func (l *Leader) Confirm(ctx context.Context) error {
+	l.mu.Lock()
+	from := l.rounds
+	l.check = true
+	l.mu.Unlock()
+	signal(l.wakeSend)
+	for {
+		l.mu.Lock()
+		done, changed, failed, lost, inSync := l.rounds > from, l.roundsChanged, l.failed, l.lost, l.inSync()
+		l.mu.Unlock()
+		switch {
+		case failed != nil:
+			return failed
+		case lost:
+			return errors.New("pairlog: the follower lost its log")
+		case done && !inSync:
+			return errors.New("pairlog: the follower does not hold everything that may have been acked")
+		case done:
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-l.ctx.Done():
+			return l.stopped()
+		}
+	}
+}
+
 // Lost reports whether the follower answered that its log no longer holds
 // entries it had matched, an empty or replaced disk, and has not yet
 // caught up again (InSync): it must not be recorded in sync, nor lead,
@@ -527,6 +569,9 @@ func (l *Leader) send() bool {
 		l.matched, l.sendAfter = max(l.matched, end), max(l.sendAfter, end)
 		l.told = max(l.told, a.Commit)
 		l.lost = l.lost && !l.inSync()
+		l.rounds++
+		close(l.roundsChanged)
+		l.roundsChanged = make(chan struct{})
 		signal(l.wakeApply)
 		l.mu.Unlock()
 		return true
@@ -536,6 +581,8 @@ func (l *Leader) send() bool {
 			// only a tail past what both held, and compacts only what its
 			// files hold. Its log was lost; it holds nothing known.
 			l.lost, l.matched, l.reset = true, 0, true
+			close(l.roundsChanged) // Confirm looks again
+			l.roundsChanged = make(chan struct{})
 		}
 		l.sendAfter = min(me.Last, prev-1)
 		l.mu.Unlock()

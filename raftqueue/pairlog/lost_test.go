@@ -203,3 +203,39 @@ func TestLeader_CloseDuringIdleChecks(t *testing.T) {
 		closeWithin(t, p.leader, 2*time.Second)
 	}
 }
+
+// TestLeader_ConfirmFollower: Confirm returns nil once an intact follower
+// answers a round begun after it, even with nothing to send; for a
+// follower whose log was replaced by an empty one it fails, and for one
+// that does not answer it waits until ctx ends.
+func TestLeader_ConfirmFollower(t *testing.T) {
+	p := newPair(t, 1, newGatedStore(), newGatedStore(), LeaderConfig{CheckEvery: time.Hour})
+	for i := range 5 {
+		if err := answer(t, p.leader.Propose([]byte{'a' + byte(i)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the follower in sync", p.leader.InSync)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := p.leader.Confirm(ctx); err != nil {
+		t.Fatalf("Confirm with an intact follower: %v", err)
+	}
+	p.peer.down.Store(true)
+	short, scancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer scancel()
+	if err := p.leader.Confirm(short); err == nil {
+		t.Fatal("Confirm with a follower that does not answer: nil")
+	}
+	empty := newGatedStore()
+	flog := openAt(t, empty, 1, 0)
+	p.peer.mu.Lock()
+	p.peer.f = flog
+	p.peer.mu.Unlock()
+	hold := empty.hold(t) // it cannot catch up while Confirm looks
+	defer hold()
+	p.peer.down.Store(false)
+	if err := p.leader.Confirm(ctx); err == nil {
+		t.Fatal("Confirm with a follower back with an empty log: nil")
+	}
+}
