@@ -203,6 +203,8 @@ func TestCluster_OpenDamagedFiles(t *testing.T) {
 		{"StateCache", "state", false},
 		{"AddressBook", "peers", false},
 		{"NodeFile", "node", true},
+		{"IncarnationFile", "incarnation", true},
+		{"ClusterFile", "cluster", true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

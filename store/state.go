@@ -140,8 +140,14 @@ type GroupState struct {
 // does not step forward.
 func (g GroupState) Leased(now, lease int64) bool {
 	lease = max(lease, g.Lease)
-	return g.Generation != 0 && (!g.Reset || g.Lease > 0) && !g.Released && g.Updated != 0 &&
-		g.Updated > now-lease && g.Updated-lease <= now
+	return g.Held() && g.Updated > now-lease && g.Updated-lease <= now
+}
+
+// Held reports whether an owner holds the group, whatever the time: it
+// claimed or committed and did not let go, and no reset took the group
+// from it while it held no lease. Leased is Held within the lease.
+func (g GroupState) Held() bool {
+	return g.Generation != 0 && (!g.Reset || g.Lease > 0) && !g.Released && g.Updated != 0
 }
 
 // Group layout (format 3): 'Z' 'G', groupVersion, offset, generation,

@@ -162,6 +162,39 @@ func ReplaceFile(path string, b []byte) error {
 	return SyncDir(filepath.Dir(path))
 }
 
+// ErrNotTagged is ReadTagged's answer for a file that is not header, one
+// line and a newline.
+var ErrNotTagged = errors.New("boltsafe: not a tagged file")
+
+// ReadTagged returns the value of a tagged file, as WriteTagged wrote it:
+// header (ending in a newline), the value and a newline. found is false
+// when the file does not exist; a file of another shape, or an empty
+// value, is ErrNotTagged naming it.
+func ReadTagged(path, header string) (value string, found bool, err error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	v, hasHeader := strings.CutPrefix(string(b), header)
+	v, hasEnd := strings.CutSuffix(v, "\n")
+	if !hasHeader || !hasEnd || v == "" || strings.ContainsAny(v, "\n\x00") {
+		return "", false, fmt.Errorf("%w: %s", ErrNotTagged, path)
+	}
+	return v, true, nil
+}
+
+// WriteTagged makes path a tagged file holding value (see ReadTagged),
+// whole or not at all (ReplaceFile), its directory made if missing.
+func WriteTagged(path, header, value string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	return ReplaceFile(path, []byte(header+value+"\n"))
+}
+
 // SyncDir fsyncs directory dir, so that the names created, renamed or
 // removed in it last are durable.
 func SyncDir(dir string) error {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -35,27 +34,19 @@ func clusterPath(dir string) string { return filepath.Join(dir, "cluster") }
 // readClusterID returns the cluster id dir records, "" if none.
 func readClusterID(dir string) (string, error) {
 	path := clusterPath(dir)
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("open %s: %w", path, err)
-	}
-	id, hasHeader := strings.CutPrefix(string(b), clusterFileHeader)
-	id, hasEnd := strings.CutSuffix(id, "\n")
-	if !hasHeader || !hasEnd || id == "" || len(id) > metastate.MaxNameLen || strings.ContainsAny(id, "\n\x00") {
+	id, _, err := boltsafe.ReadTagged(path, clusterFileHeader)
+	switch {
+	case errors.Is(err, boltsafe.ErrNotTagged) || len(id) > metastate.MaxNameLen:
 		return "", fmt.Errorf("%w: %s is not a cluster file", metastate.ErrCorrupt, path)
+	case err != nil:
+		return "", fmt.Errorf("open %s: %w", path, err)
 	}
 	return id, nil
 }
 
 // writeClusterID records id as the cluster of dir.
 func writeClusterID(dir, id string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	return boltsafe.ReplaceFile(clusterPath(dir), []byte(clusterFileHeader+id+"\n"))
+	return boltsafe.WriteTagged(clusterPath(dir), clusterFileHeader, id)
 }
 
 // bootstrap reads the directory's cluster id and decides whether this

@@ -687,13 +687,13 @@ func (m *Meta) checkSessions(now time.Time) {
 
 	ctx, cancel := context.WithTimeout(m.ctx, m.timeout)
 	defer cancel()
-	cluster := s.ClusterID()
-	if cluster == "" {
+	if self, ok := s.Node(m.id); !ok || !self.Up || self.Addr != m.addr || !self.Voter || m.inc != "" && self.Incarnation != m.inc || s.ClusterID() == "" {
 		// A cluster of an older release has no id: its leader gives it
 		// one, which every node then records.
-		cluster = cmp.Or(m.cluster, uuid.NewString())
-	}
-	if self, ok := s.Node(m.id); !ok || !self.Up || self.Addr != m.addr || !self.Voter || m.inc != "" && self.Incarnation != m.inc || s.ClusterID() == "" {
+		cluster := cmp.Or(s.ClusterID(), m.cluster)
+		if cluster == "" {
+			cluster = uuid.NewString()
+		}
 		if _, err := m.Propose(ctx, metastate.RegisterNode{ID: m.id, Addr: m.addr, Voter: true, Incarnation: m.inc, Cluster: cluster}); err != nil {
 			m.log.Warn("metadata leader cannot register itself", "node", m.id, "err", err)
 		}

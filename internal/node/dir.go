@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/google/uuid"
 
@@ -41,16 +40,11 @@ const nodeFileHeader = "zeze-mq node 1\n"
 func CheckDir(dir, id string) (claim bool, err error) {
 	cdir := filepath.Join(dir, "cluster")
 	path := filepath.Join(cdir, "node")
-	owner := ""
-	b, err := os.ReadFile(path)
+	owner, found, err := boltsafe.ReadTagged(path, nodeFileHeader)
 	switch {
-	case err == nil:
-		got, hasHeader := strings.CutPrefix(string(b), nodeFileHeader)
-		got, hasEnd := strings.CutSuffix(got, "\n")
-		if owner = got; !hasHeader || !hasEnd || metastate.CheckNodeID(owner) != nil {
-			return false, fmt.Errorf("%w: %s is not a node file", ErrCorrupt, path)
-		}
-	case !errors.Is(err, os.ErrNotExist):
+	case errors.Is(err, boltsafe.ErrNotTagged) || found && metastate.CheckNodeID(owner) != nil:
+		return false, fmt.Errorf("%w: %s is not a node file", ErrCorrupt, path)
+	case err != nil:
 		return false, fmt.Errorf("open %s: %w", path, err)
 	}
 	_, err = os.Stat(filepath.Join(cdir, "raft.db"))
@@ -75,7 +69,7 @@ func CheckDir(dir, id string) (claim bool, err error) {
 // Claim writes the node file of dir, naming node id.
 func Claim(dir, id string) error {
 	path := filepath.Join(dir, "cluster", "node")
-	if err := boltsafe.ReplaceFile(path, []byte(nodeFileHeader+id+"\n")); err != nil {
+	if err := boltsafe.WriteTagged(path, nodeFileHeader, id); err != nil {
 		return fmt.Errorf("open %s: %w", path, err)
 	}
 	return nil
@@ -95,23 +89,16 @@ const incarnationHeader = "zeze-mq incarnation 1\n"
 // anew, for a file an operator may restore.
 func Incarnation(dir string) (string, error) {
 	path := filepath.Join(dir, "cluster", "incarnation")
-	b, err := os.ReadFile(path)
-	switch {
-	case err == nil:
-		id, hasHeader := strings.CutPrefix(string(b), incarnationHeader)
-		id, hasEnd := strings.CutSuffix(id, "\n")
-		if _, perr := uuid.Parse(id); !hasHeader || !hasEnd || perr != nil {
-			return "", fmt.Errorf("%w: %s is not an incarnation file", ErrCorrupt, path)
-		}
-		return id, nil
-	case !errors.Is(err, os.ErrNotExist):
+	id, found, err := boltsafe.ReadTagged(path, incarnationHeader)
+	if _, perr := uuid.Parse(id); errors.Is(err, boltsafe.ErrNotTagged) || found && perr != nil {
+		return "", fmt.Errorf("%w: %s is not an incarnation file", ErrCorrupt, path)
+	} else if err != nil {
 		return "", fmt.Errorf("open %s: %w", path, err)
+	} else if found {
+		return id, nil
 	}
-	id := uuid.NewString()
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return "", err
-	}
-	if err := boltsafe.ReplaceFile(path, []byte(incarnationHeader+id+"\n")); err != nil {
+	id = uuid.NewString()
+	if err := boltsafe.WriteTagged(path, incarnationHeader, id); err != nil {
 		return "", fmt.Errorf("write %s: %w", path, err)
 	}
 	return id, nil

@@ -414,10 +414,12 @@ func (ps *Pairs) HandOff(timeout time.Duration) {
 // when it should hand the pair to its follower: in sync and up. Nil
 // otherwise.
 func (p *Pair) failedLeader(rec PairRecord, r *raftqueue.Pair, role pairRole, roleErr error) error {
-	if roleErr != nil && rec.leader() == p.cfg.Self && p.cfg.HandOff != nil && rec.followerInSync() && rec.FollowerUp {
+	switch {
+	case !p.followerMayTake(rec):
+		return nil
+	case roleErr != nil:
 		return roleErr // the replica could not open or take the lead
-	}
-	if !p.mayHandOff(rec, r, role) {
+	case r == nil || !role.lead:
 		return nil
 	}
 	return r.Failed()
@@ -426,7 +428,13 @@ func (p *Pair) failedLeader(rec PairRecord, r *raftqueue.Pair, role pairRole, ro
 // mayHandOff reports whether this node's replica r, in role, leads rec and
 // may hand it to its follower: in sync and up.
 func (p *Pair) mayHandOff(rec PairRecord, r *raftqueue.Pair, role pairRole) bool {
-	return r != nil && role.lead && rec.leader() == p.cfg.Self && p.cfg.HandOff != nil && rec.followerInSync() && rec.FollowerUp
+	return r != nil && role.lead && p.followerMayTake(rec)
+}
+
+// followerMayTake reports whether rec makes this node the leader and its
+// follower, in sync and up, may be handed the pair.
+func (p *Pair) followerMayTake(rec PairRecord) bool {
+	return rec.leader() == p.cfg.Self && p.cfg.HandOff != nil && rec.followerInSync() && rec.FollowerUp
 }
 
 // setStalled records whether the follower stalled.

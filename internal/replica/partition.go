@@ -317,7 +317,7 @@ func (p *Partition) awaitLeases(ctx context.Context, r leaderReplica, cmd *store
 	if err != nil || !found {
 		return err
 	}
-	if g.Generation != 0 && g.Generation != cmd.Generation && !g.Released && g.Updated != 0 && (!g.Reset || g.Lease > 0) {
+	if g.Held() && g.Generation != cmd.Generation {
 		return fmt.Errorf("%w: group %s at generation %d: this partition's leader took the lead %v ago, less than a lease (%v)",
 			store.ErrClaimed, cmd.Group, g.Generation, time.Since(since).Round(time.Millisecond), time.Duration(cmd.MaxAge))
 	}

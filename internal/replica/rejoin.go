@@ -38,6 +38,10 @@ const rejoinTimeout = 5 * time.Second
 // It returns what it did, for the log, and the first change that failed.
 func Rejoin(g *raftqueue.Group, self string, replicas, lost []string) (caughtUp bool, did []string, err error) {
 	r := g.Raft()
+	isLost := slices.Contains(lost, self)
+	if !isLost && r.State() != raft.Leader {
+		return false, nil, nil // only the leader and lost replicas act
+	}
 	f := r.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return false, nil, err
@@ -51,7 +55,7 @@ func Rejoin(g *raftqueue.Group, self string, replicas, lost []string) (caughtUp 
 		}
 		return 0, false
 	}
-	if slices.Contains(lost, self) {
+	if isLost {
 		if r.State() == raft.Leader {
 			// Caught up while still a voter, it won an election, which is
 			// safe; but a lost leader cannot remove itself, so it hands
@@ -67,9 +71,6 @@ func Rejoin(g *raftqueue.Group, self string, replicas, lost []string) (caughtUp 
 		}
 		commit, _ := strconv.ParseUint(r.Stats()["commit_index"], 10, 64)
 		return commit > 0 && r.AppliedIndex() >= commit, nil, nil
-	}
-	if r.State() != raft.Leader {
-		return false, nil, nil
 	}
 	change := func(what string, fut raft.IndexFuture) error {
 		if err := fut.Error(); err != nil {
