@@ -69,11 +69,16 @@ func TestLeader_Deposed(t *testing.T) {
 	for i := range 5 {
 		inflight = append(inflight, p.leader.Propose(fmt.Appendf(nil, "b%d", i)))
 	}
-	// The follower is promoted: it persists epoch 2 before serving.
-	if err := p.flog.SetEpoch(2); err != nil {
+	// The follower is promoted: it persists epoch 2 before serving. An
+	// append already writing holds the log until its write ends, so the
+	// promotion waits for the release.
+	promoted := make(chan error, 1)
+	go func() { promoted <- p.flog.SetEpoch(2) }()
+	time.Sleep(10 * time.Millisecond)
+	release()
+	if err := <-promoted; err != nil {
 		t.Fatal(err)
 	}
-	release()
 	for _, f := range inflight {
 		if err := f.Error(); err != nil && !errors.Is(err, ErrDeposed) {
 			t.Fatalf("in flight: %v", err)
