@@ -72,15 +72,33 @@ func (s *raft3Sender) end() []string {
 	return slices.Clone(s.acked)
 }
 
-// wipe closes node id, empties its directory and opens it again: a new
-// disk under the same node id.
+// wipe closes node id unless it is closed, empties its directory and
+// opens it again: a new disk under the same node id.
 func (c *testCluster) wipe(id string) *mq.MQ {
 	c.t.Helper()
-	c.kill(id)
+	if c.nodes[id] != nil {
+		c.kill(id)
+	}
 	if err := os.RemoveAll(filepath.Join(c.root, id)); err != nil {
 		c.t.Fatal(err)
 	}
 	return c.start(id)
+}
+
+// stopCutOff cuts nodes ids off every other node and closes them, so
+// that none hands anything over as it closes, then restores the other
+// nodes' ends of the links.
+func (c *testCluster) stopCutOff(ids ...string) {
+	c.t.Helper()
+	for _, id := range ids {
+		c.isolate(id, true)
+	}
+	for _, id := range ids {
+		c.kill(id)
+	}
+	for _, id := range ids {
+		c.isolate(id, false)
+	}
 }
 
 // raft3Rejoined waits until no replica of r3/0 is lost and m's replica
@@ -205,17 +223,10 @@ func TestRaft3_WipedReplicaElectsNoLaggingReplica(t *testing.T) {
 		t.Fatalf("B, cut off from the leader, caught up (%d >= %d)", bLast, committed)
 	}
 
-	// L and A stop, cut off so that neither hands its leadership to B.
-	c.isolate(lead, true)
-	c.isolate(a, true)
-	c.kill(lead)
-	c.kill(a)
-	c.isolate(lead, false) // B's end of the links
-	c.isolate(a, false)
-	if err := os.RemoveAll(filepath.Join(c.root, a)); err != nil {
-		t.Fatal(err)
-	}
-	c.start(a) // A: an empty directory, a new incarnation
+	// L and A stop, cut off so that neither hands its leadership to B;
+	// A comes back with an empty directory, a new incarnation.
+	c.stopCutOff(lead, a)
+	c.wipe(a)
 
 	// B must not lead r3/0 while its log lacks what was committed.
 	var bad string

@@ -170,7 +170,8 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 	if n.mux, err = transport.NewRaftMux(n.tr, transport.RaftMuxConfig{Resolve: n.resolve, Logger: n.log}); err != nil {
 		return nil, err
 	}
-	layer, err := n.mux.Layer(metaGroup, transport.LayerConfig{Member: n.metaMember})
+	layer, err := n.mux.Layer(metaGroup, transport.LayerConfig{Member: n.metaMember,
+		Vote: func(string) bool { return n.metaMayVote() }, Campaign: n.metaMayVote})
 	if err != nil {
 		return nil, err
 	}
@@ -212,6 +213,13 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 	n.wg.Go(n.reportLoop)
 	ok = true
 	return n, nil
+}
+
+// metaMayVote reports whether this node's metadata replica may vote and
+// campaign (Meta.MayVote): not before it is open.
+func (n *Agent) metaMayVote() bool {
+	m := n.metaRef.Load()
+	return m != nil && m.MayVote()
 }
 
 // raftAddrIsID is the raft address of a node over the RaftMux: its id.

@@ -100,6 +100,7 @@ type Meta struct {
 
 	cacheSaved uint64 // the index of the State in the cache; cache.go
 
+	noVote  atomic.Bool // this replica neither votes nor campaigns; metavote.go
 	running atomic.Bool // raft runs: set once NewRaft returned; termStore
 	failed  atomic.Bool // raft.db could not save a term or vote; termStore
 
@@ -235,6 +236,9 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 			// a cache beside no raft state belongs to another group: a node
 			// restarting before its first save must not show it
 			return nil, fmt.Errorf("remove a stale metadata state cache: %w", err)
+		}
+		if err := m.openVoteGate(existing, cfg.Bootstrap, logs); err != nil {
+			return nil, err
 		}
 		if cfg.Bootstrap && !existing {
 			boot := raft.Configuration{Servers: []raft.Server{{
@@ -575,6 +579,17 @@ func (m *Meta) AddNode(ctx context.Context, reg metastate.RegisterNode) error {
 			found = &srv
 		}
 	}
+	if found != nil && found.Suffrage == raft.Voter && m.otherIncarnation(reg) {
+		// A voter back with another data directory: its log lacks what
+		// it acknowledged. It leaves the voters before the group records
+		// its new incarnation, which lets it vote again (metavote.go),
+		// and joins again below as a new server.
+		if err := m.removeVoter(ctx, id); err != nil {
+			return err
+		}
+		found = nil
+		voters--
+	}
 	voter := voters < MaxVoters
 	if found != nil {
 		voter = found.Suffrage == raft.Voter
@@ -599,6 +614,46 @@ func (m *Meta) AddNode(ctx context.Context, reg metastate.RegisterNode) error {
 		if err != nil {
 			return fmt.Errorf("add %s to the metadata group: %w", id, err)
 		}
+	}
+	return nil
+}
+
+// otherIncarnation reports whether reg registers its node with another
+// incarnation than the state records for it.
+func (m *Meta) otherIncarnation(reg metastate.RegisterNode) bool {
+	nd, ok := m.State().Node(reg.ID)
+	return ok && reg.Incarnation != "" && nd.Incarnation != reg.Incarnation
+}
+
+// removeVoter removes node id, a voter back with another incarnation, from
+// the group's configuration. It refuses while fewer than a majority of the
+// other voters are up, which the removal needs to commit: the node
+// registers again later.
+func (m *Meta) removeVoter(ctx context.Context, id string) error {
+	cf := m.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return m.raftErr(err)
+	}
+	st := m.State()
+	rest, up := 0, 0
+	for _, srv := range cf.Configuration().Servers {
+		if srv.Suffrage != raft.Voter || string(srv.ID) == id {
+			continue
+		}
+		rest++
+		if nd, ok := st.Node(string(srv.ID)); string(srv.ID) == m.id || ok && nd.Up {
+			up++
+		}
+	}
+	if up <= rest/2 {
+		return fmt.Errorf("cluster: %s came back with another data directory, and %d of the other %d metadata voters are up: it rejoins once a majority is", id, up, rest)
+	}
+	m.log.Warn("metadata voter came back with another data directory: it leaves the voters and joins again as a new server", "node", id)
+	err := m.wait(ctx, func() raft.Future {
+		return m.raft.RemoveServer(raft.ServerID(id), 0, enqueueTimeout(ctx))
+	})
+	if err != nil {
+		return fmt.Errorf("remove %s, back with another data directory, from the metadata voters: %w", id, err)
 	}
 	return nil
 }
@@ -651,6 +706,7 @@ func (m *Meta) sessionLoop() {
 		case <-t.C:
 		case <-leaderCh:
 		}
+		m.checkVote()
 		m.checkSessions(time.Now())
 	}
 }

@@ -35,10 +35,10 @@ type GroupConfig struct {
 	// their nodes came back as new incarnations, their data directories
 	// replaced, and they have not yet rejoined the group as new servers
 	// (Rejoin). A lost replica never bootstraps the group, which the
-	// others hold, and grants no vote: its log lacks what it had
-	// acknowledged, so it would grant a candidate lacking what was
-	// committed too, an intact but lagging one among them. Nil: none is
-	// lost.
+	// others hold, grants no vote and asks for none: its log lacks what
+	// it had acknowledged, so it would grant a candidate lacking what was
+	// committed too, an intact but lagging one among them, or win with
+	// such a vote itself. Nil: none is lost.
 	Lost func() []string
 }
 
@@ -66,8 +66,14 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 	if cfg.Lost != nil {
 		lost = cfg.Lost
 	}
-	vote := func(string) bool { return !slices.Contains(lost(), cfg.Self) }
-	layer, err := cfg.Mux.Layer(cfg.Name, transport.LayerConfig{Member: member, Vote: vote})
+	// A lost replica neither votes nor campaigns, and a vote never goes
+	// to a candidate this node knows lost.
+	campaign := func() bool { return !slices.Contains(lost(), cfg.Self) }
+	vote := func(candidate string) bool {
+		l := lost()
+		return !slices.Contains(l, cfg.Self) && !slices.Contains(l, candidate)
+	}
+	layer, err := cfg.Mux.Layer(cfg.Name, transport.LayerConfig{Member: member, Vote: vote, Campaign: campaign})
 	if err != nil {
 		return nil, err
 	}

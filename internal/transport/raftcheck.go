@@ -29,6 +29,8 @@ import (
 const (
 	rpcTypeRequestVote     = 1
 	rpcTypeInstallSnapshot = 2
+	rpcTypeTimeoutNow      = 3
+	rpcTypeRequestPreVote  = 4
 	maxRPCType             = 4 // RequestPreVote, the last of raft v1.7.3's
 	// maxCheckDepth bounds the nesting of a request's values; raft's are
 	// four deep (the request, Entries, a Log, its fields).
@@ -110,16 +112,19 @@ type rpcCheck struct {
 	id, addr bool  // ID and Addr seen
 	size     int64 // Size, as raft will read it
 
-	vote func(candidate string) bool // LayerConfig.Vote; nil grants every vote
+	vote     func(candidate string) bool // LayerConfig.Vote; nil grants every vote
+	campaign func() bool                 // LayerConfig.Campaign; nil takes every TimeoutNow
 }
 
-// errVoteWithheld closes a stream carrying a request for a vote that this
-// replica withholds from the peer (LayerConfig.Vote): raft's candidate
-// counts it as not granted.
+// errVoteWithheld closes a stream carrying a request for a vote or a
+// pre-vote that this replica withholds from the peer (LayerConfig.Vote):
+// raft's candidate counts it as not granted. It closes one carrying a
+// TimeoutNow (a leadership transfer) to a replica that may not campaign
+// (LayerConfig.Campaign) too: the transfer fails, and the leader stays.
 var errVoteWithheld = errors.New("transport: vote withheld")
 
-func newRPCCheck(peer string, vote func(candidate string) bool) *rpcCheck {
-	return &rpcCheck{peer: peer, vote: vote}
+func newRPCCheck(peer string, vote func(candidate string) bool, campaign func() bool) *rpcCheck {
+	return &rpcCheck{peer: peer, vote: vote, campaign: campaign}
 }
 
 // feed checks the next bytes of the stream; after an error the stream is
@@ -131,7 +136,10 @@ func (c *rpcCheck) feed(b []byte) error {
 			if b[0] > maxRPCType {
 				return fmt.Errorf("%w: request type %d", errBadRPC, b[0])
 			}
-			if b[0] == rpcTypeRequestVote && c.vote != nil && !c.vote(c.peer) {
+			if (b[0] == rpcTypeRequestVote || b[0] == rpcTypeRequestPreVote) && c.vote != nil && !c.vote(c.peer) {
+				return errVoteWithheld
+			}
+			if b[0] == rpcTypeTimeoutNow && c.campaign != nil && !c.campaign() {
 				return errVoteWithheld
 			}
 			c.rpc, c.id, c.addr, c.size = b[0], false, false, 0

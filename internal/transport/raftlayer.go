@@ -112,11 +112,21 @@ type LayerConfig struct {
 	// wait for the group's raft.
 	Member func(peer string) bool
 	// Vote, unless nil, says whether this replica may vote for node
-	// candidate: a RequestVote from a peer it returns false for is not
-	// given to raft, and its stream is closed, which raft's candidate
-	// counts as a vote not granted (not a refusal of the peer). Called
-	// from raft's goroutines; it must not wait for the group's raft.
+	// candidate: a RequestVote or RequestPreVote from a peer it returns
+	// false for is not given to raft, and its stream is closed, which
+	// raft's candidate counts as a vote not granted (not a refusal of the
+	// peer). Called from raft's goroutines; it must not wait for the
+	// group's raft.
 	Vote func(candidate string) bool
+	// Campaign, unless nil, says whether this replica may ask for votes:
+	// while it returns false, the RequestVote and RequestPreVote calls of
+	// the layer's NewRaftTransport fail before they are sent, so that the
+	// replica's raft, a candidate, counts its own vote only and never
+	// wins; and a TimeoutNow (a leader handing its leadership over) is
+	// not given to raft, as a withheld vote is not. A replica whose log
+	// lacks what it acknowledged must neither vote nor lead. Called from
+	// raft's goroutines, like Vote.
+	Campaign func() bool
 }
 
 // InConfiguration reports whether node id is a server of r's latest
@@ -239,14 +249,15 @@ func (m *RaftMux) Layer(group string, cfg LayerConfig) (*RaftLayer, error) {
 		return nil, fmt.Errorf("%w: %q", ErrGroupTaken, group)
 	}
 	l := &RaftLayer{
-		m:       m,
-		group:   group,
-		member:  cfg.Member,
-		vote:    cfg.Vote,
-		queue:   make(chan *stream, MaxQueuedStreams),
-		done:    make(chan struct{}),
-		streams: make(map[*stream]struct{}),
-		perPeer: make(map[string]int),
+		m:        m,
+		group:    group,
+		member:   cfg.Member,
+		vote:     cfg.Vote,
+		campaign: cfg.Campaign,
+		queue:    make(chan *stream, MaxQueuedStreams),
+		done:     make(chan struct{}),
+		streams:  make(map[*stream]struct{}),
+		perPeer:  make(map[string]int),
 	}
 	l.ctx, l.cancel = context.WithCancel(m.ctx)
 	m.layers[group] = l
@@ -419,7 +430,7 @@ func (m *RaftMux) route(ys *yamux.Stream, in *inSession) {
 		m.refuse(in)
 		return
 	}
-	s := &stream{ys: ys, l: l, peer: peerID, check: newRPCCheck(peerID, l.vote), in: in}
+	s := &stream{ys: ys, l: l, peer: peerID, check: newRPCCheck(peerID, l.vote, l.campaign), in: in}
 	switch l.queueStream(s) {
 	case queued:
 		in.refused.Store(0)
@@ -582,14 +593,15 @@ func (m *RaftMux) ctxErr(ctx context.Context) error {
 // group to other nodes, whose ServerAddress values are node ids. Safe for
 // concurrent use.
 type RaftLayer struct {
-	m      *RaftMux
-	group  string
-	member func(peer string) bool
-	vote   func(candidate string) bool // LayerConfig.Vote
-	queue  chan *stream                // inbound streams waiting for Accept
-	done   chan struct{}               // closed by Close
-	ctx    context.Context             // cancelled by Close: ends Dial
-	cancel context.CancelFunc
+	m        *RaftMux
+	group    string
+	member   func(peer string) bool
+	vote     func(candidate string) bool // LayerConfig.Vote
+	campaign func() bool                 // LayerConfig.Campaign
+	queue    chan *stream                // inbound streams waiting for Accept
+	done     chan struct{}               // closed by Close
+	ctx      context.Context             // cancelled by Close: ends Dial
+	cancel   context.CancelFunc
 
 	mu      sync.Mutex
 	closed  bool                 // guarded by mu
@@ -770,8 +782,43 @@ func (y yamuxLogger) Println(v ...any) { y.l.Debug(strings.TrimSpace(fmt.Sprintl
 // goroutine itself defers. The follower then gets heartbeats and never
 // another entry, and the leader's Shutdown waits for the goroutine forever.
 // raftqueue's TestGroup_FollowerRejectsThenCatchesUp checks this transport.
-func NewRaftTransport(layer raft.StreamLayer) *raft.NetworkTransport {
-	return raft.NewNetworkTransportWithConfig(RaftTransportConfig(layer))
+//
+// Over a RaftLayer with LayerConfig.Campaign, its vote requests are sent
+// only while Campaign allows them.
+func NewRaftTransport(layer raft.StreamLayer) *RaftTransport {
+	t := &RaftTransport{NetworkTransport: raft.NewNetworkTransportWithConfig(RaftTransportConfig(layer))}
+	if l, ok := layer.(*RaftLayer); ok {
+		t.campaign = l.campaign
+	}
+	return t
+}
+
+// RaftTransport is NewRaftTransport's transport: a raft.NetworkTransport
+// whose vote requests fail while its layer's Campaign says no.
+type RaftTransport struct {
+	*raft.NetworkTransport
+	campaign func() bool // LayerConfig.Campaign; nil: always
+}
+
+// ErrNoCampaign is a vote request of a replica that may not ask for votes
+// (LayerConfig.Campaign): raft counts it as a vote not granted.
+var ErrNoCampaign = errors.New("transport: this replica may not ask for votes")
+
+// RequestVote sends a RequestVote unless the replica may not campaign.
+func (t *RaftTransport) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
+	if t.campaign != nil && !t.campaign() {
+		return ErrNoCampaign
+	}
+	return t.NetworkTransport.RequestVote(id, target, args, resp)
+}
+
+// RequestPreVote sends a RequestPreVote unless the replica may not
+// campaign.
+func (t *RaftTransport) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
+	if t.campaign != nil && !t.campaign() {
+		return ErrNoCampaign
+	}
+	return t.NetworkTransport.RequestPreVote(id, target, args, resp)
 }
 
 // RaftTransportConfig is NewRaftTransport's configuration, for tests that

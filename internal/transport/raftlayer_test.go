@@ -181,6 +181,13 @@ func startMember(t testing.TB, n *node, group string, st stores, ids []string) *
 // nodes member names.
 func startMemberOf(t testing.TB, n *node, group string, st stores, ids []string, isMember func(string) bool) *member {
 	t.Helper()
+	return runMember(t, n, raft.NewNetworkTransport(layerOf(t, n, group, isMember), 3, 2*time.Second, io.Discard), st, ids)
+}
+
+// runMember starts n's raft over trans, on st; it bootstraps with ids if
+// there are any. Cleanup shuts it down.
+func runMember(t testing.TB, n *node, trans raft.Transport, st stores, ids []string) *member {
+	t.Helper()
 	c := raft.DefaultConfig()
 	c.LocalID = raft.ServerID(n.id)
 	c.HeartbeatTimeout = 500 * time.Millisecond
@@ -189,7 +196,6 @@ func startMemberOf(t testing.TB, n *node, group string, st stores, ids []string,
 	c.CommitTimeout = 20 * time.Millisecond
 	c.LogOutput = io.Discard
 	c.LogLevel = "ERROR"
-	trans := raft.NewNetworkTransport(layerOf(t, n, group, isMember), 3, 2*time.Second, io.Discard)
 	fsm := newCountFSM()
 	r, err := raft.NewRaft(c, fsm, st.logs, st.logs, st.snaps, trans)
 	if err != nil {
