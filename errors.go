@@ -99,6 +99,12 @@ var (
 	// is unknown, and nothing is retried and acknowledged. Resend with the
 	// same IDs after reopening.
 	ErrStorageFailed = errors.New("mq: storage failed")
+	// ErrNodeInUse is returned by RemoveNode for a node that is still up,
+	// or still holds replicas: drain it (DrainNode), wait until
+	// ClusterStatus shows it holds nothing, shut it down, then remove it.
+	ErrNodeInUse = errors.New("mq: node in use")
+	// ErrNoNode is returned for a node id the cluster does not know.
+	ErrNoNode = errors.New("mq: no such node")
 )
 
 // translate maps the errors of the internal packages to mq ones: the
@@ -138,6 +144,10 @@ func translate(err error) error {
 		return fmt.Errorf("%w: %v", ErrNoTopic, err)
 	case errors.Is(err, metastate.ErrPartitionDecrease):
 		return fmt.Errorf("%w: %v", ErrPartitionDecrease, err)
+	case errors.Is(err, metastate.ErrNodeUp), errors.Is(err, metastate.ErrNodeHolds):
+		return fmt.Errorf("%w: %v", ErrNodeInUse, err)
+	case errors.Is(err, metastate.ErrNoNode):
+		return fmt.Errorf("%w: %v", ErrNoNode, err)
 	case errors.Is(err, metastate.ErrNotEnoughNodes):
 		return fmt.Errorf("%w: %v", ErrNoQuorum, err)
 	case errors.Is(err, cluster.ErrNoSeeds):

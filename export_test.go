@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/zeze-go/mq/internal/faultinject"
 	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
@@ -134,3 +135,8 @@ func PairRecord(m *MQ, topic string, part int) (leader string, replicas, inSync 
 	}
 	return p.Leader, p.Replicas, p.InSync, p.Epoch
 }
+
+// BreakAcks makes every replicated partition opened from now on in this
+// process acknowledge sends before they commit (faultinject): the
+// negative control of the process fault test.
+func BreakAcks() { faultinject.AckBeforeCommit.Store(true) }

@@ -13,9 +13,10 @@ import (
 	"github.com/zeze-go/mq"
 )
 
-// raft3Sender sends single messages to r3/0 through node via until stop,
-// each resent with its ID until acked, and keeps the acked IDs.
-type raft3Sender struct {
+// sender sends single messages to the partitions of topic in turn
+// through node via until stop, each resent with its ID until acked, and
+// keeps the acked IDs.
+type sender struct {
 	mu    sync.Mutex
 	via   func() *mq.MQ
 	acked []string
@@ -23,10 +24,15 @@ type raft3Sender struct {
 	done  chan struct{}
 }
 
-// startRaft3Sender starts a raft3Sender, ended when the test ends unless
-// end was called before.
-func startRaft3Sender(t *testing.T, via func() *mq.MQ) *raft3Sender {
-	s := &raft3Sender{via: via, stop: make(chan struct{}), done: make(chan struct{})}
+// startRaft3Sender starts a sender to r3/0.
+func startRaft3Sender(t *testing.T, via func() *mq.MQ) *sender {
+	return startSender(t, via, r3, 1, "w")
+}
+
+// startSender starts a sender to topic's parts partitions, its IDs tagged
+// tag, ended when the test ends unless end was called before.
+func startSender(t *testing.T, via func() *mq.MQ, topic string, parts int, tag string) *sender {
+	s := &sender{via: via, stop: make(chan struct{}), done: make(chan struct{})}
 	t.Cleanup(func() {
 		select {
 		case <-s.stop:
@@ -37,14 +43,14 @@ func startRaft3Sender(t *testing.T, via func() *mq.MQ) *raft3Sender {
 	go func() {
 		defer close(s.done)
 		for k := 0; ; k++ {
-			msg := (&mq.Message{ID: fmt.Sprintf("w-%d", k), Body: []byte("w")}).ToPartition(0)
+			msg := (&mq.Message{ID: fmt.Sprintf("%s-%d", tag, k), Body: []byte(tag)}).ToPartition(k % parts)
 			for {
 				select {
 				case <-s.stop:
 					return
 				default:
 				}
-				p, err := s.via().NewProducer(r3)
+				p, err := s.via().NewProducer(topic)
 				if err == nil {
 					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 					_, err = p.SendMessage(ctx, msg)
@@ -64,7 +70,7 @@ func startRaft3Sender(t *testing.T, via func() *mq.MQ) *raft3Sender {
 	return s
 }
 
-func (s *raft3Sender) end() []string {
+func (s *sender) end() []string {
 	close(s.stop)
 	<-s.done
 	s.mu.Lock()

@@ -26,6 +26,12 @@ type NodeStatus struct {
 	ID   string
 	Addr string
 	Up   bool // false once its session expired, until it comes back
+	// Draining is set by DrainNode until ResumeNode: its replicas move
+	// to other nodes.
+	Draining bool
+	// Holds lists the partitions with a replica on the node, as
+	// "topic/partition": empty once a draining node is drained.
+	Holds []string
 }
 
 // ClusterStatus returns what the node knows of its cluster: the zero value
@@ -43,7 +49,7 @@ func (m *MQ) ClusterStatus() ClusterStatus {
 		st.Failed[name] = err.Error()
 	}
 	for _, nd := range ns.Nodes {
-		st.Nodes = append(st.Nodes, NodeStatus{ID: nd.ID, Addr: nd.Addr, Up: nd.Up})
+		st.Nodes = append(st.Nodes, NodeStatus{ID: nd.ID, Addr: nd.Addr, Up: nd.Up, Draining: nd.Draining, Holds: ns.Holds[nd.ID]})
 	}
 	return st
 }

@@ -60,6 +60,8 @@ type WALLog struct {
 	tail   store.WALRecord         // the newest 'T' record, pinned until the next 'L' or 'P'
 	err    error                   // sticky: a write failed
 
+	replayScanned int // what the replay at Open looked at (replayer.scanned), for tests
+
 	cacheMu  sync.Mutex // one record read back, for runs of GetLog
 	cacheRec store.WALRecord
 	cacheBuf []byte
@@ -108,6 +110,7 @@ func OpenWALLog(w *store.WAL, stream string) (*WALLog, error) {
 	if err := rp.finish(); err != nil {
 		return nil, fmt.Errorf("%w: stream %s: %w", ErrLogCorrupt, stream, err)
 	}
+	l.replayScanned = rp.scanned
 	for r, n := range l.live {
 		if n == 0 {
 			delete(l.live, r)
@@ -121,9 +124,10 @@ func OpenWALLog(w *store.WAL, stream string) (*WALLog, error) {
 // by index, not in a run: a record dropped as dead may leave a gap that a
 // later record closes or cuts.
 type replayer struct {
-	l      *WALLog
-	ents   map[uint64]logLoc
-	lo, hi uint64 // bounds of the indexes in ents, loose once some are dropped
+	l       *WALLog
+	ents    map[uint64]logLoc
+	lo, hi  uint64 // bounds of the indexes in ents, loose once some are dropped
+	scanned int    // indexes and entries drop looked at, for tests
 }
 
 // replay applies one record.
@@ -138,7 +142,7 @@ func (rp *replayer) replay(r store.WALRecord, p []byte) error {
 		if err != nil {
 			return err
 		}
-		rp.drop(func(i uint64) bool { return i >= locs[0].index })
+		rp.drop(locs[0].index, math.MaxUint64)
 		for _, loc := range locs {
 			rp.ents[loc.index] = loc
 			l.live[loc.rec]++
@@ -154,7 +158,11 @@ func (rp *replayer) replay(r store.WALRecord, p []byte) error {
 		if err != nil {
 			return err
 		}
-		rp.drop(func(i uint64) bool { return all || i < first })
+		if all {
+			rp.drop(0, math.MaxUint64)
+		} else if first > 0 {
+			rp.drop(0, first-1)
+		}
 		if all {
 			l.unpin(&l.tail)
 		}
@@ -165,29 +173,48 @@ func (rp *replayer) replay(r store.WALRecord, p []byte) error {
 		if err != nil {
 			return err
 		}
-		rp.drop(func(i uint64) bool { return i >= from })
+		rp.drop(from, math.MaxUint64)
 		l.pin(&l.tail, r)
 		return nil
 	}
 	return fmt.Errorf("record type %q", p[0])
 }
 
-// drop removes the entries whose index cut says.
-func (rp *replayer) drop(cut func(i uint64) bool) {
-	if len(rp.ents) == 0 {
+// drop removes the entries of indexes a to b. It looks only at the
+// indexes of that range within lo..hi, or, when those are many more than
+// the entries, at the entries: each record of a stream drops what it
+// replaces, usually nothing past the log's end, so replaying a stream
+// costs in proportion to its entries (once it looked at every index of
+// the log for each record, and a node with a long pair log took minutes
+// to open).
+func (rp *replayer) drop(a, b uint64) {
+	lo, hi := max(a, rp.lo), min(b, rp.hi)
+	if len(rp.ents) == 0 || lo > hi {
 		return
 	}
-	if rp.hi-rp.lo < uint64(2*len(rp.ents)) {
-		for i := rp.lo; i <= rp.hi; i++ {
-			if loc, ok := rp.ents[i]; ok && cut(i) {
+	defer func() { // what is left lies outside a..b: narrow the bounds
+		if a <= rp.lo && b < math.MaxUint64 {
+			rp.lo = max(rp.lo, b+1)
+		}
+		if b >= rp.hi && a > 0 {
+			rp.hi = min(rp.hi, a-1)
+		}
+	}()
+	if hi-lo < uint64(2*len(rp.ents)) {
+		for i := lo; ; i++ {
+			rp.scanned++
+			if loc, ok := rp.ents[i]; ok {
 				rp.l.unref(loc.rec)
 				delete(rp.ents, i)
 			}
+			if i == hi {
+				return
+			}
 		}
-		return
 	}
 	for i, loc := range rp.ents {
-		if cut(i) {
+		rp.scanned++
+		if i >= a && i <= b {
 			rp.l.unref(loc.rec)
 			delete(rp.ents, i)
 		}

@@ -368,3 +368,33 @@ func TestWALLog_GetLogDuringCompaction(t *testing.T) {
 		}
 	}
 }
+
+// TestWALLog_ReplayCostsItsEntries: a log written one entry per record,
+// with a compaction now and then, replays at Open looking at a few
+// indexes per entry, not at the whole log for each record (a node whose
+// pair log was long took minutes to open).
+func TestWALLog_ReplayCostsItsEntries(t *testing.T) {
+	dir := t.TempDir()
+	n := openWALLogNode(t, dir, 1<<20)
+	const entries = 4000
+	for i := uint64(1); i <= entries; i++ {
+		if err := n.l.StoreLogs([]*raft.Log{{Index: i, Term: 1, Data: []byte{byte(i)}, AppendedAt: time.Unix(0, 0)}}); err != nil {
+			t.Fatal(err)
+		}
+		if i%1000 == 0 {
+			first, _ := n.l.FirstIndex()
+			if err := n.l.DeleteRange(first, i-500); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	n.close()
+	n = openWALLogNode(t, dir, 1<<20)
+	defer n.close()
+	if first, _ := n.l.FirstIndex(); first != 3501 {
+		t.Fatalf("first index %d after the restart, want 3501", first)
+	}
+	if got := n.l.replayScanned; got > 4*entries {
+		t.Fatalf("the replay looked at %d indexes for %d entries", got, entries)
+	}
+}

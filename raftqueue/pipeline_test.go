@@ -100,7 +100,7 @@ func openPipelineGroup(t *testing.T, stock bool, lines *raftLines) []*pipelineRe
 		if stock {
 			trans = raft.NewNetworkTransport(r.layer, 3, 10*time.Second, io.Discard)
 		} else {
-			trans = transport.NewRaftTransport(r.layer)
+			trans = transport.NewRaftTransport(r.layer).NetworkTransport
 		}
 		conf := raft.DefaultConfig() // as OpenGroup
 		conf.MaxAppendEntries = 256

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/zeze-go/mq/internal/faultinject"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -34,8 +35,9 @@ type proposer struct {
 	closing              bool
 	entries, proposedCmd atomic.Uint64 // for tests and benchmarks: entries proposed, commands in them
 
-	// ackBeforeCommit is set by tests only: the negative control of the
-	// fault tests. Each caller is answered as soon as its entry is handed to
+	// ackBeforeCommit is set by tests only (here, or for a whole process
+	// by faultinject.AckBeforeCommit): the negative control of the fault
+	// tests. Each caller is answered as soon as its entry is handed to
 	// raft, before it commits, with the offsets the entry would get if it
 	// committed next: what a proposer that does not wait for the commit
 	// would ack. The linearizability check must fail with it.
@@ -110,6 +112,7 @@ func newProposer(g target, cfg Config) *proposer {
 	if depth <= 0 {
 		depth = DefaultQueueDepth
 	}
+	p.ackBeforeCommit.Store(faultinject.AckBeforeCommit.Load())
 	p.nparts, p.version, p.guessNext = cfg.Partitions, entryOne, make([]uint64, cfg.Partitions)
 	if cfg.Partitions > 1 {
 		p.version = entryMany

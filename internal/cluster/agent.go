@@ -101,6 +101,11 @@ type Agent struct {
 
 	clusterID atomic.Value // string: the cluster id <dir>/cluster/cluster records, "" until known
 
+	// registeredBy is the metadata leader that last registered this node
+	// (joinReply): the one its metadata replica takes entries from until
+	// it votes (metaMayFollow). A string; nil until then.
+	registeredBy atomic.Value
+
 	book      atomic.Pointer[map[string]string] // the address book as last saved: node id → address
 	announced sync.Map                          // node id → the address it announced itself at (opAnnounce, or a seed's handshake)
 	contacted sync.Map                          // node id → struct{}: the nodes found at a configured seed's address, or where this node expected them (seed)
@@ -171,7 +176,7 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, err
 	}
 	layer, err := n.mux.Layer(metaGroup, transport.LayerConfig{Member: n.metaMember,
-		Vote: func(string) bool { return n.metaMayVote() }, Campaign: n.metaMayVote})
+		Vote: func(string) bool { return n.metaMayVote() }, Campaign: n.metaMayVote, Lead: n.metaMayFollow})
 	if err != nil {
 		return nil, err
 	}
@@ -198,6 +203,7 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 	remote.ServePartitions(n.srv, cfg.Partitions, cfg.Authorize)
 	n.srv.Handle(opWhoLeads, n.handleWhoLeads)
 	n.srv.Handle(opClusterOf, n.handleClusterOf)
+	n.srv.Handle(opRegistered, n.handleRegistered)
 	n.srv.Handle(opJoin, n.handleJoin)
 	n.srv.Handle(opHeartbeat, n.handleHeartbeat)
 	n.srv.Handle(opPropose, n.handlePropose)
@@ -220,6 +226,21 @@ func OpenAgent(cfg AgentConfig) (*Agent, error) {
 func (n *Agent) metaMayVote() bool {
 	m := n.metaRef.Load()
 	return m != nil && m.MayVote()
+}
+
+// metaMayFollow reports whether this node's metadata replica takes
+// entries from leader: any leader once it votes; before, only the leader
+// that last registered this node or renewed its session, its state having
+// the node's incarnation, so its configuration no voter of an older one. A replica back without its data
+// has forgotten its term too, and would take a deposed leader's entries,
+// counted by that leader, whose configuration still has the old replica
+// as a voter, toward a commit the group's newer leader never saw.
+func (n *Agent) metaMayFollow(leader string) bool {
+	if n.metaMayVote() {
+		return true
+	}
+	by, _ := n.registeredBy.Load().(string)
+	return by != "" && by == leader
 }
 
 // raftAddrIsID is the raft address of a node over the RaftMux: its id.
@@ -460,6 +481,7 @@ func (n *Agent) sessionLoop() {
 		ctx, cancel := context.WithTimeout(n.ctx, n.timeout)
 		sent := time.Now()
 		var err error
+		n.checkVote(ctx)
 		if !registered {
 			// Announce first, on a budget of its own: register waits for a
 			// leader until ctx ends, and the leader may need this node's
@@ -544,8 +566,53 @@ func (n *Agent) register(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = n.toLeader(ctx, opJoin, req)
-	return err
+	resp, err := n.toLeader(ctx, opJoin, req)
+	if err != nil {
+		return err
+	}
+	n.noteRegisteredBy(resp)
+	return nil
+}
+
+// checkVote, while this node's metadata replica withholds its vote
+// (Meta.MayVote), asks its seeds whether their state has it registered
+// with its incarnation, and lets it vote once one says so: its own state
+// may lag, or it may have none to apply from, when the leader that
+// registered it needs its vote to be elected again (a new cluster
+// restarted while its nodes joined).
+func (n *Agent) checkVote(ctx context.Context) {
+	if n.metaMayVote() || n.cfg.Incarnation == "" {
+		return
+	}
+	req, err := encodeMsg(&joinReq{ID: n.cfg.ID, Incarnation: n.cfg.Incarnation})
+	if err != nil {
+		return
+	}
+	for _, sp := range n.seedPeers() {
+		c, err := n.seed(sp)
+		if err != nil {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		resp, err := c.Call(cctx, opRegistered, req)
+		cancel()
+		var r registered
+		if err == nil && decodeMsg(resp, &r) == nil && r.Yes {
+			if err := n.meta.VotesAgain(); err != nil {
+				n.log.Warn("metadata replica cannot record that it votes again", "err", err)
+			}
+			return
+		}
+	}
+}
+
+// noteRegisteredBy records the leader a join or heartbeat's reply names
+// (registeredBy).
+func (n *Agent) noteRegisteredBy(resp []byte) {
+	var r joinReply
+	if len(resp) > 0 && decodeMsg(resp, &r) == nil && r.Leader != "" {
+		n.registeredBy.Store(r.Leader)
+	}
 }
 
 func (n *Agent) heartbeat(ctx context.Context) error {
@@ -553,8 +620,12 @@ func (n *Agent) heartbeat(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = n.toLeader(ctx, opHeartbeat, req)
-	return err
+	resp, err := n.toLeader(ctx, opHeartbeat, req)
+	if err != nil {
+		return err
+	}
+	n.noteRegisteredBy(resp)
+	return nil
 }
 
 // Propose applies c through the metadata leader, wherever it is, and

@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/hashicorp/raft"
+
 	"context"
 	"errors"
 	"fmt"
@@ -59,7 +61,9 @@ func newAgents(t testing.TB, n int) *agents {
 	return a
 }
 
-// allUp reports whether every open agent's state has n nodes up.
+// allUp reports whether every open agent's state has n nodes up, and its
+// metadata configuration as many voters as it takes (a node joins as a
+// nonvoter and becomes a voter once its replica votes).
 func (a *agents) allUp(n int) bool {
 	for _, ag := range a.all {
 		up := 0
@@ -68,7 +72,13 @@ func (a *agents) allUp(n int) bool {
 				up++
 			}
 		}
-		if up != n {
+		voters := 0
+		for _, s := range ag.Meta().Raft().GetConfiguration().Configuration().Servers {
+			if s.Suffrage == raft.Voter {
+				voters++
+			}
+		}
+		if up != n || voters != min(n, MaxVoters) {
 			return false
 		}
 	}

@@ -100,9 +100,16 @@ type Meta struct {
 
 	cacheSaved uint64 // the index of the State in the cache; cache.go
 
-	noVote  atomic.Bool // this replica neither votes nor campaigns; metavote.go
-	running atomic.Bool // raft runs: set once NewRaft returned; termStore
-	failed  atomic.Bool // raft.db could not save a term or vote; termStore
+	barrierTerm uint64 // the term whose entries the FSM applied before reconcileMembers; the session loop's
+
+	noVote atomic.Bool // this replica neither votes nor campaigns; metavote.go
+	// voteLog is raft's log while noVote may be set, voteScanned the last
+	// of its entries registeredInLog read; OpenMeta's, then the session
+	// loop's.
+	voteLog     raft.LogStore
+	voteScanned uint64
+	running     atomic.Bool // raft runs: set once NewRaft returned; termStore
+	failed      atomic.Bool // raft.db could not save a term or vote; termStore
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -551,8 +558,9 @@ func (m *Meta) raftErr(err error) error {
 
 // AddNode registers a node on the leader: RegisterNode records it, up and
 // with a new session if it was down or comes back as another incarnation
-// (metastate.RegisterNode), then it joins the raft configuration
-// as a voter while the group has fewer than MaxVoters, else as a nonvoter.
+// (metastate.RegisterNode), then it joins the raft configuration as a
+// voter while the group has fewer than MaxVoters, else as a nonvoter: the
+// change is started, not waited for.
 // Calling it again for a known node is how a node comes back up. It blocks
 // like Propose and returns its errors.
 func (m *Meta) AddNode(ctx context.Context, reg metastate.RegisterNode) error {
@@ -605,14 +613,14 @@ func (m *Meta) AddNode(ctx context.Context, reg metastate.RegisterNode) error {
 		raddr = m.raftAddr(id, addr)
 	}
 	if found == nil || found.Address != raddr {
-		err := m.wait(ctx, func() raft.Future {
-			if voter {
-				return m.raft.AddVoter(raft.ServerID(id), raddr, 0, enqueueTimeout(ctx))
-			}
-			return m.raft.AddNonvoter(raft.ServerID(id), raddr, 0, enqueueTimeout(ctx))
-		})
-		if err != nil {
-			return fmt.Errorf("add %s to the metadata group: %w", id, err)
+		// Not waited for: the change may need the node's own
+		// acknowledgement to commit, which its replica gives only once
+		// the join's reply named this leader (Agent.metaMayFollow). One
+		// that is lost is made again (reconcileMembers).
+		if voter {
+			m.raft.AddVoter(raft.ServerID(id), raddr, 0, enqueueTimeout(ctx))
+		} else {
+			m.raft.AddNonvoter(raft.ServerID(id), raddr, 0, enqueueTimeout(ctx))
 		}
 	}
 	return nil
@@ -761,6 +769,8 @@ func (m *Meta) checkSessions(now time.Time) {
 		}
 	}
 	m.failover(ctx)
+	m.drain(ctx)
+	m.reconcileMembers(ctx)
 }
 
 // isMember reports whether node id is a server of the group's latest raft

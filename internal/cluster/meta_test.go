@@ -446,6 +446,9 @@ func TestMeta_Voters(t *testing.T) {
 	for i := 2; i <= 6; i++ {
 		c.addNode(fmt.Sprintf("n%d", i))
 	}
+	eventually(t, "six servers", func() bool { // AddNode starts the change, and does not wait
+		return len(c.leader().raft.GetConfiguration().Configuration().Servers) == 6
+	})
 	cf := c.leader().raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		t.Fatal(err)

@@ -55,7 +55,8 @@ func (m *Meta) openVoteGate(existing, bootstrap bool, logs raft.LogStore) error 
 		}
 	}
 	m.noVote.Store(true)
-	if existing && registeredInLog(logs, m.id, m.inc) {
+	m.voteLog = logs
+	if existing && m.registeredInLog() {
 		return m.votesAgain()
 	}
 	return nil
@@ -74,16 +75,27 @@ func voteFileValue(inc string) string {
 func (m *Meta) MayVote() bool { return !m.noVote.Load() }
 
 // checkVote lets this replica vote again once the state it applied shows
-// its node registered with its incarnation. The session loop calls it.
+// its node registered with its incarnation, or its log holds that
+// registration, not yet known committed: the leader that proposed it may
+// need this vote to lead again. The session loop calls it.
 func (m *Meta) checkVote() {
 	if !m.noVote.Load() {
 		return
 	}
-	if nd, ok := m.State().Node(m.id); ok && nd.Incarnation == m.inc {
+	if nd, ok := m.State().Node(m.id); ok && nd.Incarnation == m.inc || m.registeredInLog() {
 		if err := m.votesAgain(); err != nil {
 			m.log.Warn("metadata replica cannot record that it votes again", "err", err)
 		}
 	}
+}
+
+// VotesAgain lets this replica vote from now on: another node's state
+// shows its node registered with its incarnation (Agent.checkVote).
+func (m *Meta) VotesAgain() error {
+	if !m.noVote.Load() {
+		return nil
+	}
+	return m.votesAgain()
 }
 
 // votesAgain removes the vote file, durably, then lets raft vote.
@@ -100,10 +112,15 @@ func (m *Meta) votesAgain() error {
 	return nil
 }
 
-// registeredInLog reports whether raft's log holds a registration of node
-// id with incarnation inc, committed or not: a leader proposes one only
-// once the node is no voter of an older incarnation (AddNode).
-func registeredInLog(logs raft.LogStore, id, inc string) bool {
+// registeredInLog reports whether raft's log holds a registration of this
+// node with its incarnation, committed or not: a leader proposes one only
+// once the node is no voter of an older incarnation (AddNode). It reads
+// each entry once: the entries it read before are not read again.
+func (m *Meta) registeredInLog() bool {
+	logs := m.voteLog
+	if logs == nil {
+		return false
+	}
 	first, err := logs.FirstIndex()
 	if err != nil {
 		return false
@@ -113,12 +130,13 @@ func registeredInLog(logs raft.LogStore, id, inc string) bool {
 		return false
 	}
 	var e raft.Log
-	for i := max(first, 1); i <= last && i != 0; i++ {
+	for i := max(first, m.voteScanned+1, 1); i <= last; i++ {
+		m.voteScanned = i
 		if logs.GetLog(i, &e) != nil || e.Type != raft.LogCommand {
 			continue
 		}
 		if c, err := metastate.DecodeCommand(e.Data); err == nil {
-			if r, ok := c.(metastate.RegisterNode); ok && r.ID == id && r.Incarnation == inc {
+			if r, ok := c.(metastate.RegisterNode); ok && r.ID == m.id && r.Incarnation == m.inc {
 				return true
 			}
 		}

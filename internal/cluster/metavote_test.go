@@ -65,7 +65,7 @@ func TestMeta_JoiningReplicaVotesOnceRegistered(t *testing.T) {
 // TestMeta_VoterWithAnotherIncarnationRejoinsAsNewServer: a voter that
 // registers with another incarnation than the state records leaves the
 // metadata voters before the state records the new one, and joins again
-// as a voter; while a majority of the other voters is not up, its
+// as a voter, a new server; while a majority of the other voters is not up, its
 // registration is refused and nothing changes.
 func TestMeta_VoterWithAnotherIncarnationRejoinsAsNewServer(t *testing.T) {
 	c := newTestCluster(t, time.Minute)
@@ -88,9 +88,7 @@ func TestMeta_VoterWithAnotherIncarnationRejoinsAsNewServer(t *testing.T) {
 		}
 		return out
 	}
-	if v := voters(); len(v) != 3 {
-		t.Fatalf("voters %v", v)
-	}
+	eventually(t, "three voters", func() bool { return len(voters()) == 3 }) // AddNode does not wait for the change
 	lead := c.leader()
 	logs := c.logs[string(lead.id)]
 	if err := add("n3", "second"); err != nil {
@@ -102,9 +100,7 @@ func TestMeta_VoterWithAnotherIncarnationRejoinsAsNewServer(t *testing.T) {
 	if nd, _ := lead.State().Node("n3"); nd.Incarnation != "second" || !nd.Voter {
 		t.Fatalf("n3 recorded as %+v", nd)
 	}
-	if v := voters(); len(v) != 3 {
-		t.Fatalf("voters after the rejoin %v", v)
-	}
+	eventually(t, "three voters after the rejoin", func() bool { return len(voters()) == 3 })
 	if err := add("n3", "second"); err != nil {
 		t.Fatal(err)
 	}

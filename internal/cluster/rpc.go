@@ -21,14 +21,25 @@ import (
 // allocating. Field order is the format: a field is only ever appended.
 const (
 	opWhoLeads  = remote.FirstOp + 64 // → whoLeads
-	opJoin      = remote.FirstOp + 65 // joinReq → nothing: the leader registered the node
-	opHeartbeat = remote.FirstOp + 66 // joinReq → nothing: the leader renewed its session
+	opJoin      = remote.FirstOp + 65 // joinReq → joinReply: the leader registered the node
+	opHeartbeat = remote.FirstOp + 66 // joinReq → joinReply: the leader renewed its session
 	opPropose   = remote.FirstOp + 67 // EncodeCommand → resultMsg
 	opCheckTx   = remote.FirstOp + 68 // checkTxReq → checkTxResp
 	opAnnounce  = remote.FirstOp + 69 // joinReq → nothing: where the calling node listens now
 	opReport    = remote.FirstOp + 70 // joinReq naming the node, Addr empty → nothing: the leader probed it
 	opClusterOf = remote.FirstOp + 71 // → clusterOf: whether the node is a member of a cluster, and its id
+	// opRegistered: joinReq naming the caller → registered: whether this
+	// node's state has it registered with that incarnation.
+	opRegistered = remote.FirstOp + 72
 )
+
+// registered answers opRegistered.
+type registered struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Yes      bool
+}
+
+func (*registered) limits() wire.Limits { return tinyLimits }
 
 // clusterOf answers opClusterOf: whether the node holds metadata state
 // (a member of a cluster) and the cluster's id as it knows it.
@@ -44,7 +55,8 @@ func (*clusterOf) limits() wire.Limits { return nameLimits }
 func init() {
 	for i, err := range []error{ErrNotLeader, ErrUnknownOutcome, metastate.ErrInvalid, metastate.ErrTopicExists, metastate.ErrNoTopic,
 		metastate.ErrPartitionDecrease, metastate.ErrNotEnoughNodes, metastate.ErrNoNode, metastate.ErrNodeDown, metastate.ErrStaleSession, metastate.ErrNoGroup,
-		metastate.ErrNoMember, metastate.ErrMemberExists, metastate.ErrNotRevoking, ErrDenied, ErrClosed} {
+		metastate.ErrNoMember, metastate.ErrMemberExists, metastate.ErrNotRevoking, ErrDenied, ErrClosed,
+		metastate.ErrStale, metastate.ErrNodeUp, metastate.ErrNodeHolds} {
 		remote.RegisterError(remote.FirstUserCode+uint16(i), err)
 	}
 }
@@ -82,7 +94,8 @@ type joinReqV1 struct {
 // decodeJoin decodes a joinReq, or an older release's.
 func decodeJoin(req []byte) (joinReq, error) {
 	var j joinReq
-	if len(req) > 0 && req[0] == 0x92 { // an array of two: an older release's
+	switch {
+	case len(req) > 0 && req[0] == 0x92: // an array of two
 		var v joinReqV1
 		if err := decodeMsg(req, &v); err != nil {
 			return j, err
@@ -91,6 +104,14 @@ func decodeJoin(req []byte) (joinReq, error) {
 	}
 	err := decodeMsg(req, &j)
 	return j, err
+}
+
+// joinReply answers a join and a heartbeat: the leader that registered
+// the node, or renewed its session, its state having the node's
+// incarnation. An older release answers nothing.
+type joinReply struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Leader   string
 }
 
 type checkTxReq struct {
@@ -116,6 +137,7 @@ var (
 func (*whoLeads) limits() wire.Limits    { return nameLimits }
 func (*joinReq) limits() wire.Limits     { return nameLimits }
 func (*joinReqV1) limits() wire.Limits   { return nameLimits }
+func (*joinReply) limits() wire.Limits   { return nameLimits }
 func (*checkTxReq) limits() wire.Limits  { return checkLimits }
 func (*checkTxResp) limits() wire.Limits { return tinyLimits }
 func (*resultMsg) limits() wire.Limits   { return resultLimits }
@@ -223,6 +245,22 @@ func (n *Agent) handleClusterOf(_ context.Context, _ string, _ []byte) ([]byte, 
 	return encodeMsg(&c)
 }
 
+// handleRegistered answers a node asking whether this node's state has
+// it registered with its incarnation: a state holds committed entries
+// only, so yes lets a replica that withholds its vote vote
+// (Agent.checkVote). A node asks only of itself.
+func (n *Agent) handleRegistered(_ context.Context, peer string, req []byte) ([]byte, error) {
+	j, err := decodeJoin(req)
+	if err != nil {
+		return nil, err
+	}
+	if j.ID != peer {
+		return nil, n.refuse(peer, "registration of another", fmt.Errorf("%w: node %s asks of %s", ErrDenied, peer, j.ID))
+	}
+	nd, ok := n.meta.State().Node(j.ID)
+	return encodeMsg(&registered{Yes: ok && j.Incarnation != "" && nd.Incarnation == j.Incarnation})
+}
+
 func (n *Agent) handleWhoLeads(_ context.Context, _ string, _ []byte) ([]byte, error) {
 	id, _ := n.meta.Leader()
 	w := whoLeads{ID: id}
@@ -253,7 +291,10 @@ func (n *Agent) handleJoin(ctx context.Context, peer string, req []byte) ([]byte
 	if c := n.meta.State().ClusterID(); j.Cluster != "" && c != "" && j.Cluster != c {
 		return nil, n.refuse(peer, "join from another cluster", fmt.Errorf("%w: %s holds cluster %s's data, this is %s", metastate.ErrWrongCluster, peer, j.Cluster, c))
 	}
-	return nil, n.meta.AddNode(ctx, metastate.RegisterNode{ID: j.ID, Addr: j.Addr, Incarnation: j.Incarnation, Cluster: j.Cluster})
+	if err := n.meta.AddNode(ctx, metastate.RegisterNode{ID: j.ID, Addr: j.Addr, Incarnation: j.Incarnation, Cluster: j.Cluster}); err != nil {
+		return nil, err
+	}
+	return encodeMsg(&joinReply{Leader: n.cfg.ID})
 }
 
 // handleHeartbeat renews the calling node's session on the leader. An
@@ -282,7 +323,10 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 	if j.ID == n.cfg.ID { // the leader itself: it is alive, and registers itself
 		return nil, nil
 	}
-	return nil, n.meta.Heartbeat(j.ID)
+	if err := n.meta.Heartbeat(j.ID); err != nil {
+		return nil, err
+	}
+	return encodeMsg(&joinReply{Leader: n.cfg.ID})
 }
 
 // handlePropose applies a command on the leader for peer, if the ACL
@@ -446,7 +490,7 @@ func (n *Agent) authorize(peer string, c metastate.Command) (cause string, err e
 			return denySystem(s, peer, c.Name, "", metastate.RightAdmin)
 		}
 		return deny(c.Name, metastate.RightAdmin)
-	case metastate.SetACL:
+	case metastate.SetACL, metastate.DrainNode, metastate.MoveReplica, metastate.RemoveNode:
 		return deny("*", metastate.RightAdmin)
 	case metastate.JoinGroup:
 		if c.Node != peer || !ownMember(peer, c.Member) {

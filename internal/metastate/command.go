@@ -30,7 +30,10 @@ import (
 // rather than apply it otherwise. Version 5 added Rule.Group to SetACL's
 // rules; an older SetACL's rules match every group. Version 6 added
 // RegisterNode.Incarnation and Cluster, an older one having neither, which
-// changes no incarnation and sets no cluster id, and the command Rejoined.
+// changes no incarnation and sets no cluster id, and the command Rejoined;
+// the commands DrainNode, MoveReplica and RemoveNode came later in the same
+// version, an older node refusing their kinds as it refuses any command of
+// a newer version.
 const (
 	cmdMagic   = 0xC1 // never the first byte of a msgpack value
 	cmdVersion = 6
@@ -51,11 +54,15 @@ const (
 	kindReplaceFollower
 	kindRenewEpoch
 	kindRejoined
+	kindDrainNode
+	kindMoveReplica
+	kindRemoveNode
 )
 
 // Command is one mutation of the metadata state: one of RegisterNode,
 // NodeDown, CreateTopic, AlterTopic, JoinGroup, LeaveGroup, Released,
-// SetACL, SetInSync, Promote, ReplaceFollower, RenewEpoch. A command
+// SetACL, SetInSync, Promote, ReplaceFollower, RenewEpoch, Rejoined,
+// DrainNode, MoveReplica, RemoveNode. A command
 // carries inputs only; what it does is decided by Apply from the state,
 // identically on every node.
 type Command interface {
@@ -349,6 +356,12 @@ func DecodeCommand(b []byte) (Command, error) {
 		c, err = decodeAs[RenewEpoch](body, cmdLimits)
 	case kindRejoined:
 		c, err = decodeAs[Rejoined](body, cmdLimits)
+	case kindDrainNode:
+		c, err = decodeAs[DrainNode](body, cmdLimits)
+	case kindMoveReplica:
+		c, err = decodeAs[MoveReplica](body, cmdLimits)
+	case kindRemoveNode:
+		c, err = decodeAs[RemoveNode](body, cmdLimits)
 	default:
 		return nil, fmt.Errorf("%w: command kind %d", ErrCorrupt, k)
 	}

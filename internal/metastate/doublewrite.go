@@ -179,13 +179,14 @@ func (s *State) renewEpoch(c RenewEpoch) (Topic, error) {
 	return s.withPart(t, c.Partition, p), nil
 }
 
-// LeastLoaded returns the node that is up, not one of not, and holds the
-// fewest replicas, ties broken by id as in place; "" when there is none.
+// LeastLoaded returns the node that is up, not draining, not one of not,
+// and holds the fewest replicas, ties broken by id as in place; "" when
+// there is none.
 func (s *State) LeastLoaded(not ...string) string {
 	count := s.replicaCounts()
 	best := ""
 	for id, nd := range s.nodes {
-		if !nd.Up || slices.Contains(not, id) {
+		if !nd.Up || nd.Draining || slices.Contains(not, id) {
 			continue
 		}
 		if best == "" || cmp.Or(cmp.Compare(count[id], count[best]), strings.Compare(id, best)) < 0 {

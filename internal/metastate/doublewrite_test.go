@@ -205,7 +205,7 @@ func TestDoubleWrite_Snapshot(t *testing.T) {
 		t.Fatalf("round trip: %v", err)
 	}
 
-	var v3 snapV5
+	var v3 snapV6
 	if err := wire.Unmarshal(b[len(snapMagic)+1:], &v3); err != nil {
 		t.Fatal(err)
 	}
@@ -236,16 +236,16 @@ func TestDoubleWrite_Snapshot(t *testing.T) {
 		t.Fatalf("r/0 of a version 2 snapshot: %+v", p)
 	}
 
-	for name, damage := range map[string]func(v *snapV5){
-		"VersionZero":   func(v *snapV5) { v.Topics[0].Parts[0].Version = 0 },
-		"FollowerAlone": func(v *snapV5) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Replicas[1]} },
-		"FollowerFirst": func(v *snapV5) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Replicas[1], p.Replicas[0]} },
-		"LeaderTwice":   func(v *snapV5) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Leader, p.Leader} },
-		"OtherInSync":   func(v *snapV5) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Leader, "zz"} },
-		"ThreeInSync":   func(v *snapV5) { p := &v.Topics[0].Parts[0]; p.InSync = append(p.InSync, "c") },
-		"Raft3InSync":   func(v *snapV5) { v.Topics[1].Parts[0].InSync = []string{v.Topics[1].Parts[0].Leader} },
-		"Raft3Version":  func(v *snapV5) { v.Topics[1].Parts[0].Version = 1 },
-		"Raft3Alone":    func(v *snapV5) { v.Topics[1].Alone = true },
+	for name, damage := range map[string]func(v *snapV6){
+		"VersionZero":   func(v *snapV6) { v.Topics[0].Parts[0].Version = 0 },
+		"FollowerAlone": func(v *snapV6) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Replicas[1]} },
+		"FollowerFirst": func(v *snapV6) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Replicas[1], p.Replicas[0]} },
+		"LeaderTwice":   func(v *snapV6) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Leader, p.Leader} },
+		"OtherInSync":   func(v *snapV6) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Leader, "zz"} },
+		"ThreeInSync":   func(v *snapV6) { p := &v.Topics[0].Parts[0]; p.InSync = append(p.InSync, "c") },
+		"Raft3InSync":   func(v *snapV6) { v.Topics[1].Parts[0].InSync = []string{v.Topics[1].Parts[0].Leader} },
+		"Raft3Version":  func(v *snapV6) { v.Topics[1].Parts[0].Version = 1 },
+		"Raft3Alone":    func(v *snapV6) { v.Topics[1].Alone = true },
 	} {
 		t.Run(name, func(t *testing.T) { corruptSnapshot(t, b, damage) })
 	}
@@ -313,11 +313,11 @@ func TestDoubleWrite_Chunks(t *testing.T) {
 	if err != nil || !sameState(s, got) {
 		t.Fatalf("round trip: %v", err)
 	}
-	for name, damage := range map[string]func(v *snapV5){
-		"Epoch":   func(v *snapV5) { v.Topics[0].Parts[1].Epoch++ },
-		"Version": func(v *snapV5) { v.Topics[0].Parts[3].Version++ },
-		"InSync":  func(v *snapV5) { p := &v.Topics[0].Parts[1]; p.InSync = p.Replicas },
-		"Leader": func(v *snapV5) {
+	for name, damage := range map[string]func(v *snapV6){
+		"Epoch":   func(v *snapV6) { v.Topics[0].Parts[1].Epoch++ },
+		"Version": func(v *snapV6) { v.Topics[0].Parts[3].Version++ },
+		"InSync":  func(v *snapV6) { p := &v.Topics[0].Parts[1]; p.InSync = p.Replicas },
+		"Leader": func(v *snapV6) {
 			p := &v.Topics[0].Parts[3]
 			p.Leader, p.InSync = p.Replicas[1], []string{p.Replicas[1]}
 		},

@@ -73,4 +73,11 @@ var (
 	// partition's in-sync set: it may lack acked batches, and is never
 	// promoted automatically.
 	ErrNotInSync = errors.New("cluster: replica not in sync")
+
+	// ErrNodeUp is returned by RemoveNode for a node still up.
+	ErrNodeUp = errors.New("cluster: node is up")
+
+	// ErrNodeHolds is returned by RemoveNode for a node still holding
+	// replicas.
+	ErrNodeHolds = errors.New("cluster: node holds replicas")
 )

@@ -15,7 +15,7 @@ import (
 //
 //	[4] snapMagic "ZMMS"
 //	[1] snapVersion
-//	[…] snapV5 as a msgpack array: every list sorted by its key, so equal
+//	[…] snapV6 as a msgpack array: every list sorted by its key, so equal
 //	    states encode to equal bytes
 //
 // Version 2 added snapTopic.GroupSize and snapPart.Chunk; a version 1
@@ -25,17 +25,18 @@ import (
 // at version 1. Version 4 added Rule.Group; a version 3 snapshot's rules
 // match every group. Version 5 added snapNode.Incarnation, snapPart.Lost and
 // snapV5.ClusterID; an older snapshot's nodes have none, no replica is
-// lost, and the cluster has no id.
+// lost, and the cluster has no id. Version 6 added snapNode.Draining; an
+// older snapshot's nodes are not draining.
 //
 // The decoder checks what Apply keeps true: sorted unique keys, limits,
 // replicas and members on known nodes, owners that are members. So a
 // damaged snapshot is ErrCorrupt, never a state Apply could not reach.
 const (
 	snapMagic   = "ZMMS"
-	snapVersion = 5
+	snapVersion = 6
 )
 
-type snapV5 struct {
+type snapV6 struct {
 	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Index     uint64
 	Nodes     []snapNode
@@ -43,6 +44,27 @@ type snapV5 struct {
 	Groups    []snapGroup
 	ACL       []Rule
 	ClusterID string
+}
+
+// snapV5 is a version 5 snapshot: its nodes lack Draining.
+type snapV5 struct {
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Index     uint64
+	Nodes     []snapNodeV5
+	Topics    []snapTopic
+	Groups    []snapGroup
+	ACL       []Rule
+	ClusterID string
+}
+
+// v6 is v in version 6: no node draining.
+func (v snapV5) v6() snapV6 {
+	out := snapV6{Index: v.Index, Topics: v.Topics, Groups: v.Groups, ACL: v.ACL, ClusterID: v.ClusterID}
+	for _, n := range v.Nodes {
+		out.Nodes = append(out.Nodes, snapNode{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session,
+			Incarnation: n.Incarnation})
+	}
+	return out
 }
 
 // snapV4 is a version 4 snapshot: its nodes lack Incarnation, its
@@ -60,7 +82,7 @@ type snapV4 struct {
 func (v snapV4) v5() snapV5 {
 	out := snapV5{Index: v.Index, Groups: v.Groups, ACL: v.ACL}
 	for _, n := range v.Nodes {
-		out.Nodes = append(out.Nodes, snapNode{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session})
+		out.Nodes = append(out.Nodes, snapNodeV5{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session})
 	}
 	for _, t := range v.Topics {
 		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize, Alone: t.Alone}
@@ -182,6 +204,19 @@ type snapNode struct {
 	Joined      uint64
 	Session     uint64
 	Incarnation string
+	Draining    bool
+}
+
+// snapNodeV5 is a node in version 5, without Draining.
+type snapNodeV5 struct {
+	_msgpack    struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	ID          string
+	Addr        string
+	Voter       bool
+	Up          bool
+	Joined      uint64
+	Session     uint64
+	Incarnation string
 }
 
 // snapNodeV4 is a node before version 5, without Incarnation.
@@ -263,10 +298,10 @@ type snapRevoke struct {
 
 // EncodeSnapshot returns the encoding of s, laid out as above.
 func EncodeSnapshot(s *State) ([]byte, error) {
-	v := snapV5{Index: s.index, ACL: s.acl, ClusterID: s.cluster}
+	v := snapV6{Index: s.index, ACL: s.acl, ClusterID: s.cluster}
 	for _, n := range s.Nodes() {
 		v.Nodes = append(v.Nodes, snapNode{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session,
-			Incarnation: n.Incarnation})
+			Incarnation: n.Incarnation, Draining: n.Draining})
 	}
 	for _, name := range s.Topics() {
 		t := s.topics[name]
@@ -323,27 +358,31 @@ func DecodeSnapshot(b []byte) (*State, error) {
 	if version < 1 || version > snapVersion {
 		return nil, fmt.Errorf("%w: snapshot version %d", ErrCorrupt, version)
 	}
-	var v snapV5
+	var v snapV6
 	var err error
 	switch body := b[len(snapMagic)+1:]; version {
 	case 1:
 		var v1 snapV1
 		v1, err = decodeAs[snapV1](body, snapLimits(body))
-		v = v1.v2().v3().v4().v5()
+		v = v1.v2().v3().v4().v5().v6()
 	case 2:
 		var v2 snapV2
 		v2, err = decodeAs[snapV2](body, snapLimits(body))
-		v = v2.v3().v4().v5()
+		v = v2.v3().v4().v5().v6()
 	case 3:
 		var v3 snapV3
 		v3, err = decodeAs[snapV3](body, snapLimits(body))
-		v = v3.v4().v5()
+		v = v3.v4().v5().v6()
 	case 4:
 		var v4 snapV4
 		v4, err = decodeAs[snapV4](body, snapLimits(body))
-		v = v4.v5()
+		v = v4.v5().v6()
+	case 5:
+		var v5 snapV5
+		v5, err = decodeAs[snapV5](body, snapLimits(body))
+		v = v5.v6()
 	default:
-		v, err = decodeAs[snapV5](body, snapLimits(body))
+		v, err = decodeAs[snapV6](body, snapLimits(body))
 	}
 	if err != nil {
 		return nil, err
@@ -356,7 +395,7 @@ func DecodeSnapshot(b []byte) (*State, error) {
 }
 
 // state builds and checks the State of a decoded snapshot.
-func (v *snapV5) state() (*State, error) {
+func (v *snapV6) state() (*State, error) {
 	s := New()
 	s.index = v.Index
 	if len(v.ClusterID) > MaxNameLen {
@@ -374,7 +413,7 @@ func (v *snapV5) state() (*State, error) {
 			return nil, fmt.Errorf("node %s: address %q, session %d, incarnation of %d bytes", n.ID, n.Addr, n.Session, len(n.Incarnation))
 		}
 		s.nodes[n.ID] = Node{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session,
-			Incarnation: n.Incarnation}
+			Incarnation: n.Incarnation, Draining: n.Draining}
 	}
 	for i, t := range v.Topics {
 		if err := checkName("topic", t.Name); err != nil {

@@ -105,6 +105,9 @@ type Node struct {
 	// until it registers with one. A registration with another is a new
 	// incarnation: the directory lost what the node held.
 	Incarnation string
+	// Draining is set by DrainNode: placement puts nothing more on the
+	// node, and the metadata leader moves its replicas to other nodes.
+	Draining bool
 }
 
 // Topic is a topic with its partitions' placement.
@@ -461,6 +464,12 @@ func (s *State) Apply(index uint64, c Command) (next *State, res Result, err err
 		res.Topic, err = n.renewEpoch(c)
 	case Rejoined:
 		res.Topic, err = n.rejoined(c)
+	case DrainNode:
+		err = n.drainNode(c)
+	case MoveReplica:
+		res.Topic, err = n.moveReplica(c)
+	case RemoveNode:
+		err = n.removeNode(c)
 	default:
 		err = fmt.Errorf("%w: command %T", ErrInvalid, c)
 	}
@@ -627,7 +636,7 @@ func (s *State) place(first, n, r, size int) ([]Partition, error) {
 	var up []load
 	count := s.replicaCounts()
 	for id, nd := range s.nodes {
-		if nd.Up {
+		if nd.Up && !nd.Draining {
 			up = append(up, load{id, count[id]})
 		}
 	}

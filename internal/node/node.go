@@ -287,13 +287,20 @@ type Status struct {
 	// Failed holds the replicated partitions this node is to lead and
 	// cannot serve, by "topic/partition", with why (replica.ErrReplicaFailed).
 	Failed map[string]error
+	// Holds lists, by node id, the partitions with a replica on the node,
+	// as "topic/partition" (metastate.State.Holds).
+	Holds map[string][]string
 }
 
 // Status returns what the node knows of its cluster.
 func (n *Node) Status() Status {
 	leader, _ := n.agent.Meta().Leader()
 	ms := n.agent.Meta().State()
-	st := Status{NodeID: n.agent.ID(), Addr: n.agent.Addr(), ClusterID: ms.ClusterID(), Leader: leader, Nodes: ms.Nodes()}
+	st := Status{NodeID: n.agent.ID(), Addr: n.agent.Addr(), ClusterID: ms.ClusterID(), Leader: leader, Nodes: ms.Nodes(),
+		Holds: map[string][]string{}}
+	for _, nd := range st.Nodes {
+		st.Holds[nd.ID] = ms.Holds(nd.ID)
+	}
 	n.eachReplicated(func(p *replica.Partition) {
 		if p.Leads() {
 			st.Leading = append(st.Leading, p.Name())

@@ -2,10 +2,14 @@ package node
 
 import (
 	"context"
+	"slices"
 	"time"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/replica"
+	"github.com/zeze-go/mq/internal/transport"
 	"github.com/zeze-go/mq/raftqueue"
 )
 
@@ -35,6 +39,23 @@ func (n *Node) rejoinLoop() {
 	}
 }
 
+// movedOut reports whether this node's replica g of a Raft3 group whose
+// placement p no longer has it left the group: its configuration left it
+// out, or, the move done (no replica lost), it follows and has heard from
+// no leader for movedOutAfter, as a removed server does, to which its
+// leader sends nothing more, not even the configuration that removed it.
+func movedOut(g *raftqueue.Group, self string, p metastate.Partition) bool {
+	r := g.Raft()
+	if !transport.InConfiguration(r, self) {
+		return true
+	}
+	return len(p.Lost) == 0 && r.State() != raft.Leader && time.Since(r.LastContact()) > movedOutAfter
+}
+
+// movedOutAfter is how long a replica moved away waits for its leader
+// before it takes itself for removed.
+const movedOutAfter = 5 * time.Second
+
 // rejoin has each Raft3 group this node leads add back its lost replicas
 // as new servers, and records each lost replica here that caught up
 // (metastate.Rejoined).
@@ -44,6 +65,12 @@ func (n *Node) rejoin() {
 	n.groups.Each(func(topic string, first int, g *raftqueue.Group) {
 		p, ok := st.Partition(topic, first)
 		if !ok {
+			return
+		}
+		if !slices.Contains(p.Replicas, self) && movedOut(g, self, p) {
+			n.mu.Lock()
+			n.detachMoved(st, topic, first, g)
+			n.mu.Unlock()
 			return
 		}
 		log := n.cfg.Logger.With("topic", topic, "group", first)

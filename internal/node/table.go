@@ -139,6 +139,7 @@ func (n *Node) sync(st *metastate.State) {
 		}
 	}
 	n.updatePairs(st)
+	n.updateRaft3(st)
 	for _, name := range st.Topics() {
 		ct, ok := st.Topic(name)
 		if !ok {
@@ -323,6 +324,70 @@ func (n *Node) openPair(topic string, first, parts int) (*raftqueue.Pair, error)
 	}
 	return raftqueue.OpenPair(raftqueue.PairConfig{Dir: filepath.Join(n.dir, "dw", topic, strconv.Itoa(first)), Log: log,
 		Partitions: parts, MaxBatchBytes: n.cfg.MaxBatchBytes, CompactEvery: n.cfg.PairCompactEvery, KeepEntries: n.cfg.PairKeepEntries})
+}
+
+// updateRaft3 gives each Raft3 partition of the table its group's
+// placement in st, which a move changes (metastate.MoveReplica), and
+// opens this node's replica of a group newly placed here: a lost replica,
+// which rejoins the group as a new server (replica.Rejoin). A replica
+// moved away stays until it left the group's configuration (detachMoved).
+func (n *Node) updateRaft3(st *metastate.State) {
+	self := n.agent.ID()
+	for _, t := range n.cfg.Topics.All() {
+		ct, ok := st.Topic(t.Name)
+		if !ok || ct.Type != metastate.TypeRaft3 {
+			continue
+		}
+		for i, p := range t.Parts {
+			r, ok := p.(*replica.Partition)
+			if !ok || i >= len(ct.Parts) {
+				continue
+			}
+			reps := ct.Parts[i].Replicas
+			r.SetReplicas(reps)
+			if !slices.Contains(reps, self) || r.RaftGroup() != nil {
+				continue
+			}
+			if _, failed := n.unopened[r]; failed {
+				continue
+			}
+			first, parts := ct.Chunk(i)
+			cfg := replica.Raft3Config{Config: replica.Config{Topic: t.Name, Index: i, First: first, Self: self}, Partitions: parts, Replicas: reps}
+			if err := n.attachGroup(r, cfg); err != nil {
+				n.cfg.Logger.Error("cannot open this node's replica of a partition moved here: the others serve it", "topic", t.Name, "partition", i, "err", err)
+				if n.unopened == nil {
+					n.unopened = map[*replica.Partition]replica.Raft3Config{}
+				}
+				n.unopened[r] = cfg
+				continue
+			}
+			n.cfg.Logger.Info("replica of a partition moved here opened", "topic", t.Name, "partition", i)
+		}
+	}
+}
+
+// detachMoved closes this node's replica of the Raft3 group of topic
+// whose first partition is first once the group's placement no longer has
+// it and it left the group (movedOut): moved away (metastate.MoveReplica).
+func (n *Node) detachMoved(st *metastate.State, topic string, first int, g *raftqueue.Group) {
+	p, ok := st.Partition(topic, first)
+	if !ok || slices.Contains(p.Replicas, n.agent.ID()) || !movedOut(g, n.agent.ID(), p) {
+		return
+	}
+	t, ok := n.cfg.Topics.Get(topic)
+	if !ok {
+		return
+	}
+	ct, _ := st.Topic(topic)
+	_, parts := ct.Chunk(first)
+	for j := first; j < first+parts && j < len(t.Parts); j++ {
+		if r, ok := t.Parts[j].(*replica.Partition); ok {
+			if err := r.Detach(); err != nil {
+				n.cfg.Logger.Warn("replica moved away not closed cleanly", "topic", topic, "partition", j, "err", err)
+			}
+		}
+	}
+	n.cfg.Logger.Info("replica moved away left its group and closed", "topic", topic, "group", first)
 }
 
 // updatePairs hands each DoubleWrite pair of the table its record in st,

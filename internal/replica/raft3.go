@@ -28,8 +28,8 @@ type Raft3Config struct {
 // elects among Replicas, this node's replica a raftqueue.Group shared with
 // the partitions of its group (RaftGroups.Attach).
 type raft3 struct {
-	cfg   Raft3Config
-	group atomic.Pointer[sharedGroup] // this node's replica, held until Close
+	cfg   Raft3Config                 // Replicas guarded by mu: the placement changes (SetReplicas)
+	group atomic.Pointer[sharedGroup] // this node's replica, held until Close or Detach
 
 	mu     sync.Mutex
 	turn   int    // guarded by mu: the replica to try when no leader is known
@@ -117,7 +117,11 @@ func (k *raft3) sent(node string, err error) {
 }
 
 // candidates: a call tries each replica once before it waits.
-func (k *raft3) candidates() int { return max(len(k.cfg.Replicas), 1) }
+func (k *raft3) candidates() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return max(len(k.cfg.Replicas), 1)
+}
 
 // checkDamage returns err, a local call's: one that met damage of this
 // node's replica, a corrupt file or a failed write, marks the replica
@@ -163,7 +167,36 @@ func (k *raft3) notLeading() {
 	}
 }
 
-func (k *raft3) holds() bool { return slices.Contains(k.cfg.Replicas, k.cfg.Self) }
+func (k *raft3) holds() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Contains(k.cfg.Replicas, k.cfg.Self)
+}
+
+// SetReplicas gives a Raft3 partition its group's new placement
+// (metastate.MoveReplica): the replicas a call tries when no leader is
+// known. This node's replica is attached (RaftGroups.Attach) and detached
+// (Detach) apart.
+func (p *Partition) SetReplicas(replicas []string) {
+	if k, ok := p.kind.(*raft3); ok {
+		k.mu.Lock()
+		k.cfg.Replicas, k.hint = slices.Clone(replicas), ""
+		k.mu.Unlock()
+	}
+}
+
+// Detach drops a Raft3 partition's hold of this node's replica of its
+// group, which closes with the last partition's: the replica moved away
+// and left the group's configuration. Calls go to the group's leader
+// elsewhere from then on; one in flight on the replica may fail.
+func (p *Partition) Detach() error {
+	if k, ok := p.kind.(*raft3); ok {
+		if g := k.group.Swap(nil); g != nil {
+			return g.release()
+		}
+	}
+	return nil
+}
 
 func (k *raft3) release() error {
 	k.mu.Lock()

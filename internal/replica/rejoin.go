@@ -24,6 +24,9 @@ const rejoinTimeout = 5 * time.Second
 // On the leader, if not lost itself: a lost replica still a voter is
 // removed, then added back as a nonvoter, caught up from nothing by the
 // leader; a replica placed and not lost that is not a voter is made one.
+// Once every placed replica is a voter and none is lost, a server no
+// longer placed (moved away, metastate.MoveReplica) is removed. A leader
+// no longer placed hands its leadership over before anything else.
 // Each lost voter is removed before any is added back, so two lost
 // replicas leave the intact one alone as the voters, and the group never
 // counts a lost copy toward a quorum.
@@ -72,6 +75,15 @@ func Rejoin(g *raftqueue.Group, self string, replicas, lost []string) (caughtUp 
 		commit, _ := strconv.ParseUint(r.Stats()["commit_index"], 10, 64)
 		return commit > 0 && r.AppliedIndex() >= commit, nil, nil
 	}
+	if !slices.Contains(replicas, self) {
+		// Moved away (metastate.MoveReplica): the replica that takes its
+		// place accepts raft streams from placed replicas only, so a
+		// placed one leads the move.
+		if err := r.LeadershipTransfer().Error(); err != nil {
+			return false, nil, fmt.Errorf("hand the leadership over, moved away: %w", err)
+		}
+		return false, []string{"moved away, the leadership handed over"}, nil
+	}
 	change := func(what string, fut raft.IndexFuture) error {
 		if err := fut.Error(); err != nil {
 			return fmt.Errorf("%s: %w", what, err)
@@ -99,6 +111,18 @@ func Rejoin(g *raftqueue.Group, self string, replicas, lost []string) (caughtUp 
 		}
 		if s, ok := suffrage(id); !ok || s != raft.Voter {
 			if err := change("promote "+id, r.AddVoter(raft.ServerID(id), raft.ServerAddress(id), 0, rejoinTimeout)); err != nil {
+				return false, did, err
+			}
+		}
+	}
+	if len(did) > 0 || len(lost) > 0 {
+		return false, did, nil // the rest once every placed replica is a voter
+	}
+	// A replica moved away (metastate.MoveReplica) leaves once the one
+	// that took its place is a voter.
+	for _, s := range servers {
+		if id := string(s.ID); !slices.Contains(replicas, id) {
+			if err := change("remove "+id+", moved away", r.RemoveServer(s.ID, 0, rejoinTimeout)); err != nil {
 				return false, did, err
 			}
 		}

@@ -27,6 +27,7 @@ import (
 // of a chunk ends before raft gets any byte of it, so raft never acts on a
 // request that fails.
 const (
+	rpcTypeAppendEntries   = 0
 	rpcTypeRequestVote     = 1
 	rpcTypeInstallSnapshot = 2
 	rpcTypeTimeoutNow      = 3
@@ -114,17 +115,20 @@ type rpcCheck struct {
 
 	vote     func(candidate string) bool // LayerConfig.Vote; nil grants every vote
 	campaign func() bool                 // LayerConfig.Campaign; nil takes every TimeoutNow
+	follow   func(leader string) bool    // LayerConfig.Lead; nil takes every leader's entries
 }
 
 // errVoteWithheld closes a stream carrying a request for a vote or a
 // pre-vote that this replica withholds from the peer (LayerConfig.Vote):
 // raft's candidate counts it as not granted. It closes one carrying a
 // TimeoutNow (a leadership transfer) to a replica that may not campaign
-// (LayerConfig.Campaign) too: the transfer fails, and the leader stays.
+// (LayerConfig.Campaign) too: the transfer fails, and the leader stays;
+// and one carrying entries from a leader the replica does not follow
+// (LayerConfig.Lead): they are not acknowledged.
 var errVoteWithheld = errors.New("transport: vote withheld")
 
-func newRPCCheck(peer string, vote func(candidate string) bool, campaign func() bool) *rpcCheck {
-	return &rpcCheck{peer: peer, vote: vote, campaign: campaign}
+func newRPCCheck(peer string, vote func(candidate string) bool, campaign func() bool, lead func(leader string) bool) *rpcCheck {
+	return &rpcCheck{peer: peer, vote: vote, campaign: campaign, follow: lead}
 }
 
 // feed checks the next bytes of the stream; after an error the stream is
@@ -140,6 +144,9 @@ func (c *rpcCheck) feed(b []byte) error {
 				return errVoteWithheld
 			}
 			if b[0] == rpcTypeTimeoutNow && c.campaign != nil && !c.campaign() {
+				return errVoteWithheld
+			}
+			if (b[0] == rpcTypeAppendEntries || b[0] == rpcTypeInstallSnapshot) && c.follow != nil && !c.follow(c.peer) {
 				return errVoteWithheld
 			}
 			c.rpc, c.id, c.addr, c.size = b[0], false, false, 0

@@ -31,15 +31,15 @@ func feedBytes(c *rpcCheck, b []byte) (int, error) {
 func TestRPCCheck_PassesRaftRequests(t *testing.T) {
 	all := bytes.Join(validRPCs(t, "n1"), nil)
 	all = append(all, all...)
-	if err := newRPCCheck("n1", nil, nil).feed(all); err != nil {
+	if err := newRPCCheck("n1", nil, nil, nil).feed(all); err != nil {
 		t.Fatalf("whole: %v", err)
 	}
-	if n, err := feedBytes(newRPCCheck("n1", nil, nil), all); err != nil {
+	if n, err := feedBytes(newRPCCheck("n1", nil, nil, nil), all); err != nil {
 		t.Fatalf("a byte at a time, at %d: %v", n, err)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 20 {
-		c, rest := newRPCCheck("n1", nil, nil), all
+		c, rest := newRPCCheck("n1", nil, nil, nil), all
 		for len(rest) > 0 {
 			n := min(len(rest), 1+rng.IntN(5000))
 			if err := c.feed(rest[:n]); err != nil {
@@ -102,7 +102,7 @@ func TestRPCCheck_RefusesOtherSenders(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			n, err := feedBytes(newRPCCheck("n1", nil, nil), c.b)
+			n, err := feedBytes(newRPCCheck("n1", nil, nil, nil), c.b)
 			if !errors.Is(err, errBadRPC) {
 				t.Fatalf("passed %d of %d bytes: %v, want errBadRPC", n, len(c.b), err)
 			}
@@ -111,7 +111,7 @@ func TestRPCCheck_RefusesOtherSenders(t *testing.T) {
 					t.Fatalf("raft decodes a request from %+v out of the bytes passed", s)
 				}
 			}
-			if err := newRPCCheck("n1", nil, nil).feed(c.b); !errors.Is(err, errBadRPC) {
+			if err := newRPCCheck("n1", nil, nil, nil).feed(c.b); !errors.Is(err, errBadRPC) {
 				t.Fatalf("whole: %v, want errBadRPC", err)
 			}
 		})
@@ -135,8 +135,8 @@ func FuzzRPCCheck(f *testing.F) {
 	f.Add([]byte(mp{2}.fixmap(3).str("ID").str("n1").str("Addr").str("n1").str("Size").raw(0x05)))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var whole error
-		fuzzseed.CheckAlloc(t, len(b), func() { whole = newRPCCheck("n1", nil, nil).feed(b) })
-		n, err := feedBytes(newRPCCheck("n1", nil, nil), b)
+		fuzzseed.CheckAlloc(t, len(b), func() { whole = newRPCCheck("n1", nil, nil, nil).feed(b) })
+		n, err := feedBytes(newRPCCheck("n1", nil, nil, nil), b)
 		if (whole == nil) != (err == nil) {
 			t.Fatalf("%x: whole %v, a byte at a time %v", b, whole, err)
 		}
@@ -154,14 +154,16 @@ func FuzzRPCCheck(f *testing.F) {
 // TestRPCCheck_VoteWithheld: with a Vote that refuses the peer, a
 // RequestVote or RequestPreVote fails the check before raft gets a byte
 // of it, as errVoteWithheld (not a refusal of the peer); with a Campaign
-// that says no, a TimeoutNow does. Every other request passes, and with a
-// Vote that grants and a Campaign that allows, every request passes.
+// that says no, a TimeoutNow does, and with a Lead that refuses the peer,
+// an AppendEntries or an InstallSnapshot. With hooks that allow, every
+// request passes.
 func TestRPCCheck_VoteWithheld(t *testing.T) {
 	for _, rpc := range validRPCs(t, "n1") {
-		refuse := newRPCCheck("n1", func(candidate string) bool { return candidate != "n1" }, func() bool { return false })
+		refuse := newRPCCheck("n1", func(candidate string) bool { return candidate != "n1" }, func() bool { return false },
+			func(leader string) bool { return leader != "n1" })
 		err := refuse.feed(rpc)
 		switch rpc[0] {
-		case rpcTypeRequestVote, rpcTypeRequestPreVote, rpcTypeTimeoutNow:
+		case rpcTypeRequestVote, rpcTypeRequestPreVote, rpcTypeTimeoutNow, rpcTypeAppendEntries, rpcTypeInstallSnapshot:
 			if !errors.Is(err, errVoteWithheld) {
 				t.Fatalf("request type %d with the vote withheld: %v", rpc[0], err)
 			}
@@ -170,7 +172,7 @@ func TestRPCCheck_VoteWithheld(t *testing.T) {
 				t.Fatalf("request type %d with the vote withheld: %v", rpc[0], err)
 			}
 		}
-		if err := newRPCCheck("n1", func(string) bool { return true }, func() bool { return true }).feed(rpc); err != nil {
+		if err := newRPCCheck("n1", func(string) bool { return true }, func() bool { return true }, func(string) bool { return true }).feed(rpc); err != nil {
 			t.Fatalf("request type %d with the vote granted: %v", rpc[0], err)
 		}
 	}

@@ -127,6 +127,11 @@ type LayerConfig struct {
 	// lacks what it acknowledged must neither vote nor lead. Called from
 	// raft's goroutines, like Vote.
 	Campaign func() bool
+	// Lead, unless nil, says whether this replica takes entries from node
+	// leader: an AppendEntries or InstallSnapshot from a peer it returns
+	// false for is not given to raft, and its stream is closed. Called
+	// from raft's goroutines, like Vote.
+	Lead func(leader string) bool
 }
 
 // InConfiguration reports whether node id is a server of r's latest
@@ -254,6 +259,7 @@ func (m *RaftMux) Layer(group string, cfg LayerConfig) (*RaftLayer, error) {
 		member:   cfg.Member,
 		vote:     cfg.Vote,
 		campaign: cfg.Campaign,
+		follow:   cfg.Lead,
 		queue:    make(chan *stream, MaxQueuedStreams),
 		done:     make(chan struct{}),
 		streams:  make(map[*stream]struct{}),
@@ -430,7 +436,7 @@ func (m *RaftMux) route(ys *yamux.Stream, in *inSession) {
 		m.refuse(in)
 		return
 	}
-	s := &stream{ys: ys, l: l, peer: peerID, check: newRPCCheck(peerID, l.vote, l.campaign), in: in}
+	s := &stream{ys: ys, l: l, peer: peerID, check: newRPCCheck(peerID, l.vote, l.campaign, l.follow), in: in}
 	switch l.queueStream(s) {
 	case queued:
 		in.refused.Store(0)
@@ -598,6 +604,7 @@ type RaftLayer struct {
 	member   func(peer string) bool
 	vote     func(candidate string) bool // LayerConfig.Vote
 	campaign func() bool                 // LayerConfig.Campaign
+	follow   func(leader string) bool    // LayerConfig.Lead
 	queue    chan *stream                // inbound streams waiting for Accept
 	done     chan struct{}               // closed by Close
 	ctx      context.Context             // cancelled by Close: ends Dial

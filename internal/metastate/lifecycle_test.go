@@ -1,0 +1,159 @@
+package metastate
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/zeze-go/mq/internal/wire"
+)
+
+// TestDrainNode_PlacementSkipsIt: a draining node gets no replica of a new
+// topic, of a pair's new follower or of a move chosen by load; the mark
+// comes off again, and it survives a snapshot.
+func TestDrainNode_PlacementSkipsIt(t *testing.T) {
+	ft := newStateT(t)
+	ft.nodes("a", "b", "c", "d")
+	ft.refused(DrainNode{ID: "x", Draining: true}, ErrNoNode)
+	ft.must(DrainNode{ID: "d", Draining: true})
+	ft.must(CreateTopic{Name: "r", Partitions: 4, Type: TypeRaft3})
+	ft.must(CreateTopic{Name: "d", Partitions: 4, Type: TypeDoubleWrite})
+	if h := ft.s().Holds("d"); len(h) > 0 {
+		t.Fatalf("the draining node holds %v", h)
+	}
+	if got := ft.s().LeastLoaded(); got == "d" {
+		t.Fatal("LeastLoaded chose the draining node")
+	}
+	got, err := DecodeSnapshot(encodeSnap(t, ft.s()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nd, _ := got.Node("d"); !nd.Draining || !sameState(got, ft.s()) {
+		t.Fatalf("after a snapshot: %+v", nd)
+	}
+	ft.must(DrainNode{ID: "d"})
+	ft.must(CreateTopic{Name: "more", Partitions: 1, Type: TypeRaft3})
+	if !slices.Contains(ft.s().Holds("d"), "more/0") {
+		t.Fatalf("a node no longer draining got nothing: %v", ft.s().Holds("d"))
+	}
+}
+
+// TestMoveReplica_Raft3: a Raft3 replica moves for its whole group: the new
+// node takes the old one's place and is lost until it rejoined; a move
+// chosen by load picks a node holding none of the group; refusals change
+// nothing.
+func TestMoveReplica_Raft3(t *testing.T) {
+	ft := newStateT(t)
+	ft.nodes("a", "b", "c", "d", "e")
+	ft.must(CreateTopic{Name: "r", Partitions: 2, Type: TypeRaft3, GroupSize: 2})
+	p, _ := ft.s().Partition("r", 1)
+	from := p.Replicas[1]
+	var to string
+	for _, id := range []string{"a", "b", "c", "d", "e"} {
+		if !slices.Contains(p.Replicas, id) {
+			to = id
+			break
+		}
+	}
+	ft.refused(MoveReplica{Topic: "r", Partition: 1, From: "zz", To: to}, ErrInvalid)
+	ft.refused(MoveReplica{Topic: "r", Partition: 1, From: from, To: p.Replicas[0]}, ErrInvalid)
+	ft.refused(MoveReplica{Topic: "r", Partition: 1, From: from, To: "nobody"}, ErrNoNode)
+	ft.must(DrainNode{ID: to, Draining: true})
+	ft.refused(MoveReplica{Topic: "r", Partition: 1, From: from, To: to}, ErrInvalid)
+	ft.must(DrainNode{ID: to})
+	ft.must(MoveReplica{Topic: "r", Partition: 1, From: from, To: to})
+	for i := range 2 {
+		q, _ := ft.s().Partition("r", i)
+		if slices.Contains(q.Replicas, from) || !slices.Contains(q.Replicas, to) || !slices.Equal(q.Lost, []string{to}) {
+			t.Fatalf("r/%d after the move: %+v", i, q)
+		}
+	}
+	nd, _ := ft.s().Node(to)
+	ft.must(Rejoined{Topic: "r", Partition: 0, Node: to, Incarnation: nd.Incarnation})
+	q, _ := ft.s().Partition("r", 1)
+	ft.must(MoveReplica{Topic: "r", Partition: 0, From: q.Replicas[0]})
+	q2, _ := ft.s().Partition("r", 1)
+	if len(q2.Lost) != 1 || slices.Contains(q.Replicas, q2.Lost[0]) {
+		t.Fatalf("a move by load: before %+v, after %+v", q, q2)
+	}
+	ft.must(CreateTopic{Name: "s", Partitions: 1, Type: TypeSingle})
+	s, _ := ft.s().Partition("s", 0)
+	ft.refused(MoveReplica{Topic: "s", Partition: 0, From: s.Replicas[0]}, ErrInvalid)
+}
+
+// TestMoveReplica_DoubleWrite: a pair's follower moves to a new follower
+// at the next epoch with the leader alone in sync; its leader does not
+// move (it hands the pair over first), and a stale version is refused.
+func TestMoveReplica_DoubleWrite(t *testing.T) {
+	ft := newStateT(t)
+	ft.nodes("a", "b", "c")
+	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite})
+	p := ft.dwPart(0)
+	ft.refused(MoveReplica{Topic: "d", Partition: 0, Version: p.Version, From: p.Leader}, ErrInvalid)
+	ft.refused(MoveReplica{Topic: "d", Partition: 0, Version: p.Version + 1, From: p.Follower()}, ErrStale)
+	ft.must(MoveReplica{Topic: "d", Partition: 0, Version: p.Version, From: p.Follower()})
+	q := ft.dwPart(0)
+	if q.Leader != p.Leader || q.Follower() == p.Follower() || q.Epoch != p.Epoch+1 || !slices.Equal(q.InSync, []string{p.Leader}) || q.Version != p.Version+1 {
+		t.Fatalf("before %+v, after %+v", p, q)
+	}
+}
+
+// TestRemoveNode: a node is removed only once down and holding nothing;
+// then it is gone from the state, and registering again makes it a new
+// node.
+func TestRemoveNode(t *testing.T) {
+	ft := newStateT(t)
+	ft.nodes("a", "b", "c", "d")
+	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite})
+	holder := ft.dwPart(0).Follower()
+	ft.refused(RemoveNode{ID: "x"}, ErrNoNode)
+	ft.refused(RemoveNode{ID: holder}, ErrNodeUp)
+	nd, _ := ft.s().Node(holder)
+	ft.must(NodeDown{ID: holder, Session: nd.Session})
+	ft.refused(RemoveNode{ID: holder}, ErrNodeHolds)
+	idle := ""
+	for _, id := range []string{"a", "b", "c", "d"} {
+		if len(ft.s().Holds(id)) == 0 {
+			idle = id
+		}
+	}
+	nd, _ = ft.s().Node(idle)
+	ft.must(NodeDown{ID: idle, Session: nd.Session})
+	ft.must(RemoveNode{ID: idle})
+	if _, ok := ft.s().Node(idle); ok {
+		t.Fatal("a removed node is still in the state")
+	}
+	res := ft.must(RegisterNode{ID: idle, Addr: idle + ":7000"})
+	if nd, _ := ft.s().Node(idle); res.Session != 1 || nd.Joined != res.Index {
+		t.Fatalf("registered again: session %d, %+v", res.Session, nd)
+	}
+}
+
+// TestSnapshot_Version5: a version 5 snapshot (nodes without Draining)
+// decodes to the state it held, no node draining.
+func TestSnapshot_Version5(t *testing.T) {
+	ft := newStateT(t)
+	ft.nodes("a", "b", "c")
+	ft.must(CreateTopic{Name: "r", Partitions: 2, Type: TypeRaft3})
+	want := ft.s()
+	var v6 snapV6
+	if err := wire.Unmarshal(encodeSnap(t, want)[len(snapMagic)+1:], &v6); err != nil {
+		t.Fatal(err)
+	}
+	v5 := snapV5{Index: v6.Index, Topics: v6.Topics, Groups: v6.Groups, ACL: v6.ACL, ClusterID: v6.ClusterID}
+	for _, n := range v6.Nodes {
+		v5.Nodes = append(v5.Nodes, snapNodeV5{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session, Incarnation: n.Incarnation})
+	}
+	body, err := msgpack.Marshal(&v5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeSnapshot(append([]byte(snapMagic+"\x05"), body...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sameState(want, got) {
+		t.Fatal("a version 5 snapshot decodes to another state")
+	}
+}

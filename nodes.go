@@ -1,0 +1,99 @@
+package mq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/zeze-go/mq/internal/metastate"
+)
+
+// The life of a cluster's nodes: draining one, moving a replica, removing
+// a node. Each needs the Admin right on "*" under the cluster's ACL, and
+// returns once this node's copy of the metadata shows the change; the
+// moves it starts go on in the background (ClusterStatus shows them).
+
+// DrainNode marks node id draining: placement puts no new replica on it,
+// and the metadata leader moves its replicas to other nodes, one group at
+// a time, each move only from a whole group: a DoubleWrite pair it leads
+// is handed to its follower once that one is in sync, a pair it follows
+// gets a new follower (its leader acks alone meanwhile only with
+// AckAlone: otherwise its sends are refused until the new follower caught
+// up), and a Raft3 group's replica moves to a new server, caught up before
+// it votes. Single partitions do not move: NodeStatus.Holds lists what the
+// node still holds. Drained, the node may be shut down and removed
+// (RemoveNode).
+func (m *MQ) DrainNode(ctx context.Context, id string) error {
+	return m.setDraining(ctx, id, true)
+}
+
+// ResumeNode takes DrainNode's mark off node id: placement may put
+// replicas on it again. Moves already made stay.
+func (m *MQ) ResumeNode(ctx context.Context, id string) error {
+	return m.setDraining(ctx, id, false)
+}
+
+func (m *MQ) setDraining(ctx context.Context, id string, draining bool) error {
+	return m.admin(ctx, metastate.DrainNode{ID: id, Draining: draining})
+}
+
+// MoveReplica moves the replica of partition of topic on node from to node
+// to, or with to empty to the node placement chooses: the whole raft
+// group or pair the partition shares (Options.GroupSize) moves. Raft3:
+// the new replica is caught up as a nonvoter, then made a voter, and the
+// old one leaves the group. DoubleWrite: from must be the follower (a
+// leader is moved by handing the pair over first); the new follower is
+// caught up while the leader alone is in sync. A Single partition does
+// not move (ErrInvalidOption).
+func (m *MQ) MoveReplica(ctx context.Context, topic string, partition int, from, to string) error {
+	if m.closed.Load() {
+		return ErrClosed
+	}
+	if m.cluster == nil {
+		return fmt.Errorf("%w: replicas move only in a cluster", ErrUnsupportedType)
+	}
+	for {
+		p, ok := m.cluster.Agent().Meta().State().Partition(topic, partition)
+		if !ok {
+			return fmt.Errorf("%w: %s/%d", ErrNoTopic, topic, partition)
+		}
+		err := m.admin(ctx, metastate.MoveReplica{Topic: topic, Partition: partition, Version: p.Version, From: from, To: to})
+		if !errors.Is(err, metastate.ErrStale) {
+			return err
+		}
+		select { // the pair's record changed: read it again once it is here
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// RemoveNode removes node id from the cluster: it must be down and hold
+// no replica (ErrNodeInUse otherwise: drain it, wait until ClusterStatus
+// shows it holds nothing, shut it down). It leaves the metadata group's
+// members too. A node that comes back under that id after it joins as a
+// new node, holding nothing.
+func (m *MQ) RemoveNode(ctx context.Context, id string) error {
+	return m.admin(ctx, metastate.RemoveNode{ID: id})
+}
+
+// admin proposes c, an operator's command, and waits until this node's
+// metadata applied it.
+func (m *MQ) admin(ctx context.Context, c metastate.Command) error {
+	if m.closed.Load() {
+		return ErrClosed
+	}
+	if m.cluster == nil {
+		return fmt.Errorf("%w: node commands need a cluster", ErrUnsupportedType)
+	}
+	res, err := m.cluster.Agent().Propose(ctx, c)
+	if errors.Is(err, metastate.ErrInvalid) {
+		return fmt.Errorf("%w: %v", ErrInvalidOption, err)
+	}
+	if err != nil {
+		return clusterErr(err)
+	}
+	return m.cluster.AwaitIndex(ctx, res.Index)
+}
