@@ -43,8 +43,9 @@ func TestCluster_DrainAndRemoveNode(t *testing.T) {
 	}
 	before, _ := holdsOf(c.nodes[via], victim)
 	t.Logf("draining %s, which holds %v; sending through %s", victim, before, via)
-	r := startSender(t, func() *mq.MQ { return c.nodes[via] }, r3, 2, "r")
-	d := startSender(t, func() *mq.MQ { return c.nodes[via] }, "d", 2, "d")
+	viaNode := c.nodes[via] // never killed; c.nodes changes under the senders
+	r := startSender(t, func() *mq.MQ { return viaNode }, r3, 2, "r")
+	d := startSender(t, func() *mq.MQ { return viaNode }, "d", 2, "d")
 	time.Sleep(500 * time.Millisecond)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -148,8 +149,9 @@ func TestCluster_MoveReplicaByHand(t *testing.T) {
 			}
 			via := othersThan(c, from, to)[0]
 			t.Logf("moving r3/0 from %s to %s and d/0's follower away from it, sending through %s", from, to, via)
-			r := startSender(t, func() *mq.MQ { return c.nodes[via] }, r3, 1, "r")
-			d := startSender(t, func() *mq.MQ { return c.nodes[via] }, "d", 1, "d")
+			viaNode := c.nodes[via] // never killed; c.nodes changes under the senders
+			r := startSender(t, func() *mq.MQ { return viaNode }, r3, 1, "r")
+			d := startSender(t, func() *mq.MQ { return viaNode }, "d", 1, "d")
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			if err := c.nodes[via].MoveReplica(ctx, r3, 0, to, from); !errors.Is(err, mq.ErrInvalidOption) {
