@@ -148,8 +148,8 @@ func decodeMarker(txid string, b []byte) (owner string, halves []Ref, err error)
 		}
 		halves := make([]Ref, len(mk.Halves))
 		for i, h := range mk.Halves {
-			if h.Part < 0 {
-				return "", nil, fmt.Errorf("%w: %s: partition %d", ErrCorrupt, what, h.Part)
+			if err := checkPartV1(what, h.Part); err != nil {
+				return "", nil, err
 			}
 			halves[i] = Ref{Topic: h.Topic, Part: h.Part}
 		}
@@ -166,6 +166,15 @@ func decodeMarker(txid string, b []byte) (owner string, halves []Ref, err error)
 	return owner, halves, r.end(what)
 }
 
+// checkPartV1 holds a version 1 row's partition to the range rowReader.part
+// accepts, so what decodes in version 1 also decodes once written again.
+func checkPartV1(what string, p int) error {
+	if p < 0 || p > math.MaxInt32 {
+		return fmt.Errorf("%w: %s: partition %d", ErrCorrupt, what, p)
+	}
+	return nil
+}
+
 // decodeOutboxRow returns the partition and message of the outbox row b of
 // txid.
 func decodeOutboxRow(txid string, b []byte) (Ref, store.Message, error) {
@@ -179,8 +188,8 @@ func decodeOutboxRow(txid string, b []byte) (Ref, store.Message, error) {
 		if err := decodeV1(what, b, &o, &o.V); err != nil {
 			return Ref{}, store.Message{}, err
 		}
-		if o.Part < 0 {
-			return Ref{}, store.Message{}, fmt.Errorf("%w: %s: partition %d", ErrCorrupt, what, o.Part)
+		if err := checkPartV1(what, o.Part); err != nil {
+			return Ref{}, store.Message{}, err
 		}
 		m := store.Message{ID: o.ID, Key: o.Key, Timestamp: o.Timestamp, DeliverAt: o.DeliverAt}
 		if len(o.Tags) > 0 {
