@@ -3,6 +3,9 @@ package mq_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -21,14 +24,15 @@ func holdsOf(m *mq.MQ, id string) ([]string, bool) {
 	return nil, false
 }
 
-// TestCluster_DrainAndRemoveNode: a node holding a Raft3 replica and
-// DoubleWrite replicas is drained while senders through another node send
-// to both topics: its Raft3 replica moves to the fourth node, caught up
-// before it votes, its pairs go to other nodes, and nothing acked is
+// TestCluster_DrainAndRemoveNode: a node holding a Raft3 replica,
+// DoubleWrite replicas and a Single partition is drained while senders
+// through another node send to the three topics: its Raft3 replica moves
+// to the fourth node, caught up before it votes, its pairs go to other
+// nodes, its Single partition moves with its data, and nothing acked is
 // lost. Drained, shut down and removed, it is gone from the cluster's
 // nodes and from the metadata group's voters; the rest keep taking sends.
 func TestCluster_DrainAndRemoveNode(t *testing.T) {
-	c := newCluster(t, 4, withSession(3*time.Second), withRaft3(2), withDoubleWrite(2, mq.Options{}))
+	c := newCluster(t, 4, withSession(3*time.Second), withRaft3(2), withDoubleWrite(2, mq.Options{}), withTopic("s", 2, mq.Options{}))
 	for p := range 2 {
 		c.waitInSync(p, 30*time.Second)
 	}
@@ -41,15 +45,25 @@ func TestCluster_DrainAndRemoveNode(t *testing.T) {
 			via = id
 		}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if owner, _ := singleOwner(c.nodes[via], "s", 0); owner != victim {
+		if err := c.nodes[via].MoveReplica(ctx, "s", 0, owner, victim); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, time.Minute, "s/0 moved to "+victim, func() bool {
+			owner, moving := singleOwner(c.nodes[via], "s", 0)
+			return owner == victim && moving == ""
+		})
+	}
 	before, _ := holdsOf(c.nodes[via], victim)
 	t.Logf("draining %s, which holds %v; sending through %s", victim, before, via)
 	viaNode := c.nodes[via] // never killed; c.nodes changes under the senders
 	r := startSender(t, func() *mq.MQ { return viaNode }, r3, 2, "r")
 	d := startSender(t, func() *mq.MQ { return viaNode }, "d", 2, "d")
+	sg := startSender(t, func() *mq.MQ { return viaNode }, "s", 2, "s")
 	time.Sleep(500 * time.Millisecond)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	if err := c.nodes[via].DrainNode(ctx, "nobody"); !errors.Is(err, mq.ErrNoNode) {
 		t.Fatalf("drain an unknown node: %v", err)
 	}
@@ -73,13 +87,14 @@ func TestCluster_DrainAndRemoveNode(t *testing.T) {
 		c.waitInSync(p, time.Minute)
 	}
 	time.Sleep(500 * time.Millisecond)
-	rAcked, dAcked := r.end(), d.end()
-	t.Logf("%d and %d acked while draining", len(rAcked), len(dAcked))
+	rAcked, dAcked, sAcked := r.end(), d.end(), sg.end()
+	t.Logf("%d, %d and %d acked while draining", len(rAcked), len(dAcked), len(sAcked))
 	if err := c.nodes[via].RemoveNode(ctx, victim); !errors.Is(err, mq.ErrNodeInUse) {
 		t.Fatalf("remove a node that is up: %v", err)
 	}
 	checkStoredOnce(t, c, r3, 2, rAcked)
 	checkStoredOnce(t, c, "d", 2, dAcked)
+	checkStoredOnce(t, c, "s", 2, sAcked)
 
 	c.kill(victim)
 	waitFor(t, time.Minute, victim+" removed", func() bool {
@@ -198,4 +213,168 @@ func TestCluster_MoveReplicaByHand(t *testing.T) {
 func leadsPair(c *testCluster, id string) bool {
 	leader, _, _ := c.record("d", 0)
 	return leader == id
+}
+
+// singleOwner returns the node holding Single partition topic/i as m's
+// status shows, with the node it moves to, "" when it does not move.
+func singleOwner(m *mq.MQ, topic string, i int) (owner, to string) {
+	name := fmt.Sprintf("%s/%d", topic, i)
+	var on []string
+	for _, nd := range m.ClusterStatus().Nodes {
+		if slices.Contains(nd.Holds, name) {
+			on = append(on, nd.ID)
+		}
+	}
+	switch len(on) {
+	case 1:
+		return on[0], ""
+	case 2:
+		_, replicas, _, _ := mq.PairRecord(m, topic, i)
+		if len(replicas) == 2 {
+			return replicas[0], replicas[1]
+		}
+	}
+	return "", ""
+}
+
+// TestCluster_MoveSinglePartition: an operator moves a Single partition
+// to another node while senders through the third send to it: the
+// partition's node freezes it, the node moved to copies it and takes it
+// over, and every message acked before, during and after the move is
+// stored once, in the order sent, with a consumer group's committed
+// offset carried along; the moved-away copy's file is deleted. The move
+// is held once the copy is made, and there the node moved to, or the one
+// moved from, is killed (closed without a hand-off) and restarted, the
+// one moved from before the move ends or after ("from-down"); and a move
+// cancelled there by its target's MoveReplica back to the partition's
+// node thaws it where it was.
+func TestCluster_MoveSinglePartition(t *testing.T) {
+	for _, crash := range []string{"none", "to", "from", "from-down", "cancel"} {
+		t.Run("crash-"+crash, func(t *testing.T) {
+			c := newCluster(t, 3, withSession(3*time.Second), withTopic("s", 2, mq.Options{}))
+			from, _ := singleOwner(c.nodes["n1"], "s", 0)
+			to := othersThan(c, from)[0]
+			via := othersThan(c, from, to)[0]
+			viaNode := c.nodes[via] // never killed; c.nodes changes under the senders
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			before := sendAll(ctx, t, viaNode, "s", 1, 50, "before")
+			g, err := viaNode.NewConsumer("s", "g", mq.ListenerFunc(func(context.Context, string, *mq.Message) error { return nil }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 30*time.Second, "g consumed what was sent before", func() bool {
+				lag, err := viaNode.Lag("s", "g")
+				return err == nil && lag[0].Known && lag[0].Lag == 0
+			})
+			g.Close()
+
+			held, release := make(chan struct{}, 1), make(chan struct{})
+			mq.HoldMoves(func(ctx context.Context, node string) {
+				select {
+				case held <- struct{}{}:
+				default:
+				}
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			})
+			t.Cleanup(func() { mq.HoldMoves(nil) })
+			s := startSender(t, func() *mq.MQ { return viaNode }, "s", 1, "during")
+			time.Sleep(300 * time.Millisecond)
+			if err := viaNode.MoveReplica(ctx, "s", 0, to, from); !errors.Is(err, mq.ErrInvalidOption) {
+				t.Fatalf("a move from a node not holding the partition: %v", err)
+			}
+			if err := viaNode.MoveReplica(ctx, "s", 0, from, to); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-held:
+			case <-ctx.Done():
+				t.Fatal("the move never copied the partition")
+			}
+			time.Sleep(200 * time.Millisecond) // sends wait meanwhile
+			want := to
+			switch crash {
+			case "to", "from":
+				victim := map[string]string{"to": to, "from": from}[crash]
+				c.stopCutOff(victim)
+				time.Sleep(500 * time.Millisecond)
+				c.start(victim)
+				close(release)
+			case "from-down":
+				c.stopCutOff(from)
+				close(release)
+				waitFor(t, time.Minute, "s/0 on "+to+" with "+from+" down", func() bool {
+					owner, moving := singleOwner(c.nodes[via], "s", 0)
+					return owner == to && moving == ""
+				})
+				c.start(from)
+			case "cancel":
+				if err := viaNode.MoveReplica(ctx, "s", 0, to, from); err != nil {
+					t.Fatal(err)
+				}
+				close(release)
+				want = from
+			default:
+				close(release)
+			}
+			waitFor(t, 2*time.Minute, "s/0 on "+want+" alone", func() bool {
+				for _, id := range othersThan(c) {
+					if owner, moving := singleOwner(c.nodes[id], "s", 0); owner != want || moving != "" {
+						return false
+					}
+				}
+				return true
+			})
+			time.Sleep(500 * time.Millisecond)
+			during := s.end()
+			after := sendAll(ctx, t, viaNode, "s", 1, 20, "after")
+			t.Logf("%d acked during the move", len(during))
+			all := append(append(append([]string(nil), before...), during...), after...)
+			checkStoredOnce(t, c, "s", 1, all)
+			checkOrder(ctx, t, c.nodes[want], "s", 0, all)
+			if lag, err := c.nodes[want].Lag("s", "g"); err != nil || lag[0].Committed != uint64(len(before)) {
+				t.Fatalf("g's offset after the move: %+v, %v; want %d", lag, err, len(before))
+			}
+			if owner, _ := singleOwner(c.nodes[via], "s", 1); owner == "" {
+				t.Fatal("s/1 has no node")
+			}
+			if crash != "cancel" {
+				waitFor(t, 10*time.Second, "the moved-away file deleted", func() bool {
+					_, err := os.Stat(filepath.Join(c.root, from, "topics", "s", "0.db"))
+					return errors.Is(err, os.ErrNotExist)
+				})
+			}
+		})
+	}
+}
+
+// checkOrder checks that partition i of topic, read through m, holds the
+// messages of want in want's order.
+func checkOrder(ctx context.Context, t *testing.T, m *mq.MQ, topic string, i int, want []string) {
+	t.Helper()
+	var got []string
+	for off := int64(0); ; off++ {
+		msg, err := m.ReadMessage(ctx, topic, i, off)
+		if errors.Is(err, mq.ErrNoMessage) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("read %s/%d at %d: %v", topic, i, off, err)
+		}
+		got = append(got, msg.ID)
+	}
+	at := map[string]int{}
+	for k, id := range got {
+		if _, dup := at[id]; !dup {
+			at[id] = k
+		}
+	}
+	for k := 1; k < len(want); k++ {
+		if at[want[k-1]] > at[want[k]] {
+			t.Fatalf("%s stored after %s, sent before it", want[k-1], want[k])
+		}
+	}
 }

@@ -1,10 +1,13 @@
 package mq
 
 import (
+	"context"
 	"slices"
 	"strconv"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/zeze-go/mq/internal/node"
 )
 
 // Hooks of the tests of the metadata group (cluster_wipe_test.go).
@@ -43,3 +46,7 @@ func MetaHasTopic(m *MQ, topic string) bool {
 	_, ok := m.cluster.Agent().Meta().State().Topic(topic)
 	return ok
 }
+
+// HoldMoves has each node a Single partition moves to call hold once it
+// holds the copy, before it ends the move; nil removes it.
+func HoldMoves(hold func(ctx context.Context, node string)) { node.SetMoveHold(hold) }

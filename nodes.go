@@ -20,10 +20,10 @@ import (
 // is handed to its follower once that one is in sync, a pair it follows
 // gets a new follower (its leader acks alone meanwhile only with
 // AckAlone: otherwise its sends are refused until the new follower caught
-// up), and a Raft3 group's replica moves to a new server, caught up before
-// it votes. Single partitions do not move: NodeStatus.Holds lists what the
-// node still holds. Drained, the node may be shut down and removed
-// (RemoveNode).
+// up), a Raft3 group's replica moves to a new server, caught up before
+// it votes, and a Single partition moves with its data (MoveReplica).
+// NodeStatus.Holds lists what the node still holds. Drained, the node may
+// be shut down and removed (RemoveNode).
 func (m *MQ) DrainNode(ctx context.Context, id string) error {
 	return m.setDraining(ctx, id, true)
 }
@@ -44,8 +44,13 @@ func (m *MQ) setDraining(ctx context.Context, id string, draining bool) error {
 // the new replica is caught up as a nonvoter, then made a voter, and the
 // old one leaves the group. DoubleWrite: from must be the follower (a
 // leader is moved by handing the pair over first); the new follower is
-// caught up while the leader alone is in sync. A Single partition does
-// not move (ErrInvalidOption).
+// caught up while the leader alone is in sync. Single: from must be the
+// partition's node; it freezes the partition, to copies it and takes it
+// over, and sends and consumers wait through the switch (seconds for a
+// partition of a few hundred MB) where they would otherwise fail. While
+// that move runs, MoveReplica with from its target retargets it, or with
+// to the partition's node cancels it. MoveReplica returns once the move
+// started: ClusterStatus's Holds shows where the partition is.
 func (m *MQ) MoveReplica(ctx context.Context, topic string, partition int, from, to string) error {
 	if m.closed.Load() {
 		return ErrClosed

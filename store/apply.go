@@ -79,14 +79,21 @@ func scans(c *Command) bool { return c.Op == OpTrim || c.Op == OpRelease }
 
 // apply runs c against the view, adding its effects to v.g, and returns its
 // result. An error wrapping ErrBadCommand, ErrDecided, ErrStaleGeneration,
-// ErrClaimed, ErrTooLarge or ErrCorrupt is the command's own: it is found before c
+// ErrClaimed, ErrFrozen, ErrTooLarge or ErrCorrupt is the command's own: it is found before c
 // writes anything, so v.g is as before.
 func (v *view) apply(c *Command) (Result, error) {
 	var res Result
 	if err := c.check(); err != nil {
 		return res, err
 	}
+	if v.g.st.Frozen != 0 && c.Op != OpFreeze && c.Op != OpThaw {
+		return res, fmt.Errorf("%w: at %d", ErrFrozen, v.g.st.Frozen)
+	}
 	switch c.Op {
+	case OpFreeze:
+		v.g.st.Frozen = c.Offset
+	case OpThaw:
+		v.g.st.Frozen = 0
 	case OpAppend:
 		if err := v.checkDedup(c.Msgs); err != nil {
 			return res, err

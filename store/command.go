@@ -71,8 +71,18 @@ const (
 	// record's Updated becomes Now and its offset stays; otherwise it fails
 	// with ErrStaleGeneration and changes nothing.
 	OpRenew Op = 13
+	// OpFreeze freezes the partition at Offset, non-zero, a token of the
+	// caller's (the move's version in the cluster's metadata): every later
+	// command but OpFreeze and OpThaw fails with ErrFrozen and changes
+	// nothing, until OpThaw. A Single partition is frozen while its node
+	// hands it to another (docs/DESIGN.md, Nodes over their life): what
+	// its file holds then is all it ever acked.
+	OpFreeze Op = 14
+	// OpThaw ends a freeze; on a partition that is not frozen it changes
+	// nothing.
+	OpThaw Op = 15
 
-	maxOp = OpRenew
+	maxOp = OpThaw
 )
 
 // Start is where OpClaim puts a group that has no record yet. Values are
@@ -212,6 +222,9 @@ func (c *Command) check() error {
 		if c.TxID == "" {
 			return fmt.Errorf("%w: op %d without txid", ErrBadCommand, c.Op)
 		}
+	}
+	if c.Op == OpFreeze && c.Offset == 0 {
+		return fmt.Errorf("%w: freeze at 0", ErrBadCommand)
 	}
 	switch c.Op {
 	case OpAppend, OpPrepare, OpCommitTx:

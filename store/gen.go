@@ -31,10 +31,13 @@ import (
 //	state    stateLen bytes (state.go), the last bytes of the record
 //
 // Version 1 (before group generations) ends with a state of version 1
-// (stateLenV1 bytes); replay reads both. decodeState refuses a state whose
+// (stateLenV1 bytes); version 3, written only while the partition is
+// frozen (OpFreeze), with one of version 3 (stateLenV3); replay reads all
+// three. decodeState refuses a state whose
 // version does not match its length, so a record's state is never misread.
 const (
 	effVersion = 2
+	effFrozen  = 3
 	effHeader  = 3 + 8 + 8
 	// effectOverhead bounds the bytes a message adds to a gen besides its
 	// record and ID: the log put's op, key and length, and its dedup put.
@@ -104,13 +107,16 @@ func newGen(id [8]byte, st state, size int) *gen {
 func (g *gen) empty() bool { return g.muts == 0 && g.st == g.base }
 
 // size is the gen's encoded size so far.
-func (g *gen) size() int { return len(g.buf) + stateLen }
+func (g *gen) size() int { return len(g.buf) + stateLenV3 }
 
 // finish numbers the gen and appends its state; buf is final afterwards.
 func (g *gen) finish(idx uint64) {
 	g.idx = idx
 	g.st.Applied = idx
 	binary.BigEndian.PutUint64(g.buf[11:], idx)
+	if g.st.Frozen != 0 {
+		g.buf[2] = effFrozen
+	}
 	g.buf = appendState(g.buf, &g.st)
 }
 
@@ -261,10 +267,12 @@ func splitEffects(rec []byte) (id [8]byte, idx uint64, muts []byte, st state, er
 	n := stateLen
 	switch rec[2] {
 	case effVersion:
+	case effFrozen:
+		n = stateLenV3
 	case 1:
 		n = stateLenV1
 	default:
-		return id, 0, nil, st, fmt.Errorf("%w: effect record version %d, want 1 or %d", ErrCorrupt, rec[2], effVersion)
+		return id, 0, nil, st, fmt.Errorf("%w: effect record version %d, want 1 to %d", ErrCorrupt, rec[2], effFrozen)
 	}
 	if len(rec) < effHeader+n {
 		return id, 0, nil, st, fmt.Errorf("%w: effect record of %d bytes", ErrCorrupt, len(rec))

@@ -95,6 +95,10 @@ var (
 	// ErrClaimed is returned by OpClaim with a MaxAge lease while the
 	// group's owner holds it. The command changed nothing.
 	ErrClaimed = errors.New("store: group held by its owner's lease")
+	// ErrFrozen is returned for a command other than OpFreeze and OpThaw
+	// to a frozen partition (OpFreeze): nothing ran, and the partition's
+	// next owner runs it once it took over.
+	ErrFrozen = errors.New("store: partition frozen: moving to another node")
 	// ErrBadCommand is returned for a command that is not valid: an unknown
 	// Op, a zero Now, a missing group or txid, a key over MaxKeyBytes, a
 	// Start or Generation on an op that takes none, a claim or reset once
@@ -1019,6 +1023,14 @@ func (p *Partition) Stats() Stats {
 	defer p.mu.Unlock()
 	s := &p.ackedSt
 	return Stats{Low: s.Low, Next: s.Next, Bytes: s.Bytes, Delayed: s.Delayed, LastStored: s.LastStored}
+}
+
+// Frozen returns the token of the freeze the acknowledged state holds
+// (OpFreeze's Offset), 0 when the partition is not frozen.
+func (p *Partition) Frozen() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ackedSt.Frozen
 }
 
 // Changed returns a channel closed when the next durable command adds to

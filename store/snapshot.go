@@ -10,6 +10,7 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -356,4 +357,28 @@ func snapShort(err error) error {
 		return fmt.Errorf("%w: snapshot cut short", ErrCorrupt)
 	}
 	return err
+}
+
+// FrozenAt returns the freeze token (OpFreeze) of the closed partition
+// file at path, 0 when it is not frozen, reading the file only: what a WAL
+// holds for it is not in it until the partition is opened.
+func FrozenAt(path string) (uint64, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	var st state
+	err = db.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			return fmt.Errorf("%w: %s has no meta bucket", ErrCorrupt, path)
+		}
+		v := meta.Get(metaState)
+		if v == nil {
+			return nil
+		}
+		return decodeState(v, &st)
+	})
+	return st.Frozen, err
 }

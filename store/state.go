@@ -23,23 +23,36 @@ type state struct {
 	DelaySeq   uint64 // sequence of the newest delayed message
 	Delayed    int64  // messages in the delay index
 	GroupGen   uint64 // the last group generation handed out by OpClaim or OpResetOffset
+	Frozen     uint64 // OpFreeze's Offset while the partition is frozen, 0 otherwise
 }
 
 // State layout: 'Z' 'S', the version, then the fields of state in
 // declaration order, each 8 bytes big-endian, then a crc32c of the bytes
 // before it. Version 1 has the first eight fields, GroupGen reading as 0;
-// version 2 all nine.
+// version 2 the first nine, Frozen reading as 0; version 3 all ten. A
+// state that is not frozen is written in version 2, which every release
+// since format 2 reads: only a partition handed to another node
+// (OpFreeze) holds a version 3 state.
 const (
 	stateVersion = 2
+	stateFrozen  = 3
 	stateLen     = 3 + 9*8 + 4
+	stateLenV3   = 3 + 10*8 + 4
 	stateLenV1   = 3 + 8*8 + 4
 )
 
 func appendState(dst []byte, s *state) []byte {
 	start := len(dst)
-	dst = append(dst, 'Z', 'S', stateVersion)
-	for _, v := range [...]uint64{s.Next, s.Low, uint64(s.Bytes), s.DedupLow, s.Applied,
-		uint64(s.LastStored), s.DelaySeq, uint64(s.Delayed), s.GroupGen} {
+	fields := [...]uint64{s.Next, s.Low, uint64(s.Bytes), s.DedupLow, s.Applied,
+		uint64(s.LastStored), s.DelaySeq, uint64(s.Delayed), s.GroupGen, s.Frozen}
+	n := len(fields)
+	if s.Frozen == 0 {
+		dst = append(dst, 'Z', 'S', stateVersion)
+		n--
+	} else {
+		dst = append(dst, 'Z', 'S', stateFrozen)
+	}
+	for _, v := range fields[:n] {
 		dst = binary.BigEndian.AppendUint64(dst, v)
 	}
 	return binary.BigEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
@@ -53,6 +66,8 @@ func stateLenOf(v byte) int {
 		return stateLenV1
 	case stateVersion:
 		return stateLen
+	case stateFrozen:
+		return stateLenV3
 	}
 	return 0
 }
@@ -237,7 +252,7 @@ func decodeState(b []byte, s *state) error {
 	}
 	n := stateLenOf(b[2])
 	if n == 0 {
-		return fmt.Errorf("%w: partition state version %d, want 1 or %d", ErrCorrupt, b[2], stateVersion)
+		return fmt.Errorf("%w: partition state version %d, want 1 to %d", ErrCorrupt, b[2], stateFrozen)
 	}
 	if len(b) != n || crc32.Checksum(b[:n-4], castagnoli) != binary.BigEndian.Uint32(b[n-4:]) {
 		return fmt.Errorf("%w: partition state of %d bytes", ErrCorrupt, len(b))
@@ -245,8 +260,13 @@ func decodeState(b []byte, s *state) error {
 	u := func(i int) uint64 { return binary.BigEndian.Uint64(b[3+8*i:]) }
 	*s = state{Next: u(0), Low: u(1), Bytes: int64(u(2)), DedupLow: u(3), Applied: u(4),
 		LastStored: int64(u(5)), DelaySeq: u(6), Delayed: int64(u(7))}
-	if n == stateLen {
+	if n >= stateLen {
 		s.GroupGen = u(8)
+	}
+	if n == stateLenV3 {
+		if s.Frozen = u(9); s.Frozen == 0 {
+			return fmt.Errorf("%w: partition state version %d frozen at 0", ErrCorrupt, stateFrozen)
+		}
 	}
 	return checkState(s)
 }

@@ -18,9 +18,9 @@ import (
 // follows, once both are in sync, gets a new follower (MoveReplica), its
 // leader alone in sync until that one caught up; a Raft3 group with a
 // replica on it, none of its replicas lost, moves that replica
-// (MoveReplica) to a new server, which rejoins as a lost replica does.
-// Single partitions do not move: a node holding one stays drained of the
-// rest only.
+// (MoveReplica) to a new server, which rejoins as a lost replica does; a
+// Single partition on it moves with its data (MoveReplica), and a move to
+// a node that went down or is draining is retargeted.
 func (m *Meta) drain(ctx context.Context) {
 	s := m.State()
 	var draining []string
@@ -44,6 +44,7 @@ func (m *Meta) drain(ctx context.Context) {
 		}
 		return nil
 	})
+	m.drainSingles(ctx, s, draining)
 	for _, name := range s.Topics() {
 		t, _ := s.Topic(name)
 		if t.Type != metastate.TypeRaft3 {
@@ -67,6 +68,40 @@ func (m *Meta) drain(ctx context.Context) {
 					m.log.Info("Raft3 drain: a replica moves", "topic", name, "group", i, "from", from)
 				}
 				break // one move per group at a time
+			}
+		}
+	}
+}
+
+// drainSingles starts the move of each Single partition on a draining
+// node that is up (it hands the partition over), and retargets each move
+// whose target is down or draining.
+func (m *Meta) drainSingles(ctx context.Context, s *metastate.State, draining []string) {
+	for _, name := range s.Topics() {
+		t, _ := s.Topic(name)
+		if t.Type != metastate.TypeSingle {
+			continue
+		}
+		for i, p := range t.Parts {
+			owner, _ := s.Node(p.Replicas[0])
+			var c metastate.MoveReplica
+			switch {
+			case !owner.Up || s.LeastLoaded(p.Replicas...) == "":
+				continue
+			case len(p.Replicas) == 1 && slices.Contains(draining, owner.ID):
+				c = metastate.MoveReplica{Topic: name, Partition: i, From: owner.ID}
+			case len(p.Replicas) == 2:
+				if to, _ := s.Node(p.Replicas[1]); to.Up && !to.Draining {
+					continue
+				}
+				c = metastate.MoveReplica{Topic: name, Partition: i, From: p.Replicas[1]}
+			default:
+				continue
+			}
+			if _, err := m.Propose(ctx, c); err != nil {
+				m.log.Warn("Single partition's move not recorded", "topic", name, "partition", i, "from", c.From, "err", err)
+			} else {
+				m.log.Info("Single partition moves", "topic", name, "partition", i, "from", c.From)
 			}
 		}
 	}

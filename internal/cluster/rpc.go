@@ -521,6 +521,13 @@ func (n *Agent) authorize(peer string, c metastate.Command) (cause string, err e
 		// A leader whose replica failed, or whose node closes, hands the
 		// pair to its follower, which Promote requires in sync and up.
 		return notPairLeader, pairLeader(s, peer, c.Topic, c.Partition)
+	case metastate.MoveDone:
+		// The node a Single partition moves to, holding its copy, says so
+		// itself; the state refuses it for another move.
+		if c.To != peer {
+			return "move done for another", fmt.Errorf("%w: node %s cannot end a move to %s", ErrDenied, peer, c.To)
+		}
+		return "", nil
 	case metastate.Rejoined:
 		// A replica caught up as a new server says so itself.
 		if c.Node != peer {

@@ -68,8 +68,8 @@ func randomCommand(rng *rand.Rand, s *State) Command {
 }
 
 // randomPairCommand returns a command of a DoubleWrite partition of topic,
-// at its version or the one before (stale), often of another type's
-// partition (refused).
+// or a move of a partition of any type, at its version or the one before
+// (stale), often of another type's partition (refused).
 func randomPairCommand(rng *rand.Rand, s *State, topic string) Command {
 	t, _ := s.Topic(topic)
 	if len(t.Parts) == 0 {
@@ -78,7 +78,15 @@ func randomPairCommand(rng *rand.Rand, s *State, topic string) Command {
 	i := rng.IntN(len(t.Parts))
 	p := t.Parts[i]
 	v := p.Version - uint64(rng.IntN(2))
-	switch rng.IntN(4) {
+	switch rng.IntN(6) {
+	case 4:
+		to := ""
+		if rng.IntN(2) == 0 {
+			to = genNodes[rng.IntN(len(genNodes))]
+		}
+		return MoveReplica{Topic: topic, Partition: i, Version: v, From: p.Replicas[rng.IntN(len(p.Replicas))], To: to}
+	case 5:
+		return MoveDone{Topic: topic, Partition: i, Version: v, To: p.Replicas[len(p.Replicas)-1]}
 	case 0:
 		return Promote{Topic: topic, Partition: i, Version: v, Leader: p.Follower()}
 	case 2:

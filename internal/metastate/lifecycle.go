@@ -26,8 +26,16 @@ type DrainNode struct {
 // configuration once the placed replicas are voters. DoubleWrite: From
 // must be the pair's follower, and the record must be at Version (ErrStale
 // otherwise); To becomes the follower at the next epoch, with the leader
-// alone in sync until it caught up, as ReplaceFollower does. A Single
-// partition does not move (ErrInvalid).
+// alone in sync until it caught up, as ReplaceFollower does.
+//
+// Single: From must be the partition's node, Replicas[0]. The move starts:
+// To becomes Replicas[1], and the version rises; the partition's node
+// freezes it when To asks for it at that version, To copies it and ends
+// the move with MoveDone. While a move runs, MoveReplica with From the
+// node moved to retargets it (To another node) or cancels it (To the
+// partition's node), raising the version: a MoveDone of the move before
+// is refused (ErrStale), and the partition's node thaws its copy once a
+// record with it alone, at a version past its freeze, shows.
 type MoveReplica struct {
 	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic     string
@@ -47,9 +55,21 @@ type RemoveNode struct {
 	ID       string
 }
 
+// MoveDone ends the move of Single partition Partition to node To at
+// Version (MoveReplica): To holds its copy, and becomes its node alone. A
+// record at another version, or moving elsewhere, refuses it (ErrStale).
+type MoveDone struct {
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Topic     string
+	Partition int
+	Version   uint64
+	To        string
+}
+
 func (DrainNode) kind() byte   { return kindDrainNode }
 func (MoveReplica) kind() byte { return kindMoveReplica }
 func (RemoveNode) kind() byte  { return kindRemoveNode }
+func (MoveDone) kind() byte    { return kindMoveDone }
 
 func (s *State) drainNode(c DrainNode) error {
 	nd, ok := s.nodes[c.ID]
@@ -75,6 +95,71 @@ func (s *State) Holds(id string) []string {
 	return out
 }
 
+// moveTarget returns the node c moves a replica to, not one of replicas:
+// c.To, or the least loaded node up and not draining.
+func (s *State) moveTarget(c MoveReplica, replicas []string) (string, error) {
+	to := c.To
+	if to == "" {
+		if to = s.LeastLoaded(replicas...); to == "" {
+			return "", fmt.Errorf("%w: no node up and not draining for a replica of %s/%d", ErrNotEnoughNodes, c.Topic, c.Partition)
+		}
+	}
+	nd, ok := s.nodes[to]
+	switch {
+	case !ok:
+		return "", fmt.Errorf("%w: %q", ErrNoNode, to)
+	case !nd.Up:
+		return "", fmt.Errorf("%w: %s, to hold a replica of %s/%d", ErrNodeDown, to, c.Topic, c.Partition)
+	case nd.Draining:
+		return "", fmt.Errorf("%w: %s is draining", ErrInvalid, to)
+	case slices.Contains(replicas, to):
+		return "", fmt.Errorf("%w: %s/%d has a replica on %s already", ErrInvalid, c.Topic, c.Partition, to)
+	}
+	return to, nil
+}
+
+// moveSingle is MoveReplica on partition c.Partition of Single topic t:
+// it starts a move from the partition's node, or retargets or cancels the
+// move under way (From its target).
+func (s *State) moveSingle(t Topic, c MoveReplica) (Topic, error) {
+	p := t.Parts[c.Partition]
+	owner := p.Replicas[0]
+	switch {
+	case c.From == owner && len(p.Replicas) == 2:
+		return Topic{}, fmt.Errorf("%w: %s/%d is moving to %s: retarget or cancel that move (From %s)", ErrInvalid, c.Topic, c.Partition, p.Replicas[1], p.Replicas[1])
+	case c.From == owner:
+		to, err := s.moveTarget(c, p.Replicas)
+		if err != nil {
+			return Topic{}, err
+		}
+		p.Replicas = []string{owner, to}
+	case c.To == owner: // cancelled: the partition's node thaws its copy
+		p.Replicas = []string{owner}
+	default: // retargeted
+		to, err := s.moveTarget(c, p.Replicas)
+		if err != nil {
+			return Topic{}, err
+		}
+		p.Replicas = []string{owner, to}
+	}
+	return s.withPart(t, c.Partition, p), nil
+}
+
+// moveDone ends a Single partition's move (MoveDone).
+func (s *State) moveDone(c MoveDone) (Topic, error) {
+	t, p, err := s.partitionOf(c.Topic, c.Partition)
+	switch {
+	case err != nil:
+		return Topic{}, err
+	case t.Type != TypeSingle:
+		return Topic{}, fmt.Errorf("%w: %s is not a Single topic", ErrInvalid, c.Topic)
+	case len(p.Replicas) != 2 || p.Replicas[1] != c.To || p.Version != c.Version:
+		return Topic{}, fmt.Errorf("%w: %s/%d on %q at version %d, not moving to %s at %d", ErrStale, c.Topic, c.Partition, p.Replicas, p.Version, c.To, c.Version)
+	}
+	p.Replicas, p.Leader = []string{c.To}, c.To
+	return s.withPart(t, c.Partition, p), nil
+}
+
 func (s *State) removeNode(c RemoveNode) error {
 	nd, ok := s.nodes[c.ID]
 	switch {
@@ -90,36 +175,33 @@ func (s *State) removeNode(c RemoveNode) error {
 	return nil
 }
 
-func (s *State) moveReplica(c MoveReplica) (Topic, error) {
-	t, ok := s.topics[c.Topic]
+// partitionOf returns topic and its partition i, or ErrNoTopic or
+// ErrInvalid.
+func (s *State) partitionOf(topic string, i int) (Topic, Partition, error) {
+	t, ok := s.topics[topic]
 	switch {
 	case !ok:
-		return Topic{}, fmt.Errorf("%w: %s", ErrNoTopic, c.Topic)
-	case c.Partition < 0 || c.Partition >= len(t.Parts):
-		return Topic{}, fmt.Errorf("%w: %s/%d: %d partitions", ErrInvalid, c.Topic, c.Partition, len(t.Parts))
-	case t.Type != TypeRaft3 && t.Type != TypeDoubleWrite:
-		return Topic{}, fmt.Errorf("%w: %s is a Single topic: its partitions do not move", ErrInvalid, c.Topic)
+		return Topic{}, Partition{}, fmt.Errorf("%w: %s", ErrNoTopic, topic)
+	case i < 0 || i >= len(t.Parts):
+		return Topic{}, Partition{}, fmt.Errorf("%w: %s/%d: %d partitions", ErrInvalid, topic, i, len(t.Parts))
 	}
-	p := t.Parts[c.Partition]
+	return t, t.Parts[i], nil
+}
+
+func (s *State) moveReplica(c MoveReplica) (Topic, error) {
+	t, p, err := s.partitionOf(c.Topic, c.Partition)
+	if err != nil {
+		return Topic{}, err
+	}
 	if !slices.Contains(p.Replicas, c.From) {
 		return Topic{}, fmt.Errorf("%w: %s/%d has no replica on %s (replicas %q)", ErrInvalid, c.Topic, c.Partition, c.From, p.Replicas)
 	}
-	to := c.To
-	if to == "" {
-		if to = s.LeastLoaded(p.Replicas...); to == "" {
-			return Topic{}, fmt.Errorf("%w: no node up and not draining for a replica of %s/%d", ErrNotEnoughNodes, c.Topic, c.Partition)
-		}
+	if t.Type == TypeSingle {
+		return s.moveSingle(t, c)
 	}
-	nd, ok := s.nodes[to]
-	switch {
-	case !ok:
-		return Topic{}, fmt.Errorf("%w: %q", ErrNoNode, to)
-	case !nd.Up:
-		return Topic{}, fmt.Errorf("%w: %s, to hold a replica of %s/%d", ErrNodeDown, to, c.Topic, c.Partition)
-	case nd.Draining:
-		return Topic{}, fmt.Errorf("%w: %s is draining", ErrInvalid, to)
-	case slices.Contains(p.Replicas, to):
-		return Topic{}, fmt.Errorf("%w: %s/%d has a replica on %s already", ErrInvalid, c.Topic, c.Partition, to)
+	to, err := s.moveTarget(c, p.Replicas)
+	if err != nil {
+		return Topic{}, err
 	}
 	if t.Type == TypeDoubleWrite {
 		if _, _, err := s.pair(c.Topic, c.Partition, c.Version); err != nil {

@@ -77,9 +77,68 @@ func TestMoveReplica_Raft3(t *testing.T) {
 	if len(q2.Lost) != 1 || slices.Contains(q.Replicas, q2.Lost[0]) {
 		t.Fatalf("a move by load: before %+v, after %+v", q, q2)
 	}
-	ft.must(CreateTopic{Name: "s", Partitions: 1, Type: TypeSingle})
-	s, _ := ft.s().Partition("s", 0)
-	ft.refused(MoveReplica{Topic: "s", Partition: 0, From: s.Replicas[0]}, ErrInvalid)
+}
+
+// TestMoveReplica_Single: a Single partition's move starts with the node
+// moved to as its second replica, is retargeted or cancelled from that
+// node, and ends with MoveDone at the move's version only; each step
+// raises the version, a snapshot keeps a move under way, and the others
+// partitions of the topic stay where they are.
+func TestMoveReplica_Single(t *testing.T) {
+	ft := newStateT(t)
+	ft.nodes("a", "b", "c", "d")
+	ft.must(CreateTopic{Name: "s", Partitions: 2, Type: TypeSingle})
+	part := func() Partition { p, _ := ft.s().Partition("s", 0); return p }
+	other, _ := ft.s().Partition("s", 1)
+	p := part()
+	owner := p.Replicas[0]
+	ft.refused(MoveReplica{Topic: "s", Partition: 0, From: "x"}, ErrInvalid)
+	ft.refused(MoveReplica{Topic: "s", Partition: 0, From: owner, To: owner}, ErrInvalid)
+	ft.refused(MoveDone{Topic: "s", Partition: 0, Version: p.Version, To: owner}, ErrStale)
+	ft.must(MoveReplica{Topic: "s", Partition: 0, From: owner})
+	m := part()
+	to := m.Replicas[1]
+	if len(m.Replicas) != 2 || m.Replicas[0] != owner || to == owner || m.Version != p.Version+1 || m.Leader != owner {
+		t.Fatalf("a move started: before %+v, after %+v", p, m)
+	}
+	ft.refused(MoveReplica{Topic: "s", Partition: 0, From: owner}, ErrInvalid) // one move at a time
+	got, err := DecodeSnapshot(encodeSnap(t, ft.s()))
+	if err != nil || !sameState(got, ft.s()) {
+		t.Fatalf("a snapshot of a move under way: %v", err)
+	}
+	var next string
+	for _, id := range []string{"a", "b", "c", "d"} {
+		if id != owner && id != to {
+			next = id
+		}
+	}
+	ft.must(MoveReplica{Topic: "s", Partition: 0, From: to, To: next}) // retargeted
+	ft.refused(MoveDone{Topic: "s", Partition: 0, Version: m.Version, To: to}, ErrStale)
+	r := part()
+	if !slices.Equal(r.Replicas, []string{owner, next}) || r.Version != m.Version+1 {
+		t.Fatalf("retargeted: %+v", r)
+	}
+	ft.must(MoveReplica{Topic: "s", Partition: 0, From: next, To: owner}) // cancelled
+	ft.refused(MoveDone{Topic: "s", Partition: 0, Version: r.Version, To: next}, ErrStale)
+	if c := part(); !slices.Equal(c.Replicas, []string{owner}) || c.Version != r.Version+1 {
+		t.Fatalf("cancelled: %+v", c)
+	}
+	ft.must(MoveReplica{Topic: "s", Partition: 0, From: owner, To: to})
+	m = part()
+	ft.must(MoveDone{Topic: "s", Partition: 0, Version: m.Version, To: to})
+	if d := part(); !slices.Equal(d.Replicas, []string{to}) || d.Leader != to || d.Version != m.Version+1 {
+		t.Fatalf("done: %+v", d)
+	}
+	if o, _ := ft.s().Partition("s", 1); !slices.Equal(o.Replicas, other.Replicas) {
+		t.Fatalf("the other partition moved: %+v", o)
+	}
+	if h := ft.s().Holds(owner); slices.Contains(h, "s/0") {
+		t.Fatalf("the node moved from still holds s/0: %v", h)
+	}
+	got, err = DecodeSnapshot(encodeSnap(t, ft.s()))
+	if err != nil || !sameState(got, ft.s()) {
+		t.Fatalf("a snapshot after the move: %v", err)
+	}
 }
 
 // TestMoveReplica_DoubleWrite: a pair's follower moves to a new follower

@@ -442,7 +442,12 @@ func (v *snapV6) state() (*State, error) {
 				!slices.Equal(p.Replicas, t.Parts[c].Replicas)) {
 				return nil, fmt.Errorf("topic %s/%d: in the group of %d", t.Name, j, c)
 			}
-			if len(p.Replicas) < 1 || len(p.Replicas) > MaxReplicas || len(p.Replicas) != len(t.Parts[0].Replicas) {
+			n := len(p.Replicas)
+			bad := n < 1 || n > MaxReplicas || n != len(t.Parts[0].Replicas)
+			if t.Type == TypeSingle { // one, or two while it moves
+				bad = n < 1 || n > 2 || n == 2 && p.Version == 0
+			}
+			if bad {
 				return nil, fmt.Errorf("topic %s/%d: %d replicas", t.Name, j, len(p.Replicas))
 			}
 			for k, id := range p.Replicas {
@@ -542,8 +547,15 @@ func checkLost(typ uint8, p snapPart) error {
 // checkPair checks the fields of a DoubleWrite pair in a partition of a
 // topic of type typ: what SetInSync, Promote and ReplaceFollower keep true,
 // the leader first in sync, the others replicas, and a version. A
-// partition of another type must have none of them.
+// partition of another type has none of them, but a Single one's version
+// (its moves).
 func checkPair(typ uint8, p snapPart) error {
+	if typ == TypeSingle {
+		if p.InSync != nil {
+			return fmt.Errorf("in sync %q for type %d", p.InSync, typ)
+		}
+		return nil
+	}
 	if typ != TypeDoubleWrite {
 		if p.InSync != nil || p.Version != 0 {
 			return fmt.Errorf("in sync %q, version %d for type %d", p.InSync, p.Version, typ)

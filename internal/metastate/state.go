@@ -161,7 +161,10 @@ type Partition struct {
 	InSync []string
 	// Version is, for a DoubleWrite partition, raised by every change of
 	// its record (SetInSync, Promote, ReplaceFollower, RenewEpoch): the
-	// token their compare-and-set carries. 0 for the other types.
+	// token their compare-and-set carries; for a Single one, raised by
+	// each start, retarget, cancel and end of a move (MoveReplica,
+	// MoveDone), whose second replica, while it runs, is the node it
+	// moves to. 0 for Raft3.
 	Version uint64
 	// Lost is, for a Raft3 partition, its replicas whose node came back
 	// as a new incarnation (its data directory replaced) and that have
@@ -470,6 +473,8 @@ func (s *State) Apply(index uint64, c Command) (next *State, res Result, err err
 		res.Topic, err = n.moveReplica(c)
 	case RemoveNode:
 		err = n.removeNode(c)
+	case MoveDone:
+		res.Topic, err = n.moveDone(c)
 	default:
 		err = fmt.Errorf("%w: command %T", ErrInvalid, c)
 	}
@@ -608,7 +613,11 @@ func (s *State) alterTopic(c AlterTopic) (Topic, error) {
 	case c.Partitions == len(t.Parts):
 		return t, nil
 	}
-	added, err := s.place(len(t.Parts), c.Partitions-len(t.Parts), len(t.Parts[0].Replicas), t.GroupSize)
+	replicas := len(t.Parts[0].Replicas)
+	if t.Type == TypeSingle {
+		replicas = 1 // the first partition may be moving, with two
+	}
+	added, err := s.place(len(t.Parts), c.Partitions-len(t.Parts), replicas, t.GroupSize)
 	if err != nil {
 		return Topic{}, fmt.Errorf("topic %s: %w", c.Name, err)
 	}

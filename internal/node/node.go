@@ -96,7 +96,10 @@ type Node struct {
 	// streams at Open on. A Raft3 group's log leaves once its replica
 	// opens; a DoubleWrite pair's stays for the node's life, for a replica
 	// placed here again. Guarded by mu.
-	logs   map[string]*raftqueue.WALLog
+	logs map[string]*raftqueue.WALLog
+	// movers are the Single partitions being copied here (moveIn), by
+	// "topic/index". Guarded by mu.
+	movers map[string]mover
 	groups replica.RaftGroups // this node's replicas of raft groups
 	pairs  replica.Pairs      // the DoubleWrite pairs of the table
 }

@@ -39,8 +39,8 @@ func (n *Node) Served(topic string, i int) (partition.Partition, error) {
 	for {
 		if t, ok := n.cfg.Topics.Get(topic); ok && i >= 0 && i < len(t.Parts) {
 			switch p := t.Parts[i].(type) {
-			case *partition.Local:
-				return p, nil
+			case *single:
+				return p.served()
 			case *replica.Partition:
 				if l := p.Leading(); l != nil {
 					return l, nil // it answers while it leads
@@ -261,8 +261,10 @@ func (n *Node) halfProducer(topic string, index int, txid string) (string, bool,
 		return "", false, nil // the lookup that follows answers
 	}
 	switch p := t.Parts[index].(type) {
-	case *partition.Local:
-		return p.HalfProducer(txid)
+	case *single:
+		if l, err := p.served(); err == nil {
+			return l.HalfProducer(txid)
+		}
 	case *replica.Partition:
 		if l := p.Leading(); l != nil {
 			return l.HalfProducer(txid)
@@ -350,8 +352,8 @@ func (n *Node) Owned(topic string, part int) bool {
 		return false
 	}
 	switch p := t.Parts[part].(type) {
-	case *partition.Local:
-		return true
+	case *single:
+		return p.owned()
 	case *replica.Partition:
 		return p.Leads()
 	}
@@ -388,4 +390,7 @@ func (n *Node) pairAt(peer, topic string, i int) (*raftqueue.Pair, error) {
 }
 
 // serveReplicas registers the replicas' ops on the node's RPC server.
-func (n *Node) serveReplicas(srv *remote.Server) { replica.ServePairs(srv, n.pairAt) }
+func (n *Node) serveReplicas(srv *remote.Server) {
+	replica.ServePairs(srv, n.pairAt)
+	srv.Handle(OpMoveFetch, n.moveFetch)
+}

@@ -14,7 +14,6 @@ import (
 	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/partition"
-	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/internal/replica"
 	"github.com/zeze-go/mq/internal/topicdb"
 	"github.com/zeze-go/mq/internal/transport"
@@ -117,8 +116,9 @@ func (n *Node) syncLoop() {
 
 // sync publishes the topics of st in the table: partitions placed here are
 // opened and their upkeep started, the others reached by RPC. A
-// partition's placement never changes for a Single topic, so what is in the
-// table is kept and only added partitions are made.
+// partition in the table stays, its placement changes reaching it
+// (updatePairs, updateRaft3, updateSingles); only added partitions are
+// made.
 func (n *Node) sync(st *metastate.State) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -140,6 +140,7 @@ func (n *Node) sync(st *metastate.State) {
 	}
 	n.updatePairs(st)
 	n.updateRaft3(st)
+	n.updateSingles(st)
 	for _, name := range st.Topics() {
 		ct, ok := st.Topic(name)
 		if !ok {
@@ -183,9 +184,9 @@ func (n *Node) sync(st *metastate.State) {
 	}
 }
 
-// maintain starts the upkeep of partition i of topic, stored here: a
-// Single partition's node runs it; a replicated partition's runs it while
-// its replica leads.
+// maintain starts the upkeep of partition i of topic: a Single
+// partition's runs while it is here and not frozen; a replicated
+// partition's while its replica here leads.
 func (n *Node) maintain(topic string, i int, p partition.Partition) {
 	logger := n.cfg.Logger.With("topic", topic, "partition", i)
 	switch p := p.(type) {
@@ -194,6 +195,10 @@ func (n *Node) maintain(topic string, i int, p partition.Partition) {
 	case *replica.Partition:
 		n.wg.Go(func() {
 			p.WhileLeading(n.ctx, func(ctx context.Context, u replica.Upkeep) { upkeep.Run(ctx, u, n.cfg.Upkeep, logger) })
+		})
+	case *single:
+		n.wg.Go(func() {
+			p.whileHere(n.ctx, func(ctx context.Context, l *partition.Local) { upkeep.Run(ctx, l, n.cfg.Upkeep, logger) })
 		})
 	}
 }
@@ -215,16 +220,13 @@ func (n *Node) partition(t metastate.Topic, i int) (partition.Partition, bool, e
 	case metastate.TypeDoubleWrite:
 		return n.openDoubleWrite(t, i, rc)
 	}
-	owner := pl.Replicas[0]
-	if owner == n.agent.ID() {
-		p, err := partition.OpenLocal(n.cfg.Local, topic, i)
-		return p, true, err
+	s := newSingle(topic, i)
+	n.placeSingle(topic, i, s, pl)
+	if w, _ := s.at(); w.local == nil && w.far == nil {
+		s.Close()
+		return nil, false, fmt.Errorf("%s/%d: not opened here, and its node %s not reached", topic, i, pl.Replicas[0])
 	}
-	c, err := n.agent.Peer(owner)
-	if err != nil {
-		return nil, false, err
-	}
-	return remote.NewPartition(c, topic, i, remote.PartitionConfig{}), false, nil
+	return s, true, nil
 }
 
 // openRaft3 opens a partition of a Raft3 topic placed as cfg says: this
@@ -333,37 +335,31 @@ func (n *Node) openPair(topic string, first, parts int) (*raftqueue.Pair, error)
 // moved away stays until it left the group's configuration (detachMoved).
 func (n *Node) updateRaft3(st *metastate.State) {
 	self := n.agent.ID()
-	for _, t := range n.cfg.Topics.All() {
-		ct, ok := st.Topic(t.Name)
-		if !ok || ct.Type != metastate.TypeRaft3 {
-			continue
+	n.eachPart(st, metastate.TypeRaft3, func(t metastate.Topic, i int, p partition.Partition) {
+		r, ok := p.(*replica.Partition)
+		if !ok {
+			return
 		}
-		for i, p := range t.Parts {
-			r, ok := p.(*replica.Partition)
-			if !ok || i >= len(ct.Parts) {
-				continue
-			}
-			reps := ct.Parts[i].Replicas
-			r.SetReplicas(reps)
-			if !slices.Contains(reps, self) || r.RaftGroup() != nil {
-				continue
-			}
-			if _, failed := n.unopened[r]; failed {
-				continue
-			}
-			first, parts := ct.Chunk(i)
-			cfg := replica.Raft3Config{Config: replica.Config{Topic: t.Name, Index: i, First: first, Self: self}, Partitions: parts, Replicas: reps}
-			if err := n.attachGroup(r, cfg); err != nil {
-				n.cfg.Logger.Error("cannot open this node's replica of a partition moved here: the others serve it", "topic", t.Name, "partition", i, "err", err)
-				if n.unopened == nil {
-					n.unopened = map[*replica.Partition]replica.Raft3Config{}
-				}
-				n.unopened[r] = cfg
-				continue
-			}
-			n.cfg.Logger.Info("replica of a partition moved here opened", "topic", t.Name, "partition", i)
+		reps := t.Parts[i].Replicas
+		r.SetReplicas(reps)
+		if !slices.Contains(reps, self) || r.RaftGroup() != nil {
+			return
 		}
-	}
+		if _, failed := n.unopened[r]; failed {
+			return
+		}
+		first, parts := t.Chunk(i)
+		cfg := replica.Raft3Config{Config: replica.Config{Topic: t.Name, Index: i, First: first, Self: self}, Partitions: parts, Replicas: reps}
+		if err := n.attachGroup(r, cfg); err != nil {
+			n.cfg.Logger.Error("cannot open this node's replica of a partition moved here: the others serve it", "topic", t.Name, "partition", i, "err", err)
+			if n.unopened == nil {
+				n.unopened = map[*replica.Partition]replica.Raft3Config{}
+			}
+			n.unopened[r] = cfg
+			return
+		}
+		n.cfg.Logger.Info("replica of a partition moved here opened", "topic", t.Name, "partition", i)
+	})
 }
 
 // detachMoved closes this node's replica of the Raft3 group of topic
@@ -393,14 +389,25 @@ func (n *Node) detachMoved(st *metastate.State, topic string, first int, g *raft
 // updatePairs hands each DoubleWrite pair of the table its record in st,
 // once.
 func (n *Node) updatePairs(st *metastate.State) {
+	n.eachPart(st, metastate.TypeDoubleWrite, func(t metastate.Topic, i int, p partition.Partition) {
+		if r, ok := p.(*replica.Partition); ok && r.Pair() != nil && t.Parts[i].Chunk == i {
+			r.Pair().Update(pairRecord(st, t, i))
+		}
+	})
+}
+
+// eachPart calls fn with each partition of the table whose topic st shows
+// of type typ, that topic as st has it and the partition's index, which
+// st has too.
+func (n *Node) eachPart(st *metastate.State, typ uint8, fn func(t metastate.Topic, i int, p partition.Partition)) {
 	for _, t := range n.cfg.Topics.All() {
 		ct, ok := st.Topic(t.Name)
-		if !ok || ct.Type != metastate.TypeDoubleWrite {
+		if !ok || ct.Type != typ {
 			continue
 		}
 		for i, p := range t.Parts {
-			if r, ok := p.(*replica.Partition); ok && r.Pair() != nil && i < len(ct.Parts) && ct.Parts[i].Chunk == i {
-				r.Pair().Update(pairRecord(st, ct, i))
+			if i < len(ct.Parts) {
+				fn(ct, i, p)
 			}
 		}
 	}

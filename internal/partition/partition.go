@@ -129,6 +129,36 @@ func OpenLocal(cfg LocalConfig, topic string, i int) (*Local, error) {
 	return NewLocal(p, cfg.Now), nil
 }
 
+// AwaitLeases refuses, with store.ErrClaimed, a claim (cmd) that would
+// take a group's partition from another owner while its proposer has
+// served it for less than the claim's lease: since then, by this
+// process's monotonic clock; the zero time for a proposer that always
+// did. A lease is stamped by its proposer's clock, and the one before may
+// run ahead of or behind this one's by up to the session timeout: a claim
+// compared with a lease renewed there could find it lapsed while its owner
+// still delivers. One lease after since, every lease renewed under the
+// proposer before has lapsed in real time too, and every later renewal
+// was stamped by this one's clock. The owner's own claims and renewals
+// pass. at returns the partition, read only when a claim is in question.
+func AwaitLeases(since time.Time, cmd *store.Command, at func() (*store.Partition, error)) error {
+	if cmd.Op != store.OpClaim || cmd.MaxAge <= 0 || since.IsZero() || time.Since(since) >= time.Duration(cmd.MaxAge) {
+		return nil
+	}
+	sp, err := at()
+	if err != nil {
+		return err
+	}
+	g, found, err := sp.Group(cmd.Group)
+	if err != nil || !found {
+		return err
+	}
+	if g.Held() && g.Generation != cmd.Generation {
+		return fmt.Errorf("%w: group %s at generation %d: this partition's proposer took it %v ago, less than a lease (%v)",
+			store.ErrClaimed, cmd.Group, g.Generation, time.Since(since).Round(time.Millisecond), time.Duration(cmd.MaxAge))
+	}
+	return nil
+}
+
 // Stamp sets a zero cmd.Now to now: the time of the partition's proposer
 // (a Single partition's node, a replicated partition's leader), which
 // every replica then applies alike.

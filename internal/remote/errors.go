@@ -78,6 +78,7 @@ const (
 	codeWALFailed     = 28
 	codeClaimed       = 29
 	codeOtherProducer = 30
+	codeFrozen        = 31
 )
 
 type codedErr struct {
@@ -98,6 +99,7 @@ var builtin = []codedErr{
 	{codeStale, store.ErrStaleGeneration},
 	{codeClaimed, store.ErrClaimed},
 	{codeOtherProducer, store.ErrOtherProducer},
+	{codeFrozen, store.ErrFrozen},
 	{codeBadCommand, store.ErrBadCommand},
 	{codeTooLarge, store.ErrTooLarge},
 	{codeFailed, store.ErrFailed},

@@ -291,37 +291,10 @@ func (p *Partition) applyAt(ctx context.Context, r leaderReplica, refuse error, 
 	return r.ApplyTo(ctx, p.part(), cmd)
 }
 
-// awaitLeases refuses, with store.ErrClaimed, a claim that would take a
-// group's partition from another owner while this replica has led for
-// less than the claim's lease. A lease is stamped by its leader's clock,
-// which may run ahead of or behind this one's by up to the session
-// timeout: a claim compared with a lease renewed under the previous
-// leader could find it lapsed while its owner still delivers. One lease
-// after this replica took the lead, by its own monotonic clock, every
-// lease renewed under an earlier leader has lapsed in real time too, and
-// every later renewal was stamped by this replica's clock. The owner's
-// own claims and renewals pass.
+// awaitLeases is partition.AwaitLeases for a claim through r, leading
+// since r.LeaderSince.
 func (p *Partition) awaitLeases(ctx context.Context, r leaderReplica, cmd *store.Command) error {
-	if cmd.Op != store.OpClaim || cmd.MaxAge <= 0 {
-		return nil
-	}
-	since := r.LeaderSince()
-	if since.IsZero() || time.Since(since) >= time.Duration(cmd.MaxAge) {
-		return nil
-	}
-	sp, err := r.LeaderPartition(ctx, p.part())
-	if err != nil {
-		return err
-	}
-	g, found, err := sp.Group(cmd.Group)
-	if err != nil || !found {
-		return err
-	}
-	if g.Held() && g.Generation != cmd.Generation {
-		return fmt.Errorf("%w: group %s at generation %d: this partition's leader took the lead %v ago, less than a lease (%v)",
-			store.ErrClaimed, cmd.Group, g.Generation, time.Since(since).Round(time.Millisecond), time.Duration(cmd.MaxAge))
-	}
-	return nil
+	return partition.AwaitLeases(r.LeaderSince(), cmd, func() (*store.Partition, error) { return r.LeaderPartition(ctx, p.part()) })
 }
 
 // read runs fn on the leader's partition: this node's replica's when it

@@ -23,11 +23,11 @@ import (
 
 // Limits of store's commands that the store keeps unexported.
 const (
-	defaultRelease = 10_000  // OpRelease without Limit
-	defaultTrim    = 100_000 // OpTrim without Limit
-	maxOp          = store.OpRenew
-	noOffset       = ^uint64(0) // Ack.Offset of a delayed message
-	crcLen         = 4          // a record's CRC32C
+	defaultRelease = 10_000        // OpRelease without Limit
+	defaultTrim    = 100_000       // OpTrim without Limit
+	maxOp          = store.OpRenew // the fake runs no freeze
+	noOffset       = ^uint64(0)    // Ack.Offset of a delayed message
+	crcLen         = 4             // a record's CRC32C
 )
 
 // Partition is an in-memory partition. It is safe for concurrent use;
