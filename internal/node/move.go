@@ -48,6 +48,7 @@ const (
 	movePiece        = 1 << 20
 	moveSnapSuffix   = ".move"     // From's snapshot of the partition
 	moveInSuffix     = ".incoming" // To's copy of it as it arrives
+	goneSuffix       = ".gone"     // a node's tombstone of a partition it handed away
 	moveRetry        = time.Second
 )
 
@@ -70,7 +71,8 @@ func SetMoveHold(hold func(ctx context.Context, node string)) {
 	moveHold.Store(&hold)
 }
 
-func appendMoveFetch(dst []byte, topic string, index int, version, offset uint64) []byte {
+// AppendMoveFetch appends an OpMoveFetch request to dst.
+func AppendMoveFetch(dst []byte, topic string, index int, version, offset uint64) []byte {
 	dst = append(dst, moveFetchVersion)
 	dst = binary.AppendUvarint(dst, uint64(len(topic)))
 	dst = append(dst, topic...)
@@ -269,6 +271,9 @@ func (n *Node) copyIn(ctx context.Context, topic string, index int, from string,
 	if err := store.MkdirAll(filepath.Dir(path)); err != nil {
 		return err
 	}
+	if done, err := replaceable(path, version); err != nil || done {
+		return err
+	}
 	in := path + moveInSuffix
 	f, err := os.OpenFile(in, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -279,7 +284,7 @@ func (n *Node) copyIn(ctx context.Context, topic string, index int, from string,
 		_ = os.Remove(in)
 	}()
 	for off := uint64(0); ; {
-		resp, err := c.Call(ctx, OpMoveFetch, appendMoveFetch(nil, topic, index, version, off))
+		resp, err := c.Call(ctx, OpMoveFetch, AppendMoveFetch(nil, topic, index, version, off))
 		if err != nil {
 			return err
 		}
@@ -306,11 +311,40 @@ func (n *Node) copyIn(ctx context.Context, topic string, index int, from string,
 	if err := store.RestoreSnapshot(tmp, f); err != nil {
 		return err
 	}
+	if done, err := replaceable(path, version); err != nil || done { // a state behind started this copy
+		_ = os.Remove(tmp)
+		return err
+	}
 	if err := os.Rename(tmp, path); err != nil {
 		_ = os.Remove(tmp)
 		return err
 	}
+	if err := store.RemoveFile(path + goneSuffix); err != nil {
+		return err
+	}
 	return boltsafe.SyncDir(filepath.Dir(path))
+}
+
+// replaceable returns an error unless the partition file at path may be
+// replaced by a copy moving here at version: absent, or a copy frozen by
+// an earlier move; done when it is this move's copy already (made before
+// a crash). A live file (not frozen), or one frozen by a later move,
+// means the state that started the copy is behind this node's files, as
+// a state cache saved before the move may be.
+func replaceable(path string, version uint64) (done bool, err error) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	frozen, err := store.FrozenAt(path)
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("%s holds a copy that cannot be read, kept: %w", path, err)
+	case frozen == version:
+		return true, nil
+	case frozen == 0 || frozen > version:
+		return false, fmt.Errorf("%w: %s holds a copy frozen at %d (0: live), newer than the move at %d: the move's state is behind", metastate.ErrStale, path, frozen, version)
+	}
+	return false, nil
 }
 
 // updateSingles brings each Single partition of the table to its record
@@ -333,11 +367,15 @@ func (n *Node) placeSingle(topic string, i int, s *single, rec metastate.Partiti
 	self := n.agent.ID()
 	owner := rec.Replicas[0]
 	key := topic + "/" + strconv.Itoa(i)
-	if len(rec.Replicas) == 2 && rec.Replicas[1] == self {
-		n.startMoveIn(key, topic, i, owner, rec.Version)
-	} else {
-		n.stopMoveIn(key)
-	}
+	// The copy starts, or stops, once this node's own copy is placed:
+	// closed and deleted when moved away, before any new copy lands.
+	defer func() {
+		if len(rec.Replicas) == 2 && rec.Replicas[1] == self {
+			n.startMoveIn(key, topic, i, owner, rec.Version)
+		} else {
+			n.stopMoveIn(key)
+		}
+	}()
 	w, err := s.at()
 	if err != nil {
 		return
@@ -346,11 +384,17 @@ func (n *Node) placeSingle(topic string, i int, s *single, rec metastate.Partiti
 	if owner == self {
 		local := w.local
 		if local == nil {
-			if rec.Version > 0 {
-				if _, err := os.Stat(path); err != nil {
-					n.cfg.Logger.Error("the file of a partition moved here is missing; it stays closed", "topic", topic, "partition", i, "err", err)
-					return
-				}
+			_, statErr := os.Stat(path)
+			switch {
+			case n.handedAway(topic, i):
+				// This node handed the partition away (its tombstone): a
+				// state placing it here new is behind, as a state cache
+				// saved before the move may be. Nothing is made.
+				n.cfg.Logger.Warn("a partition moved away from this node is placed here by a state behind its move; it stays closed", "topic", topic, "partition", i)
+				return
+			case rec.Version > 0 && statErr != nil:
+				n.cfg.Logger.Error("the file of a partition moved here is missing; it stays closed", "topic", topic, "partition", i, "err", statErr)
+				return
 			}
 			l, err := partition.OpenLocal(n.cfg.Local, topic, i)
 			if err != nil {
@@ -360,7 +404,10 @@ func (n *Node) placeSingle(topic string, i int, s *single, rec metastate.Partiti
 			local = l
 		}
 		since := time.Time{}
-		if len(rec.Replicas) == 1 && local.Frozen() != 0 {
+		// Thawed only by a record past its freeze (the move ended here, or
+		// was cancelled): a state behind the freeze, such as a state cache
+		// saved before it, leaves it frozen.
+		if f := local.Frozen(); len(rec.Replicas) == 1 && f != 0 && rec.Version > f {
 			if _, err := local.Apply(n.ctx, &store.Command{Op: store.OpThaw}); err != nil {
 				n.cfg.Logger.Error("cannot thaw a partition placed on this node", "topic", topic, "partition", i, "err", err)
 			} else {
@@ -426,6 +473,15 @@ func (n *Node) dropMovedAway(topic string, i int, path string, rec metastate.Par
 	}
 }
 
+// handedAway reports whether this node handed partition i of topic to
+// another node: its tombstone is there and its file is not.
+func (n *Node) handedAway(topic string, i int) bool {
+	path := topicdb.PartitionPath(n.dir, topic, i)
+	_, statErr := os.Stat(path)
+	_, goneErr := os.Stat(path + goneSuffix)
+	return statErr != nil && goneErr == nil
+}
+
 // startMoveIn starts moveIn for the partition named key, moving here from
 // node from at version, unless it runs for that version already; one for
 // another version stops. Called under n.mu.
@@ -434,14 +490,16 @@ func (n *Node) startMoveIn(key, topic string, i int, from string, version uint64
 		if m.version == version {
 			return
 		}
-		m.cancel()
+		m.stop()
 	}
 	ctx, cancel := context.WithCancel(n.ctx)
 	if n.movers == nil {
 		n.movers = map[string]mover{}
 	}
-	n.movers[key] = mover{version: version, cancel: cancel}
+	done := make(chan struct{})
+	n.movers[key] = mover{version: version, cancel: cancel, done: done}
 	n.wg.Go(func() {
+		defer close(done)
 		defer cancel()
 		n.moveIn(ctx, topic, i, from, version)
 	})
@@ -451,7 +509,7 @@ func (n *Node) startMoveIn(key, topic string, i int, from string, version uint64
 // Called under n.mu.
 func (n *Node) stopMoveIn(key string) {
 	if m, ok := n.movers[key]; ok {
-		m.cancel()
+		m.stop()
 		delete(n.movers, key)
 	}
 }
@@ -460,4 +518,12 @@ func (n *Node) stopMoveIn(key string) {
 type mover struct {
 	version uint64
 	cancel  context.CancelFunc
+	done    chan struct{} // closed when it returned
+}
+
+// stop stops the moveIn and waits for it: two never write the same
+// files.
+func (m mover) stop() {
+	m.cancel()
+	<-m.done
 }

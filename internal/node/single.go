@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/store"
@@ -315,7 +316,12 @@ func (s *single) whileHere(ctx context.Context, fn func(ctx context.Context, l *
 }
 
 // removeFiles deletes the partition file at path and the move's snapshot
-// beside it: the partition moved away.
+// beside it, the partition moved away, leaving a tombstone (".gone") in
+// their place, synced first: a state behind the move never has this node
+// make the partition anew, empty.
 func removeFiles(path string) error {
+	if err := boltsafe.ReplaceFile(path+goneSuffix, nil); err != nil {
+		return err
+	}
 	return errors.Join(store.RemoveFile(path), store.RemoveFile(path+moveSnapSuffix), store.RemoveFile(path+moveInSuffix))
 }

@@ -222,11 +222,11 @@ func (n *Node) partition(t metastate.Topic, i int) (partition.Partition, bool, e
 	}
 	s := newSingle(topic, i)
 	n.placeSingle(topic, i, s, pl)
-	if w, _ := s.at(); w.local == nil && w.far == nil {
+	if w, _ := s.at(); w.local == nil && w.far == nil && !n.handedAway(topic, i) {
 		s.Close()
 		return nil, false, fmt.Errorf("%s/%d: not opened here, and its node %s not reached", topic, i, pl.Replicas[0])
 	}
-	return s, true, nil
+	return s, true, nil // handed away under a state behind: calls wait for it
 }
 
 // openRaft3 opens a partition of a Raft3 topic placed as cfg says: this

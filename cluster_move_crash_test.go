@@ -1,0 +1,89 @@
+package mq_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zeze-go/mq"
+)
+
+// TestCluster_MoveSingleCrashWhileCopying: a multi-piece partition moves while
+// its target or its node is killed at various moments of the fetch, or
+// both right after the move ends; the move completes and every acked
+// message is stored once.
+func TestCluster_MoveSingleCrashWhileCopying(t *testing.T) {
+	for _, tc := range []struct {
+		victim string
+		delay  time.Duration
+	}{
+		{"to", 0}, {"to", 30 * time.Millisecond}, {"from", 0}, {"from", 30 * time.Millisecond}, {"both-after-done", 0}, {"to-after-done", 0},
+	} {
+		t.Run(fmt.Sprintf("%s-%v", tc.victim, tc.delay), func(t *testing.T) {
+			c := newCluster(t, 3, withSession(3*time.Second), withTopic("s", 1, mq.Options{}))
+			from, _ := singleOwner(c.nodes["n1"], "s", 0)
+			to := othersThan(c, from)[0]
+			via := othersThan(c, from, to)[0]
+			viaNode := c.nodes[via]
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			p, err := viaNode.NewProducer("s")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := []byte(strings.Repeat("x", 32<<10))
+			var before []string
+			for i := range 200 {
+				id := fmt.Sprintf("big-%d", i)
+				if _, err := p.SendMessage(ctx, (&mq.Message{ID: id, Body: body}).ToPartition(0)); err != nil {
+					t.Fatal(err)
+				}
+				before = append(before, id)
+			}
+			p.Close()
+			s := startSender(t, func() *mq.MQ { return viaNode }, "s", 1, "during")
+			time.Sleep(200 * time.Millisecond)
+			if err := viaNode.MoveReplica(ctx, "s", 0, from, to); err != nil {
+				t.Fatal(err)
+			}
+			switch tc.victim {
+			case "to", "from":
+				time.Sleep(tc.delay)
+				v := map[string]string{"to": to, "from": from}[tc.victim]
+				c.stopCutOff(v)
+				time.Sleep(300 * time.Millisecond)
+				c.start(v)
+			case "both-after-done", "to-after-done":
+				waitFor(t, time.Minute, "done seen by "+to, func() bool {
+					o, m := singleOwner(c.nodes[to], "s", 0)
+					return o == to && m == ""
+				})
+				time.Sleep(20 * time.Millisecond)
+				if tc.victim == "both-after-done" {
+					c.stopCutOff(from, to)
+					c.start(from)
+				} else {
+					c.stopCutOff(to)
+				}
+				c.start(to)
+			}
+			waitFor(t, 2*time.Minute, "s/0 on "+to+" alone", func() bool {
+				for _, id := range othersThan(c) {
+					if o, m := singleOwner(c.nodes[id], "s", 0); o != to || m != "" {
+						return false
+					}
+				}
+				return true
+			})
+			time.Sleep(500 * time.Millisecond)
+			during := s.end()
+			after := sendAll(ctx, t, viaNode, "s", 1, 10, "after")
+			t.Logf("%d acked during", len(during))
+			all := append(append(append([]string(nil), before...), during...), after...)
+			checkStoredOnce(t, c, "s", 1, all)
+			checkOrder(ctx, t, c.nodes[to], "s", 0, all)
+		})
+	}
+}
