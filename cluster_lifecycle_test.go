@@ -3,9 +3,6 @@ package mq_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -215,28 +212,6 @@ func leadsPair(c *testCluster, id string) bool {
 	return leader == id
 }
 
-// singleOwner returns the node holding Single partition topic/i as m's
-// status shows, with the node it moves to, "" when it does not move.
-func singleOwner(m *mq.MQ, topic string, i int) (owner, to string) {
-	name := fmt.Sprintf("%s/%d", topic, i)
-	var on []string
-	for _, nd := range m.ClusterStatus().Nodes {
-		if slices.Contains(nd.Holds, name) {
-			on = append(on, nd.ID)
-		}
-	}
-	switch len(on) {
-	case 1:
-		return on[0], ""
-	case 2:
-		_, replicas, _, _ := mq.PairRecord(m, topic, i)
-		if len(replicas) == 2 {
-			return replicas[0], replicas[1]
-		}
-	}
-	return "", ""
-}
-
 // TestCluster_MoveSinglePartition: an operator moves a Single partition
 // to another node while senders through the third send to it: the
 // partition's node freezes it, the node moved to copies it and takes it
@@ -251,13 +226,9 @@ func singleOwner(m *mq.MQ, topic string, i int) (owner, to string) {
 func TestCluster_MoveSinglePartition(t *testing.T) {
 	for _, crash := range []string{"none", "to", "from", "from-down", "cancel"} {
 		t.Run("crash-"+crash, func(t *testing.T) {
-			c := newCluster(t, 3, withSession(3*time.Second), withTopic("s", 2, mq.Options{}))
-			from, _ := singleOwner(c.nodes["n1"], "s", 0)
-			to := othersThan(c, from)[0]
-			via := othersThan(c, from, to)[0]
-			viaNode := c.nodes[via] // never killed; c.nodes changes under the senders
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
+			sm := newSingleMove(t, 2)
+			c, from, to, ctx := sm.c, sm.from, sm.to, sm.ctx
+			viaNode := c.nodes[sm.via] // never killed; c.nodes changes under the senders
 			before := sendAll(ctx, t, viaNode, "s", 1, 50, "before")
 			g, err := viaNode.NewConsumer("s", "g", mq.ListenerFunc(func(context.Context, string, *mq.Message) error { return nil }))
 			if err != nil {
@@ -269,18 +240,7 @@ func TestCluster_MoveSinglePartition(t *testing.T) {
 			})
 			g.Close()
 
-			held, release := make(chan struct{}, 1), make(chan struct{})
-			mq.HoldMoves(func(ctx context.Context, node string) {
-				select {
-				case held <- struct{}{}:
-				default:
-				}
-				select {
-				case <-release:
-				case <-ctx.Done():
-				}
-			})
-			t.Cleanup(func() { mq.HoldMoves(nil) })
+			h := holdMoves(t)
 			s := startSender(t, func() *mq.MQ { return viaNode }, "s", 1, "during")
 			time.Sleep(300 * time.Millisecond)
 			if err := viaNode.MoveReplica(ctx, "s", 0, to, from); !errors.Is(err, mq.ErrInvalidOption) {
@@ -289,11 +249,7 @@ func TestCluster_MoveSinglePartition(t *testing.T) {
 			if err := viaNode.MoveReplica(ctx, "s", 0, from, to); err != nil {
 				t.Fatal(err)
 			}
-			select {
-			case <-held:
-			case <-ctx.Done():
-				t.Fatal("the move never copied the partition")
-			}
+			h.wait(t, ctx)
 			time.Sleep(200 * time.Millisecond) // sends wait meanwhile
 			want := to
 			switch crash {
@@ -302,12 +258,11 @@ func TestCluster_MoveSinglePartition(t *testing.T) {
 				c.stopCutOff(victim)
 				time.Sleep(500 * time.Millisecond)
 				c.start(victim)
-				close(release)
 			case "from-down":
 				c.stopCutOff(from)
-				close(release)
+				h.free()
 				waitFor(t, time.Minute, "s/0 on "+to+" with "+from+" down", func() bool {
-					owner, moving := singleOwner(c.nodes[via], "s", 0)
+					owner, moving := singleOwner(viaNode, "s", 0)
 					return owner == to && moving == ""
 				})
 				c.start(from)
@@ -315,37 +270,25 @@ func TestCluster_MoveSinglePartition(t *testing.T) {
 				if err := viaNode.MoveReplica(ctx, "s", 0, to, from); err != nil {
 					t.Fatal(err)
 				}
-				close(release)
 				want = from
-			default:
-				close(release)
 			}
-			waitFor(t, 2*time.Minute, "s/0 on "+want+" alone", func() bool {
-				for _, id := range othersThan(c) {
-					if owner, moving := singleOwner(c.nodes[id], "s", 0); owner != want || moving != "" {
-						return false
-					}
-				}
-				return true
-			})
+			h.free()
+			sm.waitOn(t, want, 2*time.Minute)
 			time.Sleep(500 * time.Millisecond)
 			during := s.end()
 			after := sendAll(ctx, t, viaNode, "s", 1, 20, "after")
 			t.Logf("%d acked during the move", len(during))
-			all := append(append(append([]string(nil), before...), during...), after...)
+			all := slices.Concat(before, during, after)
 			checkStoredOnce(t, c, "s", 1, all)
 			checkOrder(ctx, t, c.nodes[want], "s", 0, all)
 			if lag, err := c.nodes[want].Lag("s", "g"); err != nil || lag[0].Committed != uint64(len(before)) {
 				t.Fatalf("g's offset after the move: %+v, %v; want %d", lag, err, len(before))
 			}
-			if owner, _ := singleOwner(c.nodes[via], "s", 1); owner == "" {
+			if owner, _ := singleOwner(viaNode, "s", 1); owner == "" {
 				t.Fatal("s/1 has no node")
 			}
 			if crash != "cancel" {
-				waitFor(t, 10*time.Second, "the moved-away file deleted", func() bool {
-					_, err := os.Stat(filepath.Join(c.root, from, "topics", "s", "0.db"))
-					return errors.Is(err, os.ErrNotExist)
-				})
+				waitFor(t, 10*time.Second, "the moved-away file deleted", func() bool { return sm.fileGone(from) })
 			}
 		})
 	}

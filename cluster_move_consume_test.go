@@ -2,6 +2,7 @@ package mq_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -13,13 +14,9 @@ import (
 // consume s/0 while it moves: no message is in two listeners at once, and
 // every acked message is delivered.
 func TestCluster_MoveSingleOneConsumerAtATime(t *testing.T) {
-	c := newCluster(t, 3, withSession(3*time.Second), withTopic("s", 1, mq.Options{}))
-	from, _ := singleOwner(c.nodes["n1"], "s", 0)
-	to := othersThan(c, from)[0]
-	via := othersThan(c, from, to)[0]
+	sm := newSingleMove(t, 1)
+	c, from, to, via, ctx := sm.c, sm.from, sm.to, sm.via, sm.ctx
 	viaNode := c.nodes[via]
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 
 	var mu sync.Mutex
 	inFlight := map[string]string{}
@@ -54,18 +51,11 @@ func TestCluster_MoveSingleOneConsumerAtATime(t *testing.T) {
 	if err := viaNode.MoveReplica(ctx, "s", 0, from, to); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "moved", func() bool {
-		for _, id := range othersThan(c) {
-			if o, m := singleOwner(c.nodes[id], "s", 0); o != to || m != "" {
-				return false
-			}
-		}
-		return true
-	})
+	sm.waitOn(t, to, time.Minute)
 	time.Sleep(500 * time.Millisecond)
 	during := s.end()
 	after := sendAll(ctx, t, viaNode, "s", 1, 50, "after")
-	all := append(append(append([]string(nil), before...), during...), after...)
+	all := slices.Concat(before, during, after)
 	waitFor(t, time.Minute, "all delivered", func() bool {
 		mu.Lock()
 		defer mu.Unlock()

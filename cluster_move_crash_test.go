@@ -1,8 +1,8 @@
 package mq_test
 
 import (
-	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,13 +22,9 @@ func TestCluster_MoveSingleCrashWhileCopying(t *testing.T) {
 		{"to", 0}, {"to", 30 * time.Millisecond}, {"from", 0}, {"from", 30 * time.Millisecond}, {"both-after-done", 0}, {"to-after-done", 0},
 	} {
 		t.Run(fmt.Sprintf("%s-%v", tc.victim, tc.delay), func(t *testing.T) {
-			c := newCluster(t, 3, withSession(3*time.Second), withTopic("s", 1, mq.Options{}))
-			from, _ := singleOwner(c.nodes["n1"], "s", 0)
-			to := othersThan(c, from)[0]
-			via := othersThan(c, from, to)[0]
-			viaNode := c.nodes[via]
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
+			sm := newSingleMove(t, 1)
+			c, from, to, ctx := sm.c, sm.from, sm.to, sm.ctx
+			viaNode := c.nodes[sm.via]
 			p, err := viaNode.NewProducer("s")
 			if err != nil {
 				t.Fatal(err)
@@ -69,19 +65,12 @@ func TestCluster_MoveSingleCrashWhileCopying(t *testing.T) {
 				}
 				c.start(to)
 			}
-			waitFor(t, 2*time.Minute, "s/0 on "+to+" alone", func() bool {
-				for _, id := range othersThan(c) {
-					if o, m := singleOwner(c.nodes[id], "s", 0); o != to || m != "" {
-						return false
-					}
-				}
-				return true
-			})
+			sm.waitOn(t, to, 2*time.Minute)
 			time.Sleep(500 * time.Millisecond)
 			during := s.end()
 			after := sendAll(ctx, t, viaNode, "s", 1, 10, "after")
 			t.Logf("%d acked during", len(during))
-			all := append(append(append([]string(nil), before...), during...), after...)
+			all := slices.Concat(before, during, after)
 			checkStoredOnce(t, c, "s", 1, all)
 			checkOrder(ctx, t, c.nodes[to], "s", 0, all)
 		})

@@ -1,7 +1,6 @@
 package mq_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -12,12 +11,8 @@ import (
 // another, the third node (and the owner itself) cannot fetch it, and
 // the target's malformed requests get errors.
 func TestCluster_MoveFetchOnlyToTheMovesTarget(t *testing.T) {
-	c := newCluster(t, 3, withSession(3*time.Second), withTopic("s", 1, mq.Options{}))
-	from, _ := singleOwner(c.nodes["n1"], "s", 0)
-	to := othersThan(c, from)[0]
-	third := othersThan(c, from, to)[0]
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	sm := newSingleMove(t, 1)
+	c, from, to, third, ctx := sm.c, sm.from, sm.to, sm.via, sm.ctx
 	sendAll(ctx, t, c.nodes[third], "s", 1, 30, "before")
 
 	// No move: nobody fetches.
@@ -27,22 +22,11 @@ func TestCluster_MoveFetchOnlyToTheMovesTarget(t *testing.T) {
 			t.Errorf("third node fetched s/0 at version %d with no move: %d bytes", v, len(resp))
 		}
 	}
-	held, release := make(chan struct{}, 1), make(chan struct{})
-	mq.HoldMoves(func(ctx context.Context, node string) {
-		select {
-		case held <- struct{}{}:
-		default:
-		}
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-	})
-	t.Cleanup(func() { mq.HoldMoves(nil) })
+	h := holdMoves(t)
 	if err := c.nodes[third].MoveReplica(ctx, "s", 0, from, to); err != nil {
 		t.Fatal(err)
 	}
-	<-held
+	h.wait(t, ctx)
 	v := mq.PartitionVersion(c.nodes[from], "s", 0)
 	for _, vv := range []uint64{v, v - 1, v + 1} {
 		if resp, err := mq.CallMoveFetch(ctx, c.nodes[third], from, mq.MoveFetchRequest("s", 0, vv, 0)); err == nil {
@@ -67,11 +51,8 @@ func TestCluster_MoveFetchOnlyToTheMovesTarget(t *testing.T) {
 	if resp, err := mq.CallMoveFetch(ctx, c.nodes[to], from, mq.MoveFetchRequest("s", 0, v, 0)); err != nil || len(resp) == 0 {
 		t.Errorf("target fetch: %v", err)
 	}
-	close(release)
-	waitFor(t, time.Minute, "moved", func() bool {
-		o, m := singleOwner(c.nodes[third], "s", 0)
-		return o == to && m == ""
-	})
+	h.free()
+	sm.waitOn(t, to, time.Minute)
 	// After the move, nobody fetches from the old owner or the new.
 	for _, p := range []string{from, to} {
 		for _, who := range othersThan(c, p) {

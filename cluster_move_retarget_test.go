@@ -1,11 +1,7 @@
 package mq_test
 
 import (
-	"context"
-	"errors"
-	"os"
-	"path/filepath"
-	"sync/atomic"
+	"slices"
 	"testing"
 	"time"
 
@@ -20,38 +16,18 @@ import (
 func TestCluster_MoveSingleRetargetedAndRenewed(t *testing.T) {
 	for _, mode := range []string{"retarget", "cancel-again"} {
 		t.Run(mode, func(t *testing.T) {
-			c := newCluster(t, 3, withSession(3*time.Second), withTopic("s", 1, mq.Options{}))
-			from, _ := singleOwner(c.nodes["n1"], "s", 0)
-			to := othersThan(c, from)[0]
-			third := othersThan(c, from, to)[0]
+			sm := newSingleMove(t, 1)
+			c, from, to, third, ctx := sm.c, sm.from, sm.to, sm.via, sm.ctx
 			viaNode := c.nodes[third]
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
 			before := sendAll(ctx, t, viaNode, "s", 1, 30, "before")
 
-			var calls atomic.Int32
-			held, release := make(chan struct{}, 1), make(chan struct{})
-			mq.HoldMoves(func(ctx context.Context, node string) {
-				if calls.Add(1) > 1 {
-					return // later copies pass
-				}
-				held <- struct{}{}
-				select {
-				case <-release:
-				case <-ctx.Done():
-				}
-			})
-			t.Cleanup(func() { mq.HoldMoves(nil) })
+			h := holdMoves(t)
 			s := startSender(t, func() *mq.MQ { return viaNode }, "s", 1, "during")
 			time.Sleep(200 * time.Millisecond)
 			if err := viaNode.MoveReplica(ctx, "s", 0, from, to); err != nil {
 				t.Fatal(err)
 			}
-			select {
-			case <-held:
-			case <-ctx.Done():
-				t.Fatal("never copied")
-			}
+			h.wait(t, ctx)
 			want := third
 			var mid []string
 			switch mode {
@@ -73,26 +49,16 @@ func TestCluster_MoveSingleRetargetedAndRenewed(t *testing.T) {
 				}
 				want = to
 			}
-			close(release)
-			waitFor(t, 2*time.Minute, "s/0 on "+want+" alone", func() bool {
-				for _, id := range othersThan(c) {
-					if o, m := singleOwner(c.nodes[id], "s", 0); o != want || m != "" {
-						return false
-					}
-				}
-				return true
-			})
+			h.free()
+			sm.waitOn(t, want, 2*time.Minute)
 			time.Sleep(500 * time.Millisecond)
 			during := s.end()
 			after := sendAll(ctx, t, viaNode, "s", 1, 10, "after")
-			all := append(append(append(append([]string(nil), before...), mid...), during...), after...)
+			all := slices.Concat(before, mid, during, after)
 			checkStoredOnce(t, c, "s", 1, all)
-			checkOrder(ctx, t, c.nodes[want], "s", 0, append(append([]string(nil), before...), after...))
+			checkOrder(ctx, t, c.nodes[want], "s", 0, slices.Concat(before, after))
 			for _, id := range othersThan(c, want) {
-				waitFor(t, 20*time.Second, "file on "+id+" deleted", func() bool {
-					_, err := os.Stat(filepath.Join(c.root, id, "topics", "s", "0.db"))
-					return errors.Is(err, os.ErrNotExist)
-				})
+				waitFor(t, 20*time.Second, "file on "+id+" deleted", func() bool { return sm.fileGone(id) })
 			}
 		})
 	}

@@ -15,7 +15,6 @@ import (
 // TestCluster_MoveSingleCarriesTransactions: half messages prepared on s/0 before it moves
 // are published once by a commit after the move, and those of a
 // transaction that never committed are never published.
-
 func TestCluster_MoveSingleCarriesTransactions(t *testing.T) {
 	host := txtest.Open(t, "bolt", filepath.Join(t.TempDir(), "host"))
 	c := newCluster(t, 3, withSession(3*time.Second), withTopic("s", 1, mq.Options{}), withNodeOptions(func(id string) []mq.Option {
@@ -25,14 +24,21 @@ func TestCluster_MoveSingleCarriesTransactions(t *testing.T) {
 		}
 		return opts
 	}))
-	from, _ := singleOwner(c.nodes["n1"], "s", 0)
-	if from == "n3" {
-		t.Skip("partition on the host node; rerun")
-	}
-	to := othersThan(c, from, "n3")[0]
 	n3 := c.nodes["n3"]
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	from, _ := singleOwner(n3, "s", 0)
+	if from == "n3" { // the host's node prepares; the partition moves between two others
+		if err := n3.MoveReplica(ctx, "s", 0, "n3", "n1"); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, time.Minute, "s/0 on n1", func() bool {
+			o, m := singleOwner(n3, "s", 0)
+			return o == "n1" && m == ""
+		})
+		from = "n1"
+	}
+	to := othersThan(c, from, "n3")[0]
 	p, err := n3.NewProducer("s")
 	if err != nil {
 		t.Fatal(err)

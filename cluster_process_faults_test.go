@@ -365,6 +365,10 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 		c.start(id)
 		c.work(id)
 	}
+	link := func(x, y string, down int) { // both ways
+		c.tell(x, "cut %s %d", y, down)
+		c.tell(y, "cut %s %d", x, down)
+	}
 	faults := 0
 	for end := time.Now().Add(d); time.Now().Before(end); faults++ {
 		x := pick()
@@ -391,27 +395,22 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 			}
 			h := hold()
 			t.Logf("fault %d: cut %s-%s for %v", faults, x, y, h)
-			c.tell(x, "cut %s 1", y)
-			c.tell(y, "cut %s 1", x)
+			link(x, y, 1)
 			time.Sleep(h)
-			c.tell(x, "cut %s 0", y)
-			c.tell(y, "cut %s 0", x)
+			link(x, y, 0)
 		case 4:
 			h := hold()
 			t.Logf("fault %d: isolate %s for %v", faults, x, h)
-			for _, y := range ids {
-				if y != x {
-					c.tell(x, "cut %s 1", y)
-					c.tell(y, "cut %s 1", x)
+			isolate := func(down int) {
+				for _, y := range ids {
+					if y != x {
+						link(x, y, down)
+					}
 				}
 			}
+			isolate(1)
 			time.Sleep(h)
-			for _, y := range ids {
-				if y != x {
-					c.tell(x, "cut %s 0", y)
-					c.tell(y, "cut %s 0", x)
-				}
-			}
+			isolate(0)
 		case 5:
 			if ok, why := c.awaitWhole(30 * time.Second); !ok {
 				t.Logf("fault %d: no disk replaced, the cluster is not whole: %s", faults, why)

@@ -49,8 +49,10 @@ func (m *MQ) setDraining(ctx context.Context, id string, draining bool) error {
 // over, and sends and consumers wait through the switch (seconds for a
 // partition of a few hundred MB) where they would otherwise fail. While
 // that move runs, MoveReplica with from its target retargets it, or with
-// to the partition's node cancels it. MoveReplica returns once the move
-// started: ClusterStatus's Holds shows where the partition is.
+// to the partition's node cancels it; one whose partition moved meanwhile
+// (the move ended, or another started) is refused (ErrInvalidOption).
+// MoveReplica returns once the move started: ClusterStatus's Holds shows
+// where the partition is.
 func (m *MQ) MoveReplica(ctx context.Context, topic string, partition int, from, to string) error {
 	if m.closed.Load() {
 		return ErrClosed
@@ -59,13 +61,20 @@ func (m *MQ) MoveReplica(ctx context.Context, topic string, partition int, from,
 		return fmt.Errorf("%w: replicas move only in a cluster", ErrUnsupportedType)
 	}
 	for {
-		p, ok := m.cluster.Agent().Meta().State().Partition(topic, partition)
+		st := m.cluster.Agent().Meta().State()
+		t, _ := st.Topic(topic)
+		p, ok := st.Partition(topic, partition)
 		if !ok {
 			return fmt.Errorf("%w: %s/%d", ErrNoTopic, topic, partition)
 		}
 		err := m.admin(ctx, metastate.MoveReplica{Topic: topic, Partition: partition, Version: p.Version, From: from, To: to})
-		if !errors.Is(err, metastate.ErrStale) {
+		switch {
+		case !errors.Is(err, metastate.ErrStale):
 			return err
+		case t.Type == metastate.TypeSingle:
+			// Only a move changes a Single partition's record: the
+			// caller's view of it is out of date.
+			return fmt.Errorf("%w: %s/%d moved meanwhile: %v", ErrInvalidOption, topic, partition, err)
 		}
 		select { // the pair's record changed: read it again once it is here
 		case <-ctx.Done():

@@ -44,67 +44,32 @@ func (m *Meta) drain(ctx context.Context) {
 		}
 		return nil
 	})
-	m.drainSingles(ctx, s, draining)
-	for _, name := range s.Topics() {
-		t, _ := s.Topic(name)
-		if t.Type != metastate.TypeRaft3 {
-			continue
+	m.moveGroups(ctx, metastate.TypeRaft3, "drain", func(s *metastate.State, name string, i int, p metastate.Partition) metastate.Command {
+		if len(p.Lost) > 0 || !allUp(s, p.Replicas) || s.LeastLoaded(p.Replicas...) == "" {
+			return nil // a move runs on the group's other replicas, one at a time
 		}
-		for i, p := range t.Parts {
-			if p.Chunk != i || len(p.Lost) > 0 {
-				continue
-			}
-			if !allUp(s, p.Replicas) {
-				continue // a move runs on the group's other replicas
-			}
-			for _, from := range p.Replicas {
-				if !slices.Contains(draining, from) || s.LeastLoaded(p.Replicas...) == "" {
-					continue
-				}
-				c := metastate.MoveReplica{Topic: name, Partition: i, From: from}
-				if _, err := m.Propose(ctx, c); err != nil {
-					m.log.Warn("Raft3 drain not recorded", "topic", name, "group", i, "from", from, "err", err)
-				} else {
-					m.log.Info("Raft3 drain: a replica moves", "topic", name, "group", i, "from", from)
-				}
-				break // one move per group at a time
+		for _, from := range p.Replicas {
+			if slices.Contains(draining, from) {
+				return metastate.MoveReplica{Topic: name, Partition: i, From: from}
 			}
 		}
-	}
-}
-
-// drainSingles starts the move of each Single partition on a draining
-// node that is up (it hands the partition over), and retargets each move
-// whose target is down or draining.
-func (m *Meta) drainSingles(ctx context.Context, s *metastate.State, draining []string) {
-	for _, name := range s.Topics() {
-		t, _ := s.Topic(name)
-		if t.Type != metastate.TypeSingle {
-			continue
-		}
-		for i, p := range t.Parts {
-			owner, _ := s.Node(p.Replicas[0])
-			var c metastate.MoveReplica
-			switch {
-			case !owner.Up || s.LeastLoaded(p.Replicas...) == "":
-				continue
-			case len(p.Replicas) == 1 && slices.Contains(draining, owner.ID):
-				c = metastate.MoveReplica{Topic: name, Partition: i, From: owner.ID}
-			case len(p.Replicas) == 2:
-				if to, _ := s.Node(p.Replicas[1]); to.Up && !to.Draining {
-					continue
-				}
-				c = metastate.MoveReplica{Topic: name, Partition: i, From: p.Replicas[1]}
-			default:
-				continue
-			}
-			if _, err := m.Propose(ctx, c); err != nil {
-				m.log.Warn("Single partition's move not recorded", "topic", name, "partition", i, "from", c.From, "err", err)
-			} else {
-				m.log.Info("Single partition moves", "topic", name, "partition", i, "from", c.From)
+		return nil
+	})
+	m.moveGroups(ctx, metastate.TypeSingle, "drain", func(s *metastate.State, name string, i int, p metastate.Partition) metastate.Command {
+		owner, _ := s.Node(p.Replicas[0])
+		switch {
+		case !owner.Up || s.LeastLoaded(p.Replicas...) == "":
+		case len(p.Replicas) == 1 && slices.Contains(draining, owner.ID):
+			return metastate.MoveReplica{Topic: name, Partition: i, Version: p.Version, From: owner.ID}
+		case len(p.Replicas) == 2:
+			// A move to a node that went down, or is draining, goes
+			// elsewhere.
+			if to, _ := s.Node(p.Replicas[1]); !to.Up || to.Draining {
+				return metastate.MoveReplica{Topic: name, Partition: i, Version: p.Version, From: p.Replicas[1]}
 			}
 		}
-	}
+		return nil
+	})
 }
 
 // allUp reports whether every node of ids is up.

@@ -45,15 +45,21 @@ func (m *Meta) promoteFrom(ctx context.Context, node string) {
 	})
 }
 
-// movePairs proposes, for each DoubleWrite pair, the command decide
-// returns for it, if any. decide sees the record of the chunk's first
-// partition, which a command changes for the whole chunk. A proposal that
-// lost a race (ErrStale) changes nothing; others failing are logged.
+// movePairs is moveGroups of the DoubleWrite pairs.
 func (m *Meta) movePairs(ctx context.Context, what string, decide func(s *metastate.State, topic string, i int, p metastate.Partition) metastate.Command) {
+	m.moveGroups(ctx, metastate.TypeDoubleWrite, what, decide)
+}
+
+// moveGroups proposes, for each raft group, pair or partition of the
+// topics of type typ, the command decide returns for it, if any. decide
+// sees the record of the chunk's first partition, which a command changes
+// for the whole chunk. A proposal that lost a race (ErrStale) changes
+// nothing; others failing are logged.
+func (m *Meta) moveGroups(ctx context.Context, typ uint8, what string, decide func(s *metastate.State, topic string, i int, p metastate.Partition) metastate.Command) {
 	s := m.State()
 	for _, name := range s.Topics() {
 		t, _ := s.Topic(name)
-		if t.Type != metastate.TypeDoubleWrite {
+		if t.Type != typ {
 			continue
 		}
 		for i, p := range t.Parts {
@@ -65,10 +71,10 @@ func (m *Meta) movePairs(ctx context.Context, what string, decide func(s *metast
 				continue
 			}
 			if _, err := m.Propose(ctx, c); err != nil && !errors.Is(err, metastate.ErrStale) {
-				m.log.Warn("DoubleWrite "+what+" not recorded", "topic", name, "partition", i, "command", c, "err", err)
+				m.log.Warn(what+" not recorded", "type", typ, "topic", name, "partition", i, "command", c, "err", err)
 				continue
 			}
-			m.log.Info("DoubleWrite "+what, "topic", name, "partition", i, "command", c)
+			m.log.Info(what, "type", typ, "topic", name, "partition", i, "command", c)
 		}
 	}
 }

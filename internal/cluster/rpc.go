@@ -250,15 +250,26 @@ func (n *Agent) handleClusterOf(_ context.Context, _ string, _ []byte) ([]byte, 
 // only, so yes lets a replica that withholds its vote vote
 // (Agent.checkVote). A node asks only of itself.
 func (n *Agent) handleRegistered(_ context.Context, peer string, req []byte) ([]byte, error) {
-	j, err := decodeJoin(req)
+	j, err := n.ownJoin(peer, req, "registration")
 	if err != nil {
 		return nil, err
 	}
-	if j.ID != peer {
-		return nil, n.refuse(peer, "registration of another", fmt.Errorf("%w: node %s asks of %s", ErrDenied, peer, j.ID))
-	}
 	nd, ok := n.meta.State().Node(j.ID)
 	return encodeMsg(&registered{Yes: ok && j.Incarnation != "" && nd.Incarnation == j.Incarnation})
+}
+
+// ownJoin decodes the request req of node peer, a what (join, heartbeat,
+// registration), which names a node: peer itself, or ErrDenied, logged
+// once.
+func (n *Agent) ownJoin(peer string, req []byte, what string) (joinReq, error) {
+	j, err := decodeJoin(req)
+	if err != nil {
+		return j, err
+	}
+	if j.ID != peer {
+		return j, n.refuse(peer, what+" as another", fmt.Errorf("%w: node %s sends a %s for %s", ErrDenied, peer, what, j.ID))
+	}
+	return j, nil
 }
 
 func (n *Agent) handleWhoLeads(_ context.Context, _ string, _ []byte) ([]byte, error) {
@@ -275,12 +286,9 @@ func (n *Agent) handleWhoLeads(_ context.Context, _ string, _ []byte) ([]byte, e
 // and with TLS its certificate. An identity that is not a node yet joins
 // only as joinAllowed says.
 func (n *Agent) handleJoin(ctx context.Context, peer string, req []byte) ([]byte, error) {
-	j, err := decodeJoin(req)
+	j, err := n.ownJoin(peer, req, "join")
 	if err != nil {
 		return nil, err
-	}
-	if j.ID != peer {
-		return nil, n.refuse(peer, "join as another", fmt.Errorf("%w: node %s cannot register %s", ErrDenied, peer, j.ID))
 	}
 	if !n.meta.IsLeader() {
 		return nil, n.meta.notLeader() // the joining node finds the leader
@@ -304,12 +312,9 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 	if !n.IsNode(peer) {
 		return nil, n.refuse(peer, "not a node: heartbeat", fmt.Errorf("%w: %q", metastate.ErrNoNode, peer))
 	}
-	j, err := decodeJoin(req)
+	j, err := n.ownJoin(peer, req, "heartbeat")
 	if err != nil {
 		return nil, err
-	}
-	if j.ID != peer {
-		return nil, n.refuse(peer, "heartbeat as another", fmt.Errorf("%w: node %s cannot heartbeat for %s", ErrDenied, peer, j.ID))
 	}
 	if nd, ok := n.meta.State().Node(j.ID); ok && nd.Up && nd.Addr != j.Addr {
 		return nil, fmt.Errorf("%w: %s moved to %s", metastate.ErrNodeDown, j.ID, j.Addr) // registers again

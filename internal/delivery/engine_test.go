@@ -315,7 +315,7 @@ func TestEngine_Handoff(t *testing.T) {
 
 	var active atomic.Int32 // handlers running, on either engine
 	var overlap atomic.Bool
-	release := make(chan struct{})
+	release, entered := make(chan struct{}), make(chan struct{})
 	l := newLog()
 	slow := func(name string) Handler {
 		inner := l.handler(name, nil)
@@ -325,6 +325,7 @@ func TestEngine_Handoff(t *testing.T) {
 			}
 			defer active.Add(-1)
 			if name == "a" && d.Offset == 5 {
+				close(entered)
 				<-release // a is inside a handler when the move is decided
 			}
 			return inner(context.Background(), d)
@@ -338,6 +339,7 @@ func TestEngine_Handoff(t *testing.T) {
 	}
 	send(t, p, 0, 10)
 	l.waitFor(t, 0, 5)
+	<-entered // not only 0..4 handled: a is in 5's handler, not between two
 	h.mu.Lock()
 	h.moved = true
 	h.mu.Unlock()

@@ -28,7 +28,8 @@ type DrainNode struct {
 // otherwise); To becomes the follower at the next epoch, with the leader
 // alone in sync until it caught up, as ReplaceFollower does.
 //
-// Single: From must be the partition's node, Replicas[0]. The move starts:
+// Single: the record must be at Version (ErrStale otherwise), and From
+// the partition's node, Replicas[0]. The move starts:
 // To becomes Replicas[1], and the version rises; the partition's node
 // freezes it when To asks for it at that version, To copies it and ends
 // the move with MoveDone. While a move runs, MoveReplica with From the
@@ -83,12 +84,16 @@ func (s *State) drainNode(c DrainNode) error {
 
 // Holds returns the partitions that have a replica on node id, as
 // "topic/partition", sorted.
-func (s *State) Holds(id string) []string {
-	var out []string
+func (s *State) Holds(id string) []string { return s.Holdings()[id] }
+
+// Holdings returns, by node, the partitions that have a replica on it, as
+// "topic/partition", sorted: Holds of every node, in one pass.
+func (s *State) Holdings() map[string][]string {
+	out := map[string][]string{}
 	for _, name := range s.Topics() {
 		for i, p := range s.topics[name].Parts {
-			if slices.Contains(p.Replicas, id) {
-				out = append(out, fmt.Sprintf("%s/%d", name, i))
+			for _, id := range p.Replicas {
+				out[id] = append(out[id], fmt.Sprintf("%s/%d", name, i))
 			}
 		}
 	}
@@ -125,6 +130,8 @@ func (s *State) moveSingle(t Topic, c MoveReplica) (Topic, error) {
 	p := t.Parts[c.Partition]
 	owner := p.Replicas[0]
 	switch {
+	case c.Version != p.Version:
+		return Topic{}, fmt.Errorf("%w: %s/%d at version %d, not %d", ErrStale, c.Topic, c.Partition, p.Version, c.Version)
 	case c.From == owner && len(p.Replicas) == 2:
 		return Topic{}, fmt.Errorf("%w: %s/%d is moving to %s: retarget or cancel that move (From %s)", ErrInvalid, c.Topic, c.Partition, p.Replicas[1], p.Replicas[1])
 	case c.From == owner:

@@ -101,7 +101,8 @@ func TestMoveReplica_Single(t *testing.T) {
 	if len(m.Replicas) != 2 || m.Replicas[0] != owner || to == owner || m.Version != p.Version+1 || m.Leader != owner {
 		t.Fatalf("a move started: before %+v, after %+v", p, m)
 	}
-	ft.refused(MoveReplica{Topic: "s", Partition: 0, From: owner}, ErrInvalid) // one move at a time
+	ft.refused(MoveReplica{Topic: "s", Partition: 0, Version: m.Version, From: owner}, ErrInvalid)       // one move at a time
+	ft.refused(MoveReplica{Topic: "s", Partition: 0, Version: p.Version, From: to, To: owner}, ErrStale) // a cancel of another move
 	got, err := DecodeSnapshot(encodeSnap(t, ft.s()))
 	if err != nil || !sameState(got, ft.s()) {
 		t.Fatalf("a snapshot of a move under way: %v", err)
@@ -112,18 +113,18 @@ func TestMoveReplica_Single(t *testing.T) {
 			next = id
 		}
 	}
-	ft.must(MoveReplica{Topic: "s", Partition: 0, From: to, To: next}) // retargeted
+	ft.must(MoveReplica{Topic: "s", Partition: 0, Version: m.Version, From: to, To: next}) // retargeted
 	ft.refused(MoveDone{Topic: "s", Partition: 0, Version: m.Version, To: to}, ErrStale)
 	r := part()
 	if !slices.Equal(r.Replicas, []string{owner, next}) || r.Version != m.Version+1 {
 		t.Fatalf("retargeted: %+v", r)
 	}
-	ft.must(MoveReplica{Topic: "s", Partition: 0, From: next, To: owner}) // cancelled
+	ft.must(MoveReplica{Topic: "s", Partition: 0, Version: r.Version, From: next, To: owner}) // cancelled
 	ft.refused(MoveDone{Topic: "s", Partition: 0, Version: r.Version, To: next}, ErrStale)
 	if c := part(); !slices.Equal(c.Replicas, []string{owner}) || c.Version != r.Version+1 {
 		t.Fatalf("cancelled: %+v", c)
 	}
-	ft.must(MoveReplica{Topic: "s", Partition: 0, From: owner, To: to})
+	ft.must(MoveReplica{Topic: "s", Partition: 0, Version: r.Version + 1, From: owner, To: to})
 	m = part()
 	ft.must(MoveDone{Topic: "s", Partition: 0, Version: m.Version, To: to})
 	if d := part(); !slices.Equal(d.Replicas, []string{to}) || d.Leader != to || d.Version != m.Version+1 {

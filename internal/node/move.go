@@ -121,7 +121,12 @@ func (s *single) handOver(ctx context.Context, path string, version, offset uint
 	if err != nil {
 		return nil, 0, err
 	}
-	if local.Frozen() != version {
+	switch f := local.Frozen(); {
+	case f > version:
+		// Frozen by a later move: the caller's move, which this node's
+		// state still shows, is over.
+		return nil, 0, fmt.Errorf("%w: %s is frozen by a later move (%d, not %d)", metastate.ErrStale, s.name, f, version)
+	case f != version:
 		if _, err := local.Apply(ctx, &store.Command{Op: store.OpFreeze, Offset: version}); err != nil {
 			return nil, 0, err
 		}
@@ -154,17 +159,6 @@ func (s *single) handOver(ctx context.Context, path string, version, offset uint
 		return nil, 0, err
 	}
 	return piece, s.snap.size, nil
-}
-
-// kick wakes whatever waits for the partition to change: the upkeep
-// stops on a freeze.
-func (s *single) kick() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.closed {
-		close(s.changed)
-		s.changed = make(chan struct{})
-	}
 }
 
 func (s *single) dropSnap() {
@@ -358,101 +352,103 @@ func (n *Node) updateSingles(st *metastate.State) {
 	})
 }
 
-// placeSingle makes s follow its record rec. Placed here: the partition
-// is open here, thawed when the record has it alone (a move ended or was
-// cancelled). Placed elsewhere: the RPC partition of its node, and this
-// node's copy, frozen by the move that took it, closed and deleted.
-// Moving here: the copy is fetched (moveIn), once per move version.
+// placeSingle makes s follow its record rec: placed here (placeHere) or
+// elsewhere (placeElsewhere); moving here, the copy is fetched (moveIn),
+// once per move version.
 func (n *Node) placeSingle(topic string, i int, s *single, rec metastate.Partition) {
 	self := n.agent.ID()
-	owner := rec.Replicas[0]
 	key := topic + "/" + strconv.Itoa(i)
 	// The copy starts, or stops, once this node's own copy is placed:
 	// closed and deleted when moved away, before any new copy lands.
 	defer func() {
 		if len(rec.Replicas) == 2 && rec.Replicas[1] == self {
-			n.startMoveIn(key, topic, i, owner, rec.Version)
+			n.startMoveIn(key, topic, i, rec.Replicas[0], rec.Version)
 		} else {
 			n.stopMoveIn(key)
 		}
 	}()
 	w, err := s.at()
+	switch {
+	case err != nil:
+	case rec.Replicas[0] == self:
+		n.placeHere(topic, i, s, w, rec)
+	default:
+		n.placeElsewhere(topic, i, s, w, rec)
+	}
+}
+
+// placeHere opens the partition here, unless it is open, and thaws it
+// when the record has it alone at a version past its freeze: the move
+// ended here, or was cancelled. A state behind the freeze, such as a
+// state cache saved before it, leaves it frozen.
+func (n *Node) placeHere(topic string, i int, s *single, w where, rec metastate.Partition) {
+	local := w.local
+	if local == nil {
+		if local = n.openHere(topic, i, rec); local == nil {
+			return
+		}
+	}
+	since := time.Time{}
+	if f := local.Frozen(); len(rec.Replicas) == 1 && f != 0 && rec.Version > f {
+		if _, err := local.Apply(n.ctx, &store.Command{Op: store.OpThaw}); err != nil {
+			n.cfg.Logger.Error("cannot thaw a partition placed on this node", "topic", topic, "partition", i, "err", err)
+		} else {
+			since = time.Now()
+			s.dropSnap()
+			n.cfg.Logger.Info("partition thawed: its move ended", "topic", topic, "partition", i)
+		}
+	}
+	if local != w.local || !since.IsZero() {
+		s.set(where{local: local, since: since})
+	}
+}
+
+// openHere opens partition i of topic, placed here by rec; nil, logged,
+// when it cannot. A partition this node handed away (its tombstone) is
+// not made anew from a state behind that move, and one moved here (a
+// version past 0) must have its file.
+func (n *Node) openHere(topic string, i int, rec metastate.Partition) *partition.Local {
+	_, statErr := os.Stat(topicdb.PartitionPath(n.dir, topic, i))
+	switch {
+	case n.handedAway(topic, i):
+		n.cfg.Logger.Warn("a partition moved away from this node is placed here by a state behind its move; it stays closed", "topic", topic, "partition", i)
+		return nil
+	case rec.Version > 0 && statErr != nil:
+		n.cfg.Logger.Error("the file of a partition moved here is missing; it stays closed", "topic", topic, "partition", i, "err", statErr)
+		return nil
+	}
+	l, err := partition.OpenLocal(n.cfg.Local, topic, i)
 	if err != nil {
-		return
+		n.cfg.Logger.Error("cannot open a partition placed on this node", "topic", topic, "partition", i, "err", err)
+		return nil
 	}
-	path := topicdb.PartitionPath(n.dir, topic, i)
-	if owner == self {
-		local := w.local
-		if local == nil {
-			_, statErr := os.Stat(path)
-			switch {
-			case n.handedAway(topic, i):
-				// This node handed the partition away (its tombstone): a
-				// state placing it here new is behind, as a state cache
-				// saved before the move may be. Nothing is made.
-				n.cfg.Logger.Warn("a partition moved away from this node is placed here by a state behind its move; it stays closed", "topic", topic, "partition", i)
-				return
-			case rec.Version > 0 && statErr != nil:
-				n.cfg.Logger.Error("the file of a partition moved here is missing; it stays closed", "topic", topic, "partition", i, "err", statErr)
-				return
-			}
-			l, err := partition.OpenLocal(n.cfg.Local, topic, i)
-			if err != nil {
-				n.cfg.Logger.Error("cannot open a partition placed on this node", "topic", topic, "partition", i, "err", err)
-				return
-			}
-			local = l
-		}
-		since := time.Time{}
-		// Thawed only by a record past its freeze (the move ended here, or
-		// was cancelled): a state behind the freeze, such as a state cache
-		// saved before it, leaves it frozen.
-		if f := local.Frozen(); len(rec.Replicas) == 1 && f != 0 && rec.Version > f {
-			if _, err := local.Apply(n.ctx, &store.Command{Op: store.OpThaw}); err != nil {
-				n.cfg.Logger.Error("cannot thaw a partition placed on this node", "topic", topic, "partition", i, "err", err)
-			} else {
-				since = time.Now()
-				n.cfg.Logger.Info("partition thawed: its move ended", "topic", topic, "partition", i)
-			}
-		}
-		if local != w.local || !since.IsZero() {
-			s.set(local, nil, "", since)
-		}
+	return l
+}
+
+// placeElsewhere makes the RPC partition of the partition's node where
+// calls go, closing this node's copy if it has one, which a move took:
+// that copy is deleted (dropMovedAway).
+func (n *Node) placeElsewhere(topic string, i int, s *single, w where, rec metastate.Partition) {
+	owner := rec.Replicas[0]
+	if w.far != nil && w.farNode == owner {
 		return
-	}
-	if w.far != nil && w.local == nil && w.farNode == owner {
-		return
-	}
-	if w.local == nil {
-		n.dropMovedAway(topic, i, path, rec)
 	}
 	c, err := n.agent.Peer(owner)
 	if err != nil {
 		n.cfg.Logger.Error("cannot reach a partition's node", "topic", topic, "partition", i, "node", owner, "err", err)
 		return
 	}
-	frozen := w.local != nil && w.local.Frozen() != 0 && w.local.Frozen() < rec.Version
-	if w.local != nil && !frozen {
-		// Never: a partition leaves only through a freeze, before the
-		// version that moved it. Its file is kept.
-		n.cfg.Logger.Error("a partition placed elsewhere was open here without a freeze; its file is kept", "topic", topic, "partition", i, "node", owner)
-	}
-	s.set(nil, remote.NewPartition(c, topic, i, remote.PartitionConfig{}), owner, time.Time{})
-	if frozen {
-		s.dropSnap()
-		if err := removeFiles(path); err != nil {
-			n.cfg.Logger.Warn("the file of a partition moved away is not deleted", "topic", topic, "partition", i, "err", err)
-		} else {
-			n.cfg.Logger.Info("partition moved away; its file is deleted", "topic", topic, "partition", i, "to", owner)
-		}
-	}
+	s.set(where{far: remote.NewPartition(c, topic, i, remote.PartitionConfig{}), farNode: owner})
+	s.dropSnap()
+	n.dropMovedAway(topic, i, rec)
 }
 
-// dropMovedAway deletes this node's file of partition i of topic, placed
-// elsewhere by rec, if a move took it from here while the partition was
-// closed here (the node down when the move ended): frozen by a move
-// before rec's version. A file that is not frozen is kept.
-func (n *Node) dropMovedAway(topic string, i int, path string, rec metastate.Partition) {
+// dropMovedAway deletes this node's closed file of partition i of topic,
+// placed elsewhere by rec, if a move took it from here: frozen by a move
+// before rec's version. A file that is not frozen, or frozen by this
+// version or a later one (rec is behind this node's files), is kept.
+func (n *Node) dropMovedAway(topic string, i int, rec metastate.Partition) {
+	path := topicdb.PartitionPath(n.dir, topic, i)
 	if _, err := os.Stat(path); err != nil {
 		return
 	}
@@ -460,17 +456,26 @@ func (n *Node) dropMovedAway(topic string, i int, path string, rec metastate.Par
 	switch {
 	case err != nil:
 		n.cfg.Logger.Warn("a partition file of a partition placed elsewhere cannot be read", "topic", topic, "partition", i, "err", err)
-	case frozen == 0 || frozen >= rec.Version:
-		if frozen == 0 {
-			n.cfg.Logger.Warn("a partition file of a partition placed elsewhere is kept: no move took it", "topic", topic, "partition", i, "path", path)
-		}
-	default:
+	case frozen == 0:
+		n.cfg.Logger.Error("a partition file of a partition placed elsewhere is kept: no move took it", "topic", topic, "partition", i, "path", path)
+	case frozen < rec.Version:
 		if err := removeFiles(path); err != nil {
 			n.cfg.Logger.Warn("the file of a partition moved away is not deleted", "topic", topic, "partition", i, "err", err)
 		} else {
-			n.cfg.Logger.Info("partition moved away while this node was down; its file is deleted", "topic", topic, "partition", i)
+			n.cfg.Logger.Info("partition moved away; its file is deleted", "topic", topic, "partition", i, "to", rec.Replicas[0])
 		}
 	}
+}
+
+// removeFiles deletes the partition file at path and the move's snapshot
+// beside it, the partition moved away, leaving a tombstone (".gone") in
+// their place, synced first: a state behind the move never has this node
+// make the partition anew, empty.
+func removeFiles(path string) error {
+	if err := boltsafe.ReplaceFile(path+goneSuffix, nil); err != nil {
+		return err
+	}
+	return errors.Join(store.RemoveFile(path), store.RemoveFile(path+moveSnapSuffix), store.RemoveFile(path+moveInSuffix))
 }
 
 // handedAway reports whether this node handed partition i of topic to

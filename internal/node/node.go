@@ -300,10 +300,7 @@ func (n *Node) Status() Status {
 	leader, _ := n.agent.Meta().Leader()
 	ms := n.agent.Meta().State()
 	st := Status{NodeID: n.agent.ID(), Addr: n.agent.Addr(), ClusterID: ms.ClusterID(), Leader: leader, Nodes: ms.Nodes(),
-		Holds: map[string][]string{}}
-	for _, nd := range st.Nodes {
-		st.Holds[nd.ID] = ms.Holds(nd.ID)
-	}
+		Holds: ms.Holdings()}
 	n.eachReplicated(func(p *replica.Partition) {
 		if p.Leads() {
 			st.Leading = append(st.Leading, p.Name())

@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/zeze-go/mq/internal/boltsafe"
 	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/internal/replica"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -22,65 +22,81 @@ import (
 // partition is then, until its ctx ends: producers and consumers ride
 // through a move. Safe for concurrent use.
 type single struct {
-	name        string // "topic/index"
-	callTimeout time.Duration
+	partition.Reads // run where the partition is (read)
+	name            string
+	ctx             context.Context // ends at Close
+	cancel          context.CancelFunc
 
-	mu      sync.Mutex
-	local   *partition.Local  // open here: this node holds the partition, or hands it over
-	far     *remote.Partition // the partition's node's, while that is another
-	farNode string            // that node
-	since   time.Time         // when local was thawed here: its leases (partition.AwaitLeases)
-	changed chan struct{}     // closed and replaced at each change of local and far
-	closed  bool
-	snap    moveSnap // the snapshot handed to the node the partition moves to (move.go)
-}
-
-func newSingle(topic string, index int) *single {
-	return &single{name: topic + "/" + strconv.Itoa(index), callTimeout: 10 * time.Second, changed: make(chan struct{})}
-}
-
-var _ partition.Partition = (*single)(nil)
-
-// set makes local, or far on node farNode, where calls go, closing what
-// they replace before it returns. Calls running on a replaced partition
-// that fail with store.ErrClosed run again on the new one.
-func (s *single) set(local *partition.Local, far *remote.Partition, farNode string, since time.Time) {
-	s.mu.Lock()
-	oldLocal, oldFar := s.local, s.far
-	if s.closed {
-		s.mu.Unlock()
-		closeBoth(local, far)
-		return
-	}
-	s.local, s.far, s.farNode, s.since = local, far, farNode, since
-	close(s.changed)
-	s.changed = make(chan struct{})
-	s.mu.Unlock()
-	if oldLocal != local && oldLocal != nil {
-		_ = oldLocal.Close()
-	}
-	if oldFar != far && oldFar != nil {
-		oldFar.Close()
-	}
-}
-
-func closeBoth(local *partition.Local, far *remote.Partition) {
-	if local != nil {
-		_ = local.Close()
-	}
-	if far != nil {
-		far.Close()
-	}
+	mu     sync.Mutex
+	cur    where // cur.changed is closed and replaced at each change
+	closed bool
+	snap   moveSnap // the snapshot handed to the node the partition moves to (move.go)
 }
 
 // where is where a call goes: local, or far; with neither, the partition
 // is moving here. changed is closed when that changes.
 type where struct {
-	local   *partition.Local
-	far     *remote.Partition
-	farNode string
-	since   time.Time
-	changed <-chan struct{}
+	local   *partition.Local  // open here: this node holds the partition, or hands it over
+	far     *remote.Partition // the partition's node's, while that is another
+	farNode string            // that node
+	since   time.Time         // when local was thawed here: its leases (partition.AwaitLeases)
+	changed chan struct{}
+}
+
+func newSingle(topic string, index int) *single {
+	s := &single{name: topic + "/" + strconv.Itoa(index), cur: where{changed: make(chan struct{})}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.Reads = partition.Reads{At: s.read, Ctx: s.ctx, Timeout: replica.DefaultCallTimeout}
+	return s
+}
+
+var _ partition.Partition = (*single)(nil)
+
+// set makes w, without its changed, where calls go, closing what it
+// replaces before it returns. Calls running on a replaced partition that
+// fail with store.ErrClosed run again on the new one.
+func (s *single) set(w where) {
+	s.mu.Lock()
+	old := s.cur
+	if s.closed {
+		s.mu.Unlock()
+		w.closeBut(where{})
+		return
+	}
+	w.changed = old.changed
+	s.cur = w
+	s.signalLocked()
+	s.mu.Unlock()
+	old.closeBut(w)
+}
+
+// closeBut closes the partitions of w that keep does not hold.
+func (w where) closeBut(keep where) error {
+	var err error
+	if w.local != nil && w.local != keep.local {
+		err = w.local.Close()
+	}
+	if w.far != nil && w.far != keep.far {
+		w.far.Close()
+	}
+	return err
+}
+
+// signalLocked tells whatever waits for the partition to change that it
+// may have: calls waiting through a move, the upkeep (whileHere). s.mu is
+// held.
+func (s *single) signalLocked() {
+	close(s.cur.changed)
+	s.cur.changed = make(chan struct{})
+}
+
+// kick is signalLocked for a change of the partition here: its freeze.
+func (s *single) kick() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.signalLocked()
+	}
 }
 
 // at returns where a call goes now.
@@ -90,12 +106,12 @@ func (s *single) at() (where, error) {
 	if s.closed {
 		return where{}, fmt.Errorf("%w: %s", store.ErrClosed, s.name)
 	}
-	return where{local: s.local, far: s.far, farNode: s.farNode, since: s.since, changed: s.changed}, nil
+	return s.cur, nil
 }
 
 // do runs fn where the partition is, again each time it finds it frozen
 // or moved under it, until ctx ends.
-func (s *single) do(ctx context.Context, fn func(p partition.Partition, local *partition.Local, since time.Time) error) error {
+func (s *single) do(ctx context.Context, fn func(p partition.Partition, w where) error) error {
 	backoff := 5 * time.Millisecond
 	for {
 		w, err := s.at()
@@ -104,9 +120,9 @@ func (s *single) do(ctx context.Context, fn func(p partition.Partition, local *p
 		}
 		switch {
 		case w.local != nil:
-			err = fn(w.local, w.local, w.since)
+			err = fn(w.local, w)
 		case w.far != nil:
-			err = fn(w.far, nil, time.Time{})
+			err = fn(w.far, w)
 		default:
 			err = fmt.Errorf("%w: %s is moving to this node", store.ErrFrozen, s.name)
 		}
@@ -143,11 +159,9 @@ func (s *single) moving(err error, changed <-chan struct{}) bool {
 	}
 }
 
-// call is do for the reads that take no ctx.
-func (s *single) call(fn func(p partition.Partition) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), s.callTimeout)
-	defer cancel()
-	return s.do(ctx, func(p partition.Partition, _ *partition.Local, _ time.Time) error { return fn(p) })
+// read is Reads.At: do for the reads.
+func (s *single) read(ctx context.Context, fn func(p partition.Partition) error) error {
+	return s.do(ctx, func(p partition.Partition, _ where) error { return fn(p) })
 }
 
 // Apply runs cmd where the partition is. A claim here within a lease of
@@ -155,9 +169,9 @@ func (s *single) call(fn func(p partition.Partition) error) error {
 // came from (partition.AwaitLeases).
 func (s *single) Apply(ctx context.Context, cmd *store.Command) (store.Result, error) {
 	var res store.Result
-	err := s.do(ctx, func(p partition.Partition, local *partition.Local, since time.Time) (err error) {
-		if local != nil {
-			if err := partition.AwaitLeases(since, cmd, func() (*store.Partition, error) { return local.Partition, nil }); err != nil {
+	err := s.do(ctx, func(p partition.Partition, w where) (err error) {
+		if w.local != nil {
+			if err := partition.AwaitLeases(w.since, cmd, func() (*store.Partition, error) { return w.local.Partition, nil }); err != nil {
 				return err
 			}
 		}
@@ -165,23 +179,6 @@ func (s *single) Apply(ctx context.Context, cmd *store.Command) (store.Result, e
 		return err
 	})
 	return res, err
-}
-
-func (s *single) Fetch(ctx context.Context, from uint64, max, maxBytes int, dst []store.Message) ([]store.Message, error) {
-	var out []store.Message
-	err := s.do(ctx, func(p partition.Partition, _ *partition.Local, _ time.Time) (err error) {
-		out, err = p.Fetch(ctx, from, max, maxBytes, dst)
-		return err
-	})
-	return out, err
-}
-
-func (s *single) Get(offset uint64) (m store.Message, ok bool, err error) {
-	err = s.call(func(p partition.Partition) (err error) {
-		m, ok, err = p.Get(offset)
-		return err
-	})
-	return m, ok, err
 }
 
 // Stats is the partition's where it is; zero while it cannot be reached.
@@ -197,50 +194,6 @@ func (s *single) Stats() store.Stats {
 	return store.Stats{}
 }
 
-func (s *single) Group(name string) (g store.GroupState, ok bool, err error) {
-	err = s.call(func(p partition.Partition) (err error) {
-		g, ok, err = p.Group(name)
-		return err
-	})
-	return g, ok, err
-}
-
-func (s *single) GroupStates() (gs map[string]store.GroupState, err error) {
-	err = s.call(func(p partition.Partition) (err error) {
-		gs, err = p.GroupStates()
-		return err
-	})
-	return gs, err
-}
-
-func (s *single) SeekTime(t int64) (off uint64, err error) {
-	err = s.call(func(p partition.Partition) (err error) {
-		off, err = p.SeekTime(t)
-		return err
-	})
-	return off, err
-}
-
-func (s *single) NextDue() (due int64, ok bool, err error) {
-	err = s.call(func(p partition.Partition) (err error) {
-		due, ok, err = p.NextDue()
-		return err
-	})
-	return due, ok, err
-}
-
-func (s *single) HalfTxs(fn func(store.HalfTx) bool) error {
-	return s.call(func(p partition.Partition) error { return p.HalfTxs(fn) })
-}
-
-func (s *single) Decision(txid string) (d store.Decision, err error) {
-	err = s.call(func(p partition.Partition) (err error) {
-		d, err = p.Decision(txid)
-		return err
-	})
-	return d, err
-}
-
 // Close closes the partition here, or the RPC partition, and ends the
 // calls waiting for a move.
 func (s *single) Close() error {
@@ -250,17 +203,12 @@ func (s *single) Close() error {
 		return nil
 	}
 	s.closed = true
-	local, far := s.local, s.far
-	s.local, s.far = nil, nil
-	close(s.changed)
+	old := s.cur
+	s.cur = where{}
+	close(old.changed)
 	s.mu.Unlock()
-	var err error
-	if local != nil {
-		err = local.Close()
-	}
-	if far != nil {
-		far.Close()
-	}
+	s.cancel()
+	err := old.closeBut(where{})
 	s.dropSnap()
 	return err
 }
@@ -313,15 +261,4 @@ func (s *single) whileHere(ctx context.Context, fn func(ctx context.Context, l *
 		case <-w.changed:
 		}
 	}
-}
-
-// removeFiles deletes the partition file at path and the move's snapshot
-// beside it, the partition moved away, leaving a tombstone (".gone") in
-// their place, synced first: a state behind the move never has this node
-// make the partition anew, empty.
-func removeFiles(path string) error {
-	if err := boltsafe.ReplaceFile(path+goneSuffix, nil); err != nil {
-		return err
-	}
-	return errors.Join(store.RemoveFile(path), store.RemoveFile(path+moveSnapSuffix), store.RemoveFile(path+moveInSuffix))
 }

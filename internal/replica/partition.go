@@ -70,7 +70,7 @@ type Config struct {
 // reads go to its leader, and wait while there is none, until their ctx
 // ends. Safe for concurrent use.
 type Partition struct {
-	reads
+	partition.Reads
 	cfg    Config
 	kind   kind
 	ctx    context.Context // cancelled by Close
@@ -153,7 +153,7 @@ func newPartition(cfg Config, k kind) *Partition {
 	}
 	p := &Partition{cfg: cfg, kind: k, remotes: map[string]*remote.Partition{}}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
-	p.reads = reads{at: p.read, ctx: p.ctx, timeout: cfg.CallTimeout}
+	p.Reads = partition.Reads{At: p.read, Ctx: p.ctx, Timeout: cfg.CallTimeout}
 	return p
 }
 
@@ -314,7 +314,7 @@ func (p *Partition) read(ctx context.Context, fn func(p partition.Partition) err
 // answers; zero without a replica here.
 func (p *Partition) Stats() store.Stats {
 	var st store.Stats
-	err := p.call(func(lp partition.Partition) error {
+	err := p.Call(func(lp partition.Partition) error {
 		st = lp.Stats()
 		return nil
 	})
