@@ -13,6 +13,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/zeze-go/mq/internal/boltsafe"
 )
 
 // Snapshot format: the partition's live state, key by key, so that its size
@@ -361,15 +363,19 @@ func snapShort(err error) error {
 
 // FrozenAt returns the freeze token (OpFreeze) of the closed partition
 // file at path, 0 when it is not frozen, reading the file only: what a WAL
-// holds for it is not in it until the partition is opened.
+// holds for it is not in it until the partition is opened. A damaged file
+// is ErrCorrupt (boltsafe contains bbolt's panics).
 func FrozenAt(path string) (uint64, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	db, err := boltsafe.Open(path, &bolt.Options{ReadOnly: true, Timeout: time.Second})
 	if err != nil {
+		if errors.Is(err, boltsafe.ErrCorrupt) {
+			return 0, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+		}
 		return 0, err
 	}
 	defer db.Close()
 	var st state
-	err = db.View(func(tx *bolt.Tx) error {
+	err = boltsafe.View(db, func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
 		if meta == nil {
 			return fmt.Errorf("%w: %s has no meta bucket", ErrCorrupt, path)
