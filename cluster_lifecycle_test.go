@@ -321,3 +321,48 @@ func checkOrder(ctx context.Context, t *testing.T, m *mq.MQ, topic string, i int
 		}
 	}
 }
+
+// TestCluster_MovedRaft3ReplicaRunsUpkeepWhenItLeads: a Raft3 replica
+// moved to a node that held none of the group, once it leads, runs the
+// partition's upkeep there: a delayed message sent after is released.
+func TestCluster_MovedRaft3ReplicaRunsUpkeepWhenItLeads(t *testing.T) {
+	c := newCluster(t, 4, withSession(3*time.Second), withRaft3(1))
+	var from, to string
+	for _, id := range othersThan(c) {
+		if h, _ := holdsOf(c.nodes["n1"], id); slices.Contains(h, r3+"/0") {
+			from = id
+		} else {
+			to = id
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := c.nodes[to].MoveReplica(ctx, r3, 0, from, to); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "r3/0 voters the new placement", func() bool {
+		lost, voters := mq.Raft3Membership(c.nodes[to], r3, 0)
+		return len(lost) == 0 && slices.Contains(voters, to) && !slices.Contains(voters, from)
+	})
+	waitFor(t, time.Minute, to+" leads r3/0", func() bool {
+		leader, _ := mq.Raft3Leader(c.nodes[to], r3, 0)
+		if leader == to {
+			return true
+		}
+		if m := c.nodes[leader]; m != nil {
+			_ = mq.Raft3TransferTo(m, r3, 0, to)
+		}
+		time.Sleep(200 * time.Millisecond)
+		return false
+	})
+	col := collect(t, c.nodes[to], r3, "g")
+	p, err := c.nodes[to].NewProducer(r3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := p.SendMessage(ctx, (&mq.Message{ID: "later", Body: []byte("x")}).DeliverAfter(300*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	waitSeen(t, col, "later")
+}

@@ -158,15 +158,11 @@ func (n *Node) sync(st *metastate.State) {
 		if old != nil {
 			t.Parts = slices.Clone(old.Parts)
 		}
-		var local []int
 		for i := have; i < len(ct.Parts); i++ {
-			p, isLocal, err := n.partition(ct, i)
+			p, err := n.partition(ct, i)
 			if err != nil {
 				n.cfg.Logger.Error("cannot open a partition placed on this node", "topic", name, "partition", i, "err", err)
 				break // the table gets the partitions before it; the next change tries again
-			}
-			if isLocal {
-				local = append(local, i)
 			}
 			t.Parts = append(t.Parts, p)
 		}
@@ -174,7 +170,7 @@ func (n *Node) sync(st *metastate.State) {
 			continue
 		}
 		n.cfg.Topics.Put(t)
-		for _, i := range local {
+		for i := have; i < len(t.Parts); i++ {
 			n.maintain(name, i, t.Parts[i])
 		}
 		if old != nil { // not under mu: a rebalance reads the table
@@ -190,8 +186,6 @@ func (n *Node) sync(st *metastate.State) {
 func (n *Node) maintain(topic string, i int, p partition.Partition) {
 	logger := n.cfg.Logger.With("topic", topic, "partition", i)
 	switch p := p.(type) {
-	case *partition.Local:
-		n.wg.Go(func() { upkeep.Run(n.ctx, p, n.cfg.Upkeep, logger) })
 	case *replica.Partition:
 		n.wg.Go(func() {
 			p.WhileLeading(n.ctx, func(ctx context.Context, u replica.Upkeep) { upkeep.Run(ctx, u, n.cfg.Upkeep, logger) })
@@ -205,11 +199,12 @@ func (n *Node) maintain(topic string, i int, p partition.Partition) {
 
 // partition opens partition i of topic t as placed: here, or a client of
 // the node holding it; for the replicated types the way to the leader,
-// with this node's replica if it holds one.
-func (n *Node) partition(t metastate.Topic, i int) (partition.Partition, bool, error) {
+// with this node's replica if it holds one. Every partition's upkeep is
+// started on every node (maintain): each may move here.
+func (n *Node) partition(t metastate.Topic, i int) (partition.Partition, error) {
 	topic, pl := t.Name, t.Parts[i]
 	if len(pl.Replicas) == 0 {
-		return nil, false, fmt.Errorf("%s/%d has no replica", topic, i)
+		return nil, fmt.Errorf("%s/%d has no replica", topic, i)
 	}
 	first, parts := t.Chunk(i)
 	rc := replica.Config{Topic: topic, Index: i, First: first, Self: n.agent.ID(), Peer: n.agent.Peer, Now: n.cfg.Local.Now,
@@ -224,9 +219,9 @@ func (n *Node) partition(t metastate.Topic, i int) (partition.Partition, bool, e
 	n.placeSingle(topic, i, s, pl)
 	if w, _ := s.at(); w.local == nil && w.far == nil && !n.handedAway(topic, i) {
 		s.Close()
-		return nil, false, fmt.Errorf("%s/%d: not opened here, and its node %s not reached", topic, i, pl.Replicas[0])
+		return nil, fmt.Errorf("%s/%d: not opened here, and its node %s not reached", topic, i, pl.Replicas[0])
 	}
-	return s, true, nil // handed away under a state behind: calls wait for it
+	return s, nil // or handed away under a state behind: calls wait for it
 }
 
 // openRaft3 opens a partition of a Raft3 topic placed as cfg says: this
@@ -234,10 +229,10 @@ func (n *Node) partition(t metastate.Topic, i int) (partition.Partition, bool, e
 // group's leader. A replica here that fails to open leaves the partition
 // served by the other two, and is tried again at each metadata change
 // (unopened).
-func (n *Node) openRaft3(cfg replica.Raft3Config) (partition.Partition, bool, error) {
+func (n *Node) openRaft3(cfg replica.Raft3Config) (partition.Partition, error) {
 	p := replica.NewRaft3(cfg)
 	if !slices.Contains(cfg.Replicas, cfg.Self) {
-		return p, false, nil
+		return p, nil
 	}
 	if err := n.attachGroup(p, cfg); err != nil {
 		n.cfg.Logger.Error("cannot open this node's replica of a partition: the others serve it", "topic", cfg.Topic, "partition", cfg.Index, "err", err)
@@ -246,7 +241,7 @@ func (n *Node) openRaft3(cfg replica.Raft3Config) (partition.Partition, bool, er
 		}
 		n.unopened[p] = cfg
 	}
-	return p, true, nil
+	return p, nil
 }
 
 // attachGroup attaches this node's replica of p's raft group to p,
@@ -293,7 +288,7 @@ func pairRecord(st *metastate.State, t metastate.Topic, i int) replica.PairRecor
 // leads or follows as the record says, and the record's changes reach it
 // at each sync: a promotion, a new follower, the in-sync set. Its upkeep
 // runs wherever the record moves its leader: every node watches.
-func (n *Node) openDoubleWrite(t metastate.Topic, i int, rc replica.Config) (partition.Partition, bool, error) {
+func (n *Node) openDoubleWrite(t metastate.Topic, i int, rc replica.Config) (partition.Partition, error) {
 	topic := t.Name
 	first, parts := t.Chunk(i)
 	propose := func(ctx context.Context, c metastate.Command) error {
@@ -312,7 +307,7 @@ func (n *Node) openDoubleWrite(t metastate.Topic, i int, rc replica.Config) (par
 			return propose(ctx, metastate.Promote{Topic: topic, Partition: first, Version: rec.Version, Leader: rec.Follower()})
 		},
 		Logger: n.cfg.Logger.With("topic", topic, "pair", first)}, pairRecord(n.agent.Meta().State(), t, first))
-	return replica.NewDoubleWrite(replica.DoubleWriteConfig{Config: rc, Report: n.agent.ReportLater}, pair), true, nil
+	return replica.NewDoubleWrite(replica.DoubleWriteConfig{Config: rc, Report: n.agent.ReportLater}, pair), nil
 }
 
 // openPair opens this node's replica of the pair of the parts partitions

@@ -174,7 +174,5 @@ func (k *doubleWrite) leading() (leaderReplica, <-chan struct{}) {
 
 func (k *doubleWrite) notLeading() {}
 
-// holds: the record may place a replica here at any change.
-func (k *doubleWrite) holds() bool { return true }
 
 func (k *doubleWrite) release() error { return k.pair.release() }

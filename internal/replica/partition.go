@@ -105,8 +105,6 @@ type kind interface {
 	leading() (leaderReplica, <-chan struct{})
 	// notLeading runs where WhileLeading finds the replica not leading.
 	notLeading()
-	// holds reports whether this node may ever hold a replica.
-	holds() bool
 	// release drops the partition's hold of its replica, at Close.
 	release() error
 }
@@ -397,14 +395,11 @@ func (u Upkeep) GroupStates() (map[string]store.GroupState, error) { return u.P.
 
 // WhileLeading calls fn each time this node's replica starts leading, with
 // the replica's Upkeep and a ctx that ends once it no longer leads or ctx
-// ends, and waits for fn. It returns when ctx ends, and at once when this
-// node can hold no replica. It wakes at the replica's leadership changes,
-// and every second for what they do not signal: a replica attached late,
+// ends, and waits for fn. It returns when ctx ends. It wakes at the
+// replica's leadership changes, and every second for what they do not
+// signal: a replica attached late, or moved here (metastate.MoveReplica),
 // damage.
 func (p *Partition) WhileLeading(ctx context.Context, fn func(ctx context.Context, u Upkeep)) {
-	if !p.kind.holds() {
-		return
-	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	wait := func(changed <-chan struct{}) {

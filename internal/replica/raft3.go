@@ -167,12 +167,6 @@ func (k *raft3) notLeading() {
 	}
 }
 
-func (k *raft3) holds() bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return slices.Contains(k.cfg.Replicas, k.cfg.Self)
-}
-
 // SetReplicas gives a Raft3 partition its group's new placement
 // (metastate.MoveReplica): the replicas a call tries when no leader is
 // known. This node's replica is attached (RaftGroups.Attach) and detached
