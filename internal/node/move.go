@@ -45,7 +45,7 @@ const OpMoveFetch = remote.FirstOp + 90
 
 const (
 	moveFetchVersion = 1
-	movePiece        = 1 << 20
+	movePiece        = 512 << 10   // with its reply's head, within the smallest frame a cluster allows (1 MiB and a message)
 	moveSnapSuffix   = ".move"     // From's snapshot of the partition
 	moveInSuffix     = ".incoming" // To's copy of it as it arrives
 	goneSuffix       = ".gone"     // a node's tombstone of a partition it handed away

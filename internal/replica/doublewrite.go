@@ -174,5 +174,4 @@ func (k *doubleWrite) leading() (leaderReplica, <-chan struct{}) {
 
 func (k *doubleWrite) notLeading() {}
 
-
 func (k *doubleWrite) release() error { return k.pair.release() }
