@@ -26,6 +26,7 @@ type testCluster struct {
 	seed  string                      // the first node's address
 	opts  func(id string) []mq.Option // more options of node id; nil for none
 	sess  time.Duration               // the nodes' SessionTimeout; 0 for a second
+	frame int                         // the nodes' MaxFrameBytes; 0 for the default
 	// tls gives node id's ServerTLS and ClientTLS; nil for none.
 	tls func(id string) (server, client *tls.Config)
 }
@@ -37,6 +38,7 @@ type clusterOption func(*clusterSetup)
 type clusterSetup struct {
 	opts   func(id string) []mq.Option
 	sess   time.Duration
+	frame  int
 	tls    func(id string) (server, client *tls.Config)
 	topics []topicSetup
 }
@@ -56,6 +58,11 @@ func withNodeOptions(opts func(id string) []mq.Option) clusterOption {
 // withSession sets the nodes' SessionTimeout (a second without it).
 func withSession(d time.Duration) clusterOption {
 	return func(s *clusterSetup) { s.sess = d }
+}
+
+// withFrame sets the nodes' MaxFrameBytes.
+func withFrame(n int) clusterOption {
+	return func(s *clusterSetup) { s.frame = n }
 }
 
 // withTLS gives node id the ServerTLS and ClientTLS certs(id) returns.
@@ -91,7 +98,7 @@ func newCluster(t testing.TB, n int, opts ...clusterOption) *testCluster {
 	for _, o := range opts {
 		o(&s)
 	}
-	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, opts: s.opts, sess: s.sess, tls: s.tls}
+	c := &testCluster{t: t, root: t.TempDir(), nodes: map[string]*mq.MQ{}, opts: s.opts, sess: s.sess, frame: s.frame, tls: s.tls}
 	if n == 0 {
 		return c
 	}
@@ -161,7 +168,7 @@ func (c *testCluster) start(id string) *mq.MQ {
 	}
 	cc := mq.ClusterConfig{
 		NodeID: id, Bind: "127.0.0.1:0", Seeds: seeds, Bootstrap: len(seeds) == 0, Secret: clusterSecret,
-		SessionTimeout: cmp.Or(c.sess, time.Second), ElectionTimeout: 200 * time.Millisecond,
+		SessionTimeout: cmp.Or(c.sess, time.Second), ElectionTimeout: 200 * time.Millisecond, MaxFrameBytes: c.frame,
 	}
 	if c.tls != nil {
 		cc.ServerTLS, cc.ClientTLS = c.tls(id)

@@ -76,3 +76,37 @@ func TestCluster_MoveSingleCrashWhileCopying(t *testing.T) {
 		})
 	}
 }
+
+// TestCluster_MoveSingleWithinTheSmallestFrame: nodes whose frames are
+// the smallest their message limit allows (8-byte messages, 1 MiB and 8
+// bytes a frame) move a partition of several MiB: each piece of its copy
+// fits a frame.
+func TestCluster_MoveSingleWithinTheSmallestFrame(t *testing.T) {
+	sm := newSingleMove(t, 1, withFrame(1<<20+8), withNodeOptions(func(string) []mq.Option {
+		return []mq.Option{mq.WithMaxMessageBytes(8)}
+	}))
+	via := sm.c.nodes[sm.via]
+	p, err := via.NewProducer("s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var acked []string
+	body := []byte(strings.Repeat("x", 8))
+	for b := range 50 {
+		batch := make([]*mq.Message, 1000)
+		for i := range batch {
+			id := fmt.Sprintf("m-%d", b*1000+i)
+			batch[i] = (&mq.Message{ID: id, Body: body}).ToPartition(0)
+			acked = append(acked, id)
+		}
+		if _, err := p.SendMessage(sm.ctx, batch...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := via.MoveReplica(sm.ctx, "s", 0, sm.from, sm.to); err != nil {
+		t.Fatal(err)
+	}
+	sm.waitOn(t, sm.to, time.Minute)
+	checkStoredOnce(t, sm.c, "s", 1, acked)
+}
