@@ -93,7 +93,7 @@ func TestCluster_MoveSingleWithinTheSmallestFrame(t *testing.T) {
 	defer p.Close()
 	var acked []string
 	body := []byte(strings.Repeat("x", 8))
-	for b := range 50 {
+	for b := range 20 {
 		batch := make([]*mq.Message, 1000)
 		for i := range batch {
 			id := fmt.Sprintf("m-%d", b*1000+i)
