@@ -44,12 +44,13 @@ import (
 const OpMoveFetch = remote.FirstOp + 90
 
 const (
-	moveFetchVersion = 1
-	movePiece        = 512 << 10   // with its reply's head, within the smallest frame a cluster allows (1 MiB and a message)
-	moveSnapSuffix   = ".move"     // From's snapshot of the partition
-	moveInSuffix     = ".incoming" // To's copy of it as it arrives
-	goneSuffix       = ".gone"     // a node's tombstone of a partition it handed away
-	moveRetry        = time.Second
+	moveFetchVersion  = 1
+	movePiece         = 512 << 10   // with its reply's head, within the smallest frame a cluster allows (1 MiB and a message)
+	moveSnapSuffix    = ".move"     // From's snapshot of the partition
+	moveInSuffix      = ".incoming" // To's copy of it as it arrives
+	moveRestoreSuffix = ".restore"  // To's partition file restored from it, before its rename
+	goneSuffix        = ".gone"     // a node's tombstone of a partition it handed away
+	moveRetry         = time.Second
 )
 
 var errMoveFormat = errors.New("node: malformed move request")
@@ -277,30 +278,16 @@ func (n *Node) copyIn(ctx context.Context, topic string, index int, from string,
 		f.Close()
 		_ = os.Remove(in)
 	}()
-	for off := uint64(0); ; {
-		resp, err := c.Call(ctx, OpMoveFetch, AppendMoveFetch(nil, topic, index, version, off))
-		if err != nil {
-			return err
-		}
-		size, k := binary.Uvarint(resp)
-		if k <= 0 || uint64(len(resp)-k) > size-min(off, size) {
-			return fmt.Errorf("%w: a piece of %d bytes at %d of %d", errMoveFormat, len(resp)-k, off, size)
-		}
-		if _, err := f.Write(resp[k:]); err != nil {
-			return err
-		}
-		off += uint64(len(resp) - k)
-		if off == size {
-			break
-		}
-		if len(resp) == k {
-			return fmt.Errorf("%w: an empty piece at %d of %d", errMoveFormat, off, size)
-		}
+	fetch := func(off uint64) ([]byte, error) {
+		return c.Call(ctx, OpMoveFetch, AppendMoveFetch(nil, topic, index, version, off))
+	}
+	if err := fetchPieces(fetch, f); err != nil {
+		return err
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	tmp := path + ".restore"
+	tmp := path + moveRestoreSuffix
 	_ = os.Remove(tmp)
 	if err := store.RestoreSnapshot(tmp, f); err != nil {
 		return err
@@ -313,10 +300,46 @@ func (n *Node) copyIn(ctx context.Context, topic string, index int, from string,
 		_ = os.Remove(tmp)
 		return err
 	}
+	// The copy is in place, durably, before the tombstone goes: never
+	// neither.
+	if err := boltsafe.SyncDir(filepath.Dir(path)); err != nil {
+		return err
+	}
 	if err := store.RemoveFile(path + goneSuffix); err != nil {
 		return err
 	}
 	return boltsafe.SyncDir(filepath.Dir(path))
+}
+
+// fetchPieces writes to w the snapshot fetch returns in pieces, each
+// reply the snapshot's size then the bytes from the offset asked. A reply
+// that is not such a piece, whose size is not the first one's, or that
+// brings nothing before the end is errMoveFormat: a peer cannot make it
+// write more than the size its first piece gave.
+func fetchPieces(fetch func(off uint64) ([]byte, error), w io.Writer) error {
+	var total uint64
+	for off := uint64(0); ; {
+		resp, err := fetch(off)
+		if err != nil {
+			return err
+		}
+		size, k := binary.Uvarint(resp)
+		if off == 0 {
+			total = size
+		}
+		switch {
+		case k <= 0 || size != total || uint64(len(resp)-k) > size-off:
+			return fmt.Errorf("%w: a piece of %d bytes at %d of %d (first said %d)", errMoveFormat, len(resp)-max(k, 0), off, size, total)
+		case len(resp) == k && off < size:
+			return fmt.Errorf("%w: an empty piece at %d of %d", errMoveFormat, off, size)
+		}
+		if _, err := w.Write(resp[k:]); err != nil {
+			return err
+		}
+		if off += uint64(len(resp) - k); off == size {
+			return nil
+		}
+	}
 }
 
 // replaceable returns an error unless the partition file at path may be
@@ -475,7 +498,8 @@ func removeFiles(path string) error {
 	if err := boltsafe.ReplaceFile(path+goneSuffix, nil); err != nil {
 		return err
 	}
-	return errors.Join(store.RemoveFile(path), store.RemoveFile(path+moveSnapSuffix), store.RemoveFile(path+moveInSuffix))
+	return errors.Join(store.RemoveFile(path), store.RemoveFile(path+moveSnapSuffix), store.RemoveFile(path+moveInSuffix),
+		store.RemoveFile(path+moveRestoreSuffix))
 }
 
 // handedAway reports whether this node handed partition i of topic to
