@@ -39,7 +39,7 @@ func TestFetchPieces_HoldsThePeerToItsFirstSize(t *testing.T) {
 		"empty before the end": func(off uint64) ([]byte, error) {
 			return binary.AppendUvarint(nil, uint64(len(snap))), nil
 		},
-		"no size": func(uint64) ([]byte, error) { return nil, nil },
+		"no size":  func(uint64) ([]byte, error) { return nil, nil },
 		"bad size": func(uint64) ([]byte, error) { return bytes.Repeat([]byte{0xFF}, 11), nil },
 	} {
 		var w bytes.Buffer

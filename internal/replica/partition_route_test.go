@@ -81,7 +81,6 @@ func (k *fakeKind) leading() (leaderReplica, <-chan struct{}) {
 	return k.rep, k.changed
 }
 func (k *fakeKind) notLeading()    {}
-func (k *fakeKind) holds() bool    { return true }
 func (k *fakeKind) release() error { return nil }
 
 func newFakePartition(k kind) *Partition {
