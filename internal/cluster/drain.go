@@ -87,8 +87,11 @@ func allUp(s *metastate.State, ids []string) bool {
 // no server is added (its change was lost with a leader), servers whose
 // node the state no longer has (metastate.RemoveNode) are removed, and
 // nonvoters that are up are made voters while the group has fewer than
-// MaxVoters.
+// MaxVoters, counting those AddNode added that the configuration does not
+// show yet.
 func (m *Meta) reconcileMembers(ctx context.Context) {
+	m.members.Lock()
+	defer m.members.Unlock()
 	cf := m.raft.GetConfiguration()
 	if cf.Error() != nil {
 		return
@@ -104,7 +107,7 @@ func (m *Meta) reconcileMembers(ctx context.Context) {
 		m.barrierTerm = term
 	}
 	s := m.State()
-	voters := 0
+	voters := m.votersLocked(cf.Configuration())
 	var promote []raft.Server
 	in := map[string]bool{}
 	for _, srv := range cf.Configuration().Servers {
@@ -138,7 +141,6 @@ func (m *Meta) reconcileMembers(ctx context.Context) {
 				m.log.Info("removed node left the metadata group", "node", id)
 			}
 		case srv.Suffrage == raft.Voter:
-			voters++
 		case ok && nd.Up:
 			promote = append(promote, srv)
 		}

@@ -102,6 +102,15 @@ type Meta struct {
 
 	barrierTerm uint64 // the term whose entries the FSM applied before reconcileMembers; the session loop's
 
+	// members serializes the leader's choices of a server's suffrage
+	// (AddNode, reconcileMembers) with the voters raft has yet to show:
+	// raft takes one configuration change at a time, so its configuration
+	// lags the voters AddNode added without waiting. pending holds those,
+	// until the configuration shows them, their term ends, or their
+	// request could no longer be taken. Guarded by members.
+	members sync.Mutex
+	pending map[raft.ServerID]pendingVoter
+
 	noVote atomic.Bool // this replica neither votes nor campaigns; metavote.go
 	// voteLog is raft's log while noVote may be set, voteScanned the last
 	// of its entries registeredInLog read; OpenMeta's, then the session
@@ -574,15 +583,14 @@ func (m *Meta) AddNode(ctx context.Context, reg metastate.RegisterNode) error {
 	if m.raft.State() != raft.Leader {
 		return m.notLeader()
 	}
+	m.members.Lock()
+	defer m.members.Unlock()
 	cf := m.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		return m.raftErr(err)
 	}
-	voters, found := 0, (*raft.Server)(nil)
+	voters, found := m.votersLocked(cf.Configuration()), (*raft.Server)(nil)
 	for _, srv := range cf.Configuration().Servers {
-		if srv.Suffrage == raft.Voter {
-			voters++
-		}
 		if string(srv.ID) == id {
 			found = &srv
 		}
@@ -619,11 +627,54 @@ func (m *Meta) AddNode(ctx context.Context, reg metastate.RegisterNode) error {
 		// that is lost is made again (reconcileMembers).
 		if voter {
 			m.raft.AddVoter(raft.ServerID(id), raddr, 0, enqueueTimeout(ctx))
+			m.addPendingLocked(ctx, raft.ServerID(id))
 		} else {
 			m.raft.AddNonvoter(raft.ServerID(id), raddr, 0, enqueueTimeout(ctx))
 		}
 	}
 	return nil
+}
+
+// pendingVoter is a voter AddNode added that raft's configuration may not
+// show yet: added in term, its request taken by raft until, at the latest.
+type pendingVoter struct {
+	term  uint64
+	until time.Time
+}
+
+// addPendingLocked records id as a voter added, whose request raft takes
+// within ctx's deadline, or a minute without one. m.members is held.
+func (m *Meta) addPendingLocked(ctx context.Context, id raft.ServerID) {
+	until := time.Now().Add(time.Minute)
+	if d, ok := ctx.Deadline(); ok {
+		until = d
+	}
+	if m.pending == nil {
+		m.pending = map[raft.ServerID]pendingVoter{}
+	}
+	m.pending[id] = pendingVoter{term: m.raft.CurrentTerm(), until: until.Add(time.Second)}
+}
+
+// votersLocked returns the voters of cf, raft's latest configuration,
+// and the voters added this term that it does not show yet (pending).
+// m.members is held.
+func (m *Meta) votersLocked(cf raft.Configuration) int {
+	n, in := 0, map[raft.ServerID]bool{}
+	for _, srv := range cf.Servers {
+		in[srv.ID] = true
+		if srv.Suffrage == raft.Voter {
+			n++
+		}
+	}
+	term := m.raft.CurrentTerm()
+	for id, p := range m.pending {
+		if in[id] || p.term != term || time.Now().After(p.until) {
+			delete(m.pending, id)
+			continue
+		}
+		n++
+	}
+	return n
 }
 
 // otherIncarnation reports whether reg registers its node with another
