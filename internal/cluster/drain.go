@@ -90,8 +90,6 @@ func allUp(s *metastate.State, ids []string) bool {
 // MaxVoters, counting those AddNode added that the configuration does not
 // show yet.
 func (m *Meta) reconcileMembers(ctx context.Context) {
-	m.members.Lock()
-	defer m.members.Unlock()
 	cf := m.raft.GetConfiguration()
 	if cf.Error() != nil {
 		return
@@ -107,7 +105,6 @@ func (m *Meta) reconcileMembers(ctx context.Context) {
 		m.barrierTerm = term
 	}
 	s := m.State()
-	voters := m.votersLocked(cf.Configuration())
 	var promote []raft.Server
 	in := map[string]bool{}
 	for _, srv := range cf.Configuration().Servers {
@@ -145,15 +142,30 @@ func (m *Meta) reconcileMembers(ctx context.Context) {
 			promote = append(promote, srv)
 		}
 	}
+	// The promotions are chosen under m.members, their places reserved
+	// (pending), then waited for without it.
+	m.members.Lock()
+	voters := m.votersLocked(m.raft.GetConfiguration().Configuration())
+	var chosen []raft.Server
 	for _, srv := range promote {
 		if voters >= MaxVoters {
-			return
+			break
 		}
-		err := m.wait(ctx, func() raft.Future { return m.raft.AddVoter(srv.ID, srv.Address, 0, enqueueTimeout(ctx)) })
-		if err != nil && !errors.Is(err, context.Canceled) {
-			m.log.Warn("metadata nonvoter not made a voter", "node", srv.ID, "err", err)
-			return
-		}
+		m.addPendingLocked(ctx, srv.ID)
+		chosen = append(chosen, srv)
 		voters++
+	}
+	m.members.Unlock()
+	for _, srv := range chosen {
+		err := m.wait(ctx, func() raft.Future { return m.raft.AddVoter(srv.ID, srv.Address, 0, enqueueTimeout(ctx)) })
+		if err != nil {
+			for _, c := range chosen {
+				m.dropPending(c.ID)
+			}
+			if !errors.Is(err, context.Canceled) {
+				m.log.Warn("metadata nonvoter not made a voter", "node", srv.ID, "err", err)
+			}
+			return
+		}
 	}
 }

@@ -583,17 +583,9 @@ func (m *Meta) AddNode(ctx context.Context, reg metastate.RegisterNode) error {
 	if m.raft.State() != raft.Leader {
 		return m.notLeader()
 	}
-	m.members.Lock()
-	defer m.members.Unlock()
-	cf := m.raft.GetConfiguration()
-	if err := cf.Error(); err != nil {
-		return m.raftErr(err)
-	}
-	voters, found := m.votersLocked(cf.Configuration()), (*raft.Server)(nil)
-	for _, srv := range cf.Configuration().Servers {
-		if string(srv.ID) == id {
-			found = &srv
-		}
+	found, err := m.server(id)
+	if err != nil {
+		return err
 	}
 	if found != nil && found.Suffrage == raft.Voter && m.otherIncarnation(reg) {
 		// A voter back with another data directory: its log lacks what
@@ -604,16 +596,29 @@ func (m *Meta) AddNode(ctx context.Context, reg metastate.RegisterNode) error {
 			return err
 		}
 		found = nil
-		voters--
 	}
-	voter := voters < MaxVoters
+	// Suffrage is chosen under m.members, a new voter's place reserved
+	// (pending) before the lock is let go: no raft wait is made under it.
+	m.members.Lock()
+	cf := m.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		m.members.Unlock()
+		return m.raftErr(err)
+	}
+	voter := m.votersLocked(cf.Configuration()) < MaxVoters
 	if found != nil {
 		voter = found.Suffrage == raft.Voter
+	} else if voter {
+		m.addPendingLocked(ctx, raft.ServerID(id))
 	}
+	m.members.Unlock()
 	// The address first: the leader's raft dials the node by id as soon
 	// as it is in the configuration, through the address book.
 	reg.Voter = voter
 	if _, err := m.Propose(ctx, reg); err != nil {
+		if found == nil && voter {
+			m.dropPending(raft.ServerID(id))
+		}
 		return fmt.Errorf("register %s: %w", id, err)
 	}
 	raddr := raft.ServerAddress(addr)
@@ -627,7 +632,6 @@ func (m *Meta) AddNode(ctx context.Context, reg metastate.RegisterNode) error {
 		// that is lost is made again (reconcileMembers).
 		if voter {
 			m.raft.AddVoter(raft.ServerID(id), raddr, 0, enqueueTimeout(ctx))
-			m.addPendingLocked(ctx, raft.ServerID(id))
 		} else {
 			m.raft.AddNonvoter(raft.ServerID(id), raddr, 0, enqueueTimeout(ctx))
 		}
@@ -642,8 +646,9 @@ type pendingVoter struct {
 	until time.Time
 }
 
-// addPendingLocked records id as a voter added, whose request raft takes
-// within ctx's deadline, or a minute without one. m.members is held.
+// addPendingLocked reserves a voter's place for id, whose request raft
+// takes within ctx's deadline, or a minute without one. m.members is
+// held.
 func (m *Meta) addPendingLocked(ctx context.Context, id raft.ServerID) {
 	until := time.Now().Add(time.Minute)
 	if d, ok := ctx.Deadline(); ok {
@@ -655,14 +660,37 @@ func (m *Meta) addPendingLocked(ctx context.Context, id raft.ServerID) {
 	m.pending[id] = pendingVoter{term: m.raft.CurrentTerm(), until: until.Add(time.Second)}
 }
 
+// dropPending takes back the place addPendingLocked reserved for id.
+func (m *Meta) dropPending(id raft.ServerID) {
+	m.members.Lock()
+	defer m.members.Unlock()
+	delete(m.pending, id)
+}
+
+// server returns node id's server in raft's latest configuration, nil
+// when it is none.
+func (m *Meta) server(id string) (*raft.Server, error) {
+	cf := m.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return nil, m.raftErr(err)
+	}
+	for _, srv := range cf.Configuration().Servers {
+		if string(srv.ID) == id {
+			return &srv, nil
+		}
+	}
+	return nil, nil
+}
+
 // votersLocked returns the voters of cf, raft's latest configuration,
-// and the voters added this term that it does not show yet (pending).
+// and those added or promoted this term that it does not show as voters
+// yet (pending).
 // m.members is held.
 func (m *Meta) votersLocked(cf raft.Configuration) int {
-	n, in := 0, map[raft.ServerID]bool{}
+	n, in := 0, map[raft.ServerID]bool{} // in: the voters
 	for _, srv := range cf.Servers {
-		in[srv.ID] = true
 		if srv.Suffrage == raft.Voter {
+			in[srv.ID] = true
 			n++
 		}
 	}
