@@ -138,8 +138,13 @@ func (c *testCluster) startAll(n int) {
 // waitUp waits until every open node sees n nodes up.
 func (c *testCluster) waitUp(n int) {
 	c.t.Helper()
+	// Each node's own session too: a process restarted within its
+	// session shows up in the others' views before it has registered.
 	waitFor(c.t, 30*time.Second, "every node up", func() bool {
 		for _, m := range c.nodes {
+			if !mq.SessionValid(m) {
+				return false
+			}
 			up := 0
 			for _, nd := range m.ClusterStatus().Nodes {
 				if nd.Up {

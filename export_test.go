@@ -88,6 +88,12 @@ func SetLinkDown(m *MQ, peer string, down bool) {
 	m.cluster.Agent().Transport().SetLinkDown(peer, down)
 }
 
+// SessionValid reports whether m's own process holds a session the
+// metadata leader acknowledged within the session timeout.
+func SessionValid(m *MQ) bool {
+	return m.cluster.Agent().SessionValid()
+}
+
 // Propose proposes c through m's agent, as node m: what any node
 // knowing the secret can send to the metadata leader.
 func Propose(ctx context.Context, m *MQ, c metastate.Command) (metastate.Result, error) {

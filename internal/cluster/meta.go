@@ -615,12 +615,17 @@ func (m *Meta) AddNode(ctx context.Context, reg metastate.RegisterNode) error {
 	// The address first: the leader's raft dials the node by id as soon
 	// as it is in the configuration, through the address book.
 	reg.Voter = voter
-	if _, err := m.Propose(ctx, reg); err != nil {
+	res, err := m.Propose(ctx, reg)
+	if err != nil {
 		if found == nil && voter {
 			m.dropPending(raft.ServerID(id))
 		}
 		return fmt.Errorf("register %s: %w", id, err)
 	}
+	// A registration is a sign of life: a process restarted within its
+	// session keeps the session, whose last heartbeat came from the one
+	// before and would otherwise expire under the new one.
+	m.heard(id, res.Session)
 	raddr := raft.ServerAddress(addr)
 	if m.raftAddr != nil {
 		raddr = m.raftAddr(id, addr)
@@ -764,11 +769,20 @@ func (m *Meta) Heartbeat(id string) error {
 	case !nd.Up:
 		return fmt.Errorf("%w: %s", metastate.ErrNodeDown, id)
 	}
+	m.heardIn(term, id, nd.Session)
+	return nil
+}
+
+// heard records that node id was heard from now, in its session.
+func (m *Meta) heard(id string, sess uint64) {
+	m.heardIn(m.raft.CurrentTerm(), id, sess)
+}
+
+func (m *Meta) heardIn(term uint64, id string, sess uint64) {
 	m.sessMu.Lock()
 	defer m.sessMu.Unlock()
 	m.resetSessions(term)
-	m.sessions[id] = session{last: time.Now(), session: nd.Session}
-	return nil
+	m.sessions[id] = session{last: time.Now(), session: sess}
 }
 
 // resetSessions starts every session afresh when term is a new leadership:

@@ -438,6 +438,33 @@ func TestMeta_SessionExpiry(t *testing.T) {
 	}
 }
 
+// TestMeta_RegistrationIsASignOfLife: a node registering again while its
+// session is up (a process restarted within its session) keeps that
+// session, and the leader counts the registration as a heartbeat: the
+// session does not expire on the last heartbeat of the process before.
+func TestMeta_RegistrationIsASignOfLife(t *testing.T) {
+	const timeout = 2 * time.Second
+	c := newTestCluster(t, timeout)
+	c.start("n1", true)
+	c.leader()
+	c.addNode("n2") // n2 never heartbeats
+	// Sleeps, since what is checked is that nothing happens in time.
+	time.Sleep(timeout * 3 / 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.leader().AddNode(ctx, metastate.RegisterNode{ID: "n2", Addr: "n2"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(timeout * 3 / 4)
+	if n, _ := c.leader().State().Node("n2"); !n.Up || n.Session != 1 {
+		t.Fatalf("n2 registered again %v ago: %+v", timeout*3/4, n)
+	}
+	eventually(t, "n2 marked down a timeout after its registration", func() bool {
+		n, _ := c.leader().State().Node("n2")
+		return !n.Up
+	})
+}
+
 // TestMeta_Voters: a sixth node joins as a nonvoter.
 func TestMeta_Voters(t *testing.T) {
 	c := newTestCluster(t, time.Hour)
