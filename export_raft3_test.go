@@ -103,3 +103,17 @@ func Raft3TransferTo(m *MQ, topic string, i int, to string) error {
 	}
 	return r.RaftGroup().Raft().LeadershipTransferToServer(raft.ServerID(to), raft.ServerAddress(to)).Error()
 }
+
+// Raft3Term returns the current raft term of m's replica of partition i
+// of Raft3 topic, 0 when m holds none.
+func Raft3Term(m *MQ, topic string, i int) uint64 {
+	t, ok := m.topics.Get(topic)
+	if !ok || i < 0 || i >= len(t.Parts) {
+		return 0
+	}
+	r, ok := t.Parts[i].(*replica.Partition)
+	if !ok || r.RaftGroup() == nil {
+		return 0
+	}
+	return r.RaftGroup().Raft().CurrentTerm()
+}

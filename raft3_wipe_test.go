@@ -2,6 +2,7 @@ package mq_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,7 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/zeze-go/mq"
+	"github.com/zeze-go/mq/internal/cluster"
+	"github.com/zeze-go/mq/internal/node"
 )
 
 // sender sends single messages to the partitions of topic in turn
@@ -296,4 +301,72 @@ func TestRaft3_LeaderBackEmpty(t *testing.T) {
 	}
 	raft3CheckStored(t, c, acked)
 	t.Logf("%d acked", len(acked))
+}
+
+// TestRaft3_LostReplicaFollowsOnlyALeaderThatVouched: a Raft3 replica back
+// with an empty directory has forgotten its term, so it takes entries only
+// from a leader that told it its committed configuration has it as a
+// nonvoter: a deposed leader whose configuration still counts the old
+// replica as a voter would otherwise count its acknowledgements toward a
+// commit the group's newer leader never saw. Here the group's leader L is
+// cut off from the wiped replica W, so it cannot vouch; an AppendEntries
+// from the third replica A, as a deposed leader would send it, is
+// refused, and W's term stays where it was. Once the link is back, L
+// vouches and W rejoins.
+func TestRaft3_LostReplicaFollowsOnlyALeaderThatVouched(t *testing.T) {
+	c := newCluster(t, 3, withSession(3*time.Second), withRaft3(1))
+	var meta, lead string
+	waitFor(t, 20*time.Second, "a metadata leader and a leader of r3/0", func() bool {
+		meta = c.nodes["n1"].ClusterStatus().Leader
+		lead, _ = mq.Raft3Leader(c.nodes["n1"], r3, 0)
+		return meta != "" && lead != ""
+	})
+	// A leads the metadata and W registers through it; L, r3/0's leader,
+	// is another node.
+	a := meta
+	if lead == a {
+		to := othersThan(c, a)[0]
+		if err := mq.Raft3TransferTo(c.nodes[a], r3, 0, to); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 20*time.Second, "r3/0 led by "+to, func() bool {
+			lead, _ = mq.Raft3Leader(c.nodes[to], r3, 0)
+			return lead == to
+		})
+	}
+	w := othersThan(c, a, lead)[0]
+	t.Logf("metadata leader and A %s, r3/0's leader L %s, wiped W %s", a, lead, w)
+	c.cut(lead, w, true)
+	c.wipe(w)
+	c.cut(lead, w, true) // W's new transport too
+	waitFor(t, 30*time.Second, "W's replica open and lost", func() bool {
+		lost, _ := mq.Raft3Membership(c.nodes[w], r3, 0)
+		_, holds := mq.Raft3Leader(c.nodes[w], r3, 0)
+		return holds && slices.Contains(lost, w)
+	})
+	term := mq.Raft3Term(c.nodes[w], r3, 0)
+	im := newImpostor(t, a)
+	req := &raft.AppendEntriesRequest{
+		RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(a), Addr: []byte(a)},
+		Term:      term + 1,
+	}
+	var resp raft.AppendEntriesResponse
+	err := im.raft(c.nodes[w].ClusterStatus().Addr, "raft3/"+r3+"/0").AppendEntries(raft.ServerID(w), raft.ServerAddress(w), req, &resp)
+	if err == nil {
+		t.Errorf("the lost replica took an AppendEntries from %s, which did not vouch: %+v", a, resp)
+	}
+	if got := mq.Raft3Term(c.nodes[w], r3, 0); got != term {
+		t.Errorf("the lost replica's term went from %d to %d", term, got)
+	}
+	// Only another replica of the group may vouch: an identity of the
+	// cluster's CA that no placement names is refused, and W still takes
+	// nothing from it.
+	x9 := newImpostor(t, "x9")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := x9.client(c.nodes[w].ClusterStatus().Addr).Call(ctx, node.OpRaft3Vouch, node.AppendRaft3Vouch(nil, r3, 0)); !errors.Is(err, cluster.ErrDenied) {
+		t.Errorf("a vouch from x9: %v, want ErrDenied", err)
+	}
+	c.cut(lead, w, false)
+	raft3Rejoined(t, c, 60*time.Second)
 }

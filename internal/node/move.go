@@ -53,7 +53,7 @@ const (
 	moveRetry         = time.Second
 )
 
-var errMoveFormat = errors.New("node: malformed move request")
+var errMoveFormat = errors.New("node: malformed request")
 
 // moveHold, when set, is called by the node a Single partition moves to
 // once it holds the copy, before it ends the move: a seam for tests
@@ -74,36 +74,52 @@ func SetMoveHold(hold func(ctx context.Context, node string)) {
 
 // AppendMoveFetch appends an OpMoveFetch request to dst.
 func AppendMoveFetch(dst []byte, topic string, index int, version, offset uint64) []byte {
-	dst = append(dst, moveFetchVersion)
+	return appendTopicRequest(dst, moveFetchVersion, topic, uint64(index), version, offset)
+}
+
+func decodeMoveFetch(b []byte) (topic string, index int, version, offset uint64, err error) {
+	var vs [3]uint64
+	if topic, err = decodeTopicRequest(b, moveFetchVersion, vs[:]); err != nil || vs[0] >= metastate.MaxPartitions {
+		return "", 0, 0, 0, errMoveFormat
+	}
+	return topic, int(vs[0]), vs[1], vs[2], nil
+}
+
+// appendTopicRequest appends a request of the node's own ops to dst: a
+// version byte, the topic (uvarint length and bytes), then vs as uvarints.
+func appendTopicRequest(dst []byte, version byte, topic string, vs ...uint64) []byte {
+	dst = append(dst, version)
 	dst = binary.AppendUvarint(dst, uint64(len(topic)))
 	dst = append(dst, topic...)
-	for _, v := range []uint64{uint64(index), version, offset} {
+	for _, v := range vs {
 		dst = binary.AppendUvarint(dst, v)
 	}
 	return dst
 }
 
-func decodeMoveFetch(b []byte) (topic string, index int, version, offset uint64, err error) {
-	if len(b) < 1 || b[0] != moveFetchVersion {
-		return "", 0, 0, 0, errMoveFormat
+// decodeTopicRequest decodes what appendTopicRequest made at version,
+// with len(vs) uvarints, into vs; nothing may follow them.
+func decodeTopicRequest(b []byte, version byte, vs []uint64) (string, error) {
+	if len(b) < 1 || b[0] != version {
+		return "", errMoveFormat
 	}
 	b = b[1:]
 	n, k := binary.Uvarint(b)
 	if k <= 0 || n > uint64(len(b)-k) || n > metastate.MaxNameLen {
-		return "", 0, 0, 0, errMoveFormat
+		return "", errMoveFormat
 	}
-	topic, b = string(b[k:k+int(n)]), b[k+int(n):]
-	var vs [3]uint64
+	topic := string(b[k : k+int(n)])
+	b = b[k+int(n):]
 	for i := range vs {
 		if vs[i], k = binary.Uvarint(b); k <= 0 {
-			return "", 0, 0, 0, errMoveFormat
+			return "", errMoveFormat
 		}
 		b = b[k:]
 	}
-	if len(b) != 0 || vs[0] >= metastate.MaxPartitions {
-		return "", 0, 0, 0, errMoveFormat
+	if len(b) != 0 {
+		return "", errMoveFormat
 	}
-	return topic, int(vs[0]), vs[1], vs[2], nil
+	return topic, nil
 }
 
 // moveSnap is the snapshot a partition's node hands over: made once per

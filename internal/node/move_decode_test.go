@@ -7,9 +7,10 @@ import (
 	"testing"
 )
 
-// TestDecodeMoveFetch_HostileInput: malformed and extreme requests are
-// refused or decoded within bounds, never a panic.
-func TestDecodeMoveFetch_HostileInput(t *testing.T) {
+// TestDecodeNodeRequests_HostileInput: malformed and extreme OpMoveFetch
+// and OpRaft3Vouch requests are refused or decoded within bounds, never a
+// panic.
+func TestDecodeNodeRequests_HostileInput(t *testing.T) {
 	cases := [][]byte{
 		nil, {}, {0}, {2}, {1}, {1, 0}, {1, 0, 0, 0},
 		append([]byte{1}, binary.AppendUvarint(nil, math.MaxUint64)...),
@@ -42,5 +43,17 @@ func TestDecodeMoveFetch_HostileInput(t *testing.T) {
 		if err == nil && idx < 0 {
 			t.Fatalf("%x decoded index %d", b, idx)
 		}
+		if _, first, err := decodeRaft3Vouch(b); err == nil && (first < 0 || first > 1<<20) {
+			t.Fatalf("%x decoded first partition %d", b, first)
+		}
+	}
+	for i, b := range [][]byte{nil, {1}, {1, 0}, append(AppendRaft3Vouch(nil, "t", 0), 0), AppendRaft3Vouch(nil, "t", math.MaxInt),
+		AppendRaft3Vouch(nil, "t", -1), AppendMoveFetch(nil, "t", 0, 1, 0)} {
+		if _, _, err := decodeRaft3Vouch(b); err == nil {
+			t.Errorf("vouch case %d decoded", i)
+		}
+	}
+	if top, first, err := decodeRaft3Vouch(AppendRaft3Vouch(nil, "topic", 7)); err != nil || top != "topic" || first != 7 {
+		t.Fatalf("vouch round trip: %q %d %v", top, first, err)
 	}
 }

@@ -102,6 +102,10 @@ type Node struct {
 	movers map[string]mover
 	groups replica.RaftGroups // this node's replicas of raft groups
 	pairs  replica.Pairs      // the DoubleWrite pairs of the table
+	// vouched holds, by raft group name, the node that last told this
+	// node's lost replica of the group that it leads with the replica as
+	// a nonvoter in its committed configuration (OpRaft3Vouch): a string.
+	vouched sync.Map
 }
 
 // errStarting is what another node's call gets while this node's agent is

@@ -393,4 +393,5 @@ func (n *Node) pairAt(peer, topic string, i int) (*raftqueue.Pair, error) {
 func (n *Node) serveReplicas(srv *remote.Server) {
 	replica.ServePairs(srv, n.pairAt)
 	srv.Handle(OpMoveFetch, n.moveFetch)
+	srv.Handle(OpRaft3Vouch, n.raft3Vouch)
 }

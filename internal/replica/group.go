@@ -40,6 +40,14 @@ type GroupConfig struct {
 	// committed too, an intact but lagging one among them, or win with
 	// such a vote itself. Nil: none is lost.
 	Lost func() []string
+	// Vouched reports whether node leader told this replica, while it is
+	// lost, that it leads the group with a committed configuration that
+	// has this replica as a nonvoter (Rejoin's vouch). A lost replica takes
+	// entries only from such a leader: it has forgotten its term with its
+	// log, so a deposed leader whose configuration still counts it as the
+	// voter it was would count its acknowledgements toward a commit the
+	// group's newer leader never saw. Nil: none vouched.
+	Vouched func(leader string) bool
 }
 
 // OpenGroup opens a node's replica of a Raft3 raft group. A new replica
@@ -73,7 +81,12 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 		l := lost()
 		return !slices.Contains(l, cfg.Self) && !slices.Contains(l, candidate)
 	}
-	layer, err := cfg.Mux.Layer(cfg.Name, transport.LayerConfig{Member: member, Vote: vote, Campaign: campaign})
+	// A lost replica takes entries only from a leader that vouched for
+	// its place as a nonvoter (cfg.Vouched).
+	lead := func(leader string) bool {
+		return !slices.Contains(lost(), cfg.Self) || cfg.Vouched != nil && cfg.Vouched(leader)
+	}
+	layer, err := cfg.Mux.Layer(cfg.Name, transport.LayerConfig{Member: member, Vote: vote, Campaign: campaign, Lead: lead})
 	if err != nil {
 		return nil, err
 	}

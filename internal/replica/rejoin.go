@@ -3,7 +3,6 @@ package replica
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -31,23 +30,30 @@ const rejoinTimeout = 5 * time.Second
 // replicas leave the intact one alone as the voters, and the group never
 // counts a lost copy toward a quorum.
 //
+// A lost replica takes entries only from a leader that vouched for it
+// (GroupConfig.Vouched): the leader names in Vouch the lost replicas that
+// its committed configuration has as nonvoters, and the node tells each
+// of them. A leader whose configuration counts none of them as a voter
+// cannot commit with their acknowledgements, deposed or not.
+//
 // A lost replica that leads (one that caught up while still a voter may
-// be elected) hands the leadership over. Otherwise it reports caughtUp
-// once the configuration has it as
-// a nonvoter (removed and added back) and it has applied what its leader
-// last told it was committed: the node then records it rejoined
-// (metastate.Rejoined), and the leader makes it a voter again.
+// be elected) hands the leadership over. Otherwise it reports CaughtUp
+// once the configuration has it as a nonvoter (removed and added back)
+// and it has applied what its leader last told it was committed: the
+// node then records it rejoined (metastate.Rejoined), and the leader
+// makes it a voter again.
 //
 // It returns what it did, for the log, and the first change that failed.
-func Rejoin(g *raftqueue.Group, self string, replicas, lost []string) (caughtUp bool, did []string, err error) {
+func Rejoin(g *raftqueue.Group, self string, replicas, lost []string) (RejoinStep, error) {
+	var step RejoinStep
 	r := g.Raft()
 	isLost := slices.Contains(lost, self)
 	if !isLost && r.State() != raft.Leader {
-		return false, nil, nil // only the leader and lost replicas act
+		return step, nil // only the leader and lost replicas act
 	}
 	f := r.GetConfiguration()
 	if err := f.Error(); err != nil {
-		return false, nil, err
+		return step, err
 	}
 	servers := f.Configuration().Servers
 	suffrage := func(id string) (raft.ServerSuffrage, bool) {
@@ -64,44 +70,57 @@ func Rejoin(g *raftqueue.Group, self string, replicas, lost []string) (caughtUp 
 			// safe; but a lost leader cannot remove itself, so it hands
 			// the leadership to a replica that is not lost.
 			if err := r.LeadershipTransfer().Error(); err != nil {
-				return false, nil, fmt.Errorf("hand the leadership over: %w", err)
+				return step, fmt.Errorf("hand the leadership over: %w", err)
 			}
-			return false, []string{"lost, the leadership handed over"}, nil
+			step.Did = []string{"lost, the leadership handed over"}
+			return step, nil
 		}
 		s, ok := suffrage(self)
 		if !ok || s != raft.Nonvoter || time.Since(r.LastContact()) > 2*time.Second {
-			return false, nil, nil
+			return step, nil
 		}
-		commit, _ := strconv.ParseUint(r.Stats()["commit_index"], 10, 64)
-		return commit > 0 && r.AppliedIndex() >= commit, nil, nil
+		commit := r.CommitIndex()
+		step.CaughtUp = commit > 0 && r.AppliedIndex() >= commit
+		return step, nil
 	}
 	if !slices.Contains(replicas, self) {
 		// Moved away (metastate.MoveReplica): the replica that takes its
 		// place accepts raft streams from placed replicas only, so a
 		// placed one leads the move.
 		if err := r.LeadershipTransfer().Error(); err != nil {
-			return false, nil, fmt.Errorf("hand the leadership over, moved away: %w", err)
+			return step, fmt.Errorf("hand the leadership over, moved away: %w", err)
 		}
-		return false, []string{"moved away, the leadership handed over"}, nil
+		step.Did = []string{"moved away, the leadership handed over"}
+		return step, nil
+	}
+	// The configuration read is committed once the commit index reached
+	// its entry: the lost replicas it has as nonvoters may take this
+	// leader's entries.
+	if f.Index() <= r.CommitIndex() {
+		for _, id := range lost {
+			if s, ok := suffrage(id); ok && s == raft.Nonvoter {
+				step.Vouch = append(step.Vouch, id)
+			}
+		}
 	}
 	change := func(what string, fut raft.IndexFuture) error {
 		if err := fut.Error(); err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
-		did = append(did, what)
+		step.Did = append(step.Did, what)
 		return nil
 	}
 	for _, id := range lost {
 		if s, ok := suffrage(id); ok && s == raft.Voter {
 			if err := change("remove lost "+id, r.RemoveServer(raft.ServerID(id), 0, rejoinTimeout)); err != nil {
-				return false, did, err
+				return step, err
 			}
 		}
 	}
 	for _, id := range lost {
 		if s, ok := suffrage(id); !ok || s == raft.Voter {
 			if err := change("add back "+id+" as a nonvoter", r.AddNonvoter(raft.ServerID(id), raft.ServerAddress(id), 0, rejoinTimeout)); err != nil {
-				return false, did, err
+				return step, err
 			}
 		}
 	}
@@ -111,21 +130,34 @@ func Rejoin(g *raftqueue.Group, self string, replicas, lost []string) (caughtUp 
 		}
 		if s, ok := suffrage(id); !ok || s != raft.Voter {
 			if err := change("promote "+id, r.AddVoter(raft.ServerID(id), raft.ServerAddress(id), 0, rejoinTimeout)); err != nil {
-				return false, did, err
+				return step, err
 			}
 		}
 	}
-	if len(did) > 0 || len(lost) > 0 {
-		return false, did, nil // the rest once every placed replica is a voter
+	if len(step.Did) > 0 || len(lost) > 0 {
+		return step, nil // the rest once every placed replica is a voter
 	}
 	// A replica moved away (metastate.MoveReplica) leaves once the one
 	// that took its place is a voter.
 	for _, s := range servers {
 		if id := string(s.ID); !slices.Contains(replicas, id) {
 			if err := change("remove "+id+", moved away", r.RemoveServer(s.ID, 0, rejoinTimeout)); err != nil {
-				return false, did, err
+				return step, err
 			}
 		}
 	}
-	return false, did, nil
+	return step, nil
+}
+
+// RejoinStep is what Rejoin did and found.
+type RejoinStep struct {
+	// CaughtUp: this lost replica, a nonvoter, applied what its leader
+	// last told it was committed; the node records it rejoined.
+	CaughtUp bool
+	// Did lists the changes made, for the log.
+	Did []string
+	// Vouch lists, on the leader, the lost replicas that its committed
+	// configuration has as nonvoters: each is told that this leader's
+	// entries may be taken (GroupConfig.Vouched).
+	Vouch []string
 }
