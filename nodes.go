@@ -84,6 +84,30 @@ func (m *MQ) MoveReplica(ctx context.Context, topic string, partition int, from,
 	}
 }
 
+// BalanceLeaders hands the leaderships of Raft3 raft groups over so that
+// the nodes lead about as many each: raft elects whichever replica times
+// out first, and a node that restarted leads none of its groups until
+// something moves them back. It asks every up node which groups it leads,
+// then has each group that moves hand its leadership to a replica on a
+// node that leads fewer (raft's leadership transfer: the new leader is
+// caught up first; sends to the group meanwhile wait or are retried, none
+// is lost). Only up nodes that are not draining, and replicas not lost,
+// take leaderships; DoubleWrite pairs are not moved. It needs the Admin
+// right on "*" of every node involved. It returns how many groups moved,
+// and an error naming those that did not (they stay where they were), or
+// nodes that could not be asked. Call it after a rolling restart, or once
+// replicas moved to new nodes.
+func (m *MQ) BalanceLeaders(ctx context.Context) (int, error) {
+	if m.closed.Load() {
+		return 0, ErrClosed
+	}
+	if m.cluster == nil {
+		return 0, fmt.Errorf("%w: leaders are balanced only in a cluster", ErrUnsupportedType)
+	}
+	moved, err := m.cluster.BalanceLeaders(ctx)
+	return moved, translate(err)
+}
+
 // RemoveNode removes node id from the cluster: it must be down and hold
 // no replica (ErrNodeInUse otherwise: drain it, wait until ClusterStatus
 // shows it holds nothing, shut it down). It leaves the metadata group's

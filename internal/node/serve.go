@@ -394,4 +394,6 @@ func (n *Node) serveReplicas(srv *remote.Server) {
 	replica.ServePairs(srv, n.pairAt)
 	srv.Handle(OpMoveFetch, n.moveFetch)
 	srv.Handle(OpRaft3Vouch, n.raft3Vouch)
+	srv.Handle(OpLeading, n.serveLeading)
+	srv.Handle(OpLeadTo, n.serveLeadTo)
 }
