@@ -1,7 +1,11 @@
 package mq_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,6 +47,9 @@ func TestCluster_BalanceLeadersUnderLoad(t *testing.T) {
 		}
 		return true
 	})
+	if uneven := leaderSpread(t, c, parts); uneven != "" {
+		t.Error(uneven)
+	}
 	before := l.total()
 	waitFor(t, 30*time.Second, "sends acked after the moves", func() bool { return l.total() >= before+60 })
 	stop()
@@ -84,4 +91,168 @@ func TestCluster_BalanceLeadersNeedsAdmin(t *testing.T) {
 	if _, err := standalone.BalanceLeaders(ctx); !errors.Is(err, mq.ErrClosed) {
 		t.Errorf("closed: %v", err)
 	}
+}
+
+// TestCluster_AddNodeAndBalanceUnderLoad: a fourth node joins a cluster
+// of three holding three Raft3 groups and nine Single partitions while
+// senders send to both topics. BalanceReplicas moves groups and a Single
+// partition to it until a call starts none (Raft3 groups first, whose
+// moves cost no wait), and BalanceLeaders gives it a leadership; every
+// acked message is stored once, at the offset of its ack, each key and
+// each Single partition in send order.
+func TestCluster_AddNodeAndBalanceUnderLoad(t *testing.T) {
+	parallelByDefault(t)
+	const parts, singles = 3, 9
+	var logs nodeLogs
+	c := newCluster(t, 3, withNodeOptions(logs.opts))
+	defer func() {
+		if t.Failed() {
+			for id, m := range c.nodes {
+				for i := range parts {
+					lost, voters := mq.Raft3Membership(m, r3, i)
+					leader, _ := mq.Raft3Leader(m, r3, i)
+					t.Logf("%s: r/%d lost %q, voters %q, leader %q", id, i, lost, voters, leader)
+				}
+			}
+			for _, l := range logs.matching("aft3") {
+				t.Log(l)
+			}
+		}
+	}()
+	createR3With(t, c, parts, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 1})
+	c.createTopic("s", singles, mq.Options{})
+	ctx := testCtx(t)
+	l := newLedger()
+	stop := l.sendFrom(ctx, t, c, parts, "n1", "n2", "n3")
+	n2 := c.nodes["n2"]
+	single := startSender(t, func() *mq.MQ { return n2 }, "s", singles, "s")
+	waitFor(t, 30*time.Second, "sends acked", l.atLeast(10, "n1", "n2", "n3"))
+
+	c.start("n4")
+	c.waitUp(4)
+	for round := 1; ; round++ {
+		started, err := c.nodes["n2"].BalanceReplicas(ctx, 0)
+		if err != nil {
+			t.Fatalf("round %d: %d started, %v", round, started, err)
+		}
+		t.Logf("round %d: %d moves started", round, started)
+		if started == 0 {
+			break
+		}
+		if round == 3 {
+			t.Fatal("still moving after three rounds")
+		}
+		waitFor(t, 60*time.Second, "the moves done", func() bool {
+			for i := range parts {
+				// Through the nodes placed in the group: one moved away
+				// closes its replica once it left.
+				_, placed, _, _ := mq.PairRecord(c.nodes["n1"], r3, i)
+				placed = slices.Sorted(slices.Values(placed))
+				for _, id := range placed {
+					if lost, voters := mq.Raft3Membership(c.nodes[id], r3, i); len(lost) > 0 || !slices.Equal(voters, placed) {
+						return false
+					}
+				}
+			}
+			for i := range singles {
+				if owner, to := singleOwner(c.nodes["n1"], "s", i); owner == "" || to != "" {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	var holds []string
+	for _, nd := range c.nodes["n1"].ClusterStatus().Nodes {
+		if nd.ID == "n4" {
+			holds = nd.Holds
+		}
+	}
+	if len(holds) != 4 || !slices.ContainsFunc(holds, func(h string) bool { return strings.HasPrefix(h, "s/") }) {
+		t.Fatalf("n4 holds %v after the balance, not 3 Raft3 groups and a Single partition", holds)
+	}
+	// A replica moved away that led hands its leadership to any placed
+	// one as it leaves, which may come after a balance: the operator's
+	// call again.
+	for attempt := 1; ; attempt++ {
+		if _, err := c.nodes["n2"].BalanceLeaders(ctx); err != nil {
+			t.Fatal(err)
+		}
+		uneven := leaderSpread(t, c, parts)
+		if uneven == "" {
+			break
+		}
+		if attempt == 3 {
+			t.Fatalf("after three balances: %s", uneven)
+		}
+		t.Logf("balance %d: %s", attempt, uneven)
+		for _, l := range logs.matching("leadership") {
+			t.Log(l)
+		}
+	}
+	before := l.total()
+	waitFor(t, 30*time.Second, "sends acked after the moves", func() bool { return l.total() >= before+30 })
+	stop()
+	acked := single.end()
+	for _, id := range othersThan(c) {
+		l.check(t, c.nodes[id], parts)
+		checkSingleSends(ctx, t, c.nodes[id], "s", singles, acked)
+	}
+	t.Logf("n4 holds %v; %d Raft3 and %d Single sends acked", holds, l.total(), len(acked))
+}
+
+// checkSingleSends fails t unless every ID of acked (tag-k, sent to
+// partition k%parts in order by one sender) is stored once in topic, read
+// through m, each partition's in send order.
+func checkSingleSends(ctx context.Context, t *testing.T, m *mq.MQ, topic string, parts int, acked []string) {
+	t.Helper()
+	seen := readAll(ctx, t, m, topic, parts)
+	byPart := make([][]string, parts)
+	for k, id := range acked {
+		if seen[id] != 1 {
+			t.Errorf("acked %s stored %d times", id, seen[id])
+		}
+		byPart[k%parts] = append(byPart[k%parts], id)
+	}
+	for i, want := range byPart {
+		checkOrder(ctx, t, m, topic, i, want)
+	}
+}
+
+// leaderSpread waits until every group of r3 (one partition each) has a
+// leader, and returns "" if none leads two more of them than another
+// voter of its group, as the nodes' ClusterStatus show them, or what is
+// uneven.
+func leaderSpread(t *testing.T, c *testCluster, parts int) string {
+	t.Helper()
+	var count map[string]int
+	var leader map[string]string
+	waitFor(t, 30*time.Second, "a leader of every group", func() bool {
+		count, leader = map[string]int{}, map[string]string{}
+		for id, m := range c.nodes {
+			count[id] += 0
+			for _, p := range m.ClusterStatus().Leading {
+				if strings.HasPrefix(p, r3+"/") {
+					count[id]++
+					leader[p] = id
+				}
+			}
+		}
+		return len(leader) == parts
+	})
+	var uneven []string
+	for i := range parts {
+		p := fmt.Sprintf("%s/%d", r3, i)
+		l := leader[p]
+		_, voters := mq.Raft3Membership(c.nodes[l], r3, i)
+		for _, v := range voters {
+			if count[l]-count[v] >= 2 {
+				uneven = append(uneven, fmt.Sprintf("%s's leader %s leads %d groups, its voter %s %d", p, l, count[l], v, count[v]))
+			}
+		}
+	}
+	if len(uneven) > 0 {
+		return fmt.Sprintf("%s (leaders %v)", strings.Join(uneven, "; "), leader)
+	}
+	return ""
 }

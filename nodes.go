@@ -84,6 +84,43 @@ func (m *MQ) MoveReplica(ctx context.Context, topic string, partition int, from,
 	}
 }
 
+// BalanceReplicas starts moves (MoveReplica) that even out the replicas
+// the nodes up and not draining hold, at most most of them (most <= 0: no
+// bound): a node added to the cluster holds nothing until then. While
+// moving a raft group or a Single partition from one node to another that
+// holds none of its replicas evens their loads (the partitions they
+// hold), the one that evens them most moves, each once per call. Raft3
+// groups move with every replica up and none lost, their new replica
+// caught up as a nonvoter first; Single partitions move with their data,
+// their sends waiting through the copy; DoubleWrite pairs stay (a moved
+// follower leaves its leader alone in sync, which without AckAlone
+// refuses sends until the new one caught up). It needs the Admin right on
+// "*", and returns how many moves started, and the errors of those that
+// did not start (a record that changed meanwhile). The moves go on in the
+// background: ClusterStatus's Holds shows them done; call it again until
+// it starts none, then BalanceLeaders.
+func (m *MQ) BalanceReplicas(ctx context.Context, most int) (int, error) {
+	if m.closed.Load() {
+		return 0, ErrClosed
+	}
+	if m.cluster == nil {
+		return 0, fmt.Errorf("%w: replicas are balanced only in a cluster", ErrUnsupportedType)
+	}
+	started := 0
+	var errs []error
+	for _, mv := range m.cluster.Agent().Meta().State().BalanceMoves(most) {
+		if err := m.admin(ctx, mv); err != nil {
+			if errors.Is(err, ErrDenied) || ctx.Err() != nil {
+				return started, err
+			}
+			errs = append(errs, fmt.Errorf("%s/%d from %s to %s: %w", mv.Topic, mv.Partition, mv.From, mv.To, err))
+			continue
+		}
+		started++
+	}
+	return started, errors.Join(errs...)
+}
+
 // BalanceLeaders hands the leaderships of Raft3 raft groups over so that
 // the nodes lead about as many each: raft elects whichever replica times
 // out first, and a node that restarted leads none of its groups until

@@ -45,7 +45,7 @@ func (m *Meta) drain(ctx context.Context) {
 		return nil
 	})
 	m.moveGroups(ctx, metastate.TypeRaft3, "drain", func(s *metastate.State, name string, i int, p metastate.Partition) metastate.Command {
-		if len(p.Lost) > 0 || !allUp(s, p.Replicas) || s.LeastLoaded(p.Replicas...) == "" {
+		if len(p.Lost) > 0 || !s.AllUp(p.Replicas) || s.LeastLoaded(p.Replicas...) == "" {
 			return nil // a move runs on the group's other replicas, one at a time
 		}
 		for _, from := range p.Replicas {
@@ -70,16 +70,6 @@ func (m *Meta) drain(ctx context.Context) {
 		}
 		return nil
 	})
-}
-
-// allUp reports whether every node of ids is up.
-func allUp(s *metastate.State, ids []string) bool {
-	for _, id := range ids {
-		if nd, ok := s.Node(id); !ok || !nd.Up {
-			return false
-		}
-	}
-	return true
 }
 
 // reconcileMembers, on the metadata leader, brings the metadata group's

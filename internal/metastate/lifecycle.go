@@ -237,3 +237,90 @@ func (s *State) moveReplica(c MoveReplica) (Topic, error) {
 	s.topics[t.Name] = t
 	return t, nil
 }
+
+// BalanceMoves returns at most most moves (MoveReplica; most <= 0: no
+// bound) that even out the replicas the nodes up and not draining hold,
+// the load placement evens out (a chunk of k partitions counts k on each
+// of its nodes): while moving a chunk from one node to another that holds
+// none of its replicas lowers the sum of the squared loads, that is,
+// while the first holds more than k more than the second, the chunk that
+// lowers it most moves, a Raft3 group before a Single partition that
+// lowers it as much. A node added to the cluster, holding nothing, thus
+// gets chunks from the most loaded. Each chunk moves at most once per
+// plan. Raft3 groups move with every replica up and none lost, Single
+// partitions when not moving already (with their version); DoubleWrite
+// pairs stay, since a moved follower leaves its leader alone in sync, and
+// without AckAlone the pair refuses sends until the new one caught up.
+func (s *State) BalanceMoves(most int) []MoveReplica {
+	count := s.replicaCounts()
+	var nodes []string
+	for _, nd := range s.Nodes() {
+		if nd.Up && !nd.Draining {
+			nodes = append(nodes, nd.ID)
+		}
+	}
+	type chunk struct {
+		topic    string
+		first, k int
+		p        Partition
+	}
+	// Raft3 groups first: of moves that even the loads alike, theirs cost
+	// the senders no wait, a Single partition's a wait for its copy.
+	var chunks []chunk
+	for _, typ := range []uint8{TypeRaft3, TypeSingle} {
+		for _, name := range s.Topics() {
+			t := s.topics[name]
+			if t.Type != typ {
+				continue
+			}
+			for i, p := range t.Parts {
+				_, k := t.Chunk(i)
+				switch {
+				case p.Chunk != i || !s.AllUp(p.Replicas):
+				case typ == TypeRaft3 && len(p.Lost) == 0, typ == TypeSingle && len(p.Replicas) == 1:
+					chunks = append(chunks, chunk{topic: name, first: i, k: k, p: p})
+				}
+			}
+		}
+	}
+	var moves []MoveReplica
+	moved := make([]bool, len(chunks))
+	for most <= 0 || len(moves) < most {
+		best, gain := -1, 0
+		var from, to string
+		for j, c := range chunks {
+			if moved[j] {
+				continue
+			}
+			for _, a := range c.p.Replicas {
+				if !slices.Contains(nodes, a) {
+					continue
+				}
+				for _, b := range nodes {
+					if g := count[a] - count[b] - c.k; g > gain && !slices.Contains(c.p.Replicas, b) {
+						best, gain, from, to = j, g, a, b
+					}
+				}
+			}
+		}
+		if best < 0 {
+			break
+		}
+		c := chunks[best]
+		moved[best] = true
+		count[from] -= c.k
+		count[to] += c.k
+		moves = append(moves, MoveReplica{Topic: c.topic, Partition: c.first, Version: c.p.Version, From: from, To: to})
+	}
+	return moves
+}
+
+// AllUp reports whether every node of ids is up.
+func (s *State) AllUp(ids []string) bool {
+	for _, id := range ids {
+		if !s.nodes[id].Up {
+			return false
+		}
+	}
+	return true
+}

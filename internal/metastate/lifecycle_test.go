@@ -1,6 +1,7 @@
 package metastate
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -215,5 +216,54 @@ func TestSnapshot_Version5(t *testing.T) {
 	}
 	if !sameState(want, got) {
 		t.Fatal("a version 5 snapshot decodes to another state")
+	}
+}
+
+// TestBalanceMoves_NewNode: three nodes hold every replica of six Raft3
+// groups, two Single partitions each and a DoubleWrite pair; a fourth
+// joins empty. The plan moves chunks to it until no move lowers the
+// spread, a Raft3 group first, each chunk once, never a DoubleWrite pair, never a Raft3 group
+// with a replica lost or down; applied, its moves leave every node within
+// one chunk of the others; a bound on the plan is kept.
+func TestBalanceMoves_NewNode(t *testing.T) {
+	ft := newStateT(t)
+	ft.nodes("a", "b", "c")
+	ft.must(CreateTopic{Name: "r", Partitions: 6, Type: TypeRaft3})
+	ft.must(CreateTopic{Name: "a", Partitions: 6, Type: TypeSingle}) // before "r" in topic order
+	ft.must(CreateTopic{Name: "dw", Partitions: 1, Type: TypeDoubleWrite, AllowAlone: true})
+	ft.nodes("d")
+	if got := ft.s().BalanceMoves(2); len(got) != 2 {
+		t.Fatalf("a plan of at most 2: %v", got)
+	}
+	plan := ft.s().BalanceMoves(0)
+	if len(plan) == 0 || plan[0].Topic != "r" {
+		t.Fatalf("a Single partition moves before a Raft3 group that evens the loads alike: %+v", plan)
+	}
+	seen := map[string]bool{}
+	for _, mv := range plan {
+		key := fmt.Sprintf("%s/%d", mv.Topic, mv.Partition)
+		if seen[key] || mv.Topic == "dw" || mv.To != "d" {
+			t.Fatalf("plan %+v", plan)
+		}
+		seen[key] = true
+		ft.must(mv)
+	}
+	counts := ft.s().replicaCounts()
+	if counts["d"] < 5 || counts["d"] > 7 {
+		t.Fatalf("after %d moves: %v", len(plan), counts)
+	}
+	if again := ft.s().BalanceMoves(0); len(again) != 0 {
+		t.Fatalf("the moves under way are planned again: %v", again)
+	}
+
+	// A lost replica or a node down keeps a Raft3 group where it is.
+	ft2 := newStateT(t)
+	ft2.nodes("a", "b", "c")
+	ft2.must(CreateTopic{Name: "r", Partitions: 4, Type: TypeRaft3})
+	ft2.must(RegisterNode{ID: "a", Addr: "a:7000", Incarnation: "i1"})
+	ft2.must(RegisterNode{ID: "a", Addr: "a:7000", Incarnation: "i2"}) // a's disk replaced: its replicas are lost
+	ft2.nodes("d")
+	if plan := ft2.s().BalanceMoves(0); len(plan) != 0 {
+		t.Fatalf("groups with a lost replica moved: %v", plan)
 	}
 }

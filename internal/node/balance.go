@@ -112,6 +112,7 @@ func (n *Node) BalanceLeaders(ctx context.Context) (int, error) {
 				errs = append(errs, fmt.Errorf("%s/%d from %s to %s: %w", tr.group.Topic, tr.group.First, tr.from, tr.to, err))
 				return
 			}
+			n.cfg.Logger.Info("Raft3 leadership balanced", "topic", tr.group.Topic, "group", tr.group.First, "from", tr.from, "to", tr.to)
 			moved++
 		})
 	}
