@@ -28,19 +28,38 @@ func holdsOf(m *mq.MQ, id string) ([]string, bool) {
 // nodes, its Single partition moves with its data, and nothing acked is
 // lost. Drained, shut down and removed, it is gone from the cluster's
 // nodes and from the metadata group's voters; the rest keep taking sends.
+// With "meta-crash", the metadata leader, neither the drained node nor
+// the one sent through, crashes (cut off, closed, back) once the drain
+// started: the next leader carries it on.
 func TestCluster_DrainAndRemoveNode(t *testing.T) {
+	for _, crash := range []string{"none", "meta-crash"} {
+		t.Run(crash, func(t *testing.T) { drainAndRemove(t, crash == "meta-crash") })
+	}
+}
+
+func drainAndRemove(t *testing.T, crashMeta bool) {
 	c := newCluster(t, 4, withSession(3*time.Second), withRaft3(2), withDoubleWrite(2, mq.Options{}), withTopic("s", 2, mq.Options{}))
 	for p := range 2 {
 		c.waitInSync(p, 30*time.Second)
 	}
+	var meta string
+	if crashMeta {
+		waitFor(t, 10*time.Second, "a metadata leader", func() bool {
+			meta = c.nodes["n1"].ClusterStatus().Leader
+			return meta != ""
+		})
+	}
 	var victim, via string
-	for _, id := range othersThan(c) {
-		h, _ := holdsOf(c.nodes["n1"], id)
+	for _, id := range othersThan(c, meta) {
+		h, _ := holdsOf(c.nodes[id], id)
 		if slices.Contains(h, r3+"/0") && victim == "" {
 			victim = id
 		} else if via == "" {
 			via = id
 		}
+	}
+	if victim == "" || via == "" {
+		t.Fatalf("no node off the metadata leader %q holding r3/0 (victim %q, via %q)", meta, victim, via)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -66,6 +85,15 @@ func TestCluster_DrainAndRemoveNode(t *testing.T) {
 	}
 	if err := c.nodes[via].DrainNode(ctx, victim); err != nil {
 		t.Fatal(err)
+	}
+	if crashMeta {
+		waitFor(t, time.Minute, "the drain under way", func() bool {
+			h, _ := holdsOf(c.nodes[via], victim)
+			return len(h) < len(before)
+		})
+		c.stopCutOff(meta)
+		c.start(meta)
+		t.Logf("metadata leader %s crashed and restarted during the drain", meta)
 	}
 	waitFor(t, 2*time.Minute, victim+" drained", func() bool {
 		h, _ := holdsOf(c.nodes[via], victim)

@@ -109,6 +109,13 @@ func (m *MQ) BalanceReplicas(ctx context.Context, most int) (int, error) {
 	started := 0
 	var errs []error
 	for _, mv := range m.cluster.Agent().Meta().State().BalanceMoves(most) {
+		// Each move after the one before applied: a group that lost a
+		// replica or a node meanwhile stays.
+		st := m.cluster.Agent().Meta().State()
+		if p, ok := st.Partition(mv.Topic, mv.Partition); !ok || len(p.Lost) > 0 || !st.AllUp(p.Replicas) {
+			errs = append(errs, fmt.Errorf("%s/%d from %s to %s: %w: a replica lost or down since the plan", mv.Topic, mv.Partition, mv.From, mv.To, ErrInvalidOption))
+			continue
+		}
 		if err := m.admin(ctx, mv); err != nil {
 			if errors.Is(err, ErrDenied) || ctx.Err() != nil {
 				return started, err
@@ -143,6 +150,41 @@ func (m *MQ) BalanceLeaders(ctx context.Context) (int, error) {
 	}
 	moved, err := m.cluster.BalanceLeaders(ctx)
 	return moved, translate(err)
+}
+
+// AcceptDataLoss is an operator's decision on a DoubleWrite pair that
+// serves nothing because no copy is known to hold what it acked: its
+// leader's data directory was replaced while it acked alone (AckAlone),
+// and ClusterStatus's Failed names the partition with "no intact copy
+// known". Node leader, a replica of the pair that is up, then leads with
+// what it holds, and the other replica follows it from there. What only
+// the lost copy held is given up: messages acked while the leader was
+// alone in sync may be gone, and their offsets taken by new sends. Prefer
+// the replica that held most (the follower, unless it was replaced too).
+// It needs the Admin right on "*". It returns ErrInvalidOption when a
+// replica is in sync (there is no loss to accept), when leader is no
+// replica of the pair, or when the pair's record changed meanwhile.
+func (m *MQ) AcceptDataLoss(ctx context.Context, topic string, partition int, leader string) error {
+	if m.closed.Load() {
+		return ErrClosed
+	}
+	if m.cluster == nil {
+		return fmt.Errorf("%w: data loss is accepted only for a cluster's DoubleWrite pairs", ErrUnsupportedType)
+	}
+	st := m.cluster.Agent().Meta().State()
+	t, _ := st.Topic(topic)
+	p, ok := st.Partition(topic, partition)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %s/%d", ErrNoTopic, topic, partition)
+	case t.Type != metastate.TypeDoubleWrite:
+		return fmt.Errorf("%w: %s is not a DoubleWrite topic", ErrInvalidOption, topic)
+	}
+	err := m.admin(ctx, metastate.AcceptLoss{Topic: topic, Partition: partition, Version: p.Version, Leader: leader})
+	if errors.Is(err, metastate.ErrStale) {
+		return fmt.Errorf("%w: %s/%d changed meanwhile: %v", ErrInvalidOption, topic, partition, err)
+	}
+	return err
 }
 
 // RemoveNode removes node id from the cluster: it must be down and hold

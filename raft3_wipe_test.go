@@ -336,14 +336,7 @@ func TestRaft3_LostReplicaFollowsOnlyALeaderThatVouched(t *testing.T) {
 	}
 	w := othersThan(c, a, lead)[0]
 	t.Logf("metadata leader and A %s, r3/0's leader L %s, wiped W %s", a, lead, w)
-	c.cut(lead, w, true)
-	c.wipe(w)
-	c.cut(lead, w, true) // W's new transport too
-	waitFor(t, 30*time.Second, "W's replica open and lost", func() bool {
-		lost, _ := mq.Raft3Membership(c.nodes[w], r3, 0)
-		_, holds := mq.Raft3Leader(c.nodes[w], r3, 0)
-		return holds && slices.Contains(lost, w)
-	})
+	c.wipeCutFrom(w, lead)
 	term := mq.Raft3Term(c.nodes[w], r3, 0)
 	im := newImpostor(t, a)
 	req := &raft.AppendEntriesRequest{
@@ -369,4 +362,100 @@ func TestRaft3_LostReplicaFollowsOnlyALeaderThatVouched(t *testing.T) {
 	}
 	c.cut(lead, w, false)
 	raft3Rejoined(t, c, 60*time.Second)
+}
+
+// TestRaft3_WipedReplicaMovedAwayStaysGated: a Raft3 replica W back with
+// an empty directory has forgotten its term; while lost it takes entries
+// only from a leader that vouched. Moved away before it rejoined (its
+// group's MoveReplica from W takes it out of Lost), its replica, open
+// until it leaves, still lacks its log and term: an AppendEntries from A,
+// a replica that never vouched, as a deposed leader whose configuration
+// still counts W as a voter would send it, is refused before and after
+// the move. (Without the gate kept past the move, W took it at term 1.)
+func TestRaft3_WipedReplicaMovedAwayStaysGated(t *testing.T) {
+	c := newCluster(t, 4, withSession(3*time.Second), withRaft3(1))
+	_, placed, _, _ := mq.PairRecord(c.nodes["n1"], r3, 0)
+	placed = slices.Sorted(slices.Values(placed))
+	spare := othersThan(c, placed...)[0]
+	var meta, lead string
+	waitFor(t, 20*time.Second, "a metadata leader and a leader of r3/0", func() bool {
+		meta = c.nodes["n1"].ClusterStatus().Leader
+		lead, _ = mq.Raft3Leader(c.nodes[placed[0]], r3, 0)
+		return meta != "" && lead != ""
+	})
+	if lead == meta {
+		to := placed[0]
+		if to == lead {
+			to = placed[1]
+		}
+		if err := mq.Raft3TransferTo(c.nodes[lead], r3, 0, to); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 20*time.Second, "r3/0 led by "+to, func() bool {
+			lead, _ = mq.Raft3Leader(c.nodes[to], r3, 0)
+			return lead == to
+		})
+	}
+	var w, a string
+	for _, id := range placed {
+		switch {
+		case id == lead:
+		case w == "" && id != meta:
+			w = id
+		default:
+			a = id
+		}
+	}
+	t.Logf("placed %q, leader L %s, wiped W %s, other A %s, spare %s, metadata leader %s", placed, lead, w, a, spare, meta)
+	c.wipeCutFrom(w, lead)
+	term := mq.Raft3Term(c.nodes[w], r3, 0)
+	im := newImpostor(t, a)
+	tr := im.raft(c.nodes[w].ClusterStatus().Addr, "raft3/"+r3+"/0")
+
+	forge := func() (raft.AppendEntriesResponse, error) {
+		req := &raft.AppendEntriesRequest{
+			RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(a), Addr: []byte(a)},
+			Term:      term + 1,
+		}
+		var resp raft.AppendEntriesResponse
+		err := tr.AppendEntries(raft.ServerID(w), raft.ServerAddress(w), req, &resp)
+		return resp, err
+	}
+	// The control: while W is lost, the gate refuses A.
+	if resp, err := forge(); err == nil {
+		t.Fatalf("lost W took A's AppendEntries before any move: %+v", resp)
+	}
+	if got := mq.Raft3Term(c.nodes[w], r3, 0); got != term {
+		t.Fatalf("lost W's term went from %d to %d before any move", term, got)
+	}
+
+	if err := c.nodes[a].MoveReplica(testCtx(t), r3, 0, w, spare); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "W's state shows the move", func() bool {
+		lost, _ := mq.Raft3Membership(c.nodes[w], r3, 0)
+		_, reps, _, _ := mq.PairRecord(c.nodes[w], r3, 0)
+		return !slices.Contains(lost, w) && !slices.Contains(reps, w)
+	})
+	if resp, err := forge(); err == nil {
+		t.Errorf("W, its data gone and never caught up, took an AppendEntries from %s, which never vouched: %+v", a, resp)
+	}
+	if got := mq.Raft3Term(c.nodes[w], r3, 0); got != term && got != 0 { // 0: the replica closed since
+		t.Errorf("W's forgotten term went from %d to %d on the word of a replica that never vouched", term, got)
+	}
+}
+
+// wipeCutFrom wipes node w (c.wipe) with its link to node lead, r3/0's
+// leader, cut, so that lead cannot vouch for it, and waits until w's
+// replica of r3/0 is open and lost.
+func (c *testCluster) wipeCutFrom(w, lead string) {
+	c.t.Helper()
+	c.cut(lead, w, true)
+	c.wipe(w)
+	c.cut(lead, w, true) // w's new transport too
+	waitFor(c.t, 30*time.Second, w+"'s replica open and lost", func() bool {
+		lost, _ := mq.Raft3Membership(c.nodes[w], r3, 0)
+		_, holds := mq.Raft3Leader(c.nodes[w], r3, 0)
+		return holds && slices.Contains(lost, w)
+	})
 }

@@ -495,7 +495,7 @@ func (n *Agent) authorize(peer string, c metastate.Command) (cause string, err e
 			return denySystem(s, peer, c.Name, "", metastate.RightAdmin)
 		}
 		return deny(c.Name, metastate.RightAdmin)
-	case metastate.SetACL, metastate.DrainNode, metastate.MoveReplica, metastate.RemoveNode:
+	case metastate.SetACL, metastate.DrainNode, metastate.MoveReplica, metastate.RemoveNode, metastate.AcceptLoss:
 		return deny("*", metastate.RightAdmin)
 	case metastate.JoinGroup:
 		if c.Node != peer || !ownMember(peer, c.Member) {

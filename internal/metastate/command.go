@@ -31,7 +31,7 @@ import (
 // rules; an older SetACL's rules match every group. Version 6 added
 // RegisterNode.Incarnation and Cluster, an older one having neither, which
 // changes no incarnation and sets no cluster id, and the command Rejoined;
-// the commands DrainNode, MoveReplica, RemoveNode and MoveDone came later in the same
+// the commands DrainNode, MoveReplica, RemoveNode, MoveDone and AcceptLoss came later in the same
 // version, an older node refusing their kinds as it refuses any command of
 // a newer version.
 const (
@@ -58,12 +58,13 @@ const (
 	kindMoveReplica
 	kindRemoveNode
 	kindMoveDone
+	kindAcceptLoss
 )
 
 // Command is one mutation of the metadata state: one of RegisterNode,
 // NodeDown, CreateTopic, AlterTopic, JoinGroup, LeaveGroup, Released,
 // SetACL, SetInSync, Promote, ReplaceFollower, RenewEpoch, Rejoined,
-// DrainNode, MoveReplica, RemoveNode, MoveDone. A command
+// DrainNode, MoveReplica, RemoveNode, MoveDone, AcceptLoss. A command
 // carries inputs only; what it does is decided by Apply from the state,
 // identically on every node.
 type Command interface {
@@ -365,6 +366,8 @@ func DecodeCommand(b []byte) (Command, error) {
 		c, err = decodeAs[RemoveNode](body, cmdLimits)
 	case kindMoveDone:
 		c, err = decodeAs[MoveDone](body, cmdLimits)
+	case kindAcceptLoss:
+		c, err = decodeAs[AcceptLoss](body, cmdLimits)
 	default:
 		return nil, fmt.Errorf("%w: command kind %d", ErrCorrupt, k)
 	}

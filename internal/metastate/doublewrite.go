@@ -157,6 +157,27 @@ func (s *State) promote(c Promote) (Topic, error) {
 	return s.withPart(t, c.Partition, p), nil
 }
 
+func (s *State) acceptLoss(c AcceptLoss) (Topic, error) {
+	t, p, err := s.pair(c.Topic, c.Partition, c.Version)
+	if err != nil {
+		return Topic{}, err
+	}
+	switch {
+	case len(p.InSync) > 0:
+		return Topic{}, fmt.Errorf("%w: %s/%d: %q in sync hold every acked batch: no loss to accept", ErrInvalid, c.Topic, c.Partition, p.InSync)
+	case !slices.Contains(p.Replicas, c.Leader):
+		return Topic{}, fmt.Errorf("%w: %s/%d: %s is no replica (replicas %q)", ErrInvalid, c.Topic, c.Partition, c.Leader, p.Replicas)
+	case !s.nodes[c.Leader].Up:
+		return Topic{}, fmt.Errorf("%w: %s, to lead %s/%d", ErrNodeDown, c.Leader, c.Topic, c.Partition)
+	}
+	other := p.Leader
+	if other == c.Leader {
+		other = p.Follower()
+	}
+	p.Replicas, p.Leader, p.Epoch, p.InSync = []string{c.Leader, other}, c.Leader, p.Epoch+1, []string{c.Leader}
+	return s.withPart(t, c.Partition, p), nil
+}
+
 func (s *State) replaceFollower(c ReplaceFollower) (Topic, error) {
 	t, p, err := s.pair(c.Topic, c.Partition, c.Version)
 	if err != nil {

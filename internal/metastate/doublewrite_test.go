@@ -459,3 +459,50 @@ func TestRaft3_LostAndRejoined(t *testing.T) {
 		}
 	}
 }
+
+// TestAcceptLoss: a pair whose leader acked alone and came back as a new
+// incarnation holds no replica in sync; AcceptLoss, at the record's
+// version, makes the named replica lead alone in sync at the next epoch,
+// the other its follower. It is refused with a replica in sync, a stale
+// version, a node that is no replica or one that is down; a snapshot
+// keeps the result.
+func TestAcceptLoss(t *testing.T) {
+	ft := newStateT(t)
+	for _, id := range []string{"a", "b", "c"} {
+		ft.must(RegisterNode{ID: id, Addr: id + ":7000", Incarnation: "i1-" + id})
+	}
+	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite, AllowAlone: true})
+	p := ft.dwPart(0)
+	leader, follower := p.Leader, p.Follower()
+	third := "c"
+	for _, id := range []string{"a", "b", "c"} {
+		if id != leader && id != follower {
+			third = id
+		}
+	}
+	ft.refused(AcceptLoss{Topic: "d", Partition: 0, Version: p.Version, Leader: follower}, ErrInvalid) // both in sync after creation
+	ft.must(SetInSync{Topic: "d", Partition: 0, Version: p.Version, InSync: []string{leader}})
+	ft.refused(AcceptLoss{Topic: "d", Partition: 0, Version: ft.dwPart(0).Version, Leader: follower}, ErrInvalid) // the leader in sync
+	ft.must(RegisterNode{ID: leader, Addr: leader + ":7000", Incarnation: "i2-" + leader})
+	lost := ft.dwPart(0)
+	if lost.Leader != leader || len(lost.InSync) != 0 {
+		t.Fatalf("the pair after its lone leader's new incarnation: %+v", lost)
+	}
+	ft.refused(AcceptLoss{Topic: "d", Partition: 0, Version: lost.Version - 1, Leader: follower}, ErrStale)
+	ft.refused(AcceptLoss{Topic: "d", Partition: 0, Version: lost.Version, Leader: third}, ErrInvalid)
+	ft.refused(AcceptLoss{Topic: "x", Partition: 0, Version: lost.Version, Leader: follower}, ErrNoTopic)
+	nd, _ := ft.s().Node(follower)
+	ft.must(NodeDown{ID: follower, Session: nd.Session})
+	ft.refused(AcceptLoss{Topic: "d", Partition: 0, Version: lost.Version, Leader: follower}, ErrNodeDown)
+	ft.must(RegisterNode{ID: follower, Addr: follower + ":7000", Incarnation: "i1-" + follower})
+	lost = ft.dwPart(0)
+	ft.must(AcceptLoss{Topic: "d", Partition: 0, Version: lost.Version, Leader: follower})
+	got := ft.dwPart(0)
+	if got.Leader != follower || !slices.Equal(got.Replicas, []string{follower, leader}) || !slices.Equal(got.InSync, []string{follower}) || got.Epoch != lost.Epoch+1 {
+		t.Fatalf("after AcceptLoss: %+v (before %+v)", got, lost)
+	}
+	back, err := DecodeSnapshot(encodeSnap(t, ft.s()))
+	if err != nil || !sameState(back, ft.s()) {
+		t.Fatalf("a snapshot after AcceptLoss: %v", err)
+	}
+}

@@ -23,7 +23,8 @@ type DrainNode struct {
 // Raft3: To takes From's place among the replicas and is lost (Lost), a
 // new server: it never bootstraps the group or votes until it caught up
 // and rejoined (Rejoined), and the group's leader removes From from its
-// configuration once the placed replicas are voters. DoubleWrite: From
+// configuration once the placed replicas are voters. Refused (ErrInvalid)
+// while a replica other than From is lost: one new server at a time. DoubleWrite: From
 // must be the pair's follower, and the record must be at Version (ErrStale
 // otherwise); To becomes the follower at the next epoch, with the leader
 // alone in sync until it caught up, as ReplaceFollower does.
@@ -56,6 +57,21 @@ type RemoveNode struct {
 	ID       string
 }
 
+// AcceptLoss is an operator's decision on a DoubleWrite pair whose record
+// holds no replica in sync (its leader's data directory was replaced while
+// it acked alone, State.lostCopies): Leader, a replica of the pair that is
+// up, leads at the next epoch with what it holds, alone in sync, the other
+// replica its follower, caught up from it. What the lost copy alone held
+// is given up. The record must be at Version (ErrStale), and have no
+// replica in sync (ErrInvalid: an intact copy is known, nothing to accept).
+type AcceptLoss struct {
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Topic     string
+	Partition int
+	Version   uint64
+	Leader    string
+}
+
 // MoveDone ends the move of Single partition Partition to node To at
 // Version (MoveReplica): To holds its copy, and becomes its node alone. A
 // record at another version, or moving elsewhere, refuses it (ErrStale).
@@ -71,6 +87,7 @@ func (DrainNode) kind() byte   { return kindDrainNode }
 func (MoveReplica) kind() byte { return kindMoveReplica }
 func (RemoveNode) kind() byte  { return kindRemoveNode }
 func (MoveDone) kind() byte    { return kindMoveDone }
+func (AcceptLoss) kind() byte  { return kindAcceptLoss }
 
 func (s *State) drainNode(c DrainNode) error {
 	nd, ok := s.nodes[c.ID]
@@ -219,6 +236,13 @@ func (s *State) moveReplica(c MoveReplica) (Topic, error) {
 		}
 		p.Replicas, p.InSync, p.Epoch = []string{p.Leader, to}, []string{p.Leader}, p.Epoch+1
 		return s.withPart(t, c.Partition, p), nil
+	}
+	if slices.ContainsFunc(p.Lost, func(id string) bool { return id != c.From }) {
+		// One new server at a time: a second leaves one intact replica
+		// of three, no quorum that may vote until both rejoined. A move
+		// planned before another replica was lost (BalanceReplicas, a
+		// drain) is refused here.
+		return Topic{}, fmt.Errorf("%w: %s/%d has a lost replica (%q) that has not rejoined yet", ErrInvalid, c.Topic, c.Partition, p.Lost)
 	}
 	first, n := t.Chunk(c.Partition)
 	t.Parts = slices.Clone(t.Parts)

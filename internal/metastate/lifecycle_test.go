@@ -267,3 +267,33 @@ func TestBalanceMoves_NewNode(t *testing.T) {
 		t.Fatalf("groups with a lost replica moved: %v", plan)
 	}
 }
+
+// TestMoveReplica_Raft3OneLostAtATime: a Raft3 group takes one new server
+// at a time. A move planned while none was lost (BalanceMoves) is refused
+// once another replica of the group is lost; the lost replica itself may
+// be moved away, its place lost in turn.
+func TestMoveReplica_Raft3OneLostAtATime(t *testing.T) {
+	ft := newStateT(t)
+	for _, id := range []string{"a", "b", "c"} {
+		ft.must(RegisterNode{ID: id, Addr: id + ":7000", Incarnation: "i1"})
+	}
+	ft.must(CreateTopic{Name: "r", Partitions: 4, Type: TypeRaft3})
+	ft.nodes("d")
+	plan := ft.s().BalanceMoves(0)
+	if len(plan) == 0 || plan[0].Topic != "r" {
+		t.Fatalf("no Raft3 move planned: %+v", plan)
+	}
+	mv := plan[0]
+	p, _ := ft.s().Partition(mv.Topic, mv.Partition)
+	other := p.Replicas[0]
+	if other == mv.From {
+		other = p.Replicas[1]
+	}
+	ft.must(RegisterNode{ID: other, Addr: other + ":7000", Incarnation: "i2"}) // its disk replaced: lost
+	ft.refused(mv, ErrInvalid)
+	ft.must(MoveReplica{Topic: mv.Topic, Partition: mv.Partition, From: other, To: mv.To})
+	q, _ := ft.s().Partition(mv.Topic, mv.Partition)
+	if slices.Contains(q.Replicas, other) || !slices.Equal(q.Lost, []string{mv.To}) {
+		t.Fatalf("the lost replica moved away: %+v", q)
+	}
+}

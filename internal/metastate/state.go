@@ -475,6 +475,8 @@ func (s *State) Apply(index uint64, c Command) (next *State, res Result, err err
 		err = n.removeNode(c)
 	case MoveDone:
 		res.Topic, err = n.moveDone(c)
+	case AcceptLoss:
+		res.Topic, err = n.acceptLoss(c)
 	default:
 		err = fmt.Errorf("%w: command %T", ErrInvalid, c)
 	}

@@ -20,12 +20,12 @@ import (
 // configurations to their placement (replica.Rejoin).
 const rejoinEvery = 500 * time.Millisecond
 
-// lostOf returns the lost replicas of the Raft3 group of topic whose first
-// partition is first (metastate.Partition.Lost): their nodes came back as
-// new incarnations, and they have not rejoined yet.
-func (n *Node) lostOf(topic string, first int) []string {
+// placementOf returns the replicas of the Raft3 group of topic whose first
+// partition is first, and those lost (metastate.Partition.Lost): their
+// nodes came back as new incarnations, and they have not rejoined yet.
+func (n *Node) placementOf(topic string, first int) (replicas, lost []string) {
 	p, _ := n.agent.Meta().State().Partition(topic, first)
-	return p.Lost
+	return p.Replicas, p.Lost
 }
 
 // rejoinLoop runs rejoin every rejoinEvery until the node closes.

@@ -42,6 +42,12 @@ func (n *Node) Served(topic string, i int) (partition.Partition, error) {
 			case *single:
 				return p.served()
 			case *replica.Partition:
+				if err := p.Failed(); err != nil {
+					// The record makes this node the pair's leader and its
+					// replica cannot serve: the caller fails at once, as a
+					// call made here does.
+					return nil, fmt.Errorf("%w: %s/%d: %w", replica.ErrReplicaFailed, topic, i, err)
+				}
 				if l := p.Leading(); l != nil {
 					return l, nil // it answers while it leads
 				}

@@ -260,9 +260,9 @@ func (n *Node) attachGroup(p *replica.Partition, cfg replica.Raft3Config) error 
 		g, err := replica.OpenGroup(replica.GroupConfig{Self: cfg.Self, Replicas: cfg.Replicas,
 			Dir: filepath.Join(n.dir, "raft3", cfg.Topic, strconv.Itoa(cfg.First)), Partitions: cfg.Partitions,
 			Mux: n.agent.RaftMux(), Name: name, Log: log, ElectionTimeout: n.cfg.ElectionTimeout,
-			Logger:  cluster.NewHCLogger(n.cfg.Logger.With("topic", cfg.Topic, "group", cfg.First), "raft3"),
-			Lost:    func() []string { return n.lostOf(cfg.Topic, cfg.First) },
-			Vouched: func(leader string) bool { return n.vouchedBy(name, leader) }})
+			Logger:    cluster.NewHCLogger(n.cfg.Logger.With("topic", cfg.Topic, "group", cfg.First), "raft3"),
+			Placement: func() ([]string, []string) { return n.placementOf(cfg.Topic, cfg.First) },
+			Vouched:   func(leader string) bool { return n.vouchedBy(name, leader) }})
 		if err == nil {
 			delete(n.logs, name) // the group has it; a failed open is tried again on it
 		}

@@ -31,15 +31,18 @@ type GroupConfig struct {
 	Log             *raftqueue.WALLog
 	ElectionTimeout time.Duration // raft's default if zero
 	Logger          hclog.Logger
-	// Lost returns the group's lost replicas (metastate.Partition.Lost):
-	// their nodes came back as new incarnations, their data directories
-	// replaced, and they have not yet rejoined the group as new servers
-	// (Rejoin). A lost replica never bootstraps the group, which the
-	// others hold, grants no vote and asks for none: its log lacks what
-	// it had acknowledged, so it would grant a candidate lacking what was
-	// committed too, an intact but lagging one among them, or win with
-	// such a vote itself. Nil: none is lost.
-	Lost func() []string
+	// Placement returns the group's placement now: its replicas, and
+	// those lost (metastate.Partition.Lost): their nodes came back as new
+	// incarnations, their data directories replaced, and they have not yet
+	// rejoined the group as new servers (Rejoin). A lost replica never
+	// bootstraps the group, which the others hold, grants no vote and asks
+	// for none: its log lacks what it had acknowledged, so it would grant
+	// a candidate lacking what was committed too, an intact but lagging
+	// one among them, or win with such a vote itself. A replica that was
+	// lost stays so to itself until the placement has it not lost, and
+	// placed: one moved away before it rejoined still lacks its log and
+	// its term. Nil: the replicas cfg.Replicas, none lost.
+	Placement func() (replicas, lost []string)
 	// Vouched reports whether node leader told this replica, while it is
 	// lost, that it leads the group with a committed configuration that
 	// has this replica as a nonvoter (Rejoin's vouch). A lost replica takes
@@ -53,7 +56,7 @@ type GroupConfig struct {
 // OpenGroup opens a node's replica of a Raft3 raft group. A new replica
 // bootstraps the group with the three replicas; each of the three does so
 // alike, which raft allows. One with state rejoins, and so does a lost one
-// (cfg.Lost), which waits to be added back by the group's leader (Rejoin)
+// (cfg.Placement), which waits to be added back by the group's leader (Rejoin)
 // and meanwhile grants no vote.
 //
 // The group's layer accepts raft streams only from its members: the
@@ -70,21 +73,38 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 		g := opened.Load()
 		return g != nil && transport.InConfiguration(g.Raft(), peer)
 	}
-	lost := func() []string { return nil }
-	if cfg.Lost != nil {
-		lost = cfg.Lost
+	placement := func() ([]string, []string) { return cfg.Replicas, nil }
+	if cfg.Placement != nil {
+		placement = cfg.Placement
+	}
+	// lacking: this replica was lost when it opened, and the placement
+	// has not shown it rejoined (not lost, placed) since.
+	var lacking atomic.Bool
+	if _, l := placement(); slices.Contains(l, cfg.Self) {
+		lacking.Store(true)
+	}
+	isLost := func() ([]string, bool) {
+		reps, l := placement()
+		switch {
+		case slices.Contains(l, cfg.Self):
+			return l, true
+		case slices.Contains(reps, cfg.Self):
+			lacking.Store(false)
+		}
+		return l, lacking.Load()
 	}
 	// A lost replica neither votes nor campaigns, and a vote never goes
 	// to a candidate this node knows lost.
-	campaign := func() bool { return !slices.Contains(lost(), cfg.Self) }
+	campaign := func() bool { _, lost := isLost(); return !lost }
 	vote := func(candidate string) bool {
-		l := lost()
-		return !slices.Contains(l, cfg.Self) && !slices.Contains(l, candidate)
+		l, lost := isLost()
+		return !lost && !slices.Contains(l, candidate)
 	}
 	// A lost replica takes entries only from a leader that vouched for
 	// its place as a nonvoter (cfg.Vouched).
 	lead := func(leader string) bool {
-		return !slices.Contains(lost(), cfg.Self) || cfg.Vouched != nil && cfg.Vouched(leader)
+		_, lost := isLost()
+		return !lost || cfg.Vouched != nil && cfg.Vouched(leader)
 	}
 	layer, err := cfg.Mux.Layer(cfg.Name, transport.LayerConfig{Member: member, Vote: vote, Campaign: campaign, Lead: lead})
 	if err != nil {
@@ -117,7 +137,7 @@ func OpenGroup(cfg GroupConfig) (*raftqueue.Group, error) {
 	for j, id := range cfg.Replicas {
 		servers[j] = raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(id)}
 	}
-	if !slices.Contains(lost(), cfg.Self) {
+	if !lacking.Load() {
 		if err := g.Bootstrap(servers); err != nil {
 			g.Close()
 			return nil, err

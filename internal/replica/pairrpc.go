@@ -26,12 +26,16 @@ const (
 	codeCommitted = remote.FirstUserCode + 102
 	codeBadAppend = remote.FirstUserCode + 103
 	codeNoInSync  = remote.FirstUserCode + 104
+	// A leader whose replica cannot serve says why to the node that
+	// forwarded the call, which returns it at once.
+	codeReplicaFailed = remote.FirstUserCode + 105
 )
 
 func init() {
 	remote.RegisterError(codeCommitted, pairlog.ErrCommitted)
 	remote.RegisterError(codeBadAppend, pairlog.ErrBadAppend)
 	remote.RegisterError(codeNoInSync, ErrNoInSync)
+	remote.RegisterError(codeReplicaFailed, ErrReplicaFailed)
 }
 
 // The request, version 1, after the partition's head (appendPairHead):
