@@ -22,10 +22,11 @@ import (
 // (cluster_process_node_test.go) on loopback, take sends from their own
 // clients into a Raft3 and a DoubleWrite topic and deliver them to a
 // consumer group, while a seeded schedule kills (SIGKILL) and restarts
-// them, pauses them (SIGSTOP), closes them cleanly, cuts their links and
-// replaces a node's disk. One fault at a time; a disk is replaced only
-// while the cluster is whole (a second replica lost before the first
-// caught up loses data by design). Then every fault heals, the senders
+// them, pauses them (SIGSTOP), closes them cleanly, cuts their links,
+// replaces a node's disk and balances the Raft3 leaders (BalanceLeaders;
+// each Raft3 partition has a group of its own). One fault at a time; a
+// disk is replaced only while the cluster is whole (a second replica lost
+// before the first caught up loses data by design). Then every fault heals, the senders
 // stop, and the whole history is checked:
 //
 //   - every acknowledged message is stored once, at the partition and
@@ -372,7 +373,7 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 	faults := 0
 	for end := time.Now().Add(d); time.Now().Before(end); faults++ {
 		x := pick()
-		switch k := rng.IntN(6); k {
+		switch k := rng.IntN(7); k {
 		case 0:
 			t.Logf("fault %d: kill -9 %s", faults, x)
 			c.kill(x)
@@ -422,6 +423,9 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 				t.Fatal(err)
 			}
 			restart(x)
+		case 6:
+			c.tell(x, "balance")
+			t.Logf("fault %d: %s balances the Raft3 leaders: %s", faults, x, c.await(c.procs[x], "balanced", time.Minute))
 		}
 		time.Sleep(time.Duration(200+rng.IntN(1000)) * time.Millisecond)
 	}

@@ -113,6 +113,11 @@ func runProcessNode(env string) {
 			mq.SetLinkDown(m, f[1], f[2] == "1")
 		case "status":
 			p.status()
+		case "balance":
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			moved, err := m.BalanceLeaders(ctx)
+			cancel()
+			p.println("balanced %d %v", moved, strings.ReplaceAll(fmt.Sprint(err), "\n", " "))
 		case "stop":
 			close(p.stop)
 			p.senders.Wait()
@@ -138,7 +143,7 @@ func (p *pnode) create(topic, typ string, parts int) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for {
-		err := p.m.CreateMQ(ctx, topic, parts, mq.Options{Type: t})
+		err := p.m.CreateMQ(ctx, topic, parts, mq.Options{Type: t, PartitionsPerRaftGroup: map[mq.Type]int{mq.Raft3: 1}[t]})
 		switch {
 		case err == nil || errors.Is(err, mq.ErrTopicExists):
 			p.println("created %s", topic)
