@@ -27,20 +27,67 @@ func TestDoubleWrite_AcceptDataLossAfterTheOnlyCopyIsLost(t *testing.T) {
 	parallelByDefault(t)
 	const parts = 3
 	c := newCluster(t, 3, withSession(8*time.Second), withDoubleWrite(parts, mq.Options{AckAlone: true, PartitionsPerPair: 1}))
-	part, leader, follower := dwPairOff(t, c, parts)
-	c.waitInSync(part, 10*time.Second)
-	third := othersThan(c, leader, follower)[0]
+	part, leader, follower, third, before := noIntactCopy(t, c, parts)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	p, err := c.nodes[third].NewProducer("d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	start := time.Now()
+	_, err = p.SendMessage(sctx, (&mq.Message{ID: "refused", Body: []byte("x")}).ToPartition(part))
+	scancel()
+	if !errors.Is(err, mq.ErrNoQuorum) || time.Since(start) > 5*time.Second {
+		t.Fatalf("a send with no intact copy: %v after %v", err, time.Since(start))
+	}
+
+	for _, bad := range []string{third, leader} {
+		// A node that is no replica; the leader, whose copy was lost:
+		// its empty log would contradict what the follower committed.
+		if err := c.nodes[third].AcceptDataLoss(ctx, "d", part, bad); !errors.Is(err, mq.ErrInvalidOption) {
+			t.Fatalf("AcceptDataLoss naming %s: %v", bad, err)
+		}
+	}
+	if err := c.nodes[third].AcceptDataLoss(ctx, "d", part, follower); err != nil {
+		t.Fatalf("AcceptDataLoss: %v", err)
+	}
+	if ld, _, inSync := c.record("d", part); ld != follower || !slices.Equal(inSync, []string{follower}) {
+		t.Fatalf("after AcceptDataLoss: leader %s, in sync %q", ld, inSync)
+	}
+	after, err := dwSend(c.nodes[third], parts, part, 50, "after", 60*time.Second)
+	if err != nil {
+		t.Fatalf("sends after AcceptDataLoss: %v", err)
+	}
+	c.waitInSync(part, 60*time.Second)
+	for _, id := range othersThan(c) {
+		seen := dwCheckStored(ctx, t, c.nodes[id], parts, append(slices.Clone(before), after...))
+		if seen["refused"] != 0 {
+			t.Errorf("a send refused with ErrNoQuorum is stored, read through %s", id)
+		}
+	}
+}
+
+// noIntactCopy brings a pair of d to the state AcceptDataLoss is for,
+// which refuses it before: 50 "before" messages acked while both were in sync, 20
+// "alone" ones acked by the leader alone, then the leader's directory
+// replaced. The record has no replica in sync.
+func noIntactCopy(t *testing.T, c *testCluster, parts int) (part int, leader, follower, third string, before []string) {
+	t.Helper()
+	part, leader, follower = dwPairOff(t, c, parts)
+	c.waitInSync(part, 10*time.Second)
+	third = othersThan(c, leader, follower)[0]
 	before, err := dwSend(c.nodes[third], parts, part, 50, "before", 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.waitInSync(part, 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	if err := c.nodes[third].AcceptDataLoss(ctx, "d", part, follower); !errors.Is(err, mq.ErrInvalidOption) {
 		t.Fatalf("AcceptDataLoss with the follower in sync: %v", err)
 	}
-
 	c.cut(leader, follower, true)
 	waitFor(t, 20*time.Second, "the leader alone in sync", func() bool {
 		_, _, inSync := c.record("d", part)
@@ -64,37 +111,40 @@ func TestDoubleWrite_AcceptDataLossAfterTheOnlyCopyIsLost(t *testing.T) {
 	waitFor(t, 30*time.Second, "the pair failed on "+leader, func() bool {
 		return strings.Contains(c.nodes[leader].ClusterStatus().Failed[fmt.Sprintf("d/%d", part)], "no intact copy")
 	})
-	p, err := c.nodes[third].NewProducer("d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-	start := time.Now()
-	_, err = p.SendMessage(sctx, (&mq.Message{ID: "refused", Body: []byte("x")}).ToPartition(part))
-	scancel()
-	if !errors.Is(err, mq.ErrNoQuorum) || time.Since(start) > 5*time.Second {
-		t.Fatalf("a send with no intact copy: %v after %v", err, time.Since(start))
-	}
+	return part, leader, follower, third, before
+}
 
-	if err := c.nodes[third].AcceptDataLoss(ctx, "d", part, third); !errors.Is(err, mq.ErrInvalidOption) {
-		t.Fatalf("AcceptDataLoss naming a node that is no replica: %v", err)
-	}
-	if err := c.nodes[third].AcceptDataLoss(ctx, "d", part, follower); err != nil {
-		t.Fatalf("AcceptDataLoss: %v", err)
-	}
-	if ld, _, inSync := c.record("d", part); ld != follower || !slices.Equal(inSync, []string{follower}) {
-		t.Fatalf("after AcceptDataLoss: leader %s, in sync %q", ld, inSync)
-	}
-	after, err := dwSend(c.nodes[third], parts, part, 50, "after", 60*time.Second)
-	if err != nil {
-		t.Fatalf("sends after AcceptDataLoss: %v", err)
-	}
-	c.waitInSync(part, 60*time.Second)
-	for _, id := range othersThan(c) {
-		seen := dwCheckStored(ctx, t, c.nodes[id], parts, append(slices.Clone(before), after...))
-		if seen["refused"] != 0 {
-			t.Errorf("a send refused with ErrNoQuorum is stored, read through %s", id)
+// TestDoubleWrite_NoIntactCopyOutlastsItsFollowersAbsence: a pair with no
+// intact copy waits for an operator's AcceptDataLoss, also while its
+// follower, which holds every message acked while both were in sync, is
+// down (its node closed, its data kept): the metadata leader's failover
+// does not replace it, so the wiped leader is never recorded in sync.
+// (Before, ReplaceFollower recorded it so: it led its empty log, and the
+// 50 messages acked while both held them were gone.)
+func TestDoubleWrite_NoIntactCopyOutlastsItsFollowersAbsence(t *testing.T) {
+	const parts = 3
+	c := newCluster(t, 3, withSession(4*time.Second), withDoubleWrite(parts, mq.Options{AckAlone: true, PartitionsPerPair: 1}))
+	part, leader, follower, third, before := noIntactCopy(t, c, parts)
+	c.kill(follower)                             // its data stays: the only copy of the "before" messages
+	deadline := time.Now().Add(10 * time.Second) // past two sessions
+	for time.Now().Before(deadline) {
+		ld, reps, inSync := c.record("d", part)
+		if len(inSync) > 0 {
+			t.Logf("without AcceptDataLoss the record became leader %s, replicas %q, in sync %q", ld, reps, inSync)
+			after, err := dwSend(c.nodes[third], parts, part, 5, "after", 20*time.Second)
+			t.Logf("sends after: %d acked, %v", len(after), err)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			seen := readAll(ctx, t, c.nodes[third], "d", parts)
+			lost := 0
+			for _, id := range before {
+				if seen[id] == 0 {
+					lost++
+				}
+			}
+			t.Fatalf("the wiped leader %s was recorded in sync with no AcceptDataLoss (its follower %s down): %d of %d messages acked while both were in sync are not read; %d sends acked after",
+				leader, follower, lost, len(before), len(after))
 		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

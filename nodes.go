@@ -156,14 +156,19 @@ func (m *MQ) BalanceLeaders(ctx context.Context) (int, error) {
 // serves nothing because no copy is known to hold what it acked: its
 // leader's data directory was replaced while it acked alone (AckAlone),
 // and ClusterStatus's Failed names the partition with "no intact copy
-// known". Node leader, a replica of the pair that is up, then leads with
-// what it holds, and the other replica follows it from there. What only
-// the lost copy held is given up: messages acked while the leader was
-// alone in sync may be gone, and their offsets taken by new sends. Prefer
-// the replica that held most (the follower, unless it was replaced too).
-// It needs the Admin right on "*". It returns ErrInvalidOption when a
-// replica is in sync (there is no loss to accept), when leader is no
-// replica of the pair, or when the pair's record changed meanwhile.
+// known". Nothing else ends that state: the pair waits, also while its
+// follower is down, since the follower may hold the only copy. Node
+// leader, the pair's follower, then leads with what it holds, and the
+// old leader follows it from there. What only the lost copy held is given
+// up: messages acked while the leader was alone in sync may be gone, and
+// their offsets taken by new sends. A consumer group that had read past
+// the follower's end claims the partition again from the offset stored
+// there when its next read finds its position past the end; one whose
+// next read comes only after new sends filled those offsets skips them
+// (ResetOffset to an earlier offset delivers them again). It needs the Admin right
+// on "*". It returns ErrInvalidOption when a replica is in sync (there is
+// no loss to accept), when leader is not the follower (the leader's copy
+// is the one lost), or when the pair's record changed meanwhile.
 func (m *MQ) AcceptDataLoss(ctx context.Context, topic string, partition int, leader string) error {
 	if m.closed.Load() {
 		return ErrClosed

@@ -95,6 +95,13 @@ var (
 	// ErrClaimed is returned by OpClaim with a MaxAge lease while the
 	// group's owner holds it. The command changed nothing.
 	ErrClaimed = errors.New("store: group held by its owner's lease")
+	// ErrPastEnd is returned by Fetch from an offset past the partition's
+	// end, and by OpCommitOffset and OpUnclaim storing one: no consumer
+	// reads past the end of an intact log, so its position was taken
+	// from a tail the partition no longer holds (a DoubleWrite pair whose
+	// lost copy an operator gave up, AcceptDataLoss). The consumer claims
+	// again, from the offset the partition holds. Nothing changed.
+	ErrPastEnd = errors.New("store: offset past the end of the partition")
 	// ErrFrozen is returned for a command other than OpFreeze and OpThaw
 	// to a frozen partition (OpFreeze): nothing ran, and the partition's
 	// next owner runs it once it took over.

@@ -157,6 +157,9 @@ func (p *Partition) Fetch(ctx context.Context, from uint64, max, maxBytes int, d
 		if err := p.failure(); err != nil {
 			return dst, err // failed before the read: nothing more comes
 		}
+		if next := p.snapshot().st.Next; from > next {
+			return dst, fmt.Errorf("%w: fetch from %d, the partition ends at %d", ErrPastEnd, from, next)
+		}
 		select {
 		case <-p.down: // read once more, then return the failure
 		case <-changed:

@@ -14,7 +14,9 @@ import (
 // one whose follower is down gets a new one if a node is free
 // (ReplaceFollower). A pair whose leader is down and whose follower is out
 // of sync is left as it is: that follower may lack acked batches, and is
-// never promoted automatically. Each proposal carries the version it read,
+// never promoted automatically, nor is a follower replaced while the
+// leader's own copy is lost (no replica in sync: AcceptLoss is an
+// operator's). Each proposal carries the version it read,
 // so one that lost a race (ErrStale) changes nothing, and the next tick
 // looks at the new record.
 func (m *Meta) failover(ctx context.Context) {
@@ -25,7 +27,9 @@ func (m *Meta) failover(ctx context.Context) {
 		switch {
 		case !leader.Up && follower.Up && slices.Contains(p.InSync, f):
 			return metastate.Promote{Topic: name, Partition: i, Version: p.Version, Leader: f}
-		case leader.Up && !follower.Up && s.LeastLoaded(p.Leader, f) != "":
+		case leader.Up && !follower.Up && len(p.InSync) > 0 && s.LeastLoaded(p.Leader, f) != "":
+			// With no replica in sync (the leader's copy lost) the
+			// follower, down, may hold the only copy: an operator decides.
 			return metastate.ReplaceFollower{Topic: name, Partition: i, Version: p.Version}
 		}
 		return nil

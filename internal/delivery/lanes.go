@@ -215,6 +215,7 @@ func (w *worker) runParallel(ctx context.Context, offset *uint64) {
 		case r := <-resps:
 			fetching = false
 			switch {
+			case w.pastEnd(r.err):
 			case r.err != nil:
 				if ctx.Err() == nil && !w.moved.Load() {
 					w.logger().Error("read failed; retrying", "offset", next, "err", r.err)

@@ -118,6 +118,9 @@ func (w *worker) run(ctx context.Context) {
 		var err error
 		buf, err = w.fetch(offset, cfg.Batch, cfg.BatchBytes, buf[:0], true)
 		if err != nil {
+			if w.pastEnd(err) {
+				continue
+			}
 			if ctx.Err() == nil && !w.moved.Load() {
 				w.logger().Error("read failed; retrying", "offset", offset, "err", err)
 				w.wait(ctx, errorPause, nil)
@@ -161,6 +164,14 @@ func (w *worker) claim(ctx context.Context) (uint64, bool) {
 			w.gen, w.committed, w.lastCommit = res.Generation, res.Offset, time.Now()
 			w.leaseGen.Store(res.Generation)
 			w.renewed(sent)
+			if end := w.p.Stats().Next; res.Offset > end {
+				// Stored past the end by a position the partition no
+				// longer holds the tail of (store.ErrPastEnd): from its
+				// end, what came after the loss.
+				w.logger().Warn("committed offset past the end of the partition, whose tail was given up: delivering from its end",
+					"committed", res.Offset, "end", end)
+				return end, true
+			}
 			return res.Offset, true
 		}
 		if ctx.Err() != nil {
@@ -322,9 +333,25 @@ func (w *worker) store(offset uint64) {
 	case errors.Is(err, store.ErrStaleGeneration):
 		w.committed = offset // nothing more to commit under this claim
 		w.fenced()
+	case w.pastEnd(err):
 	case !errors.Is(err, store.ErrClosed):
 		w.logger().Error("offset commit failed", "err", err)
 	}
+}
+
+// pastEnd reports whether err says the worker's position is past the
+// partition's end (store.ErrPastEnd), and if so has it claim again: the
+// partition no longer holds the tail the position was taken from (a
+// DoubleWrite pair's lost copy given up by an operator), and what is
+// stored from the offset it holds on, new sends at the lost ones'
+// offsets among them, is delivered again from there.
+func (w *worker) pastEnd(err error) bool {
+	if !errors.Is(err, store.ErrPastEnd) {
+		return false
+	}
+	w.logger().Warn("position past the end of the partition, whose tail was given up: claiming it again", "err", err)
+	w.markMoved()
+	return true
 }
 
 // fenced handles a refused commit. When a reset took the partition, or the

@@ -165,23 +165,33 @@ func (s *State) acceptLoss(c AcceptLoss) (Topic, error) {
 	switch {
 	case len(p.InSync) > 0:
 		return Topic{}, fmt.Errorf("%w: %s/%d: %q in sync hold every acked batch: no loss to accept", ErrInvalid, c.Topic, c.Partition, p.InSync)
-	case !slices.Contains(p.Replicas, c.Leader):
-		return Topic{}, fmt.Errorf("%w: %s/%d: %s is no replica (replicas %q)", ErrInvalid, c.Topic, c.Partition, c.Leader, p.Replicas)
+	case c.Leader == p.Leader:
+		// Its copy is the one lost: its empty log would contradict what
+		// the follower holds committed, which refuses it.
+		return Topic{}, fmt.Errorf("%w: %s/%d: %s, the leader, lost its copy: name the follower %s", ErrInvalid, c.Topic, c.Partition, c.Leader, p.Follower())
+	case c.Leader != p.Follower():
+		return Topic{}, fmt.Errorf("%w: %s/%d: %s is not the follower (replicas %q)", ErrInvalid, c.Topic, c.Partition, c.Leader, p.Replicas)
 	case !s.nodes[c.Leader].Up:
 		return Topic{}, fmt.Errorf("%w: %s, to lead %s/%d", ErrNodeDown, c.Leader, c.Topic, c.Partition)
 	}
-	other := p.Leader
-	if other == c.Leader {
-		other = p.Follower()
-	}
-	p.Replicas, p.Leader, p.Epoch, p.InSync = []string{c.Leader, other}, c.Leader, p.Epoch+1, []string{c.Leader}
+	p.Replicas, p.Leader, p.Epoch, p.InSync = []string{c.Leader, p.Leader}, c.Leader, p.Epoch+1, []string{c.Leader}
 	return s.withPart(t, c.Partition, p), nil
+}
+
+// errNoIntactCopy refuses a change that would record the leader of pair p
+// in sync while its record holds no replica in sync (lostCopies): only an
+// operator's AcceptLoss ends that.
+func errNoIntactCopy(c string, topic string, i int, p Partition) error {
+	return fmt.Errorf("%w: %s of %s/%d: its leader %s holds no intact copy; an operator decides (AcceptLoss)", ErrNotInSync, c, topic, i, p.Leader)
 }
 
 func (s *State) replaceFollower(c ReplaceFollower) (Topic, error) {
 	t, p, err := s.pair(c.Topic, c.Partition, c.Version)
 	if err != nil {
 		return Topic{}, err
+	}
+	if len(p.InSync) == 0 {
+		return Topic{}, errNoIntactCopy("ReplaceFollower", c.Topic, c.Partition, p)
 	}
 	follower := s.LeastLoaded(p.Leader, p.Follower())
 	if follower == "" {

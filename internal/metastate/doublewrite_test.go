@@ -506,3 +506,43 @@ func TestAcceptLoss(t *testing.T) {
 		t.Fatalf("a snapshot after AcceptLoss: %v", err)
 	}
 }
+
+// lostPair returns a state whose DoubleWrite pair d/0 has no intact copy:
+// its leader acked alone, then came back as a new incarnation
+// (lostCopies). It returns the leader, the follower and the third node.
+func lostPair(t *testing.T) (ft *stateT, leader, follower, third string) {
+	ft = newStateT(t)
+	for _, id := range []string{"a", "b", "c"} {
+		ft.must(RegisterNode{ID: id, Addr: id + ":7000", Incarnation: "i1-" + id})
+	}
+	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite, AllowAlone: true})
+	p := ft.dwPart(0)
+	leader, follower = p.Leader, p.Follower()
+	for _, id := range []string{"a", "b", "c"} {
+		if id != leader && id != follower {
+			third = id
+		}
+	}
+	ft.must(SetInSync{Topic: "d", Partition: 0, Version: p.Version, InSync: []string{leader}})
+	ft.must(RegisterNode{ID: leader, Addr: leader + ":7000", Incarnation: "i2-" + leader})
+	if lost := ft.dwPart(0); lost.Leader != leader || len(lost.InSync) != 0 {
+		t.Fatalf("the pair after its lone leader's new incarnation: %+v", lost)
+	}
+	return ft, leader, follower, third
+}
+
+// TestNoIntactCopy_OnlyAcceptLossEndsIt: a pair whose leader acked alone
+// and came back as a new incarnation holds no replica in sync. Neither
+// ReplaceFollower (the failover's, its follower down) nor a MoveReplica
+// of its follower ends that, recording the wiped leader in sync (before,
+// both did: it led its empty log, every acked batch given up with no
+// operator's decision); AcceptLoss naming the leader is refused too.
+func TestNoIntactCopy_OnlyAcceptLossEndsIt(t *testing.T) {
+	ft, leader, follower, third := lostPair(t)
+	lost := ft.dwPart(0)
+	ft.refused(MoveReplica{Topic: "d", Partition: 0, Version: lost.Version, From: follower, To: third}, ErrNotInSync)
+	ft.refused(AcceptLoss{Topic: "d", Partition: 0, Version: lost.Version, Leader: leader}, ErrInvalid)
+	nd, _ := ft.s().Node(follower)
+	ft.must(NodeDown{ID: follower, Session: nd.Session})
+	ft.refused(ReplaceFollower{Topic: "d", Partition: 0, Version: ft.dwPart(0).Version}, ErrNotInSync)
+}

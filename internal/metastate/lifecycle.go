@@ -59,11 +59,15 @@ type RemoveNode struct {
 
 // AcceptLoss is an operator's decision on a DoubleWrite pair whose record
 // holds no replica in sync (its leader's data directory was replaced while
-// it acked alone, State.lostCopies): Leader, a replica of the pair that is
-// up, leads at the next epoch with what it holds, alone in sync, the other
-// replica its follower, caught up from it. What the lost copy alone held
-// is given up. The record must be at Version (ErrStale), and have no
-// replica in sync (ErrInvalid: an intact copy is known, nothing to accept).
+// it acked alone, State.lostCopies): Leader, the pair's follower, which
+// must be up, leads at the next epoch with what it holds, alone in sync,
+// the old leader its follower, caught up from it. What the lost copy alone
+// held is given up. The record must be at Version (ErrStale), and have no
+// replica in sync (ErrInvalid: an intact copy is known, nothing to
+// accept). Naming the leader is refused (ErrInvalid): its copy is the one
+// lost, and its empty log would contradict what the follower committed.
+// Nothing else ends that state: ReplaceFollower and a MoveReplica of the
+// follower are refused (ErrNotInSync).
 type AcceptLoss struct {
 	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic     string
@@ -233,6 +237,9 @@ func (s *State) moveReplica(c MoveReplica) (Topic, error) {
 		}
 		if c.From == p.Leader {
 			return Topic{}, fmt.Errorf("%w: %s leads %s/%d: hand the pair over first (Promote)", ErrInvalid, c.From, c.Topic, c.Partition)
+		}
+		if len(p.InSync) == 0 {
+			return Topic{}, errNoIntactCopy("MoveReplica", c.Topic, c.Partition, p)
 		}
 		p.Replicas, p.InSync, p.Epoch = []string{p.Leader, to}, []string{p.Leader}, p.Epoch+1
 		return s.withPart(t, c.Partition, p), nil

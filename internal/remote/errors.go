@@ -79,6 +79,7 @@ const (
 	codeClaimed       = 29
 	codeOtherProducer = 30
 	codeFrozen        = 31
+	codePastEnd       = 32
 )
 
 type codedErr struct {
@@ -100,6 +101,7 @@ var builtin = []codedErr{
 	{codeClaimed, store.ErrClaimed},
 	{codeOtherProducer, store.ErrOtherProducer},
 	{codeFrozen, store.ErrFrozen},
+	{codePastEnd, store.ErrPastEnd},
 	{codeBadCommand, store.ErrBadCommand},
 	{codeTooLarge, store.ErrTooLarge},
 	{codeFailed, store.ErrFailed},
