@@ -53,7 +53,8 @@ func TestDoubleWrite_AcceptDataLossAfterTheOnlyCopyIsLost(t *testing.T) {
 	if err := c.nodes[third].AcceptDataLoss(ctx, "d", part, follower); err != nil {
 		t.Fatalf("AcceptDataLoss: %v", err)
 	}
-	if ld, _, inSync := c.record("d", part); ld != follower || !slices.Equal(inSync, []string{follower}) {
+	// AcceptDataLoss returns once the caller's state shows the decision.
+	if ld, _, inSync, _ := mq.PairRecord(c.nodes[third], "d", part); ld != follower || !slices.Equal(inSync, []string{follower}) {
 		t.Fatalf("after AcceptDataLoss: leader %s, in sync %q", ld, inSync)
 	}
 	after, err := dwSend(c.nodes[third], parts, part, 50, "after", 60*time.Second)
