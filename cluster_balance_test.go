@@ -62,10 +62,11 @@ func TestCluster_BalanceLeadersUnderLoad(t *testing.T) {
 	t.Logf("%d acked", l.total())
 }
 
-// TestCluster_BalanceLeadersNeedsAdmin: a node whose identity lacks the
-// Admin right on "*" cannot balance, and a standalone MQ or a closed one
-// says why at once.
-func TestCluster_BalanceLeadersNeedsAdmin(t *testing.T) {
+// TestCluster_BalanceNeedsAdmin: a node whose identity lacks the Admin
+// right on "*" can balance neither leaders nor replicas, also when there
+// is nothing to move; a standalone MQ or a closed one says why at once, as
+// AcceptDataLoss does.
+func TestCluster_BalanceNeedsAdmin(t *testing.T) {
 	parallelByDefault(t)
 	c := newCluster(t, 3)
 	ctx := testCtx(t)
@@ -77,8 +78,14 @@ func TestCluster_BalanceLeadersNeedsAdmin(t *testing.T) {
 		_, err := c.nodes["n2"].BalanceLeaders(ctx)
 		return errors.Is(err, mq.ErrDenied)
 	})
+	if _, err := c.nodes["n2"].BalanceReplicas(ctx, 0); !errors.Is(err, mq.ErrDenied) {
+		t.Errorf("BalanceReplicas by n2, no admin: %v", err)
+	}
 	if _, err := c.nodes["n1"].BalanceLeaders(ctx); err != nil {
 		t.Errorf("n1, an admin: %v", err)
+	}
+	if _, err := c.nodes["n1"].BalanceReplicas(ctx, 0); err != nil {
+		t.Errorf("BalanceReplicas by n1, an admin: %v", err)
 	}
 	standalone, err := mq.Open(t.TempDir())
 	if err != nil {
@@ -87,9 +94,21 @@ func TestCluster_BalanceLeadersNeedsAdmin(t *testing.T) {
 	if _, err := standalone.BalanceLeaders(ctx); !errors.Is(err, mq.ErrUnsupportedType) {
 		t.Errorf("standalone: %v", err)
 	}
+	if _, err := standalone.BalanceReplicas(ctx, 0); !errors.Is(err, mq.ErrUnsupportedType) {
+		t.Errorf("standalone BalanceReplicas: %v", err)
+	}
+	if err := standalone.AcceptDataLoss(ctx, "d", 0, "n1"); !errors.Is(err, mq.ErrUnsupportedType) {
+		t.Errorf("standalone AcceptDataLoss: %v", err)
+	}
 	standalone.Close()
 	if _, err := standalone.BalanceLeaders(ctx); !errors.Is(err, mq.ErrClosed) {
 		t.Errorf("closed: %v", err)
+	}
+	if _, err := standalone.BalanceReplicas(ctx, 0); !errors.Is(err, mq.ErrClosed) {
+		t.Errorf("closed BalanceReplicas: %v", err)
+	}
+	if err := standalone.AcceptDataLoss(ctx, "d", 0, "n1"); !errors.Is(err, mq.ErrClosed) {
+		t.Errorf("closed AcceptDataLoss: %v", err)
 	}
 }
 

@@ -106,6 +106,9 @@ func (m *MQ) BalanceReplicas(ctx context.Context, most int) (int, error) {
 	if m.cluster == nil {
 		return 0, fmt.Errorf("%w: replicas are balanced only in a cluster", ErrUnsupportedType)
 	}
+	if err := m.cluster.Allowed(m.cluster.ID(), "*", metastate.RightAdmin); err != nil {
+		return 0, translate(err) // also when there is nothing to move
+	}
 	started := 0
 	var errs []error
 	for _, mv := range m.cluster.Agent().Meta().State().BalanceMoves(most) {
