@@ -105,6 +105,9 @@ type Agent struct {
 	// (joinReply): the one its metadata replica takes entries from until
 	// it votes (metaMayFollow). A string; nil until then.
 	registeredBy atomic.Value
+	// leaderIndex is the index of the leader's state in the last reply to
+	// this process's registration or heartbeat; 0 before the first.
+	leaderIndex atomic.Uint64
 
 	book      atomic.Pointer[map[string]string] // the address book as last saved: node id → address
 	announced sync.Map                          // node id → the address it announced itself at (opAnnounce, or a seed's handshake)
@@ -612,7 +615,23 @@ func (n *Agent) noteRegisteredBy(resp []byte) {
 	var r joinReply
 	if len(resp) > 0 && decodeMsg(resp, &r) == nil && r.Leader != "" {
 		n.registeredBy.Store(r.Leader)
+		n.leaderIndex.Store(r.Index)
 	}
+}
+
+// Behind reports whether this node's metadata state may lack what the
+// cluster has committed: it has not yet applied what the metadata
+// leader's state held when it last answered this process's registration
+// or heartbeat (none yet, after a start), or its session may have lapsed
+// (it has not heard from the leader for a while). A peer unknown to a
+// state that is behind may be a node that joined since: callers tell it
+// to try again rather than deny it.
+func (n *Agent) Behind() bool {
+	if n.meta.IsLeader() {
+		return false
+	}
+	at := n.leaderIndex.Load()
+	return at == 0 || n.meta.State().Index() < at || !n.SessionValid()
 }
 
 func (n *Agent) heartbeat(ctx context.Context) error {

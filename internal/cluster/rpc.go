@@ -112,6 +112,9 @@ func decodeJoin(req []byte) (joinReq, error) {
 type joinReply struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Leader   string
+	// Index is the index of the leader's metadata state when it answered:
+	// the caller's state is behind until it has applied as much (Behind).
+	Index uint64
 }
 
 type checkTxReq struct {
@@ -302,7 +305,7 @@ func (n *Agent) handleJoin(ctx context.Context, peer string, req []byte) ([]byte
 	if err := n.meta.AddNode(ctx, metastate.RegisterNode{ID: j.ID, Addr: j.Addr, Incarnation: j.Incarnation, Cluster: j.Cluster}); err != nil {
 		return nil, err
 	}
-	return encodeMsg(&joinReply{Leader: n.cfg.ID})
+	return encodeMsg(&joinReply{Leader: n.cfg.ID, Index: n.meta.State().Index()})
 }
 
 // handleHeartbeat renews the calling node's session on the leader. An
@@ -331,7 +334,7 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 	if err := n.meta.Heartbeat(j.ID); err != nil {
 		return nil, err
 	}
-	return encodeMsg(&joinReply{Leader: n.cfg.ID})
+	return encodeMsg(&joinReply{Leader: n.cfg.ID, Index: n.meta.State().Index()})
 }
 
 // handlePropose applies a command on the leader for peer, if the ACL

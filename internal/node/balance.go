@@ -12,7 +12,6 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/zeze-go/mq/internal/cluster"
 	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/remote"
 	"github.com/zeze-go/mq/internal/wire"
@@ -272,11 +271,8 @@ func (n *Node) leadTo(group groupRef, to string) error {
 
 // serveLeading serves OpLeading to a node of the cluster.
 func (n *Node) serveLeading(_ context.Context, peer string, _ []byte) ([]byte, error) {
-	if n.started.Load() == nil {
-		return nil, errStarting
-	}
-	if !n.agent.IsNode(peer) {
-		return nil, n.refuse(peer, "not a node: leading", fmt.Errorf("%w: %s is not a node of this cluster", cluster.ErrDenied, peer))
+	if err := n.nodeOnly(peer, "leading"); err != nil {
+		return nil, err
 	}
 	return msgpack.Marshal(&leadingReply{Groups: n.leading()})
 }
@@ -284,11 +280,8 @@ func (n *Node) serveLeading(_ context.Context, peer string, _ []byte) ([]byte, e
 // serveLeadTo serves OpLeadTo to a node of the cluster with the Admin
 // right on "*".
 func (n *Node) serveLeadTo(_ context.Context, peer string, req []byte) ([]byte, error) {
-	if n.started.Load() == nil {
-		return nil, errStarting
-	}
-	if !n.agent.IsNode(peer) {
-		return nil, n.refuse(peer, "not a node: lead to", fmt.Errorf("%w: %s is not a node of this cluster", cluster.ErrDenied, peer))
+	if err := n.nodeOnly(peer, "lead to"); err != nil {
+		return nil, err
 	}
 	if err := n.Allowed(peer, "*", metastate.RightAdmin); err != nil {
 		return nil, err

@@ -78,11 +78,8 @@ func (n *Node) Served(topic string, i int) (partition.Partition, error) {
 // current assignment (owns). Any right reads a transaction's state. A
 // group's retry and dead-letter topics are the group's (authorizeSystem).
 func (n *Node) authorize(peer, topic string, index int, op uint16, cmd *store.Command) error {
-	if n.started.Load() == nil {
-		return errStarting
-	}
-	if !n.agent.IsNode(peer) {
-		return n.refuse(peer, "not a node: partition service", fmt.Errorf("%w: %s is not a node of this cluster", cluster.ErrDenied, peer))
+	if err := n.nodeOnly(peer, "partition service"); err != nil {
+		return err
 	}
 	if group, ok := metastate.SystemGroup(topic); ok {
 		return n.authorizeSystem(peer, topic, group, index, op, cmd)
@@ -250,6 +247,22 @@ func (n *Node) owns(peer, topic string, index int, group string) error {
 		fmt.Errorf("%w: %s does not own %s/%d in group %s", cluster.ErrDenied, peer, topic, index, group))
 }
 
+// nodeOnly returns nil if peer is a current node of the cluster, for a call
+// of op: errStarting while this node starts, errBehind while its metadata
+// is behind and does not know peer, else cluster.ErrDenied, logged.
+func (n *Node) nodeOnly(peer, op string) error {
+	if n.started.Load() == nil {
+		return errStarting
+	}
+	if n.agent.IsNode(peer) {
+		return nil
+	}
+	if n.agent.Behind() {
+		return fmt.Errorf("%w: %s is unknown to node %s, whose metadata is behind", errBehind, peer, n.agent.ID())
+	}
+	return n.refuse(peer, "not a node: "+op, fmt.Errorf("%w: %s is not a node of this cluster", cluster.ErrDenied, peer))
+}
+
 // refuse logs err, a refusal of peer's call, once per identity and cause,
 // and returns it.
 func (n *Node) refuse(peer, cause string, err error) error {
@@ -374,11 +387,8 @@ var errNotHere = errors.New("node: no such replica here")
 // peer (replica.ServePairs). A node the pair's record does not name as its
 // leader is refused, logged once per identity and partition.
 func (n *Node) pairAt(peer, topic string, i int) (*raftqueue.Pair, error) {
-	if n.started.Load() == nil {
-		return nil, errStarting
-	}
-	if !n.agent.IsNode(peer) {
-		return nil, n.refuse(peer, "not a node: pair append", fmt.Errorf("%w: %s is not a node of this cluster", cluster.ErrDenied, peer))
+	if err := n.nodeOnly(peer, "pair append"); err != nil {
+		return nil, err
 	}
 	t, ok := n.cfg.Topics.Get(topic)
 	if !ok || i < 0 || i >= len(t.Parts) {
