@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,7 +28,7 @@ func TestDoubleWrite_AcceptDataLossAfterTheOnlyCopyIsLost(t *testing.T) {
 	parallelByDefault(t)
 	const parts = 3
 	c := newCluster(t, 3, withSession(8*time.Second), withDoubleWrite(parts, mq.Options{AckAlone: true, PartitionsPerPair: 1}))
-	part, leader, follower, third, before := noIntactCopy(t, c, parts)
+	part, leader, follower, third, before := noIntactCopy(t, c, parts, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	p, err := c.nodes[third].NewProducer("d")
@@ -73,8 +74,9 @@ func TestDoubleWrite_AcceptDataLossAfterTheOnlyCopyIsLost(t *testing.T) {
 // noIntactCopy brings a pair of d to the state AcceptDataLoss is for,
 // which refuses it before: 50 "before" messages acked while both were in sync, 20
 // "alone" ones acked by the leader alone, then the leader's directory
-// replaced. The record has no replica in sync.
-func noIntactCopy(t *testing.T, c *testCluster, parts int) (part int, leader, follower, third string, before []string) {
+// replaced. The record has no replica in sync. alone, if not nil, runs
+// once the "alone" messages are acked, before the leader is killed.
+func noIntactCopy(t *testing.T, c *testCluster, parts int, alone func(part int, third string, acked []string)) (part int, leader, follower, third string, before []string) {
 	t.Helper()
 	part, leader, follower = dwPairOff(t, c, parts)
 	c.waitInSync(part, 10*time.Second)
@@ -94,8 +96,12 @@ func noIntactCopy(t *testing.T, c *testCluster, parts int) (part int, leader, fo
 		_, _, inSync := c.record("d", part)
 		return slices.Equal(inSync, []string{leader})
 	})
-	if _, err := dwSend(c.nodes[third], parts, part, 20, "alone", 30*time.Second); err != nil {
+	acked, err := dwSend(c.nodes[third], parts, part, 20, "alone", 30*time.Second)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if alone != nil {
+		alone(part, third, append(slices.Clone(before), acked...))
 	}
 	c.isolate(leader, true)
 	c.kill(leader)
@@ -125,7 +131,7 @@ func noIntactCopy(t *testing.T, c *testCluster, parts int) (part int, leader, fo
 func TestDoubleWrite_NoIntactCopyOutlastsItsFollowersAbsence(t *testing.T) {
 	const parts = 3
 	c := newCluster(t, 3, withSession(4*time.Second), withDoubleWrite(parts, mq.Options{AckAlone: true, PartitionsPerPair: 1}))
-	part, leader, follower, third, before := noIntactCopy(t, c, parts)
+	part, leader, follower, third, before := noIntactCopy(t, c, parts, nil)
 	c.kill(follower)                             // its data stays: the only copy of the "before" messages
 	deadline := time.Now().Add(10 * time.Second) // past two sessions
 	for time.Now().Before(deadline) {
@@ -147,5 +153,81 @@ func TestDoubleWrite_NoIntactCopyOutlastsItsFollowersAbsence(t *testing.T) {
 				leader, follower, lost, len(before), len(after))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestDoubleWrite_AcceptDataLossKeepsConsumersFromSkippingNewSends: a
+// consumer has taken the whole tail the lost copy alone held (its handler
+// holds the last message of it), and its partition's new leader, after
+// AcceptDataLoss, gives the offsets of that tail to new sends. The
+// consumer still gets every new message, in the order sent: its position
+// past the new leader's end is fenced (the leader's first entry), and it
+// goes on from the offset the new leader holds for its group.
+func TestDoubleWrite_AcceptDataLossKeepsConsumersFromSkippingNewSends(t *testing.T) {
+	parallelByDefault(t)
+	const parts = 3
+	c := newCluster(t, 3, withSession(8*time.Second), withDoubleWrite(parts, mq.Options{AckAlone: true, PartitionsPerPair: 1}))
+	col := &collector{}
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the consumer's Close, which waits for the handler
+	var last string
+	hold := mq.ListenerFunc(func(ctx context.Context, topic string, m *mq.Message) error {
+		if m.ID == last {
+			select {
+			case held <- struct{}{}:
+			default:
+			}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return col.OnMessage(ctx, topic, m)
+	})
+	part, _, follower, third, _ := noIntactCopy(t, c, parts, func(part int, third string, acked []string) {
+		last = acked[len(acked)-1]
+		consume(t, c.nodes[third], "d", "g", hold)
+		waitSeen(t, col, acked[:len(acked)-1]...)
+		select { // its position: past what the follower holds
+		case <-held:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the handler never held %s", last)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if err := c.nodes[third].AcceptDataLoss(ctx, "d", part, follower); err != nil {
+		t.Fatalf("AcceptDataLoss: %v", err)
+	}
+	after, err := dwSend(c.nodes[third], parts, part, 50, "after", 60*time.Second)
+	free()
+	if err != nil {
+		t.Fatalf("sends after AcceptDataLoss: %v", err)
+	}
+	waitFor(t, 60*time.Second, "every new message delivered", func() bool {
+		ids := col.ids()
+		for _, id := range after {
+			if ids[id] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	var order []string // first deliveries of the new messages
+	got := map[string]bool{}
+	col.mu.Lock()
+	delivered := slices.Clone(col.msgs)
+	col.mu.Unlock()
+	for _, m := range delivered {
+		if strings.HasPrefix(m.ID, "after-") && !got[m.ID] {
+			got[m.ID] = true
+			order = append(order, m.ID)
+		}
+	}
+	if !slices.Equal(order, after) {
+		t.Fatalf("new messages first delivered in the order %q, sent %q", order, after)
 	}
 }

@@ -255,13 +255,24 @@ func (p *Pair) Leading() bool { return p.leading() }
 // replaces the replication, for a new follower: what the previous leader
 // had in flight is answered ErrUnknownOutcome.
 func (p *Pair) Lead(epoch uint64, peer pairlog.Peer, async bool) error {
-	return p.serve("lead", epoch, p.log.CheckLead, p.log.Lead, func() error { return p.startLeading(peer, async) })
+	return p.LeadAfterLoss(epoch, peer, async, 0)
 }
 
-// startLeading starts the leader of the epoch served. roleMu and applyMu
-// are held.
-func (p *Pair) startLeading(peer pairlog.Peer, async bool) error {
-	last, _, err := p.log.Last()
+// LeadAfterLoss is Lead for a pair whose operator gave up, at epoch
+// accepted (non-zero), the tail its lost copy alone held
+// (metastate.Partition.Accepted): unless the log holds an entry written at
+// that epoch or later, its first entry fences every consumer group of
+// every partition (store.OpFence), and LeaderPartition waits for it. New
+// sends take the offsets of the tail given up; a consumer's position taken
+// from that tail must not skip them.
+func (p *Pair) LeadAfterLoss(epoch uint64, peer pairlog.Peer, async bool, accepted uint64) error {
+	return p.serve("lead", epoch, p.log.CheckLead, p.log.Lead, func() error { return p.startLeading(peer, async, accepted) })
+}
+
+// startLeading starts the leader of the epoch served, fencing first after
+// a loss accepted at epoch accepted. roleMu and applyMu are held.
+func (p *Pair) startLeading(peer pairlog.Peer, async bool, accepted uint64) error {
+	last, lastEpoch, err := p.log.Last()
 	if err != nil {
 		return fmt.Errorf("raftqueue: lead: %w", err)
 	}
@@ -270,6 +281,24 @@ func (p *Pair) startLeading(peer pairlog.Peer, async bool) error {
 		RetryAfter: p.cfg.RetryAfter, Snapshot: p.snapshot})
 	if err != nil {
 		return err
+	}
+	if accepted != 0 && lastEpoch < accepted {
+		// Proposed before the leader is published: no entry of the epoch
+		// comes before it.
+		data := entryHeader(nil, p.prop.version, p.prop.nparts, p.prop.nparts)
+		fence := store.Command{Op: store.OpFence, Now: time.Now().UnixNano(), Offset: accepted}
+		for i := range p.prop.nparts {
+			data = appendEntryCommand(data, p.prop.version, i, &fence)
+		}
+		f := l.Propose(data)
+		if f.Index() == 0 {
+			// Refused: the leader failed (Err), so it never leads. Kept
+			// for stopLeading to close, which cannot be done here, with
+			// applyMu held.
+			p.lead.Store(l)
+			return fmt.Errorf("raftqueue: lead: fence the groups: %w", f.Error())
+		}
+		last = f.Index()
 	}
 	p.readyAt = last
 	now := time.Now()

@@ -73,9 +73,9 @@ func (v *view) get(b int, key string) []byte {
 }
 
 // scans reports whether c reads a bucket in key order, the log, the delay
-// index or the decisions: the partition runs it only when the file holds
+// index, the groups or the decisions: the partition runs it only when the file holds
 // everything, with no gen pending and g empty.
-func scans(c *Command) bool { return c.Op == OpTrim || c.Op == OpRelease }
+func scans(c *Command) bool { return c.Op == OpTrim || c.Op == OpRelease || c.Op == OpFence }
 
 // apply runs c against the view, adding its effects to v.g, and returns its
 // result. An error wrapping ErrBadCommand, ErrDecided, ErrStaleGeneration,
@@ -115,6 +115,8 @@ func (v *view) apply(c *Command) (Result, error) {
 			g.Updated, g.Lease = old.Updated, old.Lease
 		}
 		return res, v.fence(c, g, &res)
+	case OpFence:
+		return res, v.fenceAll(c, &res)
 	case OpDeleteGroup:
 		res.Found = v.get(bGroups, c.Group) != nil
 		if c.MaxAge > 0 { // only an idle record: one of unknown age, 0, is kept
@@ -204,6 +206,11 @@ func (v *view) claim(c *Command, res *Result) error {
 			g.Offset = v.g.st.Next
 		default:
 			g.Offset = c.Offset
+			if f, ok, err := v.group(FenceRecord); err == nil && ok && c.Generation != 0 && c.Generation < f.Generation {
+				// An owner from before the fence resumes where it was,
+				// maybe in the tail given up: not past the fence's end.
+				g.Offset = min(g.Offset, f.Offset)
+			}
 		}
 	}
 	return v.fence(c, g, res)
@@ -226,6 +233,55 @@ func (v *view) fence(c *Command, g GroupState, res *Result) error {
 		g.Updated, g.Lease = kept.Updated, kept.Lease
 	}
 	v.putGroup(c, g, res)
+	return nil
+}
+
+// fenceShift places the generations of OpFence at epoch e past e<<32:
+// past every one a copy handed out under an earlier epoch's fence, or
+// none, unless it made 2^32 claims since, so that no owner's generation
+// from a copy given up matches one handed out here.
+const fenceShift = 32
+
+// maxFenceEpoch bounds OpFence's epoch, so that e<<fenceShift leaves room
+// for generations.
+const maxFenceEpoch = 1<<31 - 1
+
+// fenceAll is OpFence: every intact group record is reset to its offset,
+// or to the log's next offset when past it, under generations past the
+// epoch's (fenceShift). It reads the file alone, as scans do.
+func (v *view) fenceAll(c *Command, res *Result) error {
+	var groups []GroupState
+	var names []string
+	_ = v.bucket(bGroups).ForEach(func(k, val []byte) error {
+		if string(k) == FenceRecord {
+			return nil
+		}
+		if g, ok, err := decodeGroup(string(k), val); err == nil && ok {
+			groups, names = append(groups, g), append(names, string(k))
+		}
+		return nil
+	})
+	if v.g.st.GroupGen >= math.MaxUint64-uint64(len(groups))-1 {
+		return fmt.Errorf("%w: op %d: the partition has handed out every group generation", ErrBadCommand, c.Op)
+	}
+	v.g.st.GroupGen = max(v.g.st.GroupGen, c.Offset<<fenceShift)
+	for i, old := range groups {
+		g := GroupState{Offset: min(old.Offset, v.g.st.Next)}
+		if old.Leased(c.Now, 0) {
+			g.Updated, g.Lease = old.Updated, old.Lease
+		}
+		reset := Command{Op: OpResetOffset, Now: c.Now, Group: names[i]}
+		var r Result
+		if err := v.fence(&reset, g, &r); err != nil {
+			return err
+		}
+	}
+	mark := Command{Op: OpResetOffset, Now: c.Now, Group: FenceRecord}
+	var r Result
+	if err := v.fence(&mark, GroupState{Offset: v.g.st.Next}, &r); err != nil {
+		return err
+	}
+	res.Count = len(groups)
 	return nil
 }
 
@@ -309,6 +365,9 @@ func (v *view) putDedup(id string, off uint64, at int64) {
 func (v *view) consumed() uint64 {
 	low, found := uint64(math.MaxUint64), false
 	err := v.bucket(bGroups).ForEach(func(k, val []byte) error {
+		if string(k) == FenceRecord { // no group's
+			return nil
+		}
 		g, ok, err := decodeGroup(string(k), val)
 		if err != nil || !ok {
 			return errDamagedGroup

@@ -51,7 +51,9 @@ const (
 	OpDeleteGroup Op = 9
 	// OpClaim takes ownership of Group: it gets a new generation, which its
 	// commits must carry. A group without a record starts at the offset
-	// Start names; one with a record keeps its offset. With MaxAge the
+	// Start names (StartAt with the Generation of an owner from before
+	// OpFence: not past FenceRecord's offset); one with a record keeps its
+	// offset. With MaxAge the
 	// claim respects a lease: while the record's owner changed it within
 	// MaxAge, without letting go with OpUnclaim or a reset taking it, the
 	// claim fails with ErrClaimed and changes nothing, unless Generation is
@@ -81,9 +83,29 @@ const (
 	// OpThaw ends a freeze; on a partition that is not frozen it changes
 	// nothing.
 	OpThaw Op = 15
+	// OpFence fences every group, at Offset, the epoch (non-zero, below
+	// 2^31) at which a DoubleWrite pair's operator gave up the tail its
+	// lost copy alone held: its leader writes it first, since new sends
+	// take that tail's offsets and a position taken from it must not skip
+	// them. Each record gets a new generation past Offset<<32 (past every
+	// generation a copy handed out under an earlier epoch's fence or none),
+	// marked Reset as OpResetOffset marks it, its offset lowered to the
+	// log's next offset when past it, and an owner's lease kept: each
+	// owner's next commit or renewal fails with ErrStaleGeneration, and it
+	// claims again from the offset stored. It also writes FenceRecord.
+	// Result.Count is the records fenced; a damaged one is left as it is.
+	OpFence Op = 16
 
-	maxOp = OpThaw
+	maxOp = OpFence
 )
+
+// FenceRecord is the name of the group record OpFence leaves, which no
+// command may name: its Offset is the log's next offset when the fence was
+// applied, its Generation the fence's. An owner from before the fence
+// whose group has no record here (its commits were on the copy given up)
+// claims where it was (OpClaim at an offset, with its generation), but
+// not past that offset. GroupStates and the trim leave it out.
+const FenceRecord = "\x00fence"
 
 // Start is where OpClaim puts a group that has no record yet. Values are
 // part of the replicated format.
@@ -160,7 +182,7 @@ type Result struct {
 	// Count is the number of messages moved by OpRelease and OpCommitTx,
 	// stored by OpPrepare, deleted by OpTrim and OpRollbackTx, or the checks
 	// counted so far by OpTxChecked; for OpDeleteGroup, 1 when it removed
-	// the record.
+	// the record; for OpFence, the records fenced.
 	Count int
 	// More reports that OpRelease or OpTrim stopped at Limit with work left.
 	More bool
@@ -198,6 +220,9 @@ func (c *Command) check() error {
 	if len(c.Group) > MaxKeyBytes || len(c.TxID) > MaxKeyBytes || len(c.Producer) > MaxKeyBytes {
 		return fmt.Errorf("%w: group, txid or producer over %d bytes", ErrBadCommand, MaxKeyBytes)
 	}
+	if c.Group == FenceRecord {
+		return fmt.Errorf("%w: op %d names the fence's record", ErrBadCommand, c.Op)
+	}
 	if c.Limit < 0 || c.MaxAge < 0 || c.MaxBytes < 0 || c.DedupTTL < 0 || c.DecideTTL < 0 {
 		return fmt.Errorf("%w: negative limit", ErrBadCommand)
 	}
@@ -225,6 +250,9 @@ func (c *Command) check() error {
 	}
 	if c.Op == OpFreeze && c.Offset == 0 {
 		return fmt.Errorf("%w: freeze at 0", ErrBadCommand)
+	}
+	if c.Op == OpFence && (c.Offset == 0 || c.Offset > maxFenceEpoch) {
+		return fmt.Errorf("%w: fence at epoch %d (1 to %d)", ErrBadCommand, c.Offset, maxFenceEpoch)
 	}
 	switch c.Op {
 	case OpAppend, OpPrepare, OpCommitTx:

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -660,5 +661,71 @@ func TestPartition_LastGenerationBatchReopen(t *testing.T) {
 	equal(t, "groups after reopen", groupStates(t, r), map[string]store.GroupState{})
 	if _, err := r.Apply(context.Background(), &store.Command{Op: store.OpClaim, Now: t0, Group: "g"}); !errors.Is(err, store.ErrBadCommand) {
 		t.Fatalf("claim after reopen past the last generation: %v", err)
+	}
+}
+
+// TestPartition_FenceResetsEveryGroup: OpFence gives every group a new
+// generation, marked Reset, lowers an offset past the log's end to it, and
+// keeps a lease; each owner's commit and renewal is refused after it, and
+// a claim with the new generation goes on from the offset stored. The
+// fence's own record holds the end and its generation, and is no group's.
+func TestPartition_FenceResetsEveryGroup(t *testing.T) {
+	p, _ := open(t)
+	appendAt(t, p, t0, msg("a"), msg("b"), msg("c"))
+	low := claim(t, p, "low", store.StartFirst, 0).Generation
+	if _, err := commit(p, "low", low, 1); err != nil {
+		t.Fatal(err)
+	}
+	// A position past the end, as one taken from a lost copy's tail.
+	past := apply(t, p, &store.Command{Op: store.OpResetOffset, Group: "past", Offset: 50}).Generation
+	leased := apply(t, p, &store.Command{Op: store.OpClaim, Now: t0, Group: "leased", MaxAge: int64(time.Hour)}).Generation
+	res := apply(t, p, &store.Command{Op: store.OpFence, Now: t0 + sec, Offset: 3})
+	if res.Count != 3 {
+		t.Fatalf("fence: %+v, want 3 records fenced", res)
+	}
+	for name, was := range map[string]uint64{"low": low, "past": past, "leased": leased} {
+		g := group(t, p, name)
+		if g.Generation <= 3<<32 || !g.Reset {
+			t.Fatalf("%s after the fence at epoch 3: %+v, want a generation past 3<<32 marked Reset (was %d)", name, g, was)
+		}
+		if _, err := commit(p, name, was, 2); !errors.Is(err, store.ErrStaleGeneration) {
+			t.Fatalf("%s's commit with its old generation: %v, want ErrStaleGeneration", name, err)
+		}
+		if _, err := p.Apply(context.Background(), &store.Command{Op: store.OpRenew, Now: t0 + sec, Group: name, Generation: was}); !errors.Is(err, store.ErrStaleGeneration) {
+			t.Fatalf("%s's renewal with its old generation: %v, want ErrStaleGeneration", name, err)
+		}
+	}
+	if g := group(t, p, "low"); g.Offset != 1 {
+		t.Fatalf("low's offset %d after the fence, want 1 kept", g.Offset)
+	}
+	if g := group(t, p, "past"); g.Offset != 3 {
+		t.Fatalf("past's offset %d after the fence, want the end, 3", g.Offset)
+	}
+	if g := group(t, p, "leased"); g.Lease != int64(time.Hour) || g.Updated != t0 {
+		t.Fatalf("leased after the fence: %+v, want its lease kept", g)
+	}
+	mark := group(t, p, store.FenceRecord)
+	if mark.Offset != 3 || mark.Generation <= group(t, p, "leased").Generation {
+		t.Fatalf("the fence's record: %+v, want the end, 3, and the fence's last generation", mark)
+	}
+	if all, err := p.GroupStates(); err != nil || len(all) != 3 {
+		t.Fatalf("GroupStates after the fence: %v, %v; want the three groups alone", all, err)
+	}
+	g := group(t, p, "past")
+	if res := claim(t, p, "past", store.StartAt, 0); res.Offset != 3 || res.Generation <= g.Generation {
+		t.Fatalf("claim after the fence: %+v, want offset 3 and a later generation", res)
+	}
+	if res := apply(t, p, &store.Command{Op: store.OpFence, Now: t0 + 2*sec, Offset: 3}); res.Count != 3 {
+		t.Fatalf("a second fence: %+v", res)
+	}
+	for _, epoch := range []uint64{0, 1 << 31} {
+		if _, err := p.Apply(context.Background(), &store.Command{Op: store.OpFence, Now: t0, Offset: epoch}); !errors.Is(err, store.ErrBadCommand) {
+			t.Fatalf("a fence at epoch %d: %v, want ErrBadCommand", epoch, err)
+		}
+	}
+	for _, op := range []store.Op{store.OpClaim, store.OpCommitOffset, store.OpResetOffset, store.OpDeleteGroup, store.OpRenew, store.OpUnclaim} {
+		if _, err := p.Apply(context.Background(), &store.Command{Op: op, Now: t0, Group: store.FenceRecord}); !errors.Is(err, store.ErrBadCommand) {
+			t.Fatalf("op %d naming the fence's record: %v, want ErrBadCommand", op, err)
+		}
 	}
 }

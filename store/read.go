@@ -227,7 +227,7 @@ func (p *Partition) GroupOffset(group string) (offset uint64, ok bool, err error
 	return g.Offset, ok, err
 }
 
-// GroupStates returns every group's record. A damaged record, one the log
+// GroupStates returns every group's record (FenceRecord is none). A damaged record, one the log
 // has not replaced since, is left out, and the error, wrapping ErrCorrupt,
 // names the first of them: the good records are returned with it.
 func (p *Partition) GroupStates() (map[string]GroupState, error) {
@@ -236,6 +236,9 @@ func (p *Partition) GroupStates() (map[string]GroupState, error) {
 	s := p.snapshot()
 	err := p.view(func(tx *bolt.Tx) error {
 		put := func(k string, v []byte) {
+			if k == FenceRecord {
+				return
+			}
 			g, _, err := decodeGroup(k, v)
 			if err != nil {
 				delete(out, k)

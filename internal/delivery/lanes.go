@@ -178,6 +178,7 @@ func (w *worker) runParallel(ctx context.Context, offset *uint64) {
 	tick := time.NewTicker(commitEvery)
 	defer tick.Stop()
 	var errWait <-chan time.Time
+	suspect := false // a read failed since the claim was last known to hold (claimHolds)
 	for ctx.Err() == nil {
 		if w.moved.Load() {
 			// A reset: drop the window once the handlers in progress have
@@ -191,7 +192,7 @@ func (w *worker) runParallel(ctx context.Context, offset *uint64) {
 				*offset = w.committed
 				return
 			}
-			*offset, next = off, off
+			*offset, next, suspect = off, off, false
 			lanesStop = newStopper(ctx)
 			continue
 		}
@@ -217,11 +218,17 @@ func (w *worker) runParallel(ctx context.Context, offset *uint64) {
 			switch {
 			case w.pastEnd(r.err):
 			case r.err != nil:
+				suspect = true
 				if ctx.Err() == nil && !w.moved.Load() {
 					w.logger().Error("read failed; retrying", "offset", next, "err", r.err)
 					errWait = w.c.e.clock.After(errorPause)
 				}
+			case len(r.msgs) > 0 && suspect && !w.claimHolds():
+				if ctx.Err() == nil && !w.moved.Load() {
+					errWait = w.c.e.clock.After(errorPause)
+				}
 			case len(r.msgs) > 0:
+				suspect = false
 				dispatch(r.msgs)
 			}
 		case d := <-done:

@@ -106,13 +106,14 @@ func (w *worker) run(ctx context.Context) {
 	}
 	cfg := &w.c.cfg
 	buf := make([]store.Message, 0, cfg.Batch)
+	suspect := false // a read failed since the claim was last known to hold
 	for ctx.Err() == nil {
 		if w.moved.Load() {
 			off, ok := w.claim(ctx)
 			if !ok {
 				return
 			}
-			offset = off
+			offset, suspect = off, false
 			continue
 		}
 		var err error
@@ -121,11 +122,22 @@ func (w *worker) run(ctx context.Context) {
 			if w.pastEnd(err) {
 				continue
 			}
+			suspect = true
 			if ctx.Err() == nil && !w.moved.Load() {
 				w.logger().Error("read failed; retrying", "offset", offset, "err", err)
 				w.wait(ctx, errorPause, nil)
 			}
 			continue
+		}
+		if suspect {
+			if !w.claimHolds() {
+				clear(buf)
+				if ctx.Err() == nil && !w.moved.Load() {
+					w.wait(ctx, errorPause, nil)
+				}
+				continue
+			}
+			suspect = false
 		}
 		offset = w.skipGap(offset, buf[0].Offset)
 		for i := range buf {
@@ -354,6 +366,28 @@ func (w *worker) pastEnd(err error) bool {
 	return true
 }
 
+// claimHolds reports whether the group's record still carries w's
+// generation. It is asked before delivering what a read returned after a
+// failed one: the partition's leader may have changed in between, and one
+// that gave up a lost copy's tail fenced every group first (store.OpFence),
+// since new sends take that tail's offsets and a position taken from it
+// must not skip them. When the claim no longer holds, fenced decides what
+// w does; when the record cannot be read, w reads again after a pause.
+func (w *worker) claimHolds() bool {
+	gs, ok, err := w.p.Group(w.c.group.name)
+	switch {
+	case err != nil:
+		if !errors.Is(err, store.ErrClosed) {
+			w.logger().Error("cannot read the group's record; retrying", "err", err)
+		}
+		return false
+	case ok && gs.Generation == w.gen:
+		return true
+	}
+	w.fenced()
+	return false
+}
+
 // fenced handles a refused commit. When a reset took the partition, or the
 // group was deleted, the worker claims it again and goes on from the
 // offset stored. When another owner claimed it, because a coordinator gave
@@ -368,9 +402,13 @@ func (w *worker) fenced() {
 		return
 	case err == nil && ok: // a reset
 		w.adoptReset(gs.Generation)
-	case err == nil:
+	default:
 		// The record is gone, as the upkeep took a broadcast instance for
-		// idle: claim it again where this worker is.
+		// idle, or its commits were all on a copy the partition's new
+		// leader gave up, or it could not be read: claim it again where
+		// this worker is. A record kept wins; after a fence since this
+		// worker claimed, not past the fence's end, whose offsets new
+		// sends took (store.FenceRecord).
 		w.resumeAt, w.resume = w.committed, true
 	}
 	w.markMoved()

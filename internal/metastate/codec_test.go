@@ -159,7 +159,7 @@ func TestSnapshot_Version1(t *testing.T) {
 	want := ft.s()
 	b := encodeSnap(t, want)
 	// The same state as version 1 wrote it.
-	var v3 snapV6
+	var v3 snapV7
 	if err := wire.Unmarshal(b[len(snapMagic)+1:], &v3); err != nil {
 		t.Fatal(err)
 	}
@@ -199,16 +199,16 @@ func TestSnapshot_BadGroups(t *testing.T) {
 	b := encodeSnap(t, ft.s())
 	for _, tc := range []struct {
 		name   string
-		damage func(v *snapV6)
+		damage func(v *snapV7)
 	}{
-		{"ChunkAhead", func(v *snapV6) { v.Topics[0].Parts[0].Chunk = 1 }},
-		{"ChunkNegative", func(v *snapV6) { v.Topics[0].Parts[1].Chunk = -1 }},
-		{"ChunkSkips", func(v *snapV6) { v.Topics[0].Parts[3].Chunk = 0 }},
-		{"GroupTooLong", func(v *snapV6) { v.Topics[0].Parts[2].Chunk, v.Topics[0].Parts[3].Chunk = 0, 0 }},
-		{"OtherReplicas", func(v *snapV6) { v.Topics[0].Parts[1].Replicas = v.Topics[0].Parts[2].Replicas }},
-		{"SizeZero", func(v *snapV6) { v.Topics[0].GroupSize = 0 }},
-		{"SizeTooBig", func(v *snapV6) { v.Topics[0].GroupSize = MaxGroupSize + 1 }},
-		{"SizeNotRaft3", func(v *snapV6) { v.Topics[1].GroupSize = 2 }},
+		{"ChunkAhead", func(v *snapV7) { v.Topics[0].Parts[0].Chunk = 1 }},
+		{"ChunkNegative", func(v *snapV7) { v.Topics[0].Parts[1].Chunk = -1 }},
+		{"ChunkSkips", func(v *snapV7) { v.Topics[0].Parts[3].Chunk = 0 }},
+		{"GroupTooLong", func(v *snapV7) { v.Topics[0].Parts[2].Chunk, v.Topics[0].Parts[3].Chunk = 0, 0 }},
+		{"OtherReplicas", func(v *snapV7) { v.Topics[0].Parts[1].Replicas = v.Topics[0].Parts[2].Replicas }},
+		{"SizeZero", func(v *snapV7) { v.Topics[0].GroupSize = 0 }},
+		{"SizeTooBig", func(v *snapV7) { v.Topics[0].GroupSize = MaxGroupSize + 1 }},
+		{"SizeNotRaft3", func(v *snapV7) { v.Topics[1].GroupSize = 2 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) { corruptSnapshot(t, b, tc.damage) })
 	}
@@ -216,9 +216,9 @@ func TestSnapshot_BadGroups(t *testing.T) {
 
 // corruptSnapshot fails the test unless snapshot b, with damage done to
 // its decoded fields, is ErrCorrupt.
-func corruptSnapshot(t *testing.T, b []byte, damage func(v *snapV6)) {
+func corruptSnapshot(t *testing.T, b []byte, damage func(v *snapV7)) {
 	t.Helper()
-	var v snapV6
+	var v snapV7
 	if err := wire.Unmarshal(b[len(snapMagic)+1:], &v); err != nil {
 		t.Fatal(err)
 	}
@@ -476,7 +476,7 @@ func TestSnapshot_Version4(t *testing.T) {
 	ft.must(CreateTopic{Name: "r", Partitions: 3, Type: TypeRaft3})
 	ft.must(CreateTopic{Name: "d", Partitions: 2, Type: TypeDoubleWrite})
 	want := ft.s()
-	var v5 snapV6
+	var v5 snapV7
 	if err := wire.Unmarshal(encodeSnap(t, want)[len(snapMagic)+1:], &v5); err != nil {
 		t.Fatal(err)
 	}

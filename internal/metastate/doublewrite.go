@@ -93,6 +93,9 @@ func (s *State) setInSync(c SetInSync) (Topic, error) {
 		return Topic{}, fmt.Errorf("%w: %s/%d: its leader %s holds no intact copy", ErrNotInSync, c.Topic, c.Partition, p.Leader)
 	}
 	p.InSync = slices.Clone(c.InSync)
+	if len(p.InSync) == 2 {
+		p.Accepted = 0 // the follower holds the leader's fence too
+	}
 	return s.withPart(t, c.Partition, p), nil
 }
 
@@ -175,6 +178,7 @@ func (s *State) acceptLoss(c AcceptLoss) (Topic, error) {
 		return Topic{}, fmt.Errorf("%w: %s, to lead %s/%d", ErrNodeDown, c.Leader, c.Topic, c.Partition)
 	}
 	p.Replicas, p.Leader, p.Epoch, p.InSync = []string{c.Leader, p.Leader}, c.Leader, p.Epoch+1, []string{c.Leader}
+	p.Accepted = p.Epoch
 	return s.withPart(t, c.Partition, p), nil
 }
 

@@ -205,7 +205,7 @@ func TestDoubleWrite_Snapshot(t *testing.T) {
 		t.Fatalf("round trip: %v", err)
 	}
 
-	var v3 snapV6
+	var v3 snapV7
 	if err := wire.Unmarshal(b[len(snapMagic)+1:], &v3); err != nil {
 		t.Fatal(err)
 	}
@@ -236,16 +236,16 @@ func TestDoubleWrite_Snapshot(t *testing.T) {
 		t.Fatalf("r/0 of a version 2 snapshot: %+v", p)
 	}
 
-	for name, damage := range map[string]func(v *snapV6){
-		"VersionZero":   func(v *snapV6) { v.Topics[0].Parts[0].Version = 0 },
-		"FollowerAlone": func(v *snapV6) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Replicas[1]} },
-		"FollowerFirst": func(v *snapV6) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Replicas[1], p.Replicas[0]} },
-		"LeaderTwice":   func(v *snapV6) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Leader, p.Leader} },
-		"OtherInSync":   func(v *snapV6) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Leader, "zz"} },
-		"ThreeInSync":   func(v *snapV6) { p := &v.Topics[0].Parts[0]; p.InSync = append(p.InSync, "c") },
-		"Raft3InSync":   func(v *snapV6) { v.Topics[1].Parts[0].InSync = []string{v.Topics[1].Parts[0].Leader} },
-		"Raft3Version":  func(v *snapV6) { v.Topics[1].Parts[0].Version = 1 },
-		"Raft3Alone":    func(v *snapV6) { v.Topics[1].Alone = true },
+	for name, damage := range map[string]func(v *snapV7){
+		"VersionZero":   func(v *snapV7) { v.Topics[0].Parts[0].Version = 0 },
+		"FollowerAlone": func(v *snapV7) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Replicas[1]} },
+		"FollowerFirst": func(v *snapV7) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Replicas[1], p.Replicas[0]} },
+		"LeaderTwice":   func(v *snapV7) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Leader, p.Leader} },
+		"OtherInSync":   func(v *snapV7) { p := &v.Topics[0].Parts[0]; p.InSync = []string{p.Leader, "zz"} },
+		"ThreeInSync":   func(v *snapV7) { p := &v.Topics[0].Parts[0]; p.InSync = append(p.InSync, "c") },
+		"Raft3InSync":   func(v *snapV7) { v.Topics[1].Parts[0].InSync = []string{v.Topics[1].Parts[0].Leader} },
+		"Raft3Version":  func(v *snapV7) { v.Topics[1].Parts[0].Version = 1 },
+		"Raft3Alone":    func(v *snapV7) { v.Topics[1].Alone = true },
 	} {
 		t.Run(name, func(t *testing.T) { corruptSnapshot(t, b, damage) })
 	}
@@ -313,11 +313,11 @@ func TestDoubleWrite_Chunks(t *testing.T) {
 	if err != nil || !sameState(s, got) {
 		t.Fatalf("round trip: %v", err)
 	}
-	for name, damage := range map[string]func(v *snapV6){
-		"Epoch":   func(v *snapV6) { v.Topics[0].Parts[1].Epoch++ },
-		"Version": func(v *snapV6) { v.Topics[0].Parts[3].Version++ },
-		"InSync":  func(v *snapV6) { p := &v.Topics[0].Parts[1]; p.InSync = p.Replicas },
-		"Leader": func(v *snapV6) {
+	for name, damage := range map[string]func(v *snapV7){
+		"Epoch":   func(v *snapV7) { v.Topics[0].Parts[1].Epoch++ },
+		"Version": func(v *snapV7) { v.Topics[0].Parts[3].Version++ },
+		"InSync":  func(v *snapV7) { p := &v.Topics[0].Parts[1]; p.InSync = p.Replicas },
+		"Leader": func(v *snapV7) {
 			p := &v.Topics[0].Parts[3]
 			p.Leader, p.InSync = p.Replicas[1], []string{p.Replicas[1]}
 		},
@@ -498,12 +498,27 @@ func TestAcceptLoss(t *testing.T) {
 	lost = ft.dwPart(0)
 	ft.must(AcceptLoss{Topic: "d", Partition: 0, Version: lost.Version, Leader: follower})
 	got := ft.dwPart(0)
-	if got.Leader != follower || !slices.Equal(got.Replicas, []string{follower, leader}) || !slices.Equal(got.InSync, []string{follower}) || got.Epoch != lost.Epoch+1 {
+	if got.Leader != follower || !slices.Equal(got.Replicas, []string{follower, leader}) || !slices.Equal(got.InSync, []string{follower}) ||
+		got.Epoch != lost.Epoch+1 || got.Accepted != got.Epoch {
 		t.Fatalf("after AcceptLoss: %+v (before %+v)", got, lost)
 	}
 	back, err := DecodeSnapshot(encodeSnap(t, ft.s()))
 	if err != nil || !sameState(back, ft.s()) {
 		t.Fatalf("a snapshot after AcceptLoss: %v", err)
+	}
+	// Accepted lasts while the leader alone holds the fence, and ends once
+	// its follower is in sync too.
+	ft.must(RenewEpoch{Topic: "d", Partition: 0, Version: got.Version})
+	if p := ft.dwPart(0); p.Accepted != got.Epoch || p.Epoch != got.Epoch+1 {
+		t.Fatalf("after RenewEpoch: %+v, want Accepted %d kept", p, got.Epoch)
+	}
+	ft.must(SetInSync{Topic: "d", Partition: 0, Version: ft.dwPart(0).Version, InSync: []string{follower}})
+	if p := ft.dwPart(0); p.Accepted == 0 {
+		t.Fatalf("the leader alone in sync: %+v, want Accepted kept", p)
+	}
+	ft.must(SetInSync{Topic: "d", Partition: 0, Version: ft.dwPart(0).Version, InSync: []string{follower, leader}})
+	if p := ft.dwPart(0); p.Accepted != 0 {
+		t.Fatalf("both in sync: %+v, want Accepted 0", p)
 	}
 }
 

@@ -198,10 +198,11 @@ func TestSnapshot_Version5(t *testing.T) {
 	ft.nodes("a", "b", "c")
 	ft.must(CreateTopic{Name: "r", Partitions: 2, Type: TypeRaft3})
 	want := ft.s()
-	var v6 snapV6
-	if err := wire.Unmarshal(encodeSnap(t, want)[len(snapMagic)+1:], &v6); err != nil {
+	var v7 snapV7
+	if err := wire.Unmarshal(encodeSnap(t, want)[len(snapMagic)+1:], &v7); err != nil {
 		t.Fatal(err)
 	}
+	v6 := v7.v6()
 	v5 := snapV5{Index: v6.Index, Topics: v6.Topics, Groups: v6.Groups, ACL: v6.ACL, ClusterID: v6.ClusterID}
 	for _, n := range v6.Nodes {
 		v5.Nodes = append(v5.Nodes, snapNodeV5{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session, Incarnation: n.Incarnation})

@@ -15,7 +15,7 @@ import (
 //
 //	[4] snapMagic "ZMMS"
 //	[1] snapVersion
-//	[…] snapV6 as a msgpack array: every list sorted by its key, so equal
+//	[…] snapV7 as a msgpack array: every list sorted by its key, so equal
 //	    states encode to equal bytes
 //
 // Version 2 added snapTopic.GroupSize and snapPart.Chunk; a version 1
@@ -26,21 +26,33 @@ import (
 // match every group. Version 5 added snapNode.Incarnation, snapPart.Lost and
 // snapV5.ClusterID; an older snapshot's nodes have none, no replica is
 // lost, and the cluster has no id. Version 6 added snapNode.Draining; an
-// older snapshot's nodes are not draining.
+// older snapshot's nodes are not draining. Version 7 added
+// snapPart.Accepted; an older snapshot's pairs gave up no copy's tail.
 //
 // The decoder checks what Apply keeps true: sorted unique keys, limits,
 // replicas and members on known nodes, owners that are members. So a
 // damaged snapshot is ErrCorrupt, never a state Apply could not reach.
 const (
 	snapMagic   = "ZMMS"
-	snapVersion = 6
+	snapVersion = 7
 )
 
-type snapV6 struct {
+type snapV7 struct {
 	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Index     uint64
 	Nodes     []snapNode
 	Topics    []snapTopic
+	Groups    []snapGroup
+	ACL       []Rule
+	ClusterID string
+}
+
+// snapV6 is a version 6 snapshot: its partitions lack Accepted.
+type snapV6 struct {
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Index     uint64
+	Nodes     []snapNode
+	Topics    []snapTopicV6
 	Groups    []snapGroup
 	ACL       []Rule
 	ClusterID string
@@ -51,10 +63,24 @@ type snapV5 struct {
 	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Index     uint64
 	Nodes     []snapNodeV5
-	Topics    []snapTopic
+	Topics    []snapTopicV6
 	Groups    []snapGroup
 	ACL       []Rule
 	ClusterID string
+}
+
+// v7 is v in version 7: no pair gave up a copy's tail.
+func (v snapV6) v7() snapV7 {
+	out := snapV7{Index: v.Index, Nodes: v.Nodes, Groups: v.Groups, ACL: v.ACL, ClusterID: v.ClusterID}
+	for _, t := range v.Topics {
+		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize, Alone: t.Alone}
+		for _, p := range t.Parts {
+			st.Parts = append(st.Parts, snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
+				InSync: p.InSync, Version: p.Version, Lost: p.Lost})
+		}
+		out.Topics = append(out.Topics, st)
+	}
+	return out
 }
 
 // v6 is v in version 6: no node draining.
@@ -85,9 +111,9 @@ func (v snapV4) v5() snapV5 {
 		out.Nodes = append(out.Nodes, snapNodeV5{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session})
 	}
 	for _, t := range v.Topics {
-		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize, Alone: t.Alone}
+		st := snapTopicV6{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize, Alone: t.Alone}
 		for _, p := range t.Parts {
-			st.Parts = append(st.Parts, snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
+			st.Parts = append(st.Parts, snapPartV6{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
 				InSync: p.InSync, Version: p.Version})
 		}
 		out.Topics = append(out.Topics, st)
@@ -271,6 +297,30 @@ type snapPart struct {
 	InSync   []string
 	Version  uint64
 	Lost     []string
+	Accepted uint64
+}
+
+// snapTopicV6 and snapPartV6 are a topic and a partition in versions 5
+// and 6, without Accepted.
+type snapTopicV6 struct {
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Name      string
+	Type      uint8
+	Created   int64
+	Parts     []snapPartV6
+	GroupSize int
+	Alone     bool
+}
+
+type snapPartV6 struct {
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Replicas []string
+	Leader   string
+	Epoch    uint64
+	Chunk    int
+	InSync   []string
+	Version  uint64
+	Lost     []string
 }
 
 type snapGroup struct {
@@ -298,7 +348,7 @@ type snapRevoke struct {
 
 // EncodeSnapshot returns the encoding of s, laid out as above.
 func EncodeSnapshot(s *State) ([]byte, error) {
-	v := snapV6{Index: s.index, ACL: s.acl, ClusterID: s.cluster}
+	v := snapV7{Index: s.index, ACL: s.acl, ClusterID: s.cluster}
 	for _, n := range s.Nodes() {
 		v.Nodes = append(v.Nodes, snapNode{ID: n.ID, Addr: n.Addr, Voter: n.Voter, Up: n.Up, Joined: n.Joined, Session: n.Session,
 			Incarnation: n.Incarnation, Draining: n.Draining})
@@ -308,7 +358,7 @@ func EncodeSnapshot(s *State) ([]byte, error) {
 		st := snapTopic{Name: t.Name, Type: t.Type, Created: t.Created, GroupSize: t.GroupSize, Alone: t.Alone}
 		for _, p := range t.Parts {
 			st.Parts = append(st.Parts, snapPart{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
-				InSync: p.InSync, Version: p.Version, Lost: p.Lost})
+				InSync: p.InSync, Version: p.Version, Lost: p.Lost, Accepted: p.Accepted})
 		}
 		v.Topics = append(v.Topics, st)
 	}
@@ -358,31 +408,35 @@ func DecodeSnapshot(b []byte) (*State, error) {
 	if version < 1 || version > snapVersion {
 		return nil, fmt.Errorf("%w: snapshot version %d", ErrCorrupt, version)
 	}
-	var v snapV6
+	var v snapV7
 	var err error
 	switch body := b[len(snapMagic)+1:]; version {
 	case 1:
 		var v1 snapV1
 		v1, err = decodeAs[snapV1](body, snapLimits(body))
-		v = v1.v2().v3().v4().v5().v6()
+		v = v1.v2().v3().v4().v5().v6().v7()
 	case 2:
 		var v2 snapV2
 		v2, err = decodeAs[snapV2](body, snapLimits(body))
-		v = v2.v3().v4().v5().v6()
+		v = v2.v3().v4().v5().v6().v7()
 	case 3:
 		var v3 snapV3
 		v3, err = decodeAs[snapV3](body, snapLimits(body))
-		v = v3.v4().v5().v6()
+		v = v3.v4().v5().v6().v7()
 	case 4:
 		var v4 snapV4
 		v4, err = decodeAs[snapV4](body, snapLimits(body))
-		v = v4.v5().v6()
+		v = v4.v5().v6().v7()
 	case 5:
 		var v5 snapV5
 		v5, err = decodeAs[snapV5](body, snapLimits(body))
-		v = v5.v6()
+		v = v5.v6().v7()
+	case 6:
+		var v6 snapV6
+		v6, err = decodeAs[snapV6](body, snapLimits(body))
+		v = v6.v7()
 	default:
-		v, err = decodeAs[snapV6](body, snapLimits(body))
+		v, err = decodeAs[snapV7](body, snapLimits(body))
 	}
 	if err != nil {
 		return nil, err
@@ -395,7 +449,7 @@ func DecodeSnapshot(b []byte) (*State, error) {
 }
 
 // state builds and checks the State of a decoded snapshot.
-func (v *snapV6) state() (*State, error) {
+func (v *snapV7) state() (*State, error) {
 	s := New()
 	s.index = v.Index
 	if len(v.ClusterID) > MaxNameLen {
@@ -462,7 +516,7 @@ func (v *snapV6) state() (*State, error) {
 				return nil, fmt.Errorf("topic %s/%d: %v", t.Name, j, err)
 			}
 			if c := t.Parts[p.Chunk]; t.Type == TypeDoubleWrite && (p.Leader != c.Leader || p.Epoch != c.Epoch ||
-				p.Version != c.Version || !slices.Equal(p.InSync, c.InSync)) {
+				p.Version != c.Version || !slices.Equal(p.InSync, c.InSync) || p.Accepted != c.Accepted) {
 				return nil, fmt.Errorf("topic %s/%d: a record other than its pair's (partition %d)", t.Name, j, p.Chunk)
 			}
 			if err := checkLost(t.Type, p); err != nil {
@@ -471,8 +525,11 @@ func (v *snapV6) state() (*State, error) {
 			if c := t.Parts[p.Chunk]; !slices.Equal(p.Lost, c.Lost) {
 				return nil, fmt.Errorf("topic %s/%d: lost %q, its group's %q", t.Name, j, p.Lost, c.Lost)
 			}
+			if p.Accepted != 0 && (t.Type != TypeDoubleWrite || p.Accepted > p.Epoch || len(p.InSync) > 1) {
+				return nil, fmt.Errorf("topic %s/%d: accepted a loss at epoch %d (epoch %d, type %d)", t.Name, j, p.Accepted, p.Epoch, t.Type)
+			}
 			tp.Parts[j] = Partition{Replicas: p.Replicas, Leader: p.Leader, Epoch: p.Epoch, Chunk: p.Chunk,
-				InSync: p.InSync, Version: p.Version, Lost: p.Lost}
+				InSync: p.InSync, Version: p.Version, Lost: p.Lost, Accepted: p.Accepted}
 		}
 		s.topics[t.Name] = tp
 	}

@@ -173,6 +173,13 @@ type Partition struct {
 	// leader removes it and adds it back as a nonvoter, promoted once it
 	// caught up. Sorted; nil for the other types and while none is lost.
 	Lost []string
+	// Accepted is, for a DoubleWrite partition, the epoch an operator's
+	// AcceptLoss began: its leader gave up the tail its lost copy alone
+	// held, and new sends take those offsets. The leader fences every
+	// consumer group first (store.OpFence), so that no position taken from
+	// that tail skips them. 0 once both replicas are in sync again, since
+	// each then holds the fence, and for the other types.
+	Accepted uint64
 }
 
 // Follower returns a DoubleWrite partition's follower: its replica that

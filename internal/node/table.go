@@ -280,7 +280,8 @@ func pairRecord(st *metastate.State, t metastate.Topic, i int) replica.PairRecor
 		reps = append(reps, f)
 	}
 	nd, _ := st.Node(f)
-	return replica.PairRecord{Replicas: reps, Epoch: p.Epoch, Version: p.Version, InSync: p.InSync, Alone: t.Alone, FollowerUp: nd.Up}
+	return replica.PairRecord{Replicas: reps, Epoch: p.Epoch, Version: p.Version, InSync: p.InSync, Alone: t.Alone, FollowerUp: nd.Up,
+		Accepted: p.Accepted}
 }
 
 // openDoubleWrite opens partition i of DoubleWrite topic t, on the pair of

@@ -33,6 +33,10 @@ type PairRecord struct {
 	// FollowerUp is whether the follower's node is up: its session is
 	// alive.
 	FollowerUp bool
+	// Accepted is the epoch at which an operator gave up the tail the
+	// pair's lost copy alone held (metastate.Partition.Accepted): its
+	// leader fences the consumer groups before anything else; 0 when none.
+	Accepted uint64
 }
 
 func (r PairRecord) leader() string {

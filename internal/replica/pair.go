@@ -277,7 +277,7 @@ func (p *Pair) takeRole() error {
 		peer = PairPeer{Client: c, Topic: p.cfg.Topic, Index: p.cfg.First}
 	}
 	p.role = pairRole{}
-	if err := p.rep.Lead(rec.Epoch, peer, async); err != nil {
+	if err := p.rep.LeadAfterLoss(rec.Epoch, peer, async, rec.Accepted); err != nil {
 		if errors.Is(err, pairlog.ErrEpochLed) {
 			p.renew = true // watch asks for the next epoch
 			return nil
