@@ -78,37 +78,43 @@ func TestCluster_BalanceNeedsAdmin(t *testing.T) {
 		_, err := c.nodes["n2"].BalanceLeaders(ctx)
 		return errors.Is(err, mq.ErrDenied)
 	})
-	if _, err := c.nodes["n2"].BalanceReplicas(ctx, 0); !errors.Is(err, mq.ErrDenied) {
-		t.Errorf("BalanceReplicas by n2, no admin: %v", err)
-	}
-	if _, err := c.nodes["n1"].BalanceLeaders(ctx); err != nil {
-		t.Errorf("n1, an admin: %v", err)
-	}
-	if _, err := c.nodes["n1"].BalanceReplicas(ctx, 0); err != nil {
-		t.Errorf("BalanceReplicas by n1, an admin: %v", err)
-	}
 	standalone, err := mq.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := standalone.BalanceLeaders(ctx); !errors.Is(err, mq.ErrUnsupportedType) {
-		t.Errorf("standalone: %v", err)
+	closed, err := mq.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := standalone.BalanceReplicas(ctx, 0); !errors.Is(err, mq.ErrUnsupportedType) {
-		t.Errorf("standalone BalanceReplicas: %v", err)
+	defer standalone.Close()
+	closed.Close()
+	calls := map[string]func(m *mq.MQ) error{
+		"BalanceLeaders":  func(m *mq.MQ) error { _, err := m.BalanceLeaders(ctx); return err },
+		"BalanceReplicas": func(m *mq.MQ) error { _, err := m.BalanceReplicas(ctx, 0); return err },
+		"AcceptDataLoss":  func(m *mq.MQ) error { return m.AcceptDataLoss(ctx, "d", 0, "n1") },
 	}
-	if err := standalone.AcceptDataLoss(ctx, "d", 0, "n1"); !errors.Is(err, mq.ErrUnsupportedType) {
-		t.Errorf("standalone AcceptDataLoss: %v", err)
-	}
-	standalone.Close()
-	if _, err := standalone.BalanceLeaders(ctx); !errors.Is(err, mq.ErrClosed) {
-		t.Errorf("closed: %v", err)
-	}
-	if _, err := standalone.BalanceReplicas(ctx, 0); !errors.Is(err, mq.ErrClosed) {
-		t.Errorf("closed BalanceReplicas: %v", err)
-	}
-	if err := standalone.AcceptDataLoss(ctx, "d", 0, "n1"); !errors.Is(err, mq.ErrClosed) {
-		t.Errorf("closed AcceptDataLoss: %v", err)
+	for _, tc := range []struct {
+		who  string
+		m    *mq.MQ
+		want error // nil: allowed
+	}{
+		{"n2, no admin", c.nodes["n2"], mq.ErrDenied},
+		{"n1, an admin", c.nodes["n1"], nil},
+		{"standalone", standalone, mq.ErrUnsupportedType},
+		{"closed", closed, mq.ErrClosed},
+	} {
+		for name, call := range calls {
+			err := call(tc.m)
+			if name == "AcceptDataLoss" && tc.want == nil {
+				if !errors.Is(err, mq.ErrNoTopic) { // n1 may: "d" does not exist
+					t.Errorf("%s by %s: %v, want ErrNoTopic", name, tc.who, err)
+				}
+				continue
+			}
+			if tc.want == nil && err != nil || tc.want != nil && !errors.Is(err, tc.want) {
+				t.Errorf("%s by %s: %v, want %v", name, tc.who, err, tc.want)
+			}
+		}
 	}
 }
 

@@ -114,9 +114,8 @@ func (m *MQ) BalanceReplicas(ctx context.Context, most int) (int, error) {
 	for _, mv := range m.cluster.Agent().Meta().State().BalanceMoves(most) {
 		// Each move after the one before applied: a group that lost a
 		// replica or a node meanwhile stays.
-		st := m.cluster.Agent().Meta().State()
-		if p, ok := st.Partition(mv.Topic, mv.Partition); !ok || len(p.Lost) > 0 || !st.AllUp(p.Replicas) {
-			errs = append(errs, fmt.Errorf("%s/%d from %s to %s: %w: a replica lost or down since the plan", mv.Topic, mv.Partition, mv.From, mv.To, ErrInvalidOption))
+		if !m.cluster.Agent().Meta().State().Balanceable(mv.Topic, mv.Partition) {
+			errs = append(errs, fmt.Errorf("%s/%d from %s to %s: %w: a replica lost, down or moving since the plan", mv.Topic, mv.Partition, mv.From, mv.To, ErrInvalidOption))
 			continue
 		}
 		if err := m.admin(ctx, mv); err != nil {
@@ -178,6 +177,9 @@ func (m *MQ) AcceptDataLoss(ctx context.Context, topic string, partition int, le
 	}
 	if m.cluster == nil {
 		return fmt.Errorf("%w: data loss is accepted only for a cluster's DoubleWrite pairs", ErrUnsupportedType)
+	}
+	if err := m.cluster.Allowed(m.cluster.ID(), "*", metastate.RightAdmin); err != nil {
+		return translate(err) // before what the state holds is told
 	}
 	st := m.cluster.Agent().Meta().State()
 	t, _ := st.Topic(topic)

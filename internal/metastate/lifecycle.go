@@ -305,10 +305,7 @@ func (s *State) BalanceMoves(most int) []MoveReplica {
 				continue
 			}
 			for i, p := range t.Parts {
-				_, k := t.Chunk(i)
-				switch {
-				case p.Chunk != i || !s.AllUp(p.Replicas):
-				case typ == TypeRaft3 && len(p.Lost) == 0, typ == TypeSingle && len(p.Replicas) == 1:
+				if _, k := t.Chunk(i); p.Chunk == i && s.Balanceable(name, i) {
 					chunks = append(chunks, chunk{topic: name, first: i, k: k, p: p})
 				}
 			}
@@ -344,6 +341,27 @@ func (s *State) BalanceMoves(most int) []MoveReplica {
 		moves = append(moves, MoveReplica{Topic: c.topic, Partition: c.first, Version: c.p.Version, From: from, To: to})
 	}
 	return moves
+}
+
+// Balanceable reports whether the chunk of topic's partition i may move
+// for balance (BalanceMoves): a Raft3 group none of whose replicas is
+// lost, or a Single partition not moving, every replica up. DoubleWrite
+// pairs never move for balance.
+func (s *State) Balanceable(topic string, i int) bool {
+	t, ok := s.topics[topic]
+	if !ok || i < 0 || i >= len(t.Parts) {
+		return false
+	}
+	p := t.Parts[i]
+	switch {
+	case !s.AllUp(p.Replicas):
+		return false
+	case t.Type == TypeRaft3:
+		return len(p.Lost) == 0
+	case t.Type == TypeSingle:
+		return len(p.Replicas) == 1
+	}
+	return false
 }
 
 // AllUp reports whether every node of ids is up.

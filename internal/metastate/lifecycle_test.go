@@ -256,6 +256,14 @@ func TestBalanceMoves_NewNode(t *testing.T) {
 	if again := ft.s().BalanceMoves(0); len(again) != 0 {
 		t.Fatalf("the moves under way are planned again: %v", again)
 	}
+	for _, mv := range plan {
+		if mv.Topic == "a" && ft.s().Balanceable("a", mv.Partition) {
+			t.Fatalf("a Single partition moving is balanceable: %+v", mv)
+		}
+	}
+	if ft.s().Balanceable("dw", 0) || ft.s().Balanceable("none", 0) || ft.s().Balanceable("r", 6) || ft.s().Balanceable("r", -1) {
+		t.Fatal("a DoubleWrite pair, an unknown topic or partition is balanceable")
+	}
 
 	// A lost replica or a node down keeps a Raft3 group where it is.
 	ft2 := newStateT(t)
@@ -264,7 +272,7 @@ func TestBalanceMoves_NewNode(t *testing.T) {
 	ft2.must(RegisterNode{ID: "a", Addr: "a:7000", Incarnation: "i1"})
 	ft2.must(RegisterNode{ID: "a", Addr: "a:7000", Incarnation: "i2"}) // a's disk replaced: its replicas are lost
 	ft2.nodes("d")
-	if plan := ft2.s().BalanceMoves(0); len(plan) != 0 {
+	if plan := ft2.s().BalanceMoves(0); len(plan) != 0 || ft2.s().Balanceable("r", 0) {
 		t.Fatalf("groups with a lost replica moved: %v", plan)
 	}
 }

@@ -216,7 +216,7 @@ func (n *Node) leadingOn(ctx context.Context, id string) ([]groupRef, error) {
 	}
 	var r leadingReply
 	if err := wire.UnmarshalLimited(b, &r, balanceLimits); err != nil {
-		return nil, fmt.Errorf("%w: %s's groups: %v", errMoveFormat, id, err)
+		return nil, fmt.Errorf("%w: %s's groups: %v", errRequestFormat, id, err)
 	}
 	return r.Groups, nil
 }
@@ -257,16 +257,11 @@ func (n *Node) leadTo(group groupRef, to string) error {
 	if reps := eligibleLeaders(n.agent.Meta().State())[group]; !slices.Contains(reps, to) {
 		return fmt.Errorf("%w: %s may not lead %s/%d (eligible: %q)", metastate.ErrInvalid, to, group.Topic, group.First, reps)
 	}
-	var r *raft.Raft
-	n.groups.Each(func(topic string, first int, g *raftqueue.Group) {
-		if topic == group.Topic && first == group.First {
-			r = g.Raft()
-		}
-	})
-	if r == nil || r.State() != raft.Leader {
+	g, ok := n.groups.Get(raft3Name(group.Topic, group.First))
+	if !ok || g.Raft().State() != raft.Leader {
 		return fmt.Errorf("%w: %s/%d is not led here", errNotHere, group.Topic, group.First)
 	}
-	return r.LeadershipTransferToServer(raft.ServerID(to), raft.ServerAddress(to)).Error()
+	return g.Raft().LeadershipTransferToServer(raft.ServerID(to), raft.ServerAddress(to)).Error()
 }
 
 // serveLeading serves OpLeading to a node of the cluster.
@@ -288,7 +283,7 @@ func (n *Node) serveLeadTo(_ context.Context, peer string, req []byte) ([]byte, 
 	}
 	var r leadTo
 	if err := wire.UnmarshalLimited(req, &r, balanceLimits); err != nil {
-		return nil, fmt.Errorf("%w: %v", errMoveFormat, err)
+		return nil, fmt.Errorf("%w: %v", errRequestFormat, err)
 	}
 	return nil, n.leadTo(r.Group, r.To)
 }

@@ -53,8 +53,6 @@ const (
 	moveRetry         = time.Second
 )
 
-var errMoveFormat = errors.New("node: malformed request")
-
 // moveHold, when set, is called by the node a Single partition moves to
 // once it holds the copy, before it ends the move: a seam for tests
 // (SetMoveHold).
@@ -80,7 +78,7 @@ func AppendMoveFetch(dst []byte, topic string, index int, version, offset uint64
 func decodeMoveFetch(b []byte) (topic string, index int, version, offset uint64, err error) {
 	var vs [3]uint64
 	if topic, err = decodeTopicRequest(b, moveFetchVersion, vs[:]); err != nil || vs[0] >= metastate.MaxPartitions {
-		return "", 0, 0, 0, errMoveFormat
+		return "", 0, 0, 0, errRequestFormat
 	}
 	return topic, int(vs[0]), vs[1], vs[2], nil
 }
@@ -101,23 +99,23 @@ func appendTopicRequest(dst []byte, version byte, topic string, vs ...uint64) []
 // with len(vs) uvarints, into vs; nothing may follow them.
 func decodeTopicRequest(b []byte, version byte, vs []uint64) (string, error) {
 	if len(b) < 1 || b[0] != version {
-		return "", errMoveFormat
+		return "", errRequestFormat
 	}
 	b = b[1:]
 	n, k := binary.Uvarint(b)
 	if k <= 0 || n > uint64(len(b)-k) || n > metastate.MaxNameLen {
-		return "", errMoveFormat
+		return "", errRequestFormat
 	}
 	topic := string(b[k : k+int(n)])
 	b = b[k+int(n):]
 	for i := range vs {
 		if vs[i], k = binary.Uvarint(b); k <= 0 {
-			return "", errMoveFormat
+			return "", errRequestFormat
 		}
 		b = b[k:]
 	}
 	if len(b) != 0 {
-		return "", errMoveFormat
+		return "", errRequestFormat
 	}
 	return topic, nil
 }
@@ -169,7 +167,7 @@ func (s *single) handOver(ctx context.Context, path string, version, offset uint
 		s.snap.f, s.snap.version, s.snap.size = f, version, size
 	}
 	if offset > uint64(s.snap.size) {
-		return nil, 0, fmt.Errorf("%w: offset %d past the snapshot's %d bytes", errMoveFormat, offset, s.snap.size)
+		return nil, 0, fmt.Errorf("%w: offset %d past the snapshot's %d bytes", errRequestFormat, offset, s.snap.size)
 	}
 	piece := make([]byte, min(int64(movePiece), s.snap.size-int64(offset)))
 	if _, err := s.snap.f.ReadAt(piece, int64(offset)); err != nil {
@@ -330,7 +328,7 @@ func (n *Node) copyIn(ctx context.Context, topic string, index int, from string,
 // fetchPieces writes to w the snapshot fetch returns in pieces, each
 // reply the snapshot's size then the bytes from the offset asked. A reply
 // that is not such a piece, whose size is not the first one's, or that
-// brings nothing before the end is errMoveFormat: a peer cannot make it
+// brings nothing before the end is errRequestFormat: a peer cannot make it
 // write more than the size its first piece gave.
 func fetchPieces(fetch func(off uint64) ([]byte, error), w io.Writer) error {
 	var total uint64
@@ -345,9 +343,9 @@ func fetchPieces(fetch func(off uint64) ([]byte, error), w io.Writer) error {
 		}
 		switch {
 		case k <= 0 || size != total || uint64(len(resp)-k) > size-off:
-			return fmt.Errorf("%w: a piece of %d bytes at %d of %d (first said %d)", errMoveFormat, len(resp)-max(k, 0), off, size, total)
+			return fmt.Errorf("%w: a piece of %d bytes at %d of %d (first said %d)", errRequestFormat, len(resp)-max(k, 0), off, size, total)
 		case len(resp) == k && off < size:
-			return fmt.Errorf("%w: an empty piece at %d of %d", errMoveFormat, off, size)
+			return fmt.Errorf("%w: an empty piece at %d of %d", errRequestFormat, off, size)
 		}
 		if _, err := w.Write(resp[k:]); err != nil {
 			return err

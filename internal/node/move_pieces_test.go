@@ -19,7 +19,7 @@ func piecesOf(snap []byte, n int, size func(off uint64) uint64) func(off uint64)
 // TestFetchPieces_HoldsThePeerToItsFirstSize: a snapshot arrives whole
 // in pieces; a peer that changes the size it gave, sends more than it,
 // sends an empty piece before the end, or a reply with no size, is
-// refused with errMoveFormat, and nothing past the first size is written.
+// refused with errRequestFormat, and nothing past the first size is written.
 func TestFetchPieces_HoldsThePeerToItsFirstSize(t *testing.T) {
 	snap := bytes.Repeat([]byte("0123456789"), 100)
 	honest := func(uint64) uint64 { return uint64(len(snap)) }
@@ -44,8 +44,8 @@ func TestFetchPieces_HoldsThePeerToItsFirstSize(t *testing.T) {
 	} {
 		var w bytes.Buffer
 		err := fetchPieces(fetch, &w)
-		if !errors.Is(err, errMoveFormat) {
-			t.Errorf("%s: %v, want errMoveFormat", name, err)
+		if !errors.Is(err, errRequestFormat) {
+			t.Errorf("%s: %v, want errRequestFormat", name, err)
 		}
 		if w.Len() > len(snap) {
 			t.Errorf("%s: wrote %d bytes, more than the %d snapshot", name, w.Len(), len(snap))

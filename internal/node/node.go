@@ -112,6 +112,9 @@ type Node struct {
 // being opened; the caller tries again.
 var errStarting = fmt.Errorf("%w: the node is starting", store.ErrClosed)
 
+// errRequestFormat refuses a node request that does not decode.
+var errRequestFormat = errors.New("node: malformed request")
+
 // errBehind is what a peer this node does not know gets while the node's
 // metadata state is behind the cluster's (cluster.Agent.Behind): the peer
 // may have joined since, and tries again.

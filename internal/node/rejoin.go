@@ -123,7 +123,7 @@ func AppendRaft3Vouch(dst []byte, topic string, first int) []byte {
 func decodeRaft3Vouch(b []byte) (topic string, first int, err error) {
 	var vs [1]uint64
 	if topic, err = decodeTopicRequest(b, raft3VouchVersion, vs[:]); err != nil || vs[0] >= metastate.MaxPartitions {
-		return "", 0, errMoveFormat
+		return "", 0, errRequestFormat
 	}
 	return topic, int(vs[0]), nil
 }

@@ -204,6 +204,17 @@ func (gs *RaftGroups) Attach(p *Partition, name string, open func() (*raftqueue.
 	return nil
 }
 
+// Get returns the open replica of the group Attach named name, if any; it
+// may close once returned.
+func (gs *RaftGroups) Get(name string) (*raftqueue.Group, bool) {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	if g := gs.m[name]; g != nil {
+		return g.g, true
+	}
+	return nil, false
+}
+
 // Each calls fn with each open replica, named by its topic and its group's
 // first partition, not under gs's lock: a replica may close meanwhile.
 func (gs *RaftGroups) Each(fn func(topic string, first int, g *raftqueue.Group)) {
