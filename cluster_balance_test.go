@@ -16,7 +16,7 @@ import (
 // while a sender on each node sends to every partition; BalanceLeaders
 // moves four of them, each node then leads two, and every acked message
 // is stored once at the offset of its ack, each key in send order. A
-// second call finds nothing to move.
+// second call finds nothing to move, and one whose ctx ended moves nothing.
 func TestCluster_BalanceLeadersUnderLoad(t *testing.T) {
 	parallelByDefault(t)
 	const parts = 6
@@ -32,6 +32,16 @@ func TestCluster_BalanceLeadersUnderLoad(t *testing.T) {
 	waitFor(t, 30*time.Second, "n1 leads every group", func() bool { return len(c.nodes["n1"].ClusterStatus().Leading) == parts })
 
 	ctx := testCtx(t)
+	// A call whose ctx has ended moves nothing, though n1 knows what it
+	// leads without asking anyone.
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if moved, err := c.nodes["n1"].BalanceLeaders(ended); !errors.Is(err, context.Canceled) || moved != 0 {
+		t.Fatalf("BalanceLeaders with its ctx ended: %d moved, %v", moved, err)
+	}
+	if n := len(c.nodes["n1"].ClusterStatus().Leading); n != parts {
+		t.Fatalf("n1 leads %d groups after a call whose ctx had ended, %d before", n, parts)
+	}
 	l := newLedger()
 	stop := l.sendFrom(ctx, t, c, parts, "n1", "n2", "n3")
 	waitFor(t, 30*time.Second, "sends acked", l.atLeast(20, "n1", "n2", "n3"))

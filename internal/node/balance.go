@@ -79,6 +79,7 @@ func (n *Node) BalanceLeaders(ctx context.Context) (int, error) {
 	}
 	st := n.agent.Meta().State()
 	leaders := map[groupRef]string{}
+	silent := map[string]bool{} // up nodes that did not say what they lead
 	var errs []error
 	for _, nd := range st.Nodes() {
 		if !nd.Up {
@@ -87,13 +88,23 @@ func (n *Node) BalanceLeaders(ctx context.Context) (int, error) {
 		led, err := n.leadingOn(ctx, nd.ID)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("ask %s what it leads: %w", nd.ID, err))
+			silent[nd.ID] = true
 			continue
 		}
 		for _, g := range led {
 			leaders[g] = nd.ID
 		}
 	}
-	plan := planLeaders(eligibleLeaders(st), leaders)
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	// A node that did not answer may lead any number of groups: none is
+	// handed to it.
+	eligible := eligibleLeaders(st)
+	for g, reps := range eligible {
+		eligible[g] = slices.DeleteFunc(reps, func(id string) bool { return silent[id] })
+	}
+	plan := planLeaders(eligible, leaders)
 	var (
 		mu    sync.Mutex
 		moved int
@@ -101,7 +112,16 @@ func (n *Node) BalanceLeaders(ctx context.Context) (int, error) {
 		sem   = make(chan struct{}, transferWidth)
 	)
 	for _, tr := range plan {
-		sem <- struct{}{}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			mu.Lock()
+			errs = append(errs, ctx.Err())
+			mu.Unlock()
+			break
+		}
 		wg.Go(func() {
 			defer func() { <-sem }()
 			err := n.leadToOn(ctx, tr)
