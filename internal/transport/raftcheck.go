@@ -118,14 +118,15 @@ type rpcCheck struct {
 	follow   func(leader string) bool    // LayerConfig.Lead; nil takes every leader's entries
 }
 
-// errVoteWithheld closes a stream carrying a request for a vote or a
+// errWithheld closes a stream carrying a request this replica withholds
+// its part from: a request for a vote or a
 // pre-vote that this replica withholds from the peer (LayerConfig.Vote):
 // raft's candidate counts it as not granted. It closes one carrying a
 // TimeoutNow (a leadership transfer) to a replica that may not campaign
 // (LayerConfig.Campaign) too: the transfer fails, and the leader stays;
 // and one carrying entries from a leader the replica does not follow
 // (LayerConfig.Lead): they are not acknowledged.
-var errVoteWithheld = errors.New("transport: vote withheld")
+var errWithheld = errors.New("transport: withheld by the replica")
 
 func newRPCCheck(peer string, vote func(candidate string) bool, campaign func() bool, lead func(leader string) bool) *rpcCheck {
 	return &rpcCheck{peer: peer, vote: vote, campaign: campaign, follow: lead}
@@ -141,13 +142,13 @@ func (c *rpcCheck) feed(b []byte) error {
 				return fmt.Errorf("%w: request type %d", errBadRPC, b[0])
 			}
 			if (b[0] == rpcTypeRequestVote || b[0] == rpcTypeRequestPreVote) && c.vote != nil && !c.vote(c.peer) {
-				return errVoteWithheld
+				return errWithheld
 			}
 			if b[0] == rpcTypeTimeoutNow && c.campaign != nil && !c.campaign() {
-				return errVoteWithheld
+				return errWithheld
 			}
 			if (b[0] == rpcTypeAppendEntries || b[0] == rpcTypeInstallSnapshot) && c.follow != nil && !c.follow(c.peer) {
-				return errVoteWithheld
+				return errWithheld
 			}
 			c.rpc, c.id, c.addr, c.size = b[0], false, false, 0
 			c.state = csLead

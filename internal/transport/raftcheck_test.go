@@ -153,7 +153,7 @@ func FuzzRPCCheck(f *testing.F) {
 
 // TestRPCCheck_VoteWithheld: with a Vote that refuses the peer, a
 // RequestVote or RequestPreVote fails the check before raft gets a byte
-// of it, as errVoteWithheld (not a refusal of the peer); with a Campaign
+// of it, as errWithheld (not a refusal of the peer); with a Campaign
 // that says no, a TimeoutNow does, and with a Lead that refuses the peer,
 // an AppendEntries or an InstallSnapshot. With hooks that allow, every
 // request passes.
@@ -164,7 +164,7 @@ func TestRPCCheck_VoteWithheld(t *testing.T) {
 		err := refuse.feed(rpc)
 		switch rpc[0] {
 		case rpcTypeRequestVote, rpcTypeRequestPreVote, rpcTypeTimeoutNow, rpcTypeAppendEntries, rpcTypeInstallSnapshot:
-			if !errors.Is(err, errVoteWithheld) {
+			if !errors.Is(err, errWithheld) {
 				t.Fatalf("request type %d with the vote withheld: %v", rpc[0], err)
 			}
 		default:

@@ -66,7 +66,7 @@ func (s *stream) Read(p []byte) (int, error) {
 		return n, err
 	}
 	if n > 0 {
-		if cerr := s.check.feed(p[:n]); errors.Is(cerr, errVoteWithheld) {
+		if cerr := s.check.feed(p[:n]); errors.Is(cerr, errWithheld) {
 			s.kill()
 			return 0, cerr
 		} else if cerr != nil {
