@@ -474,15 +474,17 @@ func TestGroup_ReplayBehindFile(t *testing.T) {
 // (A channel may close for a change that came just before it was taken:
 // the watcher looks at State again.)
 func TestGroup_LeaderChanged(t *testing.T) {
-	// Second-long timeouts: with 200 ms ones an election beside other
-	// packages' fsyncs and -race found no leader in 20 s once (a vote's
-	// fsync outlasting the candidate's timeout, round after round), and
-	// with these, once, on a machine running two test runs at once: the
-	// waits are a minute, and end as soon as the change is seen.
-	c := newClusterWith(t, 3, stableConfig())
+	// Timeouts of 3 s and waits of 2 minutes: with 200 ms timeouts an
+	// election beside other packages' fsyncs and -race found no leader in
+	// 20 s once (a vote's fsync outlasting the candidate's timeout, round
+	// after round), and with 1 s ones none in a minute in CI. The waits end
+	// as soon as the change is seen; a leader found by looking at State
+	// whose change LeaderChanged did not signal fails the test.
+	const patience = 2 * time.Minute
+	c := newClusterWith(t, 3, raftConfig(3*time.Second))
 	waitState := func(what string, g *Group, leads bool) {
 		t.Helper()
-		deadline := time.After(time.Minute)
+		deadline := time.After(patience)
 		for {
 			ch := g.LeaderChanged()
 			if (g.State() == raft.Leader) == leads {
@@ -502,32 +504,52 @@ func TestGroup_LeaderChanged(t *testing.T) {
 	// One of the others starts leading: a watcher of each sees it, or
 	// sees that it does not (the watch of the one that does not lead
 	// would wait forever: watch both at once).
-	done, stop := make(chan *Group, 2), make(chan struct{})
+	type seen struct {
+		g      *Group
+		missed bool // leading, and LeaderChanged did not say so
+	}
+	done, stop := make(chan seen, 2), make(chan struct{})
 	for _, g := range others {
 		go func() {
+			deadline := time.After(patience)
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
 			for {
 				ch := g.LeaderChanged()
 				if g.State() == raft.Leader {
-					done <- g
+					done <- seen{g: g}
 					return
 				}
 				select {
 				case <-ch:
+				case <-tick.C:
+					if g.State() != raft.Leader {
+						continue
+					}
+					select { // it leads: the signal is due
+					case <-ch:
+					case <-time.After(5 * time.Second):
+						done <- seen{g: g, missed: true}
+						return
+					}
 				case <-stop:
-					done <- nil
+					done <- seen{}
 					return
-				case <-time.After(time.Minute):
-					done <- nil
+				case <-deadline:
+					done <- seen{}
 					return
 				}
 			}
 		}()
 	}
-	g := <-done
+	first := <-done
 	close(stop)
 	<-done
-	if g == nil {
-		t.Fatal("no new leader seen through LeaderChanged")
+	switch {
+	case first.missed:
+		t.Fatal("a replica leads, and LeaderChanged did not signal it")
+	case first.g == nil:
+		t.Fatalf("no new leader in %v (states %v, %v)", patience, others[0].State(), others[1].State())
 	}
 	c.heal(old)
 	closing := c.group(old).LeaderChanged()
