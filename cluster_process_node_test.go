@@ -241,8 +241,13 @@ func (p *pnode) status() {
 		if _, replicas, inSync, _ := mq.PairRecord(p.m, pfDW, i); topics[pfDW] > 0 && (len(replicas) != 2 || len(inSync) != 2) {
 			why = fmt.Sprintf("%s/%d: in sync %v", pfDW, i, inSync)
 		}
-		if lost, _ := mq.Raft3Membership(p.m, pfR3, i); len(lost) > 0 {
+		// A rejoined replica is recorded so once it caught up as a
+		// nonvoter, and made a voter after: another disk replaced before
+		// that may leave the group without a quorum of intact voters.
+		if lost, voters := mq.Raft3Membership(p.m, pfR3, i); len(lost) > 0 {
 			why = fmt.Sprintf("%s/%d: lost %v", pfR3, i, lost)
+		} else if voters != nil && len(voters) != 3 {
+			why = fmt.Sprintf("%s/%d: voters %v", pfR3, i, voters)
 		}
 	}
 	if why == "" {
