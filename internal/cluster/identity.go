@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/zeze-go/mq/internal/metastate"
+	"github.com/zeze-go/mq/store"
 )
 
 // Who may call what on the node's RPC port. Every connection's peer id is
@@ -90,11 +91,21 @@ func (r *Refusals) First(key string) (ok bool, unlogged int) {
 	return false, 0
 }
 
-// nodeOnly returns ErrDenied, logged, unless peer is a current node of the
-// cluster: op is what it asked.
-func (n *Agent) nodeOnly(peer, op string) error {
+// ErrBehind is what a peer this node does not know gets while the node's
+// metadata state is behind the cluster's (Behind): the peer may have
+// joined since, and tries again. It wraps store.ErrClosed, which callers
+// of a partition retry.
+var ErrBehind = fmt.Errorf("%w: metadata behind", store.ErrClosed)
+
+// NodeOnly returns nil if peer is a current node of the cluster, for a
+// call of op: ErrBehind while this node's metadata is behind and does not
+// know peer, else ErrDenied, logged.
+func (n *Agent) NodeOnly(peer, op string) error {
 	if n.IsNode(peer) {
 		return nil
+	}
+	if n.Behind() {
+		return fmt.Errorf("%w: %s is unknown to node %s (%s)", ErrBehind, peer, n.cfg.ID, op)
 	}
 	return n.refuse(peer, "not a node: "+op, fmt.Errorf("%w: %s is not a node of this cluster (%s)", ErrDenied, peer, op))
 }

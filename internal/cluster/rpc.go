@@ -345,7 +345,7 @@ func (n *Agent) handleHeartbeat(_ context.Context, peer string, req []byte) ([]b
 // leader alone. A refusal is logged once per identity, command type and
 // cause (Refusals), whatever names the command holds.
 func (n *Agent) handlePropose(ctx context.Context, peer string, req []byte) ([]byte, error) {
-	if err := n.nodeOnly(peer, "propose"); err != nil {
+	if err := n.NodeOnly(peer, "propose"); err != nil {
 		return nil, err
 	}
 	c, err := metastate.DecodeCommand(req)
@@ -417,7 +417,7 @@ const (
 
 // handleReport probes the node a report names, on the leader.
 func (n *Agent) handleReport(ctx context.Context, peer string, req []byte) ([]byte, error) {
-	if err := n.nodeOnly(peer, "report"); err != nil {
+	if err := n.NodeOnly(peer, "report"); err != nil {
 		return nil, err
 	}
 	j, err := decodeJoin(req)
@@ -592,7 +592,7 @@ func rightName(r metastate.Rights) string {
 // the address, but only a current node may announce, and only for its own
 // id.
 func (n *Agent) handleAnnounce(_ context.Context, peer string, req []byte) ([]byte, error) {
-	if err := n.nodeOnly(peer, "announce"); err != nil {
+	if err := n.NodeOnly(peer, "announce"); err != nil {
 		return nil, err
 	}
 	j, err := decodeJoin(req)
@@ -612,7 +612,7 @@ func (n *Agent) handleAnnounce(_ context.Context, peer string, req []byte) ([]by
 // the half messages there. Another identity is refused before its request
 // is decoded.
 func (n *Agent) handleCheckTx(ctx context.Context, peer string, req []byte) ([]byte, error) {
-	if err := n.nodeOnly(peer, "check-back"); err != nil {
+	if err := n.NodeOnly(peer, "check-back"); err != nil {
 		return nil, err
 	}
 	var q checkTxReq

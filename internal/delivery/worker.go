@@ -384,7 +384,7 @@ func (w *worker) claimHolds() bool {
 	case ok && gs.Generation == w.gen:
 		return true
 	}
-	w.fenced()
+	w.fencedBy(gs, ok, nil)
 	return false
 }
 
@@ -395,6 +395,11 @@ func (w *worker) claimHolds() bool {
 // the partition is delivered by the newer owner alone.
 func (w *worker) fenced() {
 	gs, ok, err := w.p.Group(w.c.group.name)
+	w.fencedBy(gs, ok, err)
+}
+
+// fencedBy is fenced with the group's record as read: gs, ok, err.
+func (w *worker) fencedBy(gs store.GroupState, ok bool, err error) {
 	switch {
 	case err == nil && ok && !gs.Reset:
 		w.logger().Warn("partition claimed by another owner; this consumer stops delivering it", "generation", w.gen, "owner", gs.Generation)

@@ -115,11 +115,6 @@ var errStarting = fmt.Errorf("%w: the node is starting", store.ErrClosed)
 // errRequestFormat refuses a node request that does not decode.
 var errRequestFormat = errors.New("node: malformed request")
 
-// errBehind is what a peer this node does not know gets while the node's
-// metadata state is behind the cluster's (cluster.Agent.Behind): the peer
-// may have joined since, and tries again.
-var errBehind = fmt.Errorf("%w: metadata behind", store.ErrClosed)
-
 // Open moves what the WAL holds for the Single partitions in dir into
 // their files, keeps the replicas' logs (recoverLogged) and starts the
 // node's agent. The caller calls the WAL's FinishRecovery once Open

@@ -248,19 +248,12 @@ func (n *Node) owns(peer, topic string, index int, group string) error {
 }
 
 // nodeOnly returns nil if peer is a current node of the cluster, for a call
-// of op: errStarting while this node starts, errBehind while its metadata
-// is behind and does not know peer, else cluster.ErrDenied, logged.
+// of op: errStarting while this node starts, else as cluster.Agent.NodeOnly.
 func (n *Node) nodeOnly(peer, op string) error {
 	if n.started.Load() == nil {
 		return errStarting
 	}
-	if n.agent.IsNode(peer) {
-		return nil
-	}
-	if n.agent.Behind() {
-		return fmt.Errorf("%w: %s is unknown to node %s, whose metadata is behind", errBehind, peer, n.agent.ID())
-	}
-	return n.refuse(peer, "not a node: "+op, fmt.Errorf("%w: %s is not a node of this cluster", cluster.ErrDenied, peer))
+	return n.agent.NodeOnly(peer, op)
 }
 
 // refuse logs err, a refusal of peer's call, once per identity and cause,
