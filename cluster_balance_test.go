@@ -72,6 +72,97 @@ func TestCluster_BalanceLeadersUnderLoad(t *testing.T) {
 	t.Logf("%d acked", l.total())
 }
 
+// TestCluster_BalanceLeadersMovesDoubleWritePairs: six DoubleWrite pairs,
+// each of those n1 holds led by n1, while senders on every node send to
+// every partition; BalanceLeaders swaps pairs' leaders with their
+// followers in sync until no pair's leader leads two more than its
+// follower, each pair keeping its two replicas, and every acked message
+// is stored once. A node that does not lead a pair does not
+// hand it over.
+func TestCluster_BalanceLeadersMovesDoubleWritePairs(t *testing.T) {
+	parallelByDefault(t)
+	const parts = 6
+	c := newCluster(t, 3, withDoubleWrite(parts, mq.Options{PartitionsPerPair: 1}))
+	for i := range parts {
+		c.waitInSync(i, 30*time.Second)
+	}
+	ctx := testCtx(t)
+	for i := range parts {
+		leader, replicas, _, _ := mq.PairRecord(c.nodes["n1"], "d", i)
+		if leader != "n1" && slices.Contains(replicas, "n1") {
+			if err := mq.PairHandOver(ctx, c.nodes[leader], "d", i, "n1"); err != nil {
+				t.Fatalf("hand d/%d to n1: %v", i, err)
+			}
+		}
+	}
+	waitFor(t, 30*time.Second, "n1 leads every pair it holds, each in sync", func() bool {
+		for i := range parts {
+			leader, replicas, inSync, _ := mq.PairRecord(c.nodes["n1"], "d", i)
+			if slices.Contains(replicas, "n1") && leader != "n1" || len(inSync) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	if err := mq.PairHandOver(ctx, c.nodes["n2"], "d", 0, "n3"); err == nil {
+		t.Error("a node that does not lead d/0 handed it over")
+	}
+	replicasBefore := map[int][]string{}
+	for i := range parts {
+		_, replicas, _, _ := mq.PairRecord(c.nodes["n1"], "d", i)
+		replicasBefore[i] = slices.Sorted(slices.Values(replicas))
+	}
+	senders := map[string]*sender{}
+	for id, m := range c.nodes {
+		senders[id] = startSender(t, func() *mq.MQ { return m }, "d", parts, "from-"+id)
+	}
+	time.Sleep(500 * time.Millisecond)
+	moved, err := c.nodes["n2"].BalanceLeaders(ctx)
+	if err != nil || moved == 0 {
+		t.Fatalf("BalanceLeaders: %d moved, %v", moved, err)
+	}
+	t.Logf("%d pairs moved", moved)
+	spread := func() string {
+		count := map[string]int{"n1": 0, "n2": 0, "n3": 0}
+		leaders := map[int]string{}
+		for i := range parts {
+			leader, _, _, _ := mq.PairRecord(c.nodes["n1"], "d", i)
+			count[leader]++
+			leaders[i] = leader
+		}
+		for i := range parts {
+			_, replicas, _, _ := mq.PairRecord(c.nodes["n1"], "d", i)
+			for _, r := range replicas {
+				if count[leaders[i]]-count[r] >= 2 {
+					return fmt.Sprintf("d/%d's leader %s leads %d pairs, its follower %s %d", i, leaders[i], count[leaders[i]], r, count[r])
+				}
+			}
+		}
+		return ""
+	}
+	if uneven := spread(); uneven != "" {
+		t.Error(uneven)
+	}
+	for i := range parts { // swapped, not copied to a third node
+		if _, replicas, _, _ := mq.PairRecord(c.nodes["n1"], "d", i); !slices.Equal(slices.Sorted(slices.Values(replicas)), replicasBefore[i]) {
+			t.Errorf("d/%d's replicas %q after the balance, %q before", i, replicas, replicasBefore[i])
+		}
+	}
+	for i := range parts {
+		c.waitInSync(i, 30*time.Second)
+	}
+	time.Sleep(500 * time.Millisecond)
+	var acked []string
+	for _, s := range senders {
+		acked = append(acked, s.end()...)
+	}
+	if moved, err := c.nodes["n3"].BalanceLeaders(ctx); err != nil || moved != 0 {
+		t.Errorf("a second BalanceLeaders: %d moved, %v", moved, err)
+	}
+	checkStoredOnce(t, c, "d", parts, acked)
+	t.Logf("%d acked", len(acked))
+}
+
 // TestCluster_BalanceNeedsAdmin: a node whose identity lacks the Admin
 // right on "*" can balance neither leaders nor replicas, also when there
 // is nothing to move; a standalone MQ or a closed one says why at once, as

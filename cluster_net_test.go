@@ -7,6 +7,7 @@ package mq_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -118,26 +119,45 @@ func checkOwners(t *testing.T, ds []netDelivery, exempt func(netDelivery) bool) 
 	}
 	bad := 0
 	for p, l := range byPart {
-		sort.Slice(l, func(i, j int) bool { return l[i].start < l[j].start })
-		// Sweep: the furthest end so far of each node.
-		ends := map[string]netDelivery{}
-		for _, d := range l {
-			for node, o := range ends {
-				if node != d.node && o.end > d.start {
-					if bad < 10 {
-						t.Errorf("partition %d delivered by two nodes at once: %v began while %v ran", p, d, o)
-					}
-					bad++
-				}
+		for _, o := range overlaps(l, func(d netDelivery) (string, int64, int64) { return d.node, d.start, d.end }) {
+			if bad < 10 {
+				t.Errorf("partition %d delivered by two nodes at once: %v began while %v ran", p, o[1], o[0])
 			}
-			if o, ok := ends[d.node]; !ok || d.end > o.end {
-				ends[d.node] = d
-			}
+			bad++
 		}
 	}
 	if bad > 0 {
 		t.Errorf("%d handler calls overlapped another node's on their partition", bad)
 	}
+}
+
+// overlaps returns, among the handler calls of one partition, each pair
+// {a, b} of two owners' calls where b began while a ran: what two owners
+// of a partition must never do. span gives a call's owner and when it
+// began and ended.
+func overlaps[C any](calls []C, span func(C) (owner string, begin, end int64)) [][2]C {
+	calls = slices.Clone(calls)
+	slices.SortFunc(calls, func(x, y C) int {
+		_, bx, _ := span(x)
+		_, by, _ := span(y)
+		return cmp.Compare(bx, by)
+	})
+	var out [][2]C
+	last := map[string]C{} // owner → its call that ended last so far
+	for _, c := range calls {
+		owner, begin, end := span(c)
+		for o, l := range last {
+			if _, _, lend := span(l); o != owner && lend > begin {
+				out = append(out, [2]C{l, c})
+			}
+		}
+		if l, ok := last[owner]; !ok {
+			last[owner] = c
+		} else if _, _, lend := span(l); end > lend {
+			last[owner] = c
+		}
+	}
+	return out
 }
 
 // checkKeyOrder fails t if, for a key, the first delivery of a message

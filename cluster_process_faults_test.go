@@ -22,9 +22,11 @@ import (
 // (cluster_process_node_test.go) on loopback, take sends from their own
 // clients into a Raft3 and a DoubleWrite topic and deliver them to a
 // consumer group, while a seeded schedule kills (SIGKILL) and restarts
-// them, pauses them (SIGSTOP), closes them cleanly, cuts their links,
-// replaces a node's disk and balances the Raft3 leaders (BalanceLeaders;
-// each Raft3 partition has a group of its own). One fault at a time; a
+// them, pauses them (SIGSTOP), closes them cleanly, cuts their links
+// (both ways, or one way: what one node writes to another stalls),
+// replaces a node's disk and balances the leaders of the Raft3 groups and
+// DoubleWrite pairs (BalanceLeaders; each partition has a group or pair of
+// its own). One fault at a time; a
 // disk is replaced only while the cluster is whole (a second replica lost
 // before the first caught up loses data by design). Then every fault heals, the senders
 // stop, and the whole history is checked:
@@ -33,12 +35,15 @@ import (
 //     offset of its ack, read through every node alike;
 //   - a message only ever refused (definite errors) is not stored;
 //   - one key's acknowledged messages are stored in the order sent;
-//   - every acknowledged message reached the consumer group.
+//   - every acknowledged message reached the consumer group;
+//   - no two processes ran handlers of one partition at once (each
+//     handler takes a millisecond), but for a call held by a SIGSTOP.
 //
 // ZEZE_MQ_FAULT_SECONDS sets how long faults run (20 s by default, 10 s
 // with -short), ZEZE_MQ_FAULT_SEED the schedule. The negative control
-// runs the same with a broken build (acks before the commit,
-// faultinject) and must fail the check.
+// runs the same with a broken build (acks before the commit, every
+// consumer delivers every partition: faultinject) and must fail both
+// checks.
 const (
 	pfR3    = "r3"
 	pfDW    = "dw"
@@ -64,10 +69,25 @@ func TestCluster_ProcessFaults(t *testing.T) {
 func TestCluster_ProcessFaultsNegativeControl(t *testing.T) {
 	parallelByDefault(t)
 	bad := runProcessFaults(t, pfSeconds(t), true)
-	if len(bad) == 0 {
-		t.Fatal("the check found nothing wrong with a build that acknowledges before the commit")
+	var owners, rest []string
+	for _, b := range bad {
+		if strings.Contains(b, pfAtOnce) {
+			owners = append(owners, b)
+		} else {
+			rest = append(rest, b)
+		}
 	}
-	t.Logf("%d violations found, as the broken build must give; the first: %s", len(bad), bad[0])
+	if len(rest) == 0 {
+		t.Error("the check found nothing wrong with a build that acknowledges before the commit")
+	}
+	if len(owners) == 0 {
+		t.Error("the check of owners found nothing wrong with a build whose consumers all deliver every partition")
+	}
+	for _, b := range [][]string{rest, owners} {
+		if len(b) > 0 {
+			t.Logf("%d violations found, as the broken build must give; the first: %s", len(b), b[0])
+		}
+	}
 }
 
 func pfSeconds(t *testing.T) time.Duration {
@@ -101,6 +121,8 @@ type pfHistory struct {
 	refused  map[string]int                 // ID → definite refusals
 	unknown  map[string]int                 // ID → unknown outcomes
 	received map[string]int                 // ID → deliveries to the group
+	handled  map[string][]pfCall            // "topic/part" → its handler calls
+	paused   map[string][][2]int64          // process (node.run) → its SIGSTOP spans
 	dumps    map[string]map[string][]string // node → topic → "part off id" lines
 	bad      []string                       // lines no one expected
 }
@@ -127,8 +149,16 @@ func (h *pfHistory) record(node, line string) bool {
 		h.refused[f[1]]++
 	case len(f) == 2 && f[0] == "unknown":
 		h.unknown[f[1]]++
-	case len(f) == 3 && f[0] == "recv":
+	case len(f) == 8 && f[0] == "recv":
 		h.received[f[1]]++
+		begin, e1 := strconv.ParseInt(f[6], 10, 64)
+		end, e2 := strconv.ParseInt(f[7], 10, 64)
+		if e1 != nil || e2 != nil {
+			h.bad = append(h.bad, node+": "+line)
+			return true
+		}
+		k := f[3] + "/" + f[4]
+		h.handled[k] = append(h.handled[k], pfCall{owner: f[2], begin: begin, end: end})
 	case len(f) == 5 && f[0] == "msg":
 		if h.dumps[node] == nil {
 			h.dumps[node] = map[string][]string{}
@@ -329,7 +359,8 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 	c := &pfCluster{t: t, root: t.TempDir(), broken: broken, certs: map[string]string{}, runs: map[string]int{},
 		procs: map[string]*pfProc{},
 		hist: &pfHistory{acks: map[string]pfAck{}, refused: map[string]int{}, unknown: map[string]int{},
-			received: map[string]int{}, dumps: map[string]map[string][]string{}}}
+			received: map[string]int{}, dumps: map[string]map[string][]string{},
+			handled: map[string][]pfCall{}, paused: map[string][][2]int64{}}}
 	for _, id := range ids {
 		c.certs[id] = nodeCertsDir(t, id)
 	}
@@ -373,7 +404,7 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 	faults := 0
 	for end := time.Now().Add(d); time.Now().Before(end); faults++ {
 		x := pick()
-		switch k := rng.IntN(7); k {
+		switch k := rng.IntN(8); k {
 		case 0:
 			t.Logf("fault %d: kill -9 %s", faults, x)
 			c.kill(x)
@@ -382,23 +413,32 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 			h := hold()
 			t.Logf("fault %d: SIGSTOP %s for %v", faults, x, h)
 			p := c.procs[x]
+			from := time.Now().UnixNano()
 			p.cmd.Process.Signal(syscall.SIGSTOP)
 			time.Sleep(h)
 			p.cmd.Process.Signal(syscall.SIGCONT)
+			c.hist.pause(fmt.Sprintf("%s.%d", x, c.runs[x]), from, time.Now().UnixNano())
 		case 2:
 			t.Logf("fault %d: close %s cleanly", faults, x)
 			c.closeClean(x)
 			restart(x)
-		case 3:
+		case 3, 7:
 			y := pick()
 			for y == x {
 				y = pick()
 			}
 			h := hold()
-			t.Logf("fault %d: cut %s-%s for %v", faults, x, y, h)
-			link(x, y, 1)
+			if k == 3 {
+				t.Logf("fault %d: cut %s-%s for %v", faults, x, y, h)
+				link(x, y, 1)
+				time.Sleep(h)
+				link(x, y, 0)
+				break
+			}
+			t.Logf("fault %d: cut %s→%s one way for %v", faults, x, y, h)
+			c.tell(x, "mute %s 1", y)
 			time.Sleep(h)
-			link(x, y, 0)
+			c.tell(x, "mute %s 0", y)
 		case 4:
 			h := hold()
 			t.Logf("fault %d: isolate %s for %v", faults, x, h)
@@ -425,7 +465,7 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 			restart(x)
 		case 6:
 			c.tell(x, "balance")
-			t.Logf("fault %d: %s balances the Raft3 leaders: %s", faults, x, c.await(c.procs[x], "balanced", time.Minute))
+			t.Logf("fault %d: %s balances the leaders: %s", faults, x, c.await(c.procs[x], "balanced", time.Minute))
 		}
 		time.Sleep(time.Duration(200+rng.IntN(1000)) * time.Millisecond)
 	}
@@ -526,6 +566,47 @@ func checkProcessHistory(h *pfHistory, ids []string) []string {
 			}
 		}
 	}
+	bad = append(bad, checkProcessOwners(h)...)
 	slices.Sort(bad)
+	return bad
+}
+
+// pfCall is a handler call of the consumer group: which process (node.run)
+// made it, and when it began and ended, in Unix nanoseconds.
+type pfCall struct {
+	owner      string
+	begin, end int64
+}
+
+func (h *pfHistory) pause(owner string, from, to int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.paused[owner] = append(h.paused[owner], [2]int64{from, to})
+}
+
+// pfAtOnce marks checkOwners' violations.
+const pfAtOnce = "handled at once"
+
+// checkProcessOwners reports the handler calls of one partition by two
+// processes that overlap (overlaps), leaving out a call its process was
+// paused in (a SIGSTOP may hold a handler that began within its lease for
+// any time). A worker begins no call past its lease, and another owner's
+// claim waits the lease out, so no other two may overlap.
+func checkProcessOwners(h *pfHistory) []string {
+	var bad []string
+	for part, calls := range h.handled {
+		calls = slices.DeleteFunc(slices.Clone(calls), func(c pfCall) bool {
+			for _, span := range h.paused[c.owner] {
+				if span[0] < c.end && c.begin < span[1] {
+					return true
+				}
+			}
+			return false
+		})
+		for _, o := range overlaps(calls, func(c pfCall) (string, int64, int64) { return c.owner, c.begin, c.end }) {
+			bad = append(bad, fmt.Sprintf("%s %s by %s and %s: a call of %s began %v before %s's ended",
+				part, pfAtOnce, o[0].owner, o[1].owner, o[1].owner, time.Duration(o[0].end-o[1].begin), o[0].owner))
+		}
+	}
 	return bad
 }

@@ -23,8 +23,11 @@ import (
 //	create <topic> <type> <parts>  → created <topic> | fail <why>
 //	send <topic> <senders>         → ack <id> <topic> <part> <off> <key> <seq>,
 //	                                 refused <id> <err>, unknown <id> per send
-//	consume <topic>                → recv <id> <node> per delivery (group "g")
+//	consume <topic>                → recv <id> <node.run> <topic> <part> <off> <begin> <end>
+//	                                 per delivery to group "g": when its handler
+//	                                 began and ended (Unix nanoseconds)
 //	cut <peer> <0|1>               → cut: its side of the link to peer
+//	mute <peer> <0|1>              → mute: what it writes to peer stalls
 //	status                         → status <ok|wait> <why>
 //	stop                           → stopped, once every sender returned
 //	dump <topic> <parts>           → msg <topic> <part> <off> <id> per message, then dumped <topic>
@@ -77,6 +80,7 @@ func runProcessNode(env string) {
 	}
 	if cfg.Broken {
 		mq.BreakAcks()
+		mq.BreakOwnership()
 	}
 	server, client, err := childTLS()
 	if err != nil {
@@ -111,6 +115,8 @@ func runProcessNode(env string) {
 			p.consume(f[1])
 		case "cut":
 			mq.SetLinkDown(m, f[1], f[2] == "1")
+		case "mute":
+			mq.SetLinkMuted(m, f[1], f[2] == "1")
 		case "status":
 			p.status()
 		case "balance":
@@ -143,7 +149,8 @@ func (p *pnode) create(topic, typ string, parts int) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for {
-		err := p.m.CreateMQ(ctx, topic, parts, mq.Options{Type: t, PartitionsPerRaftGroup: map[mq.Type]int{mq.Raft3: 1}[t]})
+		err := p.m.CreateMQ(ctx, topic, parts, mq.Options{Type: t, PartitionsPerRaftGroup: map[mq.Type]int{mq.Raft3: 1}[t],
+			PartitionsPerPair: map[mq.Type]int{mq.DoubleWrite: 1}[t]})
 		switch {
 		case err == nil || errors.Is(err, mq.ErrTopicExists):
 			p.println("created %s", topic)
@@ -204,8 +211,13 @@ func (p *pnode) send(topic string, s int) {
 }
 
 func (p *pnode) consume(topic string) {
+	owner := fmt.Sprintf("%s.%d", p.cfg.ID, p.cfg.Run)
 	l := mq.ListenerFunc(func(_ context.Context, _ string, msg *mq.Message) error {
-		p.println("recv %s %s", msg.ID, p.cfg.ID)
+		// A handler that takes a while: two owners of one partition at
+		// once would overlap.
+		begin := time.Now().UnixNano()
+		time.Sleep(time.Millisecond)
+		p.println("recv %s %s %s %d %d %d %d", msg.ID, owner, topic, msg.PartitionIndex, msg.Offset, begin, time.Now().UnixNano())
 		return nil
 	})
 	go func() { // the process's life: it ends by exit

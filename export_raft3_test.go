@@ -1,6 +1,7 @@
 package mq
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -116,4 +117,19 @@ func Raft3Term(m *MQ, topic string, i int) uint64 {
 		return 0
 	}
 	return r.RaftGroup().Raft().CurrentTerm()
+}
+
+// PairHandOver has m, the leader of DoubleWrite topic's pair of partition
+// i, swap with its follower to (replica.Pair.HandOver), as BalanceLeaders
+// does.
+func PairHandOver(ctx context.Context, m *MQ, topic string, i int, to string) error {
+	t, ok := m.topics.Get(topic)
+	if !ok || i < 0 || i >= len(t.Parts) {
+		return ErrNoTopic
+	}
+	r, ok := t.Parts[i].(*replica.Partition)
+	if !ok || r.Pair() == nil {
+		return fmt.Errorf("no pair of %s/%d here", topic, i)
+	}
+	return r.Pair().HandOver(ctx, to)
 }

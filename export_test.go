@@ -88,6 +88,12 @@ func SetLinkDown(m *MQ, peer string, down bool) {
 	m.cluster.Agent().Transport().SetLinkDown(peer, down)
 }
 
+// SetLinkMuted stalls what m writes to peer while muted, cutting their
+// link one way (transport.SetLinkMuted).
+func SetLinkMuted(m *MQ, peer string, muted bool) {
+	m.cluster.Agent().Transport().SetLinkMuted(peer, muted)
+}
+
 // SessionValid reports whether m's own process holds a session the
 // metadata leader acknowledged within the session timeout.
 func SessionValid(m *MQ) bool {
@@ -146,3 +152,8 @@ func PairRecord(m *MQ, topic string, part int) (leader string, replicas, inSync 
 // process acknowledge sends before they commit (faultinject): the
 // negative control of the process fault test.
 func BreakAcks() { faultinject.AckBeforeCommit.Store(true) }
+
+// BreakOwnership makes every consumer of a group in this process deliver
+// every partition, whatever lease another holds (faultinject): the
+// negative control of the process fault test's check of owners.
+func BreakOwnership() { faultinject.ShareOwnership.Store(true) }

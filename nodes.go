@@ -130,16 +130,20 @@ func (m *MQ) BalanceReplicas(ctx context.Context, most int) (int, error) {
 	return started, errors.Join(errs...)
 }
 
-// BalanceLeaders hands the leaderships of Raft3 raft groups over so that
-// the nodes lead about as many each: raft elects whichever replica times
-// out first, and a node that restarted leads none of its groups until
-// something moves them back. It asks every up node which groups it leads,
-// then has each group that moves hand its leadership to a replica on a
-// node that leads fewer (raft's leadership transfer: the new leader is
-// caught up first; sends to the group meanwhile wait or are retried, none
-// is lost). Only up nodes that are not draining, and replicas not lost,
-// take leaderships; DoubleWrite pairs are not moved. It needs the Admin
-// right on "*" of every node involved. It returns how many groups moved,
+// BalanceLeaders hands the leaderships of Raft3 raft groups and
+// DoubleWrite pairs over so that the nodes lead about as many each: raft
+// elects whichever replica times out first, a pair's follower takes over
+// when its leader fails, and a node that restarted leads none of its
+// groups until something moves them back. It asks every up node which
+// Raft3 groups it leads (a pair's leader is in the metadata), then has
+// each group that moves hand its leadership to a replica on a node that
+// leads fewer: raft's leadership transfer (the new leader is caught up
+// first), or a pair's swap of leader and follower, both in sync, at a new
+// epoch (no copy is made). Sends to the group meanwhile wait or are
+// retried, or, when in flight at the old leader, return
+// ErrUnknownOutcome; none acked is lost. Only up nodes that are not
+// draining, Raft3 replicas not lost, and a pair's follower in sync take
+// leaderships. It needs the Admin right on "*" of every node involved. It returns how many groups moved,
 // and an error naming those that did not (they stay where they were), or
 // nodes that could not be asked. Call it after a rolling restart, or once
 // replicas moved to new nodes.

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/zeze-go/mq/internal/faultinject"
 	"github.com/zeze-go/mq/internal/metastate"
 )
 
@@ -90,6 +91,12 @@ func (c *Coordinator) Share(topic, group string, members []uint64, partitions in
 			continue // not this node's member, or not yet
 		}
 		_, parts := st.Assignment(topic, group, name)
+		if faultinject.ShareOwnership.Load() {
+			parts = make([]int, partitions)
+			for p := range parts {
+				parts[p] = p
+			}
+		}
 		_, revoking := st.Revoking(topic, group, name)
 		for _, p := range parts {
 			if p < partitions && !slices.Contains(revoking, p) && (valid || lg.running[p]) {

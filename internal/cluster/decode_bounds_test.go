@@ -130,6 +130,7 @@ func TestDecodeCommand_AllocationBounded(t *testing.T) {
 		"AlterTopic": metastate.AlterTopic{}, "JoinGroup": metastate.JoinGroup{}, "LeaveGroup": metastate.LeaveGroup{},
 		"Released": metastate.Released{}, "SetACL": metastate.SetACL{}, "SetInSync": metastate.SetInSync{},
 		"Promote": metastate.Promote{}, "ReplaceFollower": metastate.ReplaceFollower{}, "RenewEpoch": metastate.RenewEpoch{},
+		"HandOver": metastate.HandOver{},
 	}
 	for name, c := range kinds {
 		valid, err := metastate.EncodeCommand(c)

@@ -196,6 +196,7 @@ func TestAgent_ProposalsCheckEveryKind(t *testing.T) {
 		metastate.SetACL{Rules: []metastate.Rule{{Identity: "n2", Topic: "*", Rights: metastate.RightAdmin}}},
 		metastate.SetInSync{Topic: "d", Partition: led, Version: rec.Version, InSync: []string{"n1"}},
 		metastate.Promote{Topic: "d", Partition: led, Version: rec.Version, Leader: "n2"},
+		metastate.HandOver{Topic: "d", Partition: led, Version: rec.Version, Leader: "n2"},
 		metastate.ReplaceFollower{Topic: "d", Partition: led, Version: rec.Version},
 		metastate.RenewEpoch{Topic: "d", Partition: led, Version: rec.Version},
 		metastate.Rejoined{Topic: "d", Partition: led, Node: "n1"},

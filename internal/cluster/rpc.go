@@ -529,6 +529,9 @@ func (n *Agent) authorize(peer string, c metastate.Command) (cause string, err e
 		// A leader whose replica failed, or whose node closes, hands the
 		// pair to its follower, which Promote requires in sync and up.
 		return notPairLeader, pairLeader(s, peer, c.Topic, c.Partition)
+	case metastate.HandOver:
+		// A leader balancing leaderships swaps with its follower.
+		return notPairLeader, pairLeader(s, peer, c.Topic, c.Partition)
 	case metastate.MoveDone:
 		// The node a Single partition moves to, holding its copy, says so
 		// itself; the state refuses it for another move.

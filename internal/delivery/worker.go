@@ -12,6 +12,7 @@ import (
 
 	"github.com/expr-lang/expr/vm"
 
+	"github.com/zeze-go/mq/internal/faultinject"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -208,6 +209,9 @@ func (w *worker) claimCommand() *store.Command {
 	// own lease, as after a reset's hint when it claimed again by itself,
 	// nor by the one a reset kept for it in adopt.
 	cmd := &store.Command{Op: store.OpClaim, Group: w.c.group.name, MaxAge: int64(w.c.e.lease), Generation: w.gen}
+	if faultinject.ShareOwnership.Load() {
+		cmd.MaxAge = 0 // takes the partition whatever lease another owner holds
+	}
 	if a := w.adopt.Load(); a > w.gen && !w.lapsed() {
 		cmd.Generation = a
 	}

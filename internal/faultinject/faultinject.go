@@ -10,3 +10,9 @@ import "sync/atomic"
 // the replication, before it commits (raftqueue's ackBeforeCommit): an
 // acknowledged message may then be lost with its leader.
 var AckBeforeCommit atomic.Bool
+
+// ShareOwnership makes every consumer of a group deliver every partition
+// at once: each node's coordinator gives its members every partition
+// (cluster.Coordinator.Share), and a worker's claim takes the partition
+// from an owner whose lease holds (delivery's claimCommand).
+var ShareOwnership atomic.Bool

@@ -78,7 +78,9 @@ func randomPairCommand(rng *rand.Rand, s *State, topic string) Command {
 	i := rng.IntN(len(t.Parts))
 	p := t.Parts[i]
 	v := p.Version - uint64(rng.IntN(2))
-	switch rng.IntN(7) {
+	switch rng.IntN(8) {
+	case 7:
+		return HandOver{Topic: topic, Partition: i, Version: v, Leader: p.Follower()}
 	case 6:
 		return AcceptLoss{Topic: topic, Partition: i, Version: v, Leader: p.Replicas[rng.IntN(len(p.Replicas))]}
 	case 4:

@@ -31,7 +31,7 @@ import (
 // rules; an older SetACL's rules match every group. Version 6 added
 // RegisterNode.Incarnation and Cluster, an older one having neither, which
 // changes no incarnation and sets no cluster id, and the command Rejoined;
-// the commands DrainNode, MoveReplica, RemoveNode, MoveDone and AcceptLoss came later in the same
+// the commands DrainNode, MoveReplica, RemoveNode, MoveDone, AcceptLoss and HandOver came later in the same
 // version, an older node refusing their kinds as it refuses any command of
 // a newer version.
 const (
@@ -59,12 +59,13 @@ const (
 	kindRemoveNode
 	kindMoveDone
 	kindAcceptLoss
+	kindHandOver
 )
 
 // Command is one mutation of the metadata state: one of RegisterNode,
 // NodeDown, CreateTopic, AlterTopic, JoinGroup, LeaveGroup, Released,
 // SetACL, SetInSync, Promote, ReplaceFollower, RenewEpoch, Rejoined,
-// DrainNode, MoveReplica, RemoveNode, MoveDone, AcceptLoss. A command
+// DrainNode, MoveReplica, RemoveNode, MoveDone, AcceptLoss, HandOver. A command
 // carries inputs only; what it does is decided by Apply from the state,
 // identically on every node.
 type Command interface {
@@ -226,6 +227,23 @@ type Promote struct {
 	Leader    string
 }
 
+// HandOver swaps a DoubleWrite partition's leader and follower at the
+// next epoch: Leader, the follower, in sync and up, leads, and the old
+// leader, up, follows with what it holds, both still in sync (the old
+// leader held every acked entry; its tail that Leader lacks, never acked,
+// is cut by Leader's first appends). The pair's leader proposes it to
+// balance leaderships, where Promote, for a leader that failed or closes,
+// gives the pair a follower chosen by load. It returns ErrStale if the
+// record is no longer at Version, ErrNotInSync for a Leader out of sync,
+// and ErrNodeDown when either node is down.
+type HandOver struct {
+	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
+	Topic     string
+	Partition int
+	Version   uint64
+	Leader    string
+}
+
 // ReplaceFollower gives a DoubleWrite partition a new follower chosen by
 // load, with its leader alone in sync until the follower caught up, at the
 // next epoch: the leader's replication to the new follower is a run of its
@@ -252,6 +270,7 @@ func (Promote) kind() byte         { return kindPromote }
 func (ReplaceFollower) kind() byte { return kindReplaceFollower }
 func (RenewEpoch) kind() byte      { return kindRenewEpoch }
 func (Rejoined) kind() byte        { return kindRejoined }
+func (HandOver) kind() byte        { return kindHandOver }
 
 // Rejoined records that Node's replica of the Raft3 group holding
 // Partition caught up as a new server, after its node came back as
@@ -368,6 +387,8 @@ func DecodeCommand(b []byte) (Command, error) {
 		c, err = decodeAs[MoveDone](body, cmdLimits)
 	case kindAcceptLoss:
 		c, err = decodeAs[AcceptLoss](body, cmdLimits)
+	case kindHandOver:
+		c, err = decodeAs[HandOver](body, cmdLimits)
 	default:
 		return nil, fmt.Errorf("%w: command kind %d", ErrCorrupt, k)
 	}

@@ -20,6 +20,8 @@ import (
 //     old leader's batches, so the old leader can no longer ack. The
 //     partition's leader proposes Promote too, to hand the pair off when
 //     its replica failed or its node closes;
+//   - the partition's leader, HandOver: to balance leaderships, its
+//     follower in sync leads at Epoch+1 and it follows, both in sync;
 //   - the metadata leader, ReplaceFollower: the follower is gone, a new one
 //     is chosen by load and caught up by the leader, at Epoch+1;
 //   - the partition's leader, RenewEpoch: it must start leading again,
@@ -157,6 +159,24 @@ func (s *State) promote(c Promote) (Topic, error) {
 		follower = old // no other node up: the old leader follows once it is back
 	}
 	p.Replicas, p.Leader, p.Epoch, p.InSync = []string{c.Leader, follower}, c.Leader, p.Epoch+1, []string{c.Leader}
+	return s.withPart(t, c.Partition, p), nil
+}
+
+func (s *State) handOver(c HandOver) (Topic, error) {
+	t, p, err := s.pair(c.Topic, c.Partition, c.Version)
+	if err != nil {
+		return Topic{}, err
+	}
+	old := p.Leader
+	switch {
+	case c.Leader == old:
+		return Topic{}, fmt.Errorf("%w: %s/%d: %s leads already", ErrInvalid, c.Topic, c.Partition, c.Leader)
+	case !slices.Contains(p.InSync, c.Leader) || !slices.Contains(p.InSync, old):
+		return Topic{}, fmt.Errorf("%w: %s/%d: %s and %s (in sync: %q)", ErrNotInSync, c.Topic, c.Partition, c.Leader, old, p.InSync)
+	case !s.nodes[c.Leader].Up || !s.nodes[old].Up:
+		return Topic{}, fmt.Errorf("%w: %s to lead %s/%d, %s to follow", ErrNodeDown, c.Leader, c.Topic, c.Partition, old)
+	}
+	p.Replicas, p.Leader, p.Epoch, p.InSync = []string{c.Leader, old}, c.Leader, p.Epoch+1, []string{c.Leader, old}
 	return s.withPart(t, c.Partition, p), nil
 }
 

@@ -460,6 +460,45 @@ func TestRaft3_LostAndRejoined(t *testing.T) {
 	}
 }
 
+// TestHandOver: a pair's leader and follower, both in sync and up, swap
+// at the next epoch, both staying in sync, the new leader first; it is
+// refused at a stale version, for the leader itself, with either replica
+// out of sync, or with either node down.
+func TestHandOver(t *testing.T) {
+	ft := newStateT(t)
+	for _, id := range []string{"a", "b", "c"} {
+		ft.must(RegisterNode{ID: id, Addr: id + ":7000", Incarnation: "i1-" + id})
+	}
+	ft.must(CreateTopic{Name: "d", Partitions: 1, Type: TypeDoubleWrite})
+	p := ft.dwPart(0)
+	leader, follower := p.Leader, p.Follower()
+	ft.refused(HandOver{Topic: "d", Partition: 0, Version: p.Version - 1, Leader: follower}, ErrStale)
+	ft.refused(HandOver{Topic: "d", Partition: 0, Version: p.Version, Leader: leader}, ErrInvalid)
+	ft.refused(HandOver{Topic: "x", Partition: 0, Version: p.Version, Leader: follower}, ErrNoTopic)
+	for _, down := range []string{leader, follower} {
+		nd, _ := ft.s().Node(down)
+		ft.must(NodeDown{ID: down, Session: nd.Session})
+		ft.refused(HandOver{Topic: "d", Partition: 0, Version: ft.dwPart(0).Version, Leader: follower}, ErrNodeDown)
+		ft.must(RegisterNode{ID: down, Addr: down + ":7000", Incarnation: "i1-" + down})
+	}
+	if p := ft.dwPart(0); len(p.InSync) == 2 {
+		ft.must(SetInSync{Topic: "d", Partition: 0, Version: p.Version, InSync: []string{leader}})
+	}
+	ft.refused(HandOver{Topic: "d", Partition: 0, Version: ft.dwPart(0).Version, Leader: follower}, ErrNotInSync)
+	ft.must(SetInSync{Topic: "d", Partition: 0, Version: ft.dwPart(0).Version, InSync: []string{leader, follower}})
+	before := ft.dwPart(0)
+	ft.must(HandOver{Topic: "d", Partition: 0, Version: before.Version, Leader: follower})
+	got := ft.dwPart(0)
+	if got.Leader != follower || !slices.Equal(got.Replicas, []string{follower, leader}) || !slices.Equal(got.InSync, []string{follower, leader}) ||
+		got.Epoch != before.Epoch+1 || got.Version == before.Version {
+		t.Fatalf("after HandOver: %+v (before %+v)", got, before)
+	}
+	back, err := DecodeSnapshot(encodeSnap(t, ft.s()))
+	if err != nil || !sameState(back, ft.s()) {
+		t.Fatalf("a snapshot after HandOver: %v", err)
+	}
+}
+
 // TestAcceptLoss: a pair whose leader acked alone and came back as a new
 // incarnation holds no replica in sync; AcceptLoss, at the record's
 // version, makes the named replica lead alone in sync at the next epoch,

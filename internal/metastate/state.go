@@ -484,6 +484,8 @@ func (s *State) Apply(index uint64, c Command) (next *State, res Result, err err
 		res.Topic, err = n.moveDone(c)
 	case AcceptLoss:
 		res.Topic, err = n.acceptLoss(c)
+	case HandOver:
+		res.Topic, err = n.handOver(c)
 	default:
 		err = fmt.Errorf("%w: command %T", ErrInvalid, c)
 	}

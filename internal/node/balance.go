@@ -14,25 +14,30 @@ import (
 
 	"github.com/zeze-go/mq/internal/metastate"
 	"github.com/zeze-go/mq/internal/remote"
+	"github.com/zeze-go/mq/internal/replica"
 	"github.com/zeze-go/mq/internal/wire"
 	"github.com/zeze-go/mq/raftqueue"
 )
 
-// Balancing Raft3 leaderships over the nodes (BalanceLeaders): raft elects
-// whichever replica times out first, and a node that restarts leads none
-// of its groups until something moves them back.
+// Balancing the leaderships of Raft3 groups and DoubleWrite pairs over the
+// nodes (BalanceLeaders): raft elects whichever replica times out first, a
+// pair's follower takes over when its leader's session lapses, and a node
+// that restarts leads none of its groups or pairs until something moves
+// them back.
 
 const (
 	// OpLeading asks a node which Raft3 groups its replicas lead. The
 	// request is empty; the reply is a leadingReply in msgpack.
 	OpLeading = remote.FirstOp + 92
-	// OpLeadTo asks a node whose replica leads a Raft3 group to hand its
-	// leadership to another replica: a leadTo in msgpack; the reply is
-	// empty once raft's transfer ended.
+	// OpLeadTo asks a node whose replica leads a Raft3 group or a
+	// DoubleWrite pair to hand its leadership to another replica: a
+	// leadTo in msgpack; the reply is empty once raft's transfer ended,
+	// or once the metadata swapped the pair's leader and follower.
 	OpLeadTo = remote.FirstOp + 93
 )
 
-// groupRef names a Raft3 group: its topic and first partition.
+// groupRef names a Raft3 group or a DoubleWrite pair: its topic and first
+// partition.
 type groupRef struct {
 	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic    string
@@ -62,16 +67,18 @@ var balanceLimits = wire.Limits{Elems: 1 << 16, Bytes: metastate.MaxNameLen}
 // transferWidth is how many leadership transfers BalanceLeaders runs at once.
 const transferWidth = 8
 
-// BalanceLeaders hands Raft3 groups' leaderships from the nodes that lead
-// the most to replicas of those groups on nodes that lead fewer, until no
-// group's leader leads two more than another of its replicas could: it
-// asks every up node which groups it leads (OpLeading), plans, and asks
-// each group to move to hand its leadership over (OpLeadTo, raft's
-// leadership transfer: the target is caught up, then elected at once).
-// Only up nodes that are not draining, and replicas not lost, take
-// leaderships. It needs the Admin right on "*", which each node checks of
-// the caller. It returns how many groups moved, and the errors of those
-// that did not: they stay where they were.
+// BalanceLeaders hands the leaderships of Raft3 groups and DoubleWrite
+// pairs from the nodes that lead the most to replicas on nodes that lead
+// fewer, until no group's leader leads two more than another of its
+// replicas could: it asks every up node which Raft3 groups it leads
+// (OpLeading; a pair's leader is the metadata's), plans, and asks the
+// leader of each group to move to hand its leadership over (OpLeadTo):
+// raft's leadership transfer (the target is caught up, then elected at
+// once), or a pair's swap with its follower in sync (replica.Pair.HandOver).
+// Only up nodes that are not draining, replicas not lost, and a pair's
+// follower in sync take leaderships. It needs the Admin right on "*", which
+// each node checks of the caller. It returns how many groups moved, and
+// the errors of those that did not: they stay where they were.
 func (n *Node) BalanceLeaders(ctx context.Context) (int, error) {
 	self := n.agent.ID()
 	if err := n.Allowed(self, "*", metastate.RightAdmin); err != nil {
@@ -93,6 +100,11 @@ func (n *Node) BalanceLeaders(ctx context.Context) (int, error) {
 		}
 		for _, g := range led {
 			leaders[g] = nd.ID
+		}
+	}
+	for g, l := range pairLeaders(st) {
+		if !silent[l] {
+			leaders[g] = l
 		}
 	}
 	if err := ctx.Err(); err != nil {
@@ -131,7 +143,7 @@ func (n *Node) BalanceLeaders(ctx context.Context) (int, error) {
 				errs = append(errs, fmt.Errorf("%s/%d from %s to %s: %w", tr.group.Topic, tr.group.First, tr.from, tr.to, err))
 				return
 			}
-			n.cfg.Logger.Info("Raft3 leadership balanced", "topic", tr.group.Topic, "group", tr.group.First, "from", tr.from, "to", tr.to)
+			n.cfg.Logger.Info("leadership balanced", "topic", tr.group.Topic, "group", tr.group.First, "from", tr.from, "to", tr.to)
 			moved++
 		})
 	}
@@ -139,13 +151,15 @@ func (n *Node) BalanceLeaders(ctx context.Context) (int, error) {
 	return moved, errors.Join(errs...)
 }
 
-// eligibleLeaders returns, for each Raft3 group of st, its replicas that
-// may lead it after a balance: on nodes up and not draining, not lost.
+// eligibleLeaders returns, for each Raft3 group and DoubleWrite pair of
+// st, its replicas that may lead it after a balance: on nodes up and not
+// draining; of a Raft3 group, not lost; of a pair, its leader, and its
+// follower while in sync.
 func eligibleLeaders(st *metastate.State) map[groupRef][]string {
 	out := map[groupRef][]string{}
 	for _, name := range st.Topics() {
 		t, _ := st.Topic(name)
-		if t.Type != metastate.TypeRaft3 {
+		if t.Type != metastate.TypeRaft3 && t.Type != metastate.TypeDoubleWrite {
 			continue
 		}
 		for i, p := range t.Parts {
@@ -154,11 +168,32 @@ func eligibleLeaders(st *metastate.State) map[groupRef][]string {
 			}
 			var ok []string
 			for _, id := range p.Replicas {
-				if nd, _ := st.Node(id); nd.Up && !nd.Draining && !slices.Contains(p.Lost, id) {
+				may := !slices.Contains(p.Lost, id)
+				if t.Type == metastate.TypeDoubleWrite {
+					may = id == p.Leader || len(p.InSync) == 2 && slices.Contains(p.InSync, id)
+				}
+				if nd, _ := st.Node(id); may && nd.Up && !nd.Draining {
 					ok = append(ok, id)
 				}
 			}
 			out[groupRef{Topic: name, First: i}] = ok
+		}
+	}
+	return out
+}
+
+// pairLeaders returns the leader of each DoubleWrite pair of st.
+func pairLeaders(st *metastate.State) map[groupRef]string {
+	out := map[groupRef]string{}
+	for _, name := range st.Topics() {
+		t, _ := st.Topic(name)
+		if t.Type != metastate.TypeDoubleWrite {
+			continue
+		}
+		for i, p := range t.Parts {
+			if p.Chunk == i && p.Leader != "" {
+				out[groupRef{Topic: name, First: i}] = p.Leader
+			}
 		}
 	}
 	return out
@@ -256,7 +291,7 @@ func (n *Node) leading() []groupRef {
 // leadToOn asks tr.from to hand tr.group's leadership to tr.to.
 func (n *Node) leadToOn(ctx context.Context, tr transfer) error {
 	if tr.from == n.agent.ID() {
-		return n.leadTo(tr.group, tr.to)
+		return n.leadTo(ctx, tr.group, tr.to)
 	}
 	c, err := n.agent.Peer(tr.from)
 	if err != nil {
@@ -272,10 +307,25 @@ func (n *Node) leadToOn(ctx context.Context, tr transfer) error {
 
 // leadTo hands the leadership of this node's replica of group, which must
 // lead, to node to, a replica of the group that may lead it
-// (eligibleLeaders), and waits for raft's transfer to end.
-func (n *Node) leadTo(group groupRef, to string) error {
-	if reps := eligibleLeaders(n.agent.Meta().State())[group]; !slices.Contains(reps, to) {
+// (eligibleLeaders), and waits for raft's transfer to end, or for the
+// metadata to make a pair's follower its leader.
+func (n *Node) leadTo(ctx context.Context, group groupRef, to string) error {
+	st := n.agent.Meta().State()
+	if reps := eligibleLeaders(st)[group]; !slices.Contains(reps, to) {
 		return fmt.Errorf("%w: %s may not lead %s/%d (eligible: %q)", metastate.ErrInvalid, to, group.Topic, group.First, reps)
+	}
+	if t, _ := st.Topic(group.Topic); t.Type == metastate.TypeDoubleWrite {
+		p, ok := n.pairs.Get(group.Topic, group.First)
+		if !ok {
+			return fmt.Errorf("%w: %s/%d is not led here", errNotHere, group.Topic, group.First)
+		}
+		if err := p.HandOver(ctx, to); err != nil {
+			if errors.Is(err, replica.ErrNotHandedOff) {
+				return fmt.Errorf("%w: %v", errNotHere, err)
+			}
+			return err
+		}
+		return nil
 	}
 	g, ok := n.groups.Get(raft3Name(group.Topic, group.First))
 	if !ok || g.Raft().State() != raft.Leader {
@@ -294,7 +344,7 @@ func (n *Node) serveLeading(_ context.Context, peer string, _ []byte) ([]byte, e
 
 // serveLeadTo serves OpLeadTo to a node of the cluster with the Admin
 // right on "*".
-func (n *Node) serveLeadTo(_ context.Context, peer string, req []byte) ([]byte, error) {
+func (n *Node) serveLeadTo(ctx context.Context, peer string, req []byte) ([]byte, error) {
 	if err := n.nodeOnly(peer, "lead to"); err != nil {
 		return nil, err
 	}
@@ -305,5 +355,5 @@ func (n *Node) serveLeadTo(_ context.Context, peer string, req []byte) ([]byte, 
 	if err := wire.UnmarshalLimited(req, &r, balanceLimits); err != nil {
 		return nil, fmt.Errorf("%w: %v", errRequestFormat, err)
 	}
-	return nil, n.leadTo(r.Group, r.To)
+	return nil, n.leadTo(ctx, r.Group, r.To)
 }

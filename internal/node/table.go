@@ -308,6 +308,9 @@ func (n *Node) openDoubleWrite(t metastate.Topic, i int, rc replica.Config) (par
 		HandOff: func(ctx context.Context, rec replica.PairRecord) error {
 			return propose(ctx, metastate.Promote{Topic: topic, Partition: first, Version: rec.Version, Leader: rec.Follower()})
 		},
+		HandOver: func(ctx context.Context, rec replica.PairRecord) error {
+			return propose(ctx, metastate.HandOver{Topic: topic, Partition: first, Version: rec.Version, Leader: rec.Follower()})
+		},
 		Logger: n.cfg.Logger.With("topic", topic, "pair", first)}, pairRecord(n.agent.Meta().State(), t, first))
 	return replica.NewDoubleWrite(replica.DoubleWriteConfig{Config: rc, Report: n.agent.ReportLater}, pair), nil
 }

@@ -40,6 +40,10 @@ type PairConfig struct {
 	// from its leader, whose replica failed or whose node closes. Nil: a
 	// leader whose replica failed stays until its node is found down.
 	HandOff func(ctx context.Context, rec PairRecord) error
+	// HandOver proposes to the metadata group that the follower of rec,
+	// in sync, lead the pair and its leader follow, compare-and-set on the
+	// version of rec: a HandOver from its leader, to balance leaderships.
+	HandOver func(ctx context.Context, rec PairRecord) error
 	// CallTimeout bounds each proposal to the metadata group; zero means
 	// DefaultCallTimeout.
 	CallTimeout time.Duration
@@ -375,21 +379,51 @@ func (p *Pair) watch() {
 // it while the node still reaches the metadata group.
 func (p *Pair) HandOff(ctx context.Context) {
 	p.mu.Lock()
+	rec := p.rec
+	p.mu.Unlock()
+	if err := p.handTo(ctx, rec.Follower(), p.cfg.HandOff); err != nil && !errors.Is(err, ErrNotHandedOff) {
+		p.cfg.Logger.Warn("DoubleWrite: the pair not handed to its follower before the node closes", "follower", rec.Follower(), "err", err)
+	}
+}
+
+// ErrNotHandedOff is HandOver's refusal: this node's replica does not
+// lead, or the follower named is not the pair's, in sync and up.
+var ErrNotHandedOff = errors.New("replica: the pair is not led here with that follower in sync and up")
+
+// HandOver swaps this node's replica, which must lead, with its follower,
+// node to, in sync and up (PairConfig.HandOver), once to confirmed now
+// that it holds the pair: for balancing leaderships. This replica follows
+// once it sees the new record; what it had in flight is answered
+// ErrUnknownOutcome, and its tail that to lacks, never acked, is cut by
+// to's first appends.
+func (p *Pair) HandOver(ctx context.Context, to string) error {
+	return p.handTo(ctx, to, p.cfg.HandOver)
+}
+
+// handTo proposes, with propose, that the follower, node to, lead the pair
+// this node's replica leads, once it confirmed that it holds the pair.
+func (p *Pair) handTo(ctx context.Context, to string, propose func(context.Context, PairRecord) error) error {
+	p.mu.Lock()
 	rec, r, role := p.rec, p.rep, p.role
 	p.mu.Unlock()
-	if !p.mayHandOff(rec, r, role) {
-		return
+	if !p.mayHandOff(rec, r, role) || rec.Follower() != to || propose == nil {
+		return fmt.Errorf("%w: %s to %s", ErrNotHandedOff, p.name, to)
 	}
 	// The follower may have come back with an empty disk, its node's new
 	// incarnation not yet registered: only one that answers now, holding
 	// everything, is handed the pair.
 	if err := r.ConfirmFollower(ctx); err != nil {
-		p.cfg.Logger.Warn("DoubleWrite: the pair not handed to its follower before the node closes: the follower did not confirm it holds the pair", "follower", rec.Follower(), "err", err)
-		return
+		return fmt.Errorf("the follower did not confirm it holds the pair: %w", err)
 	}
-	if err := p.cfg.HandOff(ctx, rec); err != nil {
-		p.cfg.Logger.Warn("DoubleWrite: the pair not handed to its follower before the node closes", "follower", rec.Follower(), "err", err)
-	}
+	return propose(ctx, rec)
+}
+
+// Get returns the pair named topic/first, if this node sees it.
+func (ps *Pairs) Get(topic string, first int) (*Pair, bool) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	p, ok := ps.m[topic+"/"+strconv.Itoa(first)]
+	return p, ok
 }
 
 // HandOff hands each pair whose replica here leads to its follower in

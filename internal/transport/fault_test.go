@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"os"
 	"testing"
 	"time"
 )
@@ -82,4 +83,84 @@ func TestTransport_SetLinkDown(t *testing.T) {
 			t.Fatalf("a still tracks %d connections with b after closing them all", n)
 		}
 	})
+}
+
+// A muted side's writes stall while the other direction's arrive; once
+// the link is restored they arrive in order. A stalled write ends with its
+// deadline or its connection's close.
+func TestTransport_SetLinkMutedCutsOneWay(t *testing.T) {
+	a, b := pair(t, newCA(t))
+	accB := accept(t, b, ProtoRPC)
+	dial := func() (*Conn, *Conn) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := a.Dial(ctx, b.Addr().String(), ProtoRPC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c, <-accB.next
+	}
+	// read returns what c got within d.
+	read := func(c *Conn, d time.Duration) string {
+		t.Helper()
+		_ = c.SetReadDeadline(time.Now().Add(d))
+		buf := make([]byte, 64)
+		n, _ := c.Read(buf)
+		return string(buf[:n])
+	}
+	write := func(c *Conn, s string) chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Write([]byte(s))
+			done <- err
+		}()
+		return done
+	}
+	ab, abPeer := dial()
+	a.SetLinkMuted("b", true)
+	held := write(ab, "held")
+	if got := read(abPeer, 300*time.Millisecond); got != "" {
+		t.Fatalf("b read %q that a wrote while muted", got)
+	}
+	if _, err := abPeer.Write([]byte("heard")); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(ab, 10*time.Second); got != "heard" {
+		t.Fatalf("a read %q from b while only a's side was muted, want heard", got)
+	}
+
+	t.Run("DeadlineEndsAStalledWrite", func(t *testing.T) {
+		c, _ := dial() // handshakes pass while muted
+		_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		if err := <-write(c, "late"); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("stalled write past its deadline: %v, want os.ErrDeadlineExceeded", err)
+		}
+	})
+	t.Run("CloseEndsAStalledWrite", func(t *testing.T) {
+		c, _ := dial()
+		done := write(c, "never")
+		time.Sleep(50 * time.Millisecond)
+		c.Close()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Fatal("a write stalled on a closed connection reported success")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a stalled write did not end when its connection closed")
+		}
+	})
+
+	a.SetLinkMuted("b", false)
+	if err := <-held; err != nil {
+		t.Fatalf("the write stalled while muted: %v", err)
+	}
+	if got := read(abPeer, 10*time.Second); got != "held" {
+		t.Fatalf("b read %q once the link was restored, want held", got)
+	}
+	if a.muted.Load() != nil {
+		t.Fatal("a still keeps a muted set with no peer muted")
+	}
 }

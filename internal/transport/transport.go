@@ -38,6 +38,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/zeze-go/mq/internal/wire"
@@ -157,10 +158,11 @@ type Transport struct {
 	wg        sync.WaitGroup
 
 	mu        sync.Mutex
-	pending   map[net.Conn]struct{} // guarded by mu: accepted, not yet handed over
-	listeners map[Proto]*listener   // guarded by mu
-	closed    bool                  // guarded by mu
-	links     links                 // guarded by mu: live connections per peer, SetLinkDown's cuts
+	pending   map[net.Conn]struct{}               // guarded by mu: accepted, not yet handed over
+	listeners map[Proto]*listener                 // guarded by mu
+	closed    bool                                // guarded by mu
+	links     links                               // guarded by mu: live connections per peer, SetLinkDown's cuts
+	muted     atomic.Pointer[map[string]struct{}] // SetLinkMuted's peers, copied on write under mu; nil: none
 
 	closeOnce sync.Once
 	closeErr  error
@@ -446,10 +448,11 @@ func (t *Transport) handshakeAccepted(raw net.Conn) (*Conn, error) {
 	if err := raw.SetDeadline(time.Now().Add(t.cfg.HandshakeTimeout)); err != nil {
 		return nil, err
 	}
-	var rw net.Conn = raw
+	m := &mutable{Conn: raw, t: t}
+	var rw net.Conn = m
 	var tc *tls.Conn
 	if t.serverTLS != nil {
-		tc = tls.Server(raw, t.serverTLS)
+		tc = tls.Server(m, t.serverTLS)
 		if err := tc.Handshake(); err != nil {
 			return nil, fmt.Errorf("tls: %w", err)
 		}
@@ -470,6 +473,7 @@ func (t *Transport) handshakeAccepted(raw net.Conn) (*Conn, error) {
 	if err := raw.SetDeadline(time.Time{}); err != nil {
 		return nil, err
 	}
+	m.peer.Store(&peer)
 	return &Conn{Conn: rw, t: t, peer: peer, proto: p, maxFrame: t.cfg.MaxFrameBytes}, nil
 }
 
@@ -523,10 +527,11 @@ func (t *Transport) dialErr(ctx context.Context, addr string, err error) error {
 }
 
 func (t *Transport) handshakeDialed(ctx context.Context, raw net.Conn, p Proto) (*Conn, error) {
-	var rw net.Conn = raw
+	m := &mutable{Conn: raw, t: t}
+	var rw net.Conn = m
 	var tc *tls.Conn
 	if t.clientTLS != nil {
-		tc = tls.Client(raw, t.clientTLS)
+		tc = tls.Client(m, t.clientTLS)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			return nil, fmt.Errorf("tls: %w", err)
 		}
@@ -536,6 +541,7 @@ func (t *Transport) handshakeDialed(ctx context.Context, raw net.Conn, p Proto) 
 	if err != nil {
 		return nil, err
 	}
+	m.peer.Store(&peer)
 	return &Conn{Conn: rw, t: t, peer: peer, proto: p, maxFrame: t.cfg.MaxFrameBytes}, nil
 }
 
