@@ -109,8 +109,11 @@ func testFollowerBackEmpty(t *testing.T, fate string, after time.Duration, busy 
 		time.Sleep(time.Second)
 	}
 	acked = append(acked, l.endedIDs(t)...)
+	// A ctx of its own: the one above may be spent by a slow healing.
+	check, cancelCheck := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancelCheck()
 	for _, id := range othersThan(c) {
-		dwCheckStored(ctx, t, c.nodes[id], parts, acked)
+		dwCheckStored(check, t, c.nodes[id], parts, acked)
 	}
 	t.Logf("%d acked; failover log: %q", len(acked), logs.matching("DoubleWrite"))
 }

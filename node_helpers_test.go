@@ -396,13 +396,12 @@ func fullOnly(t testing.TB) {
 
 // parallelByDefault marks t, a long cluster test that spends its time
 // waiting out session, election and follower timeouts, parallel with the
-// others of its kind in the default run (defaultParallel at a time, after
-// the sequential tests). Under ZEZE_FULL=1 (CI) or the race detector,
-// which slows every node tenfold, they run one at a time, as before. Tests
-// with tight bounds on wall time, fixed addresses or goroutine checks
-// (noLeaks) stay sequential.
+// others of its kind (after the sequential tests): defaultParallel at a
+// time in the default run, GOMAXPROCS at a time under ZEZE_FULL=1 (CI) or
+// the race detector, which slows every node tenfold, where one at a time
+// left a core idle for most of the root package's half hour. Tests with
+// tight bounds on wall time, fixed addresses or goroutine checks (noLeaks)
+// stay sequential.
 func parallelByDefault(t *testing.T) {
-	if !fullRun() && !raceEnabled {
-		t.Parallel()
-	}
+	t.Parallel()
 }
