@@ -24,12 +24,14 @@ import (
 // consumer group, while a seeded schedule kills (SIGKILL) and restarts
 // them, pauses them (SIGSTOP), closes them cleanly, cuts their links
 // (both ways, or one way: what one node writes to another stalls),
-// replaces a node's disk and balances the leaders of the Raft3 groups and
-// DoubleWrite pairs (BalanceLeaders; each partition has a group or pair of
-// its own). One fault at a time; a
-// disk is replaced only while the cluster is whole (a second replica lost
-// before the first caught up loses data by design). Then every fault heals, the senders
-// stop, and the whole history is checked:
+// replaces a node's disk, replaces a node by a new one (added, then the old
+// one drained, closed and removed, while the clients of every node go on)
+// and balances the leaders of the Raft3 groups and DoubleWrite pairs
+// (BalanceLeaders; each partition has a group or pair of its own). One
+// fault at a time; a disk or a node is replaced only while the cluster is
+// whole (a second replica lost before the first caught up loses data by
+// design). Then every fault heals, the senders stop, and the whole
+// history is checked:
 //
 //   - every acknowledged message is stored once, at the partition and
 //     offset of its ack, read through every node alike;
@@ -321,13 +323,14 @@ func (c *pfCluster) work(id string) {
 	}
 }
 
-// whole reports whether every running node says the cluster is whole.
-func (c *pfCluster) whole() (bool, string) {
-	if len(c.procs) < 3 {
+// whole reports whether every running node says the cluster is whole:
+// the nodes of ids, each running.
+func (c *pfCluster) whole(ids []string) (bool, string) {
+	if len(c.procs) < len(ids) {
 		return false, fmt.Sprintf("%d nodes running", len(c.procs))
 	}
 	for id, p := range c.procs {
-		c.tell(id, "status")
+		c.tell(id, "status %d", len(ids))
 		if s := c.await(p, "status ", time.Minute); s != "status ok" {
 			return false, id + ": " + s
 		}
@@ -335,11 +338,11 @@ func (c *pfCluster) whole() (bool, string) {
 	return true, ""
 }
 
-func (c *pfCluster) awaitWhole(d time.Duration) (bool, string) {
+func (c *pfCluster) awaitWhole(ids []string, d time.Duration) (bool, string) {
 	var why string
 	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
 		var ok bool
-		if ok, why = c.whole(); ok {
+		if ok, why = c.whole(ids); ok {
 			return true, ""
 		}
 	}
@@ -376,14 +379,14 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 	for _, id := range ids {
 		c.start(id)
 	}
-	if ok, why := c.awaitWhole(time.Minute); !ok {
+	if ok, why := c.awaitWhole(ids, time.Minute); !ok {
 		t.Fatalf("the cluster did not form: %s", why)
 	}
 	c.tell("n1", "create %s raft3 %d", pfR3, pfParts)
 	c.await(c.procs["n1"], "created", 2*time.Minute)
 	c.tell("n1", "create %s doublewrite %d", pfDW, pfParts)
 	c.await(c.procs["n1"], "created", 2*time.Minute)
-	if ok, why := c.awaitWhole(time.Minute); !ok {
+	if ok, why := c.awaitWhole(ids, time.Minute); !ok {
 		t.Fatalf("the topics did not settle: %s", why)
 	}
 	for _, id := range ids {
@@ -401,10 +404,24 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 		c.tell(x, "cut %s %d", y, down)
 		c.tell(y, "cut %s %d", x, down)
 	}
-	faults := 0
+	// ZEZE_MQ_FAULT_KINDS (numbers of the cases below, comma-separated)
+	// narrows the schedule to those kinds, to chase one.
+	var only []int
+	for _, f := range strings.FieldsFunc(os.Getenv("ZEZE_MQ_FAULT_KINDS"), func(r rune) bool { return r == ',' }) {
+		k, err := strconv.Atoi(f)
+		if err != nil || k < 0 || k > 8 {
+			t.Fatalf("ZEZE_MQ_FAULT_KINDS=%q: want numbers 0 to 8", os.Getenv("ZEZE_MQ_FAULT_KINDS"))
+		}
+		only = append(only, k)
+	}
+	faults, added := 0, 0
 	for end := time.Now().Add(d); time.Now().Before(end); faults++ {
 		x := pick()
-		switch k := rng.IntN(8); k {
+		k := rng.IntN(9)
+		if len(only) > 0 {
+			k = only[k%len(only)]
+		}
+		switch k {
 		case 0:
 			t.Logf("fault %d: kill -9 %s", faults, x)
 			c.kill(x)
@@ -453,7 +470,7 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 			time.Sleep(h)
 			isolate(0)
 		case 5:
-			if ok, why := c.awaitWhole(30 * time.Second); !ok {
+			if ok, why := c.awaitWhole(ids, 30*time.Second); !ok {
 				t.Logf("fault %d: no disk replaced, the cluster is not whole: %s", faults, why)
 				continue
 			}
@@ -463,6 +480,31 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 				t.Fatal(err)
 			}
 			restart(x)
+		case 8:
+			if ok, why := c.awaitWhole(ids, 30*time.Second); !ok {
+				t.Logf("fault %d: no node replaced, the cluster is not whole: %s", faults, why)
+				continue
+			}
+			added++
+			nid := fmt.Sprintf("n%d", 3+added)
+			via := pick()
+			for via == x {
+				via = pick()
+			}
+			t.Logf("fault %d: add %s, drain %s through %s, close and remove it", faults, nid, x, via)
+			c.certs[nid] = nodeCertsDir(t, nid)
+			c.start(nid)
+			c.work(nid)
+			c.tell(via, "drain %s", x)
+			if got := c.await(c.procs[via], "drained "+x, 4*time.Minute); got != "drained "+x+" <nil>" {
+				t.Fatalf("fault %d: %s", faults, got)
+			}
+			c.closeClean(x)
+			c.tell(via, "remove %s", x)
+			if got := c.await(c.procs[via], "removed "+x, 3*time.Minute); got != "removed "+x+" <nil>" {
+				t.Fatalf("fault %d: %s", faults, got)
+			}
+			ids[slices.Index(ids, x)] = nid
 		case 6:
 			c.tell(x, "balance")
 			t.Logf("fault %d: %s balances the leaders: %s", faults, x, c.await(c.procs[x], "balanced", time.Minute))
@@ -471,7 +513,7 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 	}
 
 	t.Logf("%d faults; healing", faults)
-	if ok, why := c.awaitWhole(3 * time.Minute); !ok {
+	if ok, why := c.awaitWhole(ids, 3*time.Minute); !ok {
 		t.Errorf("the cluster did not heal within 3 minutes: %s", why)
 	}
 	for _, id := range ids {

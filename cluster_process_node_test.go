@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,7 +29,9 @@ import (
 //	                                 began and ended (Unix nanoseconds)
 //	cut <peer> <0|1>               → cut: its side of the link to peer
 //	mute <peer> <0|1>              → mute: what it writes to peer stalls
-//	status                         → status <ok|wait> <why>
+//	status <nodes>                 → status <ok|wait> <why>: whole with that many nodes
+//	drain <node>                   → drained <node> <err>: DrainNode, then its replicas gone
+//	remove <node>                  → removed <node> <err>: RemoveNode once the node is down
 //	stop                           → stopped, once every sender returned
 //	dump <topic> <parts>           → msg <topic> <part> <off> <id> per message, then dumped <topic>
 //	close                          → closed, then the process exits
@@ -118,12 +121,17 @@ func runProcessNode(env string) {
 		case "mute":
 			mq.SetLinkMuted(m, f[1], f[2] == "1")
 		case "status":
-			p.status()
+			n, _ := strconv.Atoi(f[1])
+			p.status(n)
+		case "drain":
+			p.println("drained %s %v", f[1], oneLine(p.drain(f[1])))
+		case "remove":
+			p.println("removed %s %v", f[1], oneLine(p.remove(f[1])))
 		case "balance":
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			moved, err := m.BalanceLeaders(ctx)
 			cancel()
-			p.println("balanced %d %v", moved, strings.ReplaceAll(fmt.Sprint(err), "\n", " "))
+			p.println("balanced %d %v", moved, oneLine(err))
 		case "stop":
 			close(p.stop)
 			p.senders.Wait()
@@ -230,10 +238,64 @@ func (p *pnode) consume(topic string) {
 	}()
 }
 
-// status says whether the cluster looks whole from here: every node up, a
-// metadata leader, every DoubleWrite pair with both replicas in sync and
-// no Raft3 replica lost.
-func (p *pnode) status() {
+// oneLine is err's text on one line, "<nil>" for none.
+func oneLine(err error) string { return strings.ReplaceAll(fmt.Sprint(err), "\n", " ") }
+
+// drain drains node id (DrainNode) and waits until it holds nothing and
+// no Raft3 group this node holds a replica of counts it among its voters.
+func (p *pnode) drain(id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := p.m.DrainNode(ctx, id); err != nil {
+		return err
+	}
+	for {
+		if p.drained(id) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s not drained: %w", id, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (p *pnode) drained(id string) bool {
+	for _, nd := range p.m.ClusterStatus().Nodes {
+		if nd.ID == id && len(nd.Holds) > 0 {
+			return false
+		}
+	}
+	for i := range pfParts {
+		if _, voters := mq.Raft3Membership(p.m, pfR3, i); slices.Contains(voters, id) || voters != nil && len(voters) != 3 {
+			return false
+		}
+	}
+	return true
+}
+
+// remove removes node id (RemoveNode), trying again while it is still up.
+func (p *pnode) remove(id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for {
+		err := p.m.RemoveNode(ctx, id)
+		if !errors.Is(err, mq.ErrNodeInUse) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// status says whether the cluster looks whole from here: nodes nodes, all
+// up, a metadata leader, every DoubleWrite pair with both replicas in sync
+// and no Raft3 replica lost.
+func (p *pnode) status(nodes int) {
 	cs := p.m.ClusterStatus()
 	up := 0
 	for _, n := range cs.Nodes {
@@ -245,8 +307,8 @@ func (p *pnode) status() {
 	switch {
 	case cs.Leader == "":
 		why = "no metadata leader"
-	case up < 3:
-		why = fmt.Sprintf("%d nodes up", up)
+	case up != nodes || len(cs.Nodes) != nodes:
+		why = fmt.Sprintf("%d of %d nodes up", up, len(cs.Nodes))
 	}
 	topics := p.m.Topics()
 	for i := 0; why == "" && i < pfParts; i++ {
