@@ -25,7 +25,8 @@ import (
 // them, pauses them (SIGSTOP), closes them cleanly, cuts their links
 // (both ways, or one way: what one node writes to another stalls),
 // replaces a node's disk, replaces a node by a new one (added, then the old
-// one drained, closed and removed, while the clients of every node go on)
+// one drained, closed and removed, while the clients of every node go on;
+// the old or the new one may be killed and restarted during the drain)
 // and balances the leaders of the Raft3 groups and DoubleWrite pairs
 // (BalanceLeaders; each partition has a group or pair of its own). One
 // fault at a time; a disk or a node is replaced only while the cluster is
@@ -491,11 +492,18 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 			for via == x {
 				via = pick()
 			}
-			t.Logf("fault %d: add %s, drain %s through %s, close and remove it", faults, nid, x, via)
+			// The drained node or the new one may crash in the middle.
+			crash := []string{"", x, nid}[rng.IntN(3)]
+			t.Logf("fault %d: add %s, drain %s through %s (crashing %q), close and remove it", faults, nid, x, via, crash)
 			c.certs[nid] = nodeCertsDir(t, nid)
 			c.start(nid)
 			c.work(nid)
 			c.tell(via, "drain %s", x)
+			if crash != "" {
+				time.Sleep(time.Duration(rng.IntN(2000)) * time.Millisecond)
+				c.kill(crash)
+				restart(crash)
+			}
 			if got := c.await(c.procs[via], "drained "+x, 4*time.Minute); got != "drained "+x+" <nil>" {
 				t.Fatalf("fault %d: %s", faults, got)
 			}
