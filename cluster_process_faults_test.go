@@ -26,7 +26,8 @@ import (
 // (both ways, or one way: what one node writes to another stalls),
 // replaces a node's disk, replaces a node by a new one (added, then the old
 // one drained, closed and removed, while the clients of every node go on;
-// the old or the new one may be killed and restarted during the drain)
+// the old or the new one may be killed and restarted during the drain),
+// moves a DoubleWrite follower to another node by hand
 // and balances the leaders of the Raft3 groups and DoubleWrite pairs
 // (BalanceLeaders; each partition has a group or pair of its own). One
 // fault at a time; a disk or a node is replaced only while the cluster is
@@ -410,15 +411,15 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 	var only []int
 	for _, f := range strings.FieldsFunc(os.Getenv("ZEZE_MQ_FAULT_KINDS"), func(r rune) bool { return r == ',' }) {
 		k, err := strconv.Atoi(f)
-		if err != nil || k < 0 || k > 8 {
-			t.Fatalf("ZEZE_MQ_FAULT_KINDS=%q: want numbers 0 to 8", os.Getenv("ZEZE_MQ_FAULT_KINDS"))
+		if err != nil || k < 0 || k > 9 {
+			t.Fatalf("ZEZE_MQ_FAULT_KINDS=%q: want numbers 0 to 9", os.Getenv("ZEZE_MQ_FAULT_KINDS"))
 		}
 		only = append(only, k)
 	}
 	faults, added := 0, 0
 	for end := time.Now().Add(d); time.Now().Before(end); faults++ {
 		x := pick()
-		k := rng.IntN(9)
+		k := rng.IntN(10)
 		if len(only) > 0 {
 			k = only[k%len(only)]
 		}
@@ -513,6 +514,10 @@ func runProcessFaults(t *testing.T, d time.Duration, broken bool) []string {
 				t.Fatalf("fault %d: %s", faults, got)
 			}
 			ids[slices.Index(ids, x)] = nid
+		case 9:
+			part := rng.IntN(pfParts)
+			c.tell(x, "move %s %d", pfDW, part)
+			t.Logf("fault %d: %s moves the follower of %s/%d: %s", faults, x, pfDW, part, c.await(c.procs[x], "moved", time.Minute))
 		case 6:
 			c.tell(x, "balance")
 			t.Logf("fault %d: %s balances the leaders: %s", faults, x, c.await(c.procs[x], "balanced", time.Minute))

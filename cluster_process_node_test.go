@@ -32,6 +32,7 @@ import (
 //	status <nodes>                 → status <ok|wait> <why>: whole with that many nodes
 //	drain <node>                   → drained <node> <err>: DrainNode, then its replicas gone
 //	remove <node>                  → removed <node> <err>: RemoveNode once the node is down
+//	move <topic> <part>            → moved <from> <err>: MoveReplica of the pair's follower
 //	stop                           → stopped, once every sender returned
 //	dump <topic> <parts>           → msg <topic> <part> <off> <id> per message, then dumped <topic>
 //	close                          → closed, then the process exits
@@ -127,6 +128,19 @@ func runProcessNode(env string) {
 			p.println("drained %s %v", f[1], oneLine(p.drain(f[1])))
 		case "remove":
 			p.println("removed %s %v", f[1], oneLine(p.remove(f[1])))
+		case "move":
+			part, _ := strconv.Atoi(f[2])
+			leader, replicas, _, _ := mq.PairRecord(p.m, f[1], part)
+			from := ""
+			for _, r := range replicas {
+				if r != leader {
+					from = r
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			err := p.m.MoveReplica(ctx, f[1], part, from, "")
+			cancel()
+			p.println("moved %s %v", from, oneLine(err))
 		case "balance":
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			moved, err := m.BalanceLeaders(ctx)
