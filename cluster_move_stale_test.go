@@ -95,5 +95,13 @@ func TestCluster_MovedInSingleNotOverwrittenUnderStaleState(t *testing.T) {
 	if n := h.copies.Load(); n > 1 {
 		t.Errorf("%s copied s/0 from %s again (%d copies) after it had taken it over", sm.to, sm.from, n)
 	}
+	// The node cut off learns the restarted nodes' new addresses from the
+	// metadata once it is back: until then its reads of s/0 are refused.
+	for id, m := range sm.c.nodes {
+		waitFor(t, 30*time.Second, id+" reads s/0", func() bool {
+			_, err := m.ReadMessage(sm.ctx, "s", 0, 0)
+			return err == nil
+		})
+	}
 	checkStoredOnce(t, sm.c, "s", 1, slices.Concat(before, moved))
 }
