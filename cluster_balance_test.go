@@ -163,6 +163,145 @@ func TestCluster_BalanceLeadersMovesDoubleWritePairs(t *testing.T) {
 	t.Logf("%d acked", len(acked))
 }
 
+// TestCluster_BalanceLeadersEndsWhenAFollowerIsCutOff: BalanceLeaders,
+// called without a deadline, returns, naming the pairs it could not move,
+// when the follower of a pair it plans to swap is up but cut off from its
+// leader (which waits for the follower's confirmation, bounded as a Raft3
+// transfer is).
+func TestCluster_BalanceLeadersEndsWhenAFollowerIsCutOff(t *testing.T) {
+	parallelByDefault(t)
+	const parts = 6
+	c := newCluster(t, 3, withDoubleWrite(parts, mq.Options{PartitionsPerPair: 1}))
+	meta := metaLeader(t, c, 20*time.Second)
+	others := othersThan(c, meta)
+	lead, cutoff := others[0], others[1]
+	for i := range parts {
+		c.waitInSync(i, 30*time.Second)
+	}
+	ctx := testCtx(t)
+	// lead leads every pair it holds, cutoff none.
+	want := func(replicas []string) string {
+		if slices.Contains(replicas, lead) {
+			return lead
+		}
+		return meta
+	}
+	for i := range parts {
+		leader, replicas, _, _ := mq.PairRecord(c.nodes[meta], "d", i)
+		if w := want(replicas); leader != w {
+			if err := mq.PairHandOver(ctx, c.nodes[leader], "d", i, w); err != nil {
+				t.Fatalf("hand d/%d to %s: %v", i, w, err)
+			}
+		}
+	}
+	waitFor(t, 30*time.Second, lead+" leads every pair it holds, "+cutoff+" none, each in sync", func() bool {
+		for i := range parts {
+			leader, replicas, inSync, _ := mq.PairRecord(c.nodes[meta], "d", i)
+			if leader != want(replicas) || len(inSync) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	shared := 0
+	for i := range parts {
+		if _, replicas, _, _ := mq.PairRecord(c.nodes[meta], "d", i); slices.Contains(replicas, cutoff) && slices.Contains(replicas, lead) {
+			shared++
+		}
+	}
+	if shared == 0 {
+		t.Fatalf("no pair of %s and %s: placement spreads six pairs over three nodes", lead, cutoff)
+	}
+	// The link between the leader and one follower breaks; both stay up
+	// (their sessions go through the metadata leader).
+	c.cut(lead, cutoff, true)
+	defer c.cut(lead, cutoff, false)
+	time.Sleep(2 * time.Second)
+	for i := range parts {
+		leader, replicas, inSync, _ := mq.PairRecord(c.nodes[meta], "d", i)
+		t.Logf("d/%d: leader %s, replicas %q, in sync %q", i, leader, replicas, inSync)
+	}
+	type result struct {
+		moved int
+		err   error
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		moved, err := c.nodes[meta].BalanceLeaders(context.Background())
+		done <- result{moved, err}
+	}()
+	select {
+	case r := <-done:
+		t.Logf("BalanceLeaders returned after %v: %d moved, %v", time.Since(start), r.moved, r.err)
+		if r.err == nil || !strings.Contains(r.err.Error(), "to "+cutoff) {
+			t.Errorf("BalanceLeaders: %d moved, %v; want an error naming a pair it could not hand to %s", r.moved, r.err, cutoff)
+		}
+	case <-time.After(30 * time.Second):
+		c.cut(lead, cutoff, false) // let it end
+		r := <-done
+		t.Fatalf("BalanceLeaders(context.Background()) hung for 30 s: a swap of a pair led by %s to its follower %s, up but cut off from it, "+
+			"returned only once the link healed, after %v: %d moved, %v",
+			lead, cutoff, time.Since(start).Round(time.Second), r.moved, fmt.Sprint(r.err))
+	}
+}
+
+// TestDoubleWrite_SwapsUnderLoadKeepEveryAck: producers on every node send
+// batches to a pair of two partitions while its leader and follower swap
+// over and over (PairHandOver as soon as the last swap is recorded):
+// every ack is stored once at its offset, in order per producer.
+func TestDoubleWrite_SwapsUnderLoadKeepEveryAck(t *testing.T) {
+	parallelByDefault(t)
+	for _, alone := range []bool{false, true} {
+		t.Run(fmt.Sprintf("AckAlone-%t", alone), func(t *testing.T) {
+			parallelByDefault(t)
+			const parts = 2
+			c := newCluster(t, 3, withSession(3*time.Second), withDoubleWrite(parts, mq.Options{AckAlone: alone, PartitionsPerPair: 2}))
+			c.waitInSync(0, 30*time.Second)
+			l := newLoad(c, parts)
+			for id := range c.nodes {
+				l.runBatches(id, "p"+id, parts, []int{0, 1})
+			}
+			defer l.stopAll()
+			waitFor(t, 20*time.Second, "first acks", func() bool { return l.count() >= 50 })
+			swaps, refused := 0, 0
+			deadline := time.Now().Add(15 * time.Second)
+			for time.Now().Before(deadline) {
+				leader, replicas, inSync, epoch := mq.PairRecord(c.nodes["n1"], "d", 0)
+				if len(inSync) != 2 || len(replicas) != 2 {
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				to := replicas[0]
+				if to == leader {
+					to = replicas[1]
+				}
+				err := mq.PairHandOver(ctx, c.nodes[leader], "d", 0, to)
+				cancel()
+				if err != nil {
+					refused++
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				swaps++
+				waitFor(t, 10*time.Second, "the swap seen", func() bool {
+					_, _, _, e := mq.PairRecord(c.nodes[leader], "d", 0)
+					return e > epoch
+				})
+			}
+			t.Logf("%d swaps, %d refused, %d acks so far", swaps, refused, l.count())
+			if swaps == 0 {
+				t.Fatal("no swap went through")
+			}
+			c.waitInSync(0, 30*time.Second)
+			time.Sleep(300 * time.Millisecond)
+			acked := l.endedChecked(t, c.nodes["n1"], parts)
+			t.Logf("%d acked", len(acked))
+		})
+	}
+}
+
 // TestCluster_BalanceNeedsAdmin: a node whose identity lacks the Admin
 // right on "*" can balance neither leaders nor replicas, also when there
 // is nothing to move; a standalone MQ or a closed one says why at once, as

@@ -235,7 +235,8 @@ type Promote struct {
 // balance leaderships, where Promote, for a leader that failed or closes,
 // gives the pair a follower chosen by load. It returns ErrStale if the
 // record is no longer at Version, ErrNotInSync for a Leader out of sync,
-// and ErrNodeDown when either node is down.
+// ErrNodeDown when either node is down, and ErrInvalid for a Leader that
+// drains.
 type HandOver struct {
 	_msgpack  struct{} `msgpack:",as_array"` //lint:ignore U1000 msgpack reads its tag
 	Topic     string

@@ -175,6 +175,8 @@ func (s *State) handOver(c HandOver) (Topic, error) {
 		return Topic{}, fmt.Errorf("%w: %s/%d: %s and %s (in sync: %q)", ErrNotInSync, c.Topic, c.Partition, c.Leader, old, p.InSync)
 	case !s.nodes[c.Leader].Up || !s.nodes[old].Up:
 		return Topic{}, fmt.Errorf("%w: %s to lead %s/%d, %s to follow", ErrNodeDown, c.Leader, c.Topic, c.Partition, old)
+	case s.nodes[c.Leader].Draining:
+		return Topic{}, fmt.Errorf("%w: %s drains: it takes no leadership of %s/%d", ErrInvalid, c.Leader, c.Topic, c.Partition)
 	}
 	p.Replicas, p.Leader, p.Epoch, p.InSync = []string{c.Leader, old}, c.Leader, p.Epoch+1, []string{c.Leader, old}
 	return s.withPart(t, c.Partition, p), nil

@@ -463,7 +463,7 @@ func TestRaft3_LostAndRejoined(t *testing.T) {
 // TestHandOver: a pair's leader and follower, both in sync and up, swap
 // at the next epoch, both staying in sync, the new leader first; it is
 // refused at a stale version, for the leader itself, with either replica
-// out of sync, or with either node down.
+// out of sync, with either node down, or to a node that drains.
 func TestHandOver(t *testing.T) {
 	ft := newStateT(t)
 	for _, id := range []string{"a", "b", "c"} {
@@ -481,6 +481,9 @@ func TestHandOver(t *testing.T) {
 		ft.refused(HandOver{Topic: "d", Partition: 0, Version: ft.dwPart(0).Version, Leader: follower}, ErrNodeDown)
 		ft.must(RegisterNode{ID: down, Addr: down + ":7000", Incarnation: "i1-" + down})
 	}
+	ft.must(DrainNode{ID: follower, Draining: true})
+	ft.refused(HandOver{Topic: "d", Partition: 0, Version: ft.dwPart(0).Version, Leader: follower}, ErrInvalid)
+	ft.must(DrainNode{ID: follower, Draining: false})
 	if p := ft.dwPart(0); len(p.InSync) == 2 {
 		ft.must(SetInSync{Topic: "d", Partition: 0, Version: p.Version, InSync: []string{leader}})
 	}

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/vmihailenco/msgpack/v5"
@@ -66,6 +67,11 @@ var balanceLimits = wire.Limits{Elems: 1 << 16, Bytes: metastate.MaxNameLen}
 
 // transferWidth is how many leadership transfers BalanceLeaders runs at once.
 const transferWidth = 8
+
+// handOverTimeout bounds a pair's swap (leadTo): its follower's
+// confirmation, which a follower cut off from its leader never gives, and
+// the proposal. raft's leadership transfer bounds itself.
+const handOverTimeout = 10 * time.Second
 
 // BalanceLeaders hands the leaderships of Raft3 groups and DoubleWrite
 // pairs from the nodes that lead the most to replicas on nodes that lead
@@ -319,6 +325,8 @@ func (n *Node) leadTo(ctx context.Context, group groupRef, to string) error {
 		if !ok {
 			return fmt.Errorf("%w: %s/%d is not led here", errNotHere, group.Topic, group.First)
 		}
+		ctx, cancel := context.WithTimeout(ctx, handOverTimeout)
+		defer cancel()
 		if err := p.HandOver(ctx, to); err != nil {
 			if errors.Is(err, replica.ErrNotHandedOff) {
 				return fmt.Errorf("%w: %v", errNotHere, err)
