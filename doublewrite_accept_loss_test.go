@@ -92,7 +92,7 @@ func noIntactCopy(t *testing.T, c *testCluster, parts int, alone func(part int, 
 		t.Fatalf("AcceptDataLoss with the follower in sync: %v", err)
 	}
 	c.cut(leader, follower, true)
-	waitFor(t, 20*time.Second, "the leader alone in sync", func() bool {
+	waitFor(t, time.Minute, "the leader alone in sync", func() bool {
 		_, _, inSync := c.record("d", part)
 		return slices.Equal(inSync, []string{leader})
 	})
