@@ -143,10 +143,13 @@ func (m *MQ) BalanceReplicas(ctx context.Context, most int) (int, error) {
 // retried, or, when in flight at the old leader, return
 // ErrUnknownOutcome; none acked is lost. Only up nodes that are not
 // draining, Raft3 replicas not lost, and a pair's follower in sync take
-// leaderships. It needs the Admin right on "*" of every node involved. It returns how many groups moved,
-// and an error naming those that did not (they stay where they were), or
-// nodes that could not be asked. Call it after a rolling restart, or once
-// replicas moved to new nodes.
+// leaderships. A pair whose follower does not confirm within 10 s that it
+// holds the pair (cut off from its leader) stays. It needs the Admin right
+// on "*" of every node involved. It returns how many groups moved, and an
+// error naming those that did not (they stay where they were, but for one
+// whose ctx ended while its last step was under way, which may still
+// complete), or nodes that could not be asked. Call it after a rolling
+// restart, or once replicas moved to new nodes.
 func (m *MQ) BalanceLeaders(ctx context.Context) (int, error) {
 	if m.closed.Load() {
 		return 0, ErrClosed
