@@ -213,10 +213,10 @@ func (c *testCluster) synced(want *Meta) {
 }
 
 // heartbeat sends the heartbeats of nodes ids every 100 ms to whichever
-// open node leads, but for the ids stored in the map it returns (silent:
-// their sessions expire), until the test ends.
-func (c *testCluster) heartbeat(ids ...string) *sync.Map {
-	var silent sync.Map
+// open node leads, but for the ids made silent (their sessions expire),
+// until the test ends.
+func (c *testCluster) heartbeat(ids ...string) *beats {
+	b := &beats{}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -236,16 +236,36 @@ func (c *testCluster) heartbeat(ids ...string) *sync.Map {
 					continue
 				}
 				for _, n := range ids {
-					if _, ok := silent.Load(n); !ok {
+					b.mu.Lock()
+					if _, ok := b.silent.Load(n); !ok {
 						_ = m.Heartbeat(n)
 					}
+					b.mu.Unlock()
 				}
 			}
 		}
 	}()
 	c.t.Cleanup(func() { close(stop); wg.Wait() })
-	return &silent
+	return b
 }
+
+// beats are the silent nodes of heartbeat.
+type beats struct {
+	silent sync.Map
+	mu     sync.Mutex // held by each heartbeat call
+}
+
+// Store makes node id silent, once any heartbeat of id under way ended: a
+// heartbeat begun before, and slowed past the session, would otherwise
+// bring id back up after its session expired.
+func (b *beats) Store(id string, _ bool) {
+	b.silent.Store(id, true)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+}
+
+// Delete has node id heartbeat again.
+func (b *beats) Delete(id string) { b.silent.Delete(id) }
 
 // eventually polls cond until it holds or waitFor passes.
 func eventually(t testing.TB, what string, cond func() bool) {
