@@ -108,7 +108,8 @@ func (n *Node) BalanceLeaders(ctx context.Context) (int, error) {
 			leaders[g] = nd.ID
 		}
 	}
-	for g, l := range pairLeaders(st) {
+	eligible, pairLeaders := eligibleLeaders(st)
+	for g, l := range pairLeaders {
 		if !silent[l] {
 			leaders[g] = l
 		}
@@ -118,7 +119,6 @@ func (n *Node) BalanceLeaders(ctx context.Context) (int, error) {
 	}
 	// A node that did not answer may lead any number of groups: none is
 	// handed to it.
-	eligible := eligibleLeaders(st)
 	for g, reps := range eligible {
 		eligible[g] = slices.DeleteFunc(reps, func(id string) bool { return silent[id] })
 	}
@@ -160,9 +160,10 @@ func (n *Node) BalanceLeaders(ctx context.Context) (int, error) {
 // eligibleLeaders returns, for each Raft3 group and DoubleWrite pair of
 // st, its replicas that may lead it after a balance: on nodes up and not
 // draining; of a Raft3 group, not lost; of a pair, its leader, and its
-// follower while in sync.
-func eligibleLeaders(st *metastate.State) map[groupRef][]string {
-	out := map[groupRef][]string{}
+// follower while in sync. It returns the leader of each pair too, which
+// the metadata records (a Raft3 group's, only raft knows).
+func eligibleLeaders(st *metastate.State) (eligible map[groupRef][]string, pairLeaders map[groupRef]string) {
+	eligible, pairLeaders = map[groupRef][]string{}, map[groupRef]string{}
 	for _, name := range st.Topics() {
 		t, _ := st.Topic(name)
 		if t.Type != metastate.TypeRaft3 && t.Type != metastate.TypeDoubleWrite {
@@ -171,6 +172,10 @@ func eligibleLeaders(st *metastate.State) map[groupRef][]string {
 		for i, p := range t.Parts {
 			if p.Chunk != i {
 				continue
+			}
+			g := groupRef{Topic: name, First: i}
+			if t.Type == metastate.TypeDoubleWrite && p.Leader != "" {
+				pairLeaders[g] = p.Leader
 			}
 			var ok []string
 			for _, id := range p.Replicas {
@@ -182,27 +187,10 @@ func eligibleLeaders(st *metastate.State) map[groupRef][]string {
 					ok = append(ok, id)
 				}
 			}
-			out[groupRef{Topic: name, First: i}] = ok
+			eligible[g] = ok
 		}
 	}
-	return out
-}
-
-// pairLeaders returns the leader of each DoubleWrite pair of st.
-func pairLeaders(st *metastate.State) map[groupRef]string {
-	out := map[groupRef]string{}
-	for _, name := range st.Topics() {
-		t, _ := st.Topic(name)
-		if t.Type != metastate.TypeDoubleWrite {
-			continue
-		}
-		for i, p := range t.Parts {
-			if p.Chunk == i && p.Leader != "" {
-				out[groupRef{Topic: name, First: i}] = p.Leader
-			}
-		}
-	}
-	return out
+	return eligible, pairLeaders
 }
 
 // transfer is one move of a plan: group's leadership from node from to
@@ -317,7 +305,8 @@ func (n *Node) leadToOn(ctx context.Context, tr transfer) error {
 // metadata to make a pair's follower its leader.
 func (n *Node) leadTo(ctx context.Context, group groupRef, to string) error {
 	st := n.agent.Meta().State()
-	if reps := eligibleLeaders(st)[group]; !slices.Contains(reps, to) {
+	eligible, _ := eligibleLeaders(st)
+	if reps := eligible[group]; !slices.Contains(reps, to) {
 		return fmt.Errorf("%w: %s may not lead %s/%d (eligible: %q)", metastate.ErrInvalid, to, group.Topic, group.First, reps)
 	}
 	if t, _ := st.Topic(group.Topic); t.Type == metastate.TypeDoubleWrite {
