@@ -44,6 +44,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/zeze-go/mq/internal/boltsafe"
+	"github.com/zeze-go/mq/internal/transport"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -510,18 +511,15 @@ func (g *Group) checkPart(i int) error {
 
 // Close stops proposing, answering the commands still queued with
 // ErrClosed, waits for the entries in flight to be applied or lost, shuts
-// raft down and closes the files. Raft's shutdown closes Transport. It is
-// idempotent.
+// raft down, closing Transport (transport.ShutdownRaft), and closes the
+// files. It is idempotent.
 func (g *Group) Close() error {
 	var err error
 	g.prop.once.Do(func() {
 		g.prop.close()
-		err = g.raft.Shutdown().Error()
+		err = transport.ShutdownRaft(g.raft, g.trans)
 		close(g.watchStop)
 		<-g.watchDone
-		if nt, ok := g.trans.(*raft.NetworkTransport); ok {
-			nt.CloseStreams() // Shutdown's Close leaves the pooled connections open
-		}
 		if cerr := g.closeFiles(); err == nil {
 			err = cerr
 		}

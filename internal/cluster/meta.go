@@ -94,6 +94,7 @@ type Meta struct {
 	log      *slog.Logger
 	timeout  time.Duration // session timeout
 	raft     *raft.Raft
+	trans    raft.Transport // MetaConfig.Transport
 	fsm      *fsm
 	store    *raftboltdb.BoltStore
 	dir      string // Dir: raft.db, snapshots, the state cache
@@ -216,6 +217,7 @@ func OpenMeta(cfg MetaConfig) (*Meta, error) {
 	m := &Meta{
 		id:       cfg.NodeID,
 		addr:     cmp.Or(cfg.Addr, string(cfg.Transport.LocalAddr())),
+		trans:    cfg.Transport,
 		inc:      cfg.Incarnation,
 		cluster:  cfg.ClusterID,
 		raftAddr: cfg.RaftAddr,
@@ -387,7 +389,7 @@ func (m *Meta) Close() error {
 		m.closed = true
 		m.lifeMu.Unlock()
 		m.cancel()
-		err := m.raft.Shutdown().Error()
+		err := transport.ShutdownRaft(m.raft, m.trans)
 		m.wg.Wait()
 		m.awaitWaiters()
 		m.saveCache() // what raft applied last

@@ -169,9 +169,13 @@ func (e *Engine) Close() {
 		consumers = append(consumers, g.members()...)
 	}
 	e.mu.Unlock()
+	// Every consumer stopped before any is waited for: their last
+	// commits, each bounded, run at once.
+	var live []*worker
 	for _, c := range consumers {
-		c.close(r)
+		live = append(live, c.stop()...)
 	}
+	await(r, live)
 	e.cancel()
 	if len(r.in) == 0 {
 		e.wg.Wait()

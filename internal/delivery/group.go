@@ -139,7 +139,11 @@ func (c *Consumer) Close() error {
 	return nil
 }
 
-func (c *Consumer) close(r reentry) {
+func (c *Consumer) close(r reentry) { await(r, c.stop()) }
+
+// stop ends c's delivery, and its retry consumer's, and returns their
+// workers, which end after their last commit.
+func (c *Consumer) stop() []*worker {
 	c.mu.Lock()
 	first := !c.closed
 	c.closed = true
@@ -148,15 +152,20 @@ func (c *Consumer) close(r reentry) {
 	if first {
 		c.group.leave(c)
 	}
+	var live []*worker
 	if rc != nil {
-		rc.close(r)
+		live = rc.stop()
 	}
 	c.mu.Lock()
-	live := make([]*worker, 0, len(c.live))
 	for w := range c.live {
 		live = append(live, w)
 	}
 	c.mu.Unlock()
+	return live
+}
+
+// await waits until each of live ended.
+func await(r reentry, live []*worker) {
 	for _, w := range live {
 		r.await(context.Background(), w, w.done)
 	}

@@ -508,7 +508,7 @@ func (m *RaftMux) openStream(l *RaftLayer, id string, timeout time.Duration) (*y
 	if err != nil {
 		return nil, fmt.Errorf("transport: raft group %q: dial %s: %w", l.group, id, err)
 	}
-	ys, err := sess.OpenStream()
+	ys, err := m.openOn(ctx, sess)
 	if err != nil {
 		return nil, fmt.Errorf("transport: raft group %q: dial %s: %w", l.group, id, err)
 	}
@@ -525,6 +525,42 @@ func (m *RaftMux) openStream(l *RaftLayer, id string, timeout time.Duration) (*y
 		return nil, fmt.Errorf("transport: raft group %q: dial %s: %w", l.group, id, err)
 	}
 	return ys, nil
+}
+
+// openOn opens a stream on sess, giving up when ctx ends: yamux's
+// OpenStream has no ctx, and waits for a session whose writes stall until
+// its ConnectionWriteTimeout. A stream it opens after ctx ended is closed.
+func (m *RaftMux) openOn(ctx context.Context, sess *yamux.Session) (*yamux.Stream, error) {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, ErrClosed
+	}
+	m.wg.Add(1)
+	m.mu.Unlock()
+	type opened struct {
+		ys  *yamux.Stream
+		err error
+	}
+	got, abandon := make(chan opened), make(chan struct{})
+	go func() {
+		defer m.wg.Done()
+		ys, err := sess.OpenStream()
+		select {
+		case got <- opened{ys, err}:
+		case <-abandon:
+			if ys != nil {
+				ys.Close()
+			}
+		}
+	}()
+	select {
+	case o := <-got:
+		return o.ys, o.err
+	case <-ctx.Done():
+		close(abandon)
+		return nil, ctx.Err()
+	}
 }
 
 // session returns the live outbound session to node id, dialing one if
@@ -835,4 +871,20 @@ func RaftTransportConfig(layer raft.StreamLayer) *raft.NetworkTransportConfig {
 		Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, MaxRPCsInFlight: 1,
 		Logger: hclog.NewNullLogger(),
 	}
+}
+
+// ShutdownRaft shuts r down and waits for its goroutines, closing its
+// transport tr first: a dial or a write of r's that a link stalls ends
+// then, instead of at its timeout (10 s), which r's shutdown would wait
+// out. A raft.NetworkTransport's pooled connections are closed too, which
+// its own Close leaves open.
+func ShutdownRaft(r *raft.Raft, tr raft.Transport) error {
+	f := r.Shutdown()
+	if c, ok := tr.(raft.WithClose); ok {
+		c.Close()
+	}
+	if nt, ok := tr.(*raft.NetworkTransport); ok {
+		nt.CloseStreams()
+	}
+	return f.Error()
 }

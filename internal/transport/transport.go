@@ -474,7 +474,7 @@ func (t *Transport) handshakeAccepted(raw net.Conn) (*Conn, error) {
 		return nil, err
 	}
 	m.peer.Store(&peer)
-	return &Conn{Conn: rw, t: t, peer: peer, proto: p, maxFrame: t.cfg.MaxFrameBytes}, nil
+	return &Conn{Conn: rw, raw: m, t: t, peer: peer, proto: p, maxFrame: t.cfg.MaxFrameBytes}, nil
 }
 
 // Dial connects to the node at addr and runs the handshake for protocol p.
@@ -542,7 +542,7 @@ func (t *Transport) handshakeDialed(ctx context.Context, raw net.Conn, p Proto) 
 		return nil, err
 	}
 	m.peer.Store(&peer)
-	return &Conn{Conn: rw, t: t, peer: peer, proto: p, maxFrame: t.cfg.MaxFrameBytes}, nil
+	return &Conn{Conn: rw, raw: m, t: t, peer: peer, proto: p, maxFrame: t.cfg.MaxFrameBytes}, nil
 }
 
 // Close stops accepting, closes connections still in their handshake or
@@ -621,6 +621,7 @@ func (l *listener) Addr() net.Addr { return l.t.Addr() }
 // Conn is an authenticated connection.
 type Conn struct {
 	net.Conn
+	raw      net.Conn   // below TLS: Conn itself without it; nil only in tests
 	t        *Transport // nil only in tests
 	peer     string
 	proto    Proto
@@ -631,12 +632,33 @@ type Conn struct {
 // names.
 func (c *Conn) PeerID() string { return c.peer }
 
+// closeGrace bounds how long Close waits to tell the peer, over TLS, that
+// the connection ends (crypto/tls's close_notify, which waits for a write
+// under way and then up to 5 s for its own) before it closes the raw
+// connection under it: a link that stalls writes must not stall a node's
+// Close. The peer then reads an unexpected EOF instead of an EOF.
+const closeGrace = 200 * time.Millisecond
+
 // Close closes the connection.
 func (c *Conn) Close() error {
 	if c.t != nil {
 		c.t.release(c)
 	}
-	return c.Conn.Close()
+	if c.raw == nil || c.raw == c.Conn {
+		return c.Conn.Close()
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Conn.Close() }()
+	t := time.NewTimer(closeGrace)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		c.raw.Close() // ends the stalled writes, then close_notify's
+		<-done
+		return nil
+	}
 }
 
 // Proto is the connection's protocol.
