@@ -18,7 +18,7 @@ import (
 // as node m reads it.
 func committedAt(t testing.TB, m *mq.MQ, topic, group string, part int) uint64 {
 	t.Helper()
-	lag, err := m.Lag(topic, group)
+	lag, err := m.Lag(context.Background(), topic, group)
 	if err != nil {
 		t.Fatal(err)
 	}

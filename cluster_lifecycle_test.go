@@ -263,7 +263,7 @@ func TestCluster_MoveSinglePartition(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitFor(t, 30*time.Second, "g consumed what was sent before", func() bool {
-				lag, err := viaNode.Lag("s", "g")
+				lag, err := viaNode.Lag(context.Background(), "s", "g")
 				return err == nil && lag[0].Known && lag[0].Lag == 0
 			})
 			g.Close()
@@ -309,7 +309,7 @@ func TestCluster_MoveSinglePartition(t *testing.T) {
 			all := slices.Concat(before, during, after)
 			checkStoredOnce(t, c, "s", 1, all)
 			checkOrder(ctx, t, c.nodes[want], "s", 0, all)
-			if lag, err := c.nodes[want].Lag("s", "g"); err != nil || lag[0].Committed != uint64(len(before)) {
+			if lag, err := c.nodes[want].Lag(context.Background(), "s", "g"); err != nil || lag[0].Committed != uint64(len(before)) {
 				t.Fatalf("g's offset after the move: %+v, %v; want %d", lag, err, len(before))
 			}
 			if owner, _ := singleOwner(viaNode, "s", 1); owner == "" {

@@ -425,7 +425,7 @@ func TestCluster_TxPreparerDown(t *testing.T) {
 	}
 	c.kill("n1")
 	waitFor(t, 20*time.Second, "the transaction parked on n2", func() bool {
-		u, err := n2.UnresolvedTxs()
+		u, err := n2.UnresolvedTxs(context.Background())
 		return err == nil && len(u) == 1 && u[0].TxID == txid
 	})
 	if d := mq.TxDecided(n2, txid); d != mq.TxUndecided {

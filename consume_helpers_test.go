@@ -441,7 +441,7 @@ func (g *gate) got() []string {
 func started(t *testing.T, m *mq.MQ, topic, group string) {
 	t.Helper()
 	waitFor(t, handoverTimeout, group+" started", func() bool {
-		lags, err := m.Lag(topic, group)
+		lags, err := m.Lag(context.Background(), topic, group)
 		if err != nil {
 			t.Fatal(err)
 		}

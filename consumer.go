@@ -380,15 +380,15 @@ type PartitionLag struct {
 
 // Lag returns the backlog of group, a consumer's OffsetName, in every
 // partition of topic. It returns ErrNoTopic, ErrInvalidGroup, ErrCorrupt
-// or ErrClosed.
-func (m *MQ) Lag(topic, group string) ([]PartitionLag, error) {
+// or ErrClosed, or ctx's error once it ends.
+func (m *MQ) Lag(ctx context.Context, topic, group string) ([]PartitionLag, error) {
 	if err := m.allowed(topic, Consume); err != nil {
 		return nil, err
 	}
 	if err := delivery.CheckOffsetName(group); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidGroup, err)
 	}
-	lags, err := m.delivery.Lags(topic, group)
+	lags, err := m.delivery.Lags(ctx, topic, group)
 	if err != nil {
 		return nil, translate(err)
 	}

@@ -713,7 +713,7 @@ func TestConsumer_BroadcastOffsetTTL(t *testing.T) {
 
 	clk.Advance(2 * time.Hour) // fires the upkeep's timers
 	waitFor(t, handoverTimeout, "the instance's offsets removed", func() bool {
-		lags, err := m.Lag("t", "g@i1")
+		lags, err := m.Lag(context.Background(), "t", "g@i1")
 		return err == nil && !lags[0].Known
 	})
 

@@ -45,7 +45,7 @@ func TestMQ_CloseRacesEverything(t *testing.T) {
 				return err
 			},
 			func(i int) error { return m.ResetOffset(context.Background(), "t", "g", mq.SeekFirst()) },
-			func(i int) error { _, err := m.Lag("t", "g"); return err },
+			func(i int) error { _, err := m.Lag(context.Background(), "t", "g"); return err },
 			func(i int) error { return m.DeleteGroup(context.Background(), "t", fmt.Sprintf("d%d", i)) },
 			func(i int) error {
 				return m.CreateMQ(context.Background(), fmt.Sprintf("n%d-%d", round, i), 2, mq.Options{Type: mq.Single})
@@ -141,12 +141,12 @@ func TestMQ_AlterDuringReset(t *testing.T) {
 				}
 				return true
 			})
-			lags, err := m.Lag("t", "g")
+			lags, err := m.Lag(context.Background(), "t", "g")
 			if err != nil {
 				t.Fatal(err)
 			}
 			waitFor(t, 10*time.Second, "lag 0", func() bool {
-				lags, err = m.Lag("t", "g")
+				lags, err = m.Lag(context.Background(), "t", "g")
 				if err != nil {
 					t.Fatal(err)
 				}

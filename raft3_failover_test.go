@@ -491,7 +491,7 @@ func TestRaft3_ThroughFollowers(t *testing.T) {
 		}
 	}
 	waitFor(t, 20*time.Second, "the new partitions' messages", deliveredAtLeast(1, grown...))
-	lags, err := c.nodes[none].Lag(r3, "g")
+	lags, err := c.nodes[none].Lag(context.Background(), r3, "g")
 	if err != nil || len(lags) != 3 {
 		t.Fatalf("Lag after AlterMQ: %v, %v", lags, err)
 	}
@@ -587,7 +587,7 @@ func TestRaft3_HandlerReentry(t *testing.T) {
 		if _, err := m.ReadMessage(ctx, r3, 0, msg.Offset); err != nil {
 			fail(fmt.Errorf("ReadMessage from a handler: %w", err))
 		}
-		if _, err := m.Lag(r3, "g"); err != nil {
+		if _, err := m.Lag(context.Background(), r3, "g"); err != nil {
 			fail(fmt.Errorf("Lag from a handler: %w", err))
 		}
 		if k < links-1 {

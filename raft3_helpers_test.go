@@ -989,7 +989,7 @@ func needN3(t *testing.T, c *testCluster, parts int, check func(what string, via
 // committedAll reports whether group has committed everything in each of
 // topic's parts partitions (no lag left).
 func committedAll(m *mq.MQ, topic, group string, parts int) bool {
-	lags, err := m.Lag(topic, group)
+	lags, err := m.Lag(context.Background(), topic, group)
 	if err != nil || len(lags) != parts {
 		return false
 	}

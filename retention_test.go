@@ -357,13 +357,13 @@ func TestRetention_DamagedGroupRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	m = openNode(t, dir, mq.WithRetention(time.Millisecond), mq.WithMaintenanceInterval(20*time.Millisecond))
-	if _, err := m.Lag("t", "g"); !errors.Is(err, mq.ErrCorrupt) {
+	if _, err := m.Lag(context.Background(), "t", "g"); !errors.Is(err, mq.ErrCorrupt) {
 		t.Logf("Lag of the damaged group: %v", err)
 	}
 	deadline := time.Now().Add(3 * time.Second)
 	var lags []mq.PartitionLag
 	for time.Now().Before(deadline) {
-		if lags, err = m.Lag("t", "other"); err != nil {
+		if lags, err = m.Lag(context.Background(), "t", "other"); err != nil {
 			t.Fatal(err)
 		}
 		if lags[0].Committed == lags[0].Next {

@@ -260,7 +260,7 @@ func TestConsumer_StartTime(t *testing.T) {
 	late := &sink{}
 	consume(t, m, "t", "late", late, mq.WithStartTime(time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)))
 	waitFor(t, 5*time.Second, "late started", func() bool {
-		lags, err := m.Lag("t", "late")
+		lags, err := m.Lag(context.Background(), "t", "late")
 		return err == nil && lags[0].Known && lags[0].Committed == 4
 	})
 	if late.len() != 0 {
@@ -288,7 +288,7 @@ func TestMQ_Lag(t *testing.T) {
 	}
 	send(0, 5)
 	send(1, 3)
-	lags, err := m.Lag("t", "g")
+	lags, err := m.Lag(context.Background(), "t", "g")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,12 +298,12 @@ func TestMQ_Lag(t *testing.T) {
 	}
 	c := consume(t, m, "t", "g", &sink{})
 	waitFor(t, 5*time.Second, "the group caught up", func() bool {
-		lags, err := m.Lag("t", "g")
+		lags, err := m.Lag(context.Background(), "t", "g")
 		return err == nil && lags[0].Lag == 0 && lags[1].Lag == 0 && lags[0].Known && lags[1].Known
 	})
 	c.Close()
 	send(1, 2)
-	lags, err = m.Lag("t", "g")
+	lags, err = m.Lag(context.Background(), "t", "g")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,10 +311,10 @@ func TestMQ_Lag(t *testing.T) {
 	if !slices.Equal(lags, want) {
 		t.Fatalf("Lag after 2 more sends = %+v, want %+v", lags, want)
 	}
-	if _, err := m.Lag("t", "%bad"); !errors.Is(err, mq.ErrInvalidGroup) {
+	if _, err := m.Lag(context.Background(), "t", "%bad"); !errors.Is(err, mq.ErrInvalidGroup) {
 		t.Fatalf("Lag of a bad group name = %v, want ErrInvalidGroup", err)
 	}
-	if _, err := m.Lag("nope", "g"); !errors.Is(err, mq.ErrNoTopic) {
+	if _, err := m.Lag(context.Background(), "nope", "g"); !errors.Is(err, mq.ErrNoTopic) {
 		t.Fatalf("Lag of a missing topic = %v, want ErrNoTopic", err)
 	}
 }

@@ -184,7 +184,7 @@ func TestThreatModel_Nodes(t *testing.T) {
 			topic string
 			to    *[]mq.PartitionLag
 		}{{"t", &s.t}, {r3, &s.r}, {"d", &s.d}} {
-			if *x.to, err = n1.Lag(x.topic, "g"); err != nil {
+			if *x.to, err = n1.Lag(context.Background(), x.topic, "g"); err != nil {
 				t.Fatalf("lag of %s: %v", x.topic, err)
 			}
 		}

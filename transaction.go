@@ -204,13 +204,13 @@ func (p *Producer) routeTx(msgs []*Message) ([]txn.Message, error) {
 // no answer TxMaxChecks times (see WithTxMaxChecks), oldest first. In a
 // cluster these are the ones parked in the partitions stored on this node,
 // whose check-back it runs by asking the node that prepared the
-// transaction.
-// It returns ErrClosed after Close.
-func (m *MQ) UnresolvedTxs() ([]UnresolvedTx, error) {
+// transaction. It returns ErrClosed after Close, or ctx's error once it
+// ends.
+func (m *MQ) UnresolvedTxs(ctx context.Context) ([]UnresolvedTx, error) {
 	if err := m.txClosed(); err != nil {
 		return nil, err
 	}
-	parked, err := m.cfg.tx.node.Parked()
+	parked, err := m.cfg.tx.node.Parked(ctx)
 	if err != nil {
 		return nil, translate(err)
 	}

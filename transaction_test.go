@@ -83,7 +83,7 @@ func testTxCommit(t *testing.T, e *txEnv) {
 	if d, err := e.m.ResolveTx(context.Background(), id, mq.TxRollback); err != nil || d != mq.TxCommit {
 		t.Errorf("ResolveTx(rollback) after commit = %v, %v; want commit", d, err)
 	}
-	if u, err := e.m.UnresolvedTxs(); err != nil || len(u) != 0 {
+	if u, err := e.m.UnresolvedTxs(context.Background()); err != nil || len(u) != 0 {
 		t.Errorf("UnresolvedTxs = %v, %v", u, err)
 	}
 }
@@ -335,7 +335,7 @@ func TestTransaction_Parked(t *testing.T) {
 	var parked []mq.UnresolvedTx
 	waitFor(t, 10*time.Second, "two parked transactions", func() bool {
 		var err error
-		parked, err = m.UnresolvedTxs()
+		parked, err = m.UnresolvedTxs(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -372,7 +372,7 @@ func TestTransaction_Parked(t *testing.T) {
 	}
 	waitSeen(t, col, idsOf(deliver)...)
 	checkNone(t, &txEnv{m: m, col: col}, idsOf(discard))
-	if u, _ := m.UnresolvedTxs(); len(u) != 0 {
+	if u, _ := m.UnresolvedTxs(context.Background()); len(u) != 0 {
 		t.Errorf("still unresolved: %+v", u)
 	}
 	// The first decision stands.
@@ -635,7 +635,7 @@ func propertyRun(t *testing.T, seed uint64, adapter string) {
 	// Half messages of aborted transactions may only be left for the
 	// check-back if a hook failed; wait until none is left and fence again.
 	waitFor(t, 5*time.Second, "no half messages left", func() bool {
-		u, err := e.m.UnresolvedTxs()
+		u, err := e.m.UnresolvedTxs(context.Background())
 		return err == nil && len(u) == 0
 	})
 	fence(t, e.m, e.col, "orders")
@@ -681,7 +681,7 @@ func TestMQ_UnresolvedTxs(t *testing.T) {
 			t.Fatal(err)
 		}
 		m.Close()
-		if _, err := m.UnresolvedTxs(); !errors.Is(err, mq.ErrClosed) {
+		if _, err := m.UnresolvedTxs(context.Background()); !errors.Is(err, mq.ErrClosed) {
 			t.Errorf("UnresolvedTxs after Close = %v", err)
 		}
 		if _, err := m.ResolveTx(context.Background(), "x", mq.TxCommit); !errors.Is(err, mq.ErrClosed) {

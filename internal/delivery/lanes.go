@@ -223,7 +223,7 @@ func (w *worker) runParallel(ctx context.Context, offset *uint64) {
 					w.logger().Error("read failed; retrying", "offset", next, "err", r.err)
 					errWait = w.c.e.clock.After(errorPause)
 				}
-			case len(r.msgs) > 0 && suspect && !w.claimHolds():
+			case len(r.msgs) > 0 && suspect && !w.claimHolds(ctx):
 				if ctx.Err() == nil && !w.moved.Load() {
 					errWait = w.c.e.clock.After(errorPause)
 				}

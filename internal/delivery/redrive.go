@@ -54,7 +54,7 @@ func (e *Engine) redrivePartition(ctx context.Context, dlq string, part int, p P
 	if err != nil {
 		return 0, err
 	}
-	from, gen := max(res.Offset, p.Stats().Low), res.Generation
+	from, gen := max(res.Offset, partition.Stats(ctx, p).Low), res.Generation
 	commit := func(off uint64) error {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -63,7 +63,7 @@ func (e *Engine) redrivePartition(ctx context.Context, dlq string, part int, p P
 	}
 	sent := 0
 	var buf []store.Message
-	for from < p.Stats().Next { // what is there: Fetch does not wait
+	for from < partition.Stats(ctx, p).Next { // what is there: Fetch does not wait
 		if err := ctx.Err(); err != nil {
 			return sent, err
 		}

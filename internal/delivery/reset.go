@@ -76,7 +76,7 @@ func (e *Engine) Reset(ctx context.Context, topic, name string, to Position) err
 
 // target resolves to in one partition.
 func target(ctx context.Context, p Partition, to Position) (uint64, error) {
-	st := p.Stats()
+	st := partition.Stats(ctx, p)
 	switch to.Kind {
 	case PosFirst:
 		return st.Low, nil
@@ -124,19 +124,22 @@ type Lag struct {
 }
 
 // Lags returns the backlog of the group stored under name in every
-// partition of topic.
-func (e *Engine) Lags(topic, name string) ([]Lag, error) {
+// partition of topic, or ctx's error once it ends.
+func (e *Engine) Lags(ctx context.Context, topic, name string) ([]Lag, error) {
 	parts, err := e.topics.Partitions(topic)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Lag, len(parts))
 	for i, p := range parts {
-		gs, ok, err := p.Group(name)
+		gs, ok, err := partition.Group(ctx, p, name)
 		if err != nil {
 			return nil, fmt.Errorf("%s/%d: %w", topic, i, err)
 		}
-		st := p.Stats()
+		st := partition.Stats(ctx, p)
+		if err := ctx.Err(); err != nil { // st may be an old answer
+			return nil, err
+		}
 		l := Lag{Committed: max(gs.Offset, st.Low), Next: st.Next, Low: st.Low, Known: ok}
 		if !ok {
 			l.Committed = st.Low

@@ -13,6 +13,7 @@ import (
 	"github.com/expr-lang/expr/vm"
 
 	"github.com/zeze-go/mq/internal/faultinject"
+	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/store"
 )
 
@@ -131,7 +132,7 @@ func (w *worker) run(ctx context.Context) {
 			continue
 		}
 		if suspect {
-			if !w.claimHolds() {
+			if !w.claimHolds(ctx) {
 				clear(buf)
 				if ctx.Err() == nil && !w.moved.Load() {
 					w.wait(ctx, errorPause, nil)
@@ -172,12 +173,12 @@ func (w *worker) claim(ctx context.Context) (uint64, bool) {
 		default:
 		}
 		sent := w.c.e.clock.Now()
-		res, err := w.p.Apply(ctx, w.claimCommand())
+		res, err := w.p.Apply(ctx, w.claimCommand(ctx))
 		if err == nil {
 			w.gen, w.committed, w.lastCommit = res.Generation, res.Offset, time.Now()
 			w.leaseGen.Store(res.Generation)
 			w.renewed(sent)
-			if end := w.p.Stats().Next; res.Offset > end {
+			if end := partition.Stats(ctx, w.p).Next; res.Offset > end {
 				// Stored past the end by a position the partition no
 				// longer holds the tail of (store.ErrPastEnd): from its
 				// end, what came after the loss.
@@ -204,7 +205,7 @@ func (w *worker) claim(ctx context.Context) (uint64, bool) {
 	return 0, false
 }
 
-func (w *worker) claimCommand() *store.Command {
+func (w *worker) claimCommand(ctx context.Context) *store.Command {
 	// With its generation: a worker claiming again is not held off by its
 	// own lease, as after a reset's hint when it claimed again by itself,
 	// nor by the one a reset kept for it in adopt.
@@ -224,7 +225,7 @@ func (w *worker) claimCommand() *store.Command {
 	case StartLast:
 		cmd.Start = store.StartLast
 	case StartTime:
-		off, err := w.p.SeekTime(w.c.cfg.StartTime)
+		off, err := partition.SeekTime(ctx, w.p, w.c.cfg.StartTime)
 		if err != nil { // the claim starts a new group at the first message
 			w.logger().Warn("cannot find the start time; a new group starts at the first message", "err", err)
 			cmd.Start = store.StartFirst
@@ -377,8 +378,8 @@ func (w *worker) pastEnd(err error) bool {
 // since new sends take that tail's offsets and a position taken from it
 // must not skip them. When the claim no longer holds, fenced decides what
 // w does; when the record cannot be read, w reads again after a pause.
-func (w *worker) claimHolds() bool {
-	gs, ok, err := w.p.Group(w.c.group.name)
+func (w *worker) claimHolds(ctx context.Context) bool {
+	gs, ok, err := partition.Group(ctx, w.p, w.c.group.name)
 	switch {
 	case err != nil:
 		if !errors.Is(err, store.ErrClosed) {

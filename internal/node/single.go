@@ -182,14 +182,17 @@ func (s *single) Apply(ctx context.Context, cmd *store.Command) (store.Result, e
 }
 
 // Stats is the partition's where it is; zero while it cannot be reached.
-func (s *single) Stats() store.Stats {
+func (s *single) Stats() store.Stats { return s.StatsContext(context.Background()) }
+
+// StatsContext is Stats ending with ctx.
+func (s *single) StatsContext(ctx context.Context) store.Stats {
 	w, err := s.at()
 	switch {
 	case err != nil:
 	case w.local != nil:
 		return w.local.Stats()
 	case w.far != nil:
-		return w.far.Stats()
+		return w.far.StatsContext(ctx)
 	}
 	return store.Stats{}
 }

@@ -44,9 +44,10 @@ type Partition interface {
 	Close() error
 }
 
-// Reads that may wait: a partition that must find its group's leader
-// first, as a Raft3 one does, also implements them with a ctx, which Get,
-// SeekTime and HalfTxs below use when it does; the others answer at once.
+// Reads that may wait: a partition that may have to reach another node
+// first (internal/remote's, a router to a leader or to where a moved
+// partition is) also implements each read with a ctx, XxxContext, which
+// the functions below use when it does; a local partition answers at once.
 
 // Get is p.Get, ending with ctx when p's reads may wait.
 func Get(ctx context.Context, p interface {
@@ -60,6 +61,40 @@ func Get(ctx context.Context, p interface {
 	return p.Get(offset)
 }
 
+// Stats is p.Stats, ending with ctx when p's reads may wait.
+func Stats(ctx context.Context, p interface{ Stats() store.Stats }) store.Stats {
+	if c, ok := p.(interface {
+		StatsContext(context.Context) store.Stats
+	}); ok {
+		return c.StatsContext(ctx)
+	}
+	return p.Stats()
+}
+
+// Group is p.Group, ending with ctx when p's reads may wait.
+func Group(ctx context.Context, p interface {
+	Group(name string) (store.GroupState, bool, error)
+}, name string) (store.GroupState, bool, error) {
+	if c, ok := p.(interface {
+		GroupContext(context.Context, string) (store.GroupState, bool, error)
+	}); ok {
+		return c.GroupContext(ctx, name)
+	}
+	return p.Group(name)
+}
+
+// GroupStates is p.GroupStates, ending with ctx when p's reads may wait.
+func GroupStates(ctx context.Context, p interface {
+	GroupStates() (map[string]store.GroupState, error)
+}) (map[string]store.GroupState, error) {
+	if c, ok := p.(interface {
+		GroupStatesContext(context.Context) (map[string]store.GroupState, error)
+	}); ok {
+		return c.GroupStatesContext(ctx)
+	}
+	return p.GroupStates()
+}
+
 // SeekTime is p.SeekTime, ending with ctx when p's reads may wait.
 func SeekTime(ctx context.Context, p interface{ SeekTime(int64) (uint64, error) }, t int64) (uint64, error) {
 	if c, ok := p.(interface {
@@ -68,6 +103,16 @@ func SeekTime(ctx context.Context, p interface{ SeekTime(int64) (uint64, error) 
 		return c.SeekTimeContext(ctx, t)
 	}
 	return p.SeekTime(t)
+}
+
+// NextDue is p.NextDue, ending with ctx when p's reads may wait.
+func NextDue(ctx context.Context, p interface{ NextDue() (int64, bool, error) }) (int64, bool, error) {
+	if c, ok := p.(interface {
+		NextDueContext(context.Context) (int64, bool, error)
+	}); ok {
+		return c.NextDueContext(ctx)
+	}
+	return p.NextDue()
 }
 
 // HalfTxs is p.HalfTxs, ending with ctx when p's reads may wait.
@@ -80,6 +125,18 @@ func HalfTxs(ctx context.Context, p interface {
 		return c.HalfTxsContext(ctx, fn)
 	}
 	return p.HalfTxs(fn)
+}
+
+// Decision is p.Decision, ending with ctx when p's reads may wait.
+func Decision(ctx context.Context, p interface {
+	Decision(txid string) (store.Decision, error)
+}, txid string) (store.Decision, error) {
+	if c, ok := p.(interface {
+		DecisionContext(context.Context, string) (store.Decision, error)
+	}); ok {
+		return c.DecisionContext(ctx, txid)
+	}
+	return p.Decision(txid)
 }
 
 // Local is a partition stored on this node. It is the partition's only

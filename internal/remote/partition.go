@@ -213,10 +213,18 @@ func (p *Partition) Fetch(ctx context.Context, from uint64, max, maxBytes int, d
 // clamp32 is v within [0, MaxInt32].
 func clamp32(v int) int { return min(max(v, 0), math.MaxInt32) }
 
+// Each read below waits at most cfg.CallTimeout; its XxxContext form ends
+// sooner when ctx does (package partition's functions of the same name use
+// it).
+
 // Get returns the message at offset, or ok false if the log does not hold
-// it. It waits at most cfg.CallTimeout.
+// it.
 func (p *Partition) Get(offset uint64) (store.Message, bool, error) {
-	a, err := p.do(context.Background(), OpGet, &partReq{offset: offset}, p.cfg.CallTimeout, true, nil)
+	return p.GetContext(context.Background(), offset)
+}
+
+func (p *Partition) GetContext(ctx context.Context, offset uint64) (store.Message, bool, error) {
+	a, err := p.do(ctx, OpGet, &partReq{offset: offset}, p.cfg.CallTimeout, true, nil)
 	if err != nil || !a.ok {
 		return store.Message{}, false, err
 	}
@@ -226,8 +234,10 @@ func (p *Partition) Get(offset uint64) (store.Message, bool, error) {
 // Stats returns the partition's acknowledged state. It has no error to
 // return: when the call fails, or p is closed, it returns the last stats
 // an Apply, Fetch or Stats of this handle received, zero if none.
-func (p *Partition) Stats() store.Stats {
-	a, err := p.do(context.Background(), OpStats, &partReq{}, p.cfg.CallTimeout, true, nil)
+func (p *Partition) Stats() store.Stats { return p.StatsContext(context.Background()) }
+
+func (p *Partition) StatsContext(ctx context.Context) store.Stats {
+	a, err := p.do(ctx, OpStats, &partReq{}, p.cfg.CallTimeout, true, nil)
 	if err != nil {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -238,9 +248,13 @@ func (p *Partition) Stats() store.Stats {
 }
 
 // Group returns the record of group name, or ok false for a group without
-// one. It waits at most cfg.CallTimeout.
+// one.
 func (p *Partition) Group(name string) (store.GroupState, bool, error) {
-	a, err := p.do(context.Background(), OpGroup, &partReq{name: name}, p.cfg.CallTimeout, true, nil)
+	return p.GroupContext(context.Background(), name)
+}
+
+func (p *Partition) GroupContext(ctx context.Context, name string) (store.GroupState, bool, error) {
+	a, err := p.do(ctx, OpGroup, &partReq{name: name}, p.cfg.CallTimeout, true, nil)
 	if err != nil {
 		return store.GroupState{}, false, err
 	}
@@ -248,10 +262,13 @@ func (p *Partition) Group(name string) (store.GroupState, bool, error) {
 }
 
 // GroupStates returns every group's record; as the store's, with an error
-// naming damaged records beside the good ones. It waits at most
-// cfg.CallTimeout.
+// naming damaged records beside the good ones.
 func (p *Partition) GroupStates() (map[string]store.GroupState, error) {
-	a, err := p.do(context.Background(), OpGroupStates, &partReq{}, p.cfg.CallTimeout, true, nil)
+	return p.GroupStatesContext(context.Background())
+}
+
+func (p *Partition) GroupStatesContext(ctx context.Context) (map[string]store.GroupState, error) {
+	a, err := p.do(ctx, OpGroupStates, &partReq{}, p.cfg.CallTimeout, true, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -259,9 +276,13 @@ func (p *Partition) GroupStates() (map[string]store.GroupState, error) {
 }
 
 // SeekTime returns the offset of the first message stored at or after t,
-// or Next. It waits at most cfg.CallTimeout.
+// or Next.
 func (p *Partition) SeekTime(t int64) (uint64, error) {
-	a, err := p.do(context.Background(), OpSeekTime, &partReq{t: t}, p.cfg.CallTimeout, true, nil)
+	return p.SeekTimeContext(context.Background(), t)
+}
+
+func (p *Partition) SeekTimeContext(ctx context.Context, t int64) (uint64, error) {
+	a, err := p.do(ctx, OpSeekTime, &partReq{t: t}, p.cfg.CallTimeout, true, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -269,9 +290,11 @@ func (p *Partition) SeekTime(t int64) (uint64, error) {
 }
 
 // NextDue returns the DeliverAt of the earliest delayed message, or ok
-// false when none waits. It waits at most cfg.CallTimeout.
-func (p *Partition) NextDue() (int64, bool, error) {
-	a, err := p.do(context.Background(), OpNextDue, &partReq{}, p.cfg.CallTimeout, true, nil)
+// false when none waits.
+func (p *Partition) NextDue() (int64, bool, error) { return p.NextDueContext(context.Background()) }
+
+func (p *Partition) NextDueContext(ctx context.Context) (int64, bool, error) {
+	a, err := p.do(ctx, OpNextDue, &partReq{}, p.cfg.CallTimeout, true, nil)
 	if err != nil {
 		return 0, false, err
 	}
@@ -283,9 +306,13 @@ func (p *Partition) NextDue() (int64, bool, error) {
 // request asking for those after the last txid seen; fn runs between
 // requests, so it may call p. Each page waits at most cfg.CallTimeout.
 func (p *Partition) HalfTxs(fn func(store.HalfTx) bool) error {
+	return p.HalfTxsContext(context.Background(), fn)
+}
+
+func (p *Partition) HalfTxsContext(ctx context.Context, fn func(store.HalfTx) bool) error {
 	r := &partReq{limit: p.cfg.HalfPage}
 	for {
-		a, err := p.do(context.Background(), OpHalfTxs, r, p.cfg.CallTimeout, true, nil)
+		a, err := p.do(ctx, OpHalfTxs, r, p.cfg.CallTimeout, true, nil)
 		if err != nil {
 			return err
 		}
@@ -304,10 +331,13 @@ func (p *Partition) HalfTxs(fn func(store.HalfTx) bool) error {
 	}
 }
 
-// Decision returns the recorded decision for txid. It waits at most
-// cfg.CallTimeout.
+// Decision returns the recorded decision for txid.
 func (p *Partition) Decision(txid string) (store.Decision, error) {
-	a, err := p.do(context.Background(), OpDecision, &partReq{name: txid}, p.cfg.CallTimeout, true, nil)
+	return p.DecisionContext(context.Background(), txid)
+}
+
+func (p *Partition) DecisionContext(ctx context.Context, txid string) (store.Decision, error) {
+	a, err := p.do(ctx, OpDecision, &partReq{name: txid}, p.cfg.CallTimeout, true, nil)
 	if err != nil {
 		return store.Undecided, err
 	}

@@ -309,11 +309,18 @@ func (p *Partition) read(ctx context.Context, fn func(p partition.Partition) err
 }
 
 // Stats returns the leader's, or this node's replica's while no leader
-// answers; zero without a replica here.
+// answers; zero without a replica here. It waits at most Timeout.
 func (p *Partition) Stats() store.Stats {
+	ctx, cancel := context.WithTimeout(p.Ctx, p.Timeout)
+	defer cancel()
+	return p.StatsContext(ctx)
+}
+
+// StatsContext is Stats ending with ctx.
+func (p *Partition) StatsContext(ctx context.Context) store.Stats {
 	var st store.Stats
-	err := p.Call(func(lp partition.Partition) error {
-		st = lp.Stats()
+	err := p.At(ctx, func(lp partition.Partition) error {
+		st = partition.Stats(ctx, lp)
 		return nil
 	})
 	if r := p.kind.replica(); err != nil && r != nil {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/zeze-go/mq/internal/partition"
 	"github.com/zeze-go/mq/localtx"
 	"github.com/zeze-go/mq/store"
 )
@@ -23,8 +24,8 @@ type Parked struct {
 
 // Parked lists the transactions parked in the partitions whose check-back
 // this node runs, as Config.Owned says, oldest first.
-func (n *Node) Parked() ([]Parked, error) {
-	all, err := n.halvesIn(context.Background(), n.cfg.Owned)
+func (n *Node) Parked(ctx context.Context) ([]Parked, error) {
+	all, err := n.halvesIn(ctx, n.cfg.Owned)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +72,7 @@ func (n *Node) Resolve(ctx context.Context, txid string, d store.Decision) (stor
 	}
 	if d == store.RolledBack {
 		if len(parts) == 0 {
-			return n.Decided(txid), nil
+			return n.Decided(ctx, txid), nil
 		}
 		standing, err := n.rollback(ctx, txid, parts)
 		if err == nil {
@@ -106,7 +107,7 @@ func (n *Node) Resolve(ctx context.Context, txid string, d store.Decision) (stor
 		break
 	}
 	if len(plan) == 0 {
-		return n.Decided(txid), nil
+		return n.Decided(ctx, txid), nil
 	}
 	// Held even without a marker found: one may appear yet, from a
 	// transaction still running; the next sweep lets it go if none does.
@@ -123,11 +124,12 @@ func (n *Node) Resolve(ctx context.Context, txid string, d store.Decision) (stor
 }
 
 // Decided returns the decision recorded for txid in any partition, or
-// Undecided.
-func (n *Node) Decided(txid string) store.Decision {
+// Undecided; Undecided too for a partition that cannot answer before ctx
+// ends.
+func (n *Node) Decided(ctx context.Context, txid string) store.Decision {
 	d := store.Undecided
 	n.eachPartition(func(_ Ref, p Partition) bool {
-		d, _ = p.Decision(txid)
+		d, _ = partition.Decision(ctx, p, txid)
 		return d == store.Undecided
 	})
 	return d
