@@ -36,12 +36,24 @@ func WithPairCompaction(every, keep int) Option {
 
 // TxDecided returns the decision recorded for txid in any partition of m,
 // without changing anything.
-func TxDecided(m *MQ, txid string) TxDecision { return txDecision(m.cfg.tx.node.Decided(txid)) }
+func TxDecided(m *MQ, txid string) TxDecision {
+	return txDecision(m.cfg.tx.node.Decided(context.Background(), txid))
+}
 
 // PendingTxs counts the transactions with undecided half messages in m.
 func PendingTxs(m *MQ) (int, error) {
 	n, err := m.cfg.tx.node.Pending()
 	return n, translate(err)
+}
+
+// WithInSyncHook runs f before each proposal of m's DoubleWrite leaders
+// to record replicas in sync, inSync: an error f returns fails it
+// (node.Config.InSyncHook).
+func WithInSyncHook(f func(inSync []string) error) Option {
+	return func(c *config) error {
+		c.inSyncHook = f
+		return nil
+	}
 }
 
 // WithTxTestHook makes f run at the named points of the life of the node's

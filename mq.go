@@ -223,7 +223,7 @@ func (m *MQ) openCluster() error {
 		},
 		Local: m.localConfig(), Topics: m.topics, Upkeep: &m.upkeep,
 		ElectionTimeout: c.ElectionTimeout, MaxBatchBytes: maxFrame - frameOverhead,
-		PairCompactEvery: m.cfg.pairCompactEvery, PairKeepEntries: m.cfg.pairKeepEntries,
+		PairCompactEvery: m.cfg.pairCompactEvery, PairKeepEntries: m.cfg.pairKeepEntries, InSyncHook: m.cfg.inSyncHook,
 		Rebalance: func(topic string) { m.delivery.Rebalance(topic) },
 		Logger:    m.cfg.logger,
 	})

@@ -125,9 +125,11 @@ type config struct {
 	// raftqueue.PairConfig.CompactEvery and KeepEntries; 0 takes its
 	// defaults. Only tests set them (export_test.go).
 	pairCompactEvery, pairKeepEntries int
-	dedupWindow                       time.Duration
-	maxMessageBytes                   int
-	clock                             Clock
+	// inSyncHook is node.Config.InSyncHook; only tests set it.
+	inSyncHook      func(inSync []string) error
+	dedupWindow     time.Duration
+	maxMessageBytes int
+	clock           Clock
 
 	// Upkeep (internal/upkeep).
 	retention           time.Duration // 0: no age limit

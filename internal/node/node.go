@@ -53,6 +53,11 @@ type Config struct {
 	// PairCompactEvery and PairKeepEntries are the DoubleWrite replicas'
 	// raftqueue.PairConfig.CompactEvery and KeepEntries.
 	PairCompactEvery, PairKeepEntries int
+	// InSyncHook, when set, runs before a DoubleWrite leader proposes the
+	// replicas in sync, inSync, and an error it returns fails the
+	// proposal: tests hold a pair between its follower caught up and it
+	// recorded in sync.
+	InSyncHook func(inSync []string) error
 	// Rebalance rebalances the consumers of topic on this node: the
 	// delivery engine's.
 	Rebalance func(topic string)

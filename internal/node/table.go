@@ -300,6 +300,11 @@ func (n *Node) openDoubleWrite(t metastate.Topic, i int, rc replica.Config) (par
 	pair := n.pairs.Attach(replica.PairConfig{Topic: topic, First: first, Self: n.agent.ID(), Peer: n.agent.Peer,
 		Open: func() (*raftqueue.Pair, error) { return n.openPair(topic, first, parts) },
 		SetInSync: func(ctx context.Context, rec replica.PairRecord, inSync []string) error {
+			if hook := n.cfg.InSyncHook; hook != nil {
+				if err := hook(inSync); err != nil {
+					return err
+				}
+			}
 			return propose(ctx, metastate.SetInSync{Topic: topic, Partition: first, Version: rec.Version, InSync: inSync})
 		},
 		RenewEpoch: func(ctx context.Context, rec replica.PairRecord) error {

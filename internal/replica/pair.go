@@ -81,6 +81,7 @@ type Pair struct {
 	rep     *raftqueue.Pair // guarded by mu: this node's replica, nil if none
 	role    pairRole        // guarded by mu: what rep was told
 	syncing bool            // guarded by mu: the risk stage ended, the follower catching up in sync
+	unsync  uint64          // guarded by mu: syncing, the record version the leader was proposed alone again from; 0 if not
 	renew   bool            // guarded by mu: the replica led the record's epoch before: ask for the next
 	stalled bool            // guarded by mu: leading, the follower matched nothing new for FollowerTimeout
 	roleErr error           // guarded by mu: why the replica could not open or take its role at the last Update
@@ -202,8 +203,11 @@ func (p *Pair) Update(rec PairRecord) {
 	if p.closed {
 		return
 	}
-	if rec.Follower() != p.rec.Follower() || rec.followerInSync() {
-		p.syncing = false
+	if rec.Follower() != p.rec.Follower() || rec.followerInSync() || (p.unsync != 0 && rec.Version > p.unsync) {
+		// A record past unsync was made after every proposal to record
+		// the follower in sync, which were made from unsync or before:
+		// it says whether one took.
+		p.syncing, p.unsync = false, 0
 	}
 	p.rec, p.renew = rec, false
 	close(p.changed)
@@ -297,7 +301,9 @@ func (p *Pair) takeRole() error {
 // have been acked, ending the risk stage first: commits wait for the
 // follower again once it is close. In the risk stage, it has the metadata
 // record the leader alone once the follower has matched nothing new for
-// FollowerTimeout.
+// FollowerTimeout; and so too when the follower it waits for, not yet
+// recorded in sync, has matched nothing new for FollowerTimeout, which
+// ends the wait.
 func (p *Pair) watch() {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -363,6 +369,20 @@ func (p *Pair) watch() {
 				r.SetSync(true)
 			}
 			p.mu.Unlock()
+		case !rec.followerInSync() && rec.Alone && !role.async && stuck:
+			// The follower went away again before it was recorded in
+			// sync (the metadata may refuse that while its node is
+			// down): commits wait for it in vain. Back to the risk
+			// stage, through the metadata: a proposal to record the
+			// follower in sync may still take, and the leader may ack
+			// alone only under a record that says so and was made after
+			// it. This one, from rec's version as those were, is; its
+			// Update ends syncing.
+			p.mu.Lock()
+			p.unsync = rec.Version
+			p.mu.Unlock()
+			p.setInSync(rec, []string{p.cfg.Self})
+			laggingSince = time.Time{}
 		case !rec.followerInSync() && !role.async && r.InSync():
 			p.setInSync(rec, []string{p.cfg.Self, rec.Follower()})
 		case rec.followerInSync() && rec.Alone && stuck:
