@@ -4,20 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/zeze-go/mq"
 )
 
-// TestCluster_ReadsEndWithTheirCtxWhenRepliesStall: a node whose requests
-// reach the node serving a partition, but whose replies stall there (the
-// link cut one way, as TCP holds what it cannot deliver), ends each call
-// that reads the partition when the call's ctx ends, with the ctx's error,
-// not after the RPC timeout (10 s); once the link is back, the same calls
-// answer. One topic of each type: the Single partition's node, the Raft3
-// group's leader and the DoubleWrite pair's leader serve.
-func TestCluster_ReadsEndWithTheirCtxWhenRepliesStall(t *testing.T) {
+// TestCluster_CallsEndWithTheirCtxWhenALinkStalls: a node whose link to
+// the node serving a partition stalls one way (its requests, or the
+// replies to them, held as TCP holds what it cannot deliver) ends each
+// call that reaches the partition when the call's ctx ends, not after the
+// RPC timeout (10 s); a read ends with the ctx's error. Once the link is
+// back, the reads answer. One topic of each type: the Single partition's
+// node, the Raft3 group's leader and the DoubleWrite pair's leader serve.
+func TestCluster_CallsEndWithTheirCtxWhenALinkStalls(t *testing.T) {
 	parallelByDefault(t)
 	c := newCluster(t, 3, withRaft3(1), withDoubleWrite(1, mq.Options{}), withTopic("s", 1, mq.Options{}))
 	ctx := testCtx(t)
@@ -30,98 +31,150 @@ func TestCluster_ReadsEndWithTheirCtxWhenRepliesStall(t *testing.T) {
 
 	calls := []struct {
 		name string
+		read bool // ends with the ctx's error, and answers once the link is back
 		call func(ctx context.Context, via *mq.MQ, topic string) error
 	}{
-		{"Lag", func(ctx context.Context, via *mq.MQ, topic string) error {
+		{"Lag", true, func(ctx context.Context, via *mq.MQ, topic string) error {
 			_, err := via.Lag(ctx, topic, "g")
 			return err
 		}},
-		{"ReadMessage", func(ctx context.Context, via *mq.MQ, topic string) error {
+		{"ReadMessage", true, func(ctx context.Context, via *mq.MQ, topic string) error {
 			_, err := via.ReadMessage(ctx, topic, 0, 1)
 			return err
 		}},
-		{"ResetOffset", func(ctx context.Context, via *mq.MQ, topic string) error {
+		{"ResetOffset first", true, func(ctx context.Context, via *mq.MQ, topic string) error {
 			return via.ResetOffset(ctx, topic, "g", mq.SeekFirst())
 		}},
-		{"UnresolvedTxs", func(ctx context.Context, via *mq.MQ, _ string) error {
+		{"ResetOffset time", true, func(ctx context.Context, via *mq.MQ, topic string) error {
+			return via.ResetOffset(ctx, topic, "g", mq.SeekTime(time.Now().Add(-time.Hour)))
+		}},
+		{"ResetOffset last", true, func(ctx context.Context, via *mq.MQ, topic string) error {
+			return via.ResetOffset(ctx, topic, "g", mq.SeekLast())
+		}},
+		{"DeleteGroup", false, func(ctx context.Context, via *mq.MQ, topic string) error {
+			return via.DeleteGroup(ctx, topic, "g2")
+		}},
+		{"SendMessage", false, func(ctx context.Context, via *mq.MQ, topic string) error {
+			p, err := via.NewProducer(topic)
+			if err != nil {
+				return err
+			}
+			defer p.Close()
+			_, err = p.SendMessage(ctx, (&mq.Message{Body: []byte("x")}).ToPartition(0))
+			return err
+		}},
+		{"ResolveTx", false, func(ctx context.Context, via *mq.MQ, _ string) error {
+			_, err := via.ResolveTx(ctx, "no-such-tx", mq.TxRollback)
+			return err
+		}},
+		// It reads only the partitions this node holds a replica of.
+		{"UnresolvedTxs", false, func(ctx context.Context, via *mq.MQ, _ string) error {
 			_, err := via.UnresolvedTxs(ctx)
 			return err
 		}},
 	}
-	for _, topic := range []string{r3, "d", "s"} {
-		home := homes[topic]
-		for _, id := range othersThan(c, home) {
-			via := c.nodes[id]
-			mq.SetLinkMuted(c.nodes[home], id, true)
-			for _, k := range calls {
-				cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-				start := time.Now()
-				err := k.call(cctx, via, topic)
-				took := time.Since(start)
-				cancel()
-				what := fmt.Sprintf("%s of %s through %s, replies from %s stalled", k.name, topic, id, home)
-				if took > 3*time.Second {
-					t.Fatalf("%s: took %v with a 300ms ctx (%v)", what, took, err)
+	for _, dir := range []string{"replies", "requests"} {
+		for _, topic := range []string{r3, "d", "s"} {
+			home := homes[topic]
+			for _, id := range othersThan(c, home) {
+				via := c.nodes[id]
+				mute := func(muted bool) {
+					if dir == "replies" {
+						mq.SetLinkMuted(c.nodes[home], id, muted)
+					} else {
+						mq.SetLinkMuted(via, home, muted)
+					}
 				}
-				// UnresolvedTxs reads only the partitions this node holds a
-				// replica of, and may not cross the stalled link.
-				if !errors.Is(err, context.DeadlineExceeded) && (k.name != "UnresolvedTxs" || err != nil) {
-					t.Fatalf("%s: %v, want the ctx's error", what, err)
+				mute(true)
+				for _, k := range calls {
+					cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+					start := time.Now()
+					err := k.call(cctx, via, topic)
+					took := time.Since(start)
+					cancel()
+					what := fmt.Sprintf("%s of %s through %s, %s from %s stalled", k.name, topic, id, dir, home)
+					if took > 2*time.Second {
+						t.Errorf("%s: took %v with a 300ms ctx (%v)", what, took, err)
+					}
+					if k.read && !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("%s: %v, want the ctx's error", what, err)
+					}
 				}
-			}
-			mq.SetLinkMuted(c.nodes[home], id, false)
-			for _, k := range calls {
-				waitFor(t, 20*time.Second, fmt.Sprintf("%s of %s through %s once the link is back", k.name, topic, id), func() bool {
-					cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-					defer cancel()
-					return k.call(cctx, via, topic) == nil
-				})
+				mute(false)
+				for _, k := range calls {
+					if !k.read {
+						continue
+					}
+					waitFor(t, 20*time.Second, fmt.Sprintf("%s of %s through %s once the link is back", k.name, topic, id), func() bool {
+						cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+						defer cancel()
+						return k.call(cctx, via, topic) == nil
+					})
+				}
 			}
 		}
 	}
 }
 
-// TestCluster_CloseEndsWhenItsLinksStall: a node whose links to the
-// other nodes stall one way (what it writes to them, or what they write
-// to it) while its consumers of several groups deliver closes within the
-// bound of one last commit (10 s), not one per consumer nor one per
-// connection's farewell (TLS's close_notify waits up to 5 s for a write
-// under way, then 5 s for its own); its goroutines end.
+// TestCluster_CloseEndsWhenItsLinksStall: a node whose links to the other
+// nodes stall one way or both (what it writes to them, what they write to
+// it) closes within a bound: its consumers' commits under way and last
+// ones end 5 s after Close began (lastCommits), its hand-offs of Raft3
+// leaderships and DoubleWrite pairs within 3 s, a connection's farewell
+// (TLS's close_notify, which waits for a write under way and then 5 s for
+// its own) within 200 ms, and its raft groups' RPCs at their shutdown.
+// The node leads the Raft3 groups; its consumers of three groups per topic
+// deliver and its producers send while it closes.
 func TestCluster_CloseEndsWhenItsLinksStall(t *testing.T) {
 	parallelByDefault(t)
-	for _, dir := range []string{"from it", "to it"} {
+	for _, dir := range []string{"from it", "to it", "both ways"} {
 		t.Run(dir, func(t *testing.T) {
 			c := newCluster(t, 3, withRaft3(2), withDoubleWrite(2, mq.Options{}), withTopic("s", 2, mq.Options{}))
 			ctx := testCtx(t)
-			lead := leaderOf(t, c, 0)
-			var victim string
-			for _, id := range othersThan(c, lead) {
-				if id != "n1" { // n1 sends below
-					victim = id
-				}
-			}
+			victim := leaderOf(t, c, 0)
 			v := c.nodes[victim]
 			for _, topic := range []string{r3, "d", "s"} {
-				sendAll(ctx, t, c.nodes["n1"], topic, 2, 20, topic)
+				sendAll(ctx, t, v, topic, 2, 20, topic)
 				for g := range 3 {
 					consume(t, v, topic, fmt.Sprintf("g%d", g), mq.ListenerFunc(func(context.Context, string, *mq.Message) error { return nil }))
 				}
 			}
 			time.Sleep(500 * time.Millisecond) // they claim and deliver
+			sctx, stop := context.WithCancel(ctx)
+			var wg sync.WaitGroup
+			for _, topic := range []string{r3, "d", "s"} {
+				p, err := v.NewProducer(topic)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wg.Go(func() {
+					for i := 0; sctx.Err() == nil; i++ {
+						_, err := p.SendMessage(sctx, (&mq.Message{Body: []byte("x")}).ToPartition(i%2))
+						if errors.Is(err, mq.ErrClosed) {
+							return
+						}
+					}
+				})
+			}
+			time.Sleep(200 * time.Millisecond) // commits under way when the links stall
 			for _, id := range othersThan(c, victim) {
-				if dir == "from it" {
+				if dir != "to it" {
 					mq.SetLinkMuted(v, id, true)
-				} else {
+				}
+				if dir != "from it" {
 					mq.SetLinkMuted(c.nodes[id], victim, true)
 				}
 			}
+			time.Sleep(300 * time.Millisecond)
 			start := time.Now()
 			c.kill(victim)
-			if took := time.Since(start); took > 15*time.Second {
+			took := time.Since(start)
+			stop()
+			wg.Wait()
+			if took > 15*time.Second {
 				t.Fatalf("Close took %v with its links stalled %s", took, dir)
-			} else {
-				t.Logf("Close took %v", took)
 			}
+			t.Logf("Close took %v", took)
 		})
 	}
 }

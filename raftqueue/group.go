@@ -517,7 +517,7 @@ func (g *Group) Close() error {
 	var err error
 	g.prop.once.Do(func() {
 		g.prop.close()
-		err = transport.ShutdownRaft(g.raft, g.trans)
+		err = transport.ShutdownRaft(g.raft.Shutdown(), g.trans)
 		close(g.watchStop)
 		<-g.watchDone
 		if cerr := g.closeFiles(); err == nil {

@@ -323,11 +323,18 @@ func (n *Agent) closeParts() error {
 	if n.srv != nil {
 		keep(n.srv.Close())
 	}
+	// The raft streams' sessions close while the metadata member's raft
+	// shuts down, and before it is waited for: a stream's close, a dial
+	// or a write on a session that a link stalls would each wait out
+	// yamux's write timeout (10 s) otherwise.
 	if n.meta != nil {
-		keep(n.meta.Close())
+		n.meta.Stop()
 	}
 	if n.mux != nil {
 		keep(n.mux.Close())
+	}
+	if n.meta != nil {
+		keep(n.meta.Close())
 	}
 	keep(n.tr.Close())
 	return first

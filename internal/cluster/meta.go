@@ -133,6 +133,8 @@ type Meta struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	stopOnce  sync.Once
+	down      raft.Future // raft's Shutdown, once Stop or Close called it
 
 	sessMu   sync.Mutex
 	sessTerm uint64             // guarded by sessMu: the term sessions belong to
@@ -379,6 +381,15 @@ func checkSnapshots(dir string, snaps *raft.FileSnapshotStore) error {
 	return nil
 }
 
+// Stop tells the member's raft to shut down, without waiting for it: its
+// proposals fail from then on. A node that closes stops it before it
+// closes the raft streams' sessions, so that nothing of raft's waits on a
+// stalled link meanwhile; Close waits for it.
+func (m *Meta) Stop() raft.Future {
+	m.stopOnce.Do(func() { m.down = m.raft.Shutdown() })
+	return m.down
+}
+
 // Close stops the session and cache loops and raft, waits for them, saves
 // the state cache a last time and closes the log.
 // It is idempotent and safe to call concurrently; afterwards Propose,
@@ -389,7 +400,7 @@ func (m *Meta) Close() error {
 		m.closed = true
 		m.lifeMu.Unlock()
 		m.cancel()
-		err := transport.ShutdownRaft(m.raft, m.trans)
+		err := transport.ShutdownRaft(m.Stop(), m.trans)
 		m.wg.Wait()
 		m.awaitWaiters()
 		m.saveCache() // what raft applied last

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/zeze-go/mq/internal/topicdb"
 )
@@ -29,6 +30,25 @@ type Consumer struct {
 	live    map[*worker]struct{} // workers not yet ended, assigned or not: Close waits for them
 	closed  bool
 	retry   *Consumer // Concurrent mode: the consumer of the retry topic
+
+	// commits is the parent of every offset commit of c's workers: it
+	// ends lastCommits after Close began, so that a commit under way
+	// when Close began and the last one after it are bounded together.
+	commits    context.Context
+	endCommits context.CancelFunc
+}
+
+// commitTimeout bounds one offset commit; lastCommits bounds, from the
+// start of a consumer's Close, its commits under way and its last ones.
+// An offset not committed is delivered again.
+const (
+	commitTimeout = 10 * time.Second
+	lastCommits   = 5 * time.Second
+)
+
+// commitCtx is the ctx of one offset commit of c's.
+func (c *Consumer) commitCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(c.commits, commitTimeout)
 }
 
 // Subscribe adds a consumer of topic to group and starts delivering at
@@ -81,6 +101,7 @@ func (e *Engine) subscribe(topic, groupName, offsetName string, h Handler, cfg C
 	}
 	c := &Consumer{e: e, id: e.ids.Add(1), topic: topic, groupName: groupName, handler: h, cfg: cfg, parent: parent,
 		workers: map[int]*worker{}, live: map[*worker]struct{}{}}
+	c.commits, c.endCommits = context.WithCancel(context.Background())
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -150,6 +171,7 @@ func (c *Consumer) stop() []*worker {
 	rc := c.retry
 	c.mu.Unlock()
 	if first {
+		time.AfterFunc(lastCommits, c.endCommits)
 		c.group.leave(c)
 	}
 	var live []*worker

@@ -114,7 +114,7 @@ func (w *worker) lapse() {
 // unclaim is the last commit of a worker with a lease: offset, and the
 // partition let go with store.OpUnclaim.
 func (w *worker) unclaim(offset uint64) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := w.c.commitCtx()
 	defer cancel()
 	cmd := store.Command{Op: store.OpUnclaim, Group: w.c.group.name, Offset: offset, Generation: w.gen}
 	_, err := w.p.Apply(ctx, &cmd)

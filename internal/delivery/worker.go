@@ -337,7 +337,7 @@ func (w *worker) commit(offset uint64) {
 // store writes offset, even when it is the one committed already.
 func (w *worker) store(offset uint64) {
 	// Commit even while stopping: the offset must reach the store.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := w.c.commitCtx()
 	defer cancel()
 	cmd := store.Command{Op: store.OpCommitOffset, Group: w.c.group.name, Offset: offset, Generation: w.gen}
 	sent := w.c.e.clock.Now()

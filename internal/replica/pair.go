@@ -379,9 +379,16 @@ func (p *Pair) watch() {
 			// it. This one, from rec's version as those were, is; its
 			// Update ends syncing.
 			p.mu.Lock()
-			p.unsync = rec.Version
+			current := p.rec.Version == rec.Version && p.role == role
+			if current {
+				// Only while rec is the record: an Update past it
+				// cleared unsync already, and would not again.
+				p.unsync = rec.Version
+			}
 			p.mu.Unlock()
-			p.setInSync(rec, []string{p.cfg.Self})
+			if current {
+				p.setInSync(rec, []string{p.cfg.Self})
+			}
 			laggingSince = time.Time{}
 		case !rec.followerInSync() && !role.async && r.InSync():
 			p.setInSync(rec, []string{p.cfg.Self, rec.Follower()})

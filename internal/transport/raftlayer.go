@@ -873,13 +873,12 @@ func RaftTransportConfig(layer raft.StreamLayer) *raft.NetworkTransportConfig {
 	}
 }
 
-// ShutdownRaft shuts r down and waits for its goroutines, closing its
-// transport tr first: a dial or a write of r's that a link stalls ends
-// then, instead of at its timeout (10 s), which r's shutdown would wait
-// out. A raft.NetworkTransport's pooled connections are closed too, which
-// its own Close leaves open.
-func ShutdownRaft(r *raft.Raft, tr raft.Transport) error {
-	f := r.Shutdown()
+// ShutdownRaft waits for the shutdown of a raft, f its Shutdown's future,
+// closing its transport tr first: a dial or a write of raft's that a link
+// stalls ends then, instead of at its timeout (10 s), which the shutdown
+// would wait out. A raft.NetworkTransport's pooled connections are closed
+// too, which its own Close leaves open.
+func ShutdownRaft(f raft.Future, tr raft.Transport) error {
 	if c, ok := tr.(raft.WithClose); ok {
 		c.Close()
 	}
