@@ -137,7 +137,7 @@ func TestRaft3Group_RestartFromStateCache(t *testing.T) {
 	c := newCluster(t, 3)
 	createR3With(t, c, 5, mq.Options{Type: mq.Raft3, PartitionsPerRaftGroup: 2})
 	ctx := testCtx(t)
-	if err := c.nodes["n2"].AlterMQ(ctx, r3, 8); err != nil {
+	if err := alterAgain(ctx, c.nodes["n2"], r3, 8); err != nil {
 		t.Fatal(err)
 	}
 	const parts = 8

@@ -128,6 +128,17 @@ func prepareAgain(ctx context.Context, p *mq.Producer, msgs ...*mq.Message) erro
 	}
 }
 
+// alterAgain is m.AlterMQ, again while the outcome is unknown (a
+// metadata leader lost while committing): growing to the count the topic
+// has is a no-op.
+func alterAgain(ctx context.Context, m *mq.MQ, topic string, partitions int) error {
+	for {
+		if err := m.AlterMQ(ctx, topic, partitions); !errors.Is(err, mq.ErrUnknownOutcome) {
+			return err
+		}
+	}
+}
+
 // ledger is what the senders were told: each ack, each key's acked
 // messages in send order, and every ID sent, acked or not.
 type ledger struct {
