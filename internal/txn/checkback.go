@@ -188,11 +188,13 @@ func (n *Node) due(hi *halfInfo) bool {
 	if hi.maxChecks == 0 {
 		return true
 	}
-	wait := max(cfg.CheckAfter, time.Minute)
-	if hi.maxChecks-1 < 32 {
-		wait = min(cfg.CheckAfter<<(hi.maxChecks-1), wait)
+	// CheckAfter doubled at each check, up to max(CheckAfter, 1 min):
+	// doubled only while below that bound, so it never wraps around.
+	limit, wait := max(cfg.CheckAfter, time.Minute), cfg.CheckAfter
+	for i := 1; i < hi.maxChecks && wait < limit; i++ {
+		wait *= 2
 	}
-	return now-hi.lastCheck >= int64(wait)
+	return now-hi.lastCheck >= int64(min(wait, limit))
 }
 
 // checkBack asks about the transactions whose half messages in this node's
