@@ -242,7 +242,8 @@ func TestConsumer_Modes(t *testing.T) {
 }
 
 // TestConsumer_SystemTopics: retry and dead-letter topics can be consumed
-// (and are created for it), but not created by users.
+// (and are created for it), but not created by users; one of a group name
+// too long for a group is no topic.
 func TestConsumer_SystemTopics(t *testing.T) {
 	m := openNode(t, "")
 	ctx := context.Background()
@@ -257,6 +258,18 @@ func TestConsumer_SystemTopics(t *testing.T) {
 	}
 	if _, err := m.NewConsumer("%OTHER%g", "ops", &sink{}); !errors.Is(err, mq.ErrNoTopic) {
 		t.Errorf("NewConsumer(%%OTHER%%g) = %v, want ErrNoTopic", err)
+	}
+	// The longest group's (248 bytes: its retry topic is 255) can be
+	// consumed; one byte longer is no group's, and so no topic, not a
+	// name the file system refuses.
+	longest := strings.Repeat("g", 248)
+	for _, name := range []string{"%DLQ%" + longest, "%RETRY%" + longest} {
+		consume(t, m, name, "ops", &sink{})
+	}
+	for _, name := range []string{"%DLQ%" + longest + "g", "%RETRY%" + longest + "g", "%RETRY%" + strings.Repeat("g", 300)} {
+		if _, err := m.NewConsumer(name, "ops", &sink{}); !errors.Is(err, mq.ErrNoTopic) {
+			t.Errorf("NewConsumer of a %d-byte system topic = %v, want ErrNoTopic", len(name), err)
+		}
 	}
 	mustCreate(t, m, "t", 1)
 	for name, opt := range map[string]mq.ConsumerOption{

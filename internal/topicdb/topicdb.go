@@ -85,11 +85,11 @@ func CheckName(name string) error {
 }
 
 // IsSystemTopic reports whether name is a retry or dead-letter topic name of
-// a valid group.
+// a valid group (CheckGroup: at most 255 bytes with its prefix).
 func IsSystemTopic(name string) bool {
 	for _, p := range []string{RetryPrefix, DeadLetterPrefix} {
 		if g, ok := strings.CutPrefix(name, p); ok {
-			return CheckName(g) == nil
+			return CheckGroup(g) == nil
 		}
 	}
 	return false
