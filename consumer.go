@@ -115,6 +115,10 @@ const (
 	DefaultFlowMessages = 256
 	// DefaultFlowBytes is the default bound on bytes held per partition.
 	DefaultFlowBytes = 1 << 20
+	// MaxFlowMessages and MaxFlowBytes bound WithFlowControl: what one
+	// partition's worker may hold in memory.
+	MaxFlowMessages = 1 << 16
+	MaxFlowBytes    = 1 << 30
 )
 
 // Properties set on messages parked in a retry topic or moved to a

@@ -314,10 +314,10 @@ func WithDecisionTTL(d time.Duration) Option {
 // check that finds nothing to delete writes nothing. A message ID is
 // forgotten between one dedup window and one window plus this interval
 // after its message was stored. Delayed messages do not depend on it: they
-// are released when due.
+// are released when due. d is 1ms to 24h.
 func WithMaintenanceInterval(d time.Duration) Option {
 	return func(c *config) error {
-		if d <= 0 {
+		if d < time.Millisecond || d > 24*time.Hour {
 			return fmt.Errorf("%w: maintenance interval %v", ErrInvalidOption, d)
 		}
 		c.maintenanceInterval = d
@@ -328,10 +328,10 @@ func WithMaintenanceInterval(d time.Duration) Option {
 // WithTxCheckAfter sets how long half messages may stay undecided before
 // the node asks the host store about their transaction: the check-back.
 // Later checks back off from there, doubling up to a minute apart, or d
-// apart if d is longer. Default 6s.
+// apart if d is longer. Default 6s; d is 1ms to 7 days.
 func WithTxCheckAfter(d time.Duration) Option {
 	return func(c *config) error {
-		if d <= 0 {
+		if d < time.Millisecond || d > 7*24*time.Hour {
 			return fmt.Errorf("%w: tx check after %v", ErrInvalidOption, d)
 		}
 		c.tx.checkAfter = d
@@ -454,10 +454,10 @@ func WithRetryPause(d time.Duration) ConsumerOption {
 // handled.
 // With WithKeyParallel the bound is the sliding window: a key blocked on a
 // failing message holds the window's head, and reading stops once the window
-// is full.
+// is full. messages is 1 to MaxFlowMessages, bytes 1 to MaxFlowBytes.
 func WithFlowControl(messages, bytes int) ConsumerOption {
 	return func(c *consumerConfig) error {
-		if messages <= 0 || bytes <= 0 {
+		if messages <= 0 || bytes <= 0 || messages > MaxFlowMessages || bytes > MaxFlowBytes {
 			return fmt.Errorf("%w: flow control %d messages, %d bytes", ErrInvalidOption, messages, bytes)
 		}
 		c.Batch, c.BatchBytes = messages, bytes

@@ -298,6 +298,8 @@ func TestOpen_RetentionOptions(t *testing.T) {
 		{"NegativeBytes", mq.WithRetentionBytes(-1)},
 		{"ZeroDecisionTTL", mq.WithDecisionTTL(0)},
 		{"ZeroInterval", mq.WithMaintenanceInterval(0)},
+		{"IntervalBelow1ms", mq.WithMaintenanceInterval(time.Millisecond - 1)},
+		{"IntervalPast24h", mq.WithMaintenanceInterval(24*time.Hour + 1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, err := mq.Open(t.TempDir(), tc.opt)

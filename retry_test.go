@@ -280,11 +280,20 @@ func TestConsumer_SystemTopics(t *testing.T) {
 		"ZeroParallel":  mq.WithKeyParallel(0),
 		"BadBroadcast":  mq.WithBroadcast("a@b"),
 		"EmptyInstance": mq.WithBroadcast(""),
+		"FlowZero":      mq.WithFlowControl(0, 1<<20),
+		"FlowMessages":  mq.WithFlowControl(mq.MaxFlowMessages+1, 1<<20),
+		"FlowBytes":     mq.WithFlowControl(1, mq.MaxFlowBytes+1),
+		"FlowHuge":      mq.WithFlowControl(math.MaxInt, math.MaxInt),
 	} {
 		if _, err := m.NewConsumer("t", "g", &sink{}, opt); !errors.Is(err, mq.ErrInvalidOption) {
 			t.Errorf("%s: NewConsumer = %v, want ErrInvalidOption", name, err)
 		}
 	}
+	// At the limits, a consumer delivers.
+	publish(t, m, "t", "at-the-limits")
+	s := &sink{}
+	consume(t, m, "t", "limits", s, mq.WithFlowControl(mq.MaxFlowMessages, mq.MaxFlowBytes))
+	waitFor(t, 5*time.Second, "the delivery", func() bool { return s.len() == 1 })
 }
 
 // TestConsumer_RetryLadderLongStep: a Concurrent consumer parks a failed

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"sort"
@@ -660,6 +661,9 @@ func TestOpen_TxOptions(t *testing.T) {
 		opt  mq.Option
 	}{
 		{"CheckAfterZero", mq.WithTxCheckAfter(0)},
+		{"CheckAfterBelow1ms", mq.WithTxCheckAfter(time.Millisecond - 1)},
+		{"CheckAfterPast7Days", mq.WithTxCheckAfter(7*24*time.Hour + 1)},
+		{"CheckAfterHuge", mq.WithTxCheckAfter(math.MaxInt64)},
 		{"MaxChecksZero", mq.WithTxMaxChecks(0)},
 		{"NilLocalTx", mq.WithLocalTx(nil)},
 	} {
