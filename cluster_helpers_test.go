@@ -120,7 +120,7 @@ func (c *testCluster) createTopic(name string, parts int, opts mq.Options) {
 	// committing, on a loaded machine): then an existing topic is this
 	// call's, since nothing else creates it.
 	err := c.nodes["n1"].CreateMQ(ctx, name, parts, opts)
-	for unknown := false; errors.Is(err, mq.ErrUnknownOutcome) || (unknown && errors.Is(err, mq.ErrTopicExists)); {
+	for unknown := false; ctx.Err() == nil && (errors.Is(err, mq.ErrUnknownOutcome) || (unknown && errors.Is(err, mq.ErrTopicExists))); {
 		if errors.Is(err, mq.ErrTopicExists) {
 			err = nil
 			break
