@@ -19,9 +19,9 @@ type Reads struct {
 	Timeout time.Duration   // bounds the reads that take no ctx
 }
 
-// bounded runs fn with a ctx that ends after Timeout or at the
+// Bounded runs fn with a ctx that ends after Timeout or at the
 // partition's Close, for the reads that take no ctx.
-func (r Reads) bounded(fn func(ctx context.Context) error) error {
+func (r Reads) Bounded(fn func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(r.Ctx, r.Timeout)
 	defer cancel()
 	return fn(ctx)
@@ -46,7 +46,7 @@ func (r Reads) GetContext(ctx context.Context, offset uint64) (m store.Message, 
 }
 
 func (r Reads) Get(offset uint64) (m store.Message, ok bool, err error) {
-	err = r.bounded(func(ctx context.Context) (err error) {
+	err = r.Bounded(func(ctx context.Context) (err error) {
 		m, ok, err = r.GetContext(ctx, offset)
 		return err
 	})
@@ -62,7 +62,7 @@ func (r Reads) GroupContext(ctx context.Context, name string) (g store.GroupStat
 }
 
 func (r Reads) Group(name string) (g store.GroupState, ok bool, err error) {
-	err = r.bounded(func(ctx context.Context) (err error) {
+	err = r.Bounded(func(ctx context.Context) (err error) {
 		g, ok, err = r.GroupContext(ctx, name)
 		return err
 	})
@@ -78,7 +78,7 @@ func (r Reads) GroupStatesContext(ctx context.Context) (gs map[string]store.Grou
 }
 
 func (r Reads) GroupStates() (gs map[string]store.GroupState, err error) {
-	err = r.bounded(func(ctx context.Context) (err error) {
+	err = r.Bounded(func(ctx context.Context) (err error) {
 		gs, err = r.GroupStatesContext(ctx)
 		return err
 	})
@@ -94,7 +94,7 @@ func (r Reads) SeekTimeContext(ctx context.Context, t int64) (off uint64, err er
 }
 
 func (r Reads) SeekTime(t int64) (off uint64, err error) {
-	err = r.bounded(func(ctx context.Context) (err error) {
+	err = r.Bounded(func(ctx context.Context) (err error) {
 		off, err = r.SeekTimeContext(ctx, t)
 		return err
 	})
@@ -110,7 +110,7 @@ func (r Reads) NextDueContext(ctx context.Context) (due int64, ok bool, err erro
 }
 
 func (r Reads) NextDue() (due int64, ok bool, err error) {
-	err = r.bounded(func(ctx context.Context) (err error) {
+	err = r.Bounded(func(ctx context.Context) (err error) {
 		due, ok, err = r.NextDueContext(ctx)
 		return err
 	})
@@ -125,7 +125,7 @@ func (r Reads) HalfTxsContext(ctx context.Context, fn func(store.HalfTx) bool) e
 
 // HalfTxs is HalfTxsContext bounded by Timeout.
 func (r Reads) HalfTxs(fn func(store.HalfTx) bool) error {
-	return r.bounded(func(ctx context.Context) error { return r.HalfTxsContext(ctx, fn) })
+	return r.Bounded(func(ctx context.Context) error { return r.HalfTxsContext(ctx, fn) })
 }
 
 func (r Reads) DecisionContext(ctx context.Context, txid string) (d store.Decision, err error) {
@@ -137,7 +137,7 @@ func (r Reads) DecisionContext(ctx context.Context, txid string) (d store.Decisi
 }
 
 func (r Reads) Decision(txid string) (d store.Decision, err error) {
-	err = r.bounded(func(ctx context.Context) (err error) {
+	err = r.Bounded(func(ctx context.Context) (err error) {
 		d, err = r.DecisionContext(ctx, txid)
 		return err
 	})

@@ -311,9 +311,12 @@ func (p *Partition) read(ctx context.Context, fn func(p partition.Partition) err
 // Stats returns the leader's, or this node's replica's while no leader
 // answers; zero without a replica here. It waits at most Timeout.
 func (p *Partition) Stats() store.Stats {
-	ctx, cancel := context.WithTimeout(p.Ctx, p.Timeout)
-	defer cancel()
-	return p.StatsContext(ctx)
+	var st store.Stats
+	_ = p.Bounded(func(ctx context.Context) error {
+		st = p.StatsContext(ctx)
+		return nil
+	})
+	return st
 }
 
 // StatsContext is Stats ending with ctx.
